@@ -1,0 +1,19 @@
+"""shmrpc.schema: the wire contract shared by client and worker.
+
+Depends on nothing of shmrpc's own; only ``flatbuffers`` and ``numpy``.
+
+* :mod:`.header`: the 16-byte header and its flag bits.
+* :mod:`.layout`: region superblock, slot size classes, tensor alignment.
+* :mod:`.descriptor`: request/response descriptors <-> FlatBuffers bytes.
+* :mod:`.messages`: the ZeroMQ control messages (HELLO, CALL, DONE, ...).
+* :mod:`.errors`: the error tree with wire codes.
+* :mod:`.dtypes`: tensor element types.
+"""
+
+from __future__ import annotations
+
+from . import descriptor, dtypes, errors, header, layout, messages
+from ._hash import SCHEMA_HASH
+from .messages import PROTOCOL_VERSION
+
+__all__ = ["SCHEMA_HASH", "PROTOCOL_VERSION", "descriptor", "dtypes", "errors", "header", "layout", "messages"]
