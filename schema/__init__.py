@@ -12,8 +12,8 @@ Depends on nothing of shmrpc's own; only ``flatbuffers`` and ``numpy``.
 
 from __future__ import annotations
 
-from . import descriptor, dtypes, errors, header, layout, messages
+from . import descriptor, dtypes, errors, header, layout, messages, naming
 from ._hash import SCHEMA_HASH
 from .messages import PROTOCOL_VERSION
 
-__all__ = ["SCHEMA_HASH", "PROTOCOL_VERSION", "descriptor", "dtypes", "errors", "header", "layout", "messages"]
+__all__ = ["SCHEMA_HASH", "PROTOCOL_VERSION", "descriptor", "dtypes", "errors", "header", "layout", "messages", "naming"]
