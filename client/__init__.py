@@ -1,0 +1,48 @@
+"""shmrpc.client: call a shmrpc worker from Python.
+
+The public surface is here; everything in ``_``-modules is private.
+
+* :class:`Client`: connect by worker name; ``call`` (copy in/out), ``submit`` (futures),
+  ``loan`` (the zero-copy path: fill tensors in the slot, read outputs in place).
+* :class:`Pipeline`: several ops in one request.
+* The error tree (see :mod:`shmrpc.schema.errors`), re-exported.
+
+Example::
+
+    import numpy as np
+    from shmrpc.client import Client
+
+    with Client("demo") as c:
+        y = c.call("vector_add", x=np.ones(4), y=np.arange(4.0))["out"]
+"""
+
+from __future__ import annotations
+
+from shmrpc.schema.errors import (
+    BusyError,
+    ClientClosedError,
+    ConnectError,
+    ForkedClientError,
+    InternalError,
+    InvalidRequestError,
+    KernelError,
+    ProtocolMismatchError,
+    RequestError,
+    RequestTooLargeError,
+    ResourceError,
+    ShmrpcError,
+    StaleSlotError,
+    Timeout,
+    UnknownOpError,
+    WorkerGoneError,
+)
+
+from ._client import CallFuture, Client, Loan
+from ._pipeline import Pipeline
+
+__all__ = [
+    "Client", "Loan", "CallFuture", "Pipeline",
+    "ShmrpcError", "ConnectError", "ProtocolMismatchError", "WorkerGoneError", "Timeout", "ForkedClientError",
+    "ClientClosedError", "RequestError", "InvalidRequestError", "StaleSlotError", "RequestTooLargeError",
+    "UnknownOpError", "BusyError", "KernelError", "ResourceError", "InternalError",
+]

@@ -1,0 +1,569 @@
+"""The client SDK: Client, Loan (the zero-copy path), CallFuture, Pipeline.
+
+Slot lifecycle on the client::
+
+    free ──take──▶ loaned (memoryview handed out) ──send──▶ in flight ──DONE──▶ loaned
+      ▲                                                                          │
+      └── views all gone (memoryview.release() succeeds) ◀── loan released ──────┘
+                   (until then the slot is "parked" and never reused)
+
+A NumPy view of a slot is built over a per-use ``memoryview``; releasing the
+loan releases that memoryview, which fails while any view is alive, so a view
+can never silently outlive its slot: the slot stays reserved until the views go.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from shmrpc.schema import dtypes
+from shmrpc.schema import messages as m
+from shmrpc.schema.descriptor import (
+    RequestDesc,
+    ResponseDesc,
+    StepDesc,
+    TensorRef,
+    decode_response,
+    encode_request,
+)
+from shmrpc.schema.errors import (
+    BusyError,
+    ClientClosedError,
+    ForkedClientError,
+    InvalidRequestError,
+    RequestError,
+    RequestTooLargeError,
+    StaleSlotError,
+    Timeout,
+    from_wire,
+)
+from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag, unpack_from
+from shmrpc.schema.layout import Geometry, align_up, format_size, tensor_align
+
+from ._pipeline import Pipeline, resolve
+from ._region import AttachedRegion
+from ._transport import Transport, control_error
+
+__all__ = ["Client", "Loan", "CallFuture"]
+
+NO_RESPONSE = 0x8000
+
+
+@dataclass(eq=False)
+class _Slot:
+    region: int
+    index: int
+    nbytes: int
+    generation: int
+    borrowed: bool
+    mv: memoryview | None = None
+    in_flight: int | None = None  # request_id
+    status: int | None = None  # DONE status once it came
+    idle_since: float = 0.0
+
+
+@lru_cache(maxsize=4096)
+def _decode(payload: bytes) -> ResponseDesc:
+    return decode_response(payload)
+
+
+class Client:
+    """A connection to a shmrpc worker, found by name.
+
+    Args:
+        name: the worker's name (``shmrpc serve --name NAME``).
+        timeout_s: default patience of each call, slot wait included.
+        connect_timeout_s: how long to wait for the worker's socket and its WELCOME.
+        on_busy: ``"wait"`` (default): a call waits up to its timeout for a free slot;
+            ``"fail"``: it raises :class:`BusyError` at once.
+        linger_s: a slot borrowed beyond the lease is given back after this long unused.
+
+    Raises:
+        ConnectError: no such worker, or it refused the handshake.
+        ProtocolMismatchError: worker and client are of different versions.
+
+    Thread safety: every method may be called from any thread; calls are serialized on one lock
+    while they touch the socket. A process forked from the one that made the Client must create
+    its own (using this one raises :class:`ForkedClientError`).
+
+    Example::
+
+        with Client("demo") as c:
+            out = c.call("scale", x=np.arange(4.0), a=2.0, b=1.0)["out"]
+    """
+
+    def __init__(self, name: str, *, timeout_s: float = 30.0, connect_timeout_s: float = 5.0,
+                 on_busy: str = "wait", linger_s: float = 2.0) -> None:
+        if on_busy not in ("wait", "fail"):
+            raise ValueError("on_busy must be 'wait' or 'fail'")
+        self.name, self.timeout_s, self.on_busy, self.linger_s = name, timeout_s, on_busy, linger_s
+        self._pid = os.getpid()
+        self._lock = threading.RLock()
+        self._closed = False
+        self._t = Transport(name, connect_timeout_s)
+        w = self._t.welcome
+        self.client_id: int = w["client_id"]
+        self.backend: str = w["backend"]
+        self.worker_pid: int = w["worker_pid"]
+        self.op_table: dict[str, dict[str, Any]] = w["op_table"]
+        self.geometry = Geometry.from_json(w["geometry"])
+        self._regions: dict[int, AttachedRegion] = {}
+        try:
+            for r in w["regions"]:
+                self._regions[r["index"]] = AttachedRegion(r["name"], r["index"], r["nbytes"], self.geometry,
+                                                           self.worker_pid)
+        except BaseException:
+            self._t.close()
+            raise
+        self._free: list[_Slot] = sorted(
+            (_Slot(r, i, self.geometry.slot_nbytes(i), g, False) for r, i, g in w["lease"]), key=lambda s: s.nbytes
+        )
+        self._parked: list[_Slot] = []
+        self._inflight: dict[int, _Slot] = {}
+        self._control: list[bytes] = []
+        self._rid = itertools.count(1)
+        self._desc_cache: dict[Any, tuple[bytes, int, int]] = {}
+
+    # ------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the lease (BYE) and unmap. Idempotent; views still alive keep their pages mapped."""
+        if self._closed or os.getpid() != self._pid:
+            self._closed = True
+            return
+        with self._lock:
+            self._closed = True
+            self._t.close(bye=True)
+            for r in self._regions.values():
+                r.close()
+            self._regions.clear()
+
+    def _check(self) -> None:
+        if os.getpid() != self._pid:
+            raise ForkedClientError(f"this Client was created in process {self._pid}; "
+                                    "a forked child must create its own Client")
+        if self._closed:
+            raise ClientClosedError("the Client is closed")
+
+    @property
+    def worker_alive(self) -> bool:
+        """False once the worker process is known to have exited."""
+        return self._t.worker_alive()
+
+    # ------------------------------------------------------------ slots
+
+    def _on_done(self, region: int, index: int, rid: int, status: int) -> None:
+        s = self._inflight.pop(rid, None)
+        if s is not None:
+            s.status = status
+            s.in_flight = None
+
+    def _on_control(self, frame: bytes) -> None:
+        self._control.append(frame)
+
+    def _pump(self, deadline: float | None, until: Any) -> None:
+        self._t.pump(deadline, self._on_done, self._on_control, until)
+
+    def _unpark(self) -> None:
+        for s in list(self._parked):
+            if s.in_flight is None and _try_release(s):
+                self._parked.remove(s)
+                self._give_back(s)
+
+    def _give_back(self, s: _Slot) -> None:
+        s.idle_since = time.monotonic()
+        self._free.append(s)
+        self._free.sort(key=lambda x: x.nbytes)
+
+    def _return_idle_borrowed(self) -> None:
+        now = time.monotonic()
+        for s in [s for s in self._free if s.borrowed and now - s.idle_since > self.linger_s]:
+            self._free.remove(s)
+            self._t.send(m.SLOT_STRUCT.pack(m.RELEASE, s.region, s.index))
+
+    def _take(self, nbytes: int, deadline: float) -> _Slot:
+        """A slot of at least ``nbytes``: own free one, else borrowed, else wait for one."""
+        if nbytes > self.geometry.max_slot_nbytes:
+            raise RequestTooLargeError(
+                f"the request needs {format_size(nbytes)} but the largest slot is "
+                f"{format_size(self.geometry.max_slot_nbytes)}: start the worker with a larger class in --slots",
+                field="nbytes")
+        while True:
+            self._unpark()
+            self._return_idle_borrowed()
+            for s in self._free:
+                if s.nbytes >= nbytes:
+                    self._free.remove(s)
+                    s.mv = self._regions[s.region].slot(s.index)
+                    return s
+            wait_s = max(0.0, deadline - time.monotonic()) if self.on_busy == "wait" else 0.0
+            own_busy = any(s.nbytes >= nbytes for s in self._inflight.values())
+            try:
+                s = self._acquire(nbytes, 0.0 if own_busy else wait_s, deadline)
+            except BusyError:
+                if not own_busy or self.on_busy == "fail":
+                    raise
+                n_busy = len(self._inflight)
+                self._pump(deadline, lambda: len(self._inflight) < n_busy)
+                continue
+            s.mv = self._regions[s.region].slot(s.index)
+            return s
+
+    def _acquire(self, nbytes: int, wait_s: float, deadline: float) -> _Slot:
+        self._control.clear()
+        self._t.send(m.pack_json(m.ACQUIRE, {"nbytes": nbytes, "wait_s": wait_s}))
+        try:
+            self._pump(deadline + 1.0, lambda: bool(self._control))
+        except Timeout:
+            raise BusyError(f"no slot of {format_size(nbytes)} became free in time", field="nbytes") from None
+        frame = self._control.pop(0)
+        if frame[:1] != m.GRANT:
+            raise control_error(frame)
+        g = m.unpack_json(frame)
+        return _Slot(g["region"], g["slot"], g["slot_nbytes"], g["generation"], True)
+
+    def _release(self, s: _Slot) -> None:
+        """End one use of a slot: free it now, or park it while views are alive or a request is in flight."""
+        if s.in_flight is None and _try_release(s):
+            self._give_back(s)
+        else:
+            self._parked.append(s)
+
+    # ------------------------------------------------------------ requests
+
+    def loan(self, nbytes: int | None = None, *, timeout_s: float | None = None) -> Loan:
+        """Reserve a slot for the zero-copy path.
+
+        Args:
+            nbytes: at least this many bytes of tensors (inputs and outputs); default: the smallest slot.
+            timeout_s: how long to wait for a free slot (default: the Client's timeout_s).
+
+        Returns:
+            A :class:`Loan`; use it as a context manager so the slot goes back when the block ends.
+
+        Raises:
+            BusyError, RequestTooLargeError, WorkerGoneError, Timeout.
+
+        Example::
+
+            with client.loan(1 << 20) as req:
+                x = req.array("x", (1024,), "float32"); x[:] = 1
+                out = req.send("scale", a=2.0)["out"]
+        """
+        with self._lock:
+            self._check()
+            deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+            need = self.geometry.desc_nbytes + (nbytes or 1)
+            return Loan(self, self._take(need, deadline))
+
+    def call(self, op: str | Pipeline, *, copy: bool = True, timeout_s: float | None = None,
+             out_nbytes: int | None = None, in_place: bool = False, keep: tuple[str, ...] = (),
+             **kwargs: Any) -> dict[str, np.ndarray]:
+        """Run ``op`` (or a :class:`Pipeline`) on arrays; the convenient path.
+
+        Each array argument is copied into a slot (the one copy the caller chose by holding the
+        data elsewhere); other keyword arguments are the op's attributes.
+
+        Args:
+            op: an op name from ``op_table`` or a Pipeline.
+            copy: return copies (default), or views into the slot valid while you hold them
+                (the slot stays reserved until every view is gone).
+            timeout_s: patience for this call, slot wait included.
+            out_nbytes: bytes to reserve for outputs (default: as many as the inputs).
+            in_place: let the op write its output over its first input.
+            keep: output names to keep on the worker as resident tensors instead of returning them.
+
+        Returns:
+            ``{output name: array}``.
+
+        Raises:
+            InvalidRequestError (with ``field``), KernelError (with ``op``, ``step``, ``tensor``),
+            BusyError, Timeout, WorkerGoneError.
+        """
+        fut = self.submit(op, timeout_s=timeout_s, out_nbytes=out_nbytes, in_place=in_place, keep=keep,
+                          _copy=copy, **kwargs)
+        return fut.result()
+
+    def submit(self, op: str | Pipeline, *, timeout_s: float | None = None, out_nbytes: int | None = None,
+               in_place: bool = False, keep: tuple[str, ...] = (), _copy: bool = True,
+               **kwargs: Any) -> CallFuture:
+        """Like :meth:`call`, but return a :class:`CallFuture` at once; one slot per request in flight.
+
+        Example::
+
+            futs = [c.submit("vector_add", x=a, y=b) for a, b in pairs]
+            outs = [f.result()["out"] for f in futs]
+        """
+        with self._lock:
+            self._check()
+            timeout = self.timeout_s if timeout_s is None else timeout_s
+            deadline = time.monotonic() + timeout
+            arrays, attrs = self._split(op, kwargs)
+            sizes = [a.nbytes for a in arrays.values()]
+            need = self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for n in sizes)
+            need += (sum(sizes) if out_nbytes is None else out_nbytes) if not in_place else 0
+            loan = Loan(self, self._take(max(need, self.geometry.desc_nbytes + 64), deadline))
+            try:
+                for name, a in arrays.items():
+                    np.copyto(loan.array(name, a.shape, a.dtype), a, casting="no")
+                rid = loan._post(op, attrs, in_place, keep)
+            except BaseException:
+                loan.release()
+                raise
+            return CallFuture(self, loan, rid, deadline, _copy)
+
+    def _split(self, op: str | Pipeline, kwargs: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Arrays (tensor inputs) vs attributes, checked against the op table."""
+        params = set(self.op_table[op]["inputs"]) if isinstance(op, str) and op in self.op_table else None
+        arrays, attrs = {}, {}
+        for k, v in kwargs.items():
+            is_array = isinstance(v, np.ndarray) or (params is not None and k in params)
+            if is_array:
+                a = np.ascontiguousarray(v)
+                try:
+                    dtypes.name_of_numpy(a.dtype)
+                except KeyError:
+                    raise InvalidRequestError(f"array {k!r} has dtype {a.dtype}, which cannot travel",
+                                              tensor=k, field="dtype") from None
+                arrays[k] = a
+            else:
+                attrs[k] = v
+        return arrays, attrs
+
+    def _describe(self, op: str | Pipeline, tensors: tuple[TensorRef, ...], attrs: dict[str, Any], flags: int,
+                  keep: tuple[str, ...]) -> tuple[bytes, int, int]:
+        """(descriptor bytes, op_code, flags), cached: building FlatBuffers is the slow part of a call."""
+        key = (op, tensors, tuple(sorted(attrs.items())), flags, keep)
+        hit = self._desc_cache.get(key)
+        if hit is not None:
+            return hit
+        steps, outputs = resolve(self.op_table, op, [t.name for t in tensors], attrs)
+        desc = RequestDesc(tuple(steps), tensors, tuple(o for o in outputs if o not in keep), tuple(keep))
+        payload = encode_request(desc)
+        if HEADER_NBYTES + len(payload) > self.geometry.desc_nbytes:
+            raise RequestTooLargeError(f"the descriptor ({len(payload)} B) does not fit the slot's descriptor area "
+                                       f"({self.geometry.desc_nbytes} B): use fewer tensors or steps",
+                                       field="descriptor")
+        hit = (payload, steps[0].op_code, flags | (Flag.KEEP if keep else 0))
+        if len(self._desc_cache) > 4096:
+            self._desc_cache.clear()
+        self._desc_cache[key] = hit
+        return hit
+
+
+def _try_release(s: _Slot) -> bool:
+    """Release the slot's memoryview; False while NumPy views of it are alive."""
+    if s.mv is None:
+        return True
+    try:
+        s.mv.release()
+    except BufferError:
+        return False
+    s.mv = None
+    return True
+
+
+class Loan:
+    """A slot reserved for one caller: fill tensors in place, send, read outputs in place.
+
+    Arrays from :meth:`array` and the outputs of :meth:`send` are views into the slot;
+    the slot goes back to the client when the loan ends *and* those views are gone.
+    A loan may be sent several times (the inputs stay in the slot between sends).
+    """
+
+    def __init__(self, client: Client, slot: _Slot) -> None:
+        self._c, self._s = client, slot
+        self._tensors: list[TensorRef] = []
+        self._cursor = client.geometry.desc_nbytes
+        self._done = False
+
+    @property
+    def nbytes(self) -> int:
+        """The slot's size."""
+        return self._s.nbytes
+
+    def __enter__(self) -> Loan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _live(self) -> memoryview:
+        if self._done or self._s.mv is None:
+            raise ClientClosedError("this loan was released")
+        return self._s.mv
+
+    def array(self, name: str, shape: tuple[int, ...] | int, dtype: Any) -> np.ndarray:
+        """A writable NumPy view of a new input tensor ``name`` inside the slot.
+
+        Raises:
+            RequestTooLargeError: the slot has no room left for it.
+            InvalidRequestError: the name is taken or the dtype cannot travel.
+        """
+        mv = self._live()
+        shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        dt = np.dtype(dtype)
+        try:
+            dname = dtypes.name_of_numpy(dt)
+        except KeyError:
+            raise InvalidRequestError(f"dtype {dt} cannot travel", tensor=name, field="dtype") from None
+        if any(t.name == name for t in self._tensors):
+            raise InvalidRequestError(f"tensor {name!r} already exists in this request", tensor=name, field="name")
+        nbytes = math.prod(shape) * dt.itemsize
+        off = align_up(self._cursor, tensor_align(nbytes))
+        if off + nbytes > self._s.nbytes:
+            raise RequestTooLargeError(f"tensor {name!r} ({format_size(nbytes)}) does not fit in this "
+                                       f"{format_size(self._s.nbytes)} slot: loan a larger one", tensor=name,
+                                       field="nbytes")
+        self._tensors.append(TensorRef(name, dname, shape, off, nbytes))
+        self._cursor = off + nbytes
+        return np.frombuffer(mv, dtype=dt, count=math.prod(shape), offset=off).reshape(shape)
+
+    def resident(self, name: str, resident_name: str, shape: tuple[int, ...], dtype: Any) -> None:
+        """Refer to the worker's resident tensor ``resident_name`` as input ``name`` (no bytes in the slot)."""
+        self._live()
+        self._tensors.append(TensorRef(name, dtypes.name_of_numpy(np.dtype(dtype)), tuple(shape), 0, 0,
+                                       resident_name))
+
+    def _post(self, op: str | Pipeline, attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...]) -> int:
+        """Write descriptor and header, ring the worker; returns the request_id."""
+        c, s, mv = self._c, self._s, self._live()
+        if s.in_flight is not None:
+            raise InvalidRequestError("this loan already has a request in flight", field="slot")
+        payload, op_code, flags = c._describe(op, tuple(self._tensors), attrs,
+                                              int(Flag.IN_PLACE) if in_place else 0, tuple(keep))
+        rid = next(c._rid) & 0xFFFFFFFF
+        mv[HEADER_NBYTES:HEADER_NBYTES + len(payload)] = payload
+        # NOTE: order is important here: header after descriptor, CALL after header (the publication point).
+        HEADER.pack_into(mv, 0, rid, op_code, len(payload), flags, s.generation)
+        s.in_flight, s.status = rid, None
+        c._inflight[rid] = s
+        try:
+            c._t.send(m.pack_call(s.region, s.index, rid, s.generation))
+        except BaseException:
+            c._inflight.pop(rid, None)
+            s.in_flight = None
+            raise
+        return rid
+
+    def _wait(self, rid: int, deadline: float) -> None:
+        s = self._s
+        self._c._pump(deadline, lambda: s.in_flight != rid)
+
+    def _response(self, rid: int) -> dict[str, np.ndarray]:
+        s, mv = self._s, self._live()
+        status = s.status if s.status is not None else 0
+        if status & NO_RESPONSE:
+            err = from_wire(status & 0x7FFF, "the worker refused the doorbell without touching the slot",
+                            field="slot")
+            if isinstance(err, StaleSlotError):
+                self._done = True  # the slot is no longer ours: never write to it again
+            raise err
+        h = unpack_from(mv)
+        if not h.flags & Flag.RESPONSE or h.request_id != rid or h.payload_length > len(mv) - HEADER_NBYTES:
+            raise RequestError("the worker's response header is malformed", field="header")
+        resp = _decode(bytes(mv[HEADER_NBYTES:HEADER_NBYTES + h.payload_length]))
+        if resp.status:
+            raise from_wire(resp.status, resp.message, op=resp.op, step=resp.step, tensor=resp.tensor,
+                            field=resp.field)
+        out = {}
+        for t in resp.outputs:
+            if t.offset + t.nbytes > len(mv):
+                raise RequestError(f"output {t.name!r} lies outside the slot", tensor=t.name, field="offset")
+            dt = dtypes.numpy_dtype(t.dtype)
+            out[t.name] = np.frombuffer(mv, dtype=dt, count=t.nbytes // dt.itemsize, offset=t.offset).reshape(t.shape)
+        return out
+
+    def send(self, op: str | Pipeline, *, timeout_s: float | None = None, in_place: bool = False,
+             keep: tuple[str, ...] = (), **attrs: Any) -> dict[str, np.ndarray]:
+        """Run ``op`` on the tensors of this loan; outputs are views into the slot.
+
+        Raises:
+            InvalidRequestError, KernelError, Timeout, WorkerGoneError (see :meth:`Client.call`).
+        """
+        c = self._c
+        with c._lock:
+            c._check()
+            deadline = time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s)
+            rid = self._post(op, attrs, in_place, keep)
+            self._wait(rid, deadline)
+            return self._response(rid)
+
+    def release(self) -> None:
+        """Give the slot back (it stays reserved while views of it are alive). Idempotent."""
+        if self._done and self._s.mv is None:
+            return
+        c = self._c
+        self._done = True
+        if os.getpid() != c._pid or c._closed:
+            return
+        with c._lock:
+            c._release(self._s)
+
+
+class CallFuture(Future):  # type: ignore[type-arg]
+    """The result of :meth:`Client.submit`: ``result(timeout)`` waits for the worker's answer."""
+
+    def __init__(self, client: Client, loan: Loan, rid: int, deadline: float, copy: bool) -> None:
+        super().__init__()
+        self._c, self._loan, self._rid, self._deadline, self._copy = client, loan, rid, deadline, copy
+        self.set_running_or_notify_cancel()
+
+    def _settle(self, deadline: float) -> None:
+        c = self._c
+        with c._lock:
+            if self.done():
+                return
+            c._check()
+            try:
+                self._loan._wait(self._rid, deadline)
+                out = self._loan._response(self._rid)
+                if self._copy:
+                    out = {k: v.copy() for k, v in out.items()}
+            except Timeout as e:
+                if deadline < self._deadline:
+                    raise  # only the caller's shorter wait ran out; the request still runs
+                self._loan.release()
+                self.set_exception(e)
+                return
+            except BaseException as e:  # noqa: BLE001
+                self._loan.release()
+                self.set_exception(e)
+                return
+            self._loan.release()
+            self.set_result(out)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The outputs ``{name: array}``; raises the request's error. ``timeout`` defaults to the call's."""
+        deadline = self._deadline if timeout is None else min(self._deadline, time.monotonic() + timeout)
+        if not self.done():
+            self._settle(deadline)
+        return super().result(timeout=0)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The request's error, or None."""
+        try:
+            self.result(timeout)
+        except Timeout:
+            if not self.done():
+                raise
+        except BaseException:  # noqa: BLE001
+            pass
+        return super().exception(timeout=0)
+

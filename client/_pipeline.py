@@ -1,0 +1,107 @@
+"""Pipelines: several registered ops chained in one request, intermediates kept by the worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shmrpc.schema.descriptor import StepDesc
+from shmrpc.schema.errors import InvalidRequestError, UnknownOpError
+
+__all__ = ["Pipeline", "resolve"]
+
+
+@dataclass(frozen=True)
+class _Step:
+    op: str
+    inputs: tuple[tuple[str, str], ...] | None
+    outputs: tuple[tuple[str, str], ...] | None
+    attrs: tuple[tuple[str, Any], ...]
+
+
+class Pipeline:
+    """A chain of ops run in one request; only the final outputs come back.
+
+    Binding rules, when ``inputs``/``outputs`` are not given: a step's first parameter takes the
+    previous step's first output (the first step's takes the request tensor of the same name),
+    its other parameters take request tensors of the same names, and step ``i``'s outputs are
+    named ``"{i}.{param}"``. The pipeline returns the last step's outputs unless ``outputs`` is set.
+
+    Example::
+
+        p = Pipeline().then("scale", a=2.0).then("vector_add", inputs={"x": "0.out", "y": "y"})
+        out = client.call(p, x=a, y=b)["1.out"]
+    """
+
+    def __init__(self, outputs: tuple[str, ...] | None = None) -> None:
+        self.steps: tuple[_Step, ...] = ()
+        self.outputs = outputs
+
+    def then(self, op: str, *, inputs: dict[str, str] | None = None, outputs: dict[str, str] | None = None,
+             **attrs: Any) -> Pipeline:
+        """A new pipeline with one more step."""
+        p = Pipeline(self.outputs)
+        p.steps = self.steps + (_Step(op, tuple(inputs.items()) if inputs is not None else None,
+                                      tuple(outputs.items()) if outputs is not None else None,
+                                      tuple(sorted(attrs.items()))),)
+        return p
+
+    def __hash__(self) -> int:
+        return hash((self.steps, self.outputs))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Pipeline) and (self.steps, self.outputs) == (other.steps, other.outputs)
+
+
+def _attrs(spec: dict[str, Any], op: str, step: int, given: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    out = []
+    for k, v in given.items():
+        a = spec["attrs"].get(k)
+        if a is None:
+            raise InvalidRequestError(f"op {op!r} has no attribute or input {k!r} (it takes inputs "
+                                      f"{spec['inputs']} and attributes {sorted(spec['attrs'])})",
+                                      op=op, step=step, field=k)
+        if a["kind"] == "float" and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        out.append((k, v))
+    return tuple(out)
+
+
+def resolve(op_table: dict[str, dict[str, Any]], op: str | Pipeline, tensors: list[str],
+            attrs: dict[str, Any]) -> tuple[list[StepDesc], list[str]]:
+    """Steps of the request for ``op`` over request tensors ``tensors``, and the output names.
+
+    Raises:
+        UnknownOpError: an op not in the worker's table.
+        InvalidRequestError: an attribute the op does not take, or an input left unbound.
+    """
+    if isinstance(op, str):
+        spec = op_table.get(op)
+        if spec is None:
+            raise UnknownOpError(f"op {op!r} is not in the worker's op table ({sorted(op_table)})", op=op, field="op")
+        missing = [p for p in spec["inputs"] if p not in tensors]
+        if missing:
+            raise InvalidRequestError(f"op {op!r} needs input {missing[0]!r}", op=op, step=0, tensor=missing[0],
+                                      field=missing[0])
+        step = StepDesc(op, spec["code"], tuple((p, p) for p in spec["inputs"]),
+                        tuple((p, p) for p in spec["outputs"]), _attrs(spec, op, 0, attrs))
+        return [step], list(spec["outputs"])
+    if attrs:
+        raise InvalidRequestError("attributes of a pipeline go on its steps", field=next(iter(attrs)))
+    if not op.steps:
+        raise InvalidRequestError("the pipeline has no steps", field="steps")
+    steps: list[StepDesc] = []
+    prev_out = ""
+    for i, st in enumerate(op.steps):
+        spec = op_table.get(st.op)
+        if spec is None:
+            raise UnknownOpError(f"op {st.op!r} is not in the worker's op table", op=st.op, step=i, field="op")
+        if st.inputs is not None:
+            ins = st.inputs
+        else:
+            ins = tuple((p, prev_out if (j == 0 and prev_out) else p) for j, p in enumerate(spec["inputs"]))
+        outs = st.outputs if st.outputs is not None else tuple((p, f"{i}.{p}") for p in spec["outputs"])
+        steps.append(StepDesc(st.op, spec["code"], ins, outs, _attrs(spec, st.op, i, dict(st.attrs))))
+        prev_out = outs[0][1] if outs else ""
+    outputs = list(op.outputs) if op.outputs is not None else [t for _, t in steps[-1].outputs]
+    return steps, outputs

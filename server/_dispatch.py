@@ -1,0 +1,257 @@
+"""Descriptor <-> arrays: validate a request in a slot, plan it, place its outputs, write the response.
+
+Nothing here trusts the slot. The header is copied out and checked, the
+descriptor is copied out (``payload_length`` bytes, at most the slot's
+descriptor area) before it is parsed, and every tensor is checked against the
+slot's bounds before a NumPy view is made over it. Validated requests are
+cached by their descriptor bytes (a copy, so a writer cannot change a cached
+entry) and the slot size, which keeps FlatBuffers parsing off the hot path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from shmrpc import kernels
+from shmrpc.schema import dtypes
+from shmrpc.schema.descriptor import RequestDesc, ResponseDesc, TensorRef, decode_request, encode_response
+from shmrpc.schema.errors import (
+    InternalError,
+    InvalidRequestError,
+    KernelError,
+    RequestError,
+    RequestTooLargeError,
+    ResourceError,
+    StaleSlotError,
+    UnknownOpError,
+)
+from shmrpc.schema.header import HEADER_NBYTES, Flag, Header
+from shmrpc.schema.layout import TENSOR_ALIGN, align_up, format_size, tensor_align
+
+__all__ = ["Prepared", "Dispatcher", "kernel_error", "error_response"]
+
+_MAX_MESSAGE = 1000
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated request: what to run, where its inputs are and where its outputs go."""
+
+    desc: RequestDesc
+    plan: Any  # kernels.Plan, or None for alias-only pipelines (echo): nothing to run
+    inputs: tuple[TensorRef, ...]  # in-slot inputs (resident ones excluded)
+    outputs: tuple[TensorRef, ...]  # placed outputs, in the order requested
+    resident: dict[str, str]  # request tensor name -> resident name
+    keep_as: dict[str, str]  # output name -> resident name to keep it as
+    op: str  # first step's op, for metrics
+    nbytes_in: int
+    nbytes_out: int
+    response: bytes  # the success response descriptor, encoded once
+
+
+def kernel_error(e: Exception, default_op: str = "") -> RequestError:
+    """Map a kernels exception to the wire error carrying its location."""
+    fields = {
+        "op": getattr(e, "op", "") or default_op,
+        "step": getattr(e, "step", -1),
+        "tensor": getattr(e, "tensor", "") or "",
+        "field": getattr(e, "field", "") or "",
+    }
+    msg = str(getattr(e, "message", "") or e)
+    if isinstance(e, kernels.KernelResourceError):
+        return ResourceError(msg, **fields)
+    return KernelError(msg, **fields)
+
+
+def error_response(err: RequestError) -> ResponseDesc:
+    """The response descriptor carrying ``err``."""
+    return ResponseDesc(err.code, err.message[:_MAX_MESSAGE], err.op, err.step, err.tensor, err.field)
+
+
+def check_header(h: Header, request_id: int, generation: int, desc_nbytes: int) -> None:
+    """Check the header the client wrote against its doorbell.
+
+    Raises:
+        InvalidRequestError / StaleSlotError naming the header field.
+    """
+    if h.request_id != request_id:
+        raise InvalidRequestError(
+            f"header request_id {h.request_id} differs from the doorbell's {request_id}", field="request_id"
+        )
+    if h.flags & ~Flag.request_mask():
+        raise InvalidRequestError(f"metadata_flags 0x{h.flags:04x} sets bits a request may not set", field="metadata_flags")
+    if h.generation != generation:
+        raise StaleSlotError(f"header generation {h.generation} is not the slot's ({generation})", field="reserved")
+    if h.payload_length == 0 or h.payload_length > desc_nbytes - HEADER_NBYTES:
+        raise InvalidRequestError(
+            f"payload_length {h.payload_length} is outside 1..{desc_nbytes - HEADER_NBYTES}", field="payload_length"
+        )
+
+
+class Dispatcher:
+    """Turns descriptor bytes into :class:`Prepared` requests, with a bounded cache."""
+
+    def __init__(self, backend: Any, desc_nbytes: int, cache_size: int = 1024) -> None:
+        self.backend = backend
+        self.desc_nbytes = desc_nbytes
+        self._cache: OrderedDict[tuple[bytes, int, int, int, int], Prepared] = OrderedDict()
+        self._cache_size = cache_size
+        self._codes = {name: spec.code for name, spec in kernels.REGISTRY.items()}
+
+    def prepare(self, payload: bytes, op_code: int, flags: int, slot_nbytes: int, client: int) -> Prepared:
+        """Validate a request's descriptor for a slot of ``slot_nbytes`` (cached).
+
+        Raises:
+            RequestError: the most specific error, naming the field.
+        """
+        key = (payload, op_code, flags, slot_nbytes, client)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        prep = self._prepare(decode_request(payload), op_code, flags, slot_nbytes, client)
+        self._cache[key] = prep
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return prep
+
+    # ------------------------------------------------------------ validation
+
+    def _check_tensor(self, t: TensorRef, i: int, slot_nbytes: int) -> None:
+        f = f"inputs[{i}]"
+        if any(d < 0 for d in t.shape):
+            raise InvalidRequestError(f"tensor {t.name!r} has a negative dimension {t.shape}", tensor=t.name, field=f"{f}.shape")
+        want = math.prod(t.shape) * dtypes.itemsize(t.dtype)
+        if t.resident:
+            return
+        if want != t.nbytes:
+            raise InvalidRequestError(
+                f"tensor {t.name!r}: shape {t.shape} of {t.dtype} is {want} bytes but nbytes says {t.nbytes}",
+                tensor=t.name, field=f"{f}.nbytes",
+            )
+        if t.offset % TENSOR_ALIGN:
+            raise InvalidRequestError(
+                f"tensor {t.name!r} offset {t.offset} is not a multiple of {TENSOR_ALIGN}", tensor=t.name, field=f"{f}.offset"
+            )
+        if t.offset < self.desc_nbytes or t.offset + t.nbytes > slot_nbytes:
+            raise InvalidRequestError(
+                f"tensor {t.name!r} at [{t.offset}, {t.offset + t.nbytes}) is outside the slot's data area "
+                f"[{self.desc_nbytes}, {slot_nbytes})", tensor=t.name, field=f"{f}.offset",
+            )
+
+    def _steps(self, desc: RequestDesc) -> list[Any]:
+        if not desc.steps:
+            raise InvalidRequestError("the request names no op", field="steps")
+        steps = []
+        for i, s in enumerate(desc.steps):
+            code = self._codes.get(s.op)
+            if code is None:
+                raise UnknownOpError(f"op {s.op!r} is not in the worker's op table", op=s.op, step=i, field=f"steps[{i}].op")
+            if s.op_code not in (0, code):
+                raise UnknownOpError(
+                    f"op {s.op!r} has code {code}, the request says {s.op_code}", op=s.op, step=i, field=f"steps[{i}].op_code"
+                )
+            steps.append(kernels.StepSpec(s.op, dict(s.inputs), dict(s.outputs), dict(s.attrs)))
+        return steps
+
+    def _prepare(self, desc: RequestDesc, op_code: int, flags: int, slot_nbytes: int, client: int) -> Prepared:
+        steps = self._steps(desc)
+        first = desc.steps[0].op
+        if op_code and op_code != self._codes[first]:
+            raise UnknownOpError(f"header op_code {op_code} is not the first step's op {first!r}", op=first, field="op_code")
+        names: set[str] = set()
+        for i, t in enumerate(desc.inputs):
+            if t.name in names:
+                raise InvalidRequestError(f"tensor name {t.name!r} appears twice", tensor=t.name, field=f"inputs[{i}].name")
+            names.add(t.name)
+            self._check_tensor(t, i, slot_nbytes)
+        if not desc.outputs and not desc.keep:
+            raise InvalidRequestError("the request asks for no output", field="outputs")
+        if bool(desc.keep) != bool(flags & Flag.KEEP):
+            raise InvalidRequestError("the KEEP flag and the keep list disagree", field="metadata_flags")
+        resident = {t.name: f"{client}/{t.resident}" if not t.resident.startswith("shared/") else t.resident
+                    for t in desc.inputs if t.resident}
+        specs = {t.name: kernels.TensorSpec(tuple(t.shape), t.dtype) for t in desc.inputs}
+        alias_only = all(kernels.REGISTRY[s.op].alias for s in steps) and not desc.keep and not resident
+        try:
+            plan = self.backend.plan(steps, specs, list(desc.outputs), keep=list(desc.keep), resident=resident)
+        except kernels.KernelInputError as e:
+            raise kernel_error(e, first) from None
+        in_slot = tuple(t for t in desc.inputs if not t.resident)
+        outputs, all_aliased = self._place(desc, plan, in_slot, flags, slot_nbytes, alias_only)
+        alias_only = alias_only and all_aliased
+        nbytes_in = sum(t.nbytes for t in in_slot)
+        nbytes_out = sum(t.nbytes for t in outputs)
+        keep_as = {n: f"{client}/{n}" for n in desc.keep}
+        response = encode_response(ResponseDesc(outputs=outputs))
+        if HEADER_NBYTES + len(response) > self.desc_nbytes:
+            raise RequestTooLargeError(
+                f"the response descriptor ({len(response)} B) does not fit the descriptor area: ask for fewer outputs",
+                field="outputs",
+            )
+        return Prepared(desc, None if alias_only else plan, in_slot, outputs, resident, keep_as, first,
+                        nbytes_in, nbytes_out, response)
+
+    def _place(self, desc: RequestDesc, plan: Any, inputs: tuple[TensorRef, ...], flags: int, slot_nbytes: int,
+               alias_only: bool) -> tuple[tuple[TensorRef, ...], bool]:
+        """Where each requested output goes in the slot: over its input (alias / in place) or after the inputs."""
+        by_name = {t.name: t for t in inputs}
+        last = desc.steps[-1]
+        last_spec = kernels.REGISTRY[last.op]
+        first_param = last_spec.inputs[0] if last_spec.inputs else None
+        source = dict(last.inputs).get(first_param or "", "")
+        overwrite = alias_only or (flags & Flag.IN_PLACE and last_spec.inplace)
+        pos = align_up(max((t.offset + t.nbytes for t in inputs), default=self.desc_nbytes), TENSOR_ALIGN)
+        out = []
+        aliased = 0
+        for name in desc.outputs:
+            spec = plan.outputs[name]
+            nbytes = math.prod(spec.shape) * dtypes.itemsize(spec.dtype)
+            src = by_name.get(source)
+            if overwrite and src is not None and src.nbytes == nbytes and src.dtype == spec.dtype and \
+                    dict(last.outputs).get(last_spec.outputs[0]) == name:
+                out.append(TensorRef(name, spec.dtype, tuple(spec.shape), src.offset, nbytes))
+                aliased += 1
+                continue
+            pos = align_up(pos, tensor_align(nbytes))
+            if pos + nbytes > slot_nbytes:
+                raise RequestTooLargeError(
+                    f"output {name!r} needs {format_size(nbytes)} after the inputs but the slot has "
+                    f"{format_size(max(0, slot_nbytes - pos))} left: ask for a larger slot (out_nbytes=) "
+                    "or start the worker with larger --slots", tensor=name, field="outputs",
+                )
+            out.append(TensorRef(name, spec.dtype, tuple(spec.shape), pos, nbytes))
+            pos += nbytes
+        return tuple(out), aliased == len(out)
+
+    # ------------------------------------------------------------ running
+
+    def run(self, prep: Prepared, slot: memoryview) -> dict[str, float]:
+        """Run ``prep`` over ``slot``: inputs read from it, outputs written into it. Returns stage seconds.
+
+        Raises:
+            RequestError: a KernelError / ResourceError with the op's location, or InternalError.
+        """
+        if prep.plan is None:
+            return {}
+        ins = {t.name: _view(slot, t) for t in prep.inputs}
+        outs = {t.name: _view(slot, t) for t in prep.outputs}
+        try:
+            return self.backend.run(prep.plan, ins, outs, keep_as=prep.keep_as) or {}
+        except (kernels.KernelInputError, kernels.KernelRuntimeError) as e:
+            raise kernel_error(e, prep.op) from None
+        except RequestError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a backend bug must not take the worker down
+            raise InternalError(f"the backend failed: {type(e).__name__}: {e}", op=prep.op) from e
+
+
+def _view(slot: memoryview, t: TensorRef) -> np.ndarray:
+    """A NumPy view of tensor ``t`` inside ``slot`` (bounds already checked)."""
+    dt = dtypes.numpy_dtype(t.dtype)
+    n = t.nbytes // dt.itemsize
+    return np.frombuffer(slot, dtype=dt, count=n, offset=t.offset).reshape(t.shape)

@@ -1,0 +1,565 @@
+"""The worker: one ZeroMQ ROUTER loop over the region, the leases, the dispatcher and the backend.
+
+The loop thread owns the socket and all bookkeeping. Small requests run on the
+loop thread itself (a thread hop costs more than the op); larger ones run in an
+executor, which writes outputs and the response into the slot, queues the DONE
+and wakes the loop through a pipe. The loop also watches each client's pidfd,
+so a client that dies has its lease ended at once.
+
+Life of a CALL on the loop thread::
+
+    CALL(region, slot, rid, gen)
+      -> leases.begin (owner, generation, not already in flight)   else DONE(0x8000|code), slot untouched
+      -> header copied out and checked                              else error response in the slot
+      -> descriptor copied out, parsed, validated, planned (cached)
+      -> run inline or in the executor -> outputs written
+      -> response descriptor, then header           # NOTE: order is important here
+      -> DONE(region, slot, rid, status)            # the publication point back to the client
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+from shmrpc import kernels
+from shmrpc.schema import SCHEMA_HASH
+from shmrpc.schema import messages as m
+from shmrpc.schema.descriptor import encode_response
+from shmrpc.schema.errors import WIRE_CODES, BusyError, InternalError, InvalidRequestError, RequestError
+from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag, Header, unpack_from
+from shmrpc.schema.naming import endpoint, socket_path
+
+from . import checks, runtime
+from ._dispatch import Dispatcher, Prepared, check_header, error_response
+from ._lease import Leases, Slot
+from .config import WorkerConfig
+from .metrics import Metrics
+from .region import Region
+
+__all__ = ["Worker", "NO_RESPONSE"]
+
+log = logging.getLogger("shmrpc.server")
+
+#: Set in a DONE status when the slot was not touched (the code is in the low 15 bits).
+NO_RESPONSE = 0x8000
+
+
+@dataclass(eq=False)
+class _Client:
+    id: int
+    identity: bytes
+    pid: int
+    uid: int
+    pidfd: int | None
+    start_ticks: int | None
+    since: float
+
+
+@dataclass
+class _Pending:
+    """An ACQUIRE waiting for a slot to free."""
+
+    client: int
+    identity: bytes
+    nbytes: int
+    deadline: float
+
+
+class Worker:
+    """A shmrpc worker. Use :meth:`start`, then :meth:`serve_forever` (or as a context manager)."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.regions: list[Region] = []
+        self.backend: Any = None
+        self._lock: runtime.WorkerLock | None = None
+        self._ctx: zmq.Context | None = None
+        self._sock: zmq.Socket | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._done: collections.deque[tuple[bytes, Slot, Header, bytes, int, float, dict[str, float], Prepared | None]] = (
+            collections.deque()
+        )
+        self._wake_r, self._wake_w = -1, -1
+        self._clients: dict[bytes, _Client] = {}
+        self._by_pidfd: dict[int, _Client] = {}
+        self._next_client = 1
+        self._pending: list[_Pending] = []
+        self._stopping = threading.Event()
+        self._started = 0.0
+        self.metrics = Metrics()
+        self.ready = threading.Event()
+
+    # ------------------------------------------------------------ start / stop
+
+    def start(self) -> None:
+        """Startup checks, lock, region, backend, socket. Raises StartupError with a remedy."""
+        cfg = self.config
+        nbytes = cfg.geometry.region_nbytes
+        checks.check_shm_space(nbytes)
+        if cfg.mlock:
+            checks.check_memlock(nbytes)
+        runtime.ensure_runtime_dir()
+        self._lock = runtime.WorkerLock.acquire(cfg.name)
+        try:
+            for cleaned in self._lock.cleaned:
+                log.warning("removed %s left by a worker that died", cleaned)
+            self._started = time.time()
+            region = Region.create(cfg.name, cfg.geometry, index=0, mlock=cfg.mlock)
+            self.regions.append(region)
+            self._lock.set_regions([r.name for r in self.regions])
+            self.backend = kernels.select_backend(cfg.backend, resident_limit_bytes=cfg.resident_limit_bytes)
+            for r in self.regions:
+                self.backend.register_host(r.address, r.nbytes)
+            self.backend.warmup()
+            self.leases = Leases([r.geometry for r in self.regions], cfg.lease, self._zero)
+            self.dispatch = Dispatcher(self.backend, cfg.geometry.desc_nbytes)
+            self._executor = ThreadPoolExecutor(cfg.threads, thread_name_prefix="shmrpc-op")
+            self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            self._ctx = zmq.Context()
+            self._sock = self._ctx.socket(zmq.ROUTER)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            runtime.remove_socket(cfg.name)
+            old = os.umask(0o077)
+            try:
+                self._sock.bind(endpoint(cfg.name))
+            finally:
+                os.umask(old)
+            if cfg.metrics_port is not None:
+                self.metrics.serve(cfg.metrics_port)
+        except BaseException:
+            self.close()
+            raise
+        log.info(
+            "worker %s ready: backend=%s region=%s (%d MiB, slots %s) socket=%s",
+            cfg.name, self.backend.name, self.regions[0].name, self.regions[0].nbytes >> 20,
+            cfg.geometry.spec(), socket_path(cfg.name),
+        )
+        self.ready.set()
+
+    def stop(self) -> None:
+        """Ask the loop to drain and exit (thread- and signal-safe)."""
+        self._stopping.set()
+        if self._wake_w >= 0:
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Release everything: socket, executor, backend, regions, lock. Idempotent."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+        runtime.remove_socket(self.config.name)
+        for c in list(self._clients.values()):
+            if c.pidfd is not None:
+                os.close(c.pidfd)
+        self._clients.clear()
+        self._by_pidfd.clear()
+        if self.backend is not None:
+            try:
+                self.backend.unregister_host()
+                self.backend.close()
+            finally:
+                self.backend = None
+        for r in self.regions:
+            r.close()
+        self.regions.clear()
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
+        self.metrics.shutdown()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def __enter__(self) -> Worker:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT: stop accepting, answer what is in flight, clean up, exit 0."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+
+    # ------------------------------------------------------------ the loop
+
+    def serve_forever(self) -> None:
+        """Serve until :meth:`stop`; then answer in-flight requests and return."""
+        assert self._sock is not None
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        registered: set[int] = set()
+        next_check = time.monotonic() + self.config.heartbeat_s
+        while True:
+            stopping = self._stopping.is_set()
+            if stopping and self.leases.n_in_flight == 0 and not self._done:
+                break
+            for fd in set(self._by_pidfd) - registered:
+                poller.register(fd, zmq.POLLIN)
+                registered.add(fd)
+            for fd in registered - set(self._by_pidfd):
+                poller.unregister(fd)
+                registered.discard(fd)
+            timeout_ms = 50 if stopping else self._poll_timeout_ms(next_check)
+            events = dict(poller.poll(timeout_ms))
+            if self._sock in events:
+                self._drain_socket(stopping)
+            if self._wake_r in events:
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            self._drain_done()
+            for fd in registered & events.keys():
+                client = self._by_pidfd.get(fd)
+                if client is not None:
+                    self._end_client(client, "its process exited")
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + self.config.heartbeat_s
+                self._check_clients()
+            self._expire_pending(now)
+        log.info("worker %s stopped", self.config.name)
+
+    def _poll_timeout_ms(self, next_check: float) -> int:
+        deadline = min([next_check] + [p.deadline for p in self._pending])
+        return max(0, int((deadline - time.monotonic()) * 1000) + 1)
+
+    def _drain_socket(self, stopping: bool) -> None:
+        assert self._sock is not None
+        for _ in range(256):  # bounded, so completions and pidfds get their turn
+            try:
+                identity, frame = self._sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            except ValueError:  # wrong frame count from a peer: ignore it
+                continue
+            try:
+                self._handle(identity, frame, stopping)
+            except Exception:  # noqa: BLE001 - nothing a peer sends may stop the loop
+                log.exception("unexpected error handling a %r message", frame[:1])
+
+    def _send(self, identity: bytes, frame: bytes) -> None:
+        try:
+            assert self._sock is not None
+            self._sock.send_multipart([identity, frame], zmq.NOBLOCK)
+        except (zmq.Again, zmq.ZMQError) as e:  # peer gone (ROUTER_MANDATORY) or its queue full
+            log.debug("could not send to a client: %s", e)
+
+    def _handle(self, identity: bytes, frame: bytes, stopping: bool) -> None:
+        kind = frame[:1]
+        if kind == m.CALL:
+            self._on_call(identity, frame, stopping)
+        elif kind == m.HELLO:
+            self._on_hello(identity, frame, stopping)
+        elif kind == m.ACQUIRE:
+            self._on_acquire(identity, frame)
+        elif kind == m.RELEASE:
+            self._on_release(identity, frame)
+        elif kind == m.BYE:
+            c = self._clients.get(identity)
+            if c is not None:
+                self._end_client(c, "it said BYE")
+        elif kind == m.STATUS:
+            self._send(identity, m.pack_json(m.STATE, self.state()))
+        else:
+            self._send(identity, m.pack_json(m.ERROR, {"code": InvalidRequestError.code, "kind": "bad_message",
+                                                       "message": f"unknown message kind {kind!r}", "field": "kind"}))
+
+    # ------------------------------------------------------------ handshake and leases
+
+    def _refuse(self, identity: bytes, kind: str, message: str, field: str = "") -> None:
+        self._send(identity, m.pack_json(m.ERROR, {"code": InvalidRequestError.code, "kind": kind,
+                                                   "message": message, "field": field}))
+
+    def _on_hello(self, identity: bytes, frame: bytes, stopping: bool) -> None:
+        if stopping:
+            return self._refuse(identity, "stopping", "the worker is shutting down; connect to its successor")
+        try:
+            hello = m.unpack_json(frame)
+            proto, shash, pid = hello["protocol"], hello["schema_hash"], int(hello["pid"])
+        except (ValueError, KeyError, TypeError) as e:
+            return self._refuse(identity, "bad_message", f"HELLO is malformed ({e})", "hello")
+        if proto != m.PROTOCOL_VERSION or shash != SCHEMA_HASH:
+            return self._refuse(
+                identity, "protocol_mismatch",
+                f"client speaks protocol {proto} schema {shash}, worker speaks protocol {m.PROTOCOL_VERSION} "
+                f"schema {SCHEMA_HASH}: install the same shmrpc version on both sides",
+                "protocol" if proto != m.PROTOCOL_VERSION else "schema_hash",
+            )
+        uid = _proc_uid(pid)
+        if uid is None:
+            return self._refuse(identity, "refused", f"no process {pid} on this host", "pid")
+        if uid != os.geteuid() and uid not in self.config.allow_uids:
+            return self._refuse(identity, "refused", f"uid {uid} may not use this worker (see --allow-uid)", "uid")
+        ticks = runtime.process_start_ticks(pid)
+        if hello.get("start_ticks") not in (None, ticks):
+            return self._refuse(identity, "refused", f"process {pid} is not the one that said HELLO", "start_ticks")
+        old = self._clients.get(identity)
+        if old is not None:
+            self._end_client(old, "it said HELLO again")
+        try:
+            pidfd: int | None = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        client = _Client(self._next_client, identity, pid, uid, pidfd, ticks, time.time())
+        self._next_client += 1
+        self._clients[identity] = client
+        if pidfd is not None:
+            self._by_pidfd[pidfd] = client
+        slots = self.leases.open(client.id)
+        self.metrics.clients.set(len(self._clients))
+        self.metrics.slots_leased.set(self.leases.n_leased)
+        self._send(identity, m.pack_json(m.WELCOME, {
+            "protocol": m.PROTOCOL_VERSION,
+            "schema_hash": SCHEMA_HASH,
+            "client_id": client.id,
+            "worker_pid": os.getpid(),
+            "worker_start_ticks": runtime.process_start_ticks(os.getpid()),
+            "backend": self.backend.name,
+            "regions": [{"index": r.index, "name": r.name, "nbytes": r.nbytes} for r in self.regions],
+            "geometry": self.config.geometry.to_json(),
+            "lease": [[s.region, s.index, s.generation] for s in slots],
+            "op_table": kernels.op_table(),
+        }))
+        log.info("client %d (pid %d) connected with %d slots", client.id, pid, len(slots))
+        return None
+
+    def _end_client(self, c: _Client, why: str) -> None:
+        self._clients.pop(c.identity, None)
+        if c.pidfd is not None:
+            self._by_pidfd.pop(c.pidfd, None)
+            os.close(c.pidfd)
+            c.pidfd = None
+        n = self.leases.close(c.id)
+        self._pending = [p for p in self._pending if p.client != c.id]
+        self.metrics.clients.set(len(self._clients))
+        self.metrics.slots_leased.set(self.leases.n_leased)
+        log.info("client %d (pid %d) gone (%s): %d slots reclaimed", c.id, c.pid, why, n)
+        self._serve_pending()
+
+    def _check_clients(self) -> None:
+        for c in list(self._clients.values()):
+            if c.pidfd is None and not runtime.pid_alive(c.pid, c.start_ticks):
+                self._end_client(c, "its process is gone")
+
+    def _zero(self, s: Slot) -> None:
+        self.regions[s.region].zero_slot(s.index)
+
+    def _grant_msg(self, s: Slot) -> bytes:
+        return m.pack_json(m.GRANT, {"region": s.region, "slot": s.index, "generation": s.generation,
+                                     "slot_nbytes": s.nbytes})
+
+    def _on_acquire(self, identity: bytes, frame: bytes) -> None:
+        c = self._clients.get(identity)
+        if c is None:
+            return self._refuse(identity, "no_session", "no lease: say HELLO first", "client")
+        try:
+            req = m.unpack_json(frame)
+            nbytes, wait_s = int(req["nbytes"]), float(req.get("wait_s", 0.0))
+        except (ValueError, KeyError, TypeError) as e:
+            return self._refuse(identity, "bad_message", f"ACQUIRE is malformed ({e})", "acquire")
+        try:
+            s = self.leases.acquire(c.id, nbytes)
+        except BusyError as e:
+            if wait_s > 0:
+                self._pending.append(_Pending(c.id, identity, nbytes, time.monotonic() + wait_s))
+                return None
+            return self._send(identity, _error_msg(e))
+        except RequestError as e:
+            return self._send(identity, _error_msg(e))
+        self.metrics.slots_leased.set(self.leases.n_leased)
+        self._send(identity, self._grant_msg(s))
+        return None
+
+    def _serve_pending(self) -> None:
+        still = []
+        for p in self._pending:
+            try:
+                s = self.leases.acquire(p.client, p.nbytes)
+            except RequestError:
+                still.append(p)
+                continue
+            self._send(p.identity, self._grant_msg(s))
+        self._pending = still
+        self.metrics.slots_leased.set(self.leases.n_leased)
+
+    def _expire_pending(self, now: float) -> None:
+        for p in [p for p in self._pending if p.deadline <= now]:
+            self._pending.remove(p)
+            self._send(p.identity, _error_msg(BusyError("no slot became free in time", field="nbytes")))
+
+    def _on_release(self, identity: bytes, frame: bytes) -> None:
+        c = self._clients.get(identity)
+        try:
+            _, region, index = m.SLOT_STRUCT.unpack(frame)
+        except Exception:  # noqa: BLE001
+            return
+        if c is not None and self.leases.release(c.id, region, index):
+            self.metrics.slots_leased.set(self.leases.n_leased)
+            self._serve_pending()
+
+    # ------------------------------------------------------------ calls
+
+    def _on_call(self, identity: bytes, frame: bytes, stopping: bool) -> None:
+        try:
+            region, index, rid, gen = m.unpack_call(frame)
+        except Exception:  # noqa: BLE001 - a malformed doorbell names no slot we could answer in
+            return self._refuse(identity, "bad_message", "CALL frame is malformed", "call")
+        c = self._clients.get(identity)
+        try:
+            if c is None:
+                raise InvalidRequestError("no lease: say HELLO first", field="client")
+            if stopping:
+                raise BusyError("the worker is shutting down", field="call")
+            s = self.leases.begin(c.id, region, index, gen)
+        except RequestError as e:
+            self._send(identity, m.pack_done(region, index, rid, NO_RESPONSE | e.code))
+            return None
+        t0 = time.perf_counter()
+        view = self.regions[region].slot_view(index)
+        hdr = Header(rid, 0, 0, 0, gen)
+        prep: Prepared | None = None
+        try:
+            h = unpack_from(view)
+            hdr = Header(rid, h.op_code, 0, 0, gen)
+            check_header(h, rid, gen, self.dispatch.desc_nbytes)
+            payload = bytes(view[HEADER_NBYTES:HEADER_NBYTES + h.payload_length])
+            prep = self.dispatch.prepare(payload, h.op_code, h.flags, s.nbytes, c.id)
+        except RequestError as e:
+            return self._finish(identity, s, view, hdr, e, t0, {}, None)
+        except Exception as e:  # noqa: BLE001
+            log.exception("validation failed unexpectedly")
+            return self._finish(identity, s, view, hdr, InternalError(f"validation failed: {e}"), t0, {}, None)
+        self.metrics.inflight.inc()
+        if prep.plan is None or prep.nbytes_in + prep.nbytes_out <= self.config.inline_max_nbytes:
+            self._complete(identity, s, view, hdr, prep, t0)
+        else:
+            assert self._executor is not None
+            self._executor.submit(self._run_async, identity, s, view, hdr, prep, t0)
+        return None
+
+    def _execute(self, view: memoryview, hdr: Header, prep: Prepared) -> tuple[bytes, int, dict[str, float]]:
+        """Run ``prep`` and write its response into the slot; returns (DONE frame tail data)."""
+        try:
+            stages = self.dispatch.run(prep, view)
+            status, payload = 0, prep.response
+        except RequestError as e:
+            stages, status, payload = {}, e.code, encode_response(error_response(e))
+        _write_response(view, hdr, payload, status)
+        return payload, status, stages
+
+    def _complete(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, prep: Prepared, t0: float) -> None:
+        _, status, stages = self._execute(view, hdr, prep)
+        self._done_sent(identity, s, hdr, status, t0, stages, prep)
+
+    def _run_async(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, prep: Prepared, t0: float) -> None:
+        q = time.perf_counter() - t0
+        try:
+            _, status, stages = self._execute(view, hdr, prep)
+        except BaseException:  # noqa: BLE001 - always answer
+            log.exception("request failed unexpectedly")
+            status, stages = InternalError.code, {}
+            _write_response(view, hdr, encode_response(error_response(InternalError("the request failed"))), status)
+        stages = dict(stages, queue=q)
+        self._done.append((identity, s, hdr, b"", status, t0, stages, prep))
+        os.write(self._wake_w, b"x")
+
+    def _drain_done(self) -> None:
+        while self._done:
+            identity, s, hdr, _, status, t0, stages, prep = self._done.popleft()
+            self._done_sent(identity, s, hdr, status, t0, stages, prep)
+
+    def _finish(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, err: RequestError, t0: float,
+                stages: dict[str, float], prep: Prepared | None) -> None:
+        _write_response(view, hdr, encode_response(error_response(err)), err.code)
+        self.metrics.inflight.inc()
+        self._done_sent(identity, s, hdr, err.code, t0, stages, prep)
+
+    def _done_sent(self, identity: bytes, s: Slot, hdr: Header, status: int, t0: float,
+                   stages: dict[str, float], prep: Prepared | None) -> None:
+        if s.owner is not None and not s.freeing:
+            self._send(identity, m.pack_done(s.region, s.index, hdr.request_id, status))
+        self.leases.end(s)
+        self.metrics.inflight.dec()
+        op = prep.op if prep is not None else "invalid"
+        self.metrics.observe(op, "ok" if status == 0 else _status_name(status), time.perf_counter() - t0,
+                             prep.nbytes_in if prep and status == 0 else 0,
+                             prep.nbytes_out if prep and status == 0 else 0, stages)
+        if s.owner is None:
+            self._serve_pending()
+
+    # ------------------------------------------------------------ status
+
+    def state(self) -> dict[str, Any]:
+        """The worker's state for ``shmrpc status``."""
+        return {
+            "name": self.config.name,
+            "pid": os.getpid(),
+            "uptime_s": round(time.time() - self._started, 3),
+            "backend": self.backend.name if self.backend else None,
+            "socket": str(socket_path(self.config.name)),
+            "regions": [{"index": r.index, "name": r.name, "nbytes": r.nbytes, "slots": r.geometry.spec(),
+                         "mlocked": r.mlocked} for r in self.regions],
+            "clients": [{"id": c.id, "pid": c.pid, "uid": c.uid, "connected_s": round(time.time() - c.since, 3),
+                         "slots": [[s.region, s.index, s.nbytes, s.borrowed, s.in_flight] for s in self.leases.held(c.id)]}
+                        for c in self._clients.values()],
+            "slots_leased": self.leases.n_leased,
+            "in_flight": self.leases.n_in_flight,
+            "pending_acquires": len(self._pending),
+            "counters": self.metrics.snapshot(),
+            "resident": {k: {"shape": list(v.shape), "dtype": v.dtype} for k, v in self.backend.resident().items()}
+            if self.backend else {},
+        }
+
+
+def _write_response(view: memoryview, hdr: Header, payload: bytes, status: int) -> None:
+    """Response descriptor first, then the header."""
+    n = len(payload)
+    view[HEADER_NBYTES:HEADER_NBYTES + n] = payload
+    flags = Flag.RESPONSE | (Flag.ERROR if status else 0)
+    # NOTE: order is important here: the header goes last, after the descriptor it describes.
+    HEADER.pack_into(view, 0, hdr.request_id, hdr.op_code, n, int(flags), hdr.generation)
+
+
+def _error_msg(e: RequestError) -> bytes:
+    return m.pack_json(m.ERROR, {"code": e.code, "kind": type(e).__name__, "message": e.message, "field": e.field})
+
+
+def _status_name(status: int) -> str:
+    cls = WIRE_CODES.get(status & 0x7FFF)
+    return cls.__name__ if cls else f"code{status}"
+
+
+def _proc_uid(pid: int) -> int | None:
+    """Real uid of ``pid`` from /proc, or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None

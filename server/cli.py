@@ -1,0 +1,150 @@
+"""The ``shmrpc`` command: ``serve``, ``status``, ``doctor``, ``bench``.
+
+Examples::
+
+    shmrpc serve --name demo                      # worker with the default region (~988 MiB)
+    shmrpc serve --name t --slots 64K:8,1M:2 --backend numpy --metrics-port 9464
+    shmrpc status --name demo                     # regions, leases, in-flight requests, counters
+    shmrpc doctor [--clean]                       # stale regions/sockets, /dev/shm and memlock checks
+    shmrpc bench lat --peers                      # latency next to pyzmq, pipes, gRPC
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from shmrpc.schema.layout import DEFAULT_GEOMETRY, parse_geometry
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``shmrpc`` command."""
+    p = argparse.ArgumentParser(prog="shmrpc", description="Zero-copy RPC for array compute on one host.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run a worker")
+    s.add_argument("--name", required=True, help="worker name; clients find the worker by it")
+    s.add_argument("--slots", default=DEFAULT_GEOMETRY.spec(),
+                   help="slot size classes SIZE:COUNT, smallest first (default %(default)s)")
+    s.add_argument("--lease", default=None,
+                   help="slots of each class leased to every client at HELLO, e.g. 4,2,1,1,0 (default)")
+    s.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
+    s.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port on 127.0.0.1 (0: any)")
+    s.add_argument("--no-mlock", action="store_true", help="do not mlock the region (no RLIMIT_MEMLOCK needed)")
+    s.add_argument("--threads", type=int, default=4, help="executor threads for larger requests")
+    s.add_argument("--inline-max", default="256K", help="requests moving at most this run on the loop thread")
+    s.add_argument("--resident-limit", default="8G", help="cap on resident tensors")
+    s.add_argument("--allow-uid", type=int, action="append", default=[], help="another uid that may connect")
+    s.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+    st = sub.add_parser("status", help="show a worker's regions, leases, in-flight requests and counters")
+    st.add_argument("--name", required=True)
+    st.add_argument("--timeout-s", type=float, default=3.0)
+    st.add_argument("--json", action="store_true", help="print the raw JSON")
+
+    d = sub.add_parser("doctor", help="find (and with --clean remove) stale regions and sockets; check limits")
+    d.add_argument("--clean", action="store_true")
+    d.add_argument("--slots", default=DEFAULT_GEOMETRY.spec(), help="geometry to check /dev/shm and memlock against")
+
+    sub.add_parser("bench", help="latency/bandwidth benchmarks (shmrpc bench --help)", add_help=False)
+    return p
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from shmrpc.schema.layout import parse_size
+
+    from ._loop import Worker
+    from .checks import StartupError
+    from .config import DEFAULT_LEASE, WorkerConfig, parse_lease
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        geometry = parse_geometry(args.slots)
+        lease = parse_lease(args.lease) if args.lease else DEFAULT_LEASE[: len(geometry.classes)]
+        cfg = WorkerConfig(
+            name=args.name, geometry=geometry, lease=lease, backend=args.backend, metrics_port=args.metrics_port,
+            mlock=not args.no_mlock, threads=args.threads, inline_max_nbytes=parse_size(args.inline_max),
+            resident_limit_bytes=parse_size(args.resident_limit), allow_uids=tuple(args.allow_uid),
+        )
+    except ValueError as e:
+        print(f"shmrpc serve: {e}", file=sys.stderr)
+        return 2
+    worker = Worker(cfg)
+    worker.install_signal_handlers()
+    try:
+        worker.start()
+    except StartupError as e:
+        print(f"shmrpc serve: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # backend unavailable and similar: one line, not a traceback
+        print(f"shmrpc serve: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    try:
+        print(f"shmrpc worker {cfg.name} ready (pid {__import__('os').getpid()}, backend {worker.backend.name})",
+              flush=True)
+        worker.serve_forever()
+    finally:
+        worker.close()
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    import zmq
+    from shmrpc.schema import messages as m
+    from shmrpc.schema.naming import endpoint, socket_path
+
+    if not socket_path(args.name).exists():
+        print(f"shmrpc status: no worker named {args.name!r} ({socket_path(args.name)} does not exist)", file=sys.stderr)
+        return 1
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint(args.name))
+        sock.send(m.STATUS)
+        if not sock.poll(int(args.timeout_s * 1000)):
+            print(f"shmrpc status: worker {args.name!r} did not answer in {args.timeout_s} s", file=sys.stderr)
+            return 1
+        state = m.unpack_json(sock.recv())
+        sock.close()
+    finally:
+        ctx.term()
+    if args.json:
+        print(json.dumps(state, indent=2))
+        return 0
+    print(f"worker {state['name']}  pid {state['pid']}  backend {state['backend']}  up {state['uptime_s']:.1f} s")
+    print(f"socket {state['socket']}")
+    for r in state["regions"]:
+        print(f"region {r['index']}: {r['name']}  {r['nbytes'] >> 20} MiB  slots {r['slots']}  mlocked={r['mlocked']}")
+    print(f"clients {len(state['clients'])}  slots leased {state['slots_leased']}  in flight {state['in_flight']}"
+          f"  waiting acquires {state['pending_acquires']}")
+    for c in state["clients"]:
+        print(f"  client {c['id']} pid {c['pid']} uid {c['uid']}: {len(c['slots'])} slots, "
+              f"{sum(1 for s in c['slots'] if s[4])} in flight")
+    counters = state["counters"]
+    for key in sorted(counters):
+        print(f"  {key} = {counters[key]}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``shmrpc`` command; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "bench":
+        from shmrpc.client.bench import main as bench_main
+
+        return bench_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "status":
+        return _status(args)
+    if args.command == "doctor":
+        from .doctor import doctor
+
+        return doctor(clean=args.clean, region_nbytes=parse_geometry(args.slots).region_nbytes)
+    return 2

@@ -1,0 +1,69 @@
+"""Worker configuration: one frozen dataclass, filled by the CLI or by tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shmrpc.schema.layout import DEFAULT_GEOMETRY, Geometry
+from shmrpc.schema.naming import validate_name
+
+__all__ = ["WorkerConfig", "DEFAULT_LEASE", "parse_lease"]
+
+#: Slots of each size class leased to every client at HELLO (smallest class first); the rest are
+#: borrowed on demand with ACQUIRE. With DEFAULT_GEOMETRY: 4 x 64K, 2 x 1M, 1 x 16M, 1 x 80M, 0 x 520M.
+DEFAULT_LEASE = (4, 2, 1, 1, 0)
+
+
+def parse_lease(text: str) -> tuple[int, ...]:
+    """``"4,2,1,1,0"`` -> per-class lease counts."""
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--lease must be comma-separated counts, one per size class, got {text!r}") from None
+    if any(c < 0 for c in counts):
+        raise ValueError("--lease counts must be >= 0")
+    return counts
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs to start.
+
+    Attributes:
+        name: the worker's name; clients find it by this alone.
+        geometry: slot size classes of the region.
+        lease: slots of each class leased to a client at HELLO (shorter tuples are padded with 0).
+        backend: ``auto`` (CuPy when it imports and sees a GPU, else NumPy), ``numpy`` or ``cupy``.
+        metrics_port: Prometheus HTTP port on 127.0.0.1; ``None`` for no HTTP server, 0 for any free port.
+        mlock: lock the region's pages in RAM (the startup check tells how to allow it).
+        inline_max_nbytes: requests moving at most this many bytes run on the event loop thread
+            (cheaper than a thread hop); larger ones run in the executor.
+        threads: executor threads for larger requests.
+        resident_limit_bytes: cap on resident tensors held by the backend.
+        allow_uids: uids besides the worker's own that may connect.
+        heartbeat_s: how often the loop checks on clients it has no pidfd for.
+    """
+
+    name: str
+    geometry: Geometry = DEFAULT_GEOMETRY
+    lease: tuple[int, ...] = DEFAULT_LEASE
+    backend: str = "auto"
+    metrics_port: int | None = None
+    mlock: bool = True
+    inline_max_nbytes: int = 256 * 1024
+    threads: int = 4
+    resident_limit_bytes: int = 8 << 30
+    allow_uids: tuple[int, ...] = ()
+    heartbeat_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        validate_name(self.name)
+        if self.backend not in ("auto", "numpy", "cupy"):
+            raise ValueError(f"--backend must be auto, numpy or cupy, got {self.backend!r}")
+        n = len(self.geometry.classes)
+        if len(self.lease) > n:
+            raise ValueError(f"--lease names {len(self.lease)} classes but --slots has {n}")
+        lease = tuple(self.lease) + (0,) * (n - len(self.lease))
+        object.__setattr__(self, "lease", lease)
+        if self.threads < 1:
+            raise ValueError("--threads must be >= 1")
