@@ -1,0 +1,172 @@
+"""Startup checks a worker runs before it creates or maps a region.
+
+Each check either returns or raises :class:`StartupError` with a one-line
+message that says what is wrong and how to fix it::
+
+    /dev/shm has 60.0 MiB free but the region needs 988.0 MiB: give the container more
+    (docker --shm-size=2g), free space in /dev/shm (shmrpc doctor --clean removes stale
+    segments), or pass a smaller --size/--slots
+
+The inputs a check reads from the system (free bytes, the memlock limit, the
+capability bit) can be injected, so the messages are testable anywhere.
+:mod:`shmrpc.server.region` raises the same messages when the kernel refuses
+space or locking later (``posix_fallocate`` or ``mlock`` failing).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+
+from shmrpc.schema.errors import ShmrpcError
+
+__all__ = [
+    "StartupError",
+    "SHM_MARGIN_NBYTES",
+    "CAP_IPC_LOCK",
+    "check_shm_space",
+    "check_memlock",
+    "shm_free_bytes",
+    "memlock_limit",
+    "has_ipc_lock",
+    "shm_space_error",
+    "memlock_error",
+    "format_bytes",
+]
+
+#: Headroom asked of /dev/shm beyond the region itself (other processes use it too).
+SHM_MARGIN_NBYTES = 1 << 20
+
+#: Bit of CAP_IPC_LOCK in the capability sets of /proc/<pid>/status.
+CAP_IPC_LOCK = 14
+
+
+class StartupError(ShmrpcError):
+    """The worker cannot start; the message says why and what to do.
+
+    Attributes:
+        needed_nbytes: bytes the worker asked for (0 when not about size).
+        available_nbytes: bytes the system offered (-1 when unknown or unlimited).
+    """
+
+    def __init__(self, message: str, *, needed_nbytes: int = 0, available_nbytes: int = -1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.needed_nbytes = needed_nbytes
+        self.available_nbytes = available_nbytes
+
+
+def format_bytes(nbytes: int) -> str:
+    """``nbytes`` as ``"60.0 MiB"`` (or KiB/GiB when that reads better)."""
+    for unit, mult in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if nbytes >= mult:
+            return f"{nbytes / mult:.1f} {unit}"
+    if nbytes >= 1 << 10:
+        return f"{nbytes / (1 << 10):.1f} KiB"
+    return f"{nbytes} B"
+
+
+def shm_free_bytes(shm_dir: str = "/dev/shm") -> int:
+    """Bytes an unprivileged process may still allocate in ``shm_dir`` (``statvfs`` ``f_bavail``).
+
+    Raises:
+        StartupError: ``shm_dir`` does not exist or cannot be inspected.
+    """
+    try:
+        st = os.statvfs(shm_dir)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot inspect {shm_dir} ({exc.strerror}): mount a tmpfs there (docker does by default) "
+            "or run on a host with POSIX shared memory"
+        ) from exc
+    return st.f_bavail * st.f_frsize
+
+
+def shm_space_error(free_nbytes: int, nbytes: int, shm_dir: str = "/dev/shm") -> StartupError:
+    """The :class:`StartupError` for ``nbytes`` not fitting in ``free_nbytes`` of ``shm_dir``."""
+    return StartupError(
+        f"{shm_dir} has {format_bytes(free_nbytes)} free but the region needs {format_bytes(nbytes)}: "
+        "give the container more (docker --shm-size=2g), free space in /dev/shm "
+        "(shmrpc doctor --clean removes stale segments), or pass a smaller --size/--slots",
+        needed_nbytes=nbytes,
+        available_nbytes=free_nbytes,
+    )
+
+
+def check_shm_space(nbytes: int, shm_dir: str = "/dev/shm", *, free_bytes: int | None = None) -> None:
+    """Check that ``shm_dir`` can hold ``nbytes`` more (plus :data:`SHM_MARGIN_NBYTES`).
+
+    Args:
+        nbytes: bytes of the region(s) about to be created.
+        shm_dir: the tmpfs that backs POSIX shared memory.
+        free_bytes: free bytes to assume instead of asking ``statvfs`` (tests).
+
+    Raises:
+        StartupError: not enough space; the message names the remedies.
+
+    Example:
+        >>> check_shm_space(1 << 20, free_bytes=1 << 30)
+    """
+    free = shm_free_bytes(shm_dir) if free_bytes is None else free_bytes
+    if free < nbytes + SHM_MARGIN_NBYTES:
+        raise shm_space_error(free, nbytes, shm_dir)
+
+
+def memlock_limit() -> int:
+    """The soft ``RLIMIT_MEMLOCK`` in bytes (``resource.RLIM_INFINITY`` when unlimited)."""
+    return resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+
+
+def has_ipc_lock(status_path: str = "/proc/self/status") -> bool:
+    """Whether this process has CAP_IPC_LOCK in its effective set (so no memlock limit applies)."""
+    try:
+        with open(status_path) as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool((int(line.split()[1], 16) >> CAP_IPC_LOCK) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def memlock_error(limit: int, nbytes: int, *, what: str = "") -> StartupError:
+    """The :class:`StartupError` for ``nbytes`` not lockable under a memlock ``limit``.
+
+    ``what`` replaces the opening ("RLIMIT_MEMLOCK is 8.0 MiB") when the kernel
+    refused ``mlock`` for another reason (e.g. ``"mlock failed (ENOMEM)"``).
+    """
+    head = what or f"RLIMIT_MEMLOCK is {format_bytes(limit)}"
+    return StartupError(
+        f"{head} but the region needs {format_bytes(nbytes)}: raise it (ulimit -l unlimited, "
+        "docker --ulimit memlock=-1, systemd LimitMEMLOCK=infinity) or run with --no-mlock "
+        "(pages may then be swapped, and GPU copies get slower)",
+        needed_nbytes=nbytes,
+        available_nbytes=limit,
+    )
+
+
+def check_memlock(nbytes: int, *, limit: int | None = None, has_cap: bool | None = None) -> None:
+    """Check that ``nbytes`` can be locked in memory (``mlock``).
+
+    Passes when the process has CAP_IPC_LOCK, when the soft limit is unlimited,
+    or when it is at least ``nbytes``.
+
+    Args:
+        nbytes: bytes to lock (the regions together).
+        limit: soft ``RLIMIT_MEMLOCK`` to assume instead of ``getrlimit`` (tests).
+        has_cap: CAP_IPC_LOCK to assume instead of reading ``/proc/self/status`` (tests).
+
+    Raises:
+        StartupError: the limit is too low; the message names the remedies.
+
+    Example:
+        >>> check_memlock(1 << 30, limit=resource.RLIM_INFINITY, has_cap=False)
+    """
+    cap = has_ipc_lock() if has_cap is None else has_cap
+    if cap:
+        return
+    lim = memlock_limit() if limit is None else limit
+    if lim == resource.RLIM_INFINITY or lim < 0:
+        return
+    if lim < nbytes:
+        raise memlock_error(lim, nbytes)

@@ -1,0 +1,401 @@
+"""The runtime directory, the per-worker lock file, and cleaning up after a crashed predecessor.
+
+One worker per name: :class:`WorkerLock` holds ``flock`` on ``<runtime>/<NAME>.lock``
+while the worker lives. The file holds JSON telling a successor what to clean::
+
+    {"pid": 4242, "start_ticks": 918273, "socket": "/run/user/1000/shmrpc/w.sock",
+     "regions": ["/shmrpc.w.0.9f2c4e1a7b3d5c60"]}
+
+Life of the lock file:
+
+==========================  ==========================================================
+state                       what :meth:`WorkerLock.acquire` does
+==========================  ==========================================================
+absent                      create it (0600), lock it, write our JSON
+present, lock held          raise :class:`WorkerAlreadyRunning` naming the holder's pid
+present, lock free          the predecessor died: unlink its listed regions (only
+                            ``/shmrpc.<NAME>.*``), any unlisted ``/shmrpc.<NAME>.*``
+                            region whose owner is dead, and the socket; then as above
+==========================  ==========================================================
+
+:meth:`WorkerLock.release` unlinks the file *while still holding the lock*, then
+unlocks. ``acquire`` checks after locking that the path still names the inode it
+locked (else it retries), so two workers never both believe they hold a name.
+
+Process identity is ``(pid, start_ticks)``: field 22 of ``/proc/<pid>/stat``, so a
+reused pid is not mistaken for the worker that died.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from shmrpc.schema.naming import lock_path, region_prefix, runtime_dir, socket_path, validate_name
+
+from .checks import StartupError
+
+__all__ = [
+    "SHM_DIR",
+    "WorkerAlreadyRunning",
+    "WorkerLock",
+    "ensure_runtime_dir",
+    "check_runtime_dir",
+    "process_start_ticks",
+    "pid_alive",
+    "list_segments",
+    "remove_socket",
+    "read_lock_file",
+    "lock_is_held",
+]
+
+SHM_DIR = "/dev/shm"
+
+
+class WorkerAlreadyRunning(StartupError):
+    """Another live process holds the lock of this worker name.
+
+    Attributes:
+        name: the worker name.
+        pid: the holder's pid from its lock file (``None`` when unreadable).
+    """
+
+    def __init__(self, name: str, pid: int | None, path: Path) -> None:
+        who = f"pid {pid}" if pid is not None else "pid unknown"
+        super().__init__(
+            f"a worker named {name!r} is already running ({who}, lock {path}): stop it first, or start this one "
+            "with another --name"
+        )
+        self.name = name
+        self.pid = pid
+
+
+def check_runtime_dir(path: Path) -> str | None:
+    """Why ``path`` is not a safe runtime directory (``None`` when it is: a real directory, ours, mode 0700).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return (
+            f"runtime directory {path} is not a directory: remove it, or set SHMRPC_RUNTIME_DIR to a private directory"
+        )
+    if st.st_uid != os.geteuid():
+        return (
+            f"runtime directory {path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()}): "
+            "remove it, or set SHMRPC_RUNTIME_DIR to a private directory"
+        )
+    if st.st_mode & 0o077:
+        return (
+            f"runtime directory {path} has mode {stat.S_IMODE(st.st_mode):04o}, so other users can reach "
+            f"the worker: run chmod 700 {path}, or set SHMRPC_RUNTIME_DIR to a private directory"
+        )
+    return None
+
+
+def ensure_runtime_dir() -> Path:
+    """Create the runtime directory (mode 0700) or check the existing one.
+
+    Returns:
+        The directory, :func:`shmrpc.schema.naming.runtime_dir`.
+
+    Raises:
+        StartupError: it exists but is not a directory, not ours, or group/other can enter it.
+
+    Example:
+        >>> path = ensure_runtime_dir()
+    """
+    path = runtime_dir()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    else:
+        os.chmod(path, 0o700)  # mkdir's mode passes through the umask; make it exact
+    problem = check_runtime_dir(path)
+    if problem:
+        raise StartupError(problem)
+    return path
+
+
+def _read_stat(pid: int) -> list[str] | None:
+    """Fields 3.. of /proc/<pid>/stat (after the command name), or None."""
+    if pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and ')'; everything after the last ')' is plain.
+    return data.rpartition(b")")[2].decode("ascii", "replace").split()
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (field 22 of ``/proc/<pid>/stat``), or None if no such process.
+
+    Example:
+        >>> process_start_ticks(os.getpid()) > 0
+        True
+    """
+    fields = _read_stat(pid)
+    if not fields or len(fields) < 20:
+        return None
+    try:
+        return int(fields[19])
+    except ValueError:
+        return None
+
+
+def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
+    """Whether ``pid`` is a live process and, if ``start_ticks`` is given, the same one that started then.
+
+    Zombies count as dead. Without ``/proc`` this falls back to ``kill(pid, 0)``
+    and cannot tell a reused pid apart.
+    """
+    if pid <= 0:
+        return False
+    if not os.path.exists("/proc/self/stat"):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    fields = _read_stat(pid)
+    if not fields or len(fields) < 20:
+        return False
+    if fields[0] in ("Z", "X"):
+        return False
+    if start_ticks is None:
+        return True
+    try:
+        return int(fields[19]) == start_ticks
+    except ValueError:
+        return False
+
+
+def list_segments(prefix: str = "shmrpc.", shm_dir: str = SHM_DIR) -> list[str]:
+    """POSIX shm names (with the leading ``/``) of the ``shm_dir`` entries starting with ``prefix``, sorted.
+
+    Example:
+        >>> list_segments("shmrpc.myworker.")
+        []
+    """
+    try:
+        entries = os.listdir(shm_dir)
+    except OSError:
+        return []
+    return sorted("/" + e for e in entries if e.startswith(prefix))
+
+
+def remove_socket(name: str) -> bool:
+    """Unlink the socket file of worker ``name``; returns whether there was one."""
+    try:
+        os.unlink(socket_path(name))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def read_lock_file(path: Path) -> dict[str, Any] | None:
+    """The JSON of a lock file, or None when it is missing, empty or not a JSON object."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def lock_is_held(path: Path) -> bool:
+    """Whether some process holds ``flock`` on the lock file ``path`` (False when it is missing)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops our probe lock too
+    return False
+
+
+class WorkerLock:
+    """The exclusive claim of a worker name, held while the worker lives.
+
+    Use :meth:`acquire`; release with :meth:`release` or a ``with`` block.
+
+    Attributes:
+        name: the worker name.
+        path: the lock file.
+        cleaned: what was removed after a dead predecessor (region names, socket path),
+            for the worker to log.
+        regions: region names last written with :meth:`set_regions`.
+
+    Example:
+        >>> with WorkerLock.acquire("w0") as lock:
+        ...     lock.set_regions(["/shmrpc.w0.0.0123456789abcdef"])
+    """
+
+    def __init__(self, name: str, path: Path, fd: int, cleaned: list[str]) -> None:
+        self.name = name
+        self.path = path
+        self.cleaned = cleaned
+        self.regions: list[str] = []
+        self._fd: int | None = fd
+
+    @classmethod
+    def acquire(cls, name: str) -> WorkerLock:
+        """Take the lock of worker ``name``, cleaning up after a dead predecessor.
+
+        Args:
+            name: the worker name (validated).
+
+        Returns:
+            The held lock, its JSON written with this process's pid and no regions.
+
+        Raises:
+            WorkerAlreadyRunning: a live process holds the lock.
+            StartupError: the runtime directory is unsafe.
+        """
+        validate_name(name)
+        ensure_runtime_dir()
+        path = lock_path(name)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                info = read_lock_file(path) or {}
+                pid = info.get("pid")
+                raise WorkerAlreadyRunning(name, pid if isinstance(pid, int) else None, path) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            # NOTE: the holder we raced may have unlinked this inode before unlocking; retry on the new file.
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        try:
+            os.fchmod(fd, 0o600)
+            previous = _read_fd(fd)
+            cleaned = _clean_predecessor(name, previous)
+            lock = cls(name, path, fd, cleaned)
+            lock._write()
+        except BaseException:
+            os.close(fd)
+            raise
+        return lock
+
+    @property
+    def held(self) -> bool:
+        """Whether this object still holds the lock."""
+        return self._fd is not None
+
+    def set_regions(self, names: list[str]) -> None:
+        """Record the worker's region names in the lock file (call after each create and unlink)."""
+        self.regions = list(names)
+        self._write()
+
+    def _write(self) -> None:
+        """Rewrite the JSON in place (the inode must stay the one we locked, so no rename)."""
+        if self._fd is None:
+            raise ValueError(f"lock of worker {self.name!r} was released; acquire it again")
+        pid = os.getpid()
+        data = json.dumps(
+            {
+                "pid": pid,
+                "start_ticks": process_start_ticks(pid),
+                "socket": str(socket_path(self.name)),
+                "regions": self.regions,
+            }
+        ).encode()
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, data, 0)
+
+    def release(self) -> None:
+        """Delete the lock file and unlock; idempotent. The socket file is the event loop's to remove."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            # NOTE: order is important here: unlink while still locked, then unlock by closing.
+            with contextlib.suppress(FileNotFoundError):
+                if os.fstat(fd).st_ino == os.stat(self.path).st_ino:
+                    os.unlink(self.path)
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> WorkerLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<WorkerLock {self.name!r} {'held' if self.held else 'released'}>"
+
+
+def _read_fd(fd: int) -> dict[str, Any] | None:
+    """The JSON object in the lock file behind ``fd``, or None."""
+    size = os.fstat(fd).st_size
+    if not size:
+        return None
+    try:
+        obj = json.loads(os.pread(fd, size, 0))
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _clean_predecessor(name: str, previous: dict[str, Any] | None) -> list[str]:
+    """Remove what a dead worker of ``name`` left behind; returns what was removed."""
+    from .region import read_superblock, unlink_region  # region imports this module
+
+    cleaned: list[str] = []
+    prefix = "/" + region_prefix(name)
+    listed = previous.get("regions") if previous else None
+    if isinstance(listed, list):
+        for region in listed:
+            if isinstance(region, str) and region.startswith(prefix) and unlink_region(region):
+                cleaned.append(region)
+    # Regions created after the predecessor last wrote its lock file (it died in between).
+    for region in list_segments(prefix[1:]):
+        try:
+            sb = read_superblock(region)
+        except (OSError, ValueError):
+            owner_alive = False  # never finished starting: no superblock yet
+        else:
+            owner_alive = pid_alive(sb.worker_pid, sb.worker_start_ticks)
+        if not owner_alive and _owned_by_us(region) and unlink_region(region):
+            cleaned.append(region)
+    if remove_socket(name):
+        cleaned.append(str(socket_path(name)))
+    return cleaned
+
+
+def _owned_by_us(region: str) -> bool:
+    """Whether the /dev/shm entry of ``region`` belongs to our euid."""
+    try:
+        return os.stat(SHM_DIR + region).st_uid == os.geteuid()
+    except OSError:
+        return False

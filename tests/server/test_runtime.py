@@ -1,0 +1,185 @@
+"""Runtime directory, process identity, the worker lock and cleanup after a dead predecessor."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import posix_ipc
+import pytest
+
+from shmrpc.schema.naming import lock_path, runtime_dir, socket_path
+from shmrpc.server.checks import StartupError
+from shmrpc.server.runtime import (
+    WorkerAlreadyRunning,
+    WorkerLock,
+    ensure_runtime_dir,
+    list_segments,
+    lock_is_held,
+    pid_alive,
+    process_start_ticks,
+    remove_socket,
+)
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _segment(name: str) -> str:
+    shm = posix_ipc.SharedMemory(name, flags=posix_ipc.O_CREX, mode=0o600, size=4096)
+    shm.close_fd()
+    return name
+
+
+def test_ensure_runtime_dir_creates_0700(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "a" / "rt"
+    monkeypatch.setenv("SHMRPC_RUNTIME_DIR", str(target))
+    old = os.umask(0o022)
+    try:
+        assert ensure_runtime_dir() == target
+    finally:
+        os.umask(old)
+    assert (target.stat().st_mode & 0o777) == 0o700
+    assert ensure_runtime_dir() == target  # existing and fine
+
+
+def test_ensure_runtime_dir_refuses_open_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "rt"
+    target.mkdir()
+    target.chmod(0o755)
+    monkeypatch.setenv("SHMRPC_RUNTIME_DIR", str(target))
+    with pytest.raises(StartupError, match=r"mode 0755.*chmod 700 .*SHMRPC_RUNTIME_DIR"):
+        ensure_runtime_dir()
+
+
+def test_ensure_runtime_dir_refuses_file_and_symlink(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "rt"
+    target.write_text("")
+    monkeypatch.setenv("SHMRPC_RUNTIME_DIR", str(target))
+    with pytest.raises(StartupError, match="not a directory"):
+        ensure_runtime_dir()
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.setenv("SHMRPC_RUNTIME_DIR", str(link))
+    with pytest.raises(StartupError, match="not a directory"):
+        ensure_runtime_dir()
+
+
+def test_process_identity() -> None:
+    me = os.getpid()
+    ticks = process_start_ticks(me)
+    assert isinstance(ticks, int) and ticks > 0
+    assert pid_alive(me)
+    assert pid_alive(me, ticks)
+    assert not pid_alive(me, ticks + 1)  # a reused pid has another start time
+    dead = _dead_pid()
+    assert process_start_ticks(dead) is None or not pid_alive(dead)
+    assert not pid_alive(0) and not pid_alive(-1)
+
+
+def test_lock_twice_raises_with_pid(worker_name: str) -> None:
+    with WorkerLock.acquire(worker_name) as lock:
+        assert lock.held and lock.cleaned == []
+        assert lock_is_held(lock.path)
+        assert (lock.path.stat().st_mode & 0o777) == 0o600
+        info = json.loads(lock.path.read_text())
+        assert info["pid"] == os.getpid()
+        assert info["start_ticks"] == process_start_ticks(os.getpid())
+        assert info["socket"] == str(socket_path(worker_name))
+        assert info["regions"] == []
+        with pytest.raises(WorkerAlreadyRunning) as exc_info:
+            WorkerLock.acquire(worker_name)
+        assert exc_info.value.pid == os.getpid()
+        assert f"pid {os.getpid()}" in str(exc_info.value)
+        assert isinstance(exc_info.value, StartupError)
+        lock.set_regions(["/shmrpc.x.0.0123456789abcdef"])
+        assert json.loads(lock.path.read_text())["regions"] == ["/shmrpc.x.0.0123456789abcdef"]
+    assert not lock.held
+    assert not lock.path.exists()
+    lock.release()  # idempotent
+    with WorkerLock.acquire(worker_name):  # free again
+        pass
+
+
+def test_lock_held_by_other_process(worker_name: str) -> None:
+    code = (
+        "import sys; from shmrpc.server.runtime import WorkerLock; "
+        f"l = WorkerLock.acquire({worker_name!r}); print('ok', flush=True); sys.stdin.read(); l.release()"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ok"
+        with pytest.raises(WorkerAlreadyRunning) as exc_info:
+            WorkerLock.acquire(worker_name)
+        assert exc_info.value.pid == proc.pid
+    finally:
+        proc.communicate("", timeout=10)
+    assert proc.returncode == 0
+
+
+def test_stale_lock_cleans_predecessor(worker_name: str) -> None:
+    ensure_runtime_dir()
+    mine = _segment(f"/shmrpc.{worker_name}.0.00000000000000aa")
+    other = _segment(f"/shmrpc.{worker_name}x.0.00000000000000bb")  # another worker's prefix: not ours to touch
+    unlisted = _segment(f"/shmrpc.{worker_name}.1.00000000000000cc")  # created after the last lock write
+    try:
+        sock = socket_path(worker_name)
+        sock.write_text("")
+        dead = _dead_pid()
+        lock_path(worker_name).write_text(
+            json.dumps({"pid": dead, "start_ticks": 1, "socket": str(sock), "regions": [mine, other]})
+        )
+        with WorkerLock.acquire(worker_name) as lock:
+            assert sorted(lock.cleaned) == sorted([mine, unlisted, str(sock)])
+            assert not sock.exists()
+            assert list_segments(f"shmrpc.{worker_name}.") == []
+            assert list_segments(f"shmrpc.{worker_name}x.") == [other]
+            assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+    finally:
+        for name in (mine, other, unlisted):
+            try:
+                posix_ipc.unlink_shared_memory(name)
+            except posix_ipc.ExistentialError:
+                pass
+
+
+def test_junk_lock_file_is_replaced(worker_name: str) -> None:
+    ensure_runtime_dir()
+    lock_path(worker_name).write_text("{not json")
+    with WorkerLock.acquire(worker_name) as lock:
+        assert lock.cleaned == []
+        assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+
+
+def test_orphan_socket_without_lock_is_removed(worker_name: str) -> None:
+    ensure_runtime_dir()
+    sock = socket_path(worker_name)
+    sock.write_text("")
+    with WorkerLock.acquire(worker_name) as lock:
+        assert lock.cleaned == [str(sock)]
+    assert not remove_socket(worker_name)
+
+
+def test_remove_socket(worker_name: str) -> None:
+    ensure_runtime_dir()
+    socket_path(worker_name).write_text("")
+    assert remove_socket(worker_name)
+    assert not remove_socket(worker_name)
+
+
+def test_invalid_name() -> None:
+    with pytest.raises(ValueError, match="invalid worker name"):
+        WorkerLock.acquire("../evil")
+
+
+def test_runtime_dir_is_the_session_one() -> None:
+    assert str(runtime_dir()) == os.environ["SHMRPC_RUNTIME_DIR"]
