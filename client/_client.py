@@ -31,7 +31,6 @@ from shmrpc.schema import messages as m
 from shmrpc.schema.descriptor import (
     RequestDesc,
     ResponseDesc,
-    StepDesc,
     TensorRef,
     decode_response,
     encode_request,
@@ -220,7 +219,7 @@ class Client:
                 if not own_busy or self.on_busy == "fail":
                     raise
                 n_busy = len(self._inflight)
-                self._pump(deadline, lambda: len(self._inflight) < n_busy)
+                self._pump(deadline, lambda n=n_busy: len(self._inflight) < n)
                 continue
             s.mv = self._regions[s.region].slot(s.index)
             return s

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Union
 
 import flatbuffers
 
@@ -37,7 +36,7 @@ __all__ = [
     "MAX_NAME",
 ]
 
-AttrValue = Union[float, int, str, bool]
+AttrValue = float | int | str | bool
 
 MAX_STEPS = 32
 MAX_TENSORS = 64

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from shmrpc import kernels
 from shmrpc.schema import dtypes
 from shmrpc.schema.descriptor import RequestDesc, ResponseDesc, TensorRef, decode_request, encode_response

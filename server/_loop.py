@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
+
 from shmrpc import kernels
 from shmrpc.schema import SCHEMA_HASH
 from shmrpc.schema import messages as m

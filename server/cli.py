@@ -94,6 +94,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     import zmq
+
     from shmrpc.schema import messages as m
     from shmrpc.schema.naming import endpoint, socket_path
 

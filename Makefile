@@ -1,0 +1,34 @@
+# The two commands a new user runs (README.md): `make demo` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test venv dev schema lint gpu-wheels
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+venv: $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+
+dev: $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+
+# A worker plus clients (one in-process caller, several processes at once); NumPy backend without a GPU.
+demo: venv
+	$(BIN)/python bench/demo.py
+
+# The whole suite (GPU tests skip with their reason where there is no GPU).
+test: dev
+	$(BIN)/python -m pytest -q
+
+lint: dev
+	$(BIN)/ruff check schema client server kernels tests bench
+	$(BIN)/mypy schema client
+
+# Regenerate schema/_fb.py and schema/_hash.py from schema/shmrpc.fbs (needs the dev extra's flatc).
+schema: dev
+	$(BIN)/flatc --python --gen-onefile -o schema/.gen schema/shmrpc.fbs
+	mv schema/.gen/shmrpc_generated.py schema/_fb.py && rmdir schema/.gen
+	$(BIN)/python -c "import hashlib;h=hashlib.sha256(open('schema/shmrpc.fbs','rb').read()).hexdigest()[:16];src=open('schema/_hash.py').read().split('SCHEMA_HASH')[0];open('schema/_hash.py','w').write(src+'SCHEMA_HASH = \"'+h+'\"\n')"
