@@ -1,0 +1,178 @@
+"""``shmrpc bench lat|bw``: argument parsing and the run's output (table, verdicts, JSON, plots)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from shmrpc.schema.layout import parse_size
+
+from ._runner import SHM_KEYS, TRANSPORT_CLASSES, RunConfig
+from ._stats import parse_sizes, size_sweep
+
+__all__ = ["build_parser", "config_from_args", "main"]
+
+_ALL_PEERS = "zmq,pipe,grpc"
+_EPILOG = """\
+examples:
+  shmrpc bench lat --peers                         # 64 B .. 256 MiB, shmrpc next to zmq, pipe, gRPC
+  shmrpc bench lat --sizes 64,4K,1M,64M --iters 2000 --plots bench/out
+  shmrpc bench bw --window 8 --max-size 64M --peers zmq
+  shmrpc bench lat --clients 1,2,4,8 --sizes 64,4K  # N client processes against one worker
+  shmrpc bench lat --op scale --attr factor=2 --dtype float32 --name my-worker
+"""
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return parse_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated counts, got {text!r}") from None
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError("counts must be >= 1")
+    return values
+
+
+def _attr(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--attr takes KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
+    """The parser of ``shmrpc bench``."""
+    p = argparse.ArgumentParser(prog=prog, description="Round-trip latency and bandwidth of shmrpc, side by side "
+                                "with pyzmq, multiprocessing pipes and gRPC.", epilog=_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", choices=("lat", "bw"), help="lat: round-trip latency percentiles; bw: throughput "
+                   "with --window requests in flight")
+    g = p.add_argument_group("sizes and counts")
+    g.add_argument("--sizes", type=_sizes, help="comma-separated sizes, e.g. 64,4K,1M,64M (overrides the sweep)")
+    g.add_argument("--min-size", type=_size, default=64, help="power-of-two sweep from (default 64)")
+    g.add_argument("--max-size", type=_size, default=256 << 20, help="power-of-two sweep to (default 256M)")
+    g.add_argument("--iters", type=int, default=1000, help="timed round trips per size (default %(default)s)")
+    g.add_argument("--warmup", type=int, default=50, help="untimed round trips first (default %(default)s)")
+    g.add_argument("--bytes-budget", type=_size, default=2 << 30,
+                   help="cut --iters so one size moves at most this much one way (default 2G; never < 5 iters)")
+    g.add_argument("--window", type=int, default=4, help="bw: requests kept in flight (default %(default)s)")
+    g.add_argument("--clients", type=_ints, default=[],
+                   help="also run N client processes at once, e.g. 1,2,4,8 (aggregate calls/s, per-client p99)")
+    g.add_argument("--clients-max-size", type=_size, default=1 << 20,
+                   help="the client sweep runs the sizes up to this (default 1M)")
+    w = p.add_argument_group("the worker and the op")
+    w.add_argument("--op", default="echo", help="op taking one input x (default echo)")
+    w.add_argument("--attr", type=_attr, action="append", default=[], help="op attribute KEY=VALUE (JSON value)")
+    w.add_argument("--dtype", default="uint8", help="dtype of x (default uint8)")
+    w.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto", help="for the worker it starts")
+    w.add_argument("--name", help="use the running worker NAME instead of starting one")
+    w.add_argument("--worker-args", default="", help="more arguments for the worker it starts, e.g. '--threads 8'")
+    t = p.add_argument_group("transports")
+    t.add_argument("--peers", nargs="?", const=_ALL_PEERS, default="",
+                   help=f"also measure peers (default all: {_ALL_PEERS}); missing packages are skipped")
+    t.add_argument("--no-call", action="store_true", help="skip the shmrpc call() (copy in/out) line")
+    t.add_argument("--transports", help=f"exact list, any of {','.join(TRANSPORT_CLASSES)} (overrides the above)")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", help="JSON file (default bench/out/<mode>-<timestamp>.json)")
+    o.add_argument("--no-json", action="store_true", help="write no JSON file")
+    o.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
+    o.add_argument("--quiet", "-q", action="store_true", help="no progress bar, no notes")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The :class:`RunConfig` a parsed command line asks for.
+
+    Raises:
+        ValueError: an argument is out of range or names an unknown transport.
+    """
+    sizes = args.sizes or size_sweep(args.min_size, args.max_size)
+    if args.transports:
+        keys = [k.strip() for k in args.transports.split(",") if k.strip()]
+    else:
+        keys = ["shmrpc"] + ([] if args.no_call else ["shmrpc-call"])
+        keys += [k.strip() for k in args.peers.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in TRANSPORT_CLASSES]
+    if unknown:
+        raise ValueError(f"unknown transport(s) {', '.join(unknown)}; choose from {', '.join(TRANSPORT_CLASSES)}")
+    if args.iters < 1 or args.warmup < 0 or args.window < 1:
+        raise ValueError("--iters and --window must be >= 1 and --warmup >= 0")
+    if args.op != "echo":
+        keys = [k for k in keys if k in SHM_KEYS] + [k for k in keys if k not in SHM_KEYS]
+    return RunConfig(mode=args.mode, sizes=sizes, iters=args.iters, warmup=args.warmup, op=args.op,
+                     attrs=dict(args.attr), dtype=args.dtype, backend=args.backend, window=args.window,
+                     clients=args.clients, clients_max_nbytes=args.clients_max_size, transports=list(dict.fromkeys(keys)),
+                     name=args.name, worker_args=args.worker_args, bytes_budget=args.bytes_budget)
+
+
+def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:
+    """Run ``shmrpc bench`` with ``argv`` (without the ``bench`` word); returns the exit status.
+
+    0 when at least one transport was measured, 1 when none could be, 2 on a usage error.
+    """
+    from ._plots import write_plots
+    from ._report import (
+        bandwidth_table,
+        default_out_path,
+        finish_document,
+        latency_table,
+        scaling_table,
+        verdict_lines,
+        write_json,
+    )
+    from ._session import run_benchmark
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+    except ValueError as e:
+        parser.error(str(e))
+
+    def note(text: str) -> None:
+        if not args.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    doc = run_benchmark(cfg, quiet=args.quiet, log=note)
+    finish_document(doc, [*prog.split(), *argv])
+    print(latency_table(doc) if cfg.mode == "lat" else bandwidth_table(doc))
+    if doc["scaling"]:
+        print()
+        print(scaling_table(doc))
+    for key, info in doc["transports"].items():
+        if info["status"] != "ok":
+            print(f"skipped {key}: {info.get('reason', '')}")
+    if doc["verdicts"]:
+        print()
+        print(verdict_lines(doc))
+    if not args.no_json:
+        path = write_json(doc, args.out or default_out_path(cfg.mode))
+        print(f"\nJSON: {path}")
+    if args.plots:
+        try:
+            for path in write_plots(doc, args.plots):
+                print(f"plot: {path}")
+        except ImportError as e:
+            print(f"no plots: matplotlib is not installed (pip install 'shmrpc[bench]'): {e}")
+    ok = any(v["status"] == "ok" for v in doc["transports"].values())
+    return 0 if ok else 1

@@ -1,0 +1,142 @@
+"""One benchmark run from start to end: servers up, every (transport, size) measured, servers down.
+
+The result is one JSON-ready document (see ``docs/benchmarks.md`` for its schema)::
+
+    {"schema": "shmrpc-bench/1", "mode": "lat" | "bw", "config": {...}, "worker": {...},
+     "transports": {key: {"label", "status": "ok" | "skipped" | "failed", "reason"?, "method"?}},
+     "results": [{"transport", "nbytes", "latency": {...}} | {"transport", "nbytes", "bandwidth": {...}}
+                 | {"transport", "nbytes", "error"}],
+     "scaling": [{"transport", "clients", "nbytes", "calls_per_s", "per_client_p99_us", ...}]}
+
+``_report`` adds the machine facts, the command line and the verdicts.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from ._runner import RunConfig, make_transport, measure_latency, open_servers, run_clients
+from ._runner import bandwidth_point as _bandwidth_point
+from ._stats import format_bytes, iters_for_size, latency_stats
+from ._transport import Transport, TransportUnavailable
+
+__all__ = ["run_benchmark", "SCHEMA"]
+
+SCHEMA = "shmrpc-bench/1"
+
+
+def _progress(total: int, quiet: bool) -> Any:
+    """A tqdm bar on stderr that shows itself only after 2 s, and only on a TTY; a no-op bar otherwise."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, disable=quiet or not sys.stderr.isatty(), delay=2.0, unit="pt", leave=False,
+                dynamic_ncols=True)
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        """Nothing to show."""
+
+    def set_description(self, text: str) -> None:
+        """Nothing to show."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+def _measure_size(t: Transport, key: str, nbytes: int, cfg: RunConfig, window: int) -> dict[str, Any]:
+    entry: dict[str, Any] = {"transport": key, "nbytes": nbytes}
+    try:
+        t.prepare(nbytes)
+        if cfg.mode == "lat":
+            iters = iters_for_size(nbytes, cfg.iters, cfg.bytes_budget, cfg.min_iters)
+            samples = measure_latency(t, iters, min(cfg.warmup, max(1, iters // 2)))
+            entry["latency"] = latency_stats(samples).to_json()
+        else:
+            entry["bandwidth"] = _bandwidth_point(t, nbytes, cfg, window)
+    except Exception as exc:  # one failing point is recorded, the run goes on
+        entry["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        try:
+            t.end_size()
+        except Exception as exc:
+            entry.setdefault("error", f"releasing: {type(exc).__name__}: {exc}")
+    return entry
+
+
+def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Measure every transport of ``cfg`` at every size (and the client sweep); return the result document.
+
+    Missing optional peers and a worker that does not start are recorded as
+    ``skipped`` with the reason; a point that fails is recorded with ``error``.
+
+    Example:
+        >>> doc = run_benchmark(RunConfig(sizes=[64], iters=10, transports=["zmq"]))  # doctest: +SKIP
+        >>> doc["results"][0]["latency"]["p50_us"]  # doctest: +SKIP
+        61.2
+    """
+    doc: dict[str, Any] = {"schema": SCHEMA, "mode": cfg.mode, "config": asdict(cfg), "transports": {},
+                           "results": [], "scaling": []}
+    with open_servers(cfg, log) as servers:
+        doc["worker"] = servers.worker
+        active = [k for k in cfg.transports if k not in servers.skipped]
+        scaling = [k for k in active if cfg.clients]
+        total = len(active) * len(cfg.sizes) + len(scaling) * len(cfg.clients) * len(cfg.scaling_sizes())
+        bar = _progress(total, quiet)
+        try:
+            for key in cfg.transports:
+                label = _label(key)
+                if key in servers.skipped:
+                    doc["transports"][key] = {"label": label, "status": "skipped", "reason": servers.skipped[key]}
+                    continue
+                try:
+                    t = make_transport(key, servers.addresses[key], cfg)
+                except TransportUnavailable as exc:
+                    log(f"skipped {key}: {exc}")
+                    doc["transports"][key] = {"label": label, "status": "skipped", "reason": str(exc)}
+                    active.remove(key)
+                    bar.update(len(cfg.sizes))
+                    continue
+                info: dict[str, Any] = {"label": label, "status": "ok"}
+                with t:
+                    for nbytes in cfg.sizes:
+                        bar.set_description(f"{key} {format_bytes(nbytes)}")
+                        window = cfg.window
+                        if servers.plan is not None and key.startswith("shmrpc"):
+                            window = min(window, servers.plan.window_for(nbytes))
+                        doc["results"].append(_measure_size(t, key, nbytes, cfg, window))
+                        bar.update()
+                    if hasattr(t, "method"):
+                        info["method"] = t.method
+                doc["transports"][key] = info
+            for key in [k for k in scaling if k in active and _multi(k)]:
+                for n_clients in cfg.clients:
+                    for nbytes in cfg.scaling_sizes():
+                        bar.set_description(f"{key} x{n_clients} {format_bytes(nbytes)}")
+                        try:
+                            point = run_clients(key, servers.addresses[key], cfg, n_clients, nbytes)
+                        except Exception as exc:
+                            point = {"transport": key, "clients": n_clients, "nbytes": nbytes,
+                                     "error": f"{type(exc).__name__}: {exc}"}
+                        doc["scaling"].append(point)
+                        bar.update()
+        finally:
+            bar.close()
+    return doc
+
+
+def _label(key: str) -> str:
+    from ._runner import TRANSPORT_CLASSES
+
+    return TRANSPORT_CLASSES[key].label
+
+
+def _multi(key: str) -> bool:
+    from ._runner import TRANSPORT_CLASSES
+
+    return TRANSPORT_CLASSES[key].multi_client

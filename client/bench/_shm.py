@@ -1,0 +1,278 @@
+"""shmrpc under test: the worker the benchmark starts, its slot geometry, and the two client paths.
+
+* ``shmrpc`` (zero-copy loan): the payload is written into a loaned slot once,
+  outside the timed loop, as a producer writing its data in place would; the
+  loop times ``req.send(op)`` (or, where one loan cannot be sent twice,
+  loan + view + send, with the bytes left in the slot from the first fill).
+* ``shmrpc-call`` (``Client.call``, copy in/out): the timed call copies the
+  caller's array into the slot and the output out of it.
+
+The worker is a subprocess ``python -m shmrpc.server serve ...``; the client
+package never imports the server.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from shmrpc.schema.layout import DESC_NBYTES, PAGE, align_up, tensor_align
+
+from ._transport import Transport, TransportUnavailable, payload_of
+
+__all__ = ["SlotPlan", "plan_slots", "WorkerProcess", "ShmLoanTransport", "ShmCallTransport", "request_nbytes"]
+
+_SMALL_CLASSES = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
+_LARGE_STEP = 8 << 20
+
+
+def request_nbytes(nbytes: int) -> int:
+    """Slot bytes one request of ``nbytes`` in and ``nbytes`` out needs: descriptor area, input, output, alignment."""
+    align = tensor_align(nbytes)
+    x_end = align_up(DESC_NBYTES, align) + nbytes
+    return align_up(x_end, align) + nbytes
+
+
+def _class_for(need: int) -> int:
+    for size in _SMALL_CLASSES:
+        if need <= size:
+            return size
+    return align_up(need, _LARGE_STEP)
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """The ``--slots`` and ``--lease`` a worker gets so every benchmarked size fits with a window in flight.
+
+    Attributes:
+        slots: the geometry text (``"64K:8,1M:8,520M:1"``).
+        lease: per-class counts leased to each client at HELLO (``"4,4,1"``).
+        per_client: slot size -> slots each client may hold at once (the usable window).
+        region_nbytes: bytes of the region the worker will create.
+    """
+
+    slots: str
+    lease: str
+    per_client: dict[int, int]
+    region_nbytes: int
+
+    def window_for(self, nbytes: int) -> int:
+        """Requests of ``nbytes`` one client can keep in flight."""
+        return self.per_client[_class_for(request_nbytes(nbytes))]
+
+
+def plan_slots(sizes: list[int], window: int, clients: int, class_budget_bytes: int = 512 << 20) -> SlotPlan:
+    """Size classes for ``sizes``: each class holds ``window`` slots per client, cut to ``class_budget_bytes``.
+
+    A class never holds fewer than one slot per client, so the geometry stays
+    usable for every size; large classes get a shorter window instead.
+
+    Example:
+        >>> plan_slots([64, 1 << 20], window=4, clients=1).slots
+        '64K:4,4M:4'
+    """
+    from shmrpc.schema.layout import format_size
+
+    classes = sorted({_class_for(request_nbytes(n)) for n in sizes})
+    per_client = {c: max(1, min(window, class_budget_bytes // (c * max(1, clients)))) for c in classes}
+    slots = ",".join(f"{format_size(c)}:{per_client[c] * clients}" for c in classes)
+    lease = ",".join(str(per_client[c]) for c in classes)
+    region = PAGE + sum(c * per_client[c] * clients for c in classes)
+    return SlotPlan(slots, lease, per_client, region)
+
+
+def _memlock_bytes() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return 1 << 62 if soft == resource.RLIM_INFINITY else soft
+
+
+class WorkerProcess:
+    """A worker started for the benchmark: ``python -m shmrpc.server serve --name <unique> ...``.
+
+    Its output goes to a log file whose tail is shown when it fails. ``--no-mlock``
+    is added when ``RLIMIT_MEMLOCK`` is below the region size (``mlocked`` says which).
+
+    Raises:
+        TransportUnavailable: the worker exited during start.
+    """
+
+    def __init__(self, plan: SlotPlan, backend: str = "auto", extra_args: str = "") -> None:
+        self.name = f"bench-{os.getpid()}-{secrets.token_hex(4)}"
+        self.plan = plan
+        self.mlocked = _memlock_bytes() >= plan.region_nbytes and "--no-mlock" not in extra_args
+        self.argv = [sys.executable, "-m", "shmrpc.server", "serve", "--name", self.name, "--backend", backend,
+                     "--slots", plan.slots, "--lease", plan.lease, "--log-level", "WARNING"]
+        if not self.mlocked and "--no-mlock" not in extra_args:
+            self.argv.append("--no-mlock")
+        self.argv += shlex.split(extra_args)
+        self._log = tempfile.NamedTemporaryFile(prefix="shmrpc-bench-worker-", suffix=".log", delete=False)
+        self._proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def check_alive(self) -> None:
+        """Raise :class:`TransportUnavailable` with the log tail when the worker has exited."""
+        if self._proc.poll() is not None:
+            raise TransportUnavailable(f"the worker exited with status {self._proc.returncode}: {self.log_tail()}")
+
+    def log_tail(self, nbytes: int = 2000) -> str:
+        """The last ``nbytes`` of the worker's output."""
+        self._log.flush()
+        with open(self._log.name, "rb") as f:
+            data = f.read()
+        return data[-nbytes:].decode(errors="replace").strip()
+
+    def close(self) -> int | None:
+        """SIGTERM, wait up to 10 s, then SIGKILL; returns the exit status; removes the log."""
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._log.close()
+        if os.path.exists(self._log.name):
+            os.unlink(self._log.name)
+        return self._proc.returncode
+
+    def __enter__(self) -> WorkerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _client(name: str) -> Any:
+    try:
+        from shmrpc.client import Client  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise TransportUnavailable(f"shmrpc.client.Client is not available: {exc}") from exc
+    try:
+        return Client(name, timeout_s=60.0, connect_timeout_s=20.0)
+    except Exception as exc:
+        raise TransportUnavailable(f"cannot connect to worker {name!r}: {type(exc).__name__}: {exc}") from exc
+
+
+class _ShmBase(Transport):
+    """Shared by both shmrpc paths: the client, the op, its attributes and the payload dtype."""
+
+    op: ClassVar[str] = "echo"
+
+    def __init__(self, address: str, op: str = "echo", attrs: dict[str, Any] | None = None,
+                 dtype: str = "uint8") -> None:
+        super().__init__(address)
+        self.op_name = op
+        self.attrs = dict(attrs or {})
+        self.dtype = dtype
+        self._client = _client(address)
+        table = getattr(self._client, "op_table", None) or {}
+        if table and op not in table:
+            self._client.close()
+            raise TransportUnavailable(f"the worker has no op {op!r}; it has {', '.join(sorted(table))}")
+
+    def reply_bytes(self, reply: Any) -> bytes:
+        out = reply["out"] if isinstance(reply, dict) else reply
+        return np.ascontiguousarray(out).view(np.uint8).tobytes()
+
+    def payload_bytes(self) -> bytes:
+        return payload_of(self.nbytes, self.dtype).tobytes()
+
+    def close(self) -> None:
+        self.end_size()
+        self._client.close()
+
+
+class ShmLoanTransport(_ShmBase):
+    """The zero-copy path: the payload is already in a loaned slot; the loop times ``send``."""
+
+    key = "shmrpc"
+    label = "shmrpc (zero-copy loan)"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._loan: Any = None
+        self._req: Any = None
+        self._resend = True
+
+    def _open_loan(self) -> Any:
+        loan = self._client.loan(request_nbytes(self.nbytes))
+        req = loan.__enter__()
+        return loan, req
+
+    def _fill(self, req: Any) -> None:
+        n = self.nbytes // np.dtype(self.dtype).itemsize
+        req.array("x", (n,), self.dtype)[...] = payload_of(self.nbytes, self.dtype)
+
+    def prepare(self, nbytes: int) -> None:
+        self.end_size()
+        self.nbytes = nbytes
+        self._loan, self._req = self._open_loan()
+        self._fill(self._req)
+        first = self._req.send(self.op_name, **self.attrs)
+        try:  # one loan sent twice: supported by the client, or not
+            self._req.send(self.op_name, **self.attrs)
+            self._resend = True
+        except Exception:
+            self._resend = False
+            self._loan.__exit__(None, None, None)
+            self._loan = self._req = None
+        del first
+
+    def roundtrip(self) -> Any:
+        if self._resend:
+            return self._req.send(self.op_name, **self.attrs)
+        with self._client.loan(request_nbytes(self.nbytes)) as req:
+            req.array("x", (self.nbytes // np.dtype(self.dtype).itemsize,), self.dtype)
+            return _copy_reply(req.send(self.op_name, **self.attrs))
+
+    def end_size(self) -> None:
+        if self._loan is not None:
+            self._loan.__exit__(None, None, None)
+        self._loan = self._req = None
+        self.nbytes = 0
+
+    @property
+    def method(self) -> str:
+        """How a round trip is timed: ``resend`` (send within one loan) or ``loan+send``."""
+        return "resend" if self._resend else "loan+send"
+
+
+def _copy_reply(reply: Any) -> dict[str, np.ndarray]:
+    return {k: np.array(v) for k, v in reply.items()} if isinstance(reply, dict) else {"out": np.array(reply)}
+
+
+class ShmCallTransport(_ShmBase):
+    """``Client.call``: copies the caller's array into the slot and the output out; ``submit`` for a window."""
+
+    key = "shmrpc-call"
+    label = "shmrpc call() (copy in/out)"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._payload = payload_of(0, self.dtype)
+
+    def prepare(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self._payload = payload_of(nbytes, self.dtype)
+
+    def roundtrip(self) -> Any:
+        return self._client.call(self.op_name, x=self._payload, **self.attrs)
+
+    def start(self) -> Any:
+        return self._client.submit(self.op_name, x=self._payload, **self.attrs)
+
+    def finish(self, handle: Any) -> Any:
+        return handle.result(60.0)
+
+    def end_size(self) -> None:
+        self._payload = payload_of(0, self.dtype)
+        self.nbytes = 0

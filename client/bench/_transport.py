@@ -1,0 +1,135 @@
+"""The client side of one benchmarked transport, and the server processes of the peers.
+
+A :class:`Transport` holds one connection and one prepared payload. The timing
+loops in ``_runner`` call :meth:`Transport.roundtrip` (latency) or
+:meth:`Transport.start` / :meth:`Transport.finish` (a window of requests in
+flight, bandwidth); everything else (making the payload, connecting) happens
+outside the timed region.
+
+A :class:`ServerProcess` runs a peer's server in a ``spawn`` child process and
+tells its address; client processes of the multi-client mode connect to that
+address by themselves.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+
+__all__ = ["Transport", "ServerProcess", "TransportUnavailable", "touch", "payload_of"]
+
+
+class TransportUnavailable(RuntimeError):
+    """A transport cannot run here (a missing optional package, a worker that did not start); it is skipped."""
+
+
+def touch(arr: np.ndarray) -> int:
+    """Read one byte per 4 KiB page of ``arr`` (a flat uint8 view) so the server really holds the payload."""
+    return int(arr[::4096].sum()) if arr.size else 0
+
+
+class Transport(ABC):
+    """One client connection of a transport under test, with a payload of ``nbytes`` prepared by :meth:`prepare`."""
+
+    #: Short key used on the command line and in JSON (``shmrpc``, ``zmq``, ...).
+    key: ClassVar[str] = ""
+    #: Human label used in tables and plot legends.
+    label: ClassVar[str] = ""
+    #: Whether several client processes may use one server of this transport at once.
+    multi_client: ClassVar[bool] = True
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.nbytes = 0
+
+    @abstractmethod
+    def prepare(self, nbytes: int) -> None:
+        """Build the request payload of ``nbytes`` (done once per size, outside the timed loops)."""
+
+    @abstractmethod
+    def roundtrip(self) -> Any:
+        """Send the payload and wait for the reply; returns the reply (a bytes-like or array)."""
+
+    def start(self) -> Any:
+        """Send the payload without waiting; returns a handle for :meth:`finish` (replies come back in order)."""
+        return self.roundtrip()
+
+    def finish(self, handle: Any) -> Any:
+        """Wait for the reply of the request ``handle`` stands for; returns the reply."""
+        return handle
+
+    def reply_bytes(self, reply: Any) -> bytes:
+        """The payload bytes of ``reply`` (for correctness checks, never timed)."""
+        return bytes(memoryview(reply).cast("B"))
+
+    def payload_bytes(self) -> bytes:
+        """The bytes the prepared request carries (for correctness checks)."""
+        return bytes(payload_of(self.nbytes))
+
+    def end_size(self) -> None:
+        """Called after the loops of one size: drop whatever :meth:`prepare` holds."""
+        self.nbytes = 0
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.end_size()
+
+    def __enter__(self) -> Transport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def payload_of(nbytes: int, dtype: str = "uint8") -> np.ndarray:
+    """A deterministic payload of ``nbytes`` bytes (bytes 0, 1, 2, ... mod 251) viewed as ``dtype``."""
+    itemsize = np.dtype(dtype).itemsize
+    if nbytes % itemsize:
+        raise ValueError(f"{nbytes} bytes is not a whole number of {dtype} items")
+    return np.resize(np.arange(251, dtype=np.uint8), nbytes).view(dtype)
+
+
+class ServerProcess:
+    """A peer server ``target(address, ready)`` in a ``spawn`` child; a private temp dir holds its socket.
+
+    ``target`` must be a module-level function; it sets ``ready`` once it accepts
+    requests and runs until terminated.
+
+    Raises:
+        TransportUnavailable: the server did not report ready within ``start_timeout_s``.
+    """
+
+    def __init__(self, target: Callable[..., None], sock_name: str, start_timeout_s: float = 30.0) -> None:
+        self._dir = tempfile.mkdtemp(prefix="shmrpc-bench-")
+        os.chmod(self._dir, 0o700)
+        self.address = os.path.join(self._dir, sock_name)
+        ctx = mp.get_context("spawn")
+        ready = ctx.Event()
+        self._proc = ctx.Process(target=target, args=(self.address, ready), daemon=True)
+        self._proc.start()
+        if not ready.wait(start_timeout_s):
+            self.close()
+            raise TransportUnavailable(f"the {sock_name} peer server did not start within {start_timeout_s} s")
+
+    def close(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 10 s) and remove its socket directory."""
+        if self._proc.pid is not None and self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(10)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
