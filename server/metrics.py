@@ -1,0 +1,165 @@
+"""Prometheus metrics of one worker, in a registry of its own.
+
+=====================================  =========  ==========================================
+metric                                 type       labels
+=====================================  =========  ==========================================
+shmrpc_requests_total                  counter    op, status (``ok`` or an error class name)
+shmrpc_request_duration_seconds        histogram  op (CALL received -> DONE sent)
+shmrpc_stage_seconds                   histogram  op, stage (queue, h2d, kernel, d2h)
+shmrpc_bytes_in_total                  counter    (tensor bytes read from slots)
+shmrpc_bytes_out_total                 counter    (tensor bytes written to slots)
+shmrpc_slots_leased                    gauge
+shmrpc_clients_connected               gauge
+shmrpc_requests_in_flight              gauge
+shmrpc_gpu_memory_bytes                gauge      (device memory the backend holds)
+shmrpc_resident_bytes                  gauge      (named resident tensors)
+=====================================  =========  ==========================================
+
+Each :class:`Metrics` owns a ``CollectorRegistry`` (several workers can live in one
+test process); :meth:`Metrics.serve` exposes it over HTTP on ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+__all__ = ["Metrics", "DURATION_BUCKETS_S", "STAGES"]
+
+#: 10 µs to 10 s, about three buckets per decade.
+DURATION_BUCKETS_S: tuple[float, ...] = (
+    1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+)
+
+#: The stage names the worker reports in :meth:`Metrics.observe`.
+STAGES = ("queue", "h2d", "kernel", "d2h")
+
+_GAUGES = {
+    "slots_leased": ("shmrpc_slots_leased", "Slots currently leased to clients."),
+    "clients": ("shmrpc_clients_connected", "Clients with a live lease."),
+    "inflight": ("shmrpc_requests_in_flight", "Requests received and not yet answered."),
+    "gpu_memory": ("shmrpc_gpu_memory_bytes", "Device memory held by the backend, in bytes."),
+    "resident": ("shmrpc_resident_bytes", "Bytes of named resident tensors."),
+}
+
+
+class Metrics:
+    """The worker's counters, histograms and gauges.
+
+    Args:
+        registry: where to register; a fresh ``CollectorRegistry`` by default.
+
+    Example:
+        >>> m = Metrics()
+        >>> m.observe("matmul", "ok", 0.002, 1 << 20, 1 << 20, {"kernel": 0.001})
+        >>> m.snapshot()["requests"]
+        {'matmul': {'ok': 1}}
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("shmrpc_requests", "Requests answered, by op and status.", ["op", "status"],
+                                registry=r)
+        self.duration = Histogram("shmrpc_request_duration_seconds", "Time from CALL received to DONE sent.",
+                                  ["op"], buckets=DURATION_BUCKETS_S, registry=r)
+        self.stage = Histogram("shmrpc_stage_seconds", "Time spent per stage of a request.", ["op", "stage"],
+                               buckets=DURATION_BUCKETS_S, registry=r)
+        self.bytes_in = Counter("shmrpc_bytes_in", "Tensor bytes read from slots.", registry=r)
+        self.bytes_out = Counter("shmrpc_bytes_out", "Tensor bytes written to slots.", registry=r)
+        self.slots_leased = Gauge(*_GAUGES["slots_leased"], registry=r)
+        self.clients = Gauge(*_GAUGES["clients"], registry=r)
+        self.inflight = Gauge(*_GAUGES["inflight"], registry=r)
+        self.gpu_memory = Gauge(*_GAUGES["gpu_memory"], registry=r)
+        self.resident = Gauge(*_GAUGES["resident"], registry=r)
+        self.port: int | None = None
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def observe(self, op: str, status: str, seconds: float, nbytes_in: int, nbytes_out: int,
+                stages: dict[str, float] | None = None) -> None:
+        """Record one answered request.
+
+        Args:
+            op: op name (or pipeline name).
+            status: ``"ok"`` or the error class name.
+            seconds: CALL received to DONE sent.
+            nbytes_in: tensor bytes read from the slot.
+            nbytes_out: tensor bytes written to the slot.
+            stages: seconds per stage (see :data:`STAGES`).
+        """
+        self.requests.labels(op, status).inc()
+        self.duration.labels(op).observe(seconds)
+        if nbytes_in:
+            self.bytes_in.inc(nbytes_in)
+        if nbytes_out:
+            self.bytes_out.inc(nbytes_out)
+        if stages:
+            for stage, stage_s in stages.items():
+                self.stage.labels(op, stage).observe(stage_s)
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Serve ``/metrics`` over HTTP in a daemon thread; :attr:`port` tells the bound port.
+
+        Args:
+            port: TCP port; 0 picks a free one.
+            addr: address to bind (loopback by default: metrics are not for the network
+                unless asked).
+
+        Raises:
+            RuntimeError: already serving.
+            OSError: the port is taken or the address invalid.
+        """
+        if self._server is not None:
+            raise RuntimeError(f"metrics already served on port {self.port}; call shutdown() first")
+        result = start_http_server(port, addr, registry=self.registry)
+        # prometheus_client >= 0.18 returns (server, thread); older ones return None.
+        if result is None:
+            raise RuntimeError("prometheus_client is too old to stop its server; install prometheus-client>=0.18")
+        self._server, self._thread = result
+        self.port = int(self._server.server_address[1])
+
+    def shutdown(self) -> None:
+        """Stop the HTTP server and free its port; idempotent."""
+        server, self._server = self._server, None
+        thread, self._thread = self._thread, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if thread is not None:
+            thread.join(timeout=5)
+        self.port = None
+
+    def snapshot(self) -> dict[str, Any]:
+        """The metrics as plain numbers, for ``shmrpc status``.
+
+        Returns:
+            ``{"requests": {op: {status: n}}, "duration": {op: {"count": n, "sum_s": s}},
+            "bytes_in": n, "bytes_out": n, "slots_leased": n, "clients": n, "inflight": n,
+            "gpu_memory": n, "resident": n}``
+        """
+        requests: dict[str, dict[str, int]] = {}
+        duration: dict[str, dict[str, float]] = {}
+        out: dict[str, Any] = {"requests": requests, "duration": duration}
+        gauge_keys = {metric_name: key for key, (metric_name, _) in _GAUGES.items()}
+        for family in self.registry.collect():
+            for s in family.samples:
+                if s.name == "shmrpc_requests_total":
+                    requests.setdefault(s.labels["op"], {})[s.labels["status"]] = int(s.value)
+                elif s.name == "shmrpc_request_duration_seconds_count":
+                    duration.setdefault(s.labels["op"], {})["count"] = int(s.value)
+                elif s.name == "shmrpc_request_duration_seconds_sum":
+                    duration.setdefault(s.labels["op"], {})["sum_s"] = s.value
+                elif s.name == "shmrpc_bytes_in_total":
+                    out["bytes_in"] = int(s.value)
+                elif s.name == "shmrpc_bytes_out_total":
+                    out["bytes_out"] = int(s.value)
+                elif s.name in gauge_keys:
+                    out[gauge_keys[s.name]] = s.value
+        return out
+
+    def __repr__(self) -> str:
+        where = f"serving on port {self.port}" if self.port is not None else "not served"
+        return f"<Metrics {where}>"

@@ -1,0 +1,104 @@
+"""doctor: finds stale regions, locks and sockets; cleans only the stale ones."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import posix_ipc
+
+from shmrpc.schema.layout import parse_geometry
+from shmrpc.schema.naming import lock_path, socket_path
+from shmrpc.server.doctor import doctor, scan
+from shmrpc.server.region import Region
+from shmrpc.server.runtime import WorkerLock, ensure_runtime_dir, list_segments
+
+GEOMETRY = parse_geometry("64K:2")
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _stale_region(worker: str) -> str:
+    """A region whose superblock names a dead worker, as a crash would leave it."""
+    region = Region.create(worker, GEOMETRY, mlock=False, prefault=False)
+    sb = region.superblock._replace(worker_pid=_dead_pid())
+    sb.pack_into(region.buf)
+    # Drop the mapping without unlinking, like a killed process.
+    name = region.name
+    region.buf.release()
+    region._mm.close()  # type: ignore[union-attr]
+    region._mm = None
+    return name
+
+
+def _mine(findings, *workers):  # type: ignore[no-untyped-def]
+    return {f.path: f for f in findings if f.worker in workers}
+
+
+def test_stale_region_cleaned_live_kept(worker_name: str) -> None:
+    dead_worker = worker_name + "-dead"
+    stale = _stale_region(dead_worker)
+    junk = f"/shmrpc.{dead_worker}.1.00000000000000aa"
+    posix_ipc.SharedMemory(junk, flags=posix_ipc.O_CREX, mode=0o600, size=4096).close_fd()  # no superblock
+    ensure_runtime_dir()
+    lock_path(dead_worker).write_text(json.dumps({"pid": _dead_pid(), "regions": [stale]}))
+    socket_path(dead_worker).write_text("")
+    lines: list[str] = []
+    try:
+        with WorkerLock.acquire(worker_name), Region.create(worker_name, GEOMETRY, mlock=False) as live:
+            socket_path(worker_name).write_text("")
+            try:
+                found = _mine(scan(), worker_name, dead_worker)
+                assert found[stale].stale and not found[stale].alive
+                assert found[junk].stale and found[junk].owner_pid is None
+                assert not found[live.name].stale and found[live.name].alive
+                assert found[str(lock_path(dead_worker))].stale
+                assert found[str(socket_path(dead_worker))].stale
+                assert not found[str(lock_path(worker_name))].stale
+                assert not found[str(socket_path(worker_name))].stale
+
+                assert doctor(region_nbytes=1 << 20, out=lines.append) == 1  # report only
+                assert any("STALE" in line and stale in line for line in lines)
+                assert any("doctor --clean" in line for line in lines)
+                assert list_segments(f"shmrpc.{dead_worker}.") == sorted([stale, junk])
+
+                lines.clear()
+                assert doctor(clean=True, region_nbytes=1 << 20, out=lines.append) == 0, lines
+                assert list_segments(f"shmrpc.{dead_worker}.") == []
+                assert not lock_path(dead_worker).exists()
+                assert not socket_path(dead_worker).exists()
+                assert list_segments(f"shmrpc.{worker_name}.") == [live.name]
+                assert lock_path(worker_name).exists() and socket_path(worker_name).exists()
+                assert lines[-1] == "healthy"
+            finally:
+                socket_path(worker_name).unlink()
+    finally:
+        for name in (stale, junk):
+            try:
+                posix_ipc.unlink_shared_memory(name)
+            except posix_ipc.ExistentialError:
+                pass
+
+
+def test_region_of_dead_pid_kept_while_lock_held(worker_name: str) -> None:
+    """A region whose pid looks dead (e.g. another pid namespace) stays while its worker's lock is held."""
+    with WorkerLock.acquire(worker_name):
+        stale = _stale_region(worker_name)
+        try:
+            found = _mine(scan(), worker_name)
+            assert not found[stale].stale and found[stale].alive
+            assert doctor(clean=True, region_nbytes=1 << 20, out=lambda line: None) == 0
+            assert list_segments(f"shmrpc.{worker_name}.") == [stale]
+        finally:
+            posix_ipc.unlink_shared_memory(stale)
+
+
+def test_space_problem_reported(worker_name: str) -> None:
+    lines: list[str] = []
+    assert doctor(region_nbytes=1 << 60, out=lines.append) == 1
+    assert any(line.startswith("PROBLEM /dev/shm has") for line in lines)

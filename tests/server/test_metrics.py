@@ -1,0 +1,72 @@
+"""Metrics: observe, scrape over HTTP, snapshot, shutdown frees the port."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+
+import pytest
+
+from shmrpc.server.metrics import Metrics
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
+def test_observe_scrape_shutdown() -> None:
+    m = Metrics()
+    m.observe("matmul", "ok", 0.003, 1000, 500, {"queue": 1e-5, "kernel": 0.002})
+    m.observe("matmul", "ok", 0.004, 1000, 500)
+    m.observe("add", "KernelError", 0.0001, 10, 0)
+    m.slots_leased.set(5)
+    m.clients.set(2)
+    m.serve(0)
+    try:
+        assert m.port
+        text = _scrape(m.port)
+    finally:
+        port = m.port
+        m.shutdown()
+    assert 'shmrpc_requests_total{op="matmul",status="ok"} 2.0' in text
+    assert 'shmrpc_requests_total{op="add",status="KernelError"} 1.0' in text
+    assert 'shmrpc_request_duration_seconds_count{op="matmul"} 2.0' in text
+    assert 'shmrpc_request_duration_seconds_bucket{le="1e-05",op="matmul"}' in text
+    assert 'shmrpc_stage_seconds_count{op="matmul",stage="kernel"} 1.0' in text
+    assert "shmrpc_bytes_in_total 2010.0" in text
+    assert "shmrpc_bytes_out_total 1000.0" in text
+    assert "shmrpc_slots_leased 5.0" in text
+    assert "shmrpc_clients_connected 2.0" in text
+    for name in ("shmrpc_requests_in_flight", "shmrpc_gpu_memory_bytes", "shmrpc_resident_bytes"):
+        assert name in text
+    assert m.port is None
+    with socket.socket() as s, pytest.raises(ConnectionRefusedError):  # nobody listens any more
+        s.connect(("127.0.0.1", port))
+    m.shutdown()  # idempotent
+
+
+def test_fixed_port_and_double_serve(free_port: int) -> None:
+    m = Metrics()
+    m.serve(free_port)
+    try:
+        assert m.port == free_port
+        assert "# TYPE shmrpc_requests_total counter" in _scrape(free_port)
+        with pytest.raises(RuntimeError, match="already served"):
+            m.serve(0)
+    finally:
+        m.shutdown()
+
+
+def test_snapshot_and_independent_registries() -> None:
+    a, b = Metrics(), Metrics()
+    a.observe("matmul", "ok", 0.5, 64, 32)
+    a.inflight.inc()
+    snap = a.snapshot()
+    assert snap["requests"] == {"matmul": {"ok": 1}}
+    assert snap["duration"]["matmul"]["count"] == 1
+    assert snap["duration"]["matmul"]["sum_s"] == pytest.approx(0.5)
+    assert snap["bytes_in"] == 64 and snap["bytes_out"] == 32
+    assert snap["inflight"] == 1
+    assert snap["slots_leased"] == 0
+    assert b.snapshot()["requests"] == {}
