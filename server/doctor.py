@@ -31,7 +31,15 @@ from shmrpc.schema.naming import REGION_PREFIX, runtime_dir
 
 from .checks import StartupError, check_memlock, check_shm_space, format_bytes, has_ipc_lock, memlock_limit
 from .region import read_superblock, unlink_region
-from .runtime import SHM_DIR, check_runtime_dir, list_segments, lock_is_held, pid_alive, read_lock_file
+from .runtime import (
+    SHM_DIR,
+    check_runtime_dir,
+    list_segments,
+    lock_is_held,
+    pid_alive,
+    read_lock_file,
+    remove_stale_lock,
+)
 
 __all__ = ["Finding", "scan", "doctor"]
 
@@ -121,8 +129,8 @@ def scan(shm_dir: str = SHM_DIR) -> list[Finding]:
 def _remove(f: Finding) -> bool:
     if f.kind == "region":
         return unlink_region(f.path)
-    if f.kind == "lock" and lock_is_held(Path(f.path)):
-        return False  # a worker took it since we looked
+    if f.kind == "lock":
+        return remove_stale_lock(Path(f.path))  # False when a worker took it since we looked
     try:
         os.unlink(f.path)
     except FileNotFoundError:

@@ -33,6 +33,7 @@ import fcntl
 import json
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,12 @@ __all__ = [
     "remove_socket",
     "read_lock_file",
     "lock_is_held",
+    "remove_stale_lock",
 ]
 
 SHM_DIR = "/dev/shm"
+_BUSY_TRIES = 5
+_BUSY_WAIT_S = 0.01
 
 
 class WorkerAlreadyRunning(StartupError):
@@ -234,6 +238,32 @@ def lock_is_held(path: Path) -> bool:
     return False
 
 
+def remove_stale_lock(path: Path) -> bool:
+    """Unlink the lock file ``path`` if nobody holds it; returns whether it was removed.
+
+    Unlinks while holding the lock, the same protocol as :meth:`WorkerLock.release`, so a
+    worker starting at that moment notices and retries on a fresh file.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        try:
+            if os.fstat(fd).st_ino != os.stat(path).st_ino:
+                return False
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        return True
+    finally:
+        os.close(fd)
+
+
 class WorkerLock:
     """The exclusive claim of a worker name, held while the worker lives.
 
@@ -275,12 +305,17 @@ class WorkerLock:
         validate_name(name)
         ensure_runtime_dir()
         path = lock_path(name)
+        busy_tries = 0
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
+                busy_tries += 1
+                if busy_tries < _BUSY_TRIES:  # a doctor probe holds it for microseconds; a worker for good
+                    time.sleep(_BUSY_WAIT_S)
+                    continue
                 info = read_lock_file(path) or {}
                 pid = info.get("pid")
                 raise WorkerAlreadyRunning(name, pid if isinstance(pid, int) else None, path) from None

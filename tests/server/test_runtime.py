@@ -22,6 +22,7 @@ from shmrpc.server.runtime import (
     pid_alive,
     process_start_ticks,
     remove_socket,
+    remove_stale_lock,
 )
 
 
@@ -183,3 +184,13 @@ def test_invalid_name() -> None:
 
 def test_runtime_dir_is_the_session_one() -> None:
     assert str(runtime_dir()) == os.environ["SHMRPC_RUNTIME_DIR"]
+
+
+def test_remove_stale_lock(worker_name: str) -> None:
+    with WorkerLock.acquire(worker_name) as lock:
+        assert not remove_stale_lock(lock.path)  # held: kept
+        assert lock.path.exists()
+    lock.path.write_text("{}")
+    assert remove_stale_lock(lock.path)
+    assert not lock.path.exists()
+    assert not remove_stale_lock(lock.path)
