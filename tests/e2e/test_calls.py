@@ -1,0 +1,130 @@
+"""Real calls through a worker process: results against NumPy, zero copy, futures, several processes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+
+from shmrpc.client import Client, KernelError, Pipeline
+
+if TYPE_CHECKING:
+    from conftest import WorkerProc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+
+def test_ops_match_numpy(worker: WorkerProc) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((64, 33)).astype(np.float32)
+    y = rng.standard_normal((64, 33)).astype(np.float32)
+    with Client(worker.name, timeout_s=10) as c:
+        assert set(c.op_table) >= {"echo", "vector_add", "scale"}
+        np.testing.assert_array_equal(c.call("echo", x=x)["out"], x)
+        np.testing.assert_array_equal(c.call("vector_add", x=x, y=y)["out"], x + y)
+        np.testing.assert_allclose(c.call("scale", x=x, a=-1.5, b=0.25)["out"], -1.5 * x + 0.25, rtol=1e-6)
+        x64 = x.astype(np.float64)
+        np.testing.assert_allclose(c.call("scale", x=x64, a=3)["out"], 3 * x64)
+
+
+def test_pipeline_matches_numpy(worker: WorkerProc) -> None:
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal(1000).astype(np.float32), rng.standard_normal(1000).astype(np.float32)
+    p = (Pipeline().then("scale", a=2.0, b=1.0)
+         .then("vector_add", inputs={"x": "0.out", "y": "y"})
+         .then("scale", a=0.5))
+    with Client(worker.name, timeout_s=10) as c:
+        out = c.call(p, x=x, y=y)
+    assert list(out) == ["2.out"]
+    np.testing.assert_allclose(out["2.out"], 0.5 * ((2 * x + 1) + y), rtol=1e-6)
+
+
+def test_zero_copy_in_place_changes_the_clients_own_view(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=10) as c, c.loan(4096) as req:
+        x = req.array("x", (256,), np.float32)
+        x[:] = np.arange(256, dtype=np.float32)
+        out = req.send("scale", a=2.0, b=1.0, in_place=True)["out"]
+        # the worker wrote into the very memory this process wrote: no copy either way
+        np.testing.assert_array_equal(x, 2 * np.arange(256, dtype=np.float32) + 1)
+        assert np.shares_memory(out, x)
+        # echo is an alias: the output is the input's bytes
+        e = req.send("echo")["out"]
+        assert np.shares_memory(e, x)
+        del out, e, x
+
+
+def test_loan_outputs_are_views_and_resend_works(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=10) as c, c.loan(8192) as req:
+        x = req.array("x", 100, np.float64)
+        y = req.array("y", 100, np.float64)
+        x[:], y[:] = 1.0, 2.0
+        for i in range(3):
+            x[:] = i
+            out = req.send("vector_add")["out"]
+            np.testing.assert_array_equal(out, i + 2.0)
+        del x, y, out
+
+
+def test_view_cannot_outlive_its_slot(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=10) as c:
+        kept = c.call("echo", x=np.full(16, 7.0), copy=False)["out"]
+        # every later call must use another slot while `kept` lives: its bytes never change
+        for i in range(20):
+            c.call("echo", x=np.full(16, float(i)))
+        np.testing.assert_array_equal(kept, 7.0)
+        del kept
+
+
+def test_submit_several_in_flight(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=10) as c:
+        futs = [c.submit("vector_add", x=np.full(8, i, np.int64), y=np.full(8, 10, np.int64)) for i in range(4)]
+        assert [int(f.result()["out"][0]) for f in futs] == [10, 11, 12, 13]
+        # more futures than leased small slots: the client borrows or waits, never mixes results
+        futs = [c.submit("scale", x=np.full(8, float(i)), a=2.0) for i in range(12)]
+        assert [float(f.result()["out"][0]) for f in futs] == [2.0 * i for i in range(12)]
+
+
+def test_large_request_borrows_a_larger_slot(worker: WorkerProc) -> None:
+    x = np.random.default_rng(3).standard_normal(300_000)  # 2.4 MB: needs the 4M class, not leased
+    with Client(worker.name, timeout_s=10) as c:
+        np.testing.assert_array_equal(c.call("echo", x=x)["out"], x)
+        np.testing.assert_allclose(c.call("scale", x=x, a=2.0, in_place=True)["out"], 2 * x)
+
+
+def test_kernel_error_names_op_step_tensor_and_worker_goes_on(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=10) as c:
+        with pytest.raises(KernelError) as e:
+            c.call("vector_add", x=np.ones(4), y=np.ones(5))
+        assert (e.value.op, e.value.step, e.value.tensor, e.value.field) == ("vector_add", 0, "y", "shape")
+        np.testing.assert_array_equal(c.call("vector_add", x=np.ones(4), y=np.ones(4))["out"], 2.0)
+
+
+def _client_main(name: str, seed: int, n: int, q: mp.Queue) -> None:  # type: ignore[type-arg]
+    rng = np.random.default_rng(seed)
+    bad = 0
+    with Client(name, timeout_s=20) as c:
+        for _ in range(n):
+            x = rng.standard_normal(rng.integers(1, 5000)).astype(np.float32)
+            y = rng.standard_normal(x.shape).astype(np.float32)
+            a = float(rng.standard_normal())
+            p = Pipeline().then("scale", a=a).then("vector_add", inputs={"x": "0.out", "y": "y"})
+            bad += not np.array_equal(c.call("vector_add", x=x, y=y)["out"], x + y)
+            bad += not np.allclose(c.call(p, x=x, y=y)["1.out"], a * x + y, rtol=1e-5, atol=1e-6)
+    q.put((seed, bad))
+
+
+def test_four_client_processes_at_once(worker: WorkerProc) -> None:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    seeds = [11, 12, 13, 14]
+    print("seeds", seeds)
+    procs = [ctx.Process(target=_client_main, args=(worker.name, s, 100, q)) for s in seeds]
+    for p in procs:
+        p.start()
+    results = dict(q.get(timeout=50) for _ in procs)
+    for p in procs:
+        p.join(10)
+        assert p.exitcode == 0
+    assert results == {s: 0 for s in seeds}

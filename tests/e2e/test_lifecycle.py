@@ -1,0 +1,193 @@
+"""Process lifecycles: drain on SIGTERM, client death, worker death and restart, handshake, status, metrics."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+import zmq
+
+from shmrpc.client import (
+    Client,
+    ConnectError,
+    ForkedClientError,
+    KernelError,
+    Pipeline,
+    ProtocolMismatchError,
+    Timeout,
+    WorkerGoneError,
+)
+from shmrpc.schema import messages as m
+from shmrpc.schema.naming import endpoint, region_prefix, socket_path
+
+if TYPE_CHECKING:
+    from conftest import WorkerProc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+
+def _regions(name: str) -> list[str]:
+    return [f for f in os.listdir("/dev/shm") if f.startswith(region_prefix(name))]
+
+
+def _slow(n: int = 30) -> Pipeline:
+    p = Pipeline()
+    for _ in range(n):
+        p = p.then("scale", a=1.0)
+    return p
+
+
+def test_sigterm_drains_in_flight_then_cleans_up(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=20) as c:
+        fut = c.submit(_slow(), x=np.ones(400_000))
+        time.sleep(0.05)
+        worker.proc.send_signal(signal.SIGTERM)
+        np.testing.assert_array_equal(fut.result()["29.out"], 1.0)  # answered, not dropped
+    assert worker.proc.wait(20) == 0
+    assert not socket_path(worker.name).exists()
+    assert _regions(worker.name) == []
+
+
+def test_connect_to_missing_worker_is_a_connect_error(worker_name: str) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(ConnectError, match="no worker named"):
+        Client(worker_name, connect_timeout_s=0.2)
+    assert time.monotonic() - t0 < 5
+
+
+def _victim(name: str, q: mp.Queue) -> None:  # type: ignore[type-arg]
+    c = Client(name, timeout_s=30)
+    with c.loan(1000) as req:
+        req.array("x", 1000, np.uint8)[:] = 0xAB  # a marker the next holder must not see
+    futs = [c.submit(_slow(40), x=np.ones(2000)) for _ in range(4)]
+    q.put([f._loan._s.index for f in futs])
+    time.sleep(60)  # killed here, with requests in flight
+
+
+def test_client_killed_mid_request_slots_come_back_zeroed(spawn_worker: Callable[..., WorkerProc]) -> None:
+    w = spawn_worker(slots="64K:4", lease="4")
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_victim, args=(w.name, q))
+    p.start()
+    q.get(timeout=30)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)
+    t0 = time.monotonic()
+    with Client(w.name, timeout_s=10) as c:  # every slot was the victim's; they must come back
+        with c.loan(1000) as req:
+            seen = req.array("x", 1000, np.uint8).copy()
+        np.testing.assert_array_equal(c.call("scale", x=np.ones(10), a=3.0)["out"], 3.0)
+    assert time.monotonic() - t0 < 2.5
+    assert not (seen == 0xAB).any(), "a reclaimed slot was not zeroed"
+
+
+def test_worker_killed_pending_call_fails_fast_then_restart_cleans(spawn_worker: Callable[..., WorkerProc],
+                                                                   worker_name: str) -> None:
+    w = spawn_worker()
+    c = Client(w.name, timeout_s=30)
+    fut = c.submit(_slow(200), x=np.ones(400_000))
+    time.sleep(0.1)
+    os.kill(w.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerGoneError):
+        fut.result()
+    assert time.monotonic() - t0 < 1.0
+    t0 = time.monotonic()
+    with pytest.raises(WorkerGoneError):
+        c.call("echo", x=np.ones(4))
+    assert time.monotonic() - t0 < 1.0
+    c.close()
+    w.proc.wait(5)
+    assert _regions(worker_name), "the killed worker's region should still be there before the restart"
+    w2 = spawn_worker()  # same name: finds the dead predecessor's lock, removes its region and socket
+    assert len(_regions(worker_name)) == 1
+    with Client(w2.name, timeout_s=10) as c2:
+        np.testing.assert_array_equal(c2.call("echo", x=np.arange(5))["out"], np.arange(5))
+
+
+def test_schema_mismatch_refused_at_connect(worker: WorkerProc, monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = zmq.Context()
+    try:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(endpoint(worker.name))
+        s.send(m.pack_json(m.HELLO, {"protocol": 1, "schema_hash": "0" * 16, "pid": os.getpid(), "uid": os.getuid()}))
+        assert s.poll(5000)
+        frame = s.recv()
+        body = m.unpack_json(frame)
+        assert frame[:1] == m.ERROR and body["kind"] == "protocol_mismatch" and body["field"] == "schema_hash"
+        s.close()
+    finally:
+        ctx.term()
+    import shmrpc.client._transport as transport
+
+    monkeypatch.setattr(transport, "SCHEMA_HASH", "f" * 16)
+    with pytest.raises(ProtocolMismatchError):
+        Client(worker.name, connect_timeout_s=5)
+
+
+def _use_in_child(c: Client, q: mp.Queue) -> None:  # type: ignore[type-arg]
+    try:
+        c.call("echo", x=np.ones(2))
+        q.put("no error")
+    except ForkedClientError as e:
+        q.put(f"ForkedClientError: {e}")
+
+
+def test_forked_child_is_told_to_reconnect(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=10) as c:
+        ctx = mp.get_context("fork")
+        q = ctx.Queue()
+        p = ctx.Process(target=_use_in_child, args=(c, q))
+        p.start()
+        msg = q.get(timeout=20)
+        p.join(10)
+        assert msg.startswith("ForkedClientError") and "create its own Client" in msg
+        np.testing.assert_array_equal(c.call("echo", x=np.ones(2))["out"], 1.0)  # the parent is unaffected
+
+
+def test_timeout_is_a_timeout_error(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=10) as c:
+        fut = c.submit(_slow(100), x=np.ones(400_000))
+        with pytest.raises(TimeoutError):
+            fut.result(timeout=0.001)
+        assert isinstance(Timeout("x"), TimeoutError)
+        fut.result()  # the request still completes; the slot is not reused meanwhile
+
+
+def test_status_command_shows_leases_and_counters(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=10) as c:
+        c.call("vector_add", x=np.ones(3), y=np.ones(3))
+        out = subprocess.run([sys.executable, "-m", "shmrpc.server", "status", "--name", worker.name, "--json"],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        state = json.loads(out.stdout)
+        assert state["pid"] == worker.pid and len(state["clients"]) == 1
+        assert state["clients"][0]["pid"] == os.getpid() and state["slots_leased"] == 5
+        text = subprocess.run([sys.executable, "-m", "shmrpc.server", "status", "--name", worker.name],
+                              capture_output=True, text=True, timeout=30).stdout
+        assert "clients 1" in text and "region 0" in text
+
+
+def test_metrics_endpoint(spawn_worker: Callable[..., WorkerProc], free_port: int) -> None:
+    w = spawn_worker("--metrics-port", str(free_port))
+    with Client(w.name, timeout_s=10) as c:
+        for _ in range(3):
+            c.call("vector_add", x=np.ones(3), y=np.ones(3))
+        with pytest.raises(KernelError):
+            c.call("vector_add", x=np.ones(3), y=np.ones(4))
+        body = urllib.request.urlopen(f"http://127.0.0.1:{free_port}/metrics", timeout=10).read().decode()
+    assert 'shmrpc_requests_total{op="vector_add",status="ok"} 3.0' in body
+    assert 'status="KernelError"' in body
+    assert "shmrpc_request_duration_seconds_bucket" in body and "shmrpc_clients_connected" in body
