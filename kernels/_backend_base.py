@@ -1,0 +1,203 @@
+"""What every backend shares: planning, resident-tensor bookkeeping, input checks, warmup."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ._dtypes import as_storage, f32_to_bf16, storage_dtype
+from ._errors import KernelInputError, KernelResourceError
+from ._plan import Plan, build_plan
+from ._registry import REGISTRY, StepSpec, TensorSpec
+
+__all__ = ["Backend", "check_host", "example_array"]
+
+
+def check_host(arr: Any, spec: TensorSpec, name: str, role: str) -> np.ndarray:
+    """``arr`` as the storage dtype of ``spec`` after checking it is a NumPy array of that shape."""
+    if not isinstance(arr, np.ndarray):
+        raise KernelInputError(f"{role} {name!r} must be a NumPy array, got {type(arr).__name__}", tensor=name, field=role)
+    if arr.shape != spec.shape:
+        raise KernelInputError(f"{role} {name!r} has shape {arr.shape}, the plan says {spec.shape}", tensor=name, field="shape")
+    try:
+        return as_storage(arr, spec.dtype)
+    except TypeError:
+        raise KernelInputError(f"{role} {name!r} has dtype {arr.dtype}, the plan says {spec.dtype}", tensor=name, field="dtype") from None
+
+
+def example_array(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
+    """A small well-formed array for ``spec`` (floats ~ N(0, 0.5), never all zero; ints in [1, 16))."""
+    if spec.dtype in ("float16", "float32", "float64", "bfloat16"):
+        f = (rng.standard_normal(spec.shape) * 0.5 + 0.01).astype(np.float32)
+        return f32_to_bf16(np, f) if spec.dtype == "bfloat16" else f.astype(spec.dtype)
+    if spec.dtype == "bool":
+        return rng.integers(0, 2, spec.shape).astype(bool)
+    return rng.integers(1, 16, spec.shape).astype(storage_dtype(spec.dtype))
+
+
+class Backend:
+    """Base of the NumPy and CuPy backends; see ``select_backend`` for the public contract."""
+
+    name: str = ""
+    xp: Any = None
+
+    def __init__(self, resident_limit_bytes: int | None = None) -> None:
+        self._lock = threading.RLock()
+        self._resident: dict[str, tuple[Any, TensorSpec]] = {}
+        self._resident_bytes = 0
+        self.resident_limit_bytes: int | None = resident_limit_bytes
+        self.inject_fault: str | None = None
+        self.closed = False
+
+    # -- planning ------------------------------------------------------------------
+    def plan(self, steps: Iterable[StepSpec], inputs: Mapping[str, TensorSpec], outputs: Iterable[str],
+             keep: Iterable[str] = (), resident: Mapping[str, str] | None = None) -> Plan:
+        """Check a pipeline and infer every tensor; pure, the result is immutable and reusable.
+
+        Parameters: ``steps`` in order; ``inputs`` request tensor name -> spec (resident
+        ones included, with the spec the server looked up); ``outputs`` the tensors to
+        return, in order; ``keep`` tensors to store as resident tensors instead;
+        ``resident`` request tensor name -> resident name.
+        Returns a :class:`Plan`. Raises KernelInputError (``step``, ``op``, ``tensor``, ``field`` set).
+        Example::
+
+            plan = backend.plan([StepSpec("scale", {"x": "a"}, {"out": "b"}, {"a": 2.0})],
+                                {"a": TensorSpec((4,), "float32")}, ["b"])
+        """
+        return build_plan(steps, inputs, outputs, keep, resident)
+
+    # -- resident tensors ----------------------------------------------------------
+    def put(self, name: str, host_array: np.ndarray, dtype_name: str) -> TensorSpec:
+        """Copy ``host_array`` into a resident tensor ``name`` (replacing one of that name).
+
+        Returns its spec. Raises KernelInputError (bad dtype) or KernelResourceError
+        (``resident_limit_bytes`` would be exceeded, or out of device memory).
+        """
+        spec = TensorSpec(tuple(host_array.shape), dtype_name)
+        arr = check_host(host_array, spec, name, "resident")
+        with self._lock:
+            old = self._resident.get(name)
+            new_total = self._resident_bytes - (old[1].nbytes if old else 0) + spec.nbytes
+            if self.resident_limit_bytes is not None and new_total > self.resident_limit_bytes:
+                raise KernelResourceError(
+                    f"resident tensor {name!r} ({spec.nbytes} bytes) would bring resident memory to {new_total} bytes, "
+                    f"over the limit of {self.resident_limit_bytes}; drop resident tensors or raise the limit",
+                    tensor=name, field="resident_limit")
+            stored = self._to_resident(arr, spec)
+            self._resident[name] = (stored, spec)
+            self._resident_bytes = new_total
+        return spec
+
+    def drop(self, name: str) -> None:
+        """Forget resident tensor ``name``; raises KernelInputError(field="resident") when there is none."""
+        with self._lock:
+            entry = self._resident.pop(name, None)
+            if entry is None:
+                raise KernelInputError(f"there is no resident tensor {name!r}", tensor=name, field="resident")
+            self._resident_bytes -= entry[1].nbytes
+
+    def resident(self) -> dict[str, TensorSpec]:
+        """name -> spec of every resident tensor."""
+        with self._lock:
+            return {k: v[1] for k, v in self._resident.items()}
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes held by resident tensors."""
+        return self._resident_bytes
+
+    def _to_resident(self, arr: np.ndarray, spec: TensorSpec) -> Any:
+        raise NotImplementedError
+
+    def _lookup_resident(self, plan: Plan) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        with self._lock:
+            for req, rname in plan.resident.items():
+                entry = self._resident.get(rname)
+                if entry is None:
+                    raise KernelInputError(f"resident tensor {rname!r} (input {req!r}) does not exist; put it first",
+                                           tensor=req, field="resident")
+                if entry[1] != plan.inputs[req]:
+                    raise KernelInputError(f"resident tensor {rname!r} is {entry[1]}, the plan was made for {plan.inputs[req]}",
+                                           tensor=req, field="resident")
+                found[req] = entry[0]
+        return found
+
+    def _keep(self, plan: Plan, env: Mapping[str, Any], keep_as: Mapping[str, str] | None) -> None:
+        for name, spec in plan.keep.items():
+            rname = (keep_as or {}).get(name, name)
+            with self._lock:
+                old = self._resident.get(rname)
+                new_total = self._resident_bytes - (old[1].nbytes if old else 0) + spec.nbytes
+                if self.resident_limit_bytes is not None and new_total > self.resident_limit_bytes:
+                    raise KernelResourceError(f"keeping {name!r} as resident {rname!r} would exceed the resident limit of "
+                                              f"{self.resident_limit_bytes} bytes; drop resident tensors first",
+                                              tensor=name, field="resident_limit")
+                self._resident[rname] = (self._own(env[name]), spec)
+                self._resident_bytes = new_total
+
+    def _own(self, arr: Any) -> Any:
+        return arr
+
+    def _host_io(self, plan: Plan, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]
+                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        host_in: dict[str, np.ndarray] = {}
+        for name, spec in plan.inputs.items():
+            if name in plan.resident:
+                continue
+            if name not in inputs:
+                raise KernelInputError(f"input {name!r} is missing", tensor=name, field="inputs")
+            host_in[name] = check_host(inputs[name], spec, name, "inputs")
+        host_out: dict[str, np.ndarray] = {}
+        for name, spec in plan.outputs.items():
+            if name not in outputs:
+                raise KernelInputError(f"output view {name!r} is missing", tensor=name, field="outputs")
+            host_out[name] = check_host(outputs[name], spec, name, "outputs")
+        return host_in, host_out
+
+    # -- lifecycle -----------------------------------------------------------------
+    def warmup(self) -> None:
+        """Run every registered op once on its small example (loads/compiles kernels)."""
+        rng = np.random.default_rng(0)
+        for spec in REGISTRY.values():
+            if not spec.example:
+                continue
+            ins = {p: p for p in spec.inputs}
+            outs = {p: f"out_{p}" for p in spec.outputs}
+            plan = self.plan([StepSpec(spec.name, ins, outs, {})], dict(spec.example), list(outs.values()))
+            host_in = {p: example_array(s, rng) for p, s in spec.example.items()}
+            host_out = {n: np.empty(s.shape, storage_dtype(s.dtype)) for n, s in plan.outputs.items()}
+            self.run(plan, host_in, host_out)
+
+    def run(self, plan: Plan, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
+            keep_as: Mapping[str, str] | None = None) -> dict[str, float]:
+        raise NotImplementedError
+
+    def register_host(self, address: int, nbytes: int) -> None:
+        """Pin host memory [address, address+nbytes) for DMA (no-op on NumPy)."""
+
+    def unregister_host(self, address: int | None = None) -> None:
+        """Undo ``register_host`` for ``address`` (None: every registered range)."""
+
+    def memory(self) -> dict[str, int]:
+        """Memory in use: ``resident_bytes`` (+ device figures on CuPy)."""
+        return {"resident_bytes": self._resident_bytes}
+
+    def close(self) -> None:
+        """Drop resident tensors and release what the backend holds; idempotent."""
+        with self._lock:
+            self._resident.clear()
+            self._resident_bytes = 0
+        self.closed = True
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} resident={len(self._resident)} ({self._resident_bytes} B)>"

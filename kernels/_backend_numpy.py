@@ -1,0 +1,94 @@
+"""The NumPy backend: runs the NumPy twins on the host, writing into the output views.
+
+Copies: none for inputs (ops read the shared-memory views); the step producing a requested
+output writes straight into its view (``out=``) unless that view overlaps memory a later
+step (or this step, for ops that are not in place) still reads, in which case it computes
+into a fresh array that is copied into the view at the end. Intermediates are ordinary
+arrays. Resident tensors are private copies (``put`` copies; kept outputs are copied).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ._backend_base import Backend
+from ._errors import KernelError, KernelResourceError, KernelRuntimeError
+from ._plan import Plan, ResolvedStep
+from ._registry import OpCall, TensorSpec
+
+__all__ = ["NumpyBackend"]
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
+
+
+def _can_write(view: np.ndarray, st: ResolvedStep, ins: Mapping[str, Any], later: list[Any]) -> bool:
+    """May ``st`` write its output straight into ``view``?"""
+    if any(np.may_share_memory(view, a) for a in later):
+        return False
+    for a in ins.values():
+        if np.may_share_memory(view, a) and not (st.op.inplace and st.op.elementwise and _same_memory(view, a)):
+            return False
+    return True
+
+
+class NumpyBackend(Backend):
+    """Host backend: every op's NumPy twin. ``select_backend("numpy")`` makes one."""
+
+    name = "numpy"
+    xp = np
+
+    def _to_resident(self, arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
+        return np.array(arr, copy=True, order="C")
+
+    def _own(self, arr: Any) -> Any:
+        return np.array(arr, copy=True, order="C")
+
+    def run(self, plan: Plan, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
+            keep_as: Mapping[str, str] | None = None) -> dict[str, float]:
+        """Run ``plan`` on host views; returns seconds per stage (h2d/d2h are 0 here).
+
+        ``inputs``: request input name -> NumPy view (not the resident ones); ``outputs``:
+        requested output name -> view to write into; ``keep_as``: kept tensor -> resident name.
+        Raises KernelInputError, KernelRuntimeError (op/step set), KernelResourceError.
+        """
+        t0 = time.perf_counter()
+        if self.inject_fault:
+            self.inject_fault = None
+            st0 = plan.steps[0] if plan.steps else None
+            raise KernelRuntimeError("injected fault: the run failed as a device error would; the backend was reset",
+                                     op=st0.op.name if st0 else "", step=0 if st0 else -1)
+        host_in, host_out = self._host_io(plan, inputs, outputs)
+        env: dict[str, Any] = dict(host_in)
+        env.update(self._lookup_resident(plan))
+        for st in plan.steps:
+            ins = {p: env[n] for p, n in st.inputs.items()}
+            later = [env[n] for n, last in plan.last_use.items() if last > st.index and n in env]
+            dests: dict[str, Any] = {}
+            for p, n in st.outputs.items():
+                view = host_out.get(n)
+                if view is not None and _can_write(view, st, ins, later):
+                    dests[p] = view
+            call = OpCall(np, ins, st.in_specs, st.out_specs, st.attrs, dests)
+            try:
+                res = st.op.numpy(call)
+            except KernelError as e:
+                raise e.with_context(op=st.op.name, step=st.index) from None
+            except MemoryError as e:
+                raise KernelResourceError(f"out of host memory in {st.op.name!r}: {e}", op=st.op.name, step=st.index) from e
+            except Exception as e:
+                raise KernelRuntimeError(f"op {st.op.name!r} failed: {type(e).__name__}: {e}", op=st.op.name, step=st.index) from e
+            for p, n in st.outputs.items():
+                env[n] = res[p]
+        for name, view in host_out.items():
+            if env[name] is not view:
+                np.copyto(view, env[name])
+        self._keep(plan, env, keep_as)
+        dt = time.perf_counter() - t0
+        return {"h2d": 0.0, "kernel": dt, "d2h": 0.0, "total": dt}

@@ -1,0 +1,227 @@
+"""The op registry: specs of tensors, attributes, ops and pipeline steps, and the op table.
+
+Each op module (``elementwise``, ``norm``, ``matmul``, ``quant``) builds :class:`OpSpec`
+objects and calls :func:`register`. An op's implementations (``numpy`` and ``cupy``)
+share one calling convention, :class:`OpCall`::
+
+    impl(call: OpCall) -> dict[str, array]      # output param -> array
+
+``call.inputs`` are arrays of the backend (bfloat16 as uint16 bits), ``call.out`` holds,
+per output param, a destination array the impl may write into (or ``None``), and
+``call.xp`` is ``numpy`` or ``cupy``. An impl returns its outputs; returning the very
+destination array means "written in place", anything else is copied by the backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._dtypes import DTYPE_NAMES
+from ._errors import KernelInputError
+
+__all__ = [
+    "REQUIRED",
+    "TensorSpec",
+    "AttrSpec",
+    "OpSpec",
+    "StepSpec",
+    "OpCall",
+    "REGISTRY",
+    "register",
+    "op_table",
+]
+
+
+class _Required:
+    """Sentinel type of :data:`REQUIRED`."""
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+"""Default of an attribute that every step must give."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype name of a tensor, e.g. ``TensorSpec((4, 8), "float16")``."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if self.dtype not in DTYPE_NAMES:
+            raise KernelInputError(f"unknown dtype {self.dtype!r}; use one of {', '.join(DTYPE_NAMES)}", field="dtype")
+        if any(d < 0 for d in self.shape):
+            raise KernelInputError(f"negative dimension in shape {self.shape}", field="shape")
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor's data."""
+        from ._dtypes import itemsize
+
+        return self.size * itemsize(self.dtype)
+
+
+@dataclass(frozen=True)
+class AttrSpec:
+    """An op attribute: ``kind`` in "float", "int", "str", "bool"; ``default`` or :data:`REQUIRED`."""
+
+    kind: str
+    default: Any = REQUIRED
+
+    @property
+    def required(self) -> bool:
+        """True when steps must give this attribute."""
+        return self.default is REQUIRED
+
+    def coerce(self, value: Any, *, attr: str, op: str, step: int) -> Any:
+        """Check ``value`` against ``kind`` and return it as that Python type; raises KernelInputError."""
+        ok: bool
+        if self.kind == "float":
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            conv: Callable[[Any], Any] = float
+        elif self.kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            conv = int
+        elif self.kind == "bool":
+            ok = isinstance(value, bool)
+            conv = bool
+        else:
+            ok = isinstance(value, str)
+            conv = str
+        if not ok:
+            raise KernelInputError(
+                f"attribute {attr!r} must be a {self.kind}, got {type(value).__name__}",
+                op=op, step=step, field=attr,
+            )
+        return conv(value)
+
+
+InferFn = Callable[[Mapping[str, TensorSpec], Mapping[str, Any]], dict[str, TensorSpec]]
+ImplFn = Callable[["OpCall"], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op: its stable wire ``code``, parameters, shape/dtype rule and implementations.
+
+    ``infer(inputs, attrs)`` returns the output specs or raises KernelInputError naming
+    the tensor parameter and the field ("shape", "dtype" or an attribute name).
+    ``inplace``: output 0 may share memory with input 0 (same shape and dtype, elementwise).
+    ``alias``: output 0 *is* input 0 (nothing is computed). ``elementwise``: every input and
+    output has one shape and element i depends only on element i (backends may chunk it).
+    ``tolerances``: dtype -> (rtol, atol) of an implementation against a float64 reference.
+    ``example``: small input specs used by ``warmup()`` and smoke tests.
+    """
+
+    name: str
+    code: int
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, AttrSpec]
+    infer: InferFn
+    numpy: ImplFn
+    cupy: ImplFn | None = None
+    inplace: bool = False
+    alias: bool = False
+    elementwise: bool = False
+    tolerances: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    doc: str = ""
+    example: Mapping[str, TensorSpec] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.code <= 0xFFFF:
+            raise ValueError(f"op code {self.code} of {self.name!r} is not a u16 >= 1")
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One pipeline step: ``op`` with its params bound to request tensor names, and attrs.
+
+    Example: ``StepSpec("scale", {"x": "a"}, {"out": "b"}, {"a": 2.0})``.
+    Output params left unbound get internal names nobody can ask for.
+    """
+
+    op: str
+    inputs: Mapping[str, str]
+    outputs: Mapping[str, str]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OpCall:
+    """What an implementation gets: arrays, their specs, filled attrs, destinations, ``xp``."""
+
+    xp: Any
+    inputs: dict[str, Any]
+    in_specs: Mapping[str, TensorSpec]
+    out_specs: Mapping[str, TensorSpec]
+    attrs: Mapping[str, Any]
+    out: dict[str, Any | None]
+    workspace: dict[str, Any] = field(default_factory=dict)
+
+    def dest(self, param: str) -> Any | None:
+        """The destination array for output ``param``, or None (allocate your own)."""
+        return self.out.get(param)
+
+
+REGISTRY: dict[str, OpSpec] = {}
+"""name -> OpSpec of every registered op."""
+
+_CODES: dict[int, str] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    """Add ``spec`` to :data:`REGISTRY`; names and codes must be unique. Returns ``spec``."""
+    if spec.name in REGISTRY or spec.code in _CODES:
+        raise ValueError(f"op {spec.name!r} (code {spec.code}) is registered twice")
+    REGISTRY[spec.name] = spec
+    _CODES[spec.code] = spec.name
+    return spec
+
+
+def op_table() -> dict[str, dict[str, Any]]:
+    """The JSON-able op table the worker announces at handshake.
+
+    Returns ``{name: {"code", "inputs", "outputs", "attrs": {a: {"kind", "default", "required"}},
+    "inplace", "alias", "doc"}}`` sorted by code. Example::
+
+        >>> op_table()["scale"]["attrs"]["a"]
+        {'kind': 'float', 'default': 1.0, 'required': False}
+    """
+    table: dict[str, dict[str, Any]] = {}
+    for spec in sorted(REGISTRY.values(), key=lambda s: s.code):
+        table[spec.name] = {
+            "code": spec.code,
+            "inputs": list(spec.inputs),
+            "outputs": list(spec.outputs),
+            "attrs": {
+                a: {"kind": s.kind, "default": None if s.required else s.default, "required": s.required}
+                for a, s in spec.attrs.items()
+            },
+            "inplace": spec.inplace,
+            "alias": spec.alias,
+            "doc": spec.doc,
+        }
+    return table
+
+
+def replace_impl(name: str, **changes: Any) -> OpSpec:
+    """Swap fields of a registered spec (tests, experiments); returns the new spec."""
+    spec = dataclasses.replace(REGISTRY[name], **changes)
+    REGISTRY[name] = spec
+    return spec

@@ -1,0 +1,132 @@
+"""Elementwise ops: echo, vector_add, scale, gelu.
+
+Each implementation is written once against ``call.xp`` (NumPy or CuPy): the NumPy twin
+and the CuPy version are the same function, run on different arrays. Arithmetic on
+float16/bfloat16 runs in float32 and is rounded once at the end; float32/float64 run
+in their own dtype and write straight into the destination (``out=``) when there is one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ._common import TOL_ELEMENTWISE, require_dtype, require_float, require_same
+from ._dtypes import DTYPE_NAMES, bf16_to_f32, from_float, to_float
+from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec, register
+
+__all__ = ["ECHO", "VECTOR_ADD", "SCALE", "GELU", "gelu_float"]
+
+_EX = TensorSpec((4, 8), "float16")
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _same_as_x(inputs: Mapping[str, TensorSpec], attrs: Mapping[str, Any]) -> dict[str, TensorSpec]:
+    return {"out": inputs["x"]}
+
+
+def _echo(call: OpCall) -> dict[str, Any]:
+    x, d = call.inputs["x"], call.dest("out")
+    if d is None or d is x:
+        return {"out": x}
+    call.xp.copyto(d, x)
+    return {"out": d}
+
+
+ECHO = register(OpSpec(
+    name="echo", code=1, inputs=("x",), outputs=("out",), attrs={}, infer=_same_as_x,
+    numpy=_echo, cupy=_echo, inplace=True, alias=True, elementwise=True,
+    tolerances={n: (0.0, 0.0) for n in DTYPE_NAMES},
+    doc="out = x (any dtype, any shape). Alias: output 0 is input 0; a copy happens only when the "
+        "caller gives a distinct destination.",
+    example={"x": _EX},
+))
+
+
+def _infer_vector_add(inputs: Mapping[str, TensorSpec], attrs: Mapping[str, Any]) -> dict[str, TensorSpec]:
+    x, y = inputs["x"], inputs["y"]
+    require_dtype(x, [n for n in DTYPE_NAMES if n != "bool"], "x")
+    require_same(x, y, "y", "x")
+    return {"out": x}
+
+
+def _vector_add(call: OpCall) -> dict[str, Any]:
+    xp, x, y, d = call.xp, call.inputs["x"], call.inputs["y"], call.dest("out")
+    dt = call.in_specs["x"].dtype
+    if dt == "bfloat16":
+        f = bf16_to_f32(xp, x)
+        f += bf16_to_f32(xp, y)
+        return {"out": from_float(xp, f, dt, d)}
+    return {"out": xp.add(x, y, out=d)}
+
+
+VECTOR_ADD = register(OpSpec(
+    name="vector_add", code=2, inputs=("x", "y"), outputs=("out",), attrs={}, infer=_infer_vector_add,
+    numpy=_vector_add, cupy=_vector_add, inplace=True, elementwise=True, tolerances=TOL_ELEMENTWISE,
+    doc="out = x + y, elementwise. x and y: same shape (no broadcasting) and dtype, any dtype but bool; "
+        "integers wrap around; bfloat16 adds in float32 and rounds to nearest even. In place allowed (out over x).",
+    example={"x": _EX, "y": _EX},
+))
+
+
+def _infer_scale(inputs: Mapping[str, TensorSpec], attrs: Mapping[str, Any]) -> dict[str, TensorSpec]:
+    require_float(inputs["x"], "x")
+    return {"out": inputs["x"]}
+
+
+def _scale(call: OpCall) -> dict[str, Any]:
+    xp, x, d = call.xp, call.inputs["x"], call.dest("out")
+    a, b = call.attrs["a"], call.attrs["b"]
+    dt = call.in_specs["x"].dtype
+    if dt in ("float32", "float64"):
+        r = xp.multiply(x, a, out=d)
+        return {"out": xp.add(r, b, out=r)}
+    f = to_float(xp, x, dt)  # a fresh float32 array for float16/bfloat16
+    f *= a
+    f += b
+    return {"out": from_float(xp, f, dt, d)}
+
+
+SCALE = register(OpSpec(
+    name="scale", code=3, inputs=("x",), outputs=("out",),
+    attrs={"a": AttrSpec("float", 1.0), "b": AttrSpec("float", 0.0)}, infer=_infer_scale,
+    numpy=_scale, cupy=_scale, inplace=True, elementwise=True, tolerances=TOL_ELEMENTWISE,
+    doc="out = a*x + b (attrs a=1.0, b=0.0). Float dtypes only. float32/float64 compute in their dtype "
+        "(a*x rounded, then +b rounded); float16/bfloat16 compute in float32 and round once. In place allowed.",
+    example={"x": _EX},
+))
+
+
+def gelu_float(xp: Any, f: Any) -> Any:
+    """tanh-approximate GELU of float array ``f`` into a new array: 0.5*f*(1 + tanh(sqrt(2/pi)*(f + 0.044715 f^3)))."""
+    t = f * f
+    t *= 0.044715
+    t += 1.0
+    t *= f
+    t *= _SQRT_2_OVER_PI
+    xp.tanh(t, out=t)
+    t += 1.0
+    t *= f
+    t *= 0.5
+    return t
+
+
+def _infer_gelu(inputs: Mapping[str, TensorSpec], attrs: Mapping[str, Any]) -> dict[str, TensorSpec]:
+    require_float(inputs["x"], "x")
+    return {"out": inputs["x"]}
+
+
+def _gelu(call: OpCall) -> dict[str, Any]:
+    xp, x, d = call.xp, call.inputs["x"], call.dest("out")
+    dt = call.in_specs["x"].dtype
+    return {"out": from_float(xp, gelu_float(xp, to_float(xp, x, dt)), dt, d)}
+
+
+GELU = register(OpSpec(
+    name="gelu", code=12, inputs=("x",), outputs=("out",), attrs={}, infer=_infer_gelu,
+    numpy=_gelu, cupy=_gelu, inplace=True, elementwise=True, tolerances=TOL_ELEMENTWISE,
+    doc="out = 0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x**3))) (the tanh approximation), any float dtype; "
+        "float16/bfloat16 compute in float32 and round once.",
+    example={"x": _EX},
+))

@@ -1,0 +1,152 @@
+"""Row-wise ops over the last axis: layernorm, layernorm_gelu (fused), softmax.
+
+NumPy twins compute in float32 (float64 for float64 inputs) and round once. On CuPy,
+layernorm and layernorm_gelu run ``cuda/layernorm_gelu.cu`` (one block per row, one read
+and one write per element) for float16/bfloat16/float32 rows of up to 16384 elements
+(32768 for 16-bit dtypes whose D is a multiple of 8); other cases run the NumPy code on
+CuPy arrays. softmax is the same array code on both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ._common import TOL_REDUCTION, require_float, require_ndim, require_same
+from ._dtypes import from_float, itemsize, to_float
+from ._errors import KernelInputError
+from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec, register
+from .elementwise import gelu_float
+
+__all__ = ["LAYERNORM", "LAYERNORM_GELU", "SOFTMAX", "layernorm_float"]
+
+_KT = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
+_VEC_NCH = (1, 2, 4, 8)
+_SCALAR_NCH = (1, 2, 4, 8, 16, 32)
+_BLOCK = 512
+
+
+def layernorm_float(xp: Any, f: Any, g: Any, b: Any, eps: float) -> Any:
+    """LayerNorm of float array ``f`` over its last axis into a new array (two-pass variance)."""
+    mean = f.mean(axis=-1, keepdims=True)
+    d = f - mean
+    var = (d * d).mean(axis=-1, keepdims=True)
+    var += eps
+    d *= 1.0 / xp.sqrt(var)
+    d *= g
+    d += b
+    return d
+
+
+def _infer_ln(inputs: Mapping[str, TensorSpec], attrs: Mapping[str, Any]) -> dict[str, TensorSpec]:
+    x = inputs["x"]
+    require_float(x, "x")
+    require_ndim(x, "x", min_ndim=1)
+    d = x.shape[-1]
+    if d < 1:
+        raise KernelInputError("'x' has an empty last axis", tensor="x", field="shape")
+    for p in ("gamma", "beta"):
+        require_same(TensorSpec((d,), x.dtype), inputs[p], p, "x[-1]")
+    if not attrs["eps"] > 0.0:
+        raise KernelInputError(f"eps must be > 0, got {attrs['eps']}", field="eps")
+    return {"out": x}
+
+
+def _ln_numpy(call: OpCall, gelu: bool) -> dict[str, Any]:
+    xp, dt = call.xp, call.in_specs["x"].dtype
+    f = layernorm_float(xp, to_float(xp, call.inputs["x"], dt), to_float(xp, call.inputs["gamma"], dt),
+                        to_float(xp, call.inputs["beta"], dt), call.attrs["eps"])
+    if gelu:
+        f = gelu_float(xp, f)
+    return {"out": from_float(xp, f, dt, call.dest("out"))}
+
+
+def _ln_names(kt: str, vec: int) -> tuple[str, ...]:
+    return tuple(f"ln_rows<{kt},{v},{n},{g}>" for v, nchs in ((vec, _VEC_NCH), (1, _SCALAR_NCH))
+                 for n in nchs for g in ("true", "false"))
+
+
+def _ln_cupy(call: OpCall, gelu: bool) -> dict[str, Any]:
+    import cupy
+
+    from ._cuda import get_function
+
+    x, gamma, beta = call.inputs["x"], call.inputs["gamma"], call.inputs["beta"]
+    dt = call.in_specs["x"].dtype
+    d = x.shape[-1]
+    rows = x.size // d if d else 0
+    vec = 16 // itemsize(dt) if dt in _KT else 1
+    contiguous = all(a.flags.c_contiguous for a in (x, gamma, beta))
+    aligned = all(a.data.ptr % 16 == 0 for a in (x, gamma, beta))
+    v = vec if (d % vec == 0 and aligned) else 1
+    slots = -(-d // v)
+    nchs = _VEC_NCH if v > 1 else _SCALAR_NCH
+    nch = next((n for n in nchs if -(-slots // n) <= _BLOCK), None)
+    if dt not in _KT or rows == 0 or not contiguous or nch is None or rows >= 2**31:
+        return _ln_numpy(call, gelu)
+    threads = -(-slots // nch)
+    block = max(32, (threads + 31) // 32 * 32)
+    out = call.dest("out")
+    if out is None or not out.flags.c_contiguous or out.data.ptr % 16:
+        out = cupy.empty(x.shape, dtype=x.dtype)
+    kt = _KT[dt]
+    fn = get_function("layernorm_gelu.cu", _ln_names(kt, vec), f"ln_rows<{kt},{v},{nch},{'true' if gelu else 'false'}>")
+    fn((rows,), (block,), (x, gamma, beta, out, np.int32(d), np.float32(call.attrs["eps"])))
+    return {"out": out}
+
+
+def _ln_warm(kt: str, dt: str) -> None:
+    """Compile the layernorm module of one dtype (``warmup``)."""
+    from ._cuda import get_function
+
+    names = _ln_names(kt, 16 // itemsize(dt))
+    get_function("layernorm_gelu.cu", names, names[0])
+
+
+_LN_EX = {"x": TensorSpec((4, 64), "float16"), "gamma": TensorSpec((64,), "float16"), "beta": TensorSpec((64,), "float16")}
+_LN_DOC = ("x (..., D) float16/bfloat16/float32/float64, gamma (D,), beta (D,) of x's dtype; attr eps=1e-5 (> 0). "
+           "Normalizes over the last axis: (x - mean) / sqrt(var + eps) * gamma + beta, statistics in float32 "
+           "(float64 for float64), biased variance, two passes.")
+
+LAYERNORM = register(OpSpec(
+    name="layernorm", code=11, inputs=("x", "gamma", "beta"), outputs=("out",), attrs={"eps": AttrSpec("float", 1e-5)},
+    infer=_infer_ln, numpy=lambda c: _ln_numpy(c, False), cupy=lambda c: _ln_cupy(c, False),
+    tolerances=TOL_REDUCTION, doc="out = layernorm(x). " + _LN_DOC, example=_LN_EX,
+))
+
+LAYERNORM_GELU = register(OpSpec(
+    name="layernorm_gelu", code=13, inputs=("x", "gamma", "beta"), outputs=("out",), attrs={"eps": AttrSpec("float", 1e-5)},
+    infer=_infer_ln, numpy=lambda c: _ln_numpy(c, True), cupy=lambda c: _ln_cupy(c, True),
+    tolerances=TOL_REDUCTION,
+    doc="out = gelu_tanh(layernorm(x)), fused (no rounding in between; on CuPy one kernel, one read and one "
+        "write per element). " + _LN_DOC, example=_LN_EX,
+))
+
+
+def _infer_softmax(inputs: Mapping[str, TensorSpec], attrs: Mapping[str, Any]) -> dict[str, TensorSpec]:
+    x = inputs["x"]
+    require_float(x, "x")
+    require_ndim(x, "x", min_ndim=1)
+    if x.shape[-1] < 1:
+        raise KernelInputError("'x' has an empty last axis", tensor="x", field="shape")
+    return {"out": x}
+
+
+def _softmax(call: OpCall) -> dict[str, Any]:
+    xp, dt = call.xp, call.in_specs["x"].dtype
+    f = to_float(xp, call.inputs["x"], dt)
+    e = f - f.max(axis=-1, keepdims=True)
+    xp.exp(e, out=e)
+    e /= e.sum(axis=-1, keepdims=True)
+    return {"out": from_float(xp, e, dt, call.dest("out"))}
+
+
+SOFTMAX = register(OpSpec(
+    name="softmax", code=14, inputs=("x",), outputs=("out",), attrs={}, infer=_infer_softmax,
+    numpy=_softmax, cupy=_softmax, tolerances=TOL_REDUCTION,
+    doc="out = exp(x - max) / sum(exp(x - max)) over the last axis (numerically stable), any float dtype; "
+        "float32 accumulation (float64 for float64), rounded once.",
+    example={"x": TensorSpec((4, 64), "float16")},
+))

@@ -1,0 +1,189 @@
+"""Int4 weights: quantize_int4 (pack) and gemm_w4a16 (x @ dequant(w), fused).
+
+Format (asymmetric, per group of ``group_size`` rows along K, per column)::
+
+    w (K, N)  ->  qweight (K/2, N) uint8   qweight[r, n] = q[2r, n] | q[2r+1, n] << 4  (low nibble: even k)
+                  scales  (K/gs, N) float16
+                  zeros   (K/gs, N) float16  (integers 0..15)
+    w[k, n] ~= (q[k, n] - zeros[k // gs, n]) * scales[k // gs, n]
+
+Per group: lo = min(w, 0), hi = max(w, 0) (zero stays exact), scale = (hi - lo) / 15 rounded
+to float16 (1.0 for an all-zero group), zero = clip(round(-lo / scale), 0, 15),
+q = clip(round(w / scale) + zero, 0, 15), round half to even. |w - dequant| <= scale/2 plus
+float16 rounding of the scale. A packed row is contiguous along N, which is what makes the
+GPU kernel's 16-byte loads coalesce (see ``cuda/gemm_w4a16.cu``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ._common import TOL_MATMUL, require_dtype, require_ndim
+from ._dtypes import from_float, to_float
+from ._errors import KernelInputError
+from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec, register
+
+__all__ = ["QUANTIZE_INT4", "GEMM_W4A16", "dequantize_int4", "w4a16_launch_config"]
+
+_FP16_TINY = 2.0**-24  # smallest float16 subnormal: a scale never rounds to 0
+
+
+def _infer_quantize(inputs: Mapping[str, TensorSpec], attrs: Mapping[str, Any]) -> dict[str, TensorSpec]:
+    w = inputs["w"]
+    require_dtype(w, ("float16", "bfloat16", "float32"), "w")
+    require_ndim(w, "w", 2)
+    gs = attrs["group_size"]
+    if gs < 2 or gs % 2:
+        raise KernelInputError(f"group_size must be even and >= 2, got {gs}", field="group_size")
+    k, n = w.shape
+    if k == 0 or k % gs or k % 2:
+        raise KernelInputError(f"'w' has K={k} rows; K must be a positive multiple of group_size={gs} (and even)",
+                               tensor="w", field="shape")
+    return {"qweight": TensorSpec((k // 2, n), "uint8"), "scales": TensorSpec((k // gs, n), "float16"),
+            "zeros": TensorSpec((k // gs, n), "float16")}
+
+
+def _quantize(call: OpCall) -> dict[str, Any]:
+    xp, dt = call.xp, call.in_specs["w"].dtype
+    w = call.inputs["w"]
+    k, n = w.shape
+    gs = call.attrs["group_size"]
+    f = to_float(xp, w, dt).reshape(k // gs, gs, n)
+    lo = xp.minimum(f.min(axis=1), 0.0)
+    hi = xp.maximum(f.max(axis=1), 0.0)
+    scale = (hi - lo) / 15.0
+    scale = xp.where(scale > 0, xp.maximum(scale, _FP16_TINY), 1.0)
+    s16 = scale.astype(xp.float16)
+    s = s16.astype(xp.float32)
+    zero = xp.clip(xp.rint(-lo / s), 0, 15)
+    q = xp.clip(xp.rint(f / s[:, None, :]) + zero[:, None, :], 0, 15).astype(xp.uint8).reshape(k, n)
+    packed = q[0::2] | (q[1::2] << 4)
+    outs = {"qweight": packed, "scales": s16, "zeros": zero.astype(xp.float16)}
+    for p, a in outs.items():
+        d = call.dest(p)
+        if d is not None:
+            xp.copyto(d, a)
+            outs[p] = d
+    return outs
+
+
+QUANTIZE_INT4 = register(OpSpec(
+    name="quantize_int4", code=15, inputs=("w",), outputs=("qweight", "scales", "zeros"),
+    attrs={"group_size": AttrSpec("int", 128)}, infer=_infer_quantize, numpy=_quantize, cupy=_quantize,
+    tolerances={},  # checked by the round-trip bound |w - dequant| <= scale/2 (+ float16 rounding)
+    doc="w (K, N) float16/bfloat16/float32 -> qweight (K/2, N) uint8 (qweight[r,n] = q[2r,n] | q[2r+1,n]<<4, "
+        "low nibble = even k), scales and zeros (K/group_size, N) float16; asymmetric per group of group_size "
+        "(=128) rows along K; K % group_size == 0, group_size even. w ~= (q - zero) * scale.",
+    example={"w": TensorSpec((256, 64), "float16")},
+))
+
+
+def dequantize_int4(xp: Any, qweight: Any, scales: Any, zeros: Any) -> Any:
+    """float32 (K, N) weights from the packed format (the reference the kernel must match)."""
+    k2, n = qweight.shape
+    g = scales.shape[0]
+    q = xp.empty((k2 * 2, n), dtype=xp.float32)
+    q[0::2] = qweight & 0xF
+    q[1::2] = qweight >> 4
+    q = q.reshape(g, (2 * k2) // g, n)
+    q -= zeros.astype(xp.float32)[:, None, :]
+    q *= scales.astype(xp.float32)[:, None, :]
+    return q.reshape(2 * k2, n)
+
+
+def _infer_w4a16(inputs: Mapping[str, TensorSpec], attrs: Mapping[str, Any]) -> dict[str, TensorSpec]:
+    x, qw, sc, zr = inputs["x"], inputs["qweight"], inputs["scales"], inputs["zeros"]
+    require_dtype(x, ("float16", "bfloat16"), "x")
+    require_ndim(x, "x", 2)
+    require_dtype(qw, ("uint8",), "qweight")
+    require_ndim(qw, "qweight", 2)
+    require_dtype(sc, ("float16",), "scales")
+    require_dtype(zr, ("float16",), "zeros")
+    m, k = x.shape
+    k2, n = qw.shape
+    if m < 1:
+        raise KernelInputError("'x' has no rows", tensor="x", field="shape")
+    if k != 2 * k2:
+        raise KernelInputError(f"'qweight' has shape {qw.shape}; x has K={k}, so it needs ({k // 2}, N)", tensor="qweight", field="shape")
+    require_ndim(sc, "scales", 2)
+    g = sc.shape[0]
+    if sc.shape[1] != n or g < 1 or k % g or (k // g) % 2:
+        raise KernelInputError(f"'scales' has shape {sc.shape}; needs (K/group_size, {n}) with an even group_size dividing K={k}",
+                               tensor="scales", field="shape")
+    if zr.shape != sc.shape:
+        raise KernelInputError(f"'zeros' has shape {zr.shape}, 'scales' has {sc.shape}; they must match", tensor="zeros", field="shape")
+    return {"out": TensorSpec((m, n), x.dtype)}
+
+
+def _w4a16_numpy(call: OpCall) -> dict[str, Any]:
+    xp, dt = call.xp, call.in_specs["x"].dtype
+    w = dequantize_int4(xp, call.inputs["qweight"], call.inputs["scales"], call.inputs["zeros"])
+    f = xp.matmul(to_float(xp, call.inputs["x"], dt).astype(xp.float32, copy=False), w)
+    return {"out": from_float(xp, f, dt, call.dest("out"))}
+
+
+def w4a16_launch_config(m: int, k: int, n: int, n_sm: int) -> tuple[tuple[int, int], int, int]:
+    """(grid, rows_per_split, mb) of ``cuda/gemm_w4a16.cu`` for x (m, k), qweight (k/2, n)."""
+    rows = k // 2
+    grid_x = -(-n // 128)
+    want = max(1, -(-4 * n_sm // grid_x))  # about 4 blocks per SM
+    per_split = -(-rows // want)
+    rps = max(256, -(-per_split // 256) * 256)
+    rps = min(rps, rows)
+    ksplit = -(-rows // rps)
+    mb = 1 if m == 1 else 2 if m == 2 else 4
+    return (grid_x, ksplit), rps, mb
+
+
+def _w4a16_names(kt: str) -> tuple[str, ...]:
+    return tuple(f"w4a16_gemm<{kt},{mb}>" for mb in (1, 2, 4))
+
+
+def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
+    import cupy
+
+    from ._cuda import get_function, sm_count
+
+    x, qw, sc, zr = (call.inputs[p] for p in ("x", "qweight", "scales", "zeros"))
+    dt = call.in_specs["x"].dtype
+    m, k = x.shape
+    n = qw.shape[1]
+    gs = k // sc.shape[0]
+    arrays = (x, qw, sc, zr)
+    fast = (n % 16 == 0 and k % 16 == 0 and gs % 16 == 0 and m < 2**20
+            and all(a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in arrays))
+    if not fast:
+        return _w4a16_numpy(call)
+    (grid_x, ksplit), rps, mb = w4a16_launch_config(m, k, n, sm_count())
+    if ksplit > 65535:
+        return _w4a16_numpy(call)
+    out = call.dest("out")
+    if out is None or not out.flags.c_contiguous:
+        out = cupy.empty((m, n), dtype=x.dtype)
+    partial = cupy.empty((ksplit, m, n) if ksplit > 1 else (1,), dtype=cupy.float32)
+    counters = call.workspace.get("w4a16_counters")
+    if counters is None or counters.size < grid_x:
+        # zero once; every launch leaves them zero again. One set per stream (workspace is per stream).
+        counters = cupy.zeros(max(grid_x, 1024), dtype=cupy.uint32)
+        call.workspace["w4a16_counters"] = counters
+    kt = "F16" if dt == "float16" else "BF16"
+    fn = get_function("gemm_w4a16.cu", _w4a16_names(kt), f"w4a16_gemm<{kt},{mb}>")
+    fn((grid_x, ksplit), (256,), (x, qw, sc, zr, partial, counters, out,
+                                  np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(rps)))
+    return {"out": out}
+
+
+GEMM_W4A16 = register(OpSpec(
+    name="gemm_w4a16", code=16, inputs=("x", "qweight", "scales", "zeros"), outputs=("out",), attrs={},
+    infer=_infer_w4a16, numpy=_w4a16_numpy, cupy=_w4a16_cupy,
+    tolerances={"float16": TOL_MATMUL["float16"], "bfloat16": TOL_MATMUL["bfloat16"]},
+    doc="x (M, K) float16/bfloat16, qweight (K/2, N) uint8, scales/zeros (K/gs, N) float16 as made by "
+        "quantize_int4 -> out (M, N) in x's dtype = x @ ((q - zeros) * scales), float32 accumulation. "
+        "CuPy: one kernel dequantizing in registers when N % 16 == 0 and group_size % 16 == 0 "
+        "(else dequantize + matmul).",
+    example={"x": TensorSpec((1, 256), "float16"), "qweight": TensorSpec((128, 128), "uint8"),
+             "scales": TensorSpec((2, 128), "float16"), "zeros": TensorSpec((2, 128), "float16")},
+))
