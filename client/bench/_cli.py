@@ -21,7 +21,7 @@ examples:
   shmrpc bench lat --sizes 64,4K,1M,64M --iters 2000 --plots bench/out
   shmrpc bench bw --window 8 --max-size 64M --peers zmq
   shmrpc bench lat --clients 1,2,4,8 --sizes 64,4K  # N client processes against one worker
-  shmrpc bench lat --op scale --attr factor=2 --dtype float32 --name my-worker
+  shmrpc bench lat --op scale --attr a=2 --dtype float32 --name my-worker
 """
 
 

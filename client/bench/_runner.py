@@ -104,12 +104,13 @@ def open_servers(cfg: RunConfig, log: Callable[[str], None] = print) -> Iterator
             servers.plan = plan
             try:
                 worker = stack.enter_context(WorkerProcess(plan, cfg.backend, cfg.worker_args))
+                worker.wait_ready()
                 servers.addresses.update({k: worker.name for k in shm})
                 servers.worker = {"name": worker.name, "started_by_bench": True, "argv": worker.argv,
                                   "slots": plan.slots, "lease": plan.lease, "region_nbytes": plan.region_nbytes,
                                   "mlocked": worker.mlocked}
                 stack.callback(_record_exit, servers.worker, worker)
-            except OSError as exc:
+            except (OSError, TransportUnavailable) as exc:
                 for k in shm:
                     servers.skipped[k] = f"cannot start the worker: {exc}"
         for key in cfg.transports:

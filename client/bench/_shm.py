@@ -21,12 +21,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from shmrpc.schema.layout import DESC_NBYTES, PAGE, align_up, tensor_align
+from shmrpc.schema.naming import socket_path
 
 from ._transport import Transport, TransportUnavailable, payload_of
 
@@ -41,6 +43,11 @@ def request_nbytes(nbytes: int) -> int:
     align = tensor_align(nbytes)
     x_end = align_up(DESC_NBYTES, align) + nbytes
     return align_up(x_end, align) + nbytes
+
+
+def _loan_nbytes(nbytes: int) -> int:
+    """What ``Client.loan`` is asked for: tensor bytes (input, output, alignment), the descriptor area excluded."""
+    return request_nbytes(nbytes) - DESC_NBYTES
 
 
 def _class_for(need: int) -> int:
@@ -117,6 +124,21 @@ class WorkerProcess:
         self.argv += shlex.split(extra_args)
         self._log = tempfile.NamedTemporaryFile(prefix="shmrpc-bench-worker-", suffix=".log", delete=False)
         self._proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Wait until the worker's socket exists (clients then finish the handshake themselves).
+
+        Raises:
+            TransportUnavailable: the worker exited, or no socket appeared within ``timeout_s``.
+        """
+        path = socket_path(self.name)
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise TransportUnavailable(f"the worker made no socket at {path} within {timeout_s} s: "
+                                           f"{self.log_tail()}")
+            time.sleep(0.02)
 
     def check_alive(self) -> None:
         """Raise :class:`TransportUnavailable` with the log tail when the worker has exited."""
@@ -204,7 +226,7 @@ class ShmLoanTransport(_ShmBase):
         self._resend = True
 
     def _open_loan(self) -> Any:
-        loan = self._client.loan(request_nbytes(self.nbytes))
+        loan = self._client.loan(_loan_nbytes(self.nbytes))
         req = loan.__enter__()
         return loan, req
 
@@ -230,7 +252,7 @@ class ShmLoanTransport(_ShmBase):
     def roundtrip(self) -> Any:
         if self._resend:
             return self._req.send(self.op_name, **self.attrs)
-        with self._client.loan(request_nbytes(self.nbytes)) as req:
+        with self._client.loan(_loan_nbytes(self.nbytes)) as req:
             req.array("x", (self.nbytes // np.dtype(self.dtype).itemsize,), self.dtype)
             return _copy_reply(req.send(self.op_name, **self.attrs))
 

@@ -1,0 +1,37 @@
+"""Every peer server returns exactly the bytes it was sent, one at a time and with a window in flight."""
+
+from __future__ import annotations
+
+import pytest
+
+from shmrpc.client.bench._peers import PEERS, start_peer_server
+from shmrpc.client.bench._runner import RunConfig, measure_bandwidth, measure_latency, run_clients
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("key", sorted(PEERS))
+def test_peer_round_trips_the_payload(key: str) -> None:
+    pytest.importorskip(PEERS[key][3])
+    cls = PEERS[key][0]
+    with start_peer_server(key) as server, cls(server.address) as t:
+        for nbytes in (64, 4096, 300_001):
+            t.prepare(nbytes)
+            sent = t.payload_bytes()
+            assert len(sent) == nbytes
+            assert t.reply_bytes(t.roundtrip()) == sent
+            handles = [t.start() for _ in range(3)]
+            assert all(t.reply_bytes(t.finish(h)) == sent for h in handles)
+            assert measure_latency(t, 3, 1).shape == (3,)
+            assert measure_bandwidth(t, 5, 2, 1) > 0
+            t.end_size()
+
+
+@pytest.mark.timeout(60)
+def test_clients_mode_against_one_zmq_server() -> None:
+    cfg = RunConfig(iters=20, warmup=2, transports=["zmq"])
+    with start_peer_server("zmq") as server:
+        point = run_clients("zmq", server.address, cfg, 2, 64)
+    assert "error" not in point, point
+    assert point["clients"] == 2 and point["nbytes"] == 64
+    assert len(point["per_client_p99_us"]) == 2
+    assert point["calls_per_s"] > 0

@@ -1,0 +1,115 @@
+"""A whole run with small sizes: the JSON document's schema, the tables, the verdicts and the plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shmrpc.client.bench import RunConfig, finish_document, main, run_benchmark, write_json, write_plots
+from shmrpc.client.bench._report import bandwidth_table, latency_table, scaling_table, verdicts
+
+SIZES = [64, 4096, 1 << 20]
+LAT_KEYS = {"iterations", "t_min_us", "p50_us", "p90_us", "p99_us", "p999_us", "max_us", "mean_us", "stdev_us"}
+BW_KEYS = {"nbytes", "messages", "window", "elapsed_s", "msgs_per_s", "one_dir_gbps", "both_dir_gbps"}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _run(mode: str, **kw: Any) -> dict[str, Any]:
+    cfg = RunConfig(mode=mode, sizes=SIZES, iters=10, warmup=2, transports=["shmrpc", "zmq", "pipe"], name="stub",
+                    **kw)
+    return finish_document(run_benchmark(cfg, quiet=True, log=lambda s: None), ["shmrpc", "bench", mode])
+
+
+def _check_common(doc: dict[str, Any], mode: str) -> None:
+    doc = json.loads(json.dumps(doc))  # JSON-serialisable, and checked as read back
+    assert doc["schema"] == "shmrpc-bench/1" and doc["mode"] == mode
+    assert isinstance(doc["date"], str) and doc["command"] == f"shmrpc bench {mode}"
+    m = doc["machine"]
+    for key, typ in (("cpu_model", str), ("cores", int), ("python", str), ("packages", dict), ("gpus", list)):
+        assert isinstance(m[key], typ), key
+    assert "numpy" in m["packages"] and "pyzmq" in m["packages"]
+    assert doc["config"]["sizes"] == SIZES
+    assert set(doc["transports"]) == {"shmrpc", "zmq", "pipe"}
+    assert all(v["status"] == "ok" and isinstance(v["label"], str) for v in doc["transports"].values())
+    pairs = [(r["transport"], r["nbytes"]) for r in doc["results"]]
+    assert sorted(pairs) == sorted((k, n) for k in ("shmrpc", "zmq", "pipe") for n in SIZES)  # one per pair
+    assert not any("error" in r for r in doc["results"])
+
+
+@pytest.mark.timeout(60)
+def test_latency_document(stub_shmrpc: type, tmp_path: Path) -> None:
+    doc = _run("lat")
+    _check_common(doc, "lat")
+    for r in doc["results"]:
+        assert set(r["latency"]) == LAT_KEYS
+        assert r["latency"]["iterations"] == 10
+        assert all(isinstance(v, (int, float)) for v in r["latency"].values())
+        assert r["latency"]["t_min_us"] <= r["latency"]["p50_us"] <= r["latency"]["p99_us"] <= r["latency"]["max_us"]
+    v = verdicts(doc)
+    assert [x["status"] for x in v][:2] != ["N/A", "N/A"]
+    assert all(x["status"] in ("PASS", "MISS", "N/A") for x in v)
+    assert v[2]["status"] == "N/A"  # no 64 MiB in this run
+    assert "p50/shm" in latency_table(doc) and "loopback stub" in latency_table(doc)
+    path = write_json(doc, tmp_path / "out" / "lat.json")
+    assert json.loads(path.read_text())["results"] == doc["results"]
+    pngs = write_plots(doc, tmp_path / "plots")
+    assert [p.name for p in pngs] == ["lat-latency.png"]
+    assert all(p.stat().st_size > 1000 and p.read_bytes()[:8] == PNG_MAGIC for p in pngs)
+
+
+@pytest.mark.timeout(60)
+def test_bandwidth_document_with_clients(stub_shmrpc: type, tmp_path: Path) -> None:
+    doc = _run("bw", window=3, clients=[1, 2], clients_max_nbytes=64)
+    _check_common(doc, "bw")
+    for r in doc["results"]:
+        assert set(r["bandwidth"]) == BW_KEYS
+        assert r["bandwidth"]["window"] == 3 and r["bandwidth"]["nbytes"] == r["nbytes"]
+        assert r["bandwidth"]["both_dir_gbps"] == pytest.approx(2 * r["bandwidth"]["one_dir_gbps"])
+    assert verdicts(doc) == []
+    # the stub lives in this process only, so the client sweep runs the real peers
+    scaling = [p for p in doc["scaling"] if p["transport"] != "shmrpc"]
+    assert sorted((p["transport"], p["clients"]) for p in scaling) == [("pipe", 1), ("pipe", 2), ("zmq", 1),
+                                                                         ("zmq", 2)]
+    for p in scaling:
+        assert "error" not in p, p
+        assert p["nbytes"] == 64 and len(p["per_client_p99_us"]) == p["clients"] and p["calls_per_s"] > 0
+    assert "GB/s both" in bandwidth_table(doc) and "calls/s" in scaling_table(doc)
+    pngs = write_plots(doc, tmp_path)
+    assert sorted(p.name for p in pngs) == ["bw-bandwidth.png", "bw-scaling.png"]
+    assert all(p.read_bytes()[:8] == PNG_MAGIC for p in pngs)
+
+
+def test_missing_peer_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "grpc" else real(name, *a))
+    doc = run_benchmark(RunConfig(sizes=[64], iters=3, warmup=0, transports=["grpc"]), quiet=True,
+                        log=lambda s: None)
+    assert doc["transports"]["grpc"]["status"] == "skipped"
+    assert "grpcio" in doc["transports"]["grpc"]["reason"] or "grpc" in doc["transports"]["grpc"]["reason"]
+    assert doc["results"] == []
+
+
+@pytest.mark.timeout(60)
+def test_cli_writes_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.json"
+    rc = main(["lat", "--sizes", "64,4K", "--iters", "5", "--warmup", "1", "--transports", "zmq", "--out", str(out),
+               "--plots", str(tmp_path / "p"), "-q"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "pyzmq DEALER/ROUTER ipc" in text and "N/A" in text and str(out) in text
+    doc = json.loads(out.read_text())
+    assert doc["command"].endswith("--plots " + str(tmp_path / "p") + " -q")
+    assert len(doc["results"]) == 2
+    assert (tmp_path / "p" / "lat-latency.png").stat().st_size > 1000
+
+
+def test_cli_rejects_unknown_transport(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["lat", "--transports", "carrier-pigeon"])
+    assert e.value.code == 2
+    assert "carrier-pigeon" in capsys.readouterr().err
