@@ -100,7 +100,7 @@ def open_servers(cfg: RunConfig, log: Callable[[str], None] = print) -> Iterator
             servers.worker = {"name": cfg.name, "started_by_bench": False}
         elif shm:
             n_clients = max([1, *cfg.clients])
-            plan = plan_slots(cfg.sizes, cfg.window, n_clients)
+            plan = plan_slots(cfg.sizes, cfg.window, n_clients, clients_max_nbytes=max(cfg.scaling_sizes()))
             servers.plan = plan
             try:
                 worker = stack.enter_context(WorkerProcess(plan, cfg.backend, cfg.worker_args))

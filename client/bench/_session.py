@@ -106,7 +106,7 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
                 with t:
                     for nbytes in cfg.sizes:
                         bar.set_description(f"{key} {format_bytes(nbytes)}")
-                        window = cfg.window
+                        window = min(cfg.window, t.max_window)
                         if servers.plan is not None and key.startswith("shmrpc"):
                             window = min(window, servers.plan.window_for(nbytes))
                         doc["results"].append(_measure_size(t, key, nbytes, cfg, window))

@@ -78,11 +78,14 @@ class SlotPlan:
         return self.per_client[_class_for(request_nbytes(nbytes))]
 
 
-def plan_slots(sizes: list[int], window: int, clients: int, class_budget_bytes: int = 512 << 20) -> SlotPlan:
+def plan_slots(sizes: list[int], window: int, clients: int, class_budget_bytes: int = 512 << 20,
+               clients_max_nbytes: int | None = None) -> SlotPlan:
     """Size classes for ``sizes``: each class holds ``window`` slots per client, cut to ``class_budget_bytes``.
 
     A class never holds fewer than one slot per client, so the geometry stays
-    usable for every size; large classes get a shorter window instead.
+    usable for every size; large classes get a shorter window instead. Only the
+    classes of sizes up to ``clients_max_nbytes`` (all when ``None``) are
+    multiplied by ``clients``; the others serve one client at a time.
 
     Example:
         >>> plan_slots([64, 1 << 20], window=4, clients=1).slots
@@ -91,10 +94,13 @@ def plan_slots(sizes: list[int], window: int, clients: int, class_budget_bytes: 
     from shmrpc.schema.layout import format_size
 
     classes = sorted({_class_for(request_nbytes(n)) for n in sizes})
-    per_client = {c: max(1, min(window, class_budget_bytes // (c * max(1, clients)))) for c in classes}
-    slots = ",".join(f"{format_size(c)}:{per_client[c] * clients}" for c in classes)
+    limit = max(sizes) if clients_max_nbytes is None else clients_max_nbytes
+    shared = {_class_for(request_nbytes(n)) for n in sizes if n <= limit}
+    users = {c: max(1, clients) if c in shared else 1 for c in classes}
+    per_client = {c: max(1, min(window, class_budget_bytes // (c * users[c]))) for c in classes}
+    slots = ",".join(f"{format_size(c)}:{per_client[c] * users[c]}" for c in classes)
     lease = ",".join(str(per_client[c]) for c in classes)
-    region = PAGE + sum(c * per_client[c] * clients for c in classes)
+    region = PAGE + sum(c * per_client[c] * users[c] for c in classes)
     return SlotPlan(slots, lease, per_client, region)
 
 
@@ -218,6 +224,7 @@ class ShmLoanTransport(_ShmBase):
 
     key = "shmrpc"
     label = "shmrpc (zero-copy loan)"
+    max_window = 1  # Loan.send waits for its answer; a window of loans would need the private API
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -44,6 +44,8 @@ class Transport(ABC):
     label: ClassVar[str] = ""
     #: Whether several client processes may use one server of this transport at once.
     multi_client: ClassVar[bool] = True
+    #: Most requests one connection can keep in flight (bandwidth mode caps ``--window`` to it).
+    max_window: ClassVar[int] = 1 << 30
 
     def __init__(self, address: str) -> None:
         self.address = address

@@ -1,0 +1,84 @@
+"""``shmrpc bench`` against a real worker it starts: every shmrpc line measured, the worker gone after."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shmrpc.client.bench import RunConfig, main, run_benchmark
+from shmrpc.client.bench._runner import make_transport, open_servers
+
+
+def _bench_regions() -> set[str]:
+    return {e for e in os.listdir("/dev/shm") if e.startswith("shmrpc.bench-")}
+
+
+@pytest.fixture
+def no_leak() -> object:
+    before = _bench_regions()
+    yield None
+    assert _bench_regions() - before == set(), "the benchmark's worker left a region in /dev/shm"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_shmrpc_paths_round_trip_the_payload(no_leak: object) -> None:
+    cfg = RunConfig(sizes=[64, 100_000], transports=["shmrpc", "shmrpc-call"], backend="numpy")
+    with open_servers(cfg, log=print) as servers:
+        assert servers.skipped == {}, servers.skipped
+        for key in cfg.transports:
+            with make_transport(key, servers.addresses[key], cfg) as t:
+                for nbytes in cfg.sizes:
+                    t.prepare(nbytes)
+                    assert t.reply_bytes(t.roundtrip()) == t.payload_bytes()
+                    assert t.reply_bytes(t.roundtrip()) == t.payload_bytes()
+                    h = [t.start() for _ in range(2)]
+                    assert all(t.reply_bytes(t.finish(x)) == t.payload_bytes() for x in h)
+                    t.end_size()
+    assert servers.worker["exit_status"] == 0
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_cli_latency_with_clients(tmp_path: Path, no_leak: object, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "lat.json"
+    rc = main(["lat", "--sizes", "64,4K", "--iters", "20", "--warmup", "2", "--backend", "numpy", "--peers", "zmq",
+               "--clients", "2", "--out", str(out), "-q"])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert {k: v["status"] for k, v in doc["transports"].items()} == {"shmrpc": "ok", "shmrpc-call": "ok",
+                                                                      "zmq": "ok"}
+    assert len(doc["results"]) == 6 and not any("error" in r for r in doc["results"])
+    assert doc["worker"]["started_by_bench"] and doc["worker"]["exit_status"] == 0
+    assert [x["status"] for x in doc["verdicts"]][0] in ("PASS", "MISS")
+    assert sorted((p["transport"], p["nbytes"]) for p in doc["scaling"]) == sorted(
+        (k, n) for k in ("shmrpc", "shmrpc-call", "zmq") for n in (64, 4096))
+    assert all("error" not in p and len(p["per_client_p99_us"]) == 2 for p in doc["scaling"])
+    assert "PASS" in capsys.readouterr().out or "MISS" in out.read_text()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_bandwidth_with_a_window(no_leak: object) -> None:
+    doc = run_benchmark(RunConfig(mode="bw", sizes=[4096, 1 << 20], iters=20, warmup=1, window=3, backend="numpy"),
+                        quiet=True, log=print)
+    bw = {(r["transport"], r["nbytes"]): r["bandwidth"] for r in doc["results"]}
+    assert bw[("shmrpc-call", 4096)]["window"] == 3 and bw[("shmrpc", 4096)]["window"] == 1
+    assert all(b["messages"] == 20 and b["one_dir_gbps"] > 0 for b in bw.values())
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_python_dash_m_runs(tmp_path: Path, no_leak: object) -> None:
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "shmrpc.client.bench", "lat", "--sizes", "64", "--iters", "5",
+                           "--backend", "numpy", "--no-call", "--out", str(out), "-q"],
+                          capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr
+    assert "shmrpc (zero-copy loan)" in proc.stdout
+    assert json.loads(out.read_text())["command"].startswith("python -m shmrpc.client.bench lat")
