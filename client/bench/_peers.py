@@ -115,7 +115,7 @@ class ZmqTransport(Transport):
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(f"ipc://{address}")
-        self._payload: np.ndarray = payload_of(0)
+        self._payload: Any = payload_of(0)  # an ndarray; Any since pyzmq's stubs want a typing.Buffer
 
     def prepare(self, nbytes: int) -> None:
         self.nbytes = nbytes
