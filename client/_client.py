@@ -7,16 +7,19 @@ Slot lifecycle on the client::
       └── views all gone (memoryview.release() succeeds) ◀── loan released ──────┘
                    (until then the slot is "parked" and never reused)
 
-A NumPy view of a slot is built over a per-use ``memoryview``; releasing the
-loan releases that memoryview, which fails while any view is alive, so a view
-can never silently outlive its slot: the slot stays reserved until the views go.
+A NumPy view of a slot is built over a per-use ``memoryview`` (its ``base``); a
+released loan's slot is reused only once no object refers to that memoryview any
+more, so a view can never silently outlive its slot: the slot stays reserved
+("parked") until the views go.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import ctypes
 import os
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -66,6 +69,7 @@ class _Slot:
     generation: int
     borrowed: bool
     mv: memoryview | None = None
+    buf: Any = None  # ctypes array over mv: the base of every NumPy view of this use
     in_flight: int | None = None  # request_id
     status: int | None = None  # DONE status once it came
     idle_since: float = 0.0
@@ -85,7 +89,8 @@ class Client:
         connect_timeout_s: how long to wait for the worker's socket and its WELCOME.
         on_busy: ``"wait"`` (default): a call waits up to its timeout for a free slot;
             ``"fail"``: it raises :class:`BusyError` at once.
-        linger_s: a slot borrowed beyond the lease is given back after this long unused.
+        linger_s: a slot borrowed beyond the lease is kept this long after use for the next call
+            (default 0: given back at once, so an idle client never holds a slot others wait for).
 
     Raises:
         ConnectError: no such worker, or it refused the handshake.
@@ -102,7 +107,7 @@ class Client:
     """
 
     def __init__(self, name: str, *, timeout_s: float = 30.0, connect_timeout_s: float = 5.0,
-                 on_busy: str = "wait", linger_s: float = 2.0) -> None:
+                 on_busy: str = "wait", linger_s: float = 0.0) -> None:
         if on_busy not in ("wait", "fail"):
             raise ValueError("on_busy must be 'wait' or 'fail'")
         self.name, self.timeout_s, self.on_busy, self.linger_s = name, timeout_s, on_busy, linger_s
@@ -187,6 +192,9 @@ class Client:
 
     def _give_back(self, s: _Slot) -> None:
         s.idle_since = time.monotonic()
+        if s.borrowed and self.linger_s <= 0 and not self._closed:
+            self._t.send(m.SLOT_STRUCT.pack(m.RELEASE, s.region, s.index))
+            return
         self._free.append(s)
         self._free.sort(key=lambda x: x.nbytes)
 
@@ -209,7 +217,7 @@ class Client:
             for s in self._free:
                 if s.nbytes >= nbytes:
                     self._free.remove(s)
-                    s.mv = self._regions[s.region].slot(s.index)
+                    _open(s, self._regions[s.region])
                     return s
             wait_s = max(0.0, deadline - time.monotonic()) if self.on_busy == "wait" else 0.0
             own_busy = any(s.nbytes >= nbytes for s in self._inflight.values())
@@ -221,7 +229,7 @@ class Client:
                 n_busy = len(self._inflight)
                 self._pump(deadline, lambda n=n_busy: len(self._inflight) < n)
                 continue
-            s.mv = self._regions[s.region].slot(s.index)
+            _open(s, self._regions[s.region])
             return s
 
     def _acquire(self, nbytes: int, wait_s: float, deadline: float) -> _Slot:
@@ -316,7 +324,10 @@ class Client:
             arrays, attrs = self._split(op, kwargs)
             sizes = [a.nbytes for a in arrays.values()]
             need = self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for n in sizes)
-            need += (sum(sizes) if out_nbytes is None else out_nbytes) if not in_place else 0
+            alias = isinstance(op, str) and bool(self.op_table.get(op, {}).get("alias"))
+            if out_nbytes is None:
+                out_nbytes = 0 if in_place or alias else sum(sizes)
+            need += out_nbytes
             loan = Loan(self, self._take(max(need, self.geometry.desc_nbytes + 64), deadline))
             try:
                 for name, a in arrays.items():
@@ -366,14 +377,24 @@ class Client:
         return hit
 
 
+def _open(s: _Slot, region: AttachedRegion) -> None:
+    """Start one use of a slot: a fresh memoryview and the ctypes buffer every NumPy view is built on."""
+    s.mv = region.slot(s.index)
+    s.buf = (ctypes.c_char * s.nbytes).from_buffer(s.mv)
+
+
 def _try_release(s: _Slot) -> bool:
-    """Release the slot's memoryview; False while NumPy views of it are alive."""
+    """End one use of a slot; False while NumPy views of it are alive.
+
+    NumPy keeps no buffer export on what an array was built from, only a reference (through
+    the memoryview it makes of it), so the ctypes buffer's reference count says whether views live.
+    """
     if s.mv is None:
         return True
-    try:
-        s.mv.release()
-    except BufferError:
+    if sys.getrefcount(s.buf) > 2:  # s.buf itself + the argument of getrefcount
         return False
+    s.buf = None
+    s.mv.release()
     s.mv = None
     return True
 
@@ -432,7 +453,7 @@ class Loan:
                                        field="nbytes")
         self._tensors.append(TensorRef(name, dname, shape, off, nbytes))
         self._cursor = off + nbytes
-        return np.frombuffer(mv, dtype=dt, count=math.prod(shape), offset=off).reshape(shape)
+        return np.frombuffer(self._s.buf, dtype=dt, count=math.prod(shape), offset=off).reshape(shape)
 
     def resident(self, name: str, resident_name: str, shape: tuple[int, ...], dtype: Any) -> None:
         """Refer to the worker's resident tensor ``resident_name`` as input ``name`` (no bytes in the slot)."""
@@ -486,7 +507,8 @@ class Loan:
             if t.offset + t.nbytes > len(mv):
                 raise RequestError(f"output {t.name!r} lies outside the slot", tensor=t.name, field="offset")
             dt = dtypes.numpy_dtype(t.dtype)
-            out[t.name] = np.frombuffer(mv, dtype=dt, count=t.nbytes // dt.itemsize, offset=t.offset).reshape(t.shape)
+            out[t.name] = np.frombuffer(s.buf, dtype=dt, count=t.nbytes // dt.itemsize,
+                                        offset=t.offset).reshape(t.shape)
         return out
 
     def send(self, op: str | Pipeline, *, timeout_s: float | None = None, in_place: bool = False,

@@ -12,9 +12,9 @@ import pytest
 
 from shmrpc.schema.naming import socket_path
 
-#: Small geometry: 16 x 64K, 4 x 1M, 2 x 4M; each client leases 4 x 64K and 1 x 1M.
-SLOTS = "64K:16,1M:4,4M:2"
-LEASE = "4,1,0"
+#: Small geometry: 16 x 64K, 4 x 1M, 2 x 4M, 1 x 64M; each client leases 4 x 64K and 1 x 1M.
+SLOTS = "64K:16,1M:4,4M:2,64M:1"
+LEASE = "4,1,0,0"
 
 
 @dataclass
@@ -24,6 +24,7 @@ class WorkerProc:
     name: str
     proc: subprocess.Popen  # type: ignore[type-arg]
     args: list[str]
+    stderr: str = ""
 
     @property
     def pid(self) -> int:
@@ -34,11 +35,12 @@ class WorkerProc:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
-            return self.proc.wait(timeout_s)
+            _, self.stderr = self.proc.communicate(timeout=timeout_s)  # also closes the pipes
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait(5)
+            self.proc.communicate(timeout=5)
             raise
+        return self.proc.returncode
 
 
 def start_worker(name: str, *extra: str, slots: str = SLOTS, lease: str = LEASE, wait_s: float = 30.0) -> WorkerProc:
@@ -61,8 +63,8 @@ def worker(worker_name: str) -> Iterator[WorkerProc]:
     """A NumPy-backend worker for this test, stopped with SIGTERM afterwards (must exit 0)."""
     w = start_worker(worker_name)
     yield w
-    if w.proc.poll() is None:
-        assert w.stop() == 0, w.proc.stderr.read() if w.proc.stderr else ""
+    rc = w.stop()
+    assert rc == 0, w.stderr
 
 
 @pytest.fixture
@@ -77,5 +79,4 @@ def spawn_worker(worker_name: str) -> Iterator[Callable[..., WorkerProc]]:
 
     yield spawn
     for w in started:
-        if w.proc.poll() is None:
-            w.stop(signal.SIGTERM)
+        w.stop(signal.SIGTERM)

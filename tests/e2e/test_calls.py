@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -14,6 +17,8 @@ if TYPE_CHECKING:
     from conftest import WorkerProc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+PROCS = str(Path(__file__).with_name("procs.py"))
 
 
 def test_ops_match_numpy(worker: WorkerProc) -> None:
@@ -101,30 +106,15 @@ def test_kernel_error_names_op_step_tensor_and_worker_goes_on(worker: WorkerProc
         np.testing.assert_array_equal(c.call("vector_add", x=np.ones(4), y=np.ones(4))["out"], 2.0)
 
 
-def _client_main(name: str, seed: int, n: int, q: mp.Queue) -> None:  # type: ignore[type-arg]
-    rng = np.random.default_rng(seed)
-    bad = 0
-    with Client(name, timeout_s=20) as c:
-        for _ in range(n):
-            x = rng.standard_normal(rng.integers(1, 5000)).astype(np.float32)
-            y = rng.standard_normal(x.shape).astype(np.float32)
-            a = float(rng.standard_normal())
-            p = Pipeline().then("scale", a=a).then("vector_add", inputs={"x": "0.out", "y": "y"})
-            bad += not np.array_equal(c.call("vector_add", x=x, y=y)["out"], x + y)
-            bad += not np.allclose(c.call(p, x=x, y=y)["1.out"], a * x + y, rtol=1e-5, atol=1e-6)
-    q.put((seed, bad))
-
-
 def test_four_client_processes_at_once(worker: WorkerProc) -> None:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
     seeds = [11, 12, 13, 14]
     print("seeds", seeds)
-    procs = [ctx.Process(target=_client_main, args=(worker.name, s, 100, q)) for s in seeds]
+    procs = [subprocess.Popen([sys.executable, PROCS, "calls", worker.name, str(s), "100"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for s in seeds]
+    results = {}
     for p in procs:
-        p.start()
-    results = dict(q.get(timeout=50) for _ in procs)
-    for p in procs:
-        p.join(10)
-        assert p.exitcode == 0
+        out, err = p.communicate(timeout=50)
+        assert p.returncode == 0, err
+        r = json.loads(out)
+        results[r["seed"]] = r["bad"]
     assert results == {s: 0 for s in seeds}

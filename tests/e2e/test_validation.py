@@ -157,7 +157,7 @@ def test_ringing_twice_refuses_the_second_doorbell(worker: WorkerProc) -> None:
     for _ in range(20):
         slow = slow.then("scale", a=1.0)
     with Client(worker.name, timeout_s=10) as c, c.loan(3 << 20) as req:
-        req.array("x", 400_000, np.float64)[:] = 1.0  # ~20 passes over 3.2 MB: still running when we ring again
+        req.array("x", 200_000, np.float64)[:] = 1.0  # ~20 passes over 1.6 MB: still running when we ring again
         rid = req._post(slow, {}, False, ())
         s = req._s
         probe = type(s)(s.region, s.index, s.nbytes, s.generation, False, in_flight=4242)
