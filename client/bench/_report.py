@@ -17,7 +17,7 @@ from typing import Any
 from ._stats import format_bytes
 
 __all__ = ["machine_facts", "latency_table", "bandwidth_table", "scaling_table", "verdicts", "verdict_lines",
-           "write_json", "default_out_path", "finish_document"]
+           "write_json", "default_out_path", "finish_document", "now_iso"]
 
 _PACKAGES = ("shmrpc", "numpy", "pyzmq", "grpcio", "cupy", "cupy-cuda12x", "cupy-cuda13x", "matplotlib")
 _PEER_KEYS = ("zmq", "pipe", "grpc")
@@ -76,9 +76,14 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
+def now_iso() -> str:
+    """The local time now, ISO 8601 with its UTC offset, to the second."""
+    return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
 def finish_document(doc: dict[str, Any], argv: list[str]) -> dict[str, Any]:
-    """Add the date, the exact command line, the machine facts and the verdicts to a run's document."""
-    doc["date"] = _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
+    """Add the date (the run's start if set), the exact command line, the machine facts and the verdicts to a run's document."""
+    doc.setdefault("date", now_iso())
     doc["command"] = shlex.join(argv)
     doc["machine"] = machine_facts()
     doc["verdicts"] = verdicts(doc)

@@ -14,10 +14,12 @@ The result is one JSON-ready document (see ``docs/benchmarks.md`` for its schema
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from ._report import now_iso
 from ._runner import RunConfig, make_transport, measure_latency, open_servers, run_clients
 from ._runner import bandwidth_point as _bandwidth_point
 from ._stats import format_bytes, iters_for_size, latency_stats
@@ -80,8 +82,9 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
         >>> doc["results"][0]["latency"]["p50_us"]  # doctest: +SKIP
         61.2
     """
-    doc: dict[str, Any] = {"schema": SCHEMA, "mode": cfg.mode, "config": asdict(cfg), "transports": {},
-                           "results": [], "scaling": []}
+    doc: dict[str, Any] = {"schema": SCHEMA, "mode": cfg.mode, "date": now_iso(), "config": asdict(cfg),
+                           "transports": {}, "results": [], "scaling": []}
+    t0 = time.monotonic()
     with open_servers(cfg, log) as servers:
         doc["worker"] = servers.worker
         active = [k for k in cfg.transports if k not in servers.skipped]
@@ -127,6 +130,7 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
                         bar.update()
         finally:
             bar.close()
+    doc["elapsed_s"] = round(time.monotonic() - t0, 3)
     return doc
 
 
