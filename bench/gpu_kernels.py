@@ -5,13 +5,16 @@ Run on the GPU host::
     python bench/gpu_kernels.py --out bench/results/gpu_kernels.json          # full (~1-2 min)
     python bench/gpu_kernels.py --quick --out /tmp/smoke.json                 # smoke run
 
-Measures (median of CUDA-event timings after warm-up):
+Measures (CUDA events around batches of calls queued behind a spin kernel, so Python's launch
+cost is hidden; median over 5 batches, after warm-up):
 
 1. device-to-device copy GB/s (bytes read + written) of a 2 GiB buffer: the HBM ceiling;
 2. gemm_w4a16 for x (M, K) @ int4 W (K, N), M in 1/16/64, (K, N) in 8192x8192 and 4096x14336,
    rotating among enough weight sets that L2 (60 MB) cannot hold them; against fp16
    cuBLAS (cupy.matmul) of the same shape; GB/s of the bytes the kernel must read
-   (packed weights + scales + zeros + x, + out) and that as a share of the copy ceiling;
+   (packed weights + scales + zeros + x, + out) and that as a share of the copy ceiling; for
+   M >= 5 (float16) the op's default path is dequantize-kernel + cuBLAS, the fused kernel is
+   timed too ("fused_kernel_seconds");
 3. layernorm_gelu on 8192 x 8192 float16: GB/s (read + write) vs the ceiling, and vs
    CuPy layernorm then gelu (unfused array code);
 4. elementwise streaming through the backend: scale() on a pinned host buffer (H2D,
@@ -26,27 +29,47 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import statistics
 import sys
+import time
 from typing import Any
 
 import numpy as np
 
+_SPIN = r"""extern "C" __global__ void spin(long long cycles) {
+  long long t0 = clock64();
+  while (clock64() - t0 < cycles) { }
+}"""
 
-def _timer(cp: Any, fn: Any, reps: int, warm: int = 5) -> float:
-    """Median seconds of ``fn()`` measured with CUDA events on the current stream."""
+
+def _timer(cp: Any, fn: Any, reps: int, warm: int = 3, batches: int = 5) -> float:
+    """Median over ``batches`` of the GPU seconds per ``fn()`` call, launch overhead hidden.
+
+    A spin kernel holds the stream while the host enqueues ``reps`` calls between two
+    CUDA events, so the events time the GPU work back to back, not Python's launch cost.
+    """
     for _ in range(warm):
         fn()
-    cp.cuda.get_current_stream().synchronize()
-    t: list[float] = []
-    a, b = cp.cuda.Event(), cp.cuda.Event()
-    for _ in range(reps):
-        a.record()
+    stream = cp.cuda.get_current_stream()
+    stream.synchronize()
+    spin = cp.RawKernel(_SPIN, "spin")
+    t0 = time.perf_counter()
+    for _ in range(3):
         fn()
+    host_s = (time.perf_counter() - t0) / 3
+    stream.synchronize()
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    per_call: list[float] = []
+    for _ in range(batches):
+        spin((1,), (1,), (np.int64((host_s * reps * 1.5 + 2e-3) * 2.5e9),))
+        a.record()
+        for _ in range(reps):
+            fn()
         b.record()
         b.synchronize()
-        t.append(cp.cuda.get_elapsed_time(a, b) / 1e3)
-    return statistics.median(t)
+        per_call.append(cp.cuda.get_elapsed_time(a, b) / 1e3 / reps)
+    return statistics.median(per_call)
 
 
 def _rel(got: np.ndarray, want: np.ndarray) -> float:
@@ -83,9 +106,18 @@ def bench_w4a16(cp: Any, m: int, k: int, n: int, reps: int, ceiling: float, l2_b
     calls = [OpCall(cp, {"x": x, "qweight": q, "scales": s, "zeros": z}, in_specs, out_specs, {}, {}, ws) for q, s, z in sets]
     it = iter(range(10**9))
     t = _timer(cp, lambda: spec.cupy(calls[next(it) % n_sets]), reps)
+    t_fused = t
+    if m >= 5:  # the default path for float16 is dequantize + cuBLAS here; time the fused kernel too
+        os.environ["SHMRPC_W4A16_DEQUANT_MIN_M"] = str(1 << 30)
+        try:
+            t_fused = _timer(cp, lambda: spec.cupy(calls[next(it) % n_sets]), reps)
+            fused_out = spec.cupy(calls[0])["out"].get()
+        finally:
+            del os.environ["SHMRPC_W4A16_DEQUANT_MIN_M"]
     got = spec.cupy(calls[0])["out"].get()
     q, s, z = (a.get() for a in sets[0])
     want = (x.get().astype(np.float32) @ dequantize_int4(np, q, s, z)).astype(np.float16)
+    fused_err = _rel(fused_out, want) if m >= 5 else None
     # fp16 cuBLAS of the same shape, rotating dense weight sets
     n16 = max(2, -(-3 * l2_bytes // (k * n * 2)))
     w16 = [rs.standard_normal((k, n), dtype=cp.float32).astype(cp.float16) for _ in range(n16)]
@@ -97,7 +129,8 @@ def bench_w4a16(cp: Any, m: int, k: int, n: int, reps: int, ceiling: float, l2_b
     w16.clear()
     cp.get_default_memory_pool().free_all_blocks()
     return {"M": m, "K": k, "N": n, "group_size": gs, "weight_sets": n_sets, "seconds": t, "GBps": moved / t / 1e9,
-            "of_ceiling": moved / t / 1e9 / ceiling, "cublas_fp16_seconds": t16, "speedup_vs_fp16": t16 / t,
+            "of_ceiling": moved / t / 1e9 / ceiling, "fused_kernel_seconds": t_fused, "fused_max_rel_err": fused_err,
+            "path": "dequant+cublas" if m >= 5 else "fused", "cublas_fp16_seconds": t16, "speedup_vs_fp16": t16 / t,
             "grid": [grid_x, ksplit], "rows_per_split": rps, "mb": mb, "max_rel_err_vs_numpy": _rel(got, want)}
 
 
@@ -154,11 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="small sizes, few reps (smoke run)")
-    ap.add_argument("--reps", type=int, default=None, help="timed repetitions (default 100, quick 10)")
+    ap.add_argument("--reps", type=int, default=None, help="timed repetitions per batch of 5 (default 50, quick 10)")
     args = ap.parse_args(argv)
     import cupy as cp
 
-    reps = args.reps or (10 if args.quick else 100)
+    reps = args.reps or (10 if args.quick else 50)
     props = cp.cuda.runtime.getDeviceProperties(0)
     res: dict[str, Any] = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -189,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     label = f"scale H2D+D2H {r['bytes_in'] >> 20} MiB each way"
     print(f"{label:<34}{r['seconds'] * 1e6:>10.1f}{r['GBps_in_plus_out']:>9.0f}"
           f"{'':>8}{'':>9}{r['max_rel_err']:>10.1e}")
+    for r in res["gemm_w4a16"]:
+        if r["path"] != "fused":
+            print(f"  M={r['M']} K={r['K']}: fused kernel alone {r['fused_kernel_seconds'] * 1e6:.1f} us "
+                  f"(rel err {r['fused_max_rel_err']:.1e}); op path {r['path']}")
     print("vs ref: w4a16 = speedup over fp16 cuBLAS; layernorm_gelu = speedup over unfused CuPy")
     print(f"wrote {args.out}")
     return 0

@@ -16,6 +16,7 @@ GPU kernel's 16-byte loads coalesce (see ``cuda/gemm_w4a16.cu``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -129,7 +130,8 @@ def w4a16_launch_config(m: int, k: int, n: int, n_sm: int) -> tuple[tuple[int, i
     """(grid, rows_per_split, mb) of ``cuda/gemm_w4a16.cu`` for x (m, k), qweight (k/2, n)."""
     rows = k // 2
     grid_x = -(-n // 128)
-    want = max(1, -(-4 * n_sm // grid_x))  # about 4 blocks per SM
+    per_sm = int(os.environ.get("SHMRPC_W4A16_BLOCKS_PER_SM", "2"))
+    want = max(1, -(-per_sm * n_sm // grid_x))  # about per_sm blocks per SM
     per_split = -(-rows // want)
     rps = max(256, -(-per_split // 256) * 256)
     rps = min(rps, rows)
@@ -139,7 +141,13 @@ def w4a16_launch_config(m: int, k: int, n: int, n_sm: int) -> tuple[tuple[int, i
 
 
 def _w4a16_names(kt: str) -> tuple[str, ...]:
-    return tuple(f"w4a16_gemm<{kt},{mb}>" for mb in (1, 2, 4))
+    return (*(f"w4a16_gemm<{kt},{mb},{'true' if pf else 'false'}>" for mb in (1, 2, 4) for pf in (False, True)),
+            "w4_dequant_f16<0>")
+
+
+def _dequant_min_m() -> int:
+    """Batch size from which float16 inputs go dequantize-kernel + cuBLAS (SHMRPC_W4A16_DEQUANT_MIN_M, default 5)."""
+    return int(os.environ.get("SHMRPC_W4A16_DEQUANT_MIN_M", "5"))
 
 
 def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
@@ -157,6 +165,15 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
             and all(a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in arrays))
     if not fast:
         return _w4a16_numpy(call)
+    if dt == "float16" and m >= _dequant_min_m():
+        # CUDA-core dequant-in-registers loses to tensor cores once M grows: materialize float16
+        # weights with one kernel (reads packed, writes K*N*2 bytes) and let cuBLAS (fp32 compute) run.
+        w16 = cupy.empty((k, n), dtype=cupy.float16)
+        threads = (k // 2) * (n // 16)
+        dq = get_function("gemm_w4a16.cu", _w4a16_names("F16"), "w4_dequant_f16<0>")
+        dq((-(-threads // 256),), (256,), (qw, sc, zr, w16, np.int32(k), np.int32(n), np.int32(gs // 2)))
+        d = call.dest("out")
+        return {"out": cupy.matmul(x, w16, out=d if d is not None and d.flags.c_contiguous else None)}
     (grid_x, ksplit), rps, mb = w4a16_launch_config(m, k, n, sm_count())
     if ksplit > 65535:
         return _w4a16_numpy(call)
@@ -170,7 +187,8 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
         counters = cupy.zeros(max(grid_x, 1024), dtype=cupy.uint32)
         call.workspace["w4a16_counters"] = counters
     kt = "F16" if dt == "float16" else "BF16"
-    fn = get_function("gemm_w4a16.cu", _w4a16_names(kt), f"w4a16_gemm<{kt},{mb}>")
+    pf = "true" if mb == 1 and os.environ.get("SHMRPC_W4A16_PF", "0") == "1" else "false"
+    fn = get_function("gemm_w4a16.cu", _w4a16_names(kt), f"w4a16_gemm<{kt},{mb},{pf}>")
     fn((grid_x, ksplit), (256,), (x, qw, sc, zr, partial, counters, out,
                                   np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(rps)))
     return {"out": out}

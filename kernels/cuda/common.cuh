@@ -56,7 +56,11 @@ __device__ __forceinline__ float block_sum(float v, float* sh) {
   return sh[32];
 }
 
+// tanh-GELU as y * sigmoid(2u), u = sqrt(2/pi) (y + 0.044715 y^3): the same function as
+// 0.5 y (1 + tanh(u)), without the cancellation of 1 + tanh(u) for negative y, and cheap:
+// __expf is one MUFU ex2 plus a multiply (rel. error ~1e-6), so fp32 stays within its tolerance.
 __device__ __forceinline__ float gelu_tanh(float y) {
   const float k0 = 0.7978845608028654f, k1 = 0.044715f;
-  return 0.5f * y * (1.f + tanhf(k0 * (y + k1 * y * y * y)));
+  const float u = k0 * (y + k1 * y * y * y);
+  return __fdividef(y, 1.f + __expf(-2.f * u));
 }

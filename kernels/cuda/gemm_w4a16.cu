@@ -11,9 +11,15 @@
 // grid = (ceil(N/128), ksplit): blockIdx.y takes rows [y*rows_per_split, ...). Row-threads take
 // runs of RUN=8 packed rows (16 k) round robin; a run never crosses a group (group rows % 8 == 0).
 //
-// Dequant trick: a nibble q moved to bits 16..19 of 0x3F800000 is the float 1 + q/128, one
-// shift + one LOP3. Over a run, acc = sum x_k (1 + q_k/128), sx = sum x_k, so
-//   sum x_k (q_k - z) s = s * (128 (acc - sx) - z sx).
+// Dequant trick: a nibble q placed in the mantissa of 1.0f is a float 1 + q * 2^-e: one LOP3
+// (mask and OR) per nibble. A byte's low nibble (even k) goes to bits 19..22 (1 + q/16), its
+// high nibble (odd k) to bits 15..18 (1 + q/256); four rotations of a 32-bit word place all
+// eight nibbles (rotate 19: byte0 lo, byte3 hi; 11: byte1 lo, byte0 hi; 3: byte2 lo, byte1 hi;
+// 27: byte3 lo, byte2 hi): 4 SHF + 8 LOP3 + 8 FFMA per 8 weights. Over a run,
+//   accL = sum_even x (1 + q/16), accH = sum_odd x (1 + q/256), sxe/sxo = sums of x, so
+//   sum x (q - z) s = s * (16 (accL - sxe) + 256 (accH - sxo) - z (sxe + sxo)).
+// (The cancellation costs ~8 bits of fp32 on the high nibbles: ~1e-5 relative, far below fp16.)
+// PF: prefetch the next run's weights before computing the current one (used with MB == 1).
 // Partial sums: shuffles inside a warp, shared memory across the 8 warps; with ksplit > 1 each
 // block writes fp32 partials and the last block of a column tile (atomic counter, threadfence)
 // adds them in fixed order (deterministic) and resets the counter to 0 for the next launch.
@@ -22,10 +28,13 @@
 
 #define W4_RUN 8
 
-__device__ __forceinline__ float nib(u32 v) { return __uint_as_float((v & 0x000F0000u) | 0x3F800000u); }
+template <int S>
+__device__ __forceinline__ u32 rotl(u32 v) { u32 d; asm("shf.l.wrap.b32 %0, %1, %1, %2;" : "=r"(d) : "r"(v), "n"(S)); return d; }
+__device__ __forceinline__ float nib_lo(u32 r) { return __uint_as_float((r & 0x00780000u) | 0x3F800000u); }  // bits 19..22
+__device__ __forceinline__ float nib_hi(u32 r) { return __uint_as_float((r & 0x00078000u) | 0x3F800000u); }  // bits 15..18
 
-template <class X, int MB>
-__global__ void __launch_bounds__(256) w4a16_gemm(
+template <class X, int MB, bool PF>
+__global__ void __launch_bounds__(256, PF ? 2 : 1) w4a16_gemm(
     const typename X::T* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
     unsigned int* __restrict__ counters, typename X::T* __restrict__ out,
@@ -49,17 +58,32 @@ __global__ void __launch_bounds__(256) w4a16_gemm(
 #pragma unroll
       for (int c = 0; c < 16; ++c) res[mm][c] = 0.f;
 
+    uint4 w[W4_RUN], wn[PF ? W4_RUN : 1];
+    if (PF && col_ok && ty < nruns) {
+#pragma unroll
+      for (int i = 0; i < W4_RUN; ++i) wn[i] = ld_nc_v4(qweight + (u64)(row_begin + ty * W4_RUN + i) * N + col0);
+    }
     for (int run = ty; col_ok && run < nruns; run += 32) {
       const int row = row_begin + run * W4_RUN;
-      uint4 w[W4_RUN];
+      if (PF) {
 #pragma unroll
-      for (int i = 0; i < W4_RUN; ++i) w[i] = ld_nc_v4(qweight + (u64)(row + i) * N + col0);
-      float acc[MB][16], sx[MB];
+        for (int i = 0; i < W4_RUN; ++i) w[i] = wn[i];
+        if (run + 32 < nruns) {
+#pragma unroll
+          for (int i = 0; i < W4_RUN; ++i) wn[i] = ld_nc_v4(qweight + (u64)(row + 32 * W4_RUN + i) * N + col0);
+        }
+      } else {
+        const unsigned char* wp = qweight + (u64)row * N + col0;
+#pragma unroll
+        for (int i = 0; i < W4_RUN; ++i) { w[i] = ld_nc_v4(wp); wp += N; }
+      }
+      float accL[MB][16], accH[MB][16], sxe[MB], sxo[MB];
 #pragma unroll
       for (int mm = 0; mm < MB; ++mm) {
-        sx[mm] = 0.f;
+        sxe[mm] = 0.f;
+        sxo[mm] = 0.f;
 #pragma unroll
-        for (int c = 0; c < 16; ++c) acc[mm][c] = 0.f;
+        for (int c = 0; c < 16; ++c) { accL[mm][c] = 0.f; accH[mm][c] = 0.f; }
       }
 #pragma unroll
       for (int i = 0; i < W4_RUN; ++i) {
@@ -75,19 +99,23 @@ __global__ void __launch_bounds__(256) w4a16_gemm(
             xe[mm] = 0.f;
             xo[mm] = 0.f;
           }
-          sx[mm] += xe[mm] + xo[mm];
+          sxe[mm] += xe[mm];
+          sxo[mm] += xo[mm];
         }
         const u32 words[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const u32 v = words[j];  // byte b = column 4j+b: low nibble k even, high nibble k odd
-          const float lo[4] = {nib(v << 16), nib(v << 8), nib(v), nib(v >> 8)};
-          const float hi[4] = {nib(v << 12), nib(v << 4), nib(v >> 4), nib(v >> 12)};
+          // byte b of the word = column 4j+b
+          const u32 r19 = rotl<19>(words[j]), r11 = rotl<11>(words[j]), r3 = rotl<3>(words[j]), r27 = rotl<27>(words[j]);
+          const float lo[4] = {nib_lo(r19), nib_lo(r11), nib_lo(r3), nib_lo(r27)};
+          const float hi[4] = {nib_hi(r11), nib_hi(r3), nib_hi(r27), nib_hi(r19)};
 #pragma unroll
           for (int mm = 0; mm < MB; ++mm)
 #pragma unroll
-            for (int b = 0; b < 4; ++b)
-              acc[mm][4 * j + b] = fmaf(xo[mm], hi[b], fmaf(xe[mm], lo[b], acc[mm][4 * j + b]));
+            for (int b = 0; b < 4; ++b) {
+              accL[mm][4 * j + b] = fmaf(xe[mm], lo[b], accL[mm][4 * j + b]);
+              accH[mm][4 * j + b] = fmaf(xo[mm], hi[b], accH[mm][4 * j + b]);
+            }
         }
       }
       const int g = row / group_rows;
@@ -100,7 +128,8 @@ __global__ void __launch_bounds__(256) w4a16_gemm(
         const float s = h2f((u16)(c & 1 ? sw[c >> 1] >> 16 : sw[c >> 1] & 0xffffu));
         const float z = h2f((u16)(c & 1 ? zw[c >> 1] >> 16 : zw[c >> 1] & 0xffffu));
 #pragma unroll
-        for (int mm = 0; mm < MB; ++mm) res[mm][c] += s * (128.f * (acc[mm][c] - sx[mm]) - z * sx[mm]);
+        for (int mm = 0; mm < MB; ++mm)
+          res[mm][c] += s * (16.f * (accL[mm][c] - sxe[mm]) + 256.f * (accH[mm][c] - sxo[mm]) - z * (sxe[mm] + sxo[mm]));
       }
     }
     // the 4 row-threads of a warp share tx: lanes differ in bits 3 and 4
@@ -150,4 +179,46 @@ __global__ void __launch_bounds__(256) w4a16_gemm(
     }
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
+}
+
+// Dequantize to float16 w (K, N) (the M > 4 path: then cuBLAS). Thread = 16 columns x one packed
+// row (two k): one 16-byte load, two 32-byte stores. Same host guarantees as above.
+template <int UNUSED>
+__global__ void __launch_bounds__(256) w4_dequant_f16(const unsigned char* __restrict__ qweight,
+                                                      const u16* __restrict__ scales, const u16* __restrict__ zeros,
+                                                      u16* __restrict__ w, int K, int N, int group_rows) {
+  const u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  const u64 n16 = (u64)(N >> 4);
+  const u64 r = idx / n16;
+  const int c0 = (int)(idx % n16) * 16;
+  if (r >= (u64)(K >> 1)) return;
+  const uint4 q = ld_nc_v4(qweight + r * N + c0);
+  const u64 g = r / (u64)group_rows;
+  const uint4 s01 = ld_nc_v4(scales + g * N + c0), s23 = ld_nc_v4(scales + g * N + c0 + 8);
+  const uint4 z01 = ld_nc_v4(zeros + g * N + c0), z23 = ld_nc_v4(zeros + g * N + c0 + 8);
+  const u32 sw[8] = {s01.x, s01.y, s01.z, s01.w, s23.x, s23.y, s23.z, s23.w};
+  const u32 zw[8] = {z01.x, z01.y, z01.z, z01.w, z23.x, z23.y, z23.z, z23.w};
+  const u32 qw[4] = {q.x, q.y, q.z, q.w};
+  u32 ev[8], od[8];
+#pragma unroll
+  for (int c = 0; c < 16; c += 2) {
+    u32 e = 0, o = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int cc = c + h;
+      const u32 byte = (qw[cc >> 2] >> (8 * (cc & 3))) & 0xffu;
+      const float sc = h2f((u16)(cc & 1 ? sw[cc >> 1] >> 16 : sw[cc >> 1] & 0xffffu));
+      const float zr = h2f((u16)(cc & 1 ? zw[cc >> 1] >> 16 : zw[cc >> 1] & 0xffffu));
+      e |= ((u32)f2h(((float)(byte & 15u) - zr) * sc)) << (16 * h);
+      o |= ((u32)f2h(((float)(byte >> 4) - zr) * sc)) << (16 * h);
+    }
+    ev[c >> 1] = e;
+    od[c >> 1] = o;
+  }
+  uint4* pe = reinterpret_cast<uint4*>(w + (2 * r) * N + c0);
+  uint4* po = reinterpret_cast<uint4*>(w + (2 * r + 1) * N + c0);
+  pe[0] = make_uint4(ev[0], ev[1], ev[2], ev[3]);
+  pe[1] = make_uint4(ev[4], ev[5], ev[6], ev[7]);
+  po[0] = make_uint4(od[0], od[1], od[2], od[3]);
+  po[1] = make_uint4(od[4], od[5], od[6], od[7]);
 }
