@@ -37,11 +37,11 @@ from shmrpc.schema.errors import (
     WorkerGoneError,
 )
 
-from ._client import CallFuture, Client, Loan
+from ._client import CallFuture, Client, Loan, Resident
 from ._pipeline import Pipeline
 
 __all__ = [
-    "Client", "Loan", "CallFuture", "Pipeline",
+    "Client", "Loan", "CallFuture", "Pipeline", "Resident",
     "ShmrpcError", "ConnectError", "ProtocolMismatchError", "WorkerGoneError", "Timeout", "ForkedClientError",
     "ClientClosedError", "RequestError", "InvalidRequestError", "StaleSlotError", "RequestTooLargeError",
     "UnknownOpError", "BusyError", "KernelError", "ResourceError", "InternalError",

@@ -15,9 +15,9 @@ more, so a view can never silently outlive its slot: the slot stays reserved
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import math
-import ctypes
 import os
 import sys
 import threading
@@ -56,9 +56,19 @@ from ._pipeline import Pipeline, resolve
 from ._region import AttachedRegion
 from ._transport import Transport, control_error
 
-__all__ = ["Client", "Loan", "CallFuture"]
+__all__ = ["Client", "Loan", "CallFuture", "Resident"]
 
 NO_RESPONSE = 0x8000
+
+
+@dataclass(frozen=True)
+class Resident:
+    """A reference to the worker's resident tensor ``name``, passed in place of an array.
+
+    Example: ``client.call("vector_add", x=a, y=Resident("bias"))``.
+    """
+
+    name: str
 
 
 @dataclass(eq=False)
@@ -137,6 +147,7 @@ class Client:
         self._control: list[bytes] = []
         self._rid = itertools.count(1)
         self._desc_cache: dict[Any, tuple[bytes, int, int]] = {}
+        self._specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -232,17 +243,21 @@ class Client:
             _open(s, self._regions[s.region])
             return s
 
-    def _acquire(self, nbytes: int, wait_s: float, deadline: float) -> _Slot:
+    def _ask(self, frame: bytes, deadline: float) -> Any:
+        """Send a control message and return the JSON of its reply; raises the error an ERROR reply carries."""
         self._control.clear()
-        self._t.send(m.pack_json(m.ACQUIRE, {"nbytes": nbytes, "wait_s": wait_s}))
+        self._t.send(frame)
+        self._pump(deadline, lambda: bool(self._control))
+        reply = self._control.pop(0)
+        if reply[:1] == m.ERROR:
+            raise control_error(reply)
+        return m.unpack_json(reply)
+
+    def _acquire(self, nbytes: int, wait_s: float, deadline: float) -> _Slot:
         try:
-            self._pump(deadline + 1.0, lambda: bool(self._control))
+            g = self._ask(m.pack_json(m.ACQUIRE, {"nbytes": nbytes, "wait_s": wait_s}), deadline + 1.0)
         except Timeout:
             raise BusyError(f"no slot of {format_size(nbytes)} became free in time", field="nbytes") from None
-        frame = self._control.pop(0)
-        if frame[:1] != m.GRANT:
-            raise control_error(frame)
-        g = m.unpack_json(frame)
         return _Slot(g["region"], g["slot"], g["slot_nbytes"], g["generation"], True)
 
     def _release(self, s: _Slot) -> None:
@@ -321,7 +336,7 @@ class Client:
             self._check()
             timeout = self.timeout_s if timeout_s is None else timeout_s
             deadline = time.monotonic() + timeout
-            arrays, attrs = self._split(op, kwargs)
+            arrays, attrs, residents = self._split(op, kwargs)
             sizes = [a.nbytes for a in arrays.values()]
             need = self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for n in sizes)
             alias = isinstance(op, str) and bool(self.op_table.get(op, {}).get("alias"))
@@ -332,17 +347,76 @@ class Client:
             try:
                 for name, a in arrays.items():
                     np.copyto(loan.array(name, a.shape, a.dtype), a, casting="no")
+                for name, r in residents.items():
+                    shape, dt = self._resident_spec(r.name)
+                    loan.resident(name, r.name, shape, dt)
                 rid = loan._post(op, attrs, in_place, keep)
             except BaseException:
                 loan.release()
                 raise
             return CallFuture(self, loan, rid, deadline, _copy)
 
-    def _split(self, op: str | Pipeline, kwargs: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """Arrays (tensor inputs) vs attributes, checked against the op table."""
+    # ------------------------------------------------------------ resident tensors
+
+    def put(self, name: str, array: Any, *, shared: bool = False, timeout_s: float | None = None) -> None:
+        """Upload ``array`` once as the worker's resident tensor ``name`` (on the GPU with CuPy).
+
+        Requests then refer to it with :class:`Resident` instead of shipping it. Names are private to
+        this client (dropped when it disconnects) unless ``shared``, which publishes ``shared/<name>``
+        to every client of the worker.
+
+        Raises:
+            ResourceError: the worker's resident limit (``--resident-limit``) or device memory would be exceeded.
+
+        Example::
+
+            c.put("w", weights)
+            y = c.call("gemm", x=x, w=Resident("w"))["out"]
+        """
+        full = f"shared/{name}" if shared else name
+        a = np.ascontiguousarray(array)
+        self.call(Pipeline(outputs=()).then("echo", outputs={"out": full}), x=a, keep=(full,), timeout_s=timeout_s)
+        with self._lock:
+            self._specs[full] = (a.shape, a.dtype)
+
+    def drop(self, name: str, *, timeout_s: float | None = None) -> None:
+        """Free resident tensor ``name`` (``shared/<name>`` for a shared one).
+
+        Raises:
+            KernelError: there is no such resident tensor (``field="resident"``).
+        """
+        with self._lock:
+            self._check()
+            self._ask(m.pack_json(m.MANAGE, {"action": "drop", "name": name}),
+                      time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))
+            self._specs.pop(name, None)
+
+    def resident(self, *, timeout_s: float | None = None) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """This client's resident tensors and the shared ones: ``{name: (shape, dtype)}``."""
+        with self._lock:
+            self._check()
+            got = self._ask(m.pack_json(m.MANAGE, {"action": "list"}),
+                            time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))["resident"]
+            out = {k: (tuple(v["shape"]), dtypes.numpy_dtype(v["dtype"])) for k, v in got.items()}
+            self._specs.update(out)
+            return out
+
+    def _resident_spec(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
+        if name not in self._specs:
+            self.resident()
+        if name not in self._specs:
+            raise InvalidRequestError(f"no resident tensor {name!r}: put() it first", tensor=name, field="resident")
+        return self._specs[name]
+
+    def _split(self, op: str | Pipeline, kwargs: dict[str, Any]
+               ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Resident]]:
+        """Arrays (tensor inputs) vs resident references vs attributes, checked against the op table."""
         params = set(self.op_table[op]["inputs"]) if isinstance(op, str) and op in self.op_table else None
-        arrays, attrs = {}, {}
+        arrays, attrs, residents = {}, {}, {}
         for k, v in kwargs.items():
+            if isinstance(v, Resident):
+                residents[k] = v
+                continue
             is_array = isinstance(v, np.ndarray) or (params is not None and k in params)
             if is_array:
                 a = np.ascontiguousarray(v)
@@ -354,7 +428,7 @@ class Client:
                 arrays[k] = a
             else:
                 attrs[k] = v
-        return arrays, attrs
+        return arrays, attrs, residents
 
     def _describe(self, op: str | Pipeline, tensors: tuple[TensorRef, ...], attrs: dict[str, Any], flags: int,
                   keep: tuple[str, ...]) -> tuple[bytes, int, int]:
@@ -436,7 +510,7 @@ class Loan:
             RequestTooLargeError: the slot has no room left for it.
             InvalidRequestError: the name is taken or the dtype cannot travel.
         """
-        mv = self._live()
+        self._live()
         shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
         dt = np.dtype(dtype)
         try:

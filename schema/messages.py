@@ -17,6 +17,8 @@ A     ACQUIRE     c -> w     JSON: nbytes (borrow one more slot of that size)
 G     GRANT       w -> c     JSON: region, slot, generation, slot_nbytes
 R     RELEASE     c -> w     ``SLOT`` struct: region u16, slot u32 (give back a borrowed slot)
 B     BYE         c -> w     empty: end of the lease
+M     MANAGE      c -> w     JSON: action "list" | "drop", name (resident tensors)
+m     MANAGED     w -> c     JSON: {"resident": {name: {shape, dtype}}} or {"dropped": name}
 S     STATUS      c -> w     empty: ask for the worker's state (no lease needed)
 s     STATE       w -> c     JSON: regions, leases, in-flight requests, counters
 E     ERROR       w -> c     JSON: code, message, field (a control message was refused)
@@ -37,6 +39,7 @@ from typing import Any
 __all__ = [
     "PROTOCOL_VERSION",
     "HELLO", "WELCOME", "CALL", "DONE", "ACQUIRE", "GRANT", "RELEASE", "BYE", "STATUS", "STATE", "ERROR",
+    "MANAGE", "MANAGED",
     "CALL_STRUCT", "DONE_STRUCT", "SLOT_STRUCT",
     "pack_json", "unpack_json", "pack_call", "unpack_call", "pack_done", "unpack_done",
 ]
@@ -51,6 +54,8 @@ ACQUIRE = b"A"
 GRANT = b"G"
 RELEASE = b"R"
 BYE = b"B"
+MANAGE = b"M"
+MANAGED = b"m"
 STATUS = b"S"
 STATE = b"s"
 ERROR = b"E"

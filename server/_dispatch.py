@@ -33,7 +33,7 @@ from shmrpc.schema.errors import (
 from shmrpc.schema.header import HEADER_NBYTES, Flag, Header
 from shmrpc.schema.layout import TENSOR_ALIGN, align_up, format_size, tensor_align
 
-__all__ = ["Prepared", "Dispatcher", "kernel_error", "error_response"]
+__all__ = ["Prepared", "Dispatcher", "kernel_error", "error_response", "resident_name"]
 
 _MAX_MESSAGE = 1000
 
@@ -52,6 +52,12 @@ class Prepared:
     nbytes_in: int
     nbytes_out: int
     response: bytes  # the success response descriptor, encoded once
+
+
+def resident_name(client: int, name: str) -> str:
+    """The backend's name for a client's resident tensor: ``shared/...`` names are common to all clients,
+    others are private (``<client id>/<name>``) and dropped when the client's lease ends."""
+    return name if name.startswith("shared/") else f"{client}/{name}"
 
 
 def kernel_error(e: Exception, default_op: str = "") -> RequestError:
@@ -174,8 +180,7 @@ class Dispatcher:
             raise InvalidRequestError("the request asks for no output", field="outputs")
         if bool(desc.keep) != bool(flags & Flag.KEEP):
             raise InvalidRequestError("the KEEP flag and the keep list disagree", field="metadata_flags")
-        resident = {t.name: f"{client}/{t.resident}" if not t.resident.startswith("shared/") else t.resident
-                    for t in desc.inputs if t.resident}
+        resident = {t.name: resident_name(client, t.resident) for t in desc.inputs if t.resident}
         specs = {t.name: kernels.TensorSpec(tuple(t.shape), t.dtype) for t in desc.inputs}
         alias_only = all(kernels.REGISTRY[s.op].alias for s in steps) and not desc.keep and not resident
         try:
@@ -187,7 +192,7 @@ class Dispatcher:
         alias_only = alias_only and all_aliased
         nbytes_in = sum(t.nbytes for t in in_slot)
         nbytes_out = sum(t.nbytes for t in outputs)
-        keep_as = {n: f"{client}/{n}" for n in desc.keep}
+        keep_as = {n: resident_name(client, n) for n in desc.keep}
         response = encode_response(ResponseDesc(outputs=outputs))
         if HEADER_NBYTES + len(response) > self.desc_nbytes:
             raise RequestTooLargeError(

@@ -35,12 +35,12 @@ from shmrpc import kernels
 from shmrpc.schema import SCHEMA_HASH
 from shmrpc.schema import messages as m
 from shmrpc.schema.descriptor import encode_response
-from shmrpc.schema.errors import WIRE_CODES, BusyError, InternalError, InvalidRequestError, RequestError
+from shmrpc.schema.errors import WIRE_CODES, BusyError, InternalError, InvalidRequestError, KernelError, RequestError
 from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag, Header, unpack_from
 from shmrpc.schema.naming import endpoint, socket_path
 
 from . import checks, runtime
-from ._dispatch import Dispatcher, Prepared, check_header, error_response
+from ._dispatch import Dispatcher, Prepared, check_header, error_response, resident_name
 from ._lease import Leases, Slot
 from .config import WorkerConfig
 from .metrics import Metrics
@@ -118,8 +118,9 @@ class Worker:
             self.regions.append(region)
             self._lock.set_regions([r.name for r in self.regions])
             self.backend = kernels.select_backend(cfg.backend, resident_limit_bytes=cfg.resident_limit_bytes)
-            for r in self.regions:
-                self.backend.register_host(r.address, r.nbytes)
+            if cfg.register_host:
+                for r in self.regions:
+                    self.backend.register_host(r.address, r.nbytes)
             self.backend.warmup()
             self.leases = Leases([r.geometry for r in self.regions], cfg.lease, self._zero)
             self.dispatch = Dispatcher(self.backend, cfg.geometry.desc_nbytes)
@@ -241,6 +242,7 @@ class Worker:
             if now >= next_check:
                 next_check = now + self.config.heartbeat_s
                 self._check_clients()
+                self._gauge_memory()
             self._expire_pending(now)
         log.info("worker %s stopped", self.config.name)
 
@@ -283,6 +285,8 @@ class Worker:
             c = self._clients.get(identity)
             if c is not None:
                 self._end_client(c, "it said BYE")
+        elif kind == m.MANAGE:
+            self._on_manage(identity, frame)
         elif kind == m.STATUS:
             self._send(identity, m.pack_json(m.STATE, self.state()))
         else:
@@ -348,8 +352,41 @@ class Worker:
         log.info("client %d (pid %d) connected with %d slots", client.id, pid, len(slots))
         return None
 
+    def _on_manage(self, identity: bytes, frame: bytes) -> None:
+        c = self._clients.get(identity)
+        if c is None:
+            return self._refuse(identity, "no_session", "no lease: say HELLO first", "client")
+        try:
+            req = m.unpack_json(frame)
+            action, name = req["action"], str(req.get("name", ""))
+        except (ValueError, KeyError, TypeError) as e:
+            return self._refuse(identity, "bad_message", f"MANAGE is malformed ({e})", "manage")
+        own = f"{c.id}/"
+        if action == "list":
+            listing = {}
+            for full, spec in self.backend.resident().items():
+                if full.startswith(own) or full.startswith("shared/"):
+                    listing[full.removeprefix(own)] = {"shape": list(spec.shape), "dtype": spec.dtype}
+            return self._send(identity, m.pack_json(m.MANAGED, {"resident": listing}))
+        if action == "drop":
+            full = resident_name(c.id, name)
+            if full not in self.backend.resident():
+                return self._send(identity, _error_msg(KernelError(f"no resident tensor {name!r}", tensor=name,
+                                                                   field="resident")))
+            self.backend.drop(full)
+            self.metrics.resident.set(self.backend.resident_bytes)
+            return self._send(identity, m.pack_json(m.MANAGED, {"dropped": name}))
+        return self._refuse(identity, "bad_message", f"unknown MANAGE action {action!r}", "action")
+
+    def _drop_residents(self, client_id: int) -> None:
+        own = f"{client_id}/"
+        for full in [n for n in self.backend.resident() if n.startswith(own)]:
+            self.backend.drop(full)
+        self.metrics.resident.set(self.backend.resident_bytes)
+
     def _end_client(self, c: _Client, why: str) -> None:
         self._clients.pop(c.identity, None)
+        self._drop_residents(c.id)
         if c.pidfd is not None:
             self._by_pidfd.pop(c.pidfd, None)
             os.close(c.pidfd)
@@ -360,6 +397,11 @@ class Worker:
         self.metrics.slots_leased.set(self.leases.n_leased)
         log.info("client %d (pid %d) gone (%s): %d slots reclaimed", c.id, c.pid, why, n)
         self._serve_pending()
+
+    def _gauge_memory(self) -> None:
+        mem = self.backend.memory()
+        self.metrics.gpu_memory.set(mem.get("device_used_bytes", 0))
+        self.metrics.resident.set(mem.get("resident_bytes", 0))
 
     def _check_clients(self) -> None:
         for c in list(self._clients.values()):

@@ -1,0 +1,219 @@
+"""GPU worker benchmarks through the real request path (issue: the GPU worker), each next to its ceiling.
+
+1. 256 MiB in + 256 MiB out through the GPU (`scale`, out of place), client-observed round trip, GB/s
+   both ways; ceiling: two-stream duplex copy between a pinned host buffer and the device, same run.
+2. The same with the region not registered (`--no-register`): what pinning buys.
+3. Tiny request (64 B in, 64 B out, `scale` on the GPU): p50/p99 vs a bare pyzmq DEALER/ROUTER ping-pong.
+4. Requests per second from 8 client processes sending small `gemm` calls, against 1 client.
+
+    python bench/gpu_e2e.py --out bench/results/gpu-e2e-DATE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import numpy as np
+import zmq
+
+from shmrpc.client import Client
+
+SLOTS = "64K:64,1M:16,16M:8,80M:4,520M:1"
+
+
+def start(name: str, *extra: str) -> subprocess.Popen:  # type: ignore[type-arg]
+    p = subprocess.Popen([sys.executable, "-m", "shmrpc.server", "serve", "--name", name, "--slots", SLOTS,
+                          "--backend", "cupy", "--log-level", "WARNING", *extra], stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline() if p.stdout else ""
+    if "ready" not in line:
+        raise SystemExit(f"worker did not start: {line}")
+    return p
+
+
+def stop(p: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=60)
+
+
+def big(name: str, reps: int) -> dict[str, float]:
+    n = (256 << 20) // 4
+    with Client(name, timeout_s=60) as c, c.loan(512 << 20) as req:
+        x = req.array("x", n, np.float32)
+        x[:] = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+        out = req.send("scale", a=2.0, b=1.0)["out"]
+        ok = bool(np.allclose(out[:1 << 20], 2 * x[:1 << 20] + 1, rtol=1e-6))
+        del out
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            req.send("scale", a=2.0, b=1.0)
+            times.append(time.perf_counter() - t0)
+        del x
+    med = float(np.median(times))
+    return {"median_s": med, "gbps_both_ways": 2 * (256 << 20) / med / 1e9, "correct": ok, "reps": reps}
+
+
+def duplex_ceiling() -> dict[str, float]:
+    import cupy as cp
+
+    n = 256 << 20
+    h_in = cp.cuda.alloc_pinned_memory(n)
+    h_out = cp.cuda.alloc_pinned_memory(n)
+    a_in = np.frombuffer(h_in, np.uint8, n)
+    a_out = np.frombuffer(h_out, np.uint8, n)
+    a_in[:] = 1
+    d_in, d_out = cp.empty(n, cp.uint8), cp.ones(n, cp.uint8)
+    s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    res = {}
+    for label in ("h2d", "d2h", "duplex"):
+        times = []
+        for _ in range(10):
+            cp.cuda.Device().synchronize()
+            t0 = time.perf_counter()
+            if label in ("h2d", "duplex"):
+                d_in.set(a_in, stream=s1)
+            if label in ("d2h", "duplex"):
+                d_out.get(stream=s2, out=a_out)
+            s1.synchronize()
+            s2.synchronize()
+            times.append(time.perf_counter() - t0)
+        med = float(np.median(times[2:]))
+        res[f"{label}_gbps"] = (2 if label == "duplex" else 1) * n / med / 1e9
+    return res
+
+
+def tiny(name: str, n: int) -> dict[str, float]:
+    with Client(name, timeout_s=10) as c, c.loan(64) as req:
+        req.array("x", 16, np.float32)[:] = 1
+        for _ in range(200):
+            req.send("scale", a=2.0)
+        lat = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            req.send("scale", a=2.0)
+            lat.append(time.perf_counter() - t0)
+    a = np.asarray(lat) * 1e6
+    return {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)), "n": n}
+
+
+def bare_zmq(n: int) -> dict[str, float]:
+    ctx = zmq.Context()
+    ep = f"ipc:///tmp/shmrpc-bench-{uuid.uuid4().hex[:8]}.sock"
+    r = ctx.socket(zmq.ROUTER)
+    r.bind(ep)
+
+    def serve() -> None:
+        for _ in range(n + 200):
+            ident, msg = r.recv_multipart()
+            r.send_multipart([ident, msg])
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    d = ctx.socket(zmq.DEALER)
+    d.connect(ep)
+    payload = b"x" * 64
+    lat = []
+    for i in range(n + 200):
+        t0 = time.perf_counter()
+        d.send(payload)
+        d.recv()
+        if i >= 200:
+            lat.append(time.perf_counter() - t0)
+    t.join(5)
+    d.close(0)
+    r.close(0)
+    ctx.term()
+    a = np.asarray(lat) * 1e6
+    return {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)), "n": n,
+            "note": "server in a thread of the same process (the bench harness's peer uses a process)"}
+
+
+def _gemm_client(name: str, seconds: float, q: "object") -> None:
+    rng = np.random.default_rng(os.getpid())
+    x = rng.standard_normal((16, 256)).astype(np.float16)
+    w = rng.standard_normal((256, 256)).astype(np.float16)
+    n = 0
+    with Client(name, timeout_s=30) as c:
+        c.call("gemm", x=x, w=w)
+        t_end = time.perf_counter() + seconds
+        while time.perf_counter() < t_end:
+            c.call("gemm", x=x, w=w)
+            n += 1
+    q.put(n)  # type: ignore[attr-defined]
+
+
+def rps(name: str, procs: int, seconds: float) -> float:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_gemm_client, args=(name, seconds, q)) for _ in range(procs)]
+    for p in ps:
+        p.start()
+    total = sum(q.get(timeout=seconds + 120) for _ in ps)
+    for p in ps:
+        p.join(30)
+    return total / seconds
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--tiny", type=int, default=3000)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    args = ap.parse_args()
+    res: dict[str, object] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                              "command": " ".join(sys.argv), "python": platform.python_version(),
+                              "cpu_count": os.cpu_count()}
+    try:
+        res["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        res["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                    capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+    res["ceiling"] = duplex_ceiling()
+    name = f"gpu-{uuid.uuid4().hex[:6]}"
+    w = start(name)
+    try:
+        res["pinned_256MiB"] = big(name, args.reps)
+        res["tiny_64B"] = tiny(name, args.tiny)
+        res["rps_gemm_1_client"] = rps(name, 1, args.seconds)
+        res["rps_gemm_8_clients"] = rps(name, 8, args.seconds)
+    finally:
+        stop(w)
+    res["bare_zmq_64B"] = bare_zmq(args.tiny)
+    name2 = f"gpu-{uuid.uuid4().hex[:6]}"
+    w = start(name2, "--no-register")
+    try:
+        res["pageable_256MiB"] = big(name2, max(5, args.reps // 4))
+    finally:
+        stop(w)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=2)
+    c, p, u = res["ceiling"], res["pinned_256MiB"], res["pageable_256MiB"]
+    print("\n| figure | measured | ceiling / baseline | ratio |\n|---|---|---|---|")
+    print(f"| 256 MiB in+out, pinned | {p['gbps_both_ways']:.1f} GB/s | duplex copy {c['duplex_gbps']:.1f} GB/s | "  # type: ignore[index]
+          f"{p['gbps_both_ways'] / c['duplex_gbps']:.2f} |")  # type: ignore[index]
+    print(f"| 256 MiB in+out, not registered | {u['gbps_both_ways']:.1f} GB/s | pinned {p['gbps_both_ways']:.1f} GB/s | "  # type: ignore[index]
+          f"{u['gbps_both_ways'] / p['gbps_both_ways']:.2f} |")  # type: ignore[index]
+    t, z = res["tiny_64B"], res["bare_zmq_64B"]
+    print(f"| 64 B scale p50 / p99 | {t['p50_us']:.1f} / {t['p99_us']:.1f} us | bare zmq {z['p50_us']:.1f} / "  # type: ignore[index]
+          f"{z['p99_us']:.1f} us | +{t['p50_us'] - z['p50_us']:.1f} us |")  # type: ignore[index]
+    print(f"| gemm 16x256x256 fp16 req/s | 8 procs {res['rps_gemm_8_clients']:.0f} | 1 proc {res['rps_gemm_1_client']:.0f} | "
+          f"{res['rps_gemm_8_clients'] / res['rps_gemm_1_client']:.2f}x |")  # type: ignore[operator]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

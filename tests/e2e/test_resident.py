@@ -1,0 +1,48 @@
+"""Resident tensors through the worker: put once, refer by name, drop, private vs shared, freed at disconnect."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+
+from shmrpc.client import Client, InvalidRequestError, KernelError, Pipeline, Resident
+
+if TYPE_CHECKING:
+    from conftest import WorkerProc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+
+def test_put_use_drop(worker: WorkerProc) -> None:
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal(1000).astype(np.float32)
+    x = rng.standard_normal(1000).astype(np.float32)
+    with Client(worker.name, timeout_s=10) as c:
+        c.put("bias", w)
+        assert c.resident()["bias"] == ((1000,), np.dtype(np.float32))
+        np.testing.assert_array_equal(c.call("vector_add", x=x, y=Resident("bias"))["out"], x + w)
+        p = Pipeline().then("scale", a=2.0).then("vector_add", inputs={"x": "0.out", "y": "y"})
+        np.testing.assert_allclose(c.call(p, x=x, y=Resident("bias"))["1.out"], 2 * x + w, rtol=1e-6)
+        c.drop("bias")
+        assert "bias" not in c.resident()
+        with pytest.raises(KernelError) as e:
+            c.drop("bias")
+        assert e.value.field == "resident"
+        with pytest.raises(InvalidRequestError):
+            c.call("vector_add", x=x, y=Resident("bias"))
+
+
+def test_private_names_are_private_and_dropped_at_disconnect(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=10) as a, Client(worker.name, timeout_s=10) as b:
+        a.put("w", np.ones(4, np.float32))
+        a.put("pub", np.full(4, 3.0, np.float32), shared=True)
+        assert "w" not in b.resident() and "shared/pub" in b.resident()
+        np.testing.assert_array_equal(b.call("vector_add", x=np.ones(4, np.float32),
+                                             y=Resident("shared/pub"))["out"], 4.0)
+        with pytest.raises(InvalidRequestError):
+            b.call("vector_add", x=np.ones(4, np.float32), y=Resident("w"))
+    with Client(worker.name, timeout_s=10) as c:
+        names = c.resident()
+        assert "shared/pub" in names and not any(k.endswith("/w") or k == "w" for k in names)
