@@ -134,13 +134,17 @@ class Client:
         self._regions: dict[int, AttachedRegion] = {}
         try:
             for r in w["regions"]:
-                self._regions[r["index"]] = AttachedRegion(r["name"], r["index"], r["nbytes"], self.geometry,
-                                                           self.worker_pid)
+                geo = Geometry.from_json(r["geometry"]) if "geometry" in r else self.geometry
+                self._regions[r["index"]] = AttachedRegion(r["name"], r["index"], r["nbytes"], geo, self.worker_pid)
+            self._t.send(m.ATTACHED)  # the worker now unlinks the names of our private regions
         except BaseException:
+            for reg in self._regions.values():
+                reg.close()
             self._t.close()
             raise
         self._free: list[_Slot] = sorted(
-            (_Slot(r, i, self.geometry.slot_nbytes(i), g, False) for r, i, g in w["lease"]), key=lambda s: s.nbytes
+            (_Slot(r, i, self._regions[r].geometry.slot_nbytes(i), g, False) for r, i, g in w["lease"]),
+            key=lambda s: s.nbytes,
         )
         self._parked: list[_Slot] = []
         self._inflight: dict[int, _Slot] = {}

@@ -13,6 +13,8 @@ C     CALL        c -> w     ``CALL`` struct: region u16, slot u32, request_id u
                              generation u32 (the request is in the slot)
 D     DONE        w -> c     ``DONE`` struct: region u16, slot u32, request_id u32,
                              status u16 (the response is in the slot)
+K     ATTACHED    c -> w     empty: the client has mapped every region of its WELCOME (the worker
+                             then unlinks the names of the client's private regions)
 A     ACQUIRE     c -> w     JSON: nbytes (borrow one more slot of that size)
 G     GRANT       w -> c     JSON: region, slot, generation, slot_nbytes
 R     RELEASE     c -> w     ``SLOT`` struct: region u16, slot u32 (give back a borrowed slot)
@@ -39,7 +41,7 @@ from typing import Any
 __all__ = [
     "PROTOCOL_VERSION",
     "HELLO", "WELCOME", "CALL", "DONE", "ACQUIRE", "GRANT", "RELEASE", "BYE", "STATUS", "STATE", "ERROR",
-    "MANAGE", "MANAGED",
+    "MANAGE", "MANAGED", "ATTACHED",
     "CALL_STRUCT", "DONE_STRUCT", "SLOT_STRUCT",
     "pack_json", "unpack_json", "pack_call", "unpack_call", "pack_done", "unpack_done",
 ]
@@ -55,6 +57,7 @@ GRANT = b"G"
 RELEASE = b"R"
 BYE = b"B"
 MANAGE = b"M"
+ATTACHED = b"K"
 MANAGED = b"m"
 STATUS = b"S"
 STATE = b"s"

@@ -71,6 +71,35 @@ class Leases:
                     self._slots[(r, i)] = s
                     self._free[c].append(s)
         self._clients: dict[int, _Client] = {}
+        self._private: dict[int, int] = {}  # region -> the client it belongs to
+
+    # ------------------------------------------------------------ private regions
+
+    def add_private(self, client: int, region: int, geometry: Geometry) -> list[Slot]:
+        """Give ``client`` every slot of its own new ``region`` (nobody else is ever granted them)."""
+        self._private[region] = client
+        c = self._clients.setdefault(client, _Client())
+        out = []
+        for cls_i, sc in enumerate(geometry.classes):
+            for i in geometry.slots_of_class(cls_i):
+                s = Slot(region, i, sc.slot_nbytes, cls_i, generation=1, owner=client)
+                self._slots[(region, i)] = s
+                c.slots.append(s)
+                out.append(s)
+        return out
+
+    def region_idle(self, region: int) -> bool:
+        """True when ``region`` is private, its client is gone and none of its slots holds a request."""
+        client = self._private.get(region)
+        if client is None or client in self._clients:
+            return False
+        return not any(s.in_flight for (r, _), s in self._slots.items() if r == region)
+
+    def remove_private(self, region: int) -> None:
+        """Forget an idle private region's slots."""
+        self._private.pop(region, None)
+        for key in [k for k in self._slots if k[0] == region]:
+            del self._slots[key]
 
     # ------------------------------------------------------------ grants
 
@@ -83,10 +112,13 @@ class Leases:
         self._clients[client].slots.append(s)
         return s
 
-    def open(self, client: int) -> list[Slot]:
-        """Start ``client``'s lease: up to ``lease[c]`` free slots of each class (fewer when short)."""
+    def open(self, client: int, from_pool: bool = True) -> list[Slot]:
+        """Start ``client``'s lease: up to ``lease[c]`` free pool slots of each class (fewer when short),
+        or none with ``from_pool=False`` (its slots then come from :meth:`add_private`)."""
         self._clients[client] = _Client()
-        out = []
+        out: list[Slot] = []
+        if not from_pool:
+            return out
         for c, want in enumerate(self._lease):
             for _ in range(min(want, len(self._free[c]))):
                 out.append(self._grant(client, self._free[c].pop(0), borrowed=False))
@@ -117,7 +149,8 @@ class Leases:
     def _free_slot(self, s: Slot) -> None:
         s.last_owner = s.owner
         s.owner, s.borrowed, s.in_flight, s.freeing = None, False, False, False
-        self._free[s.cls].append(s)
+        if s.region not in self._private:
+            self._free[s.cls].append(s)
 
     def release(self, client: int, region: int, index: int) -> bool:
         """Give back a borrowed slot; False when ``client`` does not hold it borrowed."""

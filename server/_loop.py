@@ -37,6 +37,7 @@ from shmrpc.schema import messages as m
 from shmrpc.schema.descriptor import encode_response
 from shmrpc.schema.errors import WIRE_CODES, BusyError, InternalError, InvalidRequestError, KernelError, RequestError
 from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag, Header, unpack_from
+from shmrpc.schema.layout import Geometry
 from shmrpc.schema.naming import endpoint, socket_path
 
 from . import checks, runtime
@@ -80,7 +81,7 @@ class Worker:
 
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
-        self.regions: list[Region] = []
+        self.regions: dict[int, Region] = {}  # index -> region; 0 is the pool
         self.backend: Any = None
         self._lock: runtime.WorkerLock | None = None
         self._ctx: zmq.Context | None = None
@@ -93,6 +94,7 @@ class Worker:
         self._clients: dict[bytes, _Client] = {}
         self._by_pidfd: dict[int, _Client] = {}
         self._next_client = 1
+        self._region_owner: dict[int, int] = {}  # private region index -> client id
         self._pending: list[_Pending] = []
         self._stopping = threading.Event()
         self._started = 0.0
@@ -114,15 +116,13 @@ class Worker:
             for cleaned in self._lock.cleaned:
                 log.warning("removed %s left by a worker that died", cleaned)
             self._started = time.time()
-            region = Region.create(cfg.name, cfg.geometry, index=0, mlock=cfg.mlock)
-            self.regions.append(region)
-            self._lock.set_regions([r.name for r in self.regions])
+            self.regions[0] = Region.create(cfg.name, cfg.geometry, index=0, mlock=cfg.mlock)
+            self._lock.set_regions([r.name for r in self.regions.values()])
             self.backend = kernels.select_backend(cfg.backend, resident_limit_bytes=cfg.resident_limit_bytes)
             if cfg.register_host:
-                for r in self.regions:
-                    self.backend.register_host(r.address, r.nbytes)
+                self.backend.register_host(self.regions[0].address, self.regions[0].nbytes)
             self.backend.warmup()
-            self.leases = Leases([r.geometry for r in self.regions], cfg.lease, self._zero)
+            self.leases = Leases([self.regions[0].geometry], cfg.lease, self._zero)
             self.dispatch = Dispatcher(self.backend, cfg.geometry.desc_nbytes)
             self._executor = ThreadPoolExecutor(cfg.threads, thread_name_prefix="shmrpc-op")
             self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -180,7 +180,7 @@ class Worker:
                 self.backend.close()
             finally:
                 self.backend = None
-        for r in self.regions:
+        for r in self.regions.values():
             r.close()
         self.regions.clear()
         for fd in (self._wake_r, self._wake_w):
@@ -285,6 +285,8 @@ class Worker:
             c = self._clients.get(identity)
             if c is not None:
                 self._end_client(c, "it said BYE")
+        elif kind == m.ATTACHED:
+            self._on_attached(identity)
         elif kind == m.MANAGE:
             self._on_manage(identity, frame)
         elif kind == m.STATUS:
@@ -334,7 +336,22 @@ class Worker:
         self._clients[identity] = client
         if pidfd is not None:
             self._by_pidfd[pidfd] = client
-        slots = self.leases.open(client.id)
+        private = self.config.private_geometry() if self.config.isolation == "client" else None
+        if private is not None:
+            try:
+                region = self._new_private_region(client.id, private)
+            except Exception as e:  # noqa: BLE001 - /dev/shm full, memlock, GPU registration: refuse, keep serving
+                self._clients.pop(identity, None)
+                if pidfd is not None:
+                    self._by_pidfd.pop(pidfd, None)
+                    os.close(pidfd)
+                return self._refuse(identity, "refused", f"cannot create this client's region: {e}", "region")
+            self.leases.open(client.id, from_pool=False)
+            slots = self.leases.add_private(client.id, region.index, private)
+            regions = [self.regions[0], region]
+        else:
+            slots = self.leases.open(client.id)
+            regions = [self.regions[0]]
         self.metrics.clients.set(len(self._clients))
         self.metrics.slots_leased.set(self.leases.n_leased)
         self._send(identity, m.pack_json(m.WELCOME, {
@@ -344,13 +361,52 @@ class Worker:
             "worker_pid": os.getpid(),
             "worker_start_ticks": runtime.process_start_ticks(os.getpid()),
             "backend": self.backend.name,
-            "regions": [{"index": r.index, "name": r.name, "nbytes": r.nbytes} for r in self.regions],
+            "regions": [{"index": r.index, "name": r.name, "nbytes": r.nbytes, "geometry": r.geometry.to_json()}
+                        for r in regions],
             "geometry": self.config.geometry.to_json(),
             "lease": [[s.region, s.index, s.generation] for s in slots],
             "op_table": kernels.op_table(),
         }))
         log.info("client %d (pid %d) connected with %d slots", client.id, pid, len(slots))
         return None
+
+    def _new_private_region(self, client: int, geometry: Geometry) -> Region:
+        """Create, pin and record the region holding ``client``'s leased slots."""
+        checks.check_shm_space(geometry.region_nbytes)
+        index = next(i for i in range(1, 1 << 16) if i not in self.regions)
+        region = Region.create(self.config.name, geometry, index=index, mlock=self.config.mlock)
+        try:
+            if self.config.register_host:
+                self.backend.register_host(region.address, region.nbytes)
+        except BaseException:
+            region.close()
+            raise
+        self.regions[index] = region
+        self._region_owner[index] = client
+        assert self._lock is not None
+        self._lock.set_regions([r.name for r in self.regions.values()])
+        return region
+
+    def _on_attached(self, identity: bytes) -> None:
+        """The client mapped its regions: unlink the names of its private ones, so nobody else can open them."""
+        c = self._clients.get(identity)
+        if c is None:
+            return
+        mine = [i for i, owner in self._region_owner.items() if owner == c.id]
+        for i in mine:
+            self.regions[i].unlink()
+        if mine:
+            assert self._lock is not None
+            self._lock.set_regions([r.name for i, r in self.regions.items() if i not in self._region_owner])
+
+    def _close_idle_regions(self) -> None:
+        for i in [i for i in self._region_owner if self.leases.region_idle(i)]:
+            region = self.regions.pop(i)
+            self._region_owner.pop(i)
+            self.leases.remove_private(i)
+            if self.config.register_host:
+                self.backend.unregister_host(region.address)
+            region.close()
 
     def _on_manage(self, identity: bytes, frame: bytes) -> None:
         c = self._clients.get(identity)
@@ -396,6 +452,7 @@ class Worker:
         self.metrics.clients.set(len(self._clients))
         self.metrics.slots_leased.set(self.leases.n_leased)
         log.info("client %d (pid %d) gone (%s): %d slots reclaimed", c.id, c.pid, why, n)
+        self._close_idle_regions()
         self._serve_pending()
 
     def _gauge_memory(self) -> None:
@@ -552,6 +609,7 @@ class Worker:
                              prep.nbytes_in if prep and status == 0 else 0,
                              prep.nbytes_out if prep and status == 0 else 0, stages)
         if s.owner is None:
+            self._close_idle_regions()
             self._serve_pending()
 
     # ------------------------------------------------------------ status
@@ -565,7 +623,8 @@ class Worker:
             "backend": self.backend.name if self.backend else None,
             "socket": str(socket_path(self.config.name)),
             "regions": [{"index": r.index, "name": r.name, "nbytes": r.nbytes, "slots": r.geometry.spec(),
-                         "mlocked": r.mlocked} for r in self.regions],
+                         "mlocked": r.mlocked, "owner": self._region_owner.get(r.index)}
+                        for r in self.regions.values()],
             "clients": [{"id": c.id, "pid": c.pid, "uid": c.uid, "connected_s": round(time.time() - c.since, 3),
                          "slots": [[s.region, s.index, s.nbytes, s.borrowed, s.in_flight] for s in self.leases.held(c.id)]}
                         for c in self._clients.values()],

@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
     s.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port on 127.0.0.1 (0: any)")
     s.add_argument("--no-mlock", action="store_true", help="do not mlock the region (no RLIMIT_MEMLOCK needed)")
+    s.add_argument("--isolation", choices=("client", "shared"), default="client",
+                   help="client: leased slots in a region per client, unlinked once mapped (default); "
+                        "shared: all slots in the worker's pool region")
     s.add_argument("--no-register", action="store_true",
                    help="do not pin the region for the GPU (only to measure what pinning buys)")
     s.add_argument("--threads", type=int, default=4, help="executor threads for larger requests")
@@ -71,6 +74,7 @@ def _serve(args: argparse.Namespace) -> int:
             name=args.name, geometry=geometry, lease=lease, backend=args.backend, metrics_port=args.metrics_port,
             mlock=not args.no_mlock, threads=args.threads, inline_max_nbytes=parse_size(args.inline_max),
             resident_limit_bytes=parse_size(args.resident_limit), allow_uids=tuple(args.allow_uid), register_host=not args.no_register,
+            isolation=args.isolation,
         )
     except ValueError as e:
         print(f"shmrpc serve: {e}", file=sys.stderr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shmrpc.schema.layout import DEFAULT_GEOMETRY, Geometry
+from shmrpc.schema.layout import DEFAULT_GEOMETRY, Geometry, SizeClass
 from shmrpc.schema.naming import validate_name
 
 __all__ = ["WorkerConfig", "DEFAULT_LEASE", "parse_lease"]
@@ -42,6 +42,9 @@ class WorkerConfig:
         resident_limit_bytes: cap on resident tensors held by the backend.
         allow_uids: uids besides the worker's own that may connect.
         heartbeat_s: how often the loop checks on clients it has no pidfd for.
+        isolation: ``"client"`` (default): each client's leased slots live in a region of its own,
+            whose name is unlinked as soon as the client has mapped it, so no other process can open
+            it; ``"shared"``: leased slots come from the worker's pool region like borrowed ones.
         register_host: pin the region for the GPU (cudaHostRegister) on the CuPy backend; off only
             to measure what pinning buys.
     """
@@ -58,6 +61,7 @@ class WorkerConfig:
     allow_uids: tuple[int, ...] = ()
     heartbeat_s: float = 0.5
     register_host: bool = True
+    isolation: str = "client"
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -68,5 +72,12 @@ class WorkerConfig:
             raise ValueError(f"--lease names {len(self.lease)} classes but --slots has {n}")
         lease = tuple(self.lease) + (0,) * (n - len(self.lease))
         object.__setattr__(self, "lease", lease)
+        if self.isolation not in ("client", "shared"):
+            raise ValueError(f"--isolation must be client or shared, got {self.isolation!r}")
         if self.threads < 1:
             raise ValueError("--threads must be >= 1")
+
+    def private_geometry(self) -> Geometry | None:
+        """The geometry of a client's own region: ``lease[c]`` slots of each class (None if the lease is empty)."""
+        classes = tuple(SizeClass(c.slot_nbytes, n) for c, n in zip(self.geometry.classes, self.lease) if n > 0)
+        return Geometry(classes, self.geometry.desc_nbytes) if classes else None

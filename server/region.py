@@ -268,6 +268,10 @@ class Region:
         self._check_slot(slot)
         ctypes.memset(self.address + self.geometry.slot_offset(slot), 0, self.geometry.slot_nbytes(slot))
 
+    def unlink(self) -> None:
+        """Remove the region's name now (the mapping stays): nobody can open it any more. Idempotent."""
+        unlink_region(self.name)
+
     def close(self) -> None:
         """Munlock, release views, unmap and unlink the region; idempotent.
 

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
+from wire import D, raw_call
+from wire import make_desc as _desc
 
 from shmrpc.client import (
     BusyError,
@@ -25,44 +27,16 @@ from shmrpc.client import (
     UnknownOpError,
 )
 from shmrpc.schema import messages as m
-from shmrpc.schema.descriptor import RequestDesc, StepDesc, TensorRef, encode_request
-from shmrpc.schema.header import HEADER, Header
+from shmrpc.schema.descriptor import TensorRef
 
 NO_RESPONSE = 0x8000
 
 if TYPE_CHECKING:
     from conftest import WorkerProc
 
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
-D = 4096  # descriptor area
-
-
-def _desc(op: str = "vector_add", tensors: tuple[TensorRef, ...] | None = None, outputs: tuple[str, ...] = ("out",),
-          attrs: tuple[tuple[str, Any], ...] = (), code: int = 0) -> bytes:
-    if tensors is None:
-        tensors = (TensorRef("x", "float32", (4,), D, 16), TensorRef("y", "float32", (4,), D + 64, 16))
-    ins = tuple((t.name, t.name) for t in tensors)
-    return encode_request(RequestDesc((StepDesc(op, code, ins, (("out", "out"),), attrs),), tensors, outputs))
-
-
-def raw_call(c: Client, payload: bytes | None = None, *, header: Callable[[Header], Header] | None = None,
-             call: tuple[int, int, int, int] | None = None) -> None:
-    """Write ``payload`` and a header (optionally edited) into one of c's slots, ring with a real CALL
-    (optionally naming another slot), and raise the error the worker answers with."""
-    rid = 777
-    with c.loan(1024) as loan:
-        s, mv = loan._s, loan._live()
-        payload = _desc() if payload is None else payload
-        h = Header(rid, 0, len(payload), 0, s.generation)
-        mv[16:16 + len(payload)] = payload
-        HEADER.pack_into(mv, 0, *(header(h) if header else h))
-        region, slot, _, gen = call or (s.region, s.index, rid, s.generation)
-        s.in_flight = rid
-        c._inflight[rid] = s
-        c._t.send(m.pack_call(region, slot, rid, gen))
-        loan._wait(rid, time.monotonic() + 10)
-        loan._response(rid)
 
 
 def _good(c: Client) -> None:

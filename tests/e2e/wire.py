@@ -1,0 +1,42 @@
+"""Raw wire helpers for e2e tests: craft descriptors and ring real doorbells with hand-made bytes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from shmrpc.client import Client
+from shmrpc.schema import messages as m
+from shmrpc.schema.descriptor import RequestDesc, StepDesc, TensorRef, encode_request
+from shmrpc.schema.header import HEADER, Header
+
+D = 4096  # descriptor area of every slot
+
+
+def make_desc(op: str = "vector_add", tensors: tuple[TensorRef, ...] | None = None,
+              outputs: tuple[str, ...] = ("out",), attrs: tuple[tuple[str, Any], ...] = (), code: int = 0) -> bytes:
+    """A one-step request descriptor binding every tensor to the op parameter of the same name."""
+    if tensors is None:
+        tensors = (TensorRef("x", "float32", (4,), D, 16), TensorRef("y", "float32", (4,), D + 64, 16))
+    ins = tuple((t.name, t.name) for t in tensors)
+    return encode_request(RequestDesc((StepDesc(op, code, ins, (("out", "out"),), attrs),), tensors, outputs))
+
+
+def raw_call(c: Client, payload: bytes | None = None, *, header: Callable[[Header], Header] | None = None,
+             call: tuple[int, int, int, int] | None = None) -> None:
+    """Write ``payload`` and a header (optionally edited) into one of c's slots, ring with a real CALL
+    (optionally naming another slot), and raise the error the worker answers with."""
+    rid = 777
+    with c.loan(1024) as loan:
+        s, mv = loan._s, loan._live()
+        payload = make_desc() if payload is None else payload
+        h = Header(rid, 0, len(payload), 0, s.generation)
+        mv[16:16 + len(payload)] = payload
+        HEADER.pack_into(mv, 0, *(header(h) if header else h))
+        region, slot, _, gen = call or (s.region, s.index, rid, s.generation)
+        s.in_flight = rid
+        c._inflight[rid] = s
+        c._t.send(m.pack_call(region, slot, rid, gen))
+        loan._wait(rid, time.monotonic() + 10)
+        loan._response(rid)
