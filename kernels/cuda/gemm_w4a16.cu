@@ -8,8 +8,9 @@
 // (16 columns x 2 k each): every warp-wide load is fully coalesced.
 //
 // Block: 256 threads = 8 column-threads (tx, 16 columns each: 128 columns) x 32 row-threads (ty).
-// grid = (ceil(N/128), ksplit): blockIdx.y takes rows [y*rows_per_split, ...). Row-threads take
-// runs of RUN=8 packed rows (16 k) round robin; a run never crosses a group (group rows % 8 == 0).
+// grid = (ceil(N/128), ksplit): blockIdx.y takes rows [y*rows_per_split, ...), cut in runs of RUN=8
+// packed rows (16 k); row-thread ty takes a contiguous block of runs. A run never crosses a group
+// (group rows % 8 == 0).
 //
 // Dequant trick: a nibble q placed in the mantissa of 1.0f is a float 1 + q * 2^-e: one LOP3
 // (mask and OR) per nibble. A byte's low nibble (even k) goes to bits 19..22 (1 + q/16), its
@@ -51,39 +52,43 @@ __global__ void __launch_bounds__(256, PF ? 2 : 1) w4a16_gemm(
   const int nruns = (row_end - row_begin) / W4_RUN;
   const int ksplit = gridDim.y;
 
+  // Row-thread ty takes a contiguous block of runs, so its accumulators live across the runs of
+  // one group and the scale/zero fold happens once per group, not once per run.
+  const int runs_per_thread = (nruns + 31) >> 5;
+  const int run_begin = ty * runs_per_thread;
+  const int run_end = min(run_begin + runs_per_thread, nruns);
+  const int runs_per_group = group_rows / W4_RUN;
+
   for (int m0 = 0; m0 < M; m0 += MB) {
     float res[MB][16];
+    float accL[MB][16], accH[MB][16], sxe[MB], sxo[MB];
 #pragma unroll
-    for (int mm = 0; mm < MB; ++mm)
+    for (int mm = 0; mm < MB; ++mm) {
+      sxe[mm] = 0.f;
+      sxo[mm] = 0.f;
 #pragma unroll
-      for (int c = 0; c < 16; ++c) res[mm][c] = 0.f;
-
-    uint4 w[W4_RUN], wn[PF ? W4_RUN : 1];
-    if (PF && col_ok && ty < nruns) {
-#pragma unroll
-      for (int i = 0; i < W4_RUN; ++i) wn[i] = ld_nc_v4(qweight + (u64)(row_begin + ty * W4_RUN + i) * N + col0);
+      for (int c = 0; c < 16; ++c) { res[mm][c] = 0.f; accL[mm][c] = 0.f; accH[mm][c] = 0.f; }
     }
-    for (int run = ty; col_ok && run < nruns; run += 32) {
+    const unsigned char* wp = qweight + (u64)(row_begin + run_begin * W4_RUN) * N + col0;
+    uint4 w[W4_RUN], wn[PF ? W4_RUN : 1];
+    if (PF && col_ok && run_begin < run_end) {
+#pragma unroll
+      for (int i = 0; i < W4_RUN; ++i) { wn[i] = ld_nc_v4(wp); wp += N; }
+    }
+    int g = (row_begin + run_begin * W4_RUN) / group_rows;
+    int left_in_group = runs_per_group - ((row_begin + run_begin * W4_RUN) / W4_RUN) % runs_per_group;
+    for (int run = run_begin; col_ok && run < run_end; ++run) {
       const int row = row_begin + run * W4_RUN;
       if (PF) {
 #pragma unroll
         for (int i = 0; i < W4_RUN; ++i) w[i] = wn[i];
-        if (run + 32 < nruns) {
+        if (run + 1 < run_end) {
 #pragma unroll
-          for (int i = 0; i < W4_RUN; ++i) wn[i] = ld_nc_v4(qweight + (u64)(row + 32 * W4_RUN + i) * N + col0);
+          for (int i = 0; i < W4_RUN; ++i) { wn[i] = ld_nc_v4(wp); wp += N; }
         }
       } else {
-        const unsigned char* wp = qweight + (u64)row * N + col0;
 #pragma unroll
         for (int i = 0; i < W4_RUN; ++i) { w[i] = ld_nc_v4(wp); wp += N; }
-      }
-      float accL[MB][16], accH[MB][16], sxe[MB], sxo[MB];
-#pragma unroll
-      for (int mm = 0; mm < MB; ++mm) {
-        sxe[mm] = 0.f;
-        sxo[mm] = 0.f;
-#pragma unroll
-        for (int c = 0; c < 16; ++c) { accL[mm][c] = 0.f; accH[mm][c] = 0.f; }
       }
 #pragma unroll
       for (int i = 0; i < W4_RUN; ++i) {
@@ -118,18 +123,27 @@ __global__ void __launch_bounds__(256, PF ? 2 : 1) w4a16_gemm(
             }
         }
       }
-      const int g = row / group_rows;
-      const uint4 s01 = ld_nc_v4(scales + (u64)g * N + col0), s23 = ld_nc_v4(scales + (u64)g * N + col0 + 8);
-      const uint4 z01 = ld_nc_v4(zeros + (u64)g * N + col0), z23 = ld_nc_v4(zeros + (u64)g * N + col0 + 8);
-      const u32 sw[8] = {s01.x, s01.y, s01.z, s01.w, s23.x, s23.y, s23.z, s23.w};
-      const u32 zw[8] = {z01.x, z01.y, z01.z, z01.w, z23.x, z23.y, z23.z, z23.w};
+      --left_in_group;
+      if (left_in_group == 0 || run + 1 == run_end) {  // fold this group's sums with its scales/zeros
+        const uint4 s01 = ld_nc_v4(scales + (u64)g * N + col0), s23 = ld_nc_v4(scales + (u64)g * N + col0 + 8);
+        const uint4 z01 = ld_nc_v4(zeros + (u64)g * N + col0), z23 = ld_nc_v4(zeros + (u64)g * N + col0 + 8);
+        const u32 sw[8] = {s01.x, s01.y, s01.z, s01.w, s23.x, s23.y, s23.z, s23.w};
+        const u32 zw[8] = {z01.x, z01.y, z01.z, z01.w, z23.x, z23.y, z23.z, z23.w};
 #pragma unroll
-      for (int c = 0; c < 16; ++c) {
-        const float s = h2f((u16)(c & 1 ? sw[c >> 1] >> 16 : sw[c >> 1] & 0xffffu));
-        const float z = h2f((u16)(c & 1 ? zw[c >> 1] >> 16 : zw[c >> 1] & 0xffffu));
+        for (int c = 0; c < 16; ++c) {
+          const float sc = h2f((u16)(c & 1 ? sw[c >> 1] >> 16 : sw[c >> 1] & 0xffffu));
+          const float zr = h2f((u16)(c & 1 ? zw[c >> 1] >> 16 : zw[c >> 1] & 0xffffu));
 #pragma unroll
-        for (int mm = 0; mm < MB; ++mm)
-          res[mm][c] += s * (16.f * (accL[mm][c] - sxe[mm]) + 256.f * (accH[mm][c] - sxo[mm]) - z * (sxe[mm] + sxo[mm]));
+          for (int mm = 0; mm < MB; ++mm) {
+            res[mm][c] += sc * (16.f * (accL[mm][c] - sxe[mm]) + 256.f * (accH[mm][c] - sxo[mm]) - zr * (sxe[mm] + sxo[mm]));
+            accL[mm][c] = 0.f;
+            accH[mm][c] = 0.f;
+          }
+        }
+#pragma unroll
+        for (int mm = 0; mm < MB; ++mm) { sxe[mm] = 0.f; sxo[mm] = 0.f; }
+        ++g;
+        left_in_group = runs_per_group;
       }
     }
     // the 4 row-threads of a warp share tx: lanes differ in bits 3 and 4
