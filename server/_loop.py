@@ -122,6 +122,8 @@ class Worker:
             if cfg.register_host:
                 self.backend.register_host(self.regions[0].address, self.regions[0].nbytes)
             self.backend.warmup()
+            # Fault injection for tests only (never a real GPU reset): the next request fails as if CUDA had.
+            self.backend.inject_fault = os.environ.get("SHMRPC_INJECT_FAULT") or None
             self.leases = Leases([self.regions[0].geometry], cfg.lease, self._zero)
             self.dispatch = Dispatcher(self.backend, cfg.geometry.desc_nbytes)
             self._executor = ThreadPoolExecutor(cfg.threads, thread_name_prefix="shmrpc-op")

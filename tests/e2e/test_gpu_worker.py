@@ -1,0 +1,94 @@
+"""The CuPy worker end to end (GPU machine only): results against NumPy, pipelines on the device,
+resident tensors, bad requests leave the CUDA context usable, an injected CUDA error is survived."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+
+from shmrpc.client import Client, KernelError, Pipeline, Resident
+
+if TYPE_CHECKING:
+    from conftest import WorkerProc
+
+
+def _gpu_reason() -> str | None:
+    try:
+        import cupy
+
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001 - any failure means no usable GPU here
+        return f"no CuPy/GPU here ({type(e).__name__})"
+    return None
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.e2e, pytest.mark.timeout(120),
+              pytest.mark.skipif(_gpu_reason() is not None, reason=_gpu_reason() or "")]
+
+
+def _cupy_worker(spawn_worker: Callable[..., WorkerProc], **env: str) -> WorkerProc:
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return spawn_worker("--backend", "cupy", slots="64K:16,1M:4,16M:2,80M:2", lease="4,1,1,1")
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_ops_and_pipeline_on_gpu(spawn_worker: Callable[..., WorkerProc]) -> None:
+    w = _cupy_worker(spawn_worker)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((256, 512)).astype(np.float32)
+    y = rng.standard_normal((256, 512)).astype(np.float32)
+    with Client(w.name, timeout_s=60) as c:
+        assert c.backend == "cupy"
+        np.testing.assert_allclose(c.call("vector_add", x=x, y=y)["out"], x + y, rtol=1e-6)
+        np.testing.assert_allclose(c.call("scale", x=x, a=2.0, b=-1.0)["out"], 2 * x - 1, rtol=1e-6)
+        big = rng.standard_normal(12 << 20 >> 2).astype(np.float32)  # 12 MiB: the chunked, overlapped path
+        np.testing.assert_allclose(c.call("scale", x=big, a=3.0)["out"], 3 * big, rtol=1e-6)
+        xs = rng.standard_normal((64, 1024)).astype(np.float16)
+        g = rng.standard_normal(1024).astype(np.float16)
+        b = rng.standard_normal(1024).astype(np.float16)
+        out = c.call(Pipeline().then("layernorm_gelu", inputs={"x": "x", "gamma": "gamma", "beta": "beta"})
+                     .then("softmax"), x=xs, gamma=g, beta=b)["1.out"].astype(np.float64)
+        np.testing.assert_allclose(out.sum(axis=-1), 1.0, rtol=1e-2)
+
+
+def test_resident_weights_gemm(spawn_worker: Callable[..., WorkerProc]) -> None:
+    w = _cupy_worker(spawn_worker)
+    rng = np.random.default_rng(8)
+    wt = rng.standard_normal((512, 256)).astype(np.float32)
+    x = rng.standard_normal((8, 512)).astype(np.float32)
+    with Client(w.name, timeout_s=60) as c:
+        c.put("w", wt)
+        got = c.call("gemm", x=x, w=Resident("w"))["out"]
+        ref = x.astype(np.float64) @ wt.astype(np.float64)
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-3
+
+
+def test_bad_request_keeps_context_usable(spawn_worker: Callable[..., WorkerProc]) -> None:
+    w = _cupy_worker(spawn_worker)
+    with Client(w.name, timeout_s=60) as c:
+        with pytest.raises(KernelError) as e:
+            c.call("gemm", x=np.ones((4, 8), np.float32), w=np.ones((9, 4), np.float32))
+        assert e.value.op == "gemm" and e.value.field == "shape"
+        with pytest.raises(KernelError):
+            c.call("vector_add", x=np.ones(4, np.float32), y=np.ones(4, np.float64))
+        np.testing.assert_array_equal(c.call("vector_add", x=np.ones(4, np.float32), y=np.ones(4, np.float32))["out"], 2)
+
+
+def test_injected_cuda_error_fails_one_request_then_recovers(spawn_worker: Callable[..., WorkerProc]) -> None:
+    w = _cupy_worker(spawn_worker, SHMRPC_INJECT_FAULT="cuda_error")
+    x = np.arange(1024, dtype=np.float32)
+    with Client(w.name, timeout_s=60) as c:
+        with pytest.raises(KernelError):
+            c.call("scale", x=x, a=2.0)
+        np.testing.assert_array_equal(c.call("scale", x=x, a=2.0)["out"], 2 * x)
