@@ -200,8 +200,8 @@ GEMM_W4A16 = register(OpSpec(
     tolerances={"float16": TOL_MATMUL["float16"], "bfloat16": TOL_MATMUL["bfloat16"]},
     doc="x (M, K) float16/bfloat16, qweight (K/2, N) uint8, scales/zeros (K/gs, N) float16 as made by "
         "quantize_int4 -> out (M, N) in x's dtype = x @ ((q - zeros) * scales), float32 accumulation. "
-        "CuPy: one kernel dequantizing in registers when N % 16 == 0 and group_size % 16 == 0 "
-        "(else dequantize + matmul).",
+        "CuPy: one kernel dequantizing in registers (M <= 4, or bfloat16) when N % 16 == 0, K % 16 == 0 and "
+        "group_size % 16 == 0; float16 with M >= 5: a dequantize kernel then cuBLAS; other shapes: array code.",
     example={"x": TensorSpec((1, 256), "float16"), "qweight": TensorSpec((128, 128), "uint8"),
              "scales": TensorSpec((2, 128), "float16"), "zeros": TensorSpec((2, 128), "float16")},
 ))
