@@ -59,6 +59,9 @@ from ._transport import Transport, control_error
 __all__ = ["Client", "Loan", "CallFuture", "Resident"]
 
 NO_RESPONSE = 0x8000
+_IN_PLACE = int(Flag.IN_PLACE)
+_KEEP = int(Flag.KEEP)
+_RESPONSE = int(Flag.RESPONSE)
 
 
 @dataclass(frozen=True)
@@ -448,7 +451,7 @@ class Client:
             raise RequestTooLargeError(f"the descriptor ({len(payload)} B) does not fit the slot's descriptor area "
                                        f"({self.geometry.desc_nbytes} B): use fewer tensors or steps",
                                        field="descriptor")
-        hit = (payload, steps[0].op_code, flags | (Flag.KEEP if keep else 0))
+        hit = (payload, steps[0].op_code, flags | (_KEEP if keep else 0))
         if len(self._desc_cache) > 4096:
             self._desc_cache.clear()
         self._desc_cache[key] = hit
@@ -490,6 +493,7 @@ class Loan:
         self._tensors: list[TensorRef] = []
         self._cursor = client.geometry.desc_nbytes
         self._done = False
+        self._memo: dict[Any, tuple[bytes, int, int]] = {}  # descriptors of this loan's tensors, by (op, attrs, ...)
 
     @property
     def nbytes(self) -> int:
@@ -530,6 +534,7 @@ class Loan:
                                        f"{format_size(self._s.nbytes)} slot: loan a larger one", tensor=name,
                                        field="nbytes")
         self._tensors.append(TensorRef(name, dname, shape, off, nbytes))
+        self._memo.clear()
         self._cursor = off + nbytes
         return np.frombuffer(self._s.buf, dtype=dt, count=math.prod(shape), offset=off).reshape(shape)
 
@@ -538,14 +543,19 @@ class Loan:
         self._live()
         self._tensors.append(TensorRef(name, dtypes.name_of_numpy(np.dtype(dtype)), tuple(shape), 0, 0,
                                        resident_name))
+        self._memo.clear()
 
     def _post(self, op: str | Pipeline, attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...]) -> int:
         """Write descriptor and header, ring the worker; returns the request_id."""
         c, s, mv = self._c, self._s, self._live()
         if s.in_flight is not None:
             raise InvalidRequestError("this loan already has a request in flight", field="slot")
-        payload, op_code, flags = c._describe(op, tuple(self._tensors), attrs,
-                                              int(Flag.IN_PLACE) if in_place else 0, tuple(keep))
+        key = (op, tuple(attrs.items()), in_place, tuple(keep))
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = c._describe(op, tuple(self._tensors), attrs, _IN_PLACE if in_place else 0,
+                                                tuple(keep))
+        payload, op_code, flags = hit
         rid = next(c._rid) & 0xFFFFFFFF
         mv[HEADER_NBYTES:HEADER_NBYTES + len(payload)] = payload
         # NOTE: order is important here: header after descriptor, CALL after header (the publication point).
@@ -574,7 +584,7 @@ class Loan:
                 self._done = True  # the slot is no longer ours: never write to it again
             raise err
         h = unpack_from(mv)
-        if not h.flags & Flag.RESPONSE or h.request_id != rid or h.payload_length > len(mv) - HEADER_NBYTES:
+        if not h.flags & _RESPONSE or h.request_id != rid or h.payload_length > len(mv) - HEADER_NBYTES:
             raise RequestError("the worker's response header is malformed", field="header")
         resp = _decode(bytes(mv[HEADER_NBYTES:HEADER_NBYTES + h.payload_length]))
         if resp.status:

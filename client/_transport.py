@@ -108,26 +108,28 @@ class Transport:
             Timeout: ``deadline`` (time.monotonic) passed first.
             WorkerGoneError: the worker process exited.
         """
+        sock, pidfd = self.sock, self.pidfd
         while not until():
             if self.gone:
                 raise WorkerGoneError(self.gone)
-            wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000) + 1)
-            events = dict(self._poller.poll(wait_ms))
-            if self.sock in events:
-                while True:
-                    try:
-                        frame = self.sock.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    if frame[:1] == m.DONE:
-                        on_done(*m.unpack_done(frame))
-                    else:
-                        on_control(frame)
-            elif self.pidfd is not None and self.pidfd in events:
-                self.gone = f"worker {self.name!r} (pid {self.worker_pid}) exited"
-                raise WorkerGoneError(self.gone)
-            elif deadline is not None and time.monotonic() >= deadline and not until():
-                raise Timeout(f"no answer from worker {self.name!r} in time")
+            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # nothing queued: wait for the socket or the pidfd
+                wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000) + 1)
+                events = dict(self._poller.poll(wait_ms))
+                if pidfd is not None and pidfd in events:
+                    self.gone = f"worker {self.name!r} (pid {self.worker_pid}) exited"
+                    raise WorkerGoneError(self.gone)
+                if sock not in events:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise Timeout(f"no answer from worker {self.name!r} in time")
+                    continue
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            if frame[:1] == m.DONE:
+                on_done(*m.unpack_done(frame))
+            else:
+                on_control(frame)
 
     def worker_alive(self) -> bool:
         """False once the worker process is known to have exited."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import flatbuffers
 
@@ -45,9 +46,12 @@ MAX_ATTRS = 16
 MAX_NAME = 128
 
 
-@dataclass(frozen=True)
-class TensorRef:
-    """A tensor of a request or response: in the slot at (offset, nbytes), or resident by name."""
+class TensorRef(NamedTuple):
+    """A tensor of a request or response: in the slot at (offset, nbytes), or resident by name.
+
+    A NamedTuple rather than a dataclass: it is hashed on every call (descriptor caches), and a
+    tuple's hash is computed in C.
+    """
 
     name: str
     dtype: str

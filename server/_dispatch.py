@@ -36,6 +36,9 @@ from shmrpc.schema.layout import TENSOR_ALIGN, align_up, format_size, tensor_ali
 __all__ = ["Prepared", "Dispatcher", "kernel_error", "error_response", "resident_name"]
 
 _MAX_MESSAGE = 1000
+_REQUEST_MASK = Flag.request_mask()
+_KEEP = int(Flag.KEEP)
+_IN_PLACE = int(Flag.IN_PLACE)
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ def check_header(h: Header, request_id: int, generation: int, desc_nbytes: int) 
         raise InvalidRequestError(
             f"header request_id {h.request_id} differs from the doorbell's {request_id}", field="request_id"
         )
-    if h.flags & ~Flag.request_mask():
+    if h.flags & ~_REQUEST_MASK:
         raise InvalidRequestError(f"metadata_flags 0x{h.flags:04x} sets bits a request may not set", field="metadata_flags")
     if h.generation != generation:
         raise StaleSlotError(f"header generation {h.generation} is not the slot's ({generation})", field="reserved")
@@ -178,7 +181,7 @@ class Dispatcher:
             self._check_tensor(t, i, slot_nbytes)
         if not desc.outputs and not desc.keep:
             raise InvalidRequestError("the request asks for no output", field="outputs")
-        if bool(desc.keep) != bool(flags & Flag.KEEP):
+        if bool(desc.keep) != bool(flags & _KEEP):
             raise InvalidRequestError("the KEEP flag and the keep list disagree", field="metadata_flags")
         resident = {t.name: resident_name(client, t.resident) for t in desc.inputs if t.resident}
         specs = {t.name: kernels.TensorSpec(tuple(t.shape), t.dtype) for t in desc.inputs}
@@ -210,7 +213,7 @@ class Dispatcher:
         last_spec = kernels.REGISTRY[last.op]
         first_param = last_spec.inputs[0] if last_spec.inputs else None
         source = dict(last.inputs).get(first_param or "", "")
-        overwrite = alias_only or (flags & Flag.IN_PLACE and last_spec.inplace)
+        overwrite = alias_only or (flags & _IN_PLACE and last_spec.inplace)
         pos = align_up(max((t.offset + t.nbytes for t in inputs), default=self.desc_nbytes), TENSOR_ALIGN)
         out = []
         aliased = 0

@@ -53,6 +53,8 @@ log = logging.getLogger("shmrpc.server")
 
 #: Set in a DONE status when the slot was not touched (the code is in the low 15 bits).
 NO_RESPONSE = 0x8000
+_OK_FLAGS = int(Flag.RESPONSE)
+_ERROR_FLAGS = int(Flag.RESPONSE | Flag.ERROR)
 
 
 @dataclass(eq=False)
@@ -95,6 +97,7 @@ class Worker:
         self._by_pidfd: dict[int, _Client] = {}
         self._next_client = 1
         self._region_owner: dict[int, int] = {}  # private region index -> client id
+        self._views: dict[tuple[int, int], memoryview] = {}  # (region, slot) -> the slot's bytes, made once
         self._pending: list[_Pending] = []
         self._stopping = threading.Event()
         self._started = 0.0
@@ -182,6 +185,7 @@ class Worker:
                 self.backend.close()
             finally:
                 self.backend = None
+        self._views.clear()
         for r in self.regions.values():
             r.close()
         self.regions.clear()
@@ -253,14 +257,15 @@ class Worker:
         return max(0, int((deadline - time.monotonic()) * 1000) + 1)
 
     def _drain_socket(self, stopping: bool) -> None:
-        assert self._sock is not None
+        sock = self._sock
+        assert sock is not None
         for _ in range(256):  # bounded, so completions and pidfds get their turn
-            try:
-                identity, frame = self._sock.recv_multipart(zmq.NOBLOCK, copy=True)
-            except zmq.Again:
+            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # cheaper than catching zmq.Again
                 return
-            except ValueError:  # wrong frame count from a peer: ignore it
+            frames = sock.recv_multipart(zmq.NOBLOCK)
+            if len(frames) != 2:  # a peer speaking something else: ignore it
                 continue
+            identity, frame = frames
             try:
                 self._handle(identity, frame, stopping)
             except Exception:  # noqa: BLE001 - nothing a peer sends may stop the loop
@@ -405,6 +410,8 @@ class Worker:
         for i in [i for i in self._region_owner if self.leases.region_idle(i)]:
             region = self.regions.pop(i)
             self._region_owner.pop(i)
+            for key in [k for k in self._views if k[0] == i]:
+                del self._views[key]
             self.leases.remove_private(i)
             if self.config.register_host:
                 self.backend.unregister_host(region.address)
@@ -541,7 +548,9 @@ class Worker:
             self._send(identity, m.pack_done(region, index, rid, NO_RESPONSE | e.code))
             return None
         t0 = time.perf_counter()
-        view = self.regions[region].slot_view(index)
+        view = self._views.get((region, index))
+        if view is None:
+            view = self._views[(region, index)] = self.regions[region].slot_view(index)
         hdr = Header(rid, 0, 0, 0, gen)
         prep: Prepared | None = None
         try:
@@ -643,9 +652,8 @@ def _write_response(view: memoryview, hdr: Header, payload: bytes, status: int) 
     """Response descriptor first, then the header."""
     n = len(payload)
     view[HEADER_NBYTES:HEADER_NBYTES + n] = payload
-    flags = Flag.RESPONSE | (Flag.ERROR if status else 0)
     # NOTE: order is important here: the header goes last, after the descriptor it describes.
-    HEADER.pack_into(view, 0, hdr.request_id, hdr.op_code, n, int(flags), hdr.generation)
+    HEADER.pack_into(view, 0, hdr.request_id, hdr.op_code, n, _ERROR_FLAGS if status else _OK_FLAGS, hdr.generation)
 
 
 def _error_msg(e: RequestError) -> bytes:

@@ -75,6 +75,9 @@ class Metrics:
         self.gpu_memory = Gauge(*_GAUGES["gpu_memory"], registry=r)
         self.resident = Gauge(*_GAUGES["resident"], registry=r)
         self.port: int | None = None
+        # labelled children, looked up once: labels() costs more than the observation itself
+        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._stage_children: dict[tuple[str, str], Any] = {}
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
@@ -90,15 +93,22 @@ class Metrics:
             nbytes_out: tensor bytes written to the slot.
             stages: seconds per stage (see :data:`STAGES`).
         """
-        self.requests.labels(op, status).inc()
-        self.duration.labels(op).observe(seconds)
+        children = self._children.get((op, status))
+        if children is None:
+            children = self._children[(op, status)] = (self.requests.labels(op, status), self.duration.labels(op))
+        children[0].inc()
+        children[1].observe(seconds)
         if nbytes_in:
             self.bytes_in.inc(nbytes_in)
         if nbytes_out:
             self.bytes_out.inc(nbytes_out)
         if stages:
             for stage, stage_s in stages.items():
-                self.stage.labels(op, stage).observe(stage_s)
+                if stage_s > 0 and stage in STAGES:
+                    child = self._stage_children.get((op, stage))
+                    if child is None:
+                        child = self._stage_children[(op, stage)] = self.stage.labels(op, stage)
+                    child.observe(stage_s)
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         """Serve ``/metrics`` over HTTP in a daemon thread; :attr:`port` tells the bound port.
