@@ -44,6 +44,7 @@ class _Slot:
 
     def __init__(self, cupy: Any, generation: int) -> None:
         self.streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(_N_STREAMS)]
+        self.events = [cupy.cuda.Event() for _ in range(4)]  # reused: a slot serves one run at a time
         self.workspace: dict[str, Any] = {}
         self.generation = generation
 
@@ -195,7 +196,7 @@ class CupyBackend(Backend):
                    resident: dict[str, Any], keep_as: Mapping[str, str] | None) -> dict[str, float]:
         cp = self.xp
         s = slot.streams[0]
-        ev = [cp.cuda.Event() for _ in range(4)]
+        ev = slot.events
         try:
             with s:
                 ev[0].record(s)
@@ -220,10 +221,10 @@ class CupyBackend(Backend):
         return {"h2d": ms[0], "kernel": ms[1], "d2h": ms[2]}
 
     def _chunkable(self, plan: Plan, host_in: dict[str, np.ndarray], host_out: dict[str, np.ndarray]) -> bool:
-        if not plan.elementwise or plan.keep:
+        moved = sum(h.nbytes for h in host_in.values()) + sum(h.nbytes for h in host_out.values())
+        if moved <= CHUNK_THRESHOLD_BYTES or not plan.elementwise or plan.keep:
             return False
         shapes = {s.shape for s in plan.tensors.values()}
-        moved = sum(h.nbytes for h in host_in.values()) + sum(h.nbytes for h in host_out.values())
         views = list(host_in.values()) + list(host_out.values())
         return len(shapes) == 1 and moved > CHUNK_THRESHOLD_BYTES and all(v.flags.c_contiguous for v in views)
 

@@ -12,3 +12,4 @@ python3 -c "import cupy, shmrpc.kernels as k; print('cupy', cupy.__version__, 'b
 timeout 300 python3 -m pytest -q --timeout 120 -p no:cacheprovider -rs tests 2>&1 | tee "$OUT/pytest.log" | tail -25
 timeout 200 python3 bench/gpu_kernels.py --out "$OUT/gpu-kernels.json" 2>&1 | tee "$OUT/gpu-kernels.log" | tail -20
 timeout 240 python3 bench/gpu_e2e.py --out "$OUT/gpu-e2e.json" 2>&1 | tee "$OUT/gpu-e2e.log" | tail -12
+timeout 120 python3 bench/gpu/tiny_probe.py 2>&1 | tee "$OUT/tiny-probe.log" | tail -8

@@ -55,7 +55,7 @@ def main() -> None:
         be.warmup()
         plan = be.plan([kernels.StepSpec("scale", {"x": "x"}, {"out": "out"}, {"a": 2.0})],
                        {"x": kernels.TensorSpec((16,), "float32")}, ["out"])
-        print(f"backend.run {kind:5s}                    ", pct(timed(lambda: be.run(plan, {"x": h}, {"out": o}))))
+        print(f"backend.run {kind:5s}                    ", pct(timed(lambda be=be, plan=plan: be.run(plan, {"x": h}, {"out": o}))))
         be.close()
     from shmrpc.client import Client
 
@@ -73,5 +73,30 @@ def main() -> None:
         p.communicate(timeout=30)
 
 
+def profile_backend() -> None:
+    """cProfile of 5000 tiny CuPy backend runs: where the Python time goes."""
+    import cProfile
+    import pstats
+
+    import cupy as cp
+
+    from shmrpc import kernels
+
+    host = cp.cuda.alloc_pinned_memory(1 << 20)
+    h = np.frombuffer(host, np.float32, 16)
+    o = np.frombuffer(host, np.float32, 16, offset=4096)
+    be = kernels.select_backend("cupy")
+    be.warmup()
+    plan = be.plan([kernels.StepSpec("scale", {"x": "x"}, {"out": "out"}, {"a": 2.0})],
+                   {"x": kernels.TensorSpec((16,), "float32")}, ["out"])
+    timed(lambda: be.run(plan, {"x": h}, {"out": o}), 500)
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(5000):
+        be.run(plan, {"x": h}, {"out": o})
+    pr.disable()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+
+
 if __name__ == "__main__":
-    main()
+    profile_backend() if "--profile" in sys.argv else main()
