@@ -155,6 +155,7 @@ class Client:
         self._rid = itertools.count(1)
         self._desc_cache: dict[Any, tuple[bytes, int, int]] = {}
         self._specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+        self._unread: list[CallFuture] = []  # submitted futures (copy=True) whose result() was not asked yet
 
     # ------------------------------------------------------------ lifecycle
 
@@ -230,6 +231,7 @@ class Client:
                 f"{format_size(self.geometry.max_slot_nbytes)}: start the worker with a larger class in --slots",
                 field="nbytes")
         while True:
+            self._settle_answered()
             self._unpark()
             self._return_idle_borrowed()
             for s in self._free:
@@ -238,17 +240,30 @@ class Client:
                     _open(s, self._regions[s.region])
                     return s
             wait_s = max(0.0, deadline - time.monotonic()) if self.on_busy == "wait" else 0.0
+            # our own requests in flight will free fitting slots: never park at the worker while they run
+            n_busy = len(self._inflight)
             own_busy = any(s.nbytes >= nbytes for s in self._inflight.values())
             try:
                 s = self._acquire(nbytes, 0.0 if own_busy else wait_s, deadline)
             except BusyError:
                 if not own_busy or self.on_busy == "fail":
                     raise
-                n_busy = len(self._inflight)
-                self._pump(deadline, lambda n=n_busy: len(self._inflight) < n)
+                self._pump(deadline, lambda n=n_busy: len(self._inflight) < n)  # returns at once if one finished
                 continue
             _open(s, self._regions[s.region])
             return s
+
+    def _settle_answered(self) -> None:
+        """Copy out the results of answered futures nobody has read yet, so their slots can serve new requests."""
+        still = []
+        for f in self._unread:
+            if f.done():
+                continue
+            if f._loan._s.in_flight is None:
+                f._settle(f._deadline)
+            else:
+                still.append(f)
+        self._unread = still
 
     def _ask(self, frame: bytes, deadline: float) -> Any:
         """Send a control message and return the JSON of its reply; raises the error an ERROR reply carries."""
@@ -361,7 +376,10 @@ class Client:
             except BaseException:
                 loan.release()
                 raise
-            return CallFuture(self, loan, rid, deadline, _copy)
+            fut = CallFuture(self, loan, rid, deadline, _copy)
+            if _copy:
+                self._unread.append(fut)
+            return fut
 
     # ------------------------------------------------------------ resident tensors
 

@@ -133,8 +133,10 @@ class Dispatcher:
 
     def _check_tensor(self, t: TensorRef, i: int, slot_nbytes: int) -> None:
         f = f"inputs[{i}]"
-        if any(d < 0 for d in t.shape):
-            raise InvalidRequestError(f"tensor {t.name!r} has a negative dimension {t.shape}", tensor=t.name, field=f"{f}.shape")
+        if any(d < 0 or d > slot_nbytes for d in t.shape):
+            # no dimension of a tensor that fits in the slot can exceed the slot's bytes (zero-size ones included)
+            raise InvalidRequestError(f"tensor {t.name!r} has a dimension outside 0..{slot_nbytes}: {t.shape}",
+                                      tensor=t.name, field=f"{f}.shape")
         want = math.prod(t.shape) * dtypes.itemsize(t.dtype)
         if t.resident:
             return

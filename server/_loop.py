@@ -268,8 +268,10 @@ class Worker:
             identity, frame = frames
             try:
                 self._handle(identity, frame, stopping)
-            except Exception:  # noqa: BLE001 - nothing a peer sends may stop the loop
+            except Exception as e:  # noqa: BLE001 - nothing a peer sends may stop the loop, and every message gets an answer
                 log.exception("unexpected error handling a %r message", frame[:1])
+                if frame[:1] != m.CALL:
+                    self._refuse(identity, "bad_message", f"the message could not be handled ({type(e).__name__})")
 
     def _send(self, identity: bytes, frame: bytes) -> None:
         try:
@@ -314,7 +316,7 @@ class Worker:
         try:
             hello = m.unpack_json(frame)
             proto, shash, pid = hello["protocol"], hello["schema_hash"], int(hello["pid"])
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, OverflowError) as e:
             return self._refuse(identity, "bad_message", f"HELLO is malformed ({e})", "hello")
         if proto != m.PROTOCOL_VERSION or shash != SCHEMA_HASH:
             return self._refuse(
@@ -488,7 +490,7 @@ class Worker:
         try:
             req = m.unpack_json(frame)
             nbytes, wait_s = int(req["nbytes"]), float(req.get("wait_s", 0.0))
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, OverflowError) as e:
             return self._refuse(identity, "bad_message", f"ACQUIRE is malformed ({e})", "acquire")
         try:
             s = self.leases.acquire(c.id, nbytes)
@@ -579,6 +581,10 @@ class Worker:
             status, payload = 0, prep.response
         except RequestError as e:
             stages, status, payload = {}, e.code, encode_response(error_response(e))
+        except Exception as e:  # noqa: BLE001 - a bug must still be answered, or the slot would stay in flight
+            log.exception("request failed unexpectedly")
+            err = InternalError(f"the request failed: {type(e).__name__}: {e}", op=prep.op)
+            stages, status, payload = {}, err.code, encode_response(error_response(err))
         _write_response(view, hdr, payload, status)
         return payload, status, stages
 
