@@ -1,0 +1,282 @@
+"""Soak: 8 client processes x N calls with random sizes, the worker SIGKILLed once mid-run and restarted.
+
+``python bench/soak.py [--clients 8] [--calls 100000] [--kill-at 0.4] [--seed S]``
+
+Each client process makes ``--calls`` calls of random size (64 B .. 1 MiB, log-uniform),
+alternating ``echo`` on random bytes and ``scale`` (a=1, b=0) on random float32, and compares
+every answer with what it sent, exactly. When the worker is gone (``WorkerGoneError``,
+``ConnectError``, ``Timeout``) the call counts as *raised*, the client reconnects (waiting for
+the successor) and goes on. Every call either succeeds with the right answer or raises:
+a wrong answer is counted, and must be 0.
+
+When the clients together have made ``--kill-at`` of all calls, the worker is SIGKILLed and a
+new one started under the same name (which removes what the dead one left).
+
+Measured: open fds (``/proc/<pid>/fd``) and RSS of the worker and of every client after
+warm-up (10 % of the calls) and at the end (the worker: after warm-up and just before the
+kill, then after warm-up of the successor and at the end); ``/dev/shm`` entries before and
+after. Prints a table; writes ``bench/results/soak-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+SLOTS = "64K:64,1M:24,4M:24"
+LEASE = "2,1,1"
+WARM_FRACTION = 0.1
+
+
+def proc_facts(pid: int | str = "self") -> dict[str, int]:
+    """Open fds and memory (kB) of a process, from /proc."""
+    out: dict[str, int] = {}
+    try:
+        out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "RssAnon", "RssShmem", "RssFile"):
+                out[k] = int(v.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+def shm_entries() -> int:
+    """Entries in /dev/shm."""
+    return len(os.listdir("/dev/shm"))
+
+
+# ------------------------------------------------------------ the client process
+
+
+def client_main(name: str, seed: int, calls: int) -> None:
+    """Make ``calls`` checked calls; print progress lines and a final JSON line."""
+    from shmrpc.client import Client, ConnectError, RequestError, Timeout, WorkerGoneError
+
+    rng = np.random.default_rng(seed)
+    ok = wrong = 0
+    raised: dict[str, int] = {}
+    reconnects = 0
+    warm: dict[str, int] = {}
+    c: Any = None
+    t0 = time.perf_counter()
+    pool = rng.integers(0, 256, 1 << 21, dtype=np.uint8)
+    i = 0
+    while i < calls:
+        if c is None:
+            try:
+                c = Client(name, timeout_s=20, connect_timeout_s=30)
+            except (ConnectError, WorkerGoneError, Timeout) as e:
+                raised[type(e).__name__] = raised.get(type(e).__name__, 0) + 1
+                time.sleep(0.05)
+                continue
+        nbytes = int(np.exp(rng.uniform(np.log(64), np.log(1 << 20))))
+        try:
+            if i % 2 == 0:
+                start = int(rng.integers(0, pool.size - nbytes))
+                x = pool[start:start + nbytes]
+                out = c.call("echo", x=x)["out"]
+                good = out.dtype == x.dtype and np.array_equal(out, x)
+            else:
+                xf = rng.standard_normal(max(1, nbytes // 4)).astype(np.float32)
+                out = c.call("scale", x=xf, a=1.0, b=0.0)["out"]
+                good = out.dtype == xf.dtype and np.array_equal(out, xf)
+            ok += good
+            wrong += not good
+        except (WorkerGoneError, ConnectError, Timeout, RequestError) as e:
+            raised[type(e).__name__] = raised.get(type(e).__name__, 0) + 1
+            if not isinstance(e, RequestError):
+                c.close()
+                c = None
+                reconnects += 1
+        i += 1
+        if i == int(calls * WARM_FRACTION):
+            warm = proc_facts()
+        if i % 1000 == 0:
+            print(f"progress {i}", flush=True)
+    if c is not None:
+        c.close()
+    print(json.dumps({"seed": seed, "calls": calls, "ok": ok, "wrong": wrong, "raised": raised,
+                      "reconnects": reconnects, "elapsed_s": time.perf_counter() - t0, "warm": warm,
+                      "end": proc_facts()}), flush=True)
+
+
+# ------------------------------------------------------------ the driver
+
+
+def start_worker(name: str) -> subprocess.Popen[str]:
+    """A NumPy worker; returns once it prints its ready line."""
+    args = [sys.executable, "-m", "shmrpc.server", "serve", "--name", name, "--slots", SLOTS, "--lease", LEASE,
+            "--backend", "numpy", "--no-mlock", "--log-level", "ERROR"]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = p.stdout.readline() if p.stdout else ""
+    if "ready" not in line:
+        p.kill()
+        p.wait()
+        raise RuntimeError(f"worker {name} did not start: {line!r}")
+    return p
+
+
+def _growth(a: dict[str, int], b: dict[str, int], key: str) -> float | None:
+    if not a.get(key) or key not in b:
+        return None
+    return round(100.0 * (b[key] - a[key]) / a[key], 2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the soak; exit status 1 on a wrong answer, growth over 5 %, or a leaked /dev/shm entry."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--calls", type=int, default=100_000, help="calls per client")
+    ap.add_argument("--kill-at", type=float, default=0.4, help="fraction of all calls at which the worker is killed")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/soak-<date>.json; '-' for none)")
+    args = ap.parse_args(argv)
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    name = "soak-" + uuid.uuid4().hex[:10]
+    total = args.clients * args.calls
+    print(f"soak: {args.clients} clients x {args.calls} calls, kill at {args.kill_at:.0%}, seed {seed}, worker {name}",
+          flush=True)
+    started = _dt.datetime.now(_dt.timezone.utc)
+    shm_before = shm_entries()
+    worker = start_worker(name)
+    w_facts: dict[str, dict[str, int]] = {"first_start": proc_facts(worker.pid)}
+    t0 = time.perf_counter()
+    clients = [subprocess.Popen([sys.executable, __file__, "client", name, str(seed + k), str(args.calls)],
+                                stdout=subprocess.PIPE, text=True) for k in range(args.clients)]
+    progress = [0] * args.clients
+    results: list[dict[str, Any] | None] = [None] * args.clients
+    killed_at: float | None = None
+    restart_s = 0.0
+    last = t0
+    try:
+        while any(r is None for r in results):
+            fds = {c.stdout.fileno(): k for k, c in enumerate(clients) if results[k] is None and c.stdout}
+            ready, _, _ = select.select(list(fds), [], [], 1.0)
+            for fd in ready:
+                k = fds[fd]
+                line = clients[k].stdout.readline()  # type: ignore[union-attr]
+                if not line:
+                    results[k] = {"error": f"client exited {clients[k].wait()} without a result"}
+                elif line.startswith("progress"):
+                    progress[k] = int(line.split()[1])
+                elif line.startswith("{"):
+                    results[k] = json.loads(line)
+                    progress[k] = args.calls
+            done = sum(progress)
+            if "first_warm" not in w_facts and done >= total * WARM_FRACTION:
+                w_facts["first_warm"] = proc_facts(worker.pid)
+            if killed_at is None and done >= total * args.kill_at:
+                w_facts["first_before_kill"] = proc_facts(worker.pid)
+                worker.kill()
+                worker.wait()
+                killed_at = time.perf_counter() - t0
+                t_r = time.perf_counter()
+                worker = start_worker(name)
+                restart_s = time.perf_counter() - t_r
+                print(f"  worker SIGKILLed at {done} calls ({killed_at:.1f} s); successor ready in {restart_s:.2f} s",
+                      flush=True)
+                kill_done = done
+            if killed_at is not None and "second_warm" not in w_facts and \
+                    done >= kill_done + (total - kill_done) * WARM_FRACTION:
+                w_facts["second_warm"] = proc_facts(worker.pid)
+            now = time.perf_counter()
+            if now - last > 10:
+                last = now
+                print(f"  {done:>9} / {total} calls  {done / (now - t0):8.0f} calls/s  worker {proc_facts(worker.pid)}",
+                      flush=True)
+        w_facts["second_end"] = proc_facts(worker.pid)
+    finally:
+        for c in clients:
+            if c.poll() is None:
+                c.kill()
+            c.wait()
+            if c.stdout:
+                c.stdout.close()
+        worker.send_signal(signal.SIGTERM)
+        try:
+            rc: int | str = worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+            rc = "did not drain within 30 s (killed)"
+    elapsed = time.perf_counter() - t0
+    time.sleep(0.2)
+    shm_after = shm_entries()
+    ok = sum(r.get("ok", 0) for r in results if r)
+    wrong = sum(r.get("wrong", 0) for r in results if r)
+    raised: dict[str, int] = {}
+    for r in results:
+        for k, v in (r or {}).get("raised", {}).items():
+            raised[k] = raised.get(k, 0) + v
+    errors = [r["error"] for r in results if r and "error" in r]
+    growth = {
+        "worker_first_rss_pct": _growth(w_facts.get("first_warm", {}), w_facts.get("first_before_kill", {}), "VmRSS"),
+        "worker_first_fds": [w_facts.get("first_warm", {}).get("fds"), w_facts.get("first_before_kill", {}).get("fds")],
+        "worker_second_rss_pct": _growth(w_facts.get("second_warm", {}), w_facts.get("second_end", {}), "VmRSS"),
+        "worker_second_fds": [w_facts.get("second_warm", {}).get("fds"), w_facts.get("second_end", {}).get("fds")],
+        "clients_rss_pct": [_growth(r["warm"], r["end"], "VmRSS") for r in results if r and "warm" in r],
+        "clients_rss_anon_pct": [_growth(r["warm"], r["end"], "RssAnon") for r in results if r and "warm" in r],
+        "clients_fds": [[r["warm"].get("fds"), r["end"].get("fds")] for r in results if r and "warm" in r],
+    }
+    rss = [g for g in [growth["worker_first_rss_pct"], growth["worker_second_rss_pct"], *growth["clients_rss_pct"]]
+           if g is not None]
+    fds_grew = any(b is not None and a is not None and b > a
+                   for a, b in [growth["worker_first_fds"], growth["worker_second_fds"], *growth["clients_fds"]])
+    print(f"\n{args.clients} clients x {args.calls} calls in {elapsed:.1f} s ({(ok + wrong) / elapsed:.0f} calls/s), "
+          f"seed {seed}")
+    print(f"{'ok':>10} {'wrong':>7} {'raised':>7}  raised by class")
+    print(f"{ok:>10} {wrong:>7} {sum(raised.values()):>7}  {raised}")
+    print(f"worker killed at {killed_at:.1f} s, successor ready in {restart_s:.2f} s, exit on SIGTERM: {rc}")
+    print(f"worker facts: {json.dumps(w_facts)}")
+    print(f"growth after warm-up: {json.dumps(growth)}")
+    print(f"/dev/shm entries: {shm_before} before, {shm_after} after; client errors: {errors}")
+    result = {
+        "program": "bench/soak.py", "date": started.isoformat(timespec="seconds"),
+        "command": " ".join(["python", "bench/soak.py", *(argv if argv is not None else sys.argv[1:])]),
+        "seed": seed, "clients": args.clients, "calls_per_client": args.calls, "elapsed_s": round(elapsed, 2),
+        "calls_per_s": round((ok + wrong) / elapsed, 1), "ok": ok, "wrong": wrong, "raised": raised,
+        "client_errors": errors, "worker": {"slots": SLOTS, "lease": LEASE, "backend": "numpy",
+                                            "killed_at_s": killed_at, "restart_s": round(restart_s, 3),
+                                            "exit_on_sigterm": rc},
+        "worker_facts": w_facts, "growth": growth, "shm_entries": {"before": shm_before, "after": shm_after},
+        "per_client": results, "machine": _machine(),
+    }
+    out = args.out or str(ROOT / "bench" / "results" / f"soak-{started.date().isoformat()}.json")
+    if out != "-":
+        Path(out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {out}")
+    bad = wrong or errors or any(g > 5 for g in rss) or fds_grew or shm_after > shm_before or rc != 0
+    return 1 if bad else 0
+
+
+def _machine() -> dict[str, Any]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("shmrpc_bench_fuzz", Path(__file__).with_name("fuzz.py"))
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod.machine_facts()  # type: ignore[no-any-return]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "client":
+        client_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    else:
+        sys.exit(main())
