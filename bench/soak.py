@@ -13,9 +13,11 @@ When the clients together have made ``--kill-at`` of all calls, the worker is SI
 new one started under the same name (which removes what the dead one left).
 
 Measured: open fds (``/proc/<pid>/fd``) and RSS of the worker and of every client after
-warm-up (10 % of the calls) and at the end (the worker: after warm-up and just before the
-kill, then after warm-up of the successor and at the end); ``/dev/shm`` entries before and
-after. Prints a table; writes ``bench/results/soak-<date>.json``.
+warm-up (10 % of the calls; for a client that reconnected, again 5000 calls after its
+reconnect, since its new Client's descriptor cache fills again) and at the end, still connected (the worker: after warm-up and
+just before the kill, then after warm-up of the successor and at 95 % of the calls); ``/dev/shm``
+entries before and after. RSS counts the region pages a process touched (``RssShmem``) as
+well as its own memory (``RssAnon``); both are recorded. Prints a table; writes ``bench/results/soak-<date>.json``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SLOTS = "64K:64,1M:24,4M:24"
 LEASE = "2,1,1"
 WARM_FRACTION = 0.1
+#: a client that reconnected starts a new Client, whose caches (descriptors, up to 4096 of them) fill
+#: again: its memory is measured again this many calls after the reconnect
+REWARM_CALLS = 5000
 
 
 def proc_facts(pid: int | str = "self") -> dict[str, int]:
@@ -72,6 +77,8 @@ def client_main(name: str, seed: int, calls: int) -> None:
     raised: dict[str, int] = {}
     reconnects = 0
     warm: dict[str, int] = {}
+    rewarm: dict[str, int] = {}
+    rewarm_at = -1
     c: Any = None
     t0 = time.perf_counter()
     pool = rng.integers(0, 256, 1 << 21, dtype=np.uint8)
@@ -103,16 +110,20 @@ def client_main(name: str, seed: int, calls: int) -> None:
                 c.close()
                 c = None
                 reconnects += 1
+                rewarm_at, rewarm = i + REWARM_CALLS, {}
         i += 1
         if i == int(calls * WARM_FRACTION):
             warm = proc_facts()
+        if i == rewarm_at:
+            rewarm = proc_facts()
         if i % 1000 == 0:
             print(f"progress {i}", flush=True)
+    end = proc_facts()  # still connected, like at warm-up
     if c is not None:
         c.close()
     print(json.dumps({"seed": seed, "calls": calls, "ok": ok, "wrong": wrong, "raised": raised,
                       "reconnects": reconnects, "elapsed_s": time.perf_counter() - t0, "warm": warm,
-                      "end": proc_facts()}), flush=True)
+                      "rewarm": rewarm, "end": end}), flush=True)
 
 
 # ------------------------------------------------------------ the driver
@@ -194,12 +205,14 @@ def main(argv: list[str] | None = None) -> int:
             if killed_at is not None and "second_warm" not in w_facts and \
                     done >= kill_done + (total - kill_done) * WARM_FRACTION:
                 w_facts["second_warm"] = proc_facts(worker.pid)
+            if "second_end" not in w_facts and done >= total * 0.95:  # clients still connected
+                w_facts["second_end"] = proc_facts(worker.pid)
             now = time.perf_counter()
             if now - last > 10:
                 last = now
                 print(f"  {done:>9} / {total} calls  {done / (now - t0):8.0f} calls/s  worker {proc_facts(worker.pid)}",
                       flush=True)
-        w_facts["second_end"] = proc_facts(worker.pid)
+        w_facts["after_clients"] = proc_facts(worker.pid)
     finally:
         for c in clients:
             if c.poll() is None:
@@ -226,17 +239,29 @@ def main(argv: list[str] | None = None) -> int:
     errors = [r["error"] for r in results if r and "error" in r]
     growth = {
         "worker_first_rss_pct": _growth(w_facts.get("first_warm", {}), w_facts.get("first_before_kill", {}), "VmRSS"),
+        "worker_first_rss_anon_pct": _growth(w_facts.get("first_warm", {}), w_facts.get("first_before_kill", {}),
+                                             "RssAnon"),
+        "worker_second_rss_anon_pct": _growth(w_facts.get("second_warm", {}), w_facts.get("second_end", {}), "RssAnon"),
         "worker_first_fds": [w_facts.get("first_warm", {}).get("fds"), w_facts.get("first_before_kill", {}).get("fds")],
         "worker_second_rss_pct": _growth(w_facts.get("second_warm", {}), w_facts.get("second_end", {}), "VmRSS"),
         "worker_second_fds": [w_facts.get("second_warm", {}).get("fds"), w_facts.get("second_end", {}).get("fds")],
         "clients_rss_pct": [_growth(r["warm"], r["end"], "VmRSS") for r in results if r and "warm" in r],
         "clients_rss_anon_pct": [_growth(r["warm"], r["end"], "RssAnon") for r in results if r and "warm" in r],
         "clients_fds": [[r["warm"].get("fds"), r["end"].get("fds")] for r in results if r and "warm" in r],
+        "clients_rss_pct_after_rewarm": [_growth(r["rewarm"], r["end"], "VmRSS") for r in results
+                                         if r and r.get("rewarm")],
+        "clients_rss_anon_pct_after_rewarm": [_growth(r["rewarm"], r["end"], "RssAnon") for r in results
+                                              if r and r.get("rewarm")],
+        "clients_fds_after_rewarm": [[r["rewarm"].get("fds"), r["end"].get("fds")] for r in results
+                                     if r and r.get("rewarm")],
     }
-    rss = [g for g in [growth["worker_first_rss_pct"], growth["worker_second_rss_pct"], *growth["clients_rss_pct"]]
-           if g is not None]
+    # judged after warm-up of the process that is measured: the worker and its successor, and each client's
+    # Client after its last (re)connect (its first warm-up when it never had to reconnect)
+    client_rss = [_growth(r["rewarm"] or r["warm"], r["end"], "VmRSS") for r in results if r and "warm" in r]
+    client_fds = [[(r["rewarm"] or r["warm"]).get("fds"), r["end"].get("fds")] for r in results if r and "warm" in r]
+    rss = [g for g in [growth["worker_first_rss_pct"], growth["worker_second_rss_pct"], *client_rss] if g is not None]
     fds_grew = any(b is not None and a is not None and b > a
-                   for a, b in [growth["worker_first_fds"], growth["worker_second_fds"], *growth["clients_fds"]])
+                   for a, b in [growth["worker_first_fds"], growth["worker_second_fds"], *client_fds])
     print(f"\n{args.clients} clients x {args.calls} calls in {elapsed:.1f} s ({(ok + wrong) / elapsed:.0f} calls/s), "
           f"seed {seed}")
     print(f"{'ok':>10} {'wrong':>7} {'raised':>7}  raised by class")
@@ -244,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"worker killed at {killed_at:.1f} s, successor ready in {restart_s:.2f} s, exit on SIGTERM: {rc}")
     print(f"worker facts: {json.dumps(w_facts)}")
     print(f"growth after warm-up: {json.dumps(growth)}")
+    print(f"judged: RSS growth {rss} %, fds grew: {fds_grew}")
     print(f"/dev/shm entries: {shm_before} before, {shm_after} after; client errors: {errors}")
     result = {
         "program": "bench/soak.py", "date": started.isoformat(timespec="seconds"),
@@ -253,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         "client_errors": errors, "worker": {"slots": SLOTS, "lease": LEASE, "backend": "numpy",
                                             "killed_at_s": killed_at, "restart_s": round(restart_s, 3),
                                             "exit_on_sigterm": rc},
-        "worker_facts": w_facts, "growth": growth, "shm_entries": {"before": shm_before, "after": shm_after},
+        "worker_facts": w_facts, "growth": growth,
+        "judged": {"rss_growth_pct": rss, "fds_grew": fds_grew, "limit_pct": 5}, "shm_entries": {"before": shm_before, "after": shm_after},
         "per_client": results, "machine": _machine(),
     }
     out = args.out or str(ROOT / "bench" / "results" / f"soak-{started.date().isoformat()}.json")
