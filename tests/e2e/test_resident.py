@@ -46,3 +46,11 @@ def test_private_names_are_private_and_dropped_at_disconnect(worker: WorkerProc)
     with Client(worker.name, timeout_s=10) as c:
         names = c.resident()
         assert "shared/pub" in names and not any(k.endswith("/w") or k == "w" for k in names)
+
+
+def test_output_kept_on_the_worker_feeds_the_next_request(worker: WorkerProc) -> None:
+    x = np.arange(100, dtype=np.float32)
+    with Client(worker.name, timeout_s=10) as c:
+        assert c.call("scale", x=x, a=2.0, keep=("out",)) == {}  # nothing comes back: it stays on the worker
+        assert c.resident()["out"] == ((100,), np.dtype(np.float32))
+        np.testing.assert_array_equal(c.call("vector_add", x=x, y=Resident("out"))["out"], 3 * x)
