@@ -165,5 +165,15 @@ def test_busy_fail_mode_raises_busy(spawn_worker: Callable[..., WorkerProc]) -> 
                 b.call("echo", x=np.zeros(100_000, np.uint8))
         finally:
             la.release()
-        np.testing.assert_array_equal(b.call("echo", x=np.ones(100_000, np.uint8))["out"], 1)
+        # RELEASE travels on a's socket, b's ACQUIRE on its own: allow the worker a moment to see it
+        deadline = time.monotonic() + 2.0
+        while True:
+            try:
+                out = b.call("echo", x=np.ones(100_000, np.uint8))["out"]
+                break
+            except BusyError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        np.testing.assert_array_equal(out, 1)
 
