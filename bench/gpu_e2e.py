@@ -138,7 +138,7 @@ def bare_zmq(n: int) -> dict[str, float]:
             "note": "server in a thread of the same process (the bench harness's peer uses a process)"}
 
 
-def _gemm_client(name: str, seconds: float, q: "object") -> None:
+def _gemm_client(name: str, seconds: float, q: object) -> None:
     rng = np.random.default_rng(os.getpid())
     x = rng.standard_normal((16, 256)).astype(np.float16)
     w = rng.standard_normal((256, 256)).astype(np.float16)

@@ -162,11 +162,13 @@ class CupyBackend(Backend):
         """
         t0 = time.perf_counter()
         if self.inject_fault:
-            self.inject_fault = None
+            kind, self.inject_fault = self.inject_fault, None
             self._reset()
             st0 = plan.steps[0] if plan.steps else None
-            raise KernelRuntimeError("injected fault: the run failed as a CUDA error would; streams were reset",
+            err = KernelRuntimeError("injected fault: the run failed as a CUDA error would; streams were reset",
                                      op=st0.op.name if st0 else "", step=0 if st0 else -1)
+            err.fatal = kind == "fatal"  # type: ignore[attr-defined]  # "fatal": as a sticky error would
+            raise err
         host_in, host_out = self._host_io(plan, inputs, outputs)
         resident = self._lookup_resident(plan)
         with self._dev:

@@ -111,6 +111,7 @@ class Dispatcher:
         self._cache: OrderedDict[tuple[bytes, int, int, int, int], Prepared] = OrderedDict()
         self._cache_size = cache_size
         self._codes = {name: spec.code for name, spec in kernels.REGISTRY.items()}
+        self.fatal = ""  # set when the backend reports an error it cannot recover from
 
     def prepare(self, payload: bytes, op_code: int, flags: int, slot_nbytes: int, client: int) -> Prepared:
         """Validate a request's descriptor for a slot of ``slot_nbytes`` (cached).
@@ -254,6 +255,8 @@ class Dispatcher:
         try:
             return self.backend.run(prep.plan, ins, outs, keep_as=prep.keep_as) or {}
         except (kernels.KernelInputError, kernels.KernelRuntimeError) as e:
+            if getattr(e, "fatal", False):
+                self.fatal = str(e)  # a sticky CUDA error: this process cannot use the GPU any more
             raise kernel_error(e, prep.op) from None
         except RequestError:
             raise

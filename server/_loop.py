@@ -569,6 +569,8 @@ class Worker:
         self.metrics.inflight.inc()
         if prep.plan is None or prep.nbytes_in + prep.nbytes_out <= self.config.inline_max_nbytes:
             self._complete(identity, s, view, hdr, prep, t0)
+            if self.dispatch.fatal:
+                self._drain_done()
         else:
             assert self._executor is not None
             self._executor.submit(self._run_async, identity, s, view, hdr, prep, t0)
@@ -608,6 +610,11 @@ class Worker:
         while self._done:
             identity, s, hdr, _, status, t0, stages, prep = self._done.popleft()
             self._done_sent(identity, s, hdr, status, t0, stages, prep)
+        if self.dispatch.fatal and not self._stopping.is_set():
+            # The GPU context is lost (a sticky CUDA error): answer what is in flight, then exit non-zero so a
+            # supervisor starts a fresh process; clients see WorkerGoneError and reconnect.
+            log.critical("unrecoverable backend error, stopping: %s", self.dispatch.fatal)
+            self.stop()
 
     def _finish(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, err: RequestError, t0: float,
                 stages: dict[str, float], prep: Prepared | None) -> None:

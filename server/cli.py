@@ -95,6 +95,9 @@ def _serve(args: argparse.Namespace) -> int:
         worker.serve_forever()
     finally:
         worker.close()
+    if worker.dispatch.fatal:
+        print(f"shmrpc serve: stopped after an unrecoverable backend error: {worker.dispatch.fatal}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -195,6 +195,335 @@ __global__ void __launch_bounds__(256, PF ? 2 : 1) w4a16_gemm(
   if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
 }
 
+// GEMV variant (small M): every thread issues ALL its weight loads (RT packed rows x CT columns,
+// one 16- or 8-byte load per row) before any math, and its rows lie inside one group, so there
+// is one scale/zero fold per thread and no carried result registers. Blocks are small units of
+// work (8 column-threads x 32 row-threads = 8*CT columns x 32*RT packed rows) and the grid is
+// many waves deep: blocks that finished free their slot for blocks whose loads are in flight.
+// Host guarantees (besides the ones above): group_rows % RT == 0, RT % 4 == 0, N % CT == 0.
+#ifdef W4_NOALLOC
+#define W4_LD4 "ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+#define W4_LD2 "ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
+#else
+#define W4_LD4 "ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+#define W4_LD2 "ld.global.nc.v2.u32 {%0,%1}, [%2];"
+#endif
+__device__ __forceinline__ uint4 w4_ld4(const void* p) {
+  uint4 r; asm volatile(W4_LD4 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p)); return r;
+}
+__device__ __forceinline__ uint2 w4_ld2(const void* p) {
+  uint2 r; asm volatile(W4_LD2 : "=r"(r.x), "=r"(r.y) : "l"(p)); return r;
+}
+
+template <class X, int MB, int CT, int RT, int MINB, bool SZE>
+__global__ void __launch_bounds__(256, MINB) w4a16_gemv(
+    const typename X::T* __restrict__ x, const unsigned char* __restrict__ qweight,
+    const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
+    unsigned int* __restrict__ counters, typename X::T* __restrict__ out,
+    int M, int K, int N, int group_rows) {
+  constexpr int BC = 8 * CT, NW = CT / 4, NS = CT / 2;  // block columns, words of a row, words of scales
+  __shared__ float red[8][MB][BC];
+  __shared__ unsigned int is_last;
+  const int tx = threadIdx.x & 7, ty = threadIdx.x >> 3;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int col0 = blockIdx.x * BC + tx * CT;
+  const int total_rows = K >> 1;
+  const int row0 = (blockIdx.y * 32 + ty) * RT;
+  const bool ok = col0 < N && row0 < total_rows;
+  const int ksplit = gridDim.y;
+  const int g = row0 / group_rows;
+
+  for (int m0 = 0; m0 < M; m0 += MB) {
+    float res[MB][CT];
+#pragma unroll
+    for (int mm = 0; mm < MB; ++mm)
+#pragma unroll
+      for (int c = 0; c < CT; ++c) res[mm][c] = 0.f;
+    if (ok) {
+      u32 w[RT][NW];
+      const unsigned char* wp = qweight + (u64)row0 * N + col0;
+#pragma unroll
+      for (int i = 0; i < RT; ++i) {
+        if (CT == 16) {
+          const uint4 v = w4_ld4(wp);
+          w[i][0] = v.x; w[i][1] = v.y; w[i][2 % NW] = v.z; w[i][3 % NW] = v.w;
+        } else {
+          const uint2 v = w4_ld2(wp);
+          w[i][0] = v.x; w[i][1] = v.y;
+        }
+        wp += N;
+      }
+      u32 xw[MB][RT];  // x[m, 2 row0 + 2i .. +1] as two 16-bit words
+#pragma unroll
+      for (int mm = 0; mm < MB; ++mm) {
+        const int m = m0 + mm;
+#pragma unroll
+        for (int q = 0; q < RT / 4; ++q) {
+          uint4 v = make_uint4(0u, 0u, 0u, 0u);
+          if (m < M) v = ld_nc_v4(x + (u64)m * K + 2 * row0 + 8 * q);
+          xw[mm][4 * q] = v.x; xw[mm][4 * q + 1] = v.y; xw[mm][4 * q + 2] = v.z; xw[mm][4 * q + 3] = v.w;
+        }
+      }
+      u32 sw[NS], zw[NS];
+      if (SZE) {
+#pragma unroll
+        for (int q = 0; q < NS / 4; ++q) {
+          const uint4 s = ld_nc_v4(scales + (u64)g * N + col0 + 8 * q), z = ld_nc_v4(zeros + (u64)g * N + col0 + 8 * q);
+          sw[4 * q] = s.x; sw[4 * q + 1] = s.y; sw[4 * q + 2] = s.z; sw[4 * q + 3] = s.w;
+          zw[4 * q] = z.x; zw[4 * q + 1] = z.y; zw[4 * q + 2] = z.z; zw[4 * q + 3] = z.w;
+        }
+      }
+      float accL[MB][CT], accH[MB][CT], sxe[MB], sxo[MB];
+#pragma unroll
+      for (int mm = 0; mm < MB; ++mm) {
+        sxe[mm] = 0.f; sxo[mm] = 0.f;
+#pragma unroll
+        for (int c = 0; c < CT; ++c) { accL[mm][c] = 0.f; accH[mm][c] = 0.f; }
+      }
+#pragma unroll
+      for (int i = 0; i < RT; ++i) {
+        float xe[MB], xo[MB];
+#pragma unroll
+        for (int mm = 0; mm < MB; ++mm) {
+          xe[mm] = X::load((u16)(xw[mm][i] & 0xffffu));
+          xo[mm] = X::load((u16)(xw[mm][i] >> 16));
+          sxe[mm] += xe[mm];
+          sxo[mm] += xo[mm];
+        }
+#pragma unroll
+        for (int j = 0; j < NW; ++j) {
+          const u32 r19 = rotl<19>(w[i][j]), r11 = rotl<11>(w[i][j]), r3 = rotl<3>(w[i][j]), r27 = rotl<27>(w[i][j]);
+          const float lo[4] = {nib_lo(r19), nib_lo(r11), nib_lo(r3), nib_lo(r27)};
+          const float hi[4] = {nib_hi(r11), nib_hi(r3), nib_hi(r27), nib_hi(r19)};
+#pragma unroll
+          for (int mm = 0; mm < MB; ++mm)
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+              accL[mm][4 * j + b] = fmaf(xe[mm], lo[b], accL[mm][4 * j + b]);
+              accH[mm][4 * j + b] = fmaf(xo[mm], hi[b], accH[mm][4 * j + b]);
+            }
+        }
+      }
+      if (!SZE) {
+#pragma unroll
+        for (int q = 0; q < NS / 4; ++q) {
+          const uint4 s = ld_nc_v4(scales + (u64)g * N + col0 + 8 * q), z = ld_nc_v4(zeros + (u64)g * N + col0 + 8 * q);
+          sw[4 * q] = s.x; sw[4 * q + 1] = s.y; sw[4 * q + 2] = s.z; sw[4 * q + 3] = s.w;
+          zw[4 * q] = z.x; zw[4 * q + 1] = z.y; zw[4 * q + 2] = z.z; zw[4 * q + 3] = z.w;
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < CT; ++c) {
+        const float sc = h2f((u16)(c & 1 ? sw[c >> 1] >> 16 : sw[c >> 1] & 0xffffu));
+        const float zr = h2f((u16)(c & 1 ? zw[c >> 1] >> 16 : zw[c >> 1] & 0xffffu));
+#pragma unroll
+        for (int mm = 0; mm < MB; ++mm)
+          res[mm][c] = sc * (16.f * (accL[mm][c] - sxe[mm]) + 256.f * (accH[mm][c] - sxo[mm]) - zr * (sxe[mm] + sxo[mm]));
+      }
+    }
+#pragma unroll
+    for (int mm = 0; mm < MB; ++mm)
+#pragma unroll
+      for (int c = 0; c < CT; ++c) {
+        float v = res[mm][c];
+        v += __shfl_xor_sync(0xffffffffu, v, 8);
+        v += __shfl_xor_sync(0xffffffffu, v, 16);
+        res[mm][c] = v;
+      }
+    if (lane < 8) {
+#pragma unroll
+      for (int mm = 0; mm < MB; ++mm)
+#pragma unroll
+        for (int c = 0; c < CT; ++c) red[warp][mm][tx * CT + c] = res[mm][c];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < MB * BC; idx += 256) {
+      const int mm = idx / BC, c = idx % BC, m = m0 + mm, col = blockIdx.x * BC + c;
+      float v = 0.f;
+#pragma unroll
+      for (int wi = 0; wi < 8; ++wi) v += red[wi][mm][c];
+      if (m < M && col < N) {
+        if (ksplit == 1) out[(u64)m * N + col] = X::store(v);
+        else partial[((u64)blockIdx.y * M + m) * N + col] = v;
+      }
+    }
+    __syncthreads();
+  }
+  if (ksplit == 1) return;
+  // same ordering as w4a16_gemm: partials written -> fence -> count; last block fences -> reads.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = (atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(ksplit - 1));
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < M * BC; idx += 256) {
+    const int m = idx / BC, col = blockIdx.x * BC + idx % BC;
+    if (col < N) {
+      float v = 0.f;
+      for (int sp = 0; sp < ksplit; ++sp) v += ld_cg_f32(partial + ((u64)sp * M + m) * N + col);
+      out[(u64)m * N + col] = X::store(v);
+    }
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
+}
+
+// Streaming GEMV: CX column-threads x (256/CX) row-threads (CX = 32: a warp reads 32*CT*... bytes
+// of one packed row, contiguous); a thread walks nit chunks of RT packed rows, the loads of chunk
+// it+1 issued before the math of chunk it (double buffer), fold per chunk.
+template <class X, int MB, int CT, int CX, int RT, int MINB>
+__global__ void __launch_bounds__(256, MINB) w4a16_stream(
+    const typename X::T* __restrict__ x, const unsigned char* __restrict__ qweight,
+    const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
+    unsigned int* __restrict__ counters, typename X::T* __restrict__ out,
+    int M, int K, int N, int group_rows, int nit) {
+  constexpr int BC = CX * CT, NW = CT / 4, NS = CT / 2, RY = 256 / CX;
+  __shared__ float red[8][MB][BC];
+  __shared__ unsigned int is_last;
+  const int tx = threadIdx.x % CX, ty = threadIdx.x / CX;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int col0 = blockIdx.x * BC + tx * CT;
+  const int total_rows = K >> 1;
+  const int rowT = (blockIdx.y * RY + ty) * RT * nit;
+  const int ksplit = gridDim.y;
+  const int my_it = col0 < N ? max(0, min(nit, (total_rows - rowT) / RT)) : 0;
+
+  for (int m0 = 0; m0 < M; m0 += MB) {
+    float res[MB][CT];
+#pragma unroll
+    for (int mm = 0; mm < MB; ++mm)
+#pragma unroll
+      for (int c = 0; c < CT; ++c) res[mm][c] = 0.f;
+    u32 wn[RT][NW];
+    const unsigned char* wp = qweight + (u64)rowT * N + col0;
+    if (my_it > 0) {
+#pragma unroll
+      for (int i = 0; i < RT; ++i) {
+        if (CT == 16) { const uint4 v = w4_ld4(wp); wn[i][0] = v.x; wn[i][1] = v.y; wn[i][2 % NW] = v.z; wn[i][3 % NW] = v.w; }
+        else { const uint2 v = w4_ld2(wp); wn[i][0] = v.x; wn[i][1] = v.y; }
+        wp += N;
+      }
+    }
+#pragma unroll 1
+    for (int it = 0; it < my_it; ++it) {
+      const int row0 = rowT + it * RT, g = row0 / group_rows;
+      u32 w[RT][NW];
+#pragma unroll
+      for (int i = 0; i < RT; ++i)
+#pragma unroll
+        for (int j = 0; j < NW; ++j) w[i][j] = wn[i][j];
+      if (it + 1 < my_it) {
+#pragma unroll
+        for (int i = 0; i < RT; ++i) {
+          if (CT == 16) { const uint4 v = w4_ld4(wp); wn[i][0] = v.x; wn[i][1] = v.y; wn[i][2 % NW] = v.z; wn[i][3 % NW] = v.w; }
+          else { const uint2 v = w4_ld2(wp); wn[i][0] = v.x; wn[i][1] = v.y; }
+          wp += N;
+        }
+      }
+      u32 xw[MB][RT];
+#pragma unroll
+      for (int mm = 0; mm < MB; ++mm) {
+        const int m = m0 + mm;
+#pragma unroll
+        for (int q = 0; q < RT / 4; ++q) {
+          uint4 v = make_uint4(0u, 0u, 0u, 0u);
+          if (m < M) v = ld_nc_v4(x + (u64)m * K + 2 * row0 + 8 * q);
+          xw[mm][4 * q] = v.x; xw[mm][4 * q + 1] = v.y; xw[mm][4 * q + 2] = v.z; xw[mm][4 * q + 3] = v.w;
+        }
+      }
+      u32 sw[NS], zw[NS];
+#pragma unroll
+      for (int q = 0; q < NS / 4; ++q) {
+        const uint4 s = ld_nc_v4(scales + (u64)g * N + col0 + 8 * q), z = ld_nc_v4(zeros + (u64)g * N + col0 + 8 * q);
+        sw[4 * q] = s.x; sw[4 * q + 1] = s.y; sw[4 * q + 2] = s.z; sw[4 * q + 3] = s.w;
+        zw[4 * q] = z.x; zw[4 * q + 1] = z.y; zw[4 * q + 2] = z.z; zw[4 * q + 3] = z.w;
+      }
+      float accL[MB][CT], accH[MB][CT], sxe[MB], sxo[MB];
+#pragma unroll
+      for (int mm = 0; mm < MB; ++mm) {
+        sxe[mm] = 0.f; sxo[mm] = 0.f;
+#pragma unroll
+        for (int c = 0; c < CT; ++c) { accL[mm][c] = 0.f; accH[mm][c] = 0.f; }
+      }
+#pragma unroll
+      for (int i = 0; i < RT; ++i) {
+        float xe[MB], xo[MB];
+#pragma unroll
+        for (int mm = 0; mm < MB; ++mm) {
+          xe[mm] = X::load((u16)(xw[mm][i] & 0xffffu));
+          xo[mm] = X::load((u16)(xw[mm][i] >> 16));
+          sxe[mm] += xe[mm];
+          sxo[mm] += xo[mm];
+        }
+#pragma unroll
+        for (int j = 0; j < NW; ++j) {
+          const u32 r19 = rotl<19>(w[i][j]), r11 = rotl<11>(w[i][j]), r3 = rotl<3>(w[i][j]), r27 = rotl<27>(w[i][j]);
+          const float lo[4] = {nib_lo(r19), nib_lo(r11), nib_lo(r3), nib_lo(r27)};
+          const float hi[4] = {nib_hi(r11), nib_hi(r3), nib_hi(r27), nib_hi(r19)};
+#pragma unroll
+          for (int mm = 0; mm < MB; ++mm)
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+              accL[mm][4 * j + b] = fmaf(xe[mm], lo[b], accL[mm][4 * j + b]);
+              accH[mm][4 * j + b] = fmaf(xo[mm], hi[b], accH[mm][4 * j + b]);
+            }
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < CT; ++c) {
+        const float sc = h2f((u16)(c & 1 ? sw[c >> 1] >> 16 : sw[c >> 1] & 0xffffu));
+        const float zr = h2f((u16)(c & 1 ? zw[c >> 1] >> 16 : zw[c >> 1] & 0xffffu));
+#pragma unroll
+        for (int mm = 0; mm < MB; ++mm)
+          res[mm][c] += sc * (16.f * (accL[mm][c] - sxe[mm]) + 256.f * (accH[mm][c] - sxo[mm]) - zr * (sxe[mm] + sxo[mm]));
+      }
+    }
+#pragma unroll
+    for (int mm = 0; mm < MB; ++mm)
+#pragma unroll
+      for (int c = 0; c < CT; ++c) {
+        float v = res[mm][c];
+#pragma unroll
+        for (int off = CX; off < 32; off <<= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        res[mm][c] = v;
+      }
+    if (lane < CX) {
+#pragma unroll
+      for (int mm = 0; mm < MB; ++mm)
+#pragma unroll
+        for (int c = 0; c < CT; ++c) red[warp][mm][tx * CT + c] = res[mm][c];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < MB * BC; idx += 256) {
+      const int mm = idx / BC, c = idx % BC, m = m0 + mm, col = blockIdx.x * BC + c;
+      float v = 0.f;
+#pragma unroll
+      for (int wi = 0; wi < 8; ++wi) v += red[wi][mm][c];
+      if (m < M && col < N) {
+        if (ksplit == 1) out[(u64)m * N + col] = X::store(v);
+        else partial[((u64)blockIdx.y * M + m) * N + col] = v;
+      }
+    }
+    __syncthreads();
+  }
+  if (ksplit == 1) return;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = (atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(ksplit - 1));
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < M * BC; idx += 256) {
+    const int m = idx / BC, col = blockIdx.x * BC + idx % BC;
+    if (col < N) {
+      float v = 0.f;
+      for (int sp = 0; sp < ksplit; ++sp) v += ld_cg_f32(partial + ((u64)sp * M + m) * N + col);
+      out[(u64)m * N + col] = X::store(v);
+    }
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
+}
+
 // Dequantize to float16 w (K, N) (the M > 4 path: then cuBLAS). Thread = 16 columns x one packed
 // row (two k): one 16-byte load, two 32-byte stores. Same host guarantees as above.
 template <int UNUSED>

@@ -183,3 +183,24 @@ def test_metrics_endpoint(spawn_worker: Callable[..., WorkerProc], free_port: in
     assert 'shmrpc_requests_total{op="vector_add",status="ok"} 3.0' in body
     assert 'status="KernelError"' in body
     assert "shmrpc_request_duration_seconds_bucket" in body and "shmrpc_clients_connected" in body
+
+
+@pytest.mark.parametrize("fault", ["cuda_error", "fatal"])
+def test_injected_backend_fault(spawn_worker: Callable[..., WorkerProc], fault: str,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """An injected device error fails one request cleanly; a fatal one makes the worker drain and exit 3."""
+    monkeypatch.setenv("SHMRPC_INJECT_FAULT", fault)
+    w = spawn_worker()
+    x = np.arange(8.0)
+    with Client(w.name, timeout_s=10) as c:
+        with pytest.raises(KernelError) as e:
+            c.call("scale", x=x, a=2.0)
+        assert e.value.op == "scale"
+        if fault == "cuda_error":
+            np.testing.assert_array_equal(c.call("scale", x=x, a=2.0)["out"], 2 * x)
+            return
+        assert w.proc.wait(10) == 3
+        with pytest.raises(WorkerGoneError):
+            c.call("scale", x=x, a=2.0)
+    w.stop()
+    assert "unrecoverable" in w.stderr

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 
-from shmrpc.client import Client, InvalidRequestError, KernelError, Pipeline, Resident
+from shmrpc.client import Client, InvalidRequestError, KernelError, Pipeline, Resident, ResourceError
 
 if TYPE_CHECKING:
     from conftest import WorkerProc
@@ -54,3 +55,14 @@ def test_output_kept_on_the_worker_feeds_the_next_request(worker: WorkerProc) ->
         assert c.call("scale", x=x, a=2.0, keep=("out",)) == {}  # nothing comes back: it stays on the worker
         assert c.resident()["out"] == ((100,), np.dtype(np.float32))
         np.testing.assert_array_equal(c.call("vector_add", x=x, y=Resident("out"))["out"], 3 * x)
+
+
+def test_resident_limit_is_a_typed_error(spawn_worker: Callable[..., WorkerProc]) -> None:
+    w = spawn_worker("--resident-limit", "4K")
+    with Client(w.name, timeout_s=10) as c:
+        c.put("small", np.ones(512, np.float32))  # 2 KiB: fits
+        with pytest.raises(ResourceError) as e:
+            c.put("big", np.ones(1024, np.float32))  # 4 KiB more: over the limit
+        assert "limit" in str(e.value)
+        assert set(c.resident()) == {"small"}
+        np.testing.assert_array_equal(c.call("scale", x=np.ones(4), a=2.0)["out"], 2.0)

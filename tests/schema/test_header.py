@@ -36,5 +36,7 @@ def test_flag_bits() -> None:
 
 
 def test_out_of_range_value_rejected() -> None:
-    with pytest.raises(Exception):
+    import struct
+
+    with pytest.raises(struct.error):
         Header(1 << 32, 0, 0, 0, 0).pack()
