@@ -140,9 +140,29 @@ def w4a16_launch_config(m: int, k: int, n: int, n_sm: int) -> tuple[tuple[int, i
     return (grid_x, ksplit), rps, mb
 
 
+# float16 M <= 4: w4a16_h2<MB, CT, RT, MINB> (float16x2 dequant, see cuda/gemm_w4a16.cu). Per M, the
+# configurations in order of preference (measured on an H200); the first whose RT divides
+# group_size / 2 is used (the last has RT = 8, which always does: group_size % 16 == 0).
+_H2_CFG: dict[int, tuple[tuple[int, int, int, int], ...]] = {
+    1: ((1, 16, 32, 1), (1, 16, 16, 2), (1, 16, 8, 2)),
+    2: ((2, 16, 16, 2), (2, 8, 8, 4)),
+    3: ((4, 8, 16, 2), (2, 8, 8, 4)),
+    4: ((4, 8, 16, 2), (2, 8, 8, 4)),
+}
+
+
+def _h2_cfg(m: int, group_rows: int) -> tuple[int, int, int, int]:
+    return next(c for c in _H2_CFG[m] if group_rows % c[2] == 0)
+
+
+def _h2_name(cfg: tuple[int, int, int, int]) -> str:
+    return "w4a16_h2<" + ",".join(map(str, cfg)) + ">"
+
+
 def _w4a16_names(kt: str) -> tuple[str, ...]:
+    h2 = sorted({_h2_name(c) for cfgs in _H2_CFG.values() for c in cfgs}) if kt == "F16" else []
     return (*(f"w4a16_gemm<{kt},{mb},{'true' if pf else 'false'}>" for mb in (1, 2) for pf in (False, True)),
-            "w4_dequant_f16<0>")
+            "w4_dequant_f16<0>", *h2)
 
 
 def _dequant_min_m() -> int:
@@ -174,6 +194,8 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
         dq((-(-threads // 256),), (256,), (qw, sc, zr, w16, np.int32(k), np.int32(n), np.int32(gs // 2)))
         d = call.dest("out")
         return {"out": cupy.matmul(x, w16, out=d if d is not None and d.flags.c_contiguous else None)}
+    if dt == "float16" and m <= 4 and k // 2 <= 65535 * 256 and os.environ.get("SHMRPC_W4A16_H2", "1") == "1":
+        return {"out": _w4a16_h2(call, m, k, n, gs)}
     (grid_x, ksplit), rps, mb = w4a16_launch_config(m, k, n, sm_count())
     if ksplit > 65535:
         return _w4a16_numpy(call)
@@ -194,6 +216,29 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
     return {"out": out}
 
 
+def _w4a16_h2(call: OpCall, m: int, k: int, n: int, gs: int) -> Any:
+    """float16, M <= 4: one launch of w4a16_h2 (a block = 8*CT columns x 32*RT packed rows; K-split over blockIdx.y)."""
+    import cupy
+
+    from ._cuda import get_function
+
+    x, qw, sc, zr = (call.inputs[p] for p in ("x", "qweight", "scales", "zeros"))
+    cfg = _h2_cfg(m, gs // 2)
+    _, ct, rt, _ = cfg
+    grid = (-(-n // (8 * ct)), -(-(k // 2) // (32 * rt)))
+    out = call.dest("out")
+    if out is None or not out.flags.c_contiguous:
+        out = cupy.empty((m, n), dtype=x.dtype)
+    partial = cupy.empty((grid[1], m, n) if grid[1] > 1 else (1,), dtype=cupy.float32)
+    counters = call.workspace.get("w4a16_counters")
+    if counters is None or counters.size < grid[0]:
+        counters = cupy.zeros(max(grid[0], 1024), dtype=cupy.uint32)
+        call.workspace["w4a16_counters"] = counters
+    fn = get_function("gemm_w4a16.cu", _w4a16_names("F16"), _h2_name(cfg))
+    fn(grid, (256,), (x, qw, sc, zr, partial, counters, out, np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2)))
+    return out
+
+
 GEMM_W4A16 = register(OpSpec(
     name="gemm_w4a16", code=16, inputs=("x", "qweight", "scales", "zeros"), outputs=("out",), attrs={},
     infer=_infer_w4a16, numpy=_w4a16_numpy, cupy=_w4a16_cupy,
@@ -201,7 +246,9 @@ GEMM_W4A16 = register(OpSpec(
     doc="x (M, K) float16/bfloat16, qweight (K/2, N) uint8, scales/zeros (K/gs, N) float16 as made by "
         "quantize_int4 -> out (M, N) in x's dtype = x @ ((q - zeros) * scales), float32 accumulation. "
         "CuPy: one kernel dequantizing in registers (M <= 4, or bfloat16) when N % 16 == 0, K % 16 == 0 and "
-        "group_size % 16 == 0; float16 with M >= 5: a dequantize kernel then cuBLAS; other shapes: array code.",
+        "group_size % 16 == 0 (float16 M <= 4: float16x2 products summed in float16 over 16 k, then float32; "
+        "SHMRPC_W4A16_H2=0 for the all-float32 kernel); float16 with M >= 5: a dequantize kernel then cuBLAS; "
+        "other shapes: array code.",
     example={"x": TensorSpec((1, 256), "float16"), "qweight": TensorSpec((128, 128), "uint8"),
              "scales": TensorSpec((2, 128), "float16"), "zeros": TensorSpec((2, 128), "float16")},
 ))

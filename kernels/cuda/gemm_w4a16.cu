@@ -195,6 +195,193 @@ __global__ void __launch_bounds__(256, PF ? 2 : 1) w4a16_gemm(
   if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
 }
 
+// float16 x, M <= 4 (w4a16_h2): the int4 -> float conversion above costs 2.5 instructions per
+// weight, 1.5 of them integer (LOP3, SHF), and that bounds the fp32 kernel (measured:
+// with the weight loads removed it still takes 17.5 of its 20 us at 8192 x 8192). Here a word of
+// 8 nibbles is turned into four float16x2 (q - z) values, exact, by the 1024 trick:
+//   (v & 0x000F000F) | 0x64006400 = {1024 + q0, 1024 + q2} (bytes 0 and 2, low nibbles = even k)
+//   (v & 0x00F000F0) | 0x64006400 = {1024 + 16 q0', 1024 + 16 q2'} (high nibbles = odd k)
+//   even: HSUB2 (1024 + z); odd: HFMA2 by 1/16 and -(64 + z); v >> 8 gives bytes 1 and 3;
+// then HFMA2 with x/16 broadcast to both halves: 1 SHF + 4 LOP3 + 8 HFMA2/HSUB2 per 8 weights.
+// Column pairs per word j: A = (4j, 4j+2), B = (4j+1, 4j+3), zeros paired to match with PRMT.
+// Precision: products are rounded to float16 and summed in float16 over 8 packed rows (8 even-k
+// and 8 odd-k terms per accumulator), then added in float32; the per-column scale (times 16)
+// is applied once in float32. x is taken as x/16 (exact for |x| >= 2^-10) so that the 8-term
+// sums stay finite for |x| below ~8000. Measured error vs float32 math: ~5e-4 of max|out| (fp32 kernel:
+// ~3.6e-4); tiny activations (|x| ~ 1e-4) lose bits to float16 subnormals (~3e-3).
+// Work split: a thread takes RT packed rows (inside one group) x CT columns and issues all its
+// weight loads (16- or 8-byte) before any math; block = 8 column-threads x 32 row-threads
+// (8*CT columns x 32*RT packed rows); grid = (N / (8 CT), rows / (32 RT)): the K-split partials
+// are added as in w4a16_gemm (last block of a column tile, fixed order, self-resetting counters).
+// Host guarantees: as w4a16_gemm, plus group_rows % RT == 0, RT % 8 == 0, N % CT == 0.
+__device__ __forceinline__ uint2 ld_nc_v2(const void* p) {
+  uint2 r; asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p)); return r;
+}
+// float16x2 helpers on raw 32-bit words (NVRTC, no cuda_fp16.h)
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) { u32 d; asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
+__device__ __forceinline__ u32 hadd2(u32 a, u32 b) { u32 d; asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) { u32 d; asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+__device__ __forceinline__ u32 hsub2(u32 a, u32 b) { u32 d; asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+
+template <int MB, int CT, int RT, int MINB>
+__global__ void __launch_bounds__(256, MINB) w4a16_h2(
+    const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
+    const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
+    unsigned int* __restrict__ counters, u16* __restrict__ out,
+    int M, int K, int N, int group_rows) {
+  constexpr int BC = 8 * CT, NW = CT / 4, NS = CT / 2;  // block columns, words of a row, words of scales
+  __shared__ float red[8][MB][BC];
+  __shared__ unsigned int is_last;
+  const int tx = threadIdx.x & 7, ty = threadIdx.x >> 3;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int col0 = blockIdx.x * BC + tx * CT;
+  const int total_rows = K >> 1;
+  const int row0 = (blockIdx.y * 32 + ty) * RT;
+  const bool ok = col0 < N && row0 < total_rows;
+  const int ksplit = gridDim.y;
+  const int g = row0 / group_rows;
+
+  for (int m0 = 0; m0 < M; m0 += MB) {
+    float res[MB][CT];
+#pragma unroll
+    for (int mm = 0; mm < MB; ++mm)
+#pragma unroll
+      for (int c = 0; c < CT; ++c) res[mm][c] = 0.f;
+    if (ok) {
+      u32 w[RT][NW];
+      const unsigned char* wp = qweight + (u64)row0 * N + col0;
+#pragma unroll
+      for (int i = 0; i < RT; ++i) {
+        if (CT == 16) {
+          const uint4 v = ld_nc_v4(wp);
+          w[i][0] = v.x; w[i][1] = v.y; w[i][2 % NW] = v.z; w[i][3 % NW] = v.w;
+        } else {
+          const uint2 v = ld_nc_v2(wp);
+          w[i][0] = v.x; w[i][1] = v.y;
+        }
+        wp += N;
+      }
+      u32 xw[MB][RT];  // x[m, 2 row0 + 2i .. +1] as two 16-bit words
+#pragma unroll
+      for (int mm = 0; mm < MB; ++mm) {
+        const int m = m0 + mm;
+#pragma unroll
+        for (int q = 0; q < RT / 4; ++q) {
+          uint4 v = make_uint4(0u, 0u, 0u, 0u);
+          if (m < M) v = ld_nc_v4(x + (u64)m * K + 2 * row0 + 8 * q);
+          xw[mm][4 * q] = v.x; xw[mm][4 * q + 1] = v.y; xw[mm][4 * q + 2] = v.z; xw[mm][4 * q + 3] = v.w;
+        }
+      }
+      u32 sw[NS], zw[NS];
+#pragma unroll
+      for (int q = 0; q < NS / 4; ++q) {
+        const uint4 s = ld_nc_v4(scales + (u64)g * N + col0 + 8 * q), z = ld_nc_v4(zeros + (u64)g * N + col0 + 8 * q);
+        sw[4 * q] = s.x; sw[4 * q + 1] = s.y; sw[4 * q + 2] = s.z; sw[4 * q + 3] = s.w;
+        zw[4 * q] = z.x; zw[4 * q + 1] = z.y; zw[4 * q + 2] = z.z; zw[4 * q + 3] = z.w;
+      }
+      // per word j: pair A = columns (4j, 4j+2), pair B = (4j+1, 4j+3); zl = 1024 + z, zh = -(64 + z)
+      u32 zl[NW][2], zh[NW][2];
+#pragma unroll
+      for (int j = 0; j < NW; ++j) {
+        const u32 za = __byte_perm(zw[2 * j], zw[2 * j + 1], 0x5410), zb = __byte_perm(zw[2 * j], zw[2 * j + 1], 0x7632);
+        zl[j][0] = hadd2(za, 0x64006400u); zl[j][1] = hadd2(zb, 0x64006400u);
+        zh[j][0] = hadd2(za, 0x54005400u) ^ 0x80008000u; zh[j][1] = hadd2(zb, 0x54005400u) ^ 0x80008000u;
+      }
+#pragma unroll
+      for (int i0 = 0; i0 < RT; i0 += 8) {
+        u32 ae[MB][NW][2], ao[MB][NW][2];
+#pragma unroll
+        for (int mm = 0; mm < MB; ++mm)
+#pragma unroll
+          for (int j = 0; j < NW; ++j) { ae[mm][j][0] = ae[mm][j][1] = ao[mm][j][0] = ao[mm][j][1] = 0u; }
+#pragma unroll
+        for (int i = i0; i < i0 + 8; ++i) {
+          u32 xe2[MB], xo2[MB];
+#pragma unroll
+          for (int mm = 0; mm < MB; ++mm) {  // x / 16 (exact above 2^-10): 8-term fp16 partial sums stay finite for |x| < 8192
+            xe2[mm] = hmul2(__byte_perm(xw[mm][i], 0u, 0x1010), 0x2C002C00u);
+            xo2[mm] = hmul2(__byte_perm(xw[mm][i], 0u, 0x3232), 0x2C002C00u);
+          }
+#pragma unroll
+          for (int j = 0; j < NW; ++j) {
+            const u32 v = w[i][j], v8 = v >> 8;
+            const u32 dA0 = hsub2((v & 0x000F000Fu) | 0x64006400u, zl[j][0]);                  // even k, q - z exact
+            const u32 dA1 = hfma2((v & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, zh[j][0]);     // odd k: (1024+16q)/16 - 64 - z
+            const u32 dB0 = hsub2((v8 & 0x000F000Fu) | 0x64006400u, zl[j][1]);
+            const u32 dB1 = hfma2((v8 & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, zh[j][1]);
+#pragma unroll
+            for (int mm = 0; mm < MB; ++mm) {
+              ae[mm][j][0] = hfma2(xe2[mm], dA0, ae[mm][j][0]);
+              ao[mm][j][0] = hfma2(xo2[mm], dA1, ao[mm][j][0]);
+              ae[mm][j][1] = hfma2(xe2[mm], dB0, ae[mm][j][1]);
+              ao[mm][j][1] = hfma2(xo2[mm], dB1, ao[mm][j][1]);
+            }
+          }
+        }
+#pragma unroll
+        for (int mm = 0; mm < MB; ++mm)
+#pragma unroll
+          for (int j = 0; j < NW; ++j) {
+            res[mm][4 * j] += h2f((u16)(ae[mm][j][0] & 0xffffu)) + h2f((u16)(ao[mm][j][0] & 0xffffu));
+            res[mm][4 * j + 2] += h2f((u16)(ae[mm][j][0] >> 16)) + h2f((u16)(ao[mm][j][0] >> 16));
+            res[mm][4 * j + 1] += h2f((u16)(ae[mm][j][1] & 0xffffu)) + h2f((u16)(ao[mm][j][1] & 0xffffu));
+            res[mm][4 * j + 3] += h2f((u16)(ae[mm][j][1] >> 16)) + h2f((u16)(ao[mm][j][1] >> 16));
+          }
+      }
+#pragma unroll
+      for (int c = 0; c < CT; ++c) {
+        const float sc = h2f((u16)(c & 1 ? sw[c >> 1] >> 16 : sw[c >> 1] & 0xffffu));
+#pragma unroll
+        for (int mm = 0; mm < MB; ++mm) res[mm][c] *= 16.f * sc;
+      }
+    }
+#pragma unroll
+    for (int mm = 0; mm < MB; ++mm)
+#pragma unroll
+      for (int c = 0; c < CT; ++c) {
+        float v = res[mm][c];
+        v += __shfl_xor_sync(0xffffffffu, v, 8);
+        v += __shfl_xor_sync(0xffffffffu, v, 16);
+        res[mm][c] = v;
+      }
+    if (lane < 8) {
+#pragma unroll
+      for (int mm = 0; mm < MB; ++mm)
+#pragma unroll
+        for (int c = 0; c < CT; ++c) red[warp][mm][tx * CT + c] = res[mm][c];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < MB * BC; idx += 256) {
+      const int mm = idx / BC, c = idx % BC, m = m0 + mm, col = blockIdx.x * BC + c;
+      float v = 0.f;
+#pragma unroll
+      for (int wi = 0; wi < 8; ++wi) v += red[wi][mm][c];
+      if (m < M && col < N) {
+        if (ksplit == 1) out[(u64)m * N + col] = f2h(v);
+        else partial[((u64)blockIdx.y * M + m) * N + col] = v;
+      }
+    }
+    __syncthreads();
+  }
+  if (ksplit == 1) return;
+  // same ordering as w4a16_gemm: partials written -> fence -> count; last block fences -> reads.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = (atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(ksplit - 1));
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < M * BC; idx += 256) {
+    const int m = idx / BC, col = blockIdx.x * BC + idx % BC;
+    if (col < N) {
+      float v = 0.f;
+      for (int sp = 0; sp < ksplit; ++sp) v += ld_cg_f32(partial + ((u64)sp * M + m) * N + col);
+      out[(u64)m * N + col] = f2h(v);
+    }
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
+}
+
 // Dequantize to float16 w (K, N) (the M > 4 path: then cuBLAS). Thread = 16 columns x one packed
 // row (two k): one 16-byte load, two 32-byte stores. Same host guarantees as above.
 template <int UNUSED>
