@@ -194,7 +194,7 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
         dq((-(-threads // 256),), (256,), (qw, sc, zr, w16, np.int32(k), np.int32(n), np.int32(gs // 2)))
         d = call.dest("out")
         return {"out": cupy.matmul(x, w16, out=d if d is not None and d.flags.c_contiguous else None)}
-    if dt == "float16" and m <= 4 and k // 2 <= 65535 * 256 and os.environ.get("SHMRPC_W4A16_H2", "1") == "1":
+    if dt == "float16" and m <= 4 and k // 2 <= 65535 * 256 and os.environ.get("SHMRPC_W4A16_H2", "0") == "1":
         return {"out": _w4a16_h2(call, m, k, n, gs)}
     (grid_x, ksplit), rps, mb = w4a16_launch_config(m, k, n, sm_count())
     if ksplit > 65535:
@@ -246,8 +246,9 @@ GEMM_W4A16 = register(OpSpec(
     doc="x (M, K) float16/bfloat16, qweight (K/2, N) uint8, scales/zeros (K/gs, N) float16 as made by "
         "quantize_int4 -> out (M, N) in x's dtype = x @ ((q - zeros) * scales), float32 accumulation. "
         "CuPy: one kernel dequantizing in registers (M <= 4, or bfloat16) when N % 16 == 0, K % 16 == 0 and "
-        "group_size % 16 == 0 (float16 M <= 4: float16x2 products summed in float16 over 16 k, then float32; "
-        "SHMRPC_W4A16_H2=0 for the all-float32 kernel); float16 with M >= 5: a dequantize kernel then cuBLAS; "
+        "group_size % 16 == 0, accumulating in float32 (SHMRPC_W4A16_H2=1 opts in to a faster float16 M <= 4 "
+        "kernel that sums float16x2 products in float16 over 16 k before float32: less precise, and it overflows "
+        "for |x| above ~8000); float16 with M >= 5: a dequantize kernel then cuBLAS; "
         "other shapes: array code.",
     example={"x": TensorSpec((1, 256), "float16"), "qweight": TensorSpec((128, 128), "uint8"),
              "scales": TensorSpec((2, 128), "float16"), "zeros": TensorSpec((2, 128), "float16")},
