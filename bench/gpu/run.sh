@@ -13,6 +13,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   python3 -c "import cupy, shmrpc.kernels as k; print('cupy', cupy.__version__, 'backend', k.select_backend('auto').name)"
   echo "== pytest"; timeout 300 python3 -m pytest -q --timeout 120 -p no:cacheprovider -rs tests 2>&1 | tail -25
   echo "== bench/gpu_kernels.py"; timeout 200 python3 bench/gpu_kernels.py --out "$OUT/gpu-kernels.json" 2>&1 | tail -20
+  echo "== bench/gpu_kernels.py, SHMRPC_W4A16_H2=1 (float16 partial sums, opt-in)"
+  SHMRPC_W4A16_H2=1 timeout 200 python3 bench/gpu_kernels.py --out "$OUT/gpu-kernels-h2.json" 2>&1 | grep -E "w4a16 M=|ceiling"
   echo "== bench/gpu_e2e.py"; timeout 240 python3 bench/gpu_e2e.py --out "$OUT/gpu-e2e.json" 2>&1 | tail -8
   echo "== bench/gpu/tiny_probe.py"; timeout 120 python3 bench/gpu/tiny_probe.py 2>&1 | tail -14
   echo "== shmrpc bench lat --peers"
