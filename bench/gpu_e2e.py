@@ -177,7 +177,8 @@ def main() -> int:
                               "command": " ".join(sys.argv), "python": platform.python_version(),
                               "cpu_count": os.cpu_count()}
     try:
-        res["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+        res["commit"] = out.stdout.strip() if out.returncode == 0 else os.environ.get("SHMRPC_COMMIT", "unknown")
         res["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                                     capture_output=True, text=True).stdout.strip()
     except OSError:
