@@ -55,8 +55,10 @@ class Leases:
         zero: called with a slot before it goes to a client other than the one that wrote it last.
     """
 
-    def __init__(self, geometries: list[Geometry], lease: tuple[int, ...], zero: Callable[[Slot], None]) -> None:
+    def __init__(self, geometries: list[Geometry], lease: tuple[int, ...], zero: Callable[[Slot], None],
+                 max_borrowed_slots: int = 0, max_borrowed_bytes: int = 0) -> None:
         self._zero = zero
+        self._max_slots, self._max_bytes = max_borrowed_slots, max_borrowed_bytes
         self._lease = lease
         self._slots: dict[tuple[int, int], Slot] = {}
         self._free: list[list[Slot]] = []  # per size class, over all regions, FIFO
@@ -139,8 +141,15 @@ class Leases:
                 "start the worker with a larger class in --slots (e.g. --slots 64K:64,1M:16,1G:1)",
                 field="nbytes",
             )
+        borrowed = [s for s in self._clients[client].slots if s.borrowed]
         for c, size in enumerate(self._sizes):
             if size >= nbytes and self._free[c]:
+                if self._max_slots and len(borrowed) + 1 > self._max_slots:
+                    raise BusyError(f"this client already borrows {len(borrowed)} slots, the most a client may "
+                                    "(--client-max-slots)", field="nbytes")
+                if self._max_bytes and sum(s.nbytes for s in borrowed) + size > self._max_bytes:
+                    raise BusyError(f"borrowing a {format_size(size)} slot would take this client over its "
+                                    f"{format_size(self._max_bytes)} (--client-max-bytes)", field="nbytes")
                 return self._grant(client, self._free[c].pop(0), borrowed=True)
         raise BusyError(f"every slot of {format_size(nbytes)} or more is in use; retry later", field="nbytes")
 

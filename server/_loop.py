@@ -127,7 +127,8 @@ class Worker:
             self.backend.warmup()
             # Fault injection for tests only (never a real GPU reset): the next request fails as if CUDA had.
             self.backend.inject_fault = os.environ.get("SHMRPC_INJECT_FAULT") or None
-            self.leases = Leases([self.regions[0].geometry], cfg.lease, self._zero)
+            self.leases = Leases([self.regions[0].geometry], cfg.lease, self._zero,
+                                 max_borrowed_slots=cfg.client_max_slots, max_borrowed_bytes=cfg.client_max_bytes)
             self.dispatch = Dispatcher(self.backend, cfg.geometry.desc_nbytes)
             self._executor = ThreadPoolExecutor(cfg.threads, thread_name_prefix="shmrpc-op")
             self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

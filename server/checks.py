@@ -5,7 +5,7 @@ message that says what is wrong and how to fix it::
 
     /dev/shm has 60.0 MiB free but the region needs 988.0 MiB: give the container more
     (docker --shm-size=2g), free space in /dev/shm (shmrpc doctor --clean removes stale
-    segments), or pass a smaller --size/--slots
+    segments), or pass a smaller --slots
 
 The inputs a check reads from the system (free bytes, the memlock limit, the
 capability bit) can be injected, so the messages are testable anywhere.
@@ -87,7 +87,7 @@ def shm_space_error(free_nbytes: int, nbytes: int, shm_dir: str = "/dev/shm") ->
     return StartupError(
         f"{shm_dir} has {format_bytes(free_nbytes)} free but the region needs {format_bytes(nbytes)}: "
         "give the container more (docker --shm-size=2g), free space in /dev/shm "
-        "(shmrpc doctor --clean removes stale segments), or pass a smaller --size/--slots",
+        "(shmrpc doctor --clean removes stale segments), or pass a smaller --slots",
         needed_nbytes=nbytes,
         available_nbytes=free_nbytes,
     )

@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--isolation", choices=("client", "shared"), default="client",
                    help="client: leased slots in a region per client, unlinked once mapped (default); "
                         "shared: all slots in the worker's pool region")
+    s.add_argument("--client-max-slots", type=int, default=0,
+                   help="most slots one client may borrow beyond its lease at once (default 0: no limit)")
+    s.add_argument("--client-max-bytes", default="0",
+                   help="most bytes of borrowed slots one client may hold at once (default 0: no limit)")
     s.add_argument("--no-register", action="store_true",
                    help="do not pin the region for the GPU (only to measure what pinning buys)")
     s.add_argument("--threads", type=int, default=4, help="executor threads for larger requests")
@@ -74,7 +78,8 @@ def _serve(args: argparse.Namespace) -> int:
             name=args.name, geometry=geometry, lease=lease, backend=args.backend, metrics_port=args.metrics_port,
             mlock=not args.no_mlock, threads=args.threads, inline_max_nbytes=parse_size(args.inline_max),
             resident_limit_bytes=parse_size(args.resident_limit), allow_uids=tuple(args.allow_uid), register_host=not args.no_register,
-            isolation=args.isolation,
+            isolation=args.isolation, client_max_slots=args.client_max_slots,
+            client_max_bytes=parse_size(args.client_max_bytes),
         )
     except ValueError as e:
         print(f"shmrpc serve: {e}", file=sys.stderr)

@@ -45,6 +45,8 @@ class WorkerConfig:
         isolation: ``"client"`` (default): each client's leased slots live in a region of its own,
             whose name is unlinked as soon as the client has mapped it, so no other process can open
             it; ``"shared"``: leased slots come from the worker's pool region like borrowed ones.
+        client_max_slots: most slots one client may borrow beyond its lease at once (0: no limit).
+        client_max_bytes: most bytes of borrowed slots one client may hold at once (0: no limit).
         register_host: pin the region for the GPU (cudaHostRegister) on the CuPy backend; off only
             to measure what pinning buys.
     """
@@ -62,6 +64,8 @@ class WorkerConfig:
     heartbeat_s: float = 0.5
     register_host: bool = True
     isolation: str = "client"
+    client_max_slots: int = 0
+    client_max_bytes: int = 0
 
     def __post_init__(self) -> None:
         validate_name(self.name)

@@ -206,7 +206,7 @@ class Region:
                 except OSError as exc:
                     raise StartupError(
                         f"could not pre-fault region {name} ({exc.strerror}): free memory or /dev/shm space, "
-                        "or pass a smaller --size/--slots"
+                        "or pass a smaller --slots"
                     ) from exc
             pid = os.getpid()
             sb = Superblock.for_geometry(

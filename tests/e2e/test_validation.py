@@ -177,3 +177,23 @@ def test_busy_fail_mode_raises_busy(spawn_worker: Callable[..., WorkerProc]) -> 
                 time.sleep(0.01)
         np.testing.assert_array_equal(out, 1)
 
+
+
+def test_per_client_borrow_limits(spawn_worker: Callable[..., WorkerProc]) -> None:
+    w = spawn_worker("--client-max-slots", "1", "--client-max-bytes", "4M", slots="64K:2,1M:4,4M:2",
+                     lease="1,0,0")
+    with Client(w.name, timeout_s=5, on_busy="fail") as c, Client(w.name, timeout_s=5, on_busy="fail") as other:
+        held = c.loan(500_000)  # borrows one 1M slot: the client's limit of one
+        try:
+            with pytest.raises(BusyError, match="client-max-slots"):
+                c.loan(500_000)
+            with other.loan(500_000), other.loan(64):  # the limit is per client: another client still borrows
+                pass
+        finally:
+            held.release()
+    w2 = spawn_worker("--client-max-bytes", "1M", slots="64K:2,1M:4,4M:2", lease="1,0,0",
+                      name=w.name + "b")
+    with Client(w2.name, timeout_s=5, on_busy="fail") as c:
+        with c.loan(500_000):
+            with pytest.raises(BusyError, match="client-max-bytes"):
+                c.loan(500_000)
