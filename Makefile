@@ -19,9 +19,11 @@ dev: $(BIN)/python
 demo: venv
 	$(BIN)/python bench/demo.py
 
-# The whole suite (GPU tests skip with their reason where there is no GPU).
+# The whole suite (GPU tests skip with their reason where there is no GPU), then ruff and mypy.
 test: dev
 	$(BIN)/python -m pytest -q
+	$(BIN)/ruff check schema client server kernels tests bench
+	$(BIN)/mypy schema client
 
 lint: dev
 	$(BIN)/ruff check schema client server kernels tests bench

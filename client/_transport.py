@@ -31,6 +31,8 @@ from shmrpc.schema.naming import endpoint, socket_path
 
 __all__ = ["Transport"]
 
+_POLLIN = int(zmq.POLLIN)
+
 
 def _start_ticks(pid: int) -> int | None:
     try:
@@ -112,7 +114,7 @@ class Transport:
         while not until():
             if self.gone:
                 raise WorkerGoneError(self.gone)
-            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # nothing queued: wait for the socket or the pidfd
+            if not int(sock.getsockopt(zmq.EVENTS)) & _POLLIN:  # nothing queued: wait for the socket or the pidfd
                 wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000) + 1)
                 events = dict(self._poller.poll(wait_ms))
                 if pidfd is not None and pidfd in events:
