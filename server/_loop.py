@@ -89,7 +89,7 @@ class Worker:
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._done: collections.deque[tuple[bytes, Slot, Header, bytes, int, float, dict[str, float], Prepared | None]] = (
+        self._done: collections.deque[tuple[bytes, Slot, Header, int, float, dict[str, float], Prepared | None]] = (
             collections.deque()
         )
         self._wake_r, self._wake_w = -1, -1
@@ -577,8 +577,8 @@ class Worker:
             self._executor.submit(self._run_async, identity, s, view, hdr, prep, t0)
         return None
 
-    def _execute(self, view: memoryview, hdr: Header, prep: Prepared) -> tuple[bytes, int, dict[str, float]]:
-        """Run ``prep`` and write its response into the slot; returns (DONE frame tail data)."""
+    def _execute(self, view: memoryview, hdr: Header, prep: Prepared) -> tuple[int, dict[str, float]]:
+        """Run ``prep`` and write its response into the slot; returns (status, stage seconds)."""
         try:
             stages = self.dispatch.run(prep, view)
             status, payload = 0, prep.response
@@ -589,27 +589,27 @@ class Worker:
             err = InternalError(f"the request failed: {type(e).__name__}: {e}", op=prep.op)
             stages, status, payload = {}, err.code, encode_response(error_response(err))
         _write_response(view, hdr, payload, status)
-        return payload, status, stages
+        return status, stages
 
     def _complete(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, prep: Prepared, t0: float) -> None:
-        _, status, stages = self._execute(view, hdr, prep)
+        status, stages = self._execute(view, hdr, prep)
         self._done_sent(identity, s, hdr, status, t0, stages, prep)
 
     def _run_async(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, prep: Prepared, t0: float) -> None:
         q = time.perf_counter() - t0
         try:
-            _, status, stages = self._execute(view, hdr, prep)
+            status, stages = self._execute(view, hdr, prep)
         except BaseException:  # noqa: BLE001 - always answer
             log.exception("request failed unexpectedly")
             status, stages = InternalError.code, {}
             _write_response(view, hdr, encode_response(error_response(InternalError("the request failed"))), status)
         stages = dict(stages, queue=q)
-        self._done.append((identity, s, hdr, b"", status, t0, stages, prep))
+        self._done.append((identity, s, hdr, status, t0, stages, prep))
         os.write(self._wake_w, b"x")
 
     def _drain_done(self) -> None:
         while self._done:
-            identity, s, hdr, _, status, t0, stages, prep = self._done.popleft()
+            identity, s, hdr, status, t0, stages, prep = self._done.popleft()
             self._done_sent(identity, s, hdr, status, t0, stages, prep)
         if self.dispatch.fatal and not self._stopping.is_set():
             # The GPU context is lost (a sticky CUDA error): answer what is in flight, then exit non-zero so a
