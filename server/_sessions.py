@@ -1,0 +1,354 @@
+"""The worker's control plane: handshakes, leases and private regions, borrowing, resident tensors, status.
+
+:class:`Sessions` is mixed into :class:`~shmrpc.server._loop.Worker`; it owns no loop
+of its own. Every handler answers on the worker's ROUTER socket through ``_send`` and
+keeps the lease bookkeeping (:mod:`._lease`) and the regions in step:
+
+====================  =====================================================================
+message               handled by
+====================  =====================================================================
+HELLO                 :meth:`Sessions._on_hello`: checks, pidfd, private region, WELCOME
+ATTACHED              :meth:`Sessions._on_attached`: unlink the client's private region name
+ACQUIRE / RELEASE     :meth:`Sessions._on_acquire`, :meth:`Sessions._on_release` (wait queue)
+MANAGE                :meth:`Sessions._on_manage`: list / drop resident tensors
+BYE, pidfd readable   :meth:`Sessions._end_client`: end the lease, drop residents, free regions
+STATUS                :meth:`Sessions.state`
+====================  =====================================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from shmrpc import kernels
+from shmrpc.schema import SCHEMA_HASH
+from shmrpc.schema import messages as m
+from shmrpc.schema.errors import BusyError, InvalidRequestError, KernelError, RequestError
+from shmrpc.schema.layout import Geometry
+from shmrpc.schema.naming import socket_path
+
+from . import checks, runtime
+from ._dispatch import resident_name
+from ._lease import Slot
+from .region import Region
+
+if TYPE_CHECKING:
+    from ._lease import Leases
+    from .config import WorkerConfig
+    from .metrics import Metrics
+
+__all__ = ["Sessions"]
+
+log = logging.getLogger("shmrpc.server")
+
+
+@dataclass(eq=False)
+class _Client:
+    id: int
+    identity: bytes
+    pid: int
+    uid: int
+    pidfd: int | None
+    start_ticks: int | None
+    since: float
+
+
+@dataclass
+class _Pending:
+    """An ACQUIRE waiting for a slot to free."""
+
+    client: int
+    identity: bytes
+    nbytes: int
+    deadline: float
+
+
+
+class Sessions:
+    """Control-plane handlers of the worker (a mixin: the Worker provides the state below and ``_send``)."""
+
+    config: WorkerConfig
+    regions: dict[int, Region]
+    backend: Any
+    leases: Leases
+    metrics: Metrics
+    _clients: dict[bytes, _Client]
+    _by_pidfd: dict[int, _Client]
+    _next_client: int
+    _pending: list[_Pending]
+    _region_owner: dict[int, int]
+    _views: dict[tuple[int, int], memoryview]
+    _lock: runtime.WorkerLock | None
+    _started: float
+
+    def _send(self, identity: bytes, frame: bytes) -> None:
+        raise NotImplementedError
+
+    def _refuse(self, identity: bytes, kind: str, message: str, field: str = "") -> None:
+        self._send(identity, m.pack_json(m.ERROR, {"code": InvalidRequestError.code, "kind": kind,
+                                                   "message": message, "field": field}))
+
+    def _on_hello(self, identity: bytes, frame: bytes, stopping: bool) -> None:
+        if stopping:
+            return self._refuse(identity, "stopping", "the worker is shutting down; connect to its successor")
+        try:
+            hello = m.unpack_json(frame)
+            proto, shash, pid = hello["protocol"], hello["schema_hash"], int(hello["pid"])
+        except (ValueError, KeyError, TypeError, OverflowError) as e:
+            return self._refuse(identity, "bad_message", f"HELLO is malformed ({e})", "hello")
+        if proto != m.PROTOCOL_VERSION or shash != SCHEMA_HASH:
+            return self._refuse(
+                identity, "protocol_mismatch",
+                f"client speaks protocol {proto} schema {shash}, worker speaks protocol {m.PROTOCOL_VERSION} "
+                f"schema {SCHEMA_HASH}: install the same shmrpc version on both sides",
+                "protocol" if proto != m.PROTOCOL_VERSION else "schema_hash",
+            )
+        uid = _proc_uid(pid)
+        if uid is None:
+            return self._refuse(identity, "refused", f"no process {pid} on this host", "pid")
+        if uid != os.geteuid() and uid not in self.config.allow_uids:
+            return self._refuse(identity, "refused", f"uid {uid} may not use this worker (see --allow-uid)", "uid")
+        ticks = runtime.process_start_ticks(pid)
+        if hello.get("start_ticks") not in (None, ticks):
+            return self._refuse(identity, "refused", f"process {pid} is not the one that said HELLO", "start_ticks")
+        old = self._clients.get(identity)
+        if old is not None:
+            self._end_client(old, "it said HELLO again")
+        try:
+            pidfd: int | None = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        client = _Client(self._next_client, identity, pid, uid, pidfd, ticks, time.time())
+        self._next_client += 1
+        self._clients[identity] = client
+        if pidfd is not None:
+            self._by_pidfd[pidfd] = client
+        private = self.config.private_geometry() if self.config.isolation == "client" else None
+        if private is not None:
+            try:
+                region = self._new_private_region(client.id, private)
+            except Exception as e:  # noqa: BLE001 - /dev/shm full, memlock, GPU registration: refuse, keep serving
+                self._clients.pop(identity, None)
+                if pidfd is not None:
+                    self._by_pidfd.pop(pidfd, None)
+                    os.close(pidfd)
+                return self._refuse(identity, "refused", f"cannot create this client's region: {e}", "region")
+            self.leases.open(client.id, from_pool=False)
+            slots = self.leases.add_private(client.id, region.index, private)
+            regions = [self.regions[0], region]
+        else:
+            slots = self.leases.open(client.id)
+            regions = [self.regions[0]]
+        self.metrics.clients.set(len(self._clients))
+        self.metrics.slots_leased.set(self.leases.n_leased)
+        self._send(identity, m.pack_json(m.WELCOME, {
+            "protocol": m.PROTOCOL_VERSION,
+            "schema_hash": SCHEMA_HASH,
+            "client_id": client.id,
+            "worker_pid": os.getpid(),
+            "worker_start_ticks": runtime.process_start_ticks(os.getpid()),
+            "backend": self.backend.name,
+            "regions": [{"index": r.index, "name": r.name, "nbytes": r.nbytes, "geometry": r.geometry.to_json()}
+                        for r in regions],
+            "geometry": self.config.geometry.to_json(),
+            "lease": [[s.region, s.index, s.generation] for s in slots],
+            "op_table": kernels.op_table(),
+        }))
+        log.info("client %d (pid %d) connected with %d slots", client.id, pid, len(slots))
+        return None
+
+    def _new_private_region(self, client: int, geometry: Geometry) -> Region:
+        """Create, pin and record the region holding ``client``'s leased slots."""
+        checks.check_shm_space(geometry.region_nbytes)
+        index = next(i for i in range(1, 1 << 16) if i not in self.regions)
+        region = Region.create(self.config.name, geometry, index=index, mlock=self.config.mlock)
+        try:
+            if self.config.register_host:
+                self.backend.register_host(region.address, region.nbytes)
+        except BaseException:
+            region.close()
+            raise
+        self.regions[index] = region
+        self._region_owner[index] = client
+        assert self._lock is not None
+        self._lock.set_regions([r.name for r in self.regions.values()])
+        return region
+
+    def _on_attached(self, identity: bytes) -> None:
+        """The client mapped its regions: unlink the names of its private ones, so nobody else can open them."""
+        c = self._clients.get(identity)
+        if c is None:
+            return
+        mine = [i for i, owner in self._region_owner.items() if owner == c.id]
+        for i in mine:
+            self.regions[i].unlink()
+        if mine:
+            assert self._lock is not None
+            self._lock.set_regions([r.name for i, r in self.regions.items() if i not in self._region_owner])
+
+    def _close_idle_regions(self) -> None:
+        for i in [i for i in self._region_owner if self.leases.region_idle(i)]:
+            region = self.regions.pop(i)
+            self._region_owner.pop(i)
+            for key in [k for k in self._views if k[0] == i]:
+                del self._views[key]
+            self.leases.remove_private(i)
+            if self.config.register_host:
+                self.backend.unregister_host(region.address)
+            region.close()
+
+    def _on_manage(self, identity: bytes, frame: bytes) -> None:
+        c = self._clients.get(identity)
+        if c is None:
+            return self._refuse(identity, "no_session", "no lease: say HELLO first", "client")
+        try:
+            req = m.unpack_json(frame)
+            action, name = req["action"], str(req.get("name", ""))
+        except (ValueError, KeyError, TypeError) as e:
+            return self._refuse(identity, "bad_message", f"MANAGE is malformed ({e})", "manage")
+        own = f"{c.id}/"
+        if action == "list":
+            listing = {}
+            for full, spec in self.backend.resident().items():
+                if full.startswith(own) or full.startswith("shared/"):
+                    listing[full.removeprefix(own)] = {"shape": list(spec.shape), "dtype": spec.dtype}
+            return self._send(identity, m.pack_json(m.MANAGED, {"resident": listing}))
+        if action == "drop":
+            full = resident_name(c.id, name)
+            if full not in self.backend.resident():
+                return self._send(identity, _error_msg(KernelError(f"no resident tensor {name!r}", tensor=name,
+                                                                   field="resident")))
+            self.backend.drop(full)
+            self.metrics.resident.set(self.backend.resident_bytes)
+            return self._send(identity, m.pack_json(m.MANAGED, {"dropped": name}))
+        return self._refuse(identity, "bad_message", f"unknown MANAGE action {action!r}", "action")
+
+    def _drop_residents(self, client_id: int) -> None:
+        own = f"{client_id}/"
+        for full in [n for n in self.backend.resident() if n.startswith(own)]:
+            self.backend.drop(full)
+        self.metrics.resident.set(self.backend.resident_bytes)
+
+    def _end_client(self, c: _Client, why: str) -> None:
+        self._clients.pop(c.identity, None)
+        self._drop_residents(c.id)
+        if c.pidfd is not None:
+            self._by_pidfd.pop(c.pidfd, None)
+            os.close(c.pidfd)
+            c.pidfd = None
+        n = self.leases.close(c.id)
+        self._pending = [p for p in self._pending if p.client != c.id]
+        self.metrics.clients.set(len(self._clients))
+        self.metrics.slots_leased.set(self.leases.n_leased)
+        log.info("client %d (pid %d) gone (%s): %d slots reclaimed", c.id, c.pid, why, n)
+        self._close_idle_regions()
+        self._serve_pending()
+
+    def _gauge_memory(self) -> None:
+        mem = self.backend.memory()
+        self.metrics.gpu_memory.set(mem.get("device_used_bytes", 0))
+        self.metrics.resident.set(mem.get("resident_bytes", 0))
+
+    def _check_clients(self) -> None:
+        for c in list(self._clients.values()):
+            if c.pidfd is None and not runtime.pid_alive(c.pid, c.start_ticks):
+                self._end_client(c, "its process is gone")
+
+    def _zero(self, s: Slot) -> None:
+        self.regions[s.region].zero_slot(s.index)
+
+    def _grant_msg(self, s: Slot) -> bytes:
+        return m.pack_json(m.GRANT, {"region": s.region, "slot": s.index, "generation": s.generation,
+                                     "slot_nbytes": s.nbytes})
+
+    def _on_acquire(self, identity: bytes, frame: bytes) -> None:
+        c = self._clients.get(identity)
+        if c is None:
+            return self._refuse(identity, "no_session", "no lease: say HELLO first", "client")
+        try:
+            req = m.unpack_json(frame)
+            nbytes, wait_s = int(req["nbytes"]), float(req.get("wait_s", 0.0))
+        except (ValueError, KeyError, TypeError, OverflowError) as e:
+            return self._refuse(identity, "bad_message", f"ACQUIRE is malformed ({e})", "acquire")
+        try:
+            s = self.leases.acquire(c.id, nbytes)
+        except BusyError as e:
+            if wait_s > 0:
+                self._pending.append(_Pending(c.id, identity, nbytes, time.monotonic() + wait_s))
+                return None
+            return self._send(identity, _error_msg(e))
+        except RequestError as e:
+            return self._send(identity, _error_msg(e))
+        self.metrics.slots_leased.set(self.leases.n_leased)
+        self._send(identity, self._grant_msg(s))
+        return None
+
+    def _serve_pending(self) -> None:
+        still = []
+        for p in self._pending:
+            try:
+                s = self.leases.acquire(p.client, p.nbytes)
+            except RequestError:
+                still.append(p)
+                continue
+            self._send(p.identity, self._grant_msg(s))
+        self._pending = still
+        self.metrics.slots_leased.set(self.leases.n_leased)
+
+    def _expire_pending(self, now: float) -> None:
+        for p in [p for p in self._pending if p.deadline <= now]:
+            self._pending.remove(p)
+            self._send(p.identity, _error_msg(BusyError("no slot became free in time", field="nbytes")))
+
+    def _on_release(self, identity: bytes, frame: bytes) -> None:
+        c = self._clients.get(identity)
+        try:
+            _, region, index = m.SLOT_STRUCT.unpack(frame)
+        except Exception:  # noqa: BLE001
+            return
+        if c is not None and self.leases.release(c.id, region, index):
+            self.metrics.slots_leased.set(self.leases.n_leased)
+            self._serve_pending()
+
+    def state(self) -> dict[str, Any]:
+        """The worker's state for ``shmrpc status``."""
+        return {
+            "name": self.config.name,
+            "pid": os.getpid(),
+            "uptime_s": round(time.time() - self._started, 3),
+            "backend": self.backend.name if self.backend else None,
+            "socket": str(socket_path(self.config.name)),
+            "regions": [{"index": r.index, "name": r.name, "nbytes": r.nbytes, "slots": r.geometry.spec(),
+                         "mlocked": r.mlocked, "owner": self._region_owner.get(r.index)}
+                        for r in self.regions.values()],
+            "clients": [{"id": c.id, "pid": c.pid, "uid": c.uid, "connected_s": round(time.time() - c.since, 3),
+                         "slots": [[s.region, s.index, s.nbytes, s.borrowed, s.in_flight] for s in self.leases.held(c.id)]}
+                        for c in self._clients.values()],
+            "slots_leased": self.leases.n_leased,
+            "in_flight": self.leases.n_in_flight,
+            "pending_acquires": len(self._pending),
+            "counters": self.metrics.snapshot(),
+            "resident": {k: {"shape": list(v.shape), "dtype": v.dtype} for k, v in self.backend.resident().items()}
+            if self.backend else {},
+        }
+
+
+def _error_msg(e: RequestError) -> bytes:
+    return m.pack_json(m.ERROR, {"code": e.code, "kind": type(e).__name__, "message": e.message, "field": e.field})
+
+
+def _proc_uid(pid: int) -> int | None:
+    """Real uid of ``pid`` from /proc, or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
