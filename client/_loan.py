@@ -1,0 +1,237 @@
+"""The zero-copy path: a Loan of one slot, and the future of a submitted call.
+
+A Loan writes its tensors into the slot through NumPy views, then its descriptor and
+header, and rings the worker; its outputs are views into the same slot. The slot goes
+back to the Client when the loan ends and no view of it is left (see :mod:`._slot`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shmrpc.schema import dtypes
+from shmrpc.schema import messages as m
+from shmrpc.schema.descriptor import TensorRef
+from shmrpc.schema.errors import (
+    ClientClosedError,
+    InvalidRequestError,
+    RequestError,
+    RequestTooLargeError,
+    StaleSlotError,
+    Timeout,
+    from_wire,
+)
+from shmrpc.schema.header import HEADER, HEADER_NBYTES, unpack_from
+from shmrpc.schema.layout import align_up, format_size, tensor_align
+
+from ._pipeline import Pipeline
+from ._slot import _IN_PLACE, _RESPONSE, NO_RESPONSE, _decode, _Slot
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+__all__ = ["Loan", "CallFuture"]
+
+
+class Loan:
+    """A slot reserved for one caller: fill tensors in place, send, read outputs in place.
+
+    Arrays from :meth:`array` and the outputs of :meth:`send` are views into the slot;
+    the slot goes back to the client when the loan ends *and* those views are gone.
+    A loan may be sent several times (the inputs stay in the slot between sends).
+    """
+
+    def __init__(self, client: Client, slot: _Slot) -> None:
+        self._c, self._s = client, slot
+        self._tensors: list[TensorRef] = []
+        self._cursor = client.geometry.desc_nbytes
+        self._done = False
+        self._memo: dict[Any, tuple[bytes, int, int]] = {}  # descriptors of this loan's tensors, by (op, attrs, ...)
+
+    @property
+    def nbytes(self) -> int:
+        """The slot's size."""
+        return self._s.nbytes
+
+    def __enter__(self) -> Loan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _live(self) -> memoryview:
+        if self._done or self._s.mv is None:
+            raise ClientClosedError("this loan was released")
+        return self._s.mv
+
+    def array(self, name: str, shape: tuple[int, ...] | int, dtype: Any) -> np.ndarray:
+        """A writable NumPy view of a new input tensor ``name`` inside the slot.
+
+        Raises:
+            RequestTooLargeError: the slot has no room left for it.
+            InvalidRequestError: the name is taken or the dtype cannot travel.
+        """
+        self._live()
+        shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        dt = np.dtype(dtype)
+        try:
+            dname = dtypes.name_of_numpy(dt)
+        except KeyError:
+            raise InvalidRequestError(f"dtype {dt} cannot travel", tensor=name, field="dtype") from None
+        if any(t.name == name for t in self._tensors):
+            raise InvalidRequestError(f"tensor {name!r} already exists in this request", tensor=name, field="name")
+        nbytes = math.prod(shape) * dt.itemsize
+        off = align_up(self._cursor, tensor_align(nbytes))
+        if off + nbytes > self._s.nbytes:
+            raise RequestTooLargeError(f"tensor {name!r} ({format_size(nbytes)}) does not fit in this "
+                                       f"{format_size(self._s.nbytes)} slot: loan a larger one", tensor=name,
+                                       field="nbytes")
+        self._tensors.append(TensorRef(name, dname, shape, off, nbytes))
+        self._memo.clear()
+        self._cursor = off + nbytes
+        return np.frombuffer(self._s.buf, dtype=dt, count=math.prod(shape), offset=off).reshape(shape)
+
+    def resident(self, name: str, resident_name: str, shape: tuple[int, ...], dtype: Any) -> None:
+        """Refer to the worker's resident tensor ``resident_name`` as input ``name`` (no bytes in the slot)."""
+        self._live()
+        self._tensors.append(TensorRef(name, dtypes.name_of_numpy(np.dtype(dtype)), tuple(shape), 0, 0,
+                                       resident_name))
+        self._memo.clear()
+
+    def _post(self, op: str | Pipeline, attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...]) -> int:
+        """Write descriptor and header, ring the worker; returns the request_id."""
+        c, s, mv = self._c, self._s, self._live()
+        if s.in_flight is not None:
+            raise InvalidRequestError("this loan already has a request in flight", field="slot")
+        key = (op, tuple(attrs.items()), in_place, tuple(keep))
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = c._describe(op, tuple(self._tensors), attrs, _IN_PLACE if in_place else 0,
+                                                tuple(keep))
+        payload, op_code, flags = hit
+        rid = next(c._rid) & 0xFFFFFFFF
+        mv[HEADER_NBYTES:HEADER_NBYTES + len(payload)] = payload
+        # NOTE: order is important here: header after descriptor, CALL after header (the publication point).
+        HEADER.pack_into(mv, 0, rid, op_code, len(payload), flags, s.generation)
+        s.in_flight, s.status = rid, None
+        c._inflight[rid] = s
+        try:
+            c._t.send(m.pack_call(s.region, s.index, rid, s.generation))
+        except BaseException:
+            c._inflight.pop(rid, None)
+            s.in_flight = None
+            raise
+        return rid
+
+    def _wait(self, rid: int, deadline: float) -> None:
+        s = self._s
+        self._c._pump(deadline, lambda: s.in_flight != rid)
+
+    def _response(self, rid: int) -> dict[str, np.ndarray]:
+        s, mv = self._s, self._live()
+        status = s.status if s.status is not None else 0
+        if status & NO_RESPONSE:
+            err = from_wire(status & 0x7FFF, "the worker refused the doorbell without touching the slot",
+                            field="slot")
+            if isinstance(err, StaleSlotError):
+                self._done = True  # the slot is no longer ours: never write to it again
+            raise err
+        h = unpack_from(mv)
+        if not h.flags & _RESPONSE or h.request_id != rid or h.payload_length > len(mv) - HEADER_NBYTES:
+            raise RequestError("the worker's response header is malformed", field="header")
+        resp = _decode(bytes(mv[HEADER_NBYTES:HEADER_NBYTES + h.payload_length]))
+        if resp.status:
+            raise from_wire(resp.status, resp.message, op=resp.op, step=resp.step, tensor=resp.tensor,
+                            field=resp.field)
+        out = {}
+        for t in resp.outputs:
+            if t.offset + t.nbytes > len(mv):
+                raise RequestError(f"output {t.name!r} lies outside the slot", tensor=t.name, field="offset")
+            dt = dtypes.numpy_dtype(t.dtype)
+            out[t.name] = np.frombuffer(s.buf, dtype=dt, count=t.nbytes // dt.itemsize,
+                                        offset=t.offset).reshape(t.shape)
+        return out
+
+    def send(self, op: str | Pipeline, *, timeout_s: float | None = None, in_place: bool = False,
+             keep: tuple[str, ...] = (), **attrs: Any) -> dict[str, np.ndarray]:
+        """Run ``op`` on the tensors of this loan; outputs are views into the slot.
+
+        Raises:
+            InvalidRequestError, KernelError, Timeout, WorkerGoneError (see :meth:`Client.call`).
+        """
+        c = self._c
+        with c._lock:
+            c._check()
+            deadline = time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s)
+            rid = self._post(op, attrs, in_place, keep)
+            self._wait(rid, deadline)
+            return self._response(rid)
+
+    def release(self) -> None:
+        """Give the slot back (it stays reserved while views of it are alive). Idempotent."""
+        if self._done and self._s.mv is None:
+            return
+        c = self._c
+        self._done = True
+        if os.getpid() != c._pid or c._closed:
+            return
+        with c._lock:
+            c._release(self._s)
+
+
+class CallFuture(Future):  # type: ignore[type-arg]
+    """The result of :meth:`Client.submit`: ``result(timeout)`` waits for the worker's answer."""
+
+    def __init__(self, client: Client, loan: Loan, rid: int, deadline: float, copy: bool) -> None:
+        super().__init__()
+        self._c, self._loan, self._rid, self._deadline, self._copy = client, loan, rid, deadline, copy
+        self.set_running_or_notify_cancel()
+
+    def _settle(self, deadline: float) -> None:
+        c = self._c
+        with c._lock:
+            if self.done():
+                return
+            c._check()
+            try:
+                self._loan._wait(self._rid, deadline)
+                out = self._loan._response(self._rid)
+                if self._copy:
+                    out = {k: v.copy() for k, v in out.items()}
+            except Timeout as e:
+                if deadline < self._deadline:
+                    raise  # only the caller's shorter wait ran out; the request still runs
+                self._loan.release()
+                self.set_exception(e)
+                return
+            except BaseException as e:  # noqa: BLE001
+                self._loan.release()
+                self.set_exception(e)
+                return
+            self._loan.release()
+            self.set_result(out)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The outputs ``{name: array}``; raises the request's error. ``timeout`` defaults to the call's."""
+        deadline = self._deadline if timeout is None else min(self._deadline, time.monotonic() + timeout)
+        if not self.done():
+            self._settle(deadline)
+        return super().result(timeout=0)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The request's error, or None."""
+        try:
+            self.result(timeout)
+        except Timeout:
+            if not self.done():
+                raise
+        except BaseException:  # noqa: BLE001
+            pass
+        return super().exception(timeout=0)
+
