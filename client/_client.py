@@ -48,7 +48,7 @@ from ._transport import Transport, control_error
 __all__ = ["Client", "Loan", "CallFuture", "Resident"]  # Loan, CallFuture, Resident re-exported
 
 from ._loan import CallFuture, Loan
-from ._slot import _KEEP, Resident, _open, _Slot, _try_release
+from ._slot import _KEEP, Resident, _open, _Slot, _try_release, fork_generation, forked_since
 
 
 class Client:
@@ -83,6 +83,7 @@ class Client:
             raise ValueError("on_busy must be 'wait' or 'fail'")
         self.name, self.timeout_s, self.on_busy, self.linger_s = name, timeout_s, on_busy, linger_s
         self._pid = os.getpid()
+        self._fork_gen = fork_generation()
         self._lock = threading.RLock()
         self._closed = False
         self._t = Transport(name, connect_timeout_s)
@@ -125,7 +126,7 @@ class Client:
 
     def close(self) -> None:
         """End the lease (BYE) and unmap. Idempotent; views still alive keep their pages mapped."""
-        if self._closed or os.getpid() != self._pid:
+        if self._closed or forked_since(self._fork_gen):
             self._closed = True
             return
         with self._lock:
@@ -136,7 +137,7 @@ class Client:
             self._regions.clear()
 
     def _check(self) -> None:
-        if os.getpid() != self._pid:
+        if forked_since(self._fork_gen):
             raise ForkedClientError(f"this Client was created in process {self._pid}; "
                                     "a forked child must create its own Client")
         if self._closed:

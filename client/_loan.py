@@ -8,7 +8,6 @@ back to the Client when the loan ends and no view of it is left (see :mod:`._slo
 from __future__ import annotations
 
 import math
-import os
 import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -31,7 +30,7 @@ from shmrpc.schema.header import HEADER, HEADER_NBYTES, unpack_from
 from shmrpc.schema.layout import align_up, format_size, tensor_align
 
 from ._pipeline import Pipeline
-from ._slot import _IN_PLACE, _RESPONSE, NO_RESPONSE, _decode, _Slot
+from ._slot import _IN_PLACE, _RESPONSE, NO_RESPONSE, _decode, _Slot, forked_since
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -179,7 +178,7 @@ class Loan:
             return
         c = self._c
         self._done = True
-        if os.getpid() != c._pid or c._closed:
+        if forked_since(c._fork_gen) or c._closed:
             return
         with c._lock:
             c._release(self._s)

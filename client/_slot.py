@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
@@ -13,7 +14,26 @@ from shmrpc.schema.header import Flag
 
 from ._region import AttachedRegion
 
-__all__ = ["Resident", "NO_RESPONSE"]
+__all__ = ["Resident", "NO_RESPONSE", "forked_since"]
+
+_FORKS = [0]  # bumped in every child right after fork(): cheaper than a getpid() syscall per call
+
+
+def _after_fork_in_child() -> None:
+    _FORKS[0] += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def forked_since(generation: int) -> bool:
+    """True in a process forked after :func:`fork_generation` returned ``generation``."""
+    return _FORKS[0] != generation
+
+
+def fork_generation() -> int:
+    """The current fork generation of this process (see :func:`forked_since`)."""
+    return _FORKS[0]
 
 NO_RESPONSE = 0x8000
 _IN_PLACE = int(Flag.IN_PLACE)
