@@ -106,7 +106,7 @@ def open_servers(cfg: RunConfig, log: Callable[[str], None] = print) -> Iterator
                 worker = stack.enter_context(WorkerProcess(plan, cfg.backend, cfg.worker_args))
                 worker.wait_ready()
                 servers.addresses.update({k: worker.name for k in shm})
-                servers.worker = {"name": worker.name, "started_by_bench": True, "argv": worker.argv,
+                servers.worker = {"name": worker.name, "started_by_bench": True, "argv": ["python", *worker.argv[1:]],
                                   "slots": plan.slots, "lease": plan.lease, "region_nbytes": plan.region_nbytes,
                                   "mlocked": worker.mlocked}
                 stack.callback(_record_exit, servers.worker, worker)
