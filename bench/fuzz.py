@@ -66,6 +66,7 @@ from shmrpc.schema.errors import WIRE_CODES
 from shmrpc.schema.header import HEADER, Flag
 from shmrpc.schema.layout import Geometry
 from shmrpc.schema.naming import endpoint, lock_path, region_prefix, socket_path
+from shmrpc.server.runtime import process_start_ticks
 
 __all__ = ["FUZZ_SLOTS", "FUZZ_LEASE", "Case", "RawSession", "Fuzzer", "KINDS", "GENERATORS", "start_worker",
            "valid_descs", "machine_facts", "main"]
@@ -311,7 +312,7 @@ def gen_hello(rng: random.Random) -> Case:
         return Case("hello", frame=b"H" + json.dumps(_json_value(rng)).encode(), note="json")
     pid = os.getpid()
     hello: dict[str, Any] = {"protocol": m.PROTOCOL_VERSION, "schema_hash": SCHEMA_HASH, "pid": pid, "uid": os.getuid(),
-                             "start_ticks": _start_ticks(pid)}
+                             "start_ticks": process_start_ticks(pid)}
     for _ in range(rng.choice((0, 1, 1, 1, 2))):
         k = rng.choice(list(hello) + ["extra"])
         if rng.random() < 0.2:
@@ -336,14 +337,6 @@ def describe(case: Case) -> str:
     return f"{case.kind} ({case.note}) header {case.header[:16].hex()} rid {case.rid} desc {desc}"
 
 
-def _start_ticks(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 # ------------------------------------------------------------ the hostile session
 
 
@@ -360,7 +353,7 @@ class RawSession:
         try:
             pid = os.getpid()
             self.sock.send(m.pack_json(m.HELLO, {"protocol": m.PROTOCOL_VERSION, "schema_hash": SCHEMA_HASH, "pid": pid,
-                                                 "uid": os.getuid(), "start_ticks": _start_ticks(pid)}))
+                                                 "uid": os.getuid(), "start_ticks": process_start_ticks(pid)}))
             w = self.recv()
             if w is None or w[:1] != m.WELCOME:
                 raise RuntimeError(f"no WELCOME: {w!r}")

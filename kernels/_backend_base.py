@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ._dtypes import as_storage, f32_to_bf16, storage_dtype
-from ._errors import KernelInputError, KernelResourceError
+from ._errors import KernelInputError, KernelResourceError, KernelRuntimeError
 from ._plan import Plan, build_plan
 from ._registry import REGISTRY, StepSpec, TensorSpec
 
@@ -51,6 +51,17 @@ class Backend:
         self.resident_limit_bytes: int | None = resident_limit_bytes
         self.inject_fault: str | None = None
         self.closed = False
+
+    def _consume_injected_fault(self, plan: Plan) -> KernelRuntimeError | None:
+        """The error an injected fault (``inject_fault``: ``"cuda_error"`` or ``"fatal"``) turns this run into, once."""
+        kind, self.inject_fault = self.inject_fault, None
+        if not kind:
+            return None
+        st0 = plan.steps[0] if plan.steps else None
+        err = KernelRuntimeError(f"injected fault: the run failed as a {self.name} device error would; "
+                                 "the backend was reset", op=st0.op.name if st0 else "", step=0 if st0 else -1)
+        err.fatal = kind == "fatal"  # type: ignore[attr-defined]  # "fatal": as a sticky CUDA error would
+        return err
 
     # -- planning ------------------------------------------------------------------
     def plan(self, steps: Iterable[StepSpec], inputs: Mapping[str, TensorSpec], outputs: Iterable[str],

@@ -161,14 +161,10 @@ class CupyBackend(Backend):
         Raises KernelInputError, KernelRuntimeError (op/step set), KernelResourceError.
         """
         t0 = time.perf_counter()
-        if self.inject_fault:
-            kind, self.inject_fault = self.inject_fault, None
+        fault = self._consume_injected_fault(plan)
+        if fault is not None:
             self._reset()
-            st0 = plan.steps[0] if plan.steps else None
-            err = KernelRuntimeError("injected fault: the run failed as a CUDA error would; streams were reset",
-                                     op=st0.op.name if st0 else "", step=0 if st0 else -1)
-            err.fatal = kind == "fatal"  # type: ignore[attr-defined]  # "fatal": as a sticky error would
-            raise err
+            raise fault
         host_in, host_out = self._host_io(plan, inputs, outputs)
         resident = self._lookup_resident(plan)
         with self._dev:

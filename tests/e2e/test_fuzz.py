@@ -186,7 +186,7 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | s
 def test_random_handshakes(fuzzer: Any) -> None:
     pid = os.getpid()
     valid = {"protocol": m.PROTOCOL_VERSION, "schema_hash": SCHEMA_HASH, "pid": pid, "uid": os.getuid(),
-             "start_ticks": fuzz._start_ticks(pid)}
+             "start_ticks": fuzz.process_start_ticks(pid)}
 
     @seed(SEED)
     @SETTINGS

@@ -3,7 +3,6 @@ resident tensors, bad requests leave the CUDA context usable, an injected CUDA e
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -30,17 +29,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.e2e, pytest.mark.timeout(120),
               pytest.mark.skipif(_gpu_reason() is not None, reason=_gpu_reason() or "")]
 
 
-def _cupy_worker(spawn_worker: Callable[..., WorkerProc], **env: str) -> WorkerProc:
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        return spawn_worker("--backend", "cupy", slots="64K:16,1M:4,16M:2,80M:2", lease="4,1,1,1")
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+def _cupy_worker(spawn_worker: Callable[..., WorkerProc]) -> WorkerProc:
+    return spawn_worker("--backend", "cupy", slots="64K:16,1M:4,16M:2,80M:2", lease="4,1,1,1")
 
 
 def test_ops_and_pipeline_on_gpu(spawn_worker: Callable[..., WorkerProc]) -> None:
@@ -85,8 +75,10 @@ def test_bad_request_keeps_context_usable(spawn_worker: Callable[..., WorkerProc
         np.testing.assert_array_equal(c.call("vector_add", x=np.ones(4, np.float32), y=np.ones(4, np.float32))["out"], 2)
 
 
-def test_injected_cuda_error_fails_one_request_then_recovers(spawn_worker: Callable[..., WorkerProc]) -> None:
-    w = _cupy_worker(spawn_worker, SHMRPC_INJECT_FAULT="cuda_error")
+def test_injected_cuda_error_fails_one_request_then_recovers(spawn_worker: Callable[..., WorkerProc],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHMRPC_INJECT_FAULT", "cuda_error")
+    w = _cupy_worker(spawn_worker)
     x = np.arange(1024, dtype=np.float32)
     with Client(w.name, timeout_s=60) as c:
         with pytest.raises(KernelError):
