@@ -1,23 +1,61 @@
 #!/usr/bin/env bash
-# Everything the GPU machine runs in one call: install offline, the whole suite (CuPy tests included),
-# the GPU request-path benchmarks, the kernel benchmarks, the tiny-request probe and `shmrpc bench`
-# with its peers. Everything printed goes to $OUT/run.log; figures to JSON files beside it.
-# Prepare on the dev machine first:  ../shared/tools/gpu-wheels.sh && pip wheel --no-deps -w .whl .
+# Everything the GPU machine runs, in stages: install offline, then
+#   suite   the whole test suite (CuPy tests included)
+#   gpu     the GPU request-path benchmarks, the kernel benchmarks, the tiny-request probe,
+#           the opt-in float16 w4a16 kernel
+#   lat     `shmrpc bench lat --peers` on the CuPy worker, and the client sweep 1, 2, 4, 8
+#   bw      `shmrpc bench bw --peers` on the CuPy worker, and `lat --peers` on the NumPy worker
+#           (the transports alone, on this host's cores)
+# Usage: bash bench/gpu/run.sh [STAGE ...]   (default: all four; one device call holds at most
+# 10 minutes, so run `suite lat` and `bw gpu` as two calls).
+# Prepare on the dev machine first:  ../shared/tools/gpu-wheels.sh [the bench extra, pinned] &&
+# pip wheel --no-deps -w .whl .   The device tree has no .git: pass SHMRPC_COMMIT=<hash>.
+# Everything printed goes to $OUT/run-<stages>.log; figures to JSON files and PNGs beside it.
 set -u
 OUT=${OUT:-bench/out/gpu}
 mkdir -p "$OUT"
+stages=${*:-suite gpu lat bw}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 || exit 1
+  && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 MPLBACKEND=Agg || exit 1
+rm -rf /tmp/plots-*
+BENCH="python3 -m shmrpc.client.bench"  # word-split on purpose: timeout runs no shell function
+plot() {  # plot SRC_DIR NAME NEW_NAME: keep one PNG of a run, renamed, at the top of $OUT
+  [ -f "$1/$2" ] && cp "$1/$2" "$OUT/$3"
+}
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
+  echo "stages: $stages, commit ${SHMRPC_COMMIT:-unknown}"
   python3 -c "import cupy, shmrpc.kernels as k; print('cupy', cupy.__version__, 'backend', k.select_backend('auto').name)"
-  echo "== pytest"; timeout 200 python3 -m pytest -q --timeout 120 -p no:cacheprovider -rs tests 2>&1 | tail -25
-  echo "== bench/gpu_e2e.py"; timeout 150 python3 bench/gpu_e2e.py --seconds 3 --out "$OUT/gpu-e2e.json" 2>&1 | tail -8
-  echo "== bench/gpu_kernels.py"; timeout 100 python3 bench/gpu_kernels.py --out "$OUT/gpu-kernels.json" 2>&1 | tail -20
-  echo "== bench/gpu/tiny_probe.py"; timeout 60 python3 bench/gpu/tiny_probe.py 2>&1 | tail -14
-  echo "== shmrpc bench lat --peers"
-  timeout 150 python3 -m shmrpc.client.bench lat --peers --sizes 64,4K,1M,64M,256M --iters 1000 --backend cupy \
-    --out "$OUT/bench-lat-gpu.json" --plots "$OUT/plots" -q 2>&1 | tail -30
-  echo "== bench/gpu_kernels.py, SHMRPC_W4A16_H2=1 (float16 partial sums, opt-in)"
-  SHMRPC_W4A16_H2=1 timeout 100 python3 bench/gpu_kernels.py --out "$OUT/gpu-kernels-h2.json" 2>&1 | grep -E "w4a16 M=|ceiling"
-} 2>&1 | tee "$OUT/run.log"
+  for stage in $stages; do
+    case $stage in
+    suite)
+      echo "== pytest"; timeout 200 python3 -m pytest -q --timeout 120 -p no:cacheprovider -rs tests 2>&1 | tail -25 ;;
+    gpu)
+      echo "== bench/gpu_e2e.py"; timeout 150 python3 bench/gpu_e2e.py --seconds 3 --out "$OUT/gpu-e2e.json" 2>&1 | tail -8
+      echo "== bench/gpu_kernels.py"; timeout 100 python3 bench/gpu_kernels.py --out "$OUT/gpu-kernels.json" 2>&1 | tail -20
+      echo "== bench/gpu/tiny_probe.py"; timeout 60 python3 bench/gpu/tiny_probe.py 2>&1 | tail -14
+      echo "== bench/gpu_kernels.py, SHMRPC_W4A16_H2=1 (float16 partial sums, opt-in)"
+      SHMRPC_W4A16_H2=1 timeout 100 python3 bench/gpu_kernels.py --out "$OUT/gpu-kernels-h2.json" 2>&1 \
+        | grep -E "w4a16 M=|ceiling" ;;
+    lat)
+      echo "== shmrpc bench lat --peers --backend cupy"
+      timeout 170 $BENCH lat --peers --sizes 64,4K,64K,1M,16M,64M,256M --iters 2000 --backend cupy -q \
+        --out "$OUT/bench-lat-gpu.json" --plots /tmp/plots-lat 2>&1 | tail -32
+      plot /tmp/plots-lat lat-latency.png lat-latency-gpu.png
+      echo "== shmrpc bench lat --clients 1,2,4,8 --backend cupy"
+      timeout 100 $BENCH lat --transports shmrpc,zmq --peers zmq --sizes 64,64K --clients 1,2,4,8 --iters 5000 -q \
+        --backend cupy --out "$OUT/bench-clients-gpu.json" --plots /tmp/plots-clients 2>&1 | tail -24
+      plot /tmp/plots-clients lat-scaling.png lat-scaling-gpu.png ;;
+    bw)
+      echo "== shmrpc bench bw --peers --backend cupy"
+      timeout 150 $BENCH bw --peers --sizes 64,4K,64K,1M,16M,64M,256M --iters 500 --backend cupy -q \
+        --out "$OUT/bench-bw-gpu.json" --plots /tmp/plots-bw 2>&1 | tail -30
+      plot /tmp/plots-bw bw-bandwidth.png bw-bandwidth-gpu.png
+      echo "== shmrpc bench lat --peers --backend numpy (the transports alone)"
+      timeout 150 $BENCH lat --peers --sizes 64,4K,64K,1M,16M,64M,256M --iters 2000 --backend numpy -q \
+        --out "$OUT/bench-lat-gpuhost-numpy.json" --plots /tmp/plots-lat-np 2>&1 | tail -32
+      plot /tmp/plots-lat-np lat-latency.png lat-latency-gpuhost-numpy.png ;;
+    *) echo "unknown stage $stage (suite, gpu, lat, bw)" ;;
+    esac
+  done
+} 2>&1 | tee "$OUT/run-${stages// /-}.log"

@@ -113,3 +113,14 @@ def test_cli_rejects_unknown_transport(capsys: pytest.CaptureFixture[str]) -> No
         main(["lat", "--transports", "carrier-pigeon"])
     assert e.value.code == 2
     assert "carrier-pigeon" in capsys.readouterr().err
+
+
+def test_commit_from_env_when_the_tree_has_no_git(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shmrpc.client.bench import _report
+
+    real = _report._run
+    monkeypatch.setattr(_report, "_run", lambda argv, *a: None if argv[0] == "git" else real(argv, *a))
+    monkeypatch.setenv("SHMRPC_COMMIT", "0123abc")
+    assert _report.machine_facts()["git_commit"] == "0123abc"
+    monkeypatch.delenv("SHMRPC_COMMIT")
+    assert _report.machine_facts()["git_commit"] is None
