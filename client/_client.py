@@ -62,6 +62,9 @@ class Client:
             ``"fail"``: it raises :class:`BusyError` at once.
         linger_s: a slot borrowed beyond the lease is kept this long after use for the next call
             (default 0: given back at once, so an idle client never holds a slot others wait for).
+        spin_us: wait for an answer by polling without sleeping for up to this long before blocking
+            (default 0: block at once). Shortens small round trips by a scheduler wake-up at the cost of
+            a busy core while waiting; pair it with the worker's ``--spin-us``.
 
     Raises:
         ConnectError: no such worker, or it refused the handshake.
@@ -78,15 +81,17 @@ class Client:
     """
 
     def __init__(self, name: str, *, timeout_s: float = 30.0, connect_timeout_s: float = 5.0,
-                 on_busy: str = "wait", linger_s: float = 0.0) -> None:
+                 on_busy: str = "wait", linger_s: float = 0.0, spin_us: int = 0) -> None:
         if on_busy not in ("wait", "fail"):
             raise ValueError("on_busy must be 'wait' or 'fail'")
+        if not 0 <= spin_us <= 1_000_000:
+            raise ValueError(f"spin_us must be 0..1000000, got {spin_us}")
         self.name, self.timeout_s, self.on_busy, self.linger_s = name, timeout_s, on_busy, linger_s
         self._pid = os.getpid()
         self._fork_gen = fork_generation()
         self._lock = threading.RLock()
         self._closed = False
-        self._t = Transport(name, connect_timeout_s)
+        self._t = Transport(name, connect_timeout_s, spin_us)
         w = self._t.welcome
         self.client_id: int = w["client_id"]
         self.backend: str = w["backend"]

@@ -153,6 +153,9 @@ class Loan:
             if t.offset + t.nbytes > len(mv):
                 raise RequestError(f"output {t.name!r} lies outside the slot", tensor=t.name, field="offset")
             dt = dtypes.numpy_dtype(t.dtype)
+            if math.prod(t.shape) * dt.itemsize != t.nbytes:  # the slot is shared: never trust what is read back
+                raise RequestError(f"output {t.name!r}: shape {t.shape} of {t.dtype} does not make {t.nbytes} bytes",
+                                   tensor=t.name, field="shape")
             out[t.name] = np.frombuffer(s.buf, dtype=dt, count=t.nbytes // dt.itemsize,
                                         offset=t.offset).reshape(t.shape)
         return out

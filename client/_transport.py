@@ -45,8 +45,9 @@ def _start_ticks(pid: int) -> int | None:
 class Transport:
     """One DEALER connection to worker ``name``."""
 
-    def __init__(self, name: str, connect_timeout_s: float) -> None:
+    def __init__(self, name: str, connect_timeout_s: float, spin_us: int = 0) -> None:
         self.name = name
+        self.spin_s = spin_us / 1e6
         path: Path = socket_path(name)
         deadline = time.monotonic() + connect_timeout_s
         while not path.exists():
@@ -114,7 +115,12 @@ class Transport:
         while not until():
             if self.gone:
                 raise WorkerGoneError(self.gone)
-            if not int(sock.getsockopt(zmq.EVENTS)) & _POLLIN:  # nothing queued: wait for the socket or the pidfd
+            ready = int(sock.getsockopt(zmq.EVENTS)) & _POLLIN
+            if not ready and self.spin_s:
+                end = time.perf_counter() + self.spin_s  # spin_us: no sleep while the answer is near
+                while not ready and time.perf_counter() < end:
+                    ready = int(sock.getsockopt(zmq.EVENTS)) & _POLLIN
+            if not ready:  # nothing queued: wait for the socket or the pidfd
                 wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000) + 1)
                 events = dict(self._poller.poll(wait_ms))
                 if pidfd is not None and pidfd in events:

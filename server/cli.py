@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not pin the region for the GPU (only to measure what pinning buys)")
     s.add_argument("--threads", type=int, default=4, help="executor threads for larger requests")
     s.add_argument("--inline-max", default="256K", help="requests moving at most this run on the loop thread")
+    s.add_argument("--spin-us", type=int, default=0,
+                   help="poll this many µs without sleeping before blocking (lower latency, a busy core; 0: off)")
     s.add_argument("--resident-limit", default="8G", help="cap on resident tensors")
     s.add_argument("--allow-uid", type=int, action="append", default=[], help="another uid that may connect")
     s.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -77,6 +79,7 @@ def _serve(args: argparse.Namespace) -> int:
         cfg = WorkerConfig(
             name=args.name, geometry=geometry, lease=lease, backend=args.backend, metrics_port=args.metrics_port,
             mlock=not args.no_mlock, threads=args.threads, inline_max_nbytes=parse_size(args.inline_max),
+            spin_us=args.spin_us,
             resident_limit_bytes=parse_size(args.resident_limit), allow_uids=tuple(args.allow_uid), register_host=not args.no_register,
             isolation=args.isolation, client_max_slots=args.client_max_slots,
             client_max_bytes=parse_size(args.client_max_bytes),

@@ -86,6 +86,8 @@ def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     w.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto", help="for the worker it starts")
     w.add_argument("--name", help="use the running worker NAME instead of starting one")
     w.add_argument("--worker-args", default="", help="more arguments for the worker it starts, e.g. '--threads 8'")
+    w.add_argument("--spin-us", type=int, default=0,
+                   help="the worker it starts and the shmrpc clients poll this many µs before sleeping (0: off)")
     t = p.add_argument_group("transports")
     t.add_argument("--peers", nargs="?", const=_ALL_PEERS, default="",
                    help=f"also measure peers (default all: {_ALL_PEERS}); missing packages are skipped")
@@ -114,6 +116,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     unknown = [k for k in keys if k not in TRANSPORT_CLASSES]
     if unknown:
         raise ValueError(f"unknown transport(s) {', '.join(unknown)}; choose from {', '.join(TRANSPORT_CLASSES)}")
+    if not 0 <= args.spin_us <= 1_000_000:
+        raise ValueError("--spin-us must be 0..1000000")
     if args.iters < 1 or args.warmup < 0 or args.window < 1:
         raise ValueError("--iters and --window must be >= 1 and --warmup >= 0")
     if args.op != "echo":
@@ -121,7 +125,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return RunConfig(mode=args.mode, sizes=sizes, iters=args.iters, warmup=args.warmup, op=args.op,
                      attrs=dict(args.attr), dtype=args.dtype, backend=args.backend, window=args.window,
                      clients=args.clients, clients_max_nbytes=args.clients_max_size, transports=list(dict.fromkeys(keys)),
-                     name=args.name, worker_args=args.worker_args, bytes_budget=args.bytes_budget)
+                     name=args.name, worker_args=args.worker_args, spin_us=args.spin_us,
+                     bytes_budget=args.bytes_budget)
 
 
 def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:

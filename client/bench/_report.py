@@ -116,12 +116,17 @@ def _keys(doc: dict[str, Any]) -> list[str]:
     return [k for k, v in doc["transports"].items() if v["status"] == "ok"]
 
 
+def _spin_note(doc: dict[str, Any]) -> str:
+    spin = doc["config"].get("spin_us", 0)
+    return f", shmrpc worker and clients spinning {spin} µs before sleeping" if spin else ""
+
+
 def latency_table(doc: dict[str, Any]) -> str:
     """Round-trip latency in µs: one row per (size, transport), with each p50 over shmrpc's at that size."""
     pts = _points(doc, "latency")
     head = f"{'size':>6}  {'transport':<30} {'iters':>6} {'min':>9} {'p50':>9} {'p90':>9} {'p99':>9} " \
            f"{'p99.9':>9} {'max':>9} {'mean':>9} {'stdev':>8} {'p50/shm':>8}"
-    lines = ["round trip latency (µs)", head, "-" * len(head)]
+    lines = [f"round trip latency (µs){_spin_note(doc)}", head, "-" * len(head)]
     for n in doc["config"]["sizes"]:
         base = pts.get(("shmrpc", n), {}).get("p50_us")
         for key in _keys(doc):
@@ -143,7 +148,7 @@ def bandwidth_table(doc: dict[str, Any]) -> str:
     """Throughput with a window in flight: messages/s and GB/s one direction and both."""
     pts = _points(doc, "bandwidth")
     head = f"{'size':>6}  {'transport':<30} {'window':>6} {'msgs':>6} {'msg/s':>10} {'GB/s 1-dir':>10} {'GB/s both':>10}"
-    lines = ["bandwidth (GB = 1e9 B; 1-dir counts the payload once per round trip, both counts it twice)",
+    lines = [f"bandwidth (GB = 1e9 B; 1-dir counts the payload once per round trip, both counts it twice){_spin_note(doc)}",
              head, "-" * len(head)]
     for n in doc["config"]["sizes"]:
         for key in _keys(doc):
@@ -164,7 +169,7 @@ def scaling_table(doc: dict[str, Any]) -> str:
     if not doc.get("scaling"):
         return ""
     head = f"{'transport':<30} {'clients':>7} {'size':>6} {'calls/s':>10} {'p50':>9} {'p99 worst client':>17}"
-    lines = ["scaling with client processes (latency loop in each; µs)", head, "-" * len(head)]
+    lines = [f"scaling with client processes (latency loop in each; µs){_spin_note(doc)}", head, "-" * len(head)]
     for p in doc["scaling"]:
         label = doc["transports"].get(p["transport"], {}).get("label", p["transport"])
         if "error" in p:

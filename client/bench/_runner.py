@@ -59,6 +59,7 @@ class RunConfig:
     transports: list[str] = field(default_factory=lambda: list(SHM_KEYS))
     name: str | None = None
     worker_args: str = ""
+    spin_us: int = 0  # the started worker's --spin-us and the shmrpc clients' spin_us
     bytes_budget: int = 2 << 30
     min_iters: int = 5
 
@@ -82,7 +83,7 @@ def make_transport(key: str, address: str, cfg: RunConfig) -> Transport:
     """A connected client of transport ``key`` at ``address`` (shmrpc ones get the op, attrs and dtype)."""
     cls = TRANSPORT_CLASSES[key]
     if key in SHM_KEYS:
-        return cls(address, op=cfg.op, attrs=cfg.attrs, dtype=cfg.dtype)  # type: ignore[call-arg]
+        return cls(address, op=cfg.op, attrs=cfg.attrs, dtype=cfg.dtype, spin_us=cfg.spin_us)  # type: ignore[call-arg]
     return cls(address)
 
 
@@ -103,7 +104,8 @@ def open_servers(cfg: RunConfig, log: Callable[[str], None] = print) -> Iterator
             plan = plan_slots(cfg.sizes, cfg.window, n_clients, clients_max_nbytes=max(cfg.scaling_sizes()))
             servers.plan = plan
             try:
-                worker = stack.enter_context(WorkerProcess(plan, cfg.backend, cfg.worker_args))
+                extra = f"{cfg.worker_args} --spin-us {cfg.spin_us}" if cfg.spin_us else cfg.worker_args
+                worker = stack.enter_context(WorkerProcess(plan, cfg.backend, extra))
                 worker.wait_ready()
                 servers.addresses.update({k: worker.name for k in shm})
                 servers.worker = {"name": worker.name, "started_by_bench": True, "argv": ["python", *worker.argv[1:]],

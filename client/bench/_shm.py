@@ -179,13 +179,13 @@ class WorkerProcess:
         self.close()
 
 
-def _client(name: str) -> Any:
+def _client(name: str, spin_us: int = 0) -> Any:
     try:
         from shmrpc.client import Client  # type: ignore[attr-defined]
     except ImportError as exc:
         raise TransportUnavailable(f"shmrpc.client.Client is not available: {exc}") from exc
     try:
-        return Client(name, timeout_s=60.0, connect_timeout_s=20.0)
+        return Client(name, timeout_s=60.0, connect_timeout_s=20.0, spin_us=spin_us)
     except Exception as exc:
         raise TransportUnavailable(f"cannot connect to worker {name!r}: {type(exc).__name__}: {exc}") from exc
 
@@ -196,12 +196,12 @@ class _ShmBase(Transport):
     op: ClassVar[str] = "echo"
 
     def __init__(self, address: str, op: str = "echo", attrs: dict[str, Any] | None = None,
-                 dtype: str = "uint8") -> None:
+                 dtype: str = "uint8", spin_us: int = 0) -> None:
         super().__init__(address)
         self.op_name = op
         self.attrs = dict(attrs or {})
         self.dtype = dtype
-        self._client = _client(address)
+        self._client = _client(address, spin_us)
         table = getattr(self._client, "op_table", None) or {}
         if table and op not in table:
             self._client.close()

@@ -82,3 +82,18 @@ def test_python_dash_m_runs(tmp_path: Path, no_leak: object) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "shmrpc (zero-copy loan)" in proc.stdout
     assert json.loads(out.read_text())["command"].startswith("python -m shmrpc.client.bench lat")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_spin_reaches_worker_and_clients(tmp_path: Path, no_leak: object, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "spin.json"
+    rc = main(["lat", "--sizes", "64", "--iters", "20", "--warmup", "2", "--backend", "numpy",
+               "--transports", "shmrpc", "--spin-us", "100", "--out", str(out), "-q"])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["config"]["spin_us"] == 100
+    argv = doc["worker"]["argv"]
+    assert argv[argv.index("--spin-us") + 1] == "100" and doc["worker"]["exit_status"] == 0
+    assert [r["transport"] for r in doc["results"]] == ["shmrpc"] and "error" not in doc["results"][0]
+    assert "spinning 100 µs" in capsys.readouterr().out

@@ -204,3 +204,33 @@ def test_injected_backend_fault(spawn_worker: Callable[..., WorkerProc], fault: 
             c.call("scale", x=x, a=2.0)
     w.stop()
     assert "unrecoverable" in w.stderr
+
+
+def test_spinning_worker_and_client(spawn_worker: Callable[..., WorkerProc]) -> None:
+    """--spin-us / spin_us change how both sides wait, nothing else: answers, client death, worker death."""
+    with pytest.raises(ValueError, match="spin_us"):
+        Client("unused", spin_us=-1)
+    w = spawn_worker("--spin-us", "300", slots="64K:4", lease="4")
+    p = subprocess.Popen([sys.executable, PROCS, "victim", w.name], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().startswith("ready")
+    os.kill(p.pid, signal.SIGKILL)  # its pidfd must be seen by a loop that is spinning
+    p.wait(10)
+    p.stdout.close()
+    t0 = time.monotonic()
+    c = Client(w.name, timeout_s=10, spin_us=300)
+    x = np.arange(64, dtype=np.float32)
+    for i in range(50):
+        np.testing.assert_array_equal(c.call("scale", x=x, a=float(i))["out"], x * i)
+    with c.loan(4096) as req:
+        req.array("x", 64, np.float32)[...] = x
+        for _ in range(50):
+            np.testing.assert_array_equal(req.send("echo")["out"], x)
+    assert time.monotonic() - t0 < 5
+    os.kill(w.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerGoneError):
+        c.call("echo", x=x)
+    assert time.monotonic() - t0 < 1.0
+    c.close()
+    w.proc.wait(5)
+    spawn_worker(slots="64K:4", lease="4")  # a restart removes what the killed worker left

@@ -14,6 +14,7 @@ Multi-process tests print their seed.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -110,6 +111,29 @@ def test_writing_into_the_slot_after_the_doorbell_never_hurts_the_worker(worker:
         canary.release()
         np.testing.assert_array_equal(a.call("scale", x=np.ones(5), a=3.0)["out"], 3.0)
         np.testing.assert_array_equal(b.call("scale", x=np.ones(5), a=3.0)["out"], 3.0)
+
+
+def test_response_changed_in_the_slot_is_a_typed_error(worker: WorkerProc, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client reads the response from shared memory too: a shape that no longer matches its bytes (as a
+    process writing into the slot after the DONE could leave it) is a RequestError naming the field."""
+    from shmrpc.client import _loan
+
+    real = _loan._decode
+
+    def mangled(payload: bytes) -> Any:
+        r = real(payload)
+        t = r.outputs[0]
+        return dataclasses.replace(r, outputs=(t._replace(shape=(t.shape[0] + 1,)),))
+
+    with Client(worker.name, timeout_s=10) as c, c.loan(4096) as req:
+        req.array("x", 64, np.float32)[...] = 1.0
+        np.testing.assert_array_equal(req.send("echo")["out"], 1.0)
+        monkeypatch.setattr(_loan, "_decode", mangled)
+        with pytest.raises(RequestError) as e:
+            req.send("echo")
+        assert e.value.field == "shape" and e.value.tensor == "out"
+        monkeypatch.setattr(_loan, "_decode", real)
+        np.testing.assert_array_equal(req.send("echo")["out"], 1.0)  # the loan and the worker carry on
 
 
 # ------------------------------------------------------------ backpressure
