@@ -6,8 +6,10 @@
 #   lat     `shmrpc bench lat --peers` on the CuPy worker, and the client sweep 1, 2, 4, 8
 #   bw      `shmrpc bench bw --peers` on the CuPy worker, and `lat --peers` on the NumPy worker
 #           (the transports alone, on this host's cores)
-# Usage: bash bench/gpu/run.sh [STAGE ...]   (default: all four; one device call holds at most
-# 10 minutes, so run `suite lat` and `bw gpu` as two calls).
+#   spin    `lat --peers` and the client sweep with worker and clients spinning 200 µs (--spin-us),
+#           and a short `lat` next to zmq without spinning, for the same-run comparison
+# Usage: bash bench/gpu/run.sh [STAGE ...]   (default: suite gpu lat bw; one device call holds at
+# most 10 minutes, so run `suite lat`, `bw gpu` and `spin` as separate calls).
 # Prepare on the dev machine first:  ../shared/tools/gpu-wheels.sh [the bench extra, pinned] &&
 # pip wheel --no-deps -w .whl .   The device tree has no .git: pass SHMRPC_COMMIT=<hash>.
 # Everything printed goes to $OUT/run-<stages>.log; figures to JSON files and PNGs beside it.
@@ -55,7 +57,18 @@ plot() {  # plot SRC_DIR NAME NEW_NAME: keep one PNG of a run, renamed, at the t
       timeout 150 $BENCH lat --peers --sizes 64,4K,64K,1M,16M,64M,256M --iters 2000 --backend numpy -q \
         --out "$OUT/bench-lat-gpuhost-numpy.json" --plots /tmp/plots-lat-np 2>&1 | tail -32
       plot /tmp/plots-lat-np lat-latency.png lat-latency-gpuhost-numpy.png ;;
-    *) echo "unknown stage $stage (suite, gpu, lat, bw)" ;;
+    spin)
+      echo "== shmrpc bench lat --peers --spin-us 200 --backend cupy"
+      timeout 170 $BENCH lat --peers --sizes 64,4K,64K,1M,16M,64M,256M --iters 2000 --backend cupy -q --spin-us 200 \
+        --out "$OUT/bench-lat-gpu-spin.json" --plots /tmp/plots-spin 2>&1 | tail -36
+      plot /tmp/plots-spin lat-latency.png lat-latency-gpu-spin.png
+      echo "== shmrpc bench lat --clients 1,2,4,8 --spin-us 200 --backend cupy"
+      timeout 100 $BENCH lat --transports shmrpc,zmq --peers zmq --sizes 64,64K --clients 1,2,4,8 --iters 5000 -q \
+        --spin-us 200 --backend cupy --out "$OUT/bench-clients-gpu-spin.json" 2>&1 | tail -24
+      echo "== shmrpc bench lat, no spin, next to zmq"
+      timeout 60 $BENCH lat --transports shmrpc,zmq --sizes 64,4K,1M --iters 5000 --backend cupy -q \
+        --out "$OUT/bench-lat-gpu-nospin.json" 2>&1 | tail -12 ;;
+    *) echo "unknown stage $stage (suite, gpu, lat, bw, spin)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"
