@@ -177,8 +177,9 @@ def main() -> int:
                               "command": " ".join(sys.argv), "python": platform.python_version(),
                               "cpu_count": os.cpu_count()}
     try:
+        # SHMRPC_COMMIT first: a copied tree (the GPU machine's) may carry a .git of another commit
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
-        res["commit"] = out.stdout.strip() if out.returncode == 0 else os.environ.get("SHMRPC_COMMIT", "unknown")
+        res["commit"] = os.environ.get("SHMRPC_COMMIT") or (out.stdout.strip() if out.returncode == 0 else "unknown")
         res["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                                     capture_output=True, text=True).stdout.strip()
     except OSError:

@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "gpu": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
         "sms": int(props["multiProcessorCount"]), "cupy": cp.__version__, "numpy": np.__version__,
-        "command": " ".join([sys.executable, *sys.argv]), "quick": args.quick, "reps": reps,
+        "command": " ".join(["python", *sys.argv]), "quick": args.quick, "reps": reps,
+        "commit": os.environ.get("SHMRPC_COMMIT", "unknown"),
     }
     res["copy_ceiling"] = copy_ceiling(cp, (256 << 20) if args.quick else (2 << 30), reps)
     ceiling = res["copy_ceiling"]["GBps"]

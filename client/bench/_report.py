@@ -54,8 +54,8 @@ def machine_facts() -> dict[str, Any]:
             continue
     gpus = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
     repo = Path(__file__).resolve().parents[2]
-    # A copy of the tree without .git (the GPU machine gets one) names its commit in SHMRPC_COMMIT.
-    commit = _run(["git", "-C", str(repo), "rev-parse", "HEAD"]) or os.environ.get("SHMRPC_COMMIT")
+    # SHMRPC_COMMIT first: a copy of the tree (the GPU machine's) has no .git, or one of another commit.
+    commit = os.environ.get("SHMRPC_COMMIT") or _run(["git", "-C", str(repo), "rev-parse", "HEAD"])
     dirty = _run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"])
     mem_kib = 0
     try:

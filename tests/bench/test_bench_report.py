@@ -115,12 +115,15 @@ def test_cli_rejects_unknown_transport(capsys: pytest.CaptureFixture[str]) -> No
     assert "carrier-pigeon" in capsys.readouterr().err
 
 
-def test_commit_from_env_when_the_tree_has_no_git(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_commit_from_env_first_then_git(monkeypatch: pytest.MonkeyPatch) -> None:
     from shmrpc.client.bench import _report
 
     real = _report._run
-    monkeypatch.setattr(_report, "_run", lambda argv, *a: None if argv[0] == "git" else real(argv, *a))
+    git = {"head": "feedbeef"}
+    monkeypatch.setattr(_report, "_run", lambda argv, *a: git["head"] if argv[0] == "git" else real(argv, *a))
     monkeypatch.setenv("SHMRPC_COMMIT", "0123abc")
-    assert _report.machine_facts()["git_commit"] == "0123abc"
+    assert _report.machine_facts()["git_commit"] == "0123abc"  # a copied tree's .git may be of another commit
     monkeypatch.delenv("SHMRPC_COMMIT")
+    assert _report.machine_facts()["git_commit"] == "feedbeef"
+    git["head"] = None
     assert _report.machine_facts()["git_commit"] is None
