@@ -45,7 +45,9 @@ def _size_axis(ax: Any, sizes: list[int]) -> None:
 
 def _title(doc: dict[str, Any], what: str) -> str:
     m = doc.get("machine", {})
-    return f"{what} — op {doc['config']['op']}, {m.get('cpu_model', '')}".strip(", ")
+    spin = doc["config"].get("spin_us", 0)
+    spin_note = f", shmrpc spinning {spin} µs" if spin else ""
+    return f"{what} — op {doc['config']['op']}{spin_note}, {m.get('cpu_model', '')}".strip(", ")
 
 
 def _latency(doc: dict[str, Any], path: Path) -> Path | None:
