@@ -68,7 +68,7 @@ def shm_entries() -> int:
 # ------------------------------------------------------------ the client process
 
 
-def client_main(name: str, seed: int, calls: int) -> None:
+def client_main(name: str, seed: int, calls: int, spin_us: int = 0) -> None:
     """Make ``calls`` checked calls; print progress lines and a final JSON line."""
     from shmrpc.client import Client, ConnectError, RequestError, Timeout, WorkerGoneError
 
@@ -86,7 +86,7 @@ def client_main(name: str, seed: int, calls: int) -> None:
     while i < calls:
         if c is None:
             try:
-                c = Client(name, timeout_s=20, connect_timeout_s=30)
+                c = Client(name, timeout_s=20, connect_timeout_s=30, spin_us=spin_us)
             except (ConnectError, WorkerGoneError, Timeout) as e:
                 raised[type(e).__name__] = raised.get(type(e).__name__, 0) + 1
                 time.sleep(0.05)
@@ -129,10 +129,10 @@ def client_main(name: str, seed: int, calls: int) -> None:
 # ------------------------------------------------------------ the driver
 
 
-def start_worker(name: str) -> subprocess.Popen[str]:
+def start_worker(name: str, spin_us: int = 0) -> subprocess.Popen[str]:
     """A NumPy worker; returns once it prints its ready line."""
     args = [sys.executable, "-m", "shmrpc.server", "serve", "--name", name, "--slots", SLOTS, "--lease", LEASE,
-            "--backend", "numpy", "--no-mlock", "--log-level", "ERROR"]
+            "--backend", "numpy", "--no-mlock", "--log-level", "ERROR", "--spin-us", str(spin_us)]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = p.stdout.readline() if p.stdout else ""
     if "ready" not in line:
@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=100_000, help="calls per client")
     ap.add_argument("--kill-at", type=float, default=0.4, help="fraction of all calls at which the worker is killed")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--spin-us", type=int, default=0, help="worker --spin-us and the clients' spin_us (default 0)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/soak-<date>.json; '-' for none)")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
@@ -164,10 +165,11 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     started = _dt.datetime.now(_dt.timezone.utc)
     shm_before = shm_entries()
-    worker = start_worker(name)
+    worker = start_worker(name, args.spin_us)
     w_facts: dict[str, dict[str, int]] = {"first_start": proc_facts(worker.pid)}
     t0 = time.perf_counter()
-    clients = [subprocess.Popen([sys.executable, __file__, "client", name, str(seed + k), str(args.calls)],
+    clients = [subprocess.Popen([sys.executable, __file__, "client", name, str(seed + k), str(args.calls),
+                                 str(args.spin_us)],
                                 stdout=subprocess.PIPE, text=True) for k in range(args.clients)]
     progress = [0] * args.clients
     results: list[dict[str, Any] | None] = [None] * args.clients
@@ -197,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                 worker.wait()
                 killed_at = time.perf_counter() - t0
                 t_r = time.perf_counter()
-                worker = start_worker(name)
+                worker = start_worker(name, args.spin_us)
                 restart_s = time.perf_counter() - t_r
                 print(f"  worker SIGKILLed at {done} calls ({killed_at:.1f} s); successor ready in {restart_s:.2f} s",
                       flush=True)
@@ -277,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": seed, "clients": args.clients, "calls_per_client": args.calls, "elapsed_s": round(elapsed, 2),
         "calls_per_s": round((ok + wrong) / elapsed, 1), "ok": ok, "wrong": wrong, "raised": raised,
         "client_errors": errors, "worker": {"slots": SLOTS, "lease": LEASE, "backend": "numpy",
-                                            "killed_at_s": killed_at, "restart_s": round(restart_s, 3),
+                                            "spin_us": args.spin_us, "killed_at_s": killed_at, "restart_s": round(restart_s, 3),
                                             "exit_on_sigterm": rc},
         "worker_facts": w_facts, "growth": growth,
         "judged": {"rss_growth_pct": rss, "fds_grew": fds_grew, "limit_pct": 5}, "shm_entries": {"before": shm_before, "after": shm_after},
@@ -304,6 +306,6 @@ def _machine() -> dict[str, Any]:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "client":
-        client_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        client_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) > 5 else 0)
     else:
         sys.exit(main())
