@@ -66,14 +66,14 @@ def main() -> None:
         be.close()
     from shmrpc.client import Client
 
-    for backend, extra in (("numpy", []), ("cupy", [])):
+    for backend, extra, spin in (("numpy", [], 0), ("cupy", [], 0), ("cupy", ["--spin-us", "200"], 200)):
         name = f"probe-{uuid.uuid4().hex[:6]}"
         p = subprocess.Popen([sys.executable, "-m", "shmrpc.server", "serve", "--name", name, "--slots", "64K:16",
                               "--lease", "4", "--backend", backend, "--log-level", "WARNING", *extra],
                              stdout=subprocess.PIPE, text=True)
         assert "ready" in (p.stdout.readline() if p.stdout else "")
         label = f"{backend} worker {' '.join(extra)}"
-        with Client(name) as c, c.loan(64) as req:
+        with Client(name, spin_us=spin) as c, c.loan(64) as req:
             req.array("x", 16, np.float32)[:] = 1
             print(f"client loan.send scale, {label:28s}", pct(timed(lambda: req.send("scale", a=2.0))))
             print(f"client loan.send echo,  {label:28s}", pct(timed(lambda: req.send("echo"))))
