@@ -22,9 +22,13 @@ test process); :meth:`Metrics.serve` exposes it over HTTP on ``/metrics``.
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
+from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 __all__ = ["Metrics", "DURATION_BUCKETS_S", "STAGES"]
 
@@ -45,6 +49,63 @@ _GAUGES = {
 }
 
 
+class _Hist:
+    """A histogram as plain numbers: a count per bucket (the last one is +Inf) and the sum."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(DURATION_BUCKETS_S) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(DURATION_BUCKETS_S, value)] += 1  # bucket le=b holds values <= b
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        counts, total, out = list(self.counts), 0, []
+        for bound, n in zip((*DURATION_BUCKETS_S, float("inf")), counts):
+            total += n
+            out.append((floatToGoString(bound), total))
+        return out
+
+
+class _RequestStats:
+    """Per-request counters and histograms, kept as plain numbers and turned into metric families
+    when scraped.
+
+    Only the worker's loop thread records (it answers every request), so an observation takes no
+    lock: prometheus_client's own Counter and Histogram lock on every call, which cost more per
+    tiny request than the rest of the bookkeeping. A scrape copies each dict and list in one C-level
+    call under the GIL, so it sees whole observations (at worst one request behind).
+    """
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, str], int] = {}
+        self.duration: dict[str, _Hist] = {}
+        self.stage: dict[tuple[str, str], _Hist] = {}
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    def collect(self) -> Iterator[Metric]:
+        req = CounterMetricFamily("shmrpc_requests", "Requests answered, by op and status.", labels=["op", "status"])
+        for (op, status), n in list(self.requests.items()):
+            req.add_metric([op, status], n)
+        yield req
+        dur = HistogramMetricFamily("shmrpc_request_duration_seconds", "Time from CALL received to DONE sent.",
+                                    labels=["op"])
+        for op, h in list(self.duration.items()):
+            dur.add_metric([op], h.cumulative(), h.sum)
+        yield dur
+        stage = HistogramMetricFamily("shmrpc_stage_seconds", "Time spent per stage of a request.",
+                                      labels=["op", "stage"])
+        for (op, name), h in list(self.stage.items()):
+            stage.add_metric([op, name], h.cumulative(), h.sum)
+        yield stage
+        yield CounterMetricFamily("shmrpc_bytes_in", "Tensor bytes read from slots.", value=self.bytes_in)
+        yield CounterMetricFamily("shmrpc_bytes_out", "Tensor bytes written to slots.", value=self.bytes_out)
+
+
 class Metrics:
     """The worker's counters, histograms and gauges.
 
@@ -61,29 +122,20 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.requests = Counter("shmrpc_requests", "Requests answered, by op and status.", ["op", "status"],
-                                registry=r)
-        self.duration = Histogram("shmrpc_request_duration_seconds", "Time from CALL received to DONE sent.",
-                                  ["op"], buckets=DURATION_BUCKETS_S, registry=r)
-        self.stage = Histogram("shmrpc_stage_seconds", "Time spent per stage of a request.", ["op", "stage"],
-                               buckets=DURATION_BUCKETS_S, registry=r)
-        self.bytes_in = Counter("shmrpc_bytes_in", "Tensor bytes read from slots.", registry=r)
-        self.bytes_out = Counter("shmrpc_bytes_out", "Tensor bytes written to slots.", registry=r)
+        self._stats = _RequestStats()
+        r.register(self._stats)  # type: ignore[arg-type]
         self.slots_leased = Gauge(*_GAUGES["slots_leased"], registry=r)
         self.clients = Gauge(*_GAUGES["clients"], registry=r)
         self.inflight = Gauge(*_GAUGES["inflight"], registry=r)
         self.gpu_memory = Gauge(*_GAUGES["gpu_memory"], registry=r)
         self.resident = Gauge(*_GAUGES["resident"], registry=r)
         self.port: int | None = None
-        # labelled children, looked up once: labels() costs more than the observation itself
-        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
-        self._stage_children: dict[tuple[str, str], Any] = {}
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
     def observe(self, op: str, status: str, seconds: float, nbytes_in: int, nbytes_out: int,
                 stages: dict[str, float] | None = None) -> None:
-        """Record one answered request.
+        """Record one answered request (from the worker's loop thread only: see :class:`_RequestStats`).
 
         Args:
             op: op name (or pipeline name).
@@ -93,22 +145,22 @@ class Metrics:
             nbytes_out: tensor bytes written to the slot.
             stages: seconds per stage (see :data:`STAGES`).
         """
-        children = self._children.get((op, status))
-        if children is None:
-            children = self._children[(op, status)] = (self.requests.labels(op, status), self.duration.labels(op))
-        children[0].inc()
-        children[1].observe(seconds)
-        if nbytes_in:
-            self.bytes_in.inc(nbytes_in)
-        if nbytes_out:
-            self.bytes_out.inc(nbytes_out)
+        st = self._stats
+        key = (op, status)
+        st.requests[key] = st.requests.get(key, 0) + 1
+        h = st.duration.get(op)
+        if h is None:
+            h = st.duration[op] = _Hist()
+        h.observe(seconds)
+        st.bytes_in += nbytes_in
+        st.bytes_out += nbytes_out
         if stages:
             for stage, stage_s in stages.items():
                 if stage_s > 0 and stage in STAGES:
-                    child = self._stage_children.get((op, stage))
-                    if child is None:
-                        child = self._stage_children[(op, stage)] = self.stage.labels(op, stage)
-                    child.observe(stage_s)
+                    h = st.stage.get((op, stage))
+                    if h is None:
+                        h = st.stage[(op, stage)] = _Hist()
+                    h.observe(stage_s)
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         """Serve ``/metrics`` over HTTP in a daemon thread; :attr:`port` tells the bound port.

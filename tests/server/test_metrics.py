@@ -70,3 +70,35 @@ def test_snapshot_and_independent_registries() -> None:
     assert snap["inflight"] == 1
     assert snap["slots_leased"] == 0
     assert b.snapshot()["requests"] == {}
+
+
+def test_histograms_match_prometheus_client() -> None:
+    """The lock-free request histograms expose what prometheus_client's own Histogram would."""
+    import random
+
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from shmrpc.server.metrics import DURATION_BUCKETS_S
+
+    rng = random.Random(7)
+    values = [10 ** rng.uniform(-6, 1.5) for _ in range(2000)] + list(DURATION_BUCKETS_S)  # bounds themselves too
+    ref_registry = CollectorRegistry()
+    ref = Histogram("shmrpc_request_duration_seconds", "ref", ["op"], buckets=DURATION_BUCKETS_S,
+                    registry=ref_registry)
+    m = Metrics()
+    for v in values:
+        ref.labels("echo").observe(v)
+        m.observe("echo", "ok", v, 0, 0, {"kernel": v})
+
+    def samples(registry: CollectorRegistry, family: str) -> dict[tuple[str, str], float]:
+        return {(s.name, s.labels.get("le", "")): s.value for f in registry.collect() if f.name == family
+                for s in f.samples if not s.name.endswith("_created")}
+
+    want = samples(ref_registry, "shmrpc_request_duration_seconds")
+    got = samples(m.registry, "shmrpc_request_duration_seconds")
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v), k
+    stage = samples(m.registry, "shmrpc_stage_seconds")
+    assert {le: v for (name, le), v in stage.items() if name.endswith("_bucket")} == \
+        {le: v for (name, le), v in want.items() if name.endswith("_bucket")}
