@@ -8,8 +8,9 @@
 #           (the transports alone, on this host's cores)
 #   spin    `lat --peers` and the client sweep with worker and clients spinning 200 µs (--spin-us),
 #           and a short `lat` next to zmq without spinning, for the same-run comparison
+#   probe   the tiny-request probe, and short `lat` runs next to zmq with and without spinning
 # Usage: bash bench/gpu/run.sh [STAGE ...]   (default: suite gpu lat bw; one device call holds at
-# most 10 minutes, so run `suite lat`, `bw gpu` and `spin` as separate calls).
+# most 10 minutes, so run `suite lat`, `bw gpu` and `spin` as separate calls; `suite probe` fits one).
 # Prepare on the dev machine first:  ../shared/tools/gpu-wheels.sh [the bench extra, pinned] &&
 # pip wheel --no-deps -w .whl .   The device tree has no .git: pass SHMRPC_COMMIT=<hash>.
 # Everything printed goes to $OUT/run-<stages>.log; figures to JSON files and PNGs beside it.
@@ -68,7 +69,14 @@ plot() {  # plot SRC_DIR NAME NEW_NAME: keep one PNG of a run, renamed, at the t
       echo "== shmrpc bench lat, no spin, next to zmq"
       timeout 60 $BENCH lat --transports shmrpc,zmq --sizes 64,4K,1M --iters 5000 --backend cupy -q \
         --out "$OUT/bench-lat-gpu-nospin.json" 2>&1 | tail -12 ;;
-    *) echo "unknown stage $stage (suite, gpu, lat, bw, spin)" ;;
+    probe)
+      echo "== bench/gpu/tiny_probe.py"; timeout 90 python3 bench/gpu/tiny_probe.py 2>&1 | tail -16
+      for spin in 0 200; do
+        echo "== shmrpc bench lat next to zmq, --spin-us $spin"
+        timeout 60 $BENCH lat --transports shmrpc,zmq --sizes 64,4K,1M --iters 5000 --backend cupy -q --spin-us $spin \
+          --out "$OUT/bench-lat-gpu-probe-spin$spin.json" 2>&1 | tail -12
+      done ;;
+    *) echo "unknown stage $stage (suite, gpu, lat, bw, spin, probe)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"
