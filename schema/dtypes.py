@@ -48,12 +48,20 @@ def itemsize(name: str) -> int:
     return _NUMPY[name].itemsize
 
 
+_WIRE_NAMES: dict[np.dtype, str] = {}  # dtypes seen -> wire name (dtype.name is slow to compute)
+
+
 def name_of_numpy(dtype: np.dtype | type | str) -> str:
     """The wire name of a NumPy dtype; raises KeyError when it cannot travel (object, complex ...)."""
-    dt = np.dtype(dtype)
+    dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+    name = _WIRE_NAMES.get(dt)
+    if name is not None:
+        return name
     if dt == _BF16 and _BF16 != np.dtype(np.uint16):
-        return "bfloat16"
-    name = dt.name
-    if name not in DTYPE_CODES or dt.byteorder == ">":
-        raise KeyError(name)
+        name = "bfloat16"
+    else:
+        name = dt.name
+        if name not in DTYPE_CODES or dt.byteorder == ">":
+            raise KeyError(name)
+    _WIRE_NAMES[dt] = name
     return name
