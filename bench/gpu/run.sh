@@ -12,7 +12,7 @@
 # Usage: bash bench/gpu/run.sh [STAGE ...]   (default: suite gpu lat bw; one device call holds at
 # most 10 minutes, so run `suite lat`, `bw gpu` and `spin` as separate calls; `suite probe` fits one).
 # Prepare on the dev machine first:  ../shared/tools/gpu-wheels.sh [the bench extra, pinned] &&
-# pip wheel --no-deps -w .whl .   The device tree has no .git: pass SHMRPC_COMMIT=<hash>.
+# pip wheel --no-deps -w .whl .   A .git on the device (if any) is not of the tree sent: pass SHMRPC_COMMIT=<hash>.
 # Everything printed goes to $OUT/run-<stages>.log; figures to JSON files and PNGs beside it.
 set -u
 OUT=${OUT:-bench/out/gpu}
