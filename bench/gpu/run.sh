@@ -13,7 +13,7 @@
 # most 10 minutes, so run `suite lat`, `bw gpu` and `spin` as separate calls; `suite probe` fits one).
 # Prepare on the dev machine first:  ../shared/tools/gpu-wheels.sh [the bench extra, pinned] &&
 # pip wheel --no-deps -w .whl .   A .git on the device (if any) is not of the tree sent: pass SHMRPC_COMMIT=<hash>.
-# Everything printed goes to $OUT/run-<stages>.log; figures to JSON files and PNGs beside it.
+# Everything printed goes to $OUT/run-<stages>.log; figures to JSON files and PNGs (named as the JSON) beside it.
 set -u
 OUT=${OUT:-bench/out/gpu}
 mkdir -p "$OUT"
@@ -24,6 +24,26 @@ rm -rf /tmp/plots-*
 BENCH="python3 -m shmrpc.client.bench"  # word-split on purpose: timeout runs no shell function
 plot() {  # plot SRC_DIR NAME NEW_NAME: keep one PNG of a run, renamed, at the top of $OUT
   [ -f "$1/$2" ] && cp "$1/$2" "$OUT/$3"
+}
+sweep() {  # sweep MODE NAME ITERS [ARGS...]: MODE 64 B..256 MiB next to every peer -> $OUT/NAME.json, NAME.png
+  local mode=$1 name=$2 iters=$3; shift 3
+  echo "== shmrpc bench $mode --peers $*"
+  timeout 170 $BENCH "$mode" --peers --sizes 64,4K,64K,1M,16M,64M,256M --iters "$iters" "$@" -q \
+    --out "$OUT/$name.json" --plots "/tmp/plots-$name" 2>&1 | tail -36
+  plot "/tmp/plots-$name" "$mode-$([ "$mode" = lat ] && echo latency || echo bandwidth).png" "$name.png"
+}
+clients() {  # clients NAME [ARGS...]: 1, 2, 4, 8 client processes, 64 B and 64 KiB, next to pyzmq
+  local name=$1; shift
+  echo "== shmrpc bench lat --clients 1,2,4,8 $*"
+  timeout 100 $BENCH lat --transports shmrpc,zmq --peers zmq --sizes 64,64K --clients 1,2,4,8 --iters 5000 "$@" -q \
+    --out "$OUT/$name.json" --plots "/tmp/plots-$name" 2>&1 | tail -24
+  plot "/tmp/plots-$name" lat-scaling.png "$name-scaling.png"
+}
+short() {  # short NAME [ARGS...]: 64 B, 4 KiB, 1 MiB next to pyzmq, 5000 round trips
+  local name=$1; shift
+  echo "== shmrpc bench lat next to zmq $*"
+  timeout 60 $BENCH lat --transports shmrpc,zmq --sizes 64,4K,1M --iters 5000 "$@" -q --out "$OUT/$name.json" 2>&1 \
+    | tail -12
 }
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
@@ -41,41 +61,18 @@ plot() {  # plot SRC_DIR NAME NEW_NAME: keep one PNG of a run, renamed, at the t
       SHMRPC_W4A16_H2=1 timeout 100 python3 bench/gpu_kernels.py --out "$OUT/gpu-kernels-h2.json" 2>&1 \
         | grep -E "w4a16 M=|ceiling" ;;
     lat)
-      echo "== shmrpc bench lat --peers --backend cupy"
-      timeout 170 $BENCH lat --peers --sizes 64,4K,64K,1M,16M,64M,256M --iters 2000 --backend cupy -q \
-        --out "$OUT/bench-lat-gpu.json" --plots /tmp/plots-lat 2>&1 | tail -32
-      plot /tmp/plots-lat lat-latency.png lat-latency-gpu.png
-      echo "== shmrpc bench lat --clients 1,2,4,8 --backend cupy"
-      timeout 100 $BENCH lat --transports shmrpc,zmq --peers zmq --sizes 64,64K --clients 1,2,4,8 --iters 5000 -q \
-        --backend cupy --out "$OUT/bench-clients-gpu.json" --plots /tmp/plots-clients 2>&1 | tail -24
-      plot /tmp/plots-clients lat-scaling.png lat-scaling-gpu.png ;;
+      sweep lat bench-lat-gpu 2000 --backend cupy
+      clients bench-clients-gpu --backend cupy ;;
     bw)
-      echo "== shmrpc bench bw --peers --backend cupy"
-      timeout 150 $BENCH bw --peers --sizes 64,4K,64K,1M,16M,64M,256M --iters 500 --backend cupy -q \
-        --out "$OUT/bench-bw-gpu.json" --plots /tmp/plots-bw 2>&1 | tail -30
-      plot /tmp/plots-bw bw-bandwidth.png bw-bandwidth-gpu.png
-      echo "== shmrpc bench lat --peers --backend numpy (the transports alone)"
-      timeout 150 $BENCH lat --peers --sizes 64,4K,64K,1M,16M,64M,256M --iters 2000 --backend numpy -q \
-        --out "$OUT/bench-lat-gpuhost-numpy.json" --plots /tmp/plots-lat-np 2>&1 | tail -32
-      plot /tmp/plots-lat-np lat-latency.png lat-latency-gpuhost-numpy.png ;;
+      sweep bw bench-bw-gpu 500 --backend cupy
+      sweep lat bench-lat-gpuhost-numpy 2000 --backend numpy ;;  # the transports alone, on this host's cores
     spin)
-      echo "== shmrpc bench lat --peers --spin-us 200 --backend cupy"
-      timeout 170 $BENCH lat --peers --sizes 64,4K,64K,1M,16M,64M,256M --iters 2000 --backend cupy -q --spin-us 200 \
-        --out "$OUT/bench-lat-gpu-spin.json" --plots /tmp/plots-spin 2>&1 | tail -36
-      plot /tmp/plots-spin lat-latency.png lat-latency-gpu-spin.png
-      echo "== shmrpc bench lat --clients 1,2,4,8 --spin-us 200 --backend cupy"
-      timeout 100 $BENCH lat --transports shmrpc,zmq --peers zmq --sizes 64,64K --clients 1,2,4,8 --iters 5000 -q \
-        --spin-us 200 --backend cupy --out "$OUT/bench-clients-gpu-spin.json" 2>&1 | tail -24
-      echo "== shmrpc bench lat, no spin, next to zmq"
-      timeout 60 $BENCH lat --transports shmrpc,zmq --sizes 64,4K,1M --iters 5000 --backend cupy -q \
-        --out "$OUT/bench-lat-gpu-nospin.json" 2>&1 | tail -12 ;;
+      sweep lat bench-lat-gpu-spin 2000 --backend cupy --spin-us 200
+      clients bench-clients-gpu-spin --backend cupy --spin-us 200
+      short bench-lat-gpu-nospin --backend cupy ;;
     probe)
       echo "== bench/gpu/tiny_probe.py"; timeout 90 python3 bench/gpu/tiny_probe.py 2>&1 | tail -16
-      for spin in 0 200; do
-        echo "== shmrpc bench lat next to zmq, --spin-us $spin"
-        timeout 60 $BENCH lat --transports shmrpc,zmq --sizes 64,4K,1M --iters 5000 --backend cupy -q --spin-us $spin \
-          --out "$OUT/bench-lat-gpu-probe-spin$spin.json" 2>&1 | tail -12
-      done ;;
+      for spin in 0 200; do short "bench-lat-gpu-probe-spin$spin" --backend cupy --spin-us "$spin"; done ;;
     *) echo "unknown stage $stage (suite, gpu, lat, bw, spin, probe)" ;;
     esac
   done

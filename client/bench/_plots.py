@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ._report import spin_note
 from ._stats import format_bytes
 
 __all__ = ["write_plots"]
@@ -45,53 +47,52 @@ def _size_axis(ax: Any, sizes: list[int]) -> None:
 
 def _title(doc: dict[str, Any], what: str) -> str:
     m = doc.get("machine", {})
-    spin = doc["config"].get("spin_us", 0)
-    spin_note = f", shmrpc spinning {spin} µs" if spin else ""
-    return f"{what} — op {doc['config']['op']}{spin_note}, {m.get('cpu_model', '')}".strip(", ")
+    return f"{what} — op {doc['config']['op']}{spin_note(doc)}, {m.get('cpu_model', '')}".strip(", ")
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _per_size(doc: dict[str, Any], kind: str, path: Path, ylabel: str, title: str,
+              draw: Callable[[Any, list[int], list[dict[str, Any]], str], None]) -> Path | None:
+    """One log-log figure against payload size, ``draw(ax, sizes, points, label)`` once per transport."""
+    series = _series(doc, kind)
+    if not series:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for key, pts in series.items():
+        draw(ax, [n for n, _ in pts], [p for _, p in pts], _label(doc, key))
+    ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    _size_axis(ax, sorted({n for pts in series.values() for n, _ in pts}))
+    ax.set_title(_title(doc, title), fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
+def _draw_latency(ax: Any, xs: list[int], pts: list[dict[str, Any]], label: str) -> None:
+    p50 = [p["p50_us"] for p in pts]
+    (line,) = ax.plot(xs, p50, marker="o", ms=3, label=f"{label} p50")
+    ax.fill_between(xs, p50, [p["p99_us"] for p in pts], color=line.get_color(), alpha=0.2, linewidth=0)
+
+
+def _draw_bandwidth(ax: Any, xs: list[int], pts: list[dict[str, Any]], label: str) -> None:
+    (line,) = ax.plot(xs, [p["both_dir_gbps"] for p in pts], marker="o", ms=3, label=f"{label} (both directions)")
+    ax.plot(xs, [p["one_dir_gbps"] for p in pts], ls="--", color=line.get_color(), alpha=0.6)
 
 
 def _latency(doc: dict[str, Any], path: Path) -> Path | None:
-    series = _series(doc, "latency")
-    if not series:
-        return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    for key, pts in series.items():
-        xs = [n for n, _ in pts]
-        (line,) = ax.plot(xs, [p["p50_us"] for _, p in pts], marker="o", ms=3, label=f"{_label(doc, key)} p50")
-        ax.fill_between(xs, [p["p50_us"] for _, p in pts], [p["p99_us"] for _, p in pts], color=line.get_color(),
-                        alpha=0.2, linewidth=0)
-    ax.set_yscale("log")
-    ax.set_ylabel("round trip (µs); band: p50 to p99")
-    _size_axis(ax, sorted({n for pts in series.values() for n, _ in pts}))
-    ax.set_title(_title(doc, "round trip latency"), fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _per_size(doc, "latency", path, "round trip (µs); band: p50 to p99", "round trip latency", _draw_latency)
 
 
 def _bandwidth(doc: dict[str, Any], path: Path) -> Path | None:
-    series = _series(doc, "bandwidth")
-    if not series:
-        return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    for key, pts in series.items():
-        xs = [n for n, _ in pts]
-        (line,) = ax.plot(xs, [p["both_dir_gbps"] for _, p in pts], marker="o", ms=3,
-                          label=f"{_label(doc, key)} (both directions)")
-        ax.plot(xs, [p["one_dir_gbps"] for _, p in pts], ls="--", color=line.get_color(), alpha=0.6)
-    ax.set_yscale("log")
-    ax.set_ylabel("GB/s (solid: both directions, dashed: one direction)")
-    _size_axis(ax, sorted({n for pts in series.values() for n, _ in pts}))
-    ax.set_title(_title(doc, f"bandwidth, window {doc['config']['window']}"), fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _per_size(doc, "bandwidth", path, "GB/s (solid: both directions, dashed: one direction)",
+                     f"bandwidth, window {doc['config']['window']}", _draw_bandwidth)
 
 
 def _scaling(doc: dict[str, Any], path: Path) -> Path | None:
@@ -122,10 +123,7 @@ def _scaling(doc: dict[str, Any], path: Path) -> Path | None:
     ax2.set_yscale("log")
     ax1.legend(fontsize=7)
     fig.suptitle(_title(doc, "scaling with clients"), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def write_plots(doc: dict[str, Any], directory: str | os.PathLike[str], stem: str | None = None) -> list[Path]:

@@ -11,6 +11,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,19 +117,16 @@ def _keys(doc: dict[str, Any]) -> list[str]:
     return [k for k, v in doc["transports"].items() if v["status"] == "ok"]
 
 
-def _spin_note(doc: dict[str, Any]) -> str:
+def spin_note(doc: dict[str, Any]) -> str:
+    """``", shmrpc spinning N µs"`` when the run's worker and clients spun (``--spin-us``), else empty."""
     spin = doc["config"].get("spin_us", 0)
-    return f", shmrpc worker and clients spinning {spin} µs before sleeping" if spin else ""
+    return f", shmrpc spinning {spin} µs" if spin else ""
 
 
-def latency_table(doc: dict[str, Any]) -> str:
-    """Round-trip latency in µs: one row per (size, transport), with each p50 over shmrpc's at that size."""
-    pts = _points(doc, "latency")
-    head = f"{'size':>6}  {'transport':<30} {'iters':>6} {'min':>9} {'p50':>9} {'p90':>9} {'p99':>9} " \
-           f"{'p99.9':>9} {'max':>9} {'mean':>9} {'stdev':>8} {'p50/shm':>8}"
-    lines = [f"round trip latency (µs){_spin_note(doc)}", head, "-" * len(head)]
+def _rows(doc: dict[str, Any], kind: str, lines: list[str]) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(size, label, point) in table order; a failed point gets its error line in ``lines`` instead."""
+    pts = _points(doc, kind)
     for n in doc["config"]["sizes"]:
-        base = pts.get(("shmrpc", n), {}).get("p50_us")
         for key in _keys(doc):
             p = pts.get((key, n))
             if p is None:
@@ -137,30 +135,31 @@ def latency_table(doc: dict[str, Any]) -> str:
             if "error" in p:
                 lines.append(f"{format_bytes(n):>6}  {label:<30} error: {p['error']}")
                 continue
-            ratio = f"{p['p50_us'] / base:8.2f}" if base else f"{'':>8}"
-            lines.append(f"{format_bytes(n):>6}  {label:<30} {p['iterations']:6d} {p['t_min_us']:9.1f} "
-                         f"{p['p50_us']:9.1f} {p['p90_us']:9.1f} {p['p99_us']:9.1f} {p['p999_us']:9.1f} "
-                         f"{p['max_us']:9.1f} {p['mean_us']:9.1f} {p['stdev_us']:8.1f} {ratio}")
+            yield n, label, p
+
+
+def latency_table(doc: dict[str, Any]) -> str:
+    """Round-trip latency in µs: one row per (size, transport), with each p50 over shmrpc's at that size."""
+    base = {n: p["p50_us"] for (key, n), p in _points(doc, "latency").items() if key == "shmrpc" and "p50_us" in p}
+    head = f"{'size':>6}  {'transport':<30} {'iters':>6} {'min':>9} {'p50':>9} {'p90':>9} {'p99':>9} " \
+           f"{'p99.9':>9} {'max':>9} {'mean':>9} {'stdev':>8} {'p50/shm':>8}"
+    lines = [f"round trip latency (µs){spin_note(doc)}", head, "-" * len(head)]
+    for n, label, p in _rows(doc, "latency", lines):
+        ratio = f"{p['p50_us'] / base[n]:8.2f}" if base.get(n) else f"{'':>8}"
+        lines.append(f"{format_bytes(n):>6}  {label:<30} {p['iterations']:6d} {p['t_min_us']:9.1f} "
+                     f"{p['p50_us']:9.1f} {p['p90_us']:9.1f} {p['p99_us']:9.1f} {p['p999_us']:9.1f} "
+                     f"{p['max_us']:9.1f} {p['mean_us']:9.1f} {p['stdev_us']:8.1f} {ratio}")
     return "\n".join(lines)
 
 
 def bandwidth_table(doc: dict[str, Any]) -> str:
     """Throughput with a window in flight: messages/s and GB/s one direction and both."""
-    pts = _points(doc, "bandwidth")
     head = f"{'size':>6}  {'transport':<30} {'window':>6} {'msgs':>6} {'msg/s':>10} {'GB/s 1-dir':>10} {'GB/s both':>10}"
-    lines = [f"bandwidth (GB = 1e9 B; 1-dir counts the payload once per round trip, both counts it twice){_spin_note(doc)}",
+    lines = [f"bandwidth (GB = 1e9 B; 1-dir counts the payload once per round trip, both counts it twice){spin_note(doc)}",
              head, "-" * len(head)]
-    for n in doc["config"]["sizes"]:
-        for key in _keys(doc):
-            p = pts.get((key, n))
-            if p is None:
-                continue
-            label = doc["transports"][key]["label"]
-            if "error" in p:
-                lines.append(f"{format_bytes(n):>6}  {label:<30} error: {p['error']}")
-                continue
-            lines.append(f"{format_bytes(n):>6}  {label:<30} {p['window']:6d} {p['messages']:6d} "
-                         f"{p['msgs_per_s']:10.0f} {p['one_dir_gbps']:10.3f} {p['both_dir_gbps']:10.3f}")
+    for n, label, p in _rows(doc, "bandwidth", lines):
+        lines.append(f"{format_bytes(n):>6}  {label:<30} {p['window']:6d} {p['messages']:6d} "
+                     f"{p['msgs_per_s']:10.0f} {p['one_dir_gbps']:10.3f} {p['both_dir_gbps']:10.3f}")
     return "\n".join(lines)
 
 
@@ -169,7 +168,7 @@ def scaling_table(doc: dict[str, Any]) -> str:
     if not doc.get("scaling"):
         return ""
     head = f"{'transport':<30} {'clients':>7} {'size':>6} {'calls/s':>10} {'p50':>9} {'p99 worst client':>17}"
-    lines = [f"scaling with client processes (latency loop in each; µs){_spin_note(doc)}", head, "-" * len(head)]
+    lines = [f"scaling with client processes (latency loop in each; µs){spin_note(doc)}", head, "-" * len(head)]
     for p in doc["scaling"]:
         label = doc["transports"].get(p["transport"], {}).get("label", p["transport"])
         if "error" in p:
