@@ -117,7 +117,7 @@ class Client:
         self._inflight: dict[int, _Slot] = {}
         self._control: list[bytes] = []
         self._rid = itertools.count(1)
-        self._desc_cache: dict[Any, tuple[bytes, int, int]] = {}
+        self._desc_cache: dict[Any, tuple[bytes, int, int, tuple[str, ...]]] = {}
         self._specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         self._unread: list[CallFuture] = []  # submitted futures (copy=True) whose result() was not asked yet
 
@@ -420,8 +420,8 @@ class Client:
         return arrays, attrs, residents
 
     def _describe(self, op: str | Pipeline, tensors: tuple[TensorRef, ...], attrs: dict[str, Any], flags: int,
-                  keep: tuple[str, ...]) -> tuple[bytes, int, int]:
-        """(descriptor bytes, op_code, flags), cached: building FlatBuffers is the slow part of a call."""
+                  keep: tuple[str, ...]) -> tuple[bytes, int, int, tuple[str, ...]]:
+        """(descriptor bytes, op_code, flags, output names), cached: building FlatBuffers is the slow part of a call."""
         key = (op, tensors, tuple(sorted(attrs.items())), flags, keep)
         hit = self._desc_cache.get(key)
         if hit is not None:
@@ -433,7 +433,7 @@ class Client:
             raise RequestTooLargeError(f"the descriptor ({len(payload)} B) does not fit the slot's descriptor area "
                                        f"({self.geometry.desc_nbytes} B): use fewer tensors or steps",
                                        field="descriptor")
-        hit = (payload, steps[0].op_code, flags | (_KEEP if keep else 0))
+        hit = (payload, steps[0].op_code, flags | (_KEEP if keep else 0), desc.outputs)
         if len(self._desc_cache) > 4096:
             self._desc_cache.clear()
         self._desc_cache[key] = hit

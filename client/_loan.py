@@ -51,7 +51,8 @@ class Loan:
         self._tensors: list[TensorRef] = []
         self._cursor = client.geometry.desc_nbytes
         self._done = False
-        self._memo: dict[Any, tuple[bytes, int, int]] = {}  # descriptors of this loan's tensors, by (op, attrs, ...)
+        self._memo: dict[Any, tuple[bytes, int, int, tuple[str, ...]]] = {}  # descriptors, by (op, attrs, ...)
+        self._outputs: tuple[str, ...] = ()  # what the request in flight asked for, in order
 
     @property
     def nbytes(self) -> int:
@@ -113,7 +114,7 @@ class Loan:
         if hit is None:
             hit = self._memo[key] = c._describe(op, tuple(self._tensors), attrs, _IN_PLACE if in_place else 0,
                                                 tuple(keep))
-        payload, op_code, flags = hit
+        payload, op_code, flags, self._outputs = hit
         rid = next(c._rid) & 0xFFFFFFFF
         mv[HEADER_NBYTES:HEADER_NBYTES + len(payload)] = payload
         # NOTE: order is important here: header after descriptor, CALL after header (the publication point).
@@ -148,12 +149,15 @@ class Loan:
         if resp.status:
             raise from_wire(resp.status, resp.message, op=resp.op, step=resp.step, tensor=resp.tensor,
                             field=resp.field)
+        if tuple(t.name for t in resp.outputs) != self._outputs:  # the slot is shared: never trust what is read back
+            raise RequestError(f"the response names outputs {[t.name for t in resp.outputs]}, not the "
+                               f"{list(self._outputs)} asked for", field="outputs")
         out = {}
         for t in resp.outputs:
             if t.offset + t.nbytes > len(mv):
                 raise RequestError(f"output {t.name!r} lies outside the slot", tensor=t.name, field="offset")
             dt = dtypes.numpy_dtype(t.dtype)
-            if math.prod(t.shape) * dt.itemsize != t.nbytes:  # the slot is shared: never trust what is read back
+            if math.prod(t.shape) * dt.itemsize != t.nbytes:
                 raise RequestError(f"output {t.name!r}: shape {t.shape} of {t.dtype} does not make {t.nbytes} bytes",
                                    tensor=t.name, field="shape")
             out[t.name] = np.frombuffer(s.buf, dtype=dt, count=t.nbytes // dt.itemsize,

@@ -46,7 +46,7 @@ def main(point: str, name: str) -> None:
             x = ln.array("x", (ln.nbytes - desc) // 2, np.uint8)
             x[:] = 0xAB
         for ln in loans:  # descriptor and header written, as _post does, but no CALL
-            payload, op_code, flags = c._describe("echo", tuple(ln._tensors), {}, 0, ())
+            payload, op_code, flags, _ = c._describe("echo", tuple(ln._tensors), {}, 0, ())
             mv = ln._live()
             mv[16:16 + len(payload)] = payload
             mv[:16] = b"\xab" * 16

@@ -114,8 +114,9 @@ def test_writing_into_the_slot_after_the_doorbell_never_hurts_the_worker(worker:
 
 
 def test_response_changed_in_the_slot_is_a_typed_error(worker: WorkerProc, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The client reads the response from shared memory too: a shape that no longer matches its bytes (as a
-    process writing into the slot after the DONE could leave it) is a RequestError naming the field."""
+    """The client reads the response from shared memory too: a shape that no longer matches its bytes, or an
+    output name the request did not ask for (as a process writing into the slot after the DONE could leave
+    them), is a RequestError naming the field."""
     from shmrpc.client import _loan
 
     real = _loan._decode
@@ -132,6 +133,11 @@ def test_response_changed_in_the_slot_is_a_typed_error(worker: WorkerProc, monke
         with pytest.raises(RequestError) as e:
             req.send("echo")
         assert e.value.field == "shape" and e.value.tensor == "out"
+        monkeypatch.setattr(_loan, "_decode", lambda payload: dataclasses.replace(
+            real(payload), outputs=tuple(t._replace(name="tuo") for t in real(payload).outputs)))
+        with pytest.raises(RequestError) as e:  # a renamed output: not what the request asked for
+            req.send("echo")
+        assert e.value.field == "outputs"
         monkeypatch.setattr(_loan, "_decode", real)
         np.testing.assert_array_equal(req.send("echo")["out"], 1.0)  # the loan and the worker carry on
 
