@@ -3,11 +3,13 @@
 * The session runs with ``SHMRPC_RUNTIME_DIR`` set (in ``os.environ``, so worker and
   client subprocesses inherit it) to a fresh 0700 directory: tests never see a real
   worker's sockets or locks.
-* ``worker_name`` gives every test its own name, ``t-<10 hex>``; its regions are
-  ``/dev/shm/shmrpc.t-...``.
-* After every test, regions ``shmrpc.t-*`` that appeared during it, and any ``*.sock``
-  left in the runtime directory, fail the test (after up to 2 s for subprocesses to
-  finish tearing down) and are removed so that one leak does not cascade.
+* ``worker_name`` gives every test its own name, ``t<run>-<10 hex>``, where ``<run>``
+  is drawn once per test run; its regions are ``/dev/shm/shmrpc.t<run>-...``.
+* After every test, regions of *this run* (``shmrpc.t<run>-*``) that appeared during
+  it, and any ``*.sock`` left in this run's runtime directory, fail the test (after up
+  to 2 s for subprocesses to finish tearing down) and are removed so that one leak
+  does not cascade. Another suite running on the same machine has another ``<run>``
+  and another runtime directory, so the two never touch each other's regions.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from pathlib import Path
 import pytest
 
 SHM_DIR = "/dev/shm"
-TEST_REGION_PREFIX = "shmrpc.t-"
+RUN_ID = uuid.uuid4().hex[:6]
+TEST_NAME_PREFIX = f"t{RUN_ID}-"
+TEST_REGION_PREFIX = f"shmrpc.{TEST_NAME_PREFIX}"
 LEAK_WAIT_S = 2.0
 
 
@@ -58,8 +62,8 @@ def shmrpc_runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
 
 @pytest.fixture
 def worker_name() -> str:
-    """A worker name no other test uses: ``t-`` and 10 hex digits."""
-    return "t-" + uuid.uuid4().hex[:10]
+    """A worker name no other test (of this run or another) uses: ``t<run>-`` and 10 hex digits."""
+    return TEST_NAME_PREFIX + uuid.uuid4().hex[:10]
 
 
 @pytest.fixture
