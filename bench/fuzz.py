@@ -65,6 +65,7 @@ from shmrpc.schema.dtypes import DTYPE_CODES, itemsize
 from shmrpc.schema.errors import WIRE_CODES
 from shmrpc.schema.header import HEADER, Flag
 from shmrpc.schema.layout import Geometry
+from shmrpc.schema.messages import NO_RESPONSE
 from shmrpc.schema.naming import endpoint, lock_path, region_prefix, socket_path
 from shmrpc.server.runtime import process_start_ticks
 
@@ -75,7 +76,6 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Worker geometry of a fuzz run: each session leases 4 x 64K and 1 x 1M; room for A, B and a few HELLOs.
 FUZZ_SLOTS = "64K:12,1M:3"
 FUZZ_LEASE = "4,1"
-NO_RESPONSE = 0x8000
 REPLY_TIMEOUT_S = 1.0
 DESC = 4096  # descriptor area (checked against the WELCOME's geometry)
 KINDS = ("header", "desc", "tensor", "doorbell", "hello")

@@ -11,6 +11,7 @@ from typing import Any
 
 from shmrpc.schema.descriptor import ResponseDesc, decode_response
 from shmrpc.schema.header import Flag
+from shmrpc.schema.messages import NO_RESPONSE
 
 from ._region import AttachedRegion
 
@@ -35,7 +36,6 @@ def fork_generation() -> int:
     """The current fork generation of this process (see :func:`forked_since`)."""
     return _FORKS[0]
 
-NO_RESPONSE = 0x8000
 _IN_PLACE = int(Flag.IN_PLACE)
 _KEEP = int(Flag.KEEP)
 _RESPONSE = int(Flag.RESPONSE)

@@ -47,7 +47,7 @@ assert HEADER_NBYTES == 16
 
 
 class Flag(enum.IntFlag):
-    """Bits of ``metadata_flags``."""
+    """Bits of the header's ``flags`` word (the DESIGN's ``metadata_flags``)."""
 
     RESPONSE = 1 << 0
     ERROR = 1 << 1

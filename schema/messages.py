@@ -12,7 +12,8 @@ W     WELCOME     w -> c     JSON: protocol, schema_hash, worker_pid, regions,
 C     CALL        c -> w     ``CALL`` struct: region u16, slot u32, request_id u32,
                              generation u32 (the request is in the slot)
 D     DONE        w -> c     ``DONE`` struct: region u16, slot u32, request_id u32,
-                             status u16 (the response is in the slot)
+                             status u16 (the response is in the slot, unless
+                             status has the ``NO_RESPONSE`` bit)
 K     ATTACHED    c -> w     empty: the client has mapped every region of its WELCOME (the worker
                              then unlinks the names of the client's private regions)
 A     ACQUIRE     c -> w     JSON: nbytes (borrow one more slot of that size)
@@ -42,7 +43,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "HELLO", "WELCOME", "CALL", "DONE", "ACQUIRE", "GRANT", "RELEASE", "BYE", "STATUS", "STATE", "ERROR",
     "MANAGE", "MANAGED", "ATTACHED",
-    "CALL_STRUCT", "DONE_STRUCT", "SLOT_STRUCT",
+    "CALL_STRUCT", "DONE_STRUCT", "SLOT_STRUCT", "NO_RESPONSE",
     "pack_json", "unpack_json", "pack_call", "unpack_call", "pack_done", "unpack_done",
 ]
 
@@ -66,6 +67,12 @@ ERROR = b"E"
 CALL_STRUCT = struct.Struct("<cxHIII")  # kind, pad, region, slot, request_id, generation: 16 B
 DONE_STRUCT = struct.Struct("<cxHIIH")  # kind, pad, region, slot, request_id, status: 14 B
 SLOT_STRUCT = struct.Struct("<cxHI")  # kind, pad, region, slot: 8 B
+
+#: Bit 15 of a DONE's status: the doorbell was refused and the slot left untouched (no response in
+#: it; the slot may not even be the sender's). The low 15 bits are the error's wire code
+#: (``schema.errors``). Without this bit, status 0 is success and ``1..0x7FFF`` means an error
+#: response descriptor is in the slot.
+NO_RESPONSE = 0x8000
 
 
 def pack_json(kind: bytes, obj: Any) -> bytes:

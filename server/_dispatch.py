@@ -93,9 +93,9 @@ def check_header(h: Header, request_id: int, generation: int, desc_nbytes: int) 
             f"header request_id {h.request_id} differs from the doorbell's {request_id}", field="request_id"
         )
     if h.flags & ~_REQUEST_MASK:
-        raise InvalidRequestError(f"metadata_flags 0x{h.flags:04x} sets bits a request may not set", field="metadata_flags")
+        raise InvalidRequestError(f"header flags 0x{h.flags:04x} set bits a request may not set", field="flags")
     if h.generation != generation:
-        raise StaleSlotError(f"header generation {h.generation} is not the slot's ({generation})", field="reserved")
+        raise StaleSlotError(f"header generation {h.generation} is not the slot's ({generation})", field="generation")
     if h.payload_length == 0 or h.payload_length > desc_nbytes - HEADER_NBYTES:
         raise InvalidRequestError(
             f"payload_length {h.payload_length} is outside 1..{desc_nbytes - HEADER_NBYTES}", field="payload_length"
@@ -111,6 +111,7 @@ class Dispatcher:
         self._cache: OrderedDict[tuple[bytes, int, int, int, int], Prepared] = OrderedDict()
         self._cache_size = cache_size
         self._codes = {name: spec.code for name, spec in kernels.REGISTRY.items()}
+        self._names = {code: name for name, code in self._codes.items()}
         self.fatal = ""  # set when the backend reports an error it cannot recover from
 
     def prepare(self, payload: bytes, op_code: int, flags: int, slot_nbytes: int, client: int) -> Prepared:
@@ -156,6 +157,12 @@ class Dispatcher:
                 f"[{self.desc_nbytes}, {slot_nbytes})", tensor=t.name, field=f"{f}.offset",
             )
 
+    def _code_error(self, message: str, code: int, **where: Any) -> RequestError:
+        """An op code that contradicts the op name: UnknownOpError if no op has it, else InvalidRequestError."""
+        if code in self._names:
+            return InvalidRequestError(f"{message} (op {self._names[code]!r}'s code)", **where)
+        return UnknownOpError(f"{message}, which is not in the op table", **where)
+
     def _steps(self, desc: RequestDesc) -> list[Any]:
         if not desc.steps:
             raise InvalidRequestError("the request names no op", field="steps")
@@ -165,9 +172,8 @@ class Dispatcher:
             if code is None:
                 raise UnknownOpError(f"op {s.op!r} is not in the worker's op table", op=s.op, step=i, field=f"steps[{i}].op")
             if s.op_code not in (0, code):
-                raise UnknownOpError(
-                    f"op {s.op!r} has code {code}, the request says {s.op_code}", op=s.op, step=i, field=f"steps[{i}].op_code"
-                )
+                raise self._code_error(f"op {s.op!r} has code {code}, the step says {s.op_code}", s.op_code,
+                                       op=s.op, step=i, field=f"steps[{i}].op_code")
             steps.append(kernels.StepSpec(s.op, dict(s.inputs), dict(s.outputs), dict(s.attrs)))
         return steps
 
@@ -175,7 +181,8 @@ class Dispatcher:
         steps = self._steps(desc)
         first = desc.steps[0].op
         if op_code and op_code != self._codes[first]:
-            raise UnknownOpError(f"header op_code {op_code} is not the first step's op {first!r}", op=first, field="op_code")
+            raise self._code_error(f"header op_code {op_code} is not the code of the first step's op {first!r}", op_code,
+                                   op=first, field="op_code")
         names: set[str] = set()
         for i, t in enumerate(desc.inputs):
             if t.name in names:
@@ -185,13 +192,16 @@ class Dispatcher:
         if not desc.outputs and not desc.keep:
             raise InvalidRequestError("the request asks for no output", field="outputs")
         if bool(desc.keep) != bool(flags & _KEEP):
-            raise InvalidRequestError("the KEEP flag and the keep list disagree", field="metadata_flags")
+            raise InvalidRequestError("the KEEP flag and the keep list disagree", field="flags")
         resident = {t.name: resident_name(client, t.resident) for t in desc.inputs if t.resident}
         specs = {t.name: kernels.TensorSpec(tuple(t.shape), t.dtype) for t in desc.inputs}
         alias_only = all(kernels.REGISTRY[s.op].alias for s in steps) and not desc.keep and not resident
         try:
             plan = self.backend.plan(steps, specs, list(desc.outputs), keep=list(desc.keep), resident=resident)
         except kernels.KernelInputError as e:
+            if e.step < 0 and e.field in ("outputs", "keep"):
+                # the request's own lists are wrong (a name no step produces, or asked twice): not an op's refusal
+                raise InvalidRequestError(e.message, tensor=e.tensor, field=e.field) from None
             raise kernel_error(e, first) from None
         in_slot = tuple(t for t in desc.inputs if not t.resident)
         outputs, all_aliased = self._place(desc, plan, in_slot, flags, slot_nbytes, alias_only)

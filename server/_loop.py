@@ -33,8 +33,9 @@ import zmq
 from shmrpc import kernels
 from shmrpc.schema import messages as m
 from shmrpc.schema.descriptor import encode_response
-from shmrpc.schema.errors import WIRE_CODES, BusyError, InternalError, InvalidRequestError, RequestError
+from shmrpc.schema.errors import WIRE_CODES, BusyError, InternalError, InvalidRequestError, RequestError, StaleSlotError
 from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag, Header, unpack_from
+from shmrpc.schema.messages import NO_RESPONSE
 from shmrpc.schema.naming import endpoint, socket_path
 
 from . import checks, runtime
@@ -49,8 +50,6 @@ __all__ = ["Worker", "NO_RESPONSE"]
 
 log = logging.getLogger("shmrpc.server")
 
-#: Set in a DONE status when the slot was not touched (the code is in the low 15 bits).
-NO_RESPONSE = 0x8000
 _OK_FLAGS = int(Flag.RESPONSE)
 _ERROR_FLAGS = int(Flag.RESPONSE | Flag.ERROR)
 _POLLIN = int(zmq.POLLIN)  # a plain int: `int & IntFlag` goes through the enum machinery
@@ -309,7 +308,7 @@ class Worker(Sessions):
         c = self._clients.get(identity)
         try:
             if c is None:
-                raise InvalidRequestError("no lease: say HELLO first", field="client")
+                raise StaleSlotError("no lease: say HELLO first", field="client")
             if stopping:
                 raise BusyError("the worker is shutting down", field="call")
             s = self.leases.begin(c.id, region, index, gen)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
+import zmq
 from wire import D, raw_call
 from wire import make_desc as _desc
 
@@ -28,8 +29,9 @@ from shmrpc.client import (
 )
 from shmrpc.schema import messages as m
 from shmrpc.schema.descriptor import TensorRef
-
-NO_RESPONSE = 0x8000
+from shmrpc.schema.header import Flag
+from shmrpc.schema.messages import NO_RESPONSE
+from shmrpc.schema.naming import endpoint
 
 if TYPE_CHECKING:
     from conftest import WorkerProc
@@ -45,15 +47,17 @@ def _good(c: Client) -> None:
 
 CASES: list[tuple[str, dict[str, Any], type[RequestError], str]] = [
     ("request_id", {"header": lambda h: h._replace(request_id=5)}, InvalidRequestError, "request_id"),
-    ("flags", {"header": lambda h: h._replace(flags=0x100)}, InvalidRequestError, "metadata_flags"),
-    ("response flag", {"header": lambda h: h._replace(flags=1)}, InvalidRequestError, "metadata_flags"),
-    ("generation", {"header": lambda h: h._replace(generation=h.generation + 1)}, StaleSlotError, "reserved"),
+    ("flags", {"header": lambda h: h._replace(flags=0x100)}, InvalidRequestError, "flags"),
+    ("response flag", {"header": lambda h: h._replace(flags=1)}, InvalidRequestError, "flags"),
+    ("generation", {"header": lambda h: h._replace(generation=h.generation + 1)}, StaleSlotError, "generation"),
     ("payload zero", {"header": lambda h: h._replace(payload_length=0)}, InvalidRequestError, "payload_length"),
     ("payload huge", {"header": lambda h: h._replace(payload_length=D)}, InvalidRequestError, "payload_length"),
     ("garbage", {"payload": b"\xff" * 64}, InvalidRequestError, "descriptor"),
     ("unknown op", {"payload": _desc("nope")}, UnknownOpError, "steps[0].op"),
     ("op code", {"payload": _desc(code=999)}, UnknownOpError, "steps[0].op_code"),
-    ("header op code", {"header": lambda h: h._replace(op_code=1)}, UnknownOpError, "op_code"),
+    ("step op code of another op", {"payload": _desc(code=3)}, InvalidRequestError, "steps[0].op_code"),
+    ("header op code of another op", {"header": lambda h: h._replace(op_code=1)}, InvalidRequestError, "op_code"),
+    ("header op code unknown", {"header": lambda h: h._replace(op_code=999)}, UnknownOpError, "op_code"),
     ("outside slot", {"payload": _desc(tensors=(TensorRef("x", "float32", (4,), 65536, 16),
                                                 TensorRef("y", "float32", (4,), D, 16)))},
      InvalidRequestError, "inputs[0].offset"),
@@ -76,6 +80,9 @@ CASES: list[tuple[str, dict[str, Any], type[RequestError], str]] = [
                                              TensorRef("x", "float32", (4,), D + 64, 16)))},
      InvalidRequestError, "inputs[1].name"),
     ("no outputs", {"payload": _desc(outputs=())}, InvalidRequestError, "outputs"),
+    ("output no step produces", {"payload": _desc(outputs=("nope",))}, InvalidRequestError, "outputs"),
+    ("output asked twice", {"payload": _desc(outputs=("out", "out"))}, InvalidRequestError, "outputs"),
+    ("KEEP flag without keep list", {"header": lambda h: h._replace(flags=int(Flag.KEEP))}, InvalidRequestError, "flags"),
     ("unbound input", {"payload": _desc(tensors=(TensorRef("x", "float32", (4,), D, 16),))}, KernelError, ""),
     ("shape mismatch", {"payload": _desc(tensors=(TensorRef("x", "float32", (4,), D, 16),
                                                   TensorRef("y", "float32", (5,), D + 64, 20)))}, KernelError, "shape"),
@@ -143,6 +150,23 @@ def test_ringing_twice_refuses_the_second_doorbell(worker: WorkerProc) -> None:
         out = req._response(rid)["19.out"]
         np.testing.assert_array_equal(out, 1.0)
         del out
+    with Client(worker.name, timeout_s=10) as c:
+        _good(c)
+
+
+def test_call_before_hello_is_refused_as_not_leased(worker: WorkerProc) -> None:
+    """A CALL from a peer without a lease names a slot that is not its own: 0x8000 | StaleSlotError."""
+    ctx = zmq.Context()
+    try:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(endpoint(worker.name))
+        s.send(m.pack_call(0, 0, 99, 1))
+        assert s.poll(10_000), "no DONE for a CALL before HELLO"
+        assert m.unpack_done(s.recv()) == (0, 0, 99, NO_RESPONSE | StaleSlotError.code)
+        s.close()
+    finally:
+        ctx.term()
     with Client(worker.name, timeout_s=10) as c:
         _good(c)
 
