@@ -29,8 +29,9 @@ lint: dev
 	$(BIN)/ruff check schema client server kernels tests bench
 	$(BIN)/mypy schema client
 
-# Regenerate schema/_fb.py and schema/_hash.py from schema/shmrpc.fbs (needs the dev extra's flatc).
+# Regenerate schema/_fb.py and schema/_hash.py from schema/shmrpc.fbs (needs the dev extra's flatc);
+# the hash covers the schema's declarations only (schema/fbshash.py says exactly what).
 schema: dev
 	$(BIN)/flatc --python --gen-onefile -o schema/.gen schema/shmrpc.fbs
 	mv schema/.gen/shmrpc_generated.py schema/_fb.py && rmdir schema/.gen
-	$(BIN)/python -c "import hashlib;h=hashlib.sha256(open('schema/shmrpc.fbs','rb').read()).hexdigest()[:16];src=open('schema/_hash.py').read().split('SCHEMA_HASH')[0];open('schema/_hash.py','w').write(src+'SCHEMA_HASH = \"'+h+'\"\n')"
+	$(BIN)/python schema/fbshash.py schema/shmrpc.fbs --write schema/_hash.py

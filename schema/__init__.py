@@ -8,6 +8,7 @@ Depends on nothing of shmrpc's own; only ``flatbuffers`` and ``numpy``.
 * :mod:`.messages`: the ZeroMQ control messages (HELLO, CALL, DONE, ...).
 * :mod:`.errors`: the error tree with wire codes.
 * :mod:`.dtypes`: tensor element types.
+* :mod:`.fbshash`: what of ``shmrpc.fbs`` the schema hash covers, and the function computing it.
 """
 
 from __future__ import annotations

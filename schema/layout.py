@@ -30,7 +30,7 @@ offset   type    field
 0        8s      magic ``b"SHMRPC\\x00\\x01"``
 8        u32     layout_version
 12       u32     desc_nbytes (descriptor area at the start of every slot)
-16       8s      schema_hash (first 8 bytes of the .fbs file's SHA-256)
+16       8s      schema_hash (``SCHEMA_HASH``'s 16 hex digits as 8 raw bytes)
 24       u32     worker_pid
 28       u32     n_classes
 32       u64     worker_start_ticks (field 22 of /proc/<pid>/stat)
