@@ -35,11 +35,13 @@ from shmrpc.schema.errors import (
     ClientClosedError,
     ForkedClientError,
     InvalidRequestError,
+    ProtocolMismatchError,
     RequestTooLargeError,
     Timeout,
 )
 from shmrpc.schema.header import HEADER_NBYTES
 from shmrpc.schema.layout import Geometry, align_up, format_size, tensor_align
+from shmrpc.schema.optable import OpEntry, parse_op_table
 
 from ._pipeline import Pipeline, resolve
 from ._region import AttachedRegion
@@ -96,10 +98,14 @@ class Client:
         self.client_id: int = w["client_id"]
         self.backend: str = w["backend"]
         self.worker_pid: int = w["worker_pid"]
-        self.op_table: dict[str, dict[str, Any]] = w["op_table"]
+        self.op_table: dict[str, OpEntry] = {}
         self.geometry = Geometry.from_json(w["geometry"])
         self._regions: dict[int, AttachedRegion] = {}
         try:
+            try:
+                self.op_table = parse_op_table(w["op_table"])
+            except ValueError as e:
+                raise ProtocolMismatchError(f"the worker's op table is not one this client reads: {e}") from None
             for r in w["regions"]:
                 geo = Geometry.from_json(r["geometry"]) if "geometry" in r else self.geometry
                 self._regions[r["index"]] = AttachedRegion(r["name"], r["index"], r["nbytes"], geo, self.worker_pid)
@@ -325,7 +331,8 @@ class Client:
             arrays, attrs, residents = self._split(op, kwargs)
             sizes = [a.nbytes for a in arrays.values()]
             need = self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for n in sizes)
-            alias = isinstance(op, str) and bool(self.op_table.get(op, {}).get("alias"))
+            entry = self.op_table.get(op) if isinstance(op, str) else None
+            alias = entry is not None and entry.alias
             if out_nbytes is None:
                 out_nbytes = 0 if in_place or alias else sum(sizes)
             need += out_nbytes
@@ -400,7 +407,7 @@ class Client:
     def _split(self, op: str | Pipeline, kwargs: dict[str, Any]
                ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Resident]]:
         """Arrays (tensor inputs) vs resident references vs attributes, checked against the op table."""
-        params = set(self.op_table[op]["inputs"]) if isinstance(op, str) and op in self.op_table else None
+        params = set(self.op_table[op].inputs) if isinstance(op, str) and op in self.op_table else None
         arrays, attrs, residents = {}, {}, {}
         for k, v in kwargs.items():
             if isinstance(v, Resident):

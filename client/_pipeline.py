@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from shmrpc.schema.descriptor import StepDesc
 from shmrpc.schema.errors import InvalidRequestError, UnknownOpError
+from shmrpc.schema.optable import OpEntry
 
 __all__ = ["Pipeline", "resolve"]
 
@@ -53,21 +55,21 @@ class Pipeline:
         return isinstance(other, Pipeline) and (self.steps, self.outputs) == (other.steps, other.outputs)
 
 
-def _attrs(spec: dict[str, Any], op: str, step: int, given: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+def _attrs(spec: OpEntry, op: str, step: int, given: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     out = []
     for k, v in given.items():
-        a = spec["attrs"].get(k)
+        a = spec.attrs.get(k)
         if a is None:
             raise InvalidRequestError(f"op {op!r} has no attribute or input {k!r} (it takes inputs "
-                                      f"{spec['inputs']} and attributes {sorted(spec['attrs'])})",
+                                      f"{list(spec.inputs)} and attributes {sorted(spec.attrs)})",
                                       op=op, step=step, field=k)
-        if a["kind"] == "float" and isinstance(v, int) and not isinstance(v, bool):
+        if a.kind == "float" and isinstance(v, int) and not isinstance(v, bool):
             v = float(v)
         out.append((k, v))
     return tuple(out)
 
 
-def resolve(op_table: dict[str, dict[str, Any]], op: str | Pipeline, tensors: list[str],
+def resolve(op_table: Mapping[str, OpEntry], op: str | Pipeline, tensors: list[str],
             attrs: dict[str, Any]) -> tuple[list[StepDesc], list[str]]:
     """Steps of the request for ``op`` over request tensors ``tensors``, and the output names.
 
@@ -79,13 +81,13 @@ def resolve(op_table: dict[str, dict[str, Any]], op: str | Pipeline, tensors: li
         spec = op_table.get(op)
         if spec is None:
             raise UnknownOpError(f"op {op!r} is not in the worker's op table ({sorted(op_table)})", op=op, field="op")
-        missing = [p for p in spec["inputs"] if p not in tensors]
+        missing = [p for p in spec.inputs if p not in tensors]
         if missing:
             raise InvalidRequestError(f"op {op!r} needs input {missing[0]!r}", op=op, step=0, tensor=missing[0],
                                       field=missing[0])
-        step = StepDesc(op, spec["code"], tuple((p, p) for p in spec["inputs"]),
-                        tuple((p, p) for p in spec["outputs"]), _attrs(spec, op, 0, attrs))
-        return [step], list(spec["outputs"])
+        step = StepDesc(op, spec.code, tuple((p, p) for p in spec.inputs),
+                        tuple((p, p) for p in spec.outputs), _attrs(spec, op, 0, attrs))
+        return [step], list(spec.outputs)
     if attrs:
         raise InvalidRequestError("attributes of a pipeline go on its steps", field=next(iter(attrs)))
     if not op.steps:
@@ -99,9 +101,9 @@ def resolve(op_table: dict[str, dict[str, Any]], op: str | Pipeline, tensors: li
         if st.inputs is not None:
             ins = st.inputs
         else:
-            ins = tuple((p, prev_out if (j == 0 and prev_out) else p) for j, p in enumerate(spec["inputs"]))
-        outs = st.outputs if st.outputs is not None else tuple((p, f"{i}.{p}") for p in spec["outputs"])
-        steps.append(StepDesc(st.op, spec["code"], ins, outs, _attrs(spec, st.op, i, dict(st.attrs))))
+            ins = tuple((p, prev_out if (j == 0 and prev_out) else p) for j, p in enumerate(spec.inputs))
+        outs = st.outputs if st.outputs is not None else tuple((p, f"{i}.{p}") for p in spec.outputs)
+        steps.append(StepDesc(st.op, spec.code, ins, outs, _attrs(spec, st.op, i, dict(st.attrs))))
         prev_out = outs[0][1] if outs else ""
     outputs = list(op.outputs) if op.outputs is not None else [t for _, t in steps[-1].outputs]
     return steps, outputs

@@ -25,6 +25,8 @@ __all__ = [
     "compute_dtype",
 ]
 
+# In wire-code order. A copy of the schema's list (schema/dtypes.py, the .fbs enum DType): kernels never
+# import the schema, so tests/test_contract.py is what keeps the three equal.
 DTYPE_NAMES: tuple[str, ...] = (
     "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32",
     "int64", "uint64", "float16", "bfloat16", "float32", "float64",

@@ -195,7 +195,10 @@ def register(spec: OpSpec) -> OpSpec:
 
 
 def op_table() -> dict[str, dict[str, Any]]:
-    """The JSON-able op table the worker announces at handshake.
+    """The JSON-able op table the worker announces at handshake, as plain data.
+
+    Its format is the schema's (``shmrpc.schema.optable``, which kernels do not import): the worker
+    checks it through ``parse_op_table``, and tests/test_contract.py keeps the two in step.
 
     Returns ``{name: {"code", "inputs", "outputs", "attrs": {a: {"kind", "default", "required"}},
     "inplace", "alias", "doc"}}`` sorted by code. Example::

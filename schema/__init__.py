@@ -6,6 +6,7 @@ Depends on nothing of shmrpc's own; only ``flatbuffers`` and ``numpy``.
 * :mod:`.layout`: region superblock, slot size classes, tensor alignment.
 * :mod:`.descriptor`: request/response descriptors <-> FlatBuffers bytes.
 * :mod:`.messages`: the ZeroMQ control messages (HELLO, CALL, DONE, ...).
+* :mod:`.optable`: the op table announced at WELCOME (entry format, build and parse).
 * :mod:`.errors`: the error tree with wire codes.
 * :mod:`.dtypes`: tensor element types.
 * :mod:`.fbshash`: what of ``shmrpc.fbs`` the schema hash covers, and the function computing it.
@@ -13,8 +14,8 @@ Depends on nothing of shmrpc's own; only ``flatbuffers`` and ``numpy``.
 
 from __future__ import annotations
 
-from . import descriptor, dtypes, errors, header, layout, messages, naming
+from . import descriptor, dtypes, errors, header, layout, messages, naming, optable
 from ._hash import SCHEMA_HASH
 from .messages import PROTOCOL_VERSION
 
-__all__ = ["SCHEMA_HASH", "PROTOCOL_VERSION", "descriptor", "dtypes", "errors", "header", "layout", "messages", "naming"]
+__all__ = ["SCHEMA_HASH", "PROTOCOL_VERSION", "descriptor", "dtypes", "errors", "header", "layout", "messages", "naming", "optable"]

@@ -10,7 +10,8 @@ import numpy as np
 
 __all__ = ["DTYPE_CODES", "DTYPE_NAMES", "code_of", "name_of", "numpy_dtype", "itemsize", "name_of_numpy"]
 
-# name -> wire code; the codes are those of schema/shmrpc.fbs `enum DType`.
+# name -> wire code; the codes are those of schema/shmrpc.fbs `enum DType` (kernels/_dtypes.py keeps a copy
+# of the names; tests/test_contract.py checks the three agree).
 DTYPE_CODES: dict[str, int] = {
     "bool": 1, "int8": 2, "uint8": 3, "int16": 4, "uint16": 5, "int32": 6, "uint32": 7,
     "int64": 8, "uint64": 9, "float16": 10, "bfloat16": 11, "float32": 12, "float64": 13,

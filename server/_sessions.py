@@ -30,6 +30,7 @@ from shmrpc.schema import messages as m
 from shmrpc.schema.errors import BusyError, InvalidRequestError, KernelError, RequestError
 from shmrpc.schema.layout import Geometry
 from shmrpc.schema.naming import socket_path
+from shmrpc.schema.optable import build_op_table, parse_op_table
 
 from . import checks, runtime
 from ._dispatch import resident_name
@@ -156,7 +157,7 @@ class Sessions:
                         for r in regions],
             "geometry": self.config.geometry.to_json(),
             "lease": [[s.region, s.index, s.generation] for s in slots],
-            "op_table": kernels.op_table(),
+            "op_table": build_op_table(parse_op_table(kernels.op_table()).values()),
         }))
         log.info("client %d (pid %d) connected with %d slots", client.id, pid, len(slots))
         return None
