@@ -296,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
 def _machine() -> dict[str, Any]:
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("shmrpc_bench_fuzz", Path(__file__).with_name("fuzz.py"))
+    # the fuzzer (test support) records the same machine facts; one definition for both programs
+    spec = importlib.util.spec_from_file_location("shmrpc_fuzz", ROOT / "tests" / "support" / "fuzz.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod

@@ -10,6 +10,9 @@
   to 2 s for subprocesses to finish tearing down) and are removed so that one leak
   does not cascade. Another suite running on the same machine has another ``<run>``
   and another runtime directory, so the two never touch each other's regions.
+* Randomness comes from one seed, fixed by default (``support.seeds``; ``SHMRPC_TEST_SEED``
+  to try another). Hypothesis gets it as ``--hypothesis-seed`` unless one is given, the
+  header of the run shows it, and every failing test's report repeats it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import seeds
 
 SHM_DIR = "/dev/shm"
 RUN_ID = uuid.uuid4().hex[:6]
@@ -42,6 +46,25 @@ def _sockets(rdir: Path) -> set[str]:
         return {p.name for p in rdir.glob("*.sock")}
     except OSError:
         return set()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Hypothesis draws from the suite's seed (before its plugin reads the option)."""
+    if getattr(config.option, "hypothesis_seed", None) is None:
+        config.option.hypothesis_seed = seeds.SEED
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"shmrpc: seed {seeds.SEED} ({seeds.ENV}), run id {RUN_ID}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        report.sections.append(("shmrpc seed", f"{seeds.ENV}={seeds.SEED} (rerun with it to repeat this run)"))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,35 +1,33 @@
-"""Hostile input, property-tested against a real worker (small budget; ``bench/fuzz.py`` is the big run).
+"""Hostile input, property-tested against a real worker (small budget; ``tests/support/fuzz.py`` is the big run).
 
-Each test starts its own worker and a :class:`Fuzzer` from ``bench/fuzz.py`` (the same
+Each test starts its own worker and a :class:`Fuzzer` from ``support.fuzz`` (the same
 generators and checks as the 100,000-case program): a raw session of the same uid that
 writes requests into its own slots and rings, and an honest client B whose slots hold a
 seeded pattern. After every example: the worker is alive, the answer is a success or a
 typed error (never silence: each wait has a timeout), and not one byte outside the
 session's own slots changed. At the end a good request succeeds and SIGTERM drains (exit 0).
 
-The seed is printed; rerun one with ``SHMRPC_FUZZ_SEED=<seed> pytest tests/e2e/test_fuzz.py``.
+The seed is the suite's (fixed; printed); try another with ``SHMRPC_TEST_SEED=<seed> pytest tests/e2e/test_fuzz.py``.
 
 The two worker bugs this fuzzing found (a 0-byte tensor with a huge dim left its request
 unanswered for good; a HELLO with ``"pid": Infinity`` got no reply) are pinned by the
-regression tests at the end of the file (fixed in fded7bb).
+regression tests at the end of the file.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
 import random
 import struct
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
+from support import fuzz, seeds
 
 from shmrpc.schema import SCHEMA_HASH
 from shmrpc.schema import messages as m
@@ -42,18 +40,7 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 
-def _load_fuzz() -> Any:
-    path = Path(__file__).resolve().parents[2] / "bench" / "fuzz.py"
-    spec = importlib.util.spec_from_file_location("shmrpc_bench_fuzz", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-fuzz = _load_fuzz()
-SEED = int(os.environ.get("SHMRPC_FUZZ_SEED", random.randrange(2**32)))
+SEED = seeds.SEED
 N = int(os.environ.get("SHMRPC_FUZZ_EXAMPLES", 200))
 SETTINGS = settings(max_examples=N, deadline=None, database=None, print_blob=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -65,7 +52,7 @@ BAD = ("hang", "unexpected", "bad-response", "status-mismatch", "output-outside-
 @pytest.fixture
 def fuzzer(spawn_worker: Callable[..., WorkerProc]) -> Iterator[Any]:
     """A worker with the fuzz geometry and a Fuzzer on it; the worker must drain and exit 0 afterwards."""
-    print(f"fuzz seed {SEED} (SHMRPC_FUZZ_SEED), {N} examples")
+    print(f"fuzz seed {SEED} ({seeds.ENV}), {N} examples")
     w = spawn_worker(slots=fuzz.FUZZ_SLOTS, lease=fuzz.FUZZ_LEASE)
     fz = fuzz.Fuzzer(w.name, w.pid, SEED)
     try:
@@ -202,7 +189,7 @@ def test_random_handshakes(fuzzer: Any) -> None:
     prop()
 
 
-# ------------------------------------------------------------ regressions: bugs this fuzzing found (fixed in fded7bb)
+# ------------------------------------------------------------ regressions: bugs this fuzzing found
 
 
 @pytest.mark.parametrize("dtype,shape", [("float32", (0, 2**62)), ("float16", (2**62, 0)),

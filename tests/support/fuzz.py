@@ -1,4 +1,7 @@
-"""Hostile-input fuzzing of a shmrpc worker: ``python bench/fuzz.py [--cases 100000] [--seed S]``.
+"""Hostile-input fuzzing of a shmrpc worker: ``python -m tests.support.fuzz [--cases 100000] [--seed S]``.
+
+(From the repository root; ``python tests/support/fuzz.py ...`` works too. The suite imports the
+same generators as ``support.fuzz``.)
 
 The program starts its own NumPy worker, then plays a hostile process of the same uid:
 
@@ -72,7 +75,7 @@ from shmrpc.server.runtime import process_start_ticks
 __all__ = ["FUZZ_SLOTS", "FUZZ_LEASE", "Case", "RawSession", "Fuzzer", "KINDS", "GENERATORS", "start_worker",
            "valid_descs", "machine_facts", "main"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: Worker geometry of a fuzz run: each session leases 4 x 64K and 1 x 1M; room for A, B and a few HELLOs.
 FUZZ_SLOTS = "64K:12,1M:3"
 FUZZ_LEASE = "4,1"
@@ -748,8 +751,8 @@ def main(argv: list[str] | None = None) -> int:
     for v in violations[:20]:
         print("  VIOLATION", v[:300])
     result = {
-        "program": "bench/fuzz.py", "date": started.isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, "bench/fuzz.py", *(argv if argv is not None else sys.argv[1:])]),
+        "program": "tests/support/fuzz.py", "date": started.isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, "-m", "tests.support.fuzz", *(argv if argv is not None else sys.argv[1:])]),
         "seed": seed, "cases": n_done, "elapsed_s": round(elapsed, 2), "cases_per_s": round(n_done / elapsed, 1),
         "worker": {"slots": FUZZ_SLOTS, "lease": FUZZ_LEASE, "backend": "numpy", "exit_on_sigterm": rc},
         "worker_restarts": restarts, "worker_crashes": int(crashed), "hangs": counts.get("hang", 0), "canary_intact": canary,
