@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 import zmq
+from wire import wait_for_state
 
 from shmrpc.client import (
     Client,
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 PROCS = str(Path(__file__).with_name("procs.py"))
+#: A client's patience in the tests of a dying worker, and the bound its calls must beat: "fails fast" means
+#: well before the timeout (the pidfd), with room for a loaded machine; not a latency claim (see bench/).
+TIMEOUT_S = 60.0
+FAST_S = 20.0
 
 
 def _regions(name: str) -> list[str]:
@@ -50,10 +55,15 @@ def _slow(n: int = 20) -> Pipeline:
     return p
 
 
+def _in_flight(name: str) -> None:
+    """Barrier: the worker reports a request in flight (so the next step acts on a running request)."""
+    wait_for_state(name, lambda st: st["in_flight"] >= 1, "a request in flight")
+
+
 def test_sigterm_drains_in_flight_then_cleans_up(worker: WorkerProc) -> None:
-    with Client(worker.name, timeout_s=20) as c:
-        fut = c.submit(_slow(), x=np.ones(200_000))
-        time.sleep(0.05)
+    with Client(worker.name, timeout_s=60) as c:
+        fut = c.submit(_slow(), x=np.ones(3_500_000))  # 28 MB through 20 steps: runs in the executor
+        _in_flight(worker.name)
         worker.proc.send_signal(signal.SIGTERM)
         np.testing.assert_array_equal(fut.result()["19.out"], 1.0)  # answered, not dropped
     assert worker.proc.wait(20) == 0
@@ -87,18 +97,18 @@ def test_client_killed_mid_request_slots_come_back_zeroed(spawn_worker: Callable
 def test_worker_killed_pending_call_fails_fast_then_restart_cleans(spawn_worker: Callable[..., WorkerProc],
                                                                    worker_name: str) -> None:
     w = spawn_worker()
-    c = Client(w.name, timeout_s=30)
+    c = Client(w.name, timeout_s=TIMEOUT_S)
     fut = c.submit(_slow(), x=np.ones(3_500_000))  # 28 MB through 20 steps
-    time.sleep(0.1)
+    _in_flight(w.name)
     os.kill(w.pid, signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(WorkerGoneError):
         fut.result()
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < FAST_S, "the pending call waited for its timeout instead of seeing the worker die"
     t0 = time.monotonic()
     with pytest.raises(WorkerGoneError):
         c.call("echo", x=np.ones(4))
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < FAST_S
     c.close()
     w.proc.wait(5)
     assert _regions(worker_name), "the killed worker's region should still be there before the restart"
@@ -152,9 +162,10 @@ def test_forked_child_is_told_to_reconnect(worker: WorkerProc) -> None:
 def test_timeout_is_a_timeout_error(worker: WorkerProc) -> None:
     with Client(worker.name, timeout_s=10) as c:
         fut = c.submit(_slow(), x=np.ones(3_500_000))
-        with pytest.raises(TimeoutError):
+        _in_flight(worker.name)
+        with pytest.raises(Timeout) as e:  # what the call raised is both shmrpc's Timeout and a TimeoutError
             fut.result(timeout=0.001)
-        assert isinstance(Timeout("x"), TimeoutError)
+        assert isinstance(e.value, TimeoutError)
         fut.result()  # the request still completes; the slot is not reused meanwhile
 
 
@@ -217,7 +228,7 @@ def test_spinning_worker_and_client(spawn_worker: Callable[..., WorkerProc]) -> 
     p.wait(10)
     p.stdout.close()
     t0 = time.monotonic()
-    c = Client(w.name, timeout_s=10, spin_us=300)
+    c = Client(w.name, timeout_s=TIMEOUT_S, spin_us=300)
     x = np.arange(64, dtype=np.float32)
     for i in range(50):
         np.testing.assert_array_equal(c.call("scale", x=x, a=float(i))["out"], x * i)
@@ -230,7 +241,7 @@ def test_spinning_worker_and_client(spawn_worker: Callable[..., WorkerProc]) -> 
     t0 = time.monotonic()
     with pytest.raises(WorkerGoneError):
         c.call("echo", x=x)
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < FAST_S
     c.close()
     w.proc.wait(5)
     spawn_worker(slots="64K:4", lease="4")  # a restart removes what the killed worker left

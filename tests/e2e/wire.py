@@ -6,10 +6,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import zmq
+
 from shmrpc.client import Client
 from shmrpc.schema import messages as m
 from shmrpc.schema.descriptor import RequestDesc, StepDesc, TensorRef, encode_request
 from shmrpc.schema.header import HEADER, Header
+from shmrpc.schema.naming import endpoint
 
 D = 4096  # descriptor area of every slot
 
@@ -40,3 +43,32 @@ def raw_call(c: Client, payload: bytes | None = None, *, header: Callable[[Heade
         c._t.send(m.pack_call(region, slot, rid, gen))
         loan._wait(rid, time.monotonic() + 10)
         loan._response(rid)
+
+
+def worker_state(name: str) -> dict[str, Any]:
+    """The worker's STATE (what ``shmrpc status --json`` prints), asked over a raw DEALER."""
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    try:
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(endpoint(name))
+        s.send(m.STATUS)
+        assert s.poll(10_000), "no STATE from the worker"
+        return m.unpack_json(s.recv())  # type: ignore[no-any-return]
+    finally:
+        s.close()
+        ctx.term()
+
+
+def wait_for_state(name: str, ready: Callable[[dict[str, Any]], bool], what: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Poll the worker's STATE until ``ready(state)``; the barrier between processes (never a sleep).
+
+    ``timeout_s`` is a hang guard, not a claim about speed; ``what`` names the awaited state in the failure.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = worker_state(name)
+        if ready(state):
+            return state
+        assert time.monotonic() < deadline, f"the worker never reached the state: {what} ({state})"
+        time.sleep(0.002)
