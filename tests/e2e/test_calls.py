@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
+from support.protocol_doc import golden_blocks
 
 from shmrpc.client import Client, KernelError, Pipeline
+from shmrpc.schema import messages as m
+from shmrpc.schema.header import unpack_from
 
 if TYPE_CHECKING:
     from conftest import WorkerProc
@@ -118,3 +122,25 @@ def test_four_client_processes_at_once(worker: WorkerProc) -> None:
         r = json.loads(out)
         results[r["seed"]] = r["bad"]
     assert results == {s: 0 for s in seeds}
+
+
+def test_worker_answers_the_documented_call_with_the_documented_bytes(worker: WorkerProc) -> None:
+    """docs/protocol.md "One call, byte by byte": its request, rung in a real slot, gets its response bytes."""
+    g = golden_blocks()
+    desc, resp = g["request-descriptor"], g["response-descriptor"]
+    h = unpack_from(g["request-header"])
+    with Client(worker.name, timeout_s=10) as c, c.loan(1024) as loan:
+        s, mv = loan._s, loan._live()
+        assert s.generation == h.generation == 1  # a fresh lease of a private region starts at generation 1
+        mv[4096:4112] = np.arange(1, 5, dtype=np.float32).tobytes()
+        mv[16:16 + len(desc)] = desc
+        mv[:16] = g["request-header"]  # NOTE: order is important here: the header last, then the doorbell
+        s.in_flight = h.request_id
+        c._inflight[h.request_id] = s
+        c._t.send(m.pack_call(s.region, s.index, h.request_id, h.generation))
+        c._pump(time.monotonic() + 10, lambda: s.in_flight is None)
+        assert s.status == 0
+        assert bytes(mv[:16]) == g["response-header"]
+        assert bytes(mv[16:16 + len(resp)]) == resp
+        np.testing.assert_array_equal(np.frombuffer(mv[4160:4176], np.float32), [2, 4, 6, 8])
+        del mv
