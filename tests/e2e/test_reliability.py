@@ -197,7 +197,7 @@ def test_more_callers_than_slots_all_complete(spawn_worker: Callable[..., Worker
 
 
 def test_more_futures_than_slots_all_complete(spawn_worker: Callable[..., WorkerProc]) -> None:
-    """Regression (found here, fixed in fded7bb): answered futures give their slots to new submits."""
+    """Regression (found by this test): answered futures give their slots to new submits."""
     w = spawn_worker(slots="64K:1", lease="1")
     with Client(w.name, timeout_s=3) as c:
         xs = [np.full(10, float(i)) for i in range(4)]
