@@ -163,7 +163,7 @@ def test_on_busy_wait_that_runs_out_raises_busy(spawn_worker: Callable[..., Work
                 b.call("echo", x=np.zeros(100_000, np.uint8))
             waited = time.monotonic() - t0
         assert not isinstance(e.value, Timeout)
-        assert 0.4 < waited < 3, waited
+        assert 0.4 < waited < 10, waited  # it waited out its 0.5 s, and did not hang
         np.testing.assert_array_equal(b.call("echo", x=np.ones(100_000, np.uint8), timeout_s=5)["out"], 1)
 
 

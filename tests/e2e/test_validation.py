@@ -189,8 +189,8 @@ def test_busy_fail_mode_raises_busy(spawn_worker: Callable[..., WorkerProc]) -> 
                 b.call("echo", x=np.zeros(100_000, np.uint8))
         finally:
             la.release()
-        # RELEASE travels on a's socket, b's ACQUIRE on its own: allow the worker a moment to see it
-        deadline = time.monotonic() + 2.0
+        # RELEASE travels on a's socket, b's ACQUIRE on its own: retry until the worker has seen it (hang guard only)
+        deadline = time.monotonic() + 30.0
         while True:
             try:
                 out = b.call("echo", x=np.ones(100_000, np.uint8))["out"]
