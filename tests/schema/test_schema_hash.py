@@ -10,6 +10,7 @@ import pytest
 
 from shmrpc.schema import SCHEMA_HASH
 from shmrpc.schema.fbshash import fbs_hash, fbs_tokens, hash_module_text, normalize_fbs
+from shmrpc.schema.layout import DEFAULT_GEOMETRY, Superblock
 
 SCHEMA = Path(__file__).resolve().parents[2] / "schema"
 FBS = (SCHEMA / "shmrpc.fbs").read_bytes()
@@ -64,3 +65,11 @@ def test_tokens() -> None:
     assert fbs_tokens(src) == ["table", "T", "{", "s", ":", "string", "=", '"a // not a comment"', ";",
                                "x", ":", "int", "=", "-1", ";", "}"]
     assert normalize_fbs("a:int;") == normalize_fbs("a : int ;\n") == "a : int ;"
+
+
+def test_superblock_holds_the_hash_as_raw_bytes() -> None:
+    buf = bytearray(4096)
+    Superblock.for_geometry(DEFAULT_GEOMETRY, worker_pid=1, worker_start_ticks=2, epoch=3).pack_into(memoryview(buf))
+    assert bytes(buf[16:24]) == bytes.fromhex(SCHEMA_HASH)
+    doc = (SCHEMA.parent / "docs" / "protocol.md").read_text()
+    assert f"`{bytes.fromhex(SCHEMA_HASH).hex(' ')}` for\n`{SCHEMA_HASH}`" in doc, "protocol.md's example of the hash field"
