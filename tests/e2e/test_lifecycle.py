@@ -245,3 +245,26 @@ def test_spinning_worker_and_client(spawn_worker: Callable[..., WorkerProc]) -> 
     c.close()
     w.proc.wait(5)
     spawn_worker(slots="64K:4", lease="4")  # a restart removes what the killed worker left
+
+
+
+def test_malformed_op_table_is_a_protocol_mismatch_at_connect(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client parses WELCOME's op table through the schema's definition: a bad one fails the connect."""
+    import shmrpc.client._client as client_mod
+    from shmrpc.schema.layout import DEFAULT_GEOMETRY
+
+    closed = []
+
+    class FakeTransport:  # a handshake that went through, with an op code out of range in its WELCOME
+        def __init__(self, name: str, connect_timeout_s: float, spin_us: int = 0) -> None:
+            self.welcome = {"client_id": 1, "backend": "numpy", "worker_pid": os.getpid(), "regions": [],
+                            "geometry": DEFAULT_GEOMETRY.to_json(), "lease": [],
+                            "op_table": {"echo": {"code": 70000, "inputs": ["x"], "outputs": ["out"]}}}
+
+        def close(self, bye: bool = False) -> None:
+            closed.append(True)
+
+    monkeypatch.setattr(client_mod, "Transport", FakeTransport)
+    with pytest.raises(ProtocolMismatchError, match="op table entry 'echo': code"):
+        Client("fake", connect_timeout_s=1)
+    assert closed, "the transport was not closed after the refused handshake"
