@@ -49,7 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--spin-us", type=int, default=0,
                    help="poll this many µs without sleeping before blocking (lower latency, a busy core; 0: off)")
     s.add_argument("--resident-limit", default="8G", help="cap on resident tensors")
-    s.add_argument("--allow-uid", type=int, action="append", default=[], help="another uid that may connect")
+    s.add_argument("--allow-uid", type=int, action="append", default=[],
+                   help="another uid that may connect (its clients pass worker_uid=<this worker's uid>)")
+    s.add_argument("--dumpable", action="store_true",
+                   help="stay dumpable (for a debugger or profiler); by default the worker makes itself "
+                        "non-dumpable so other processes of its uid cannot reach the regions through /proc")
     s.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
     st = sub.add_parser("status", help="show a worker's regions, leases, in-flight requests and counters")
@@ -81,6 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
             mlock=not args.no_mlock, threads=args.threads, inline_max_nbytes=parse_size(args.inline_max),
             spin_us=args.spin_us,
             resident_limit_bytes=parse_size(args.resident_limit), allow_uids=tuple(args.allow_uid), register_host=not args.no_register,
+            dumpable=args.dumpable,
             isolation=args.isolation, client_max_slots=args.client_max_slots,
             client_max_bytes=parse_size(args.client_max_bytes),
         )

@@ -95,8 +95,8 @@ def scan(shm_dir: str = SHM_DIR) -> list[Finding]:
             alive = is_held or (pid is not None and pid_alive(pid, ticks))
             detail = "lock held" if is_held else "lock free: the worker exited without cleaning up"
             findings.append(Finding("lock", str(lock), worker, pid, alive, not is_held, detail))
-        for sock in sorted(rdir.glob("*.sock")):
-            worker = sock.name[: -len(".sock")]
+        for sock in sorted([*rdir.glob("*.sock"), *rdir.glob("*.attach")]):
+            worker = sock.name.rsplit(".", 1)[0]
             is_held = held.get(worker, False)
             detail = "its worker holds the lock" if is_held else "no worker holds its lock"
             findings.append(Finding("socket", str(sock), worker, None, is_held, not is_held, detail))
@@ -161,7 +161,7 @@ def doctor(clean: bool = False, region_nbytes: int | None = None, out: Callable[
 
     rdir = runtime_dir()
     try:
-        unsafe = check_runtime_dir(rdir)
+        unsafe = check_runtime_dir(rdir, shared=True)  # 0711 is --allow-uid's
     except FileNotFoundError:
         out(f"runtime dir {rdir}: absent (created by the first worker)")
     else:
