@@ -211,27 +211,24 @@ class Worker(Sessions):
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         poller.register(attach.fileno(), zmq.POLLIN)
-        registered: set[int] = set()
-        waiting: set[int] = set()  # attach connections registered, waiting for their HELLO
+        polled: set[int] = set()  # pidfds of clients and attach connections waiting for their HELLO
+        pidfds: set[int] = set()
+        waiting: set[int] = set()
         next_check = time.monotonic() + self.config.heartbeat_s
         spin_s = self.config.spin_us / 1e6
         while True:
             stopping = self._stopping.is_set()
             if stopping and self.leases.n_in_flight == 0 and not self._done:
                 break
-            if self._by_pidfd.keys() != registered:
-                for fd in self._by_pidfd.keys() - registered:
-                    poller.register(fd, zmq.POLLIN)
-                    registered.add(fd)
-                for fd in registered - self._by_pidfd.keys():
+            if self._by_pidfd.keys() != pidfds or attach.pending.keys() != waiting:
+                # NOTE: one set for both kinds: a closed fd's number may come back as the other kind
+                pidfds, waiting = set(self._by_pidfd), set(attach.pending)
+                wanted = pidfds | waiting
+                for fd in polled - wanted:
                     poller.unregister(fd)
-                    registered.discard(fd)
-            if attach.pending.keys() != waiting:
-                for fd in attach.pending.keys() - waiting:
+                for fd in wanted - polled:
                     poller.register(fd, zmq.POLLIN)
-                for fd in waiting - attach.pending.keys():
-                    poller.unregister(fd)
-                waiting = set(attach.pending)
+                polled = wanted
             timeout_ms = 50 if stopping else self._poll_timeout_ms(next_check)
             if spin_s:
                 # --spin-us: poll without sleeping for a while before blocking, so a request arriving soon
@@ -258,7 +255,7 @@ class Worker(Sessions):
                     attach.accept()
                 for fd in waiting & events.keys():
                     self._on_attach(fd, stopping)
-                for fd in registered & events.keys():
+                for fd in pidfds & events.keys():
                     client = self._by_pidfd.get(fd)
                     if client is not None:
                         self._end_client(client, "its process exited")

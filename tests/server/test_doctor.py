@@ -25,7 +25,7 @@ def _dead_pid() -> int:
 
 def _stale_region(worker: str) -> str:
     """A region whose superblock names a dead worker, as a crash would leave it."""
-    region = Region.create(worker, GEOMETRY, mlock=False, prefault=False)
+    region = Region.create(worker, GEOMETRY, mlock=False, prefault=False, memfd=False)
     sb = region.superblock._replace(worker_pid=_dead_pid())
     sb.pack_into(region.buf)
     # Drop the mapping without unlinking, like a killed process.
@@ -50,7 +50,7 @@ def test_stale_region_cleaned_live_kept(worker_name: str) -> None:
     socket_path(dead_worker).write_text("")
     lines: list[str] = []
     try:
-        with WorkerLock.acquire(worker_name), Region.create(worker_name, GEOMETRY, mlock=False) as live:
+        with WorkerLock.acquire(worker_name), Region.create(worker_name, GEOMETRY, mlock=False, memfd=False) as live:
             socket_path(worker_name).write_text("")
             try:
                 found = _mine(scan(), worker_name, dead_worker)
