@@ -130,6 +130,8 @@ class AttachListener:
                 log.warning("attach socket: accept failed: %s", e)
                 return
             conn.setblocking(False)
+            with contextlib.suppress(OSError):  # a packet may be as large as this (the kernel caps it at wmem_max)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, ATTACH_MAX_NBYTES)
             if len(self.pending) >= MAX_PENDING:
                 oldest = min(self.pending, key=lambda fd: self.pending[fd][1])
                 self.pending.pop(oldest)[0].close()

@@ -280,6 +280,9 @@ class Worker(Sessions):
         if frame is None:
             conn.close()
             return
+        if frame[:1] == m.STATUS and peer.uid in (os.geteuid(), 0):  # `shmrpc status`: the kernel says who asks
+            self._attach.reply(conn, m.pack_json(m.STATE, self.state()), [])
+            return
         try:
             reply, fds = self._on_hello(frame, peer, stopping)
         except Exception as e:  # noqa: BLE001 - nothing a peer sends may stop the loop

@@ -115,27 +115,32 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    import zmq
+    import socket
 
     from shmrpc.schema import messages as m
-    from shmrpc.schema.naming import endpoint, socket_path
+    from shmrpc.schema.naming import attach_path
 
-    if not socket_path(args.name).exists():
-        print(f"shmrpc status: no worker named {args.name!r} ({socket_path(args.name)} does not exist)", file=sys.stderr)
+    path = attach_path(args.name)
+    if not path.exists():
+        print(f"shmrpc status: no worker named {args.name!r} ({path} does not exist)", file=sys.stderr)
         return 1
-    ctx = zmq.Context()
-    try:
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(endpoint(args.name))
-        sock.send(m.STATUS)
-        if not sock.poll(int(args.timeout_s * 1000)):
+    # On the attach socket, where the worker answers STATUS to its own uid (and root) only, by SO_PEERCRED.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.settimeout(args.timeout_s)
+        try:
+            sock.connect(str(path))
+            sock.send(m.STATUS)
+            frame = sock.recv(m.ATTACH_MAX_NBYTES)
+        except TimeoutError:
             print(f"shmrpc status: worker {args.name!r} did not answer in {args.timeout_s} s", file=sys.stderr)
             return 1
-        state = m.unpack_json(sock.recv())
-        sock.close()
-    finally:
-        ctx.term()
+        except OSError as e:
+            print(f"shmrpc status: cannot reach worker {args.name!r} at {path}: {e}", file=sys.stderr)
+            return 1
+    if frame[:1] != m.STATE:
+        print(f"shmrpc status: worker {args.name!r} refused: {frame[1:200]!r}", file=sys.stderr)
+        return 1
+    state = m.unpack_json(frame)
     if args.json:
         print(json.dumps(state, indent=2))
         return 0
