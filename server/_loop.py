@@ -121,6 +121,8 @@ class Worker(Sessions):
             self._sock.setsockopt(zmq.LINGER, 0)
             self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             runtime.remove_socket(cfg.name)
+            # the attach socket first: whoever sees NAME.sock can say HELLO (connections wait in its backlog)
+            self._attach = AttachListener(attach_path(cfg.name), shared=bool(cfg.allow_uids))
             old = os.umask(0o077)
             try:
                 self._sock.bind(endpoint(cfg.name))
@@ -128,7 +130,6 @@ class Worker(Sessions):
                 os.umask(old)
             if cfg.allow_uids:  # the kernel's credentials on the attach socket and the token decide, not the mode
                 os.chmod(socket_path(cfg.name), 0o666)
-            self._attach = AttachListener(attach_path(cfg.name), shared=bool(cfg.allow_uids))
             if cfg.metrics_port is not None:
                 self.metrics.serve(cfg.metrics_port)
         except BaseException:
