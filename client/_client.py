@@ -33,6 +33,7 @@ from shmrpc.schema.descriptor import (
 from shmrpc.schema.errors import (
     BusyError,
     ClientClosedError,
+    ConnectError,
     ForkedClientError,
     InvalidRequestError,
     RequestTooLargeError,
@@ -105,26 +106,24 @@ class Client:
             set_dumpable(False)  # before any region is mapped: /proc/<our pid>/mem is never a door to it
         self._t = Transport(name, connect_timeout_s, spin_us, worker_uid)
         w = self._t.welcome
-        self.client_id: int = w["client_id"]
-        self.backend: str = w["backend"]
-        self.worker_pid: int = w["worker_pid"]
-        self.op_table: dict[str, dict[str, Any]] = w["op_table"]
-        self.geometry = Geometry.from_json(w["geometry"])
         self._regions: dict[int, AttachedRegion] = {}
+        fds, self._t.fds = self._t.fds, []
         try:
-            fds, self._t.fds = self._t.fds, []
+            self.client_id: int = w["client_id"]
+            self.backend: str = w["backend"]
+            self.worker_pid: int = self._t.worker_pid  # the kernel's word (the WELCOME said the same)
+            self.op_table: dict[str, dict[str, Any]] = w["op_table"]
+            self.geometry = Geometry.from_json(w["geometry"])
             for i, r in enumerate(w["regions"]):
                 geo = Geometry.from_json(r["geometry"]) if "geometry" in r else self.geometry
                 fd, fds[i] = fds[i], -1
                 self._regions[r["index"]] = AttachedRegion(fd, str(r["name"]), int(r["index"]), int(r["nbytes"]), geo,
                                                            self.worker_pid, self._t.worker_uid)
+        except (KeyError, TypeError, ValueError) as e:
+            self._abandon(fds)
+            raise ConnectError(f"worker {name!r} sent a malformed WELCOME ({type(e).__name__}: {e})") from None
         except BaseException:
-            for fd in fds:
-                if fd >= 0:
-                    os.close(fd)
-            for reg in self._regions.values():
-                reg.close()
-            self._t.close()
+            self._abandon(fds)
             raise
         self._free: list[_Slot] = sorted(
             (_Slot(r, i, self._regions[r].geometry.slot_nbytes(i), g, False) for r, i, g in w["lease"]),
@@ -139,6 +138,15 @@ class Client:
         self._unread: list[CallFuture] = []  # submitted futures (copy=True) whose result() was not asked yet
 
     # ------------------------------------------------------------ lifecycle
+
+    def _abandon(self, fds: list[int]) -> None:
+        """Undo a connect that failed half-way: fds not mapped yet, regions mapped, the session."""
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
+        for reg in self._regions.values():
+            reg.close()
+        self._t.close()
 
     def __enter__(self) -> Client:
         return self

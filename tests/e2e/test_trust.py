@@ -164,6 +164,78 @@ def test_socket_answered_by_another_uid_is_refused_before_a_byte(
     assert "hello" not in out, "the client sent the fake worker its HELLO"
 
 
+def _fake_region_fd(kind: str, nbytes: int) -> int:
+    """An fd a fake worker could hand over: a plain file, a memfd of the wrong mode or size, unsealed."""
+    import fcntl
+    import tempfile
+
+    if kind == "file":
+        fd, path = tempfile.mkstemp()
+        os.unlink(path)
+        os.ftruncate(fd, nbytes)
+        return fd
+    fd = os.memfd_create("fake", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, nbytes * 2 if kind == "size" else nbytes)
+    os.fchmod(fd, 0o644 if kind == "mode" else 0o600)
+    if kind != "unsealed":
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    return fd
+
+
+@pytest.mark.parametrize("kind, says", [("file", "not a sealed memfd"), ("unsealed", "not a sealed memfd"),
+                                        ("mode", "mode 0644"), ("size", "not 69632 as the worker said")])
+def test_region_fd_is_checked_before_it_is_mapped(kind: str, says: str, worker_name: str,
+                                                  scratch_dirs: Callable[[str], Path],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    import threading
+
+    from shmrpc.schema import SCHEMA_HASH
+    from shmrpc.schema.layout import parse_geometry
+
+    geo = parse_geometry("64K:1")
+    rdir = scratch_dirs("fd")
+    rdir.mkdir(mode=0o700)
+    path = rdir / f"{worker_name}.attach"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(path))
+    listener.listen(1)
+    listener.settimeout(10)
+
+    def serve() -> None:  # a worker of our own uid (its credentials pass) handing over a bad fd
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            fd = _fake_region_fd(kind, geo.region_nbytes)
+            welcome = {"protocol": m.PROTOCOL_VERSION, "schema_hash": SCHEMA_HASH, "client_id": 1, "token": "ab" * 16,
+                       "worker_pid": os.getpid(), "worker_start_ticks": hello_body()["start_ticks"], "backend": "numpy",
+                       "regions": [{"index": 0, "name": "fake", "nbytes": geo.region_nbytes,
+                                    "geometry": geo.to_json()}],
+                       "geometry": geo.to_json(), "lease": [], "op_table": {}}
+            socket.send_fds(conn, [m.pack_json(m.WELCOME, welcome)], [fd])
+            os.close(fd)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    monkeypatch.setenv("SHMRPC_RUNTIME_DIR", str(rdir))
+    try:
+        with pytest.raises(ConnectError, match=says):
+            Client(worker_name, connect_timeout_s=5)
+    finally:
+        t.join(10)
+        listener.close()
+        path.unlink()
+    fds = os.listdir("/proc/self/fd")
+    assert not [f for f in fds if "memfd:fake" in _readlink(f"/proc/self/fd/{f}")], "a refused fd was kept open"
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
 # ------------------------------------------------------------ 2. the same uid, without ptrace rights
 
 
