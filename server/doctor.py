@@ -6,7 +6,8 @@ What it looks at, and when an item is stale:
 item                owner                                                  stale when
 ==================  =====================================================  ===========================
 ``<NAME>.lock``     the flock holder; the pid in the JSON                  nobody holds the flock
-``<NAME>.sock``     the holder of ``<NAME>.lock``                          nobody holds that lock
+``<NAME>.sock``,    the holder of ``<NAME>.lock``                          nobody holds that lock
+``<NAME>.attach``
 ``/shmrpc.<NAME>.*``  superblock ``worker_pid``/``worker_start_ticks``,     owner dead (or superblock
                     or the holder of ``<NAME>.lock``                       unreadable) and no live lock
 ==================  =====================================================  ===========================
