@@ -73,22 +73,23 @@ def _check_dir(rdir: Path, name: str, worker_uid: int) -> None:
         st = os.lstat(rdir)
     except FileNotFoundError:
         raise ConnectError(f"no worker named {name!r}: {rdir} does not exist (start one with "
-                           f"`shmrpc serve --name {name}`, or check SHMRPC_RUNTIME_DIR)") from None
+                           f"`shmrpc serve --name {name}`, or check SHMRPC_RUNTIME_DIR)", path=str(rdir)) from None
     except PermissionError:
         raise ConnectError(f"cannot reach {rdir} as uid {os.getuid()}: the worker does not admit this user "
-                           f"(its owner can start it with --allow-uid {os.getuid()})") from None
+                           f"(its owner can start it with --allow-uid {os.getuid()})", path=str(rdir)) from None
     if not stat.S_ISDIR(st.st_mode):
         raise ConnectError(f"runtime directory {rdir} is not a directory: remove it, or set SHMRPC_RUNTIME_DIR "
-                           "to a directory of the worker's user")
+                           "to a directory of the worker's user", path=str(rdir), owner_uid=st.st_uid)
     if st.st_uid != worker_uid:
         raise ConnectError(f"runtime directory {rdir} is owned by uid {st.st_uid}, not by the worker's uid "
                            f"{worker_uid}: another user may have made it to impersonate the worker; refusing to "
                            f"connect. Remove it (as root or uid {st.st_uid}) and restart the worker, or set "
-                           "SHMRPC_RUNTIME_DIR to a directory of the worker's user")
+                           "SHMRPC_RUNTIME_DIR to a directory of the worker's user", path=str(rdir),
+                           owner_uid=st.st_uid)
     if st.st_mode & 0o066:
         raise ConnectError(f"runtime directory {rdir} (uid {st.st_uid}) has mode {stat.S_IMODE(st.st_mode):04o}: "
                            f"other users could replace the worker's socket; refusing to connect. Run chmod 700 "
-                           f"{rdir} (as uid {st.st_uid}) and restart the worker")
+                           f"{rdir} (as uid {st.st_uid}) and restart the worker", path=str(rdir), owner_uid=st.st_uid)
 
 
 def _check_socket(path: Path, name: str, worker_uid: int) -> None:
@@ -96,16 +97,17 @@ def _check_socket(path: Path, name: str, worker_uid: int) -> None:
         st = os.lstat(path)
     except FileNotFoundError:
         raise ConnectError(f"no worker named {name!r}: {path} does not exist (start one with "
-                           f"`shmrpc serve --name {name}`, or check SHMRPC_RUNTIME_DIR)") from None
+                           f"`shmrpc serve --name {name}`, or check SHMRPC_RUNTIME_DIR)", path=str(path)) from None
     except PermissionError:
         raise ConnectError(f"cannot reach {path} as uid {os.getuid()}: the worker does not admit this user "
-                           f"(its owner can start it with --allow-uid {os.getuid()})") from None
+                           f"(its owner can start it with --allow-uid {os.getuid()})", path=str(path)) from None
     if not stat.S_ISSOCK(st.st_mode):
-        raise ConnectError(f"{path} is not a socket (owner uid {st.st_uid}): remove it and restart the worker")
+        raise ConnectError(f"{path} is not a socket (owner uid {st.st_uid}): remove it and restart the worker",
+                           path=str(path), owner_uid=st.st_uid)
     if st.st_uid != worker_uid:
         raise ConnectError(f"{path} is owned by uid {st.st_uid}, not by the worker's uid {worker_uid}: it is not "
                            f"your worker's socket; refusing to connect. Remove it (as root or uid {st.st_uid}) "
-                           "and restart the worker")
+                           "and restart the worker", path=str(path), owner_uid=st.st_uid)
 
 
 def _peer(sock: socket.socket) -> tuple[int, int]:
@@ -133,16 +135,17 @@ def handshake(name: str, deadline: float, worker_uid: int | None = None) -> Hand
             sock.connect(str(path))
         except (FileNotFoundError, ConnectionRefusedError):
             raise ConnectError(f"no worker listens on {path} (left by a worker that died?): start one with "
-                               f"`shmrpc serve --name {name}`, or remove stale files with `shmrpc doctor --clean`"
-                               ) from None
+                               f"`shmrpc serve --name {name}`, or remove stale files with `shmrpc doctor --clean`",
+                               path=str(path)) from None
         except PermissionError:
             raise ConnectError(f"cannot connect to {path} as uid {os.getuid()}: the worker does not admit this user "
-                               f"(its owner can start it with --allow-uid {os.getuid()})") from None
+                               f"(its owner can start it with --allow-uid {os.getuid()})", path=str(path)) from None
         worker_pid, peer_uid = _peer(sock)
         if peer_uid != uid:
             raise ConnectError(f"the process answering on {path} (pid {worker_pid}) runs as uid {peer_uid}, not as "
                                f"the worker's uid {uid}: it is not your worker; refusing to send it anything. Remove "
-                               f"{path} (as root or uid {peer_uid}) and restart the worker")
+                               f"{path} (as root or uid {peer_uid}) and restart the worker", path=str(path),
+                               owner_uid=peer_uid)
         pid = os.getpid()
         sock.send(m.pack_json(m.HELLO, {"protocol": m.PROTOCOL_VERSION, "schema_hash": SCHEMA_HASH, "pid": pid,
                                         "uid": os.getuid(), "start_ticks": start_ticks(pid)}))
@@ -161,7 +164,7 @@ def handshake(name: str, deadline: float, worker_uid: int | None = None) -> Hand
             cls = ProtocolMismatchError if body.get("kind") == "protocol_mismatch" else ConnectError
             field = body.get("field")
             raise cls(f"worker {name!r} refused the connection: {body.get('message')}"
-                      + (f" (field {field})" if field else ""))
+                      + (f" (field {field})" if field else ""), path=str(path), field=str(field or ""))
         if frame[:1] != m.WELCOME or not isinstance(body, dict):
             raise ConnectError(f"worker {name!r} answered HELLO with {frame[:1]!r}")
         if body.get("protocol") != m.PROTOCOL_VERSION or body.get("schema_hash") != SCHEMA_HASH:

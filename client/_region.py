@@ -46,19 +46,22 @@ class _Mapping:
 def _check_fd(fd: int, name: str, nbytes: int, worker_uid: int) -> None:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
-        raise ConnectError(f"region {name} handed over by the worker is not a shared-memory file: refusing it")
+        raise ConnectError(f"region {name} handed over by the worker is not a shared-memory file: refusing it",
+                           path=name, owner_uid=st.st_uid)
     if st.st_uid != worker_uid or stat.S_IMODE(st.st_mode) != 0o600:
         raise ConnectError(f"region {name} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}, "
-                           f"not by the worker's uid {worker_uid} with 0600: refusing to map it")
+                           f"not by the worker's uid {worker_uid} with 0600: refusing to map it", path=name,
+                           owner_uid=st.st_uid)
     if st.st_size != nbytes:
-        raise ConnectError(f"region {name} is {st.st_size} bytes, not {nbytes} as the worker said: refusing it")
+        raise ConnectError(f"region {name} is {st.st_size} bytes, not {nbytes} as the worker said: refusing it",
+                           path=name)
     try:
         seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
     except OSError:
         seals = 0
     if seals & _SEALS != _SEALS:
         raise ConnectError(f"region {name} is not a sealed memfd (its size could change under the mapping): "
-                           "refusing it; the worker must be of the same shmrpc version")
+                           "refusing it; the worker must be of the same shmrpc version", path=name)
 
 
 class AttachedRegion:

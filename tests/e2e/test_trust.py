@@ -133,6 +133,7 @@ def test_runtime_dir_planted_by_another_uid_is_refused_before_a_byte(
             Client(worker_name, connect_timeout_s=5)
         msg = str(e.value)
         assert str(rdir) in msg and f"owned by uid {attacker[0]}" in msg and "Remove it" in msg, msg
+        assert e.value.path == str(rdir) and e.value.owner_uid == attacker[0]
     finally:
         _, out, _ = finish(fake)
     assert "connected" not in out, "the client connected to the fake worker"
@@ -157,6 +158,7 @@ def test_socket_answered_by_another_uid_is_refused_before_a_byte(
             Client(worker_name, connect_timeout_s=5)
         msg = str(e.value)
         assert str(ours / f"{worker_name}.attach") in msg and f"runs as uid {attacker[0]}" in msg, msg
+        assert e.value.path == str(ours / f"{worker_name}.attach") and e.value.owner_uid == attacker[0]
         assert line(fake) == "connected"
     finally:
         (ours / f"{worker_name}.attach").unlink(missing_ok=True)
