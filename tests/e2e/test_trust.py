@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -329,7 +330,7 @@ def test_frames_from_a_stranger_cannot_act_in_a_session(worker: WorkerProc) -> N
 
 def _status(c: Client) -> dict:
     """The worker's STATE, asked through a live session."""
-    return c._ask(m.STATUS, __import__("time").monotonic() + 5)  # type: ignore[no-any-return]
+    return c._ask(m.STATUS, time.monotonic() + 5)  # type: ignore[no-any-return]
 
 
 # ------------------------------------------------------------ --allow-uid
