@@ -292,6 +292,8 @@ class Worker(Sessions):
                                                "message": f"the HELLO could not be handled ({type(e).__name__})",
                                                "field": "hello"}), []
         self._attach.reply(conn, reply, fds)
+        for i in self._region_owner:  # a private region goes to one client only: keep no fd of it
+            self.regions[i].close_fd()
 
     def _poll_timeout_ms(self, next_check: float) -> int:
         deadline = min([next_check] + [p.deadline for p in self._pending]) if self._pending else next_check

@@ -307,6 +307,12 @@ class Region:
         self._check_slot(slot)
         ctypes.memset(self.address + self.geometry.slot_offset(slot), 0, self.geometry.slot_nbytes(slot))
 
+    def close_fd(self) -> None:
+        """Close the memfd kept for handing over (once the only client that gets it has it); the mapping stays."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
     @property
     def named(self) -> bool:
         """Whether the region has a name in /dev/shm (``memfd=False``)."""
