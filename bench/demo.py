@@ -65,9 +65,13 @@ def main() -> int:
         print(f"note: {e}\n      running the demo worker with --no-mlock")
         cmd.append("--no-mlock")
     print("$", " ".join(cmd[2:]).replace("shmrpc.server", "shmrpc"))
-    worker = subprocess.Popen(cmd)
+    worker = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     rc = 1
     try:
+        ready = worker.stdout.readline() if worker.stdout else ""  # a client fails at once when no worker is there
+        print(ready, end="")
+        if "ready" not in ready:
+            raise SystemExit(f"the worker did not start (exit status {worker.wait(30)})")
         with Client(name, timeout_s=10, connect_timeout_s=30) as c:
             print(f"connected to worker {name} (pid {c.worker_pid}, backend {c.backend}); ops: {', '.join(sorted(c.op_table))}")
             rng = np.random.default_rng(0)

@@ -33,6 +33,7 @@ from shmrpc.schema.descriptor import (
 from shmrpc.schema.errors import (
     BusyError,
     ClientClosedError,
+    ConnectError,
     ForkedClientError,
     InvalidRequestError,
     ProtocolMismatchError,
@@ -43,6 +44,7 @@ from shmrpc.schema.header import HEADER_NBYTES
 from shmrpc.schema.layout import Geometry, align_up, format_size, tensor_align
 from shmrpc.schema.optable import OpEntry, parse_op_table
 
+from ._attach import set_dumpable
 from ._pipeline import Pipeline, resolve
 from ._region import AttachedRegion
 from ._transport import Transport, control_error
@@ -67,9 +69,17 @@ class Client:
         spin_us: wait for an answer by polling without sleeping for up to this long before blocking
             (default 0: block at once). Shortens small round trips by a scheduler wake-up at the cost of
             a busy core while waiting; pair it with the worker's ``--spin-us``.
+        worker_uid: the uid the worker runs as, when it is not this process's (a worker started with
+            ``--allow-uid``); its runtime directory is then ``$SHMRPC_RUNTIME_DIR`` or ``/tmp/shmrpc-<uid>``.
+            The client refuses a worker whose directory, socket, kernel credentials or regions belong to
+            any other uid.
+        non_dumpable: make this whole process non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``) before mapping
+            anything, so other processes of this uid cannot read or write its regions through
+            ``/proc/<pid>/mem``; it also stops core dumps and same-uid debuggers. Default ``False``.
 
     Raises:
-        ConnectError: no such worker, or it refused the handshake.
+        ConnectError: no such worker (at once when its socket does not exist), it could not be verified
+            (the message names the path, the owner found and the remedy), or it refused the handshake.
         ProtocolMismatchError: worker and client are of different versions.
 
     Thread safety: every method may be called from any thread; calls are serialized on one lock
@@ -83,7 +93,8 @@ class Client:
     """
 
     def __init__(self, name: str, *, timeout_s: float = 30.0, connect_timeout_s: float = 5.0,
-                 on_busy: str = "wait", linger_s: float = 0.0, spin_us: int = 0) -> None:
+                 on_busy: str = "wait", linger_s: float = 0.0, spin_us: int = 0, worker_uid: int | None = None,
+                 non_dumpable: bool = False) -> None:
         if on_busy not in ("wait", "fail"):
             raise ValueError("on_busy must be 'wait' or 'fail'")
         if not 0 <= spin_us <= 1_000_000:
@@ -93,27 +104,31 @@ class Client:
         self._fork_gen = fork_generation()
         self._lock = threading.RLock()
         self._closed = False
-        self._t = Transport(name, connect_timeout_s, spin_us)
+        if non_dumpable:
+            set_dumpable(False)  # before any region is mapped: /proc/<our pid>/mem is never a door to it
+        self._t = Transport(name, connect_timeout_s, spin_us, worker_uid)
         w = self._t.welcome
-        self.client_id: int = w["client_id"]
-        self.backend: str = w["backend"]
-        self.worker_pid: int = w["worker_pid"]
-        self.op_table: dict[str, OpEntry] = {}
-        self.geometry = Geometry.from_json(w["geometry"])
         self._regions: dict[int, AttachedRegion] = {}
+        fds, self._t.fds = self._t.fds, []
         try:
+            self.client_id: int = w["client_id"]
+            self.backend: str = w["backend"]
+            self.worker_pid: int = self._t.worker_pid  # the kernel's word (the WELCOME said the same)
+            self.geometry = Geometry.from_json(w["geometry"])
             try:
-                self.op_table = parse_op_table(w["op_table"])
+                self.op_table: dict[str, OpEntry] = parse_op_table(w["op_table"])
             except ValueError as e:
                 raise ProtocolMismatchError(f"the worker's op table is not one this client reads: {e}") from None
-            for r in w["regions"]:
+            for i, r in enumerate(w["regions"]):
                 geo = Geometry.from_json(r["geometry"]) if "geometry" in r else self.geometry
-                self._regions[r["index"]] = AttachedRegion(r["name"], r["index"], r["nbytes"], geo, self.worker_pid)
-            self._t.send(m.ATTACHED)  # the worker now unlinks the names of our private regions
+                fd, fds[i] = fds[i], -1
+                self._regions[r["index"]] = AttachedRegion(fd, str(r["name"]), int(r["index"]), int(r["nbytes"]), geo,
+                                                           self.worker_pid, self._t.worker_uid)
+        except (KeyError, TypeError, ValueError) as e:
+            self._abandon(fds)
+            raise ConnectError(f"worker {name!r} sent a malformed WELCOME ({type(e).__name__}: {e})") from None
         except BaseException:
-            for reg in self._regions.values():
-                reg.close()
-            self._t.close()
+            self._abandon(fds)
             raise
         self._free: list[_Slot] = sorted(
             (_Slot(r, i, self._regions[r].geometry.slot_nbytes(i), g, False) for r, i, g in w["lease"]),
@@ -128,6 +143,15 @@ class Client:
         self._unread: list[CallFuture] = []  # submitted futures (copy=True) whose result() was not asked yet
 
     # ------------------------------------------------------------ lifecycle
+
+    def _abandon(self, fds: list[int]) -> None:
+        """Undo a connect that failed half-way: fds not mapped yet, regions mapped, the session."""
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
+        for reg in self._regions.values():
+            reg.close()
+        self._t.close()
 
     def __enter__(self) -> Client:
         return self

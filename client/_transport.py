@@ -1,6 +1,8 @@
 """The client's ZeroMQ side: DEALER socket, handshake, and a pump that routes replies.
 
-A DEALER receives three kinds of reply, interleaved: DONE for requests in
+The handshake (verifying the worker, HELLO, WELCOME with the regions' fds) is
+:mod:`._attach`'s; this module then connects the DEALER with the session token as
+its routing id. A DEALER receives three kinds of reply, interleaved: DONE for requests in
 flight (matched by request_id), GRANT/ERROR for the one control request that
 may be outstanding, and nothing else. The pump also watches the worker's
 pidfd, so a worker that dies fails every waiter at once instead of after its
@@ -12,90 +14,63 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import zmq
 
-from shmrpc.schema import SCHEMA_HASH
 from shmrpc.schema import messages as m
 from shmrpc.schema.errors import (
-    ConnectError,
-    ProtocolMismatchError,
     RequestError,
     Timeout,
     WorkerGoneError,
     from_wire,
 )
-from shmrpc.schema.naming import endpoint, socket_path
+from shmrpc.schema.naming import endpoint
+
+from ._attach import handshake, start_ticks
 
 __all__ = ["Transport"]
 
 _POLLIN = int(zmq.POLLIN)
 
 
-def _start_ticks(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 class Transport:
-    """One DEALER connection to worker ``name``."""
+    """The verified handshake with worker ``name``, then one DEALER connection under the session's token."""
 
-    def __init__(self, name: str, connect_timeout_s: float, spin_us: int = 0) -> None:
+    def __init__(self, name: str, connect_timeout_s: float, spin_us: int = 0, worker_uid: int | None = None) -> None:
         self.name = name
         self.spin_s = spin_us / 1e6
-        path: Path = socket_path(name)
         deadline = time.monotonic() + connect_timeout_s
-        while not path.exists():
-            if time.monotonic() >= deadline:
-                raise ConnectError(f"no worker named {name!r}: {path} does not exist (start one with "
-                                   f"`shmrpc serve --name {name}`, or check SHMRPC_RUNTIME_DIR)")
-            time.sleep(0.01)
+        hs = handshake(name, deadline, worker_uid)
+        self.welcome: dict[str, Any] = hs.welcome
+        self.fds: list[int] = hs.fds  # the regions' fds, in WELCOME order; AttachedRegion closes each
+        self.worker_pid = hs.worker_pid
+        self.worker_uid = hs.worker_uid
+        self.pidfd: int | None = None
+        self.gone: str | None = None
         self._ctx = zmq.Context()
         self.sock = self._ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint(name))
-        self.pidfd: int | None = None
-        self.worker_pid = 0
-        self.gone: str | None = None
+        # The worker acts only for routing ids it issued: nobody else's frames can speak in this session's name.
+        self.sock.setsockopt(zmq.ROUTING_ID, str(self.welcome["token"]).encode())
         self._poller = zmq.Poller()
         self._poller.register(self.sock, zmq.POLLIN)
         try:
-            self.welcome = self._handshake(deadline)
+            self.sock.connect(endpoint(name, worker_uid))
+            self._watch_worker()
         except BaseException:
-            self.close()
+            self.close(bye=False)
             raise
 
-    def _handshake(self, deadline: float) -> dict[str, Any]:
-        pid = os.getpid()
-        self.sock.send(m.pack_json(m.HELLO, {"protocol": m.PROTOCOL_VERSION, "schema_hash": SCHEMA_HASH,
-                                             "pid": pid, "uid": os.getuid(), "start_ticks": _start_ticks(pid)}))
-        remaining = max(0.0, deadline - time.monotonic())
-        if not self.sock.poll(int(remaining * 1000) + 1):
-            raise ConnectError(f"worker {self.name!r} did not answer HELLO in time; is it alive? (shmrpc doctor)")
-        frame = self.sock.recv()
-        body = m.unpack_json(frame)
-        if frame[:1] == m.ERROR:
-            cls = ProtocolMismatchError if body.get("kind") == "protocol_mismatch" else ConnectError
-            raise cls(f"worker {self.name!r} refused the connection: {body.get('message')}")
-        if frame[:1] != m.WELCOME:
-            raise ConnectError(f"worker {self.name!r} answered HELLO with {frame[:1]!r}")
-        if body["protocol"] != m.PROTOCOL_VERSION or body["schema_hash"] != SCHEMA_HASH:
-            raise ProtocolMismatchError("the worker's protocol or schema differs from this client's")
-        self.worker_pid = int(body["worker_pid"])
+    def _watch_worker(self) -> None:
         try:
             self.pidfd = os.pidfd_open(self.worker_pid)
         except (AttributeError, OSError):
             self.pidfd = None
         if self.pidfd is not None:
-            if _start_ticks(self.worker_pid) != body.get("worker_start_ticks"):
+            if start_ticks(self.worker_pid) != self.welcome.get("worker_start_ticks"):
                 raise WorkerGoneError(f"worker {self.name!r} exited during the handshake")
             self._poller.register(self.pidfd, zmq.POLLIN)
-        return body  # type: ignore[no-any-return]
 
     def send(self, frame: bytes) -> None:
         """Send one frame (never blocks for long: the worker's queue is large)."""
@@ -149,7 +124,10 @@ class Transport:
         return True
 
     def close(self, bye: bool = True) -> None:
-        """Say BYE (when the worker lives) and close the socket."""
+        """Say BYE (when the worker lives) and close the socket and any region fd not mapped yet."""
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
         if bye and not self.gone:
             try:
                 self.sock.send(m.BYE, zmq.NOBLOCK)

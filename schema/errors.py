@@ -54,7 +54,20 @@ class ShmrpcError(Exception):
 
 
 class ConnectError(ShmrpcError, ConnectionError):
-    """The worker could not be reached, or refused the handshake."""
+    """The worker could not be reached, could not be verified, or refused the handshake.
+
+    Attributes:
+        path: the directory, socket or region the problem is about (``""`` when none).
+        owner_uid: the uid found owning that path, or running behind that socket (``None`` when
+            the problem is not about who owns it).
+        field: the HELLO field the worker's refusal named (``""`` when none).
+    """
+
+    def __init__(self, message: str = "", *, path: str = "", owner_uid: int | None = None, field: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+        self.owner_uid = owner_uid
+        self.field = field
 
 
 class ProtocolMismatchError(ConnectError):

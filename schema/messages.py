@@ -1,21 +1,25 @@
-"""Control messages between client (ZeroMQ DEALER) and worker (ROUTER).
+"""Control messages between client and worker: the handshake on the attach socket, the rest on ZeroMQ.
 
-Every message is ONE ZeroMQ frame (the ROUTER adds the peer identity in front
-of it). Its first byte says what it is; no payload bytes ever travel here.
+HELLO and WELCOME (or ERROR) are one packet each on the worker's attach socket
+(``<NAME>.attach``, AF_UNIX SOCK_SEQPACKET): there both sides read the other's
+pid and uid from the kernel (``SO_PEERCRED``), and WELCOME carries the regions as
+file descriptors (``SCM_RIGHTS``, in the order of its ``regions`` list) and a secret
+``token``. Every later message is ONE ZeroMQ frame from a DEALER whose routing id is
+that token (the ROUTER adds it in front); the worker acts only for tokens it issued.
+The first byte says what a message is; no payload bytes ever travel here.
 
 ====  ==========  =========  ==============================================
 kind  name        direction  body after the kind byte
 ====  ==========  =========  ==============================================
-H     HELLO       c -> w     JSON: protocol, schema_hash, pid, uid, lease
-W     WELCOME     w -> c     JSON: protocol, schema_hash, worker_pid, regions,
-                             geometry, op_table, lease, backend, client_id
+H     HELLO       c -> w     JSON: protocol, schema_hash, pid, uid, start_ticks (attach socket;
+                             each must equal what the kernel says of the peer)
+W     WELCOME     w -> c     JSON: protocol, schema_hash, worker_pid, token, regions (+ their fds),
+                             geometry, op_table, lease, backend, client_id (attach socket)
 C     CALL        c -> w     ``CALL`` struct: region u16, slot u32, request_id u32,
                              generation u32 (the request is in the slot)
 D     DONE        w -> c     ``DONE`` struct: region u16, slot u32, request_id u32,
                              status u16 (the response is in the slot, unless
                              status has the ``NO_RESPONSE`` bit)
-K     ATTACHED    c -> w     empty: the client has mapped every region of its WELCOME (the worker
-                             then unlinks the names of the client's private regions)
 A     ACQUIRE     c -> w     JSON: nbytes (borrow one more slot of that size)
 G     GRANT       w -> c     JSON: region, slot, generation, slot_nbytes
 R     RELEASE     c -> w     ``SLOT`` struct: region u16, slot u32 (give back a borrowed slot)
@@ -24,7 +28,7 @@ M     MANAGE      c -> w     JSON: action "list" | "drop", name (resident tensor
 m     MANAGED     w -> c     JSON: {"resident": {name: {shape, dtype}}} or {"dropped": name}
 S     STATUS      c -> w     empty: ask for the worker's state (no lease needed)
 s     STATE       w -> c     JSON: regions, leases, in-flight requests, counters
-E     ERROR       w -> c     JSON: code, message, field (a control message was refused)
+E     ERROR       w -> c     JSON: code, kind, message, field (a control message was refused)
 ====  ==========  =========  ==============================================
 
 Ordering: the client writes tensors, then the descriptor, then the header, and
@@ -42,12 +46,17 @@ from typing import Any
 __all__ = [
     "PROTOCOL_VERSION",
     "HELLO", "WELCOME", "CALL", "DONE", "ACQUIRE", "GRANT", "RELEASE", "BYE", "STATUS", "STATE", "ERROR",
-    "MANAGE", "MANAGED", "ATTACHED",
+    "MANAGE", "MANAGED", "ATTACH_MAX_NBYTES", "TOKEN_NBYTES",
     "CALL_STRUCT", "DONE_STRUCT", "SLOT_STRUCT", "NO_RESPONSE",
     "pack_json", "unpack_json", "pack_call", "unpack_call", "pack_done", "unpack_done",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+
+#: Largest HELLO or WELCOME packet on the attach socket.
+ATTACH_MAX_NBYTES = 1 << 20
+#: Random bytes in a session token (sent as hex; the DEALER's routing id is the hex's ASCII).
+TOKEN_NBYTES = 16
 
 HELLO = b"H"
 WELCOME = b"W"
@@ -58,7 +67,6 @@ GRANT = b"G"
 RELEASE = b"R"
 BYE = b"B"
 MANAGE = b"M"
-ATTACHED = b"K"
 MANAGED = b"m"
 STATUS = b"S"
 STATE = b"s"

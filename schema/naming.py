@@ -5,11 +5,19 @@ Clients find a worker by NAME alone:
 * runtime directory: ``$SHMRPC_RUNTIME_DIR`` if set, else ``$XDG_RUNTIME_DIR/shmrpc``
   if ``XDG_RUNTIME_DIR`` is set, else ``/tmp/shmrpc-<uid>``; mode 0700, owned by the
   worker's uid (the worker creates it and refuses one that others can enter);
-* socket: ``<runtime dir>/<NAME>.sock`` (ZeroMQ ``ipc://`` endpoint);
+* attach socket: ``<runtime dir>/<NAME>.attach`` (a plain Unix SOCK_SEQPACKET socket: the
+  handshake, where both sides read the other's credentials from the kernel and the worker
+  hands the client its regions as file descriptors);
+* socket: ``<runtime dir>/<NAME>.sock`` (ZeroMQ ``ipc://`` endpoint, the doorbells);
 * lock file: ``<runtime dir>/<NAME>.lock`` (flock held while the worker lives; JSON
   with its pid, start time, regions and socket, so a successor can clean up);
-* regions: ``/shmrpc.<NAME>.<index>.<16 random hex digits>`` in ``/dev/shm``, created
-  0600; the random part makes the name unguessable, and WELCOME tells it to clients.
+* regions: memfds with no name anywhere (handed over with ``SCM_RIGHTS``); names
+  ``/shmrpc.<NAME>.<index>.<16 random hex digits>`` in ``/dev/shm`` exist only for tools,
+  tests and regions left by older versions (doctor and a successor clean them up).
+
+A client of another uid (a worker started with ``--allow-uid``) names the worker's uid: its
+runtime directory is then ``$SHMRPC_RUNTIME_DIR`` if set, else ``/tmp/shmrpc-<worker uid>``
+(another user's ``XDG_RUNTIME_DIR`` is private to that user).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ __all__ = [
     "validate_name",
     "runtime_dir",
     "socket_path",
+    "attach_path",
     "lock_path",
     "endpoint",
     "new_region_name",
@@ -42,20 +51,30 @@ def validate_name(name: str) -> str:
     return name
 
 
-def runtime_dir() -> Path:
-    """The directory holding sockets and lock files (not created here)."""
+def runtime_dir(worker_uid: int | None = None) -> Path:
+    """The directory holding sockets and lock files (not created here).
+
+    ``worker_uid``: the uid the worker runs as, when it is not this process's.
+    """
     explicit = os.environ.get("SHMRPC_RUNTIME_DIR")
     if explicit:
         return Path(explicit)
+    if worker_uid is not None and worker_uid != os.getuid():
+        return Path(f"/tmp/shmrpc-{worker_uid}")
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
         return Path(xdg) / "shmrpc"
     return Path(f"/tmp/shmrpc-{os.getuid()}")
 
 
-def socket_path(name: str) -> Path:
+def socket_path(name: str, worker_uid: int | None = None) -> Path:
     """The ipc socket file of worker ``name``."""
-    return runtime_dir() / f"{validate_name(name)}.sock"
+    return runtime_dir(worker_uid) / f"{validate_name(name)}.sock"
+
+
+def attach_path(name: str, worker_uid: int | None = None) -> Path:
+    """The attach (handshake) socket of worker ``name``."""
+    return runtime_dir(worker_uid) / f"{validate_name(name)}.attach"
 
 
 def lock_path(name: str) -> Path:
@@ -63,9 +82,9 @@ def lock_path(name: str) -> Path:
     return runtime_dir() / f"{validate_name(name)}.lock"
 
 
-def endpoint(name: str) -> str:
+def endpoint(name: str, worker_uid: int | None = None) -> str:
     """The ZeroMQ endpoint of worker ``name``."""
-    return f"ipc://{socket_path(name)}"
+    return f"ipc://{socket_path(name, worker_uid)}"
 
 
 def region_prefix(name: str) -> str:

@@ -1,6 +1,8 @@
 """The worker: one ZeroMQ ROUTER loop over the region, the leases, the dispatcher and the backend.
 
-The loop thread owns the socket and all bookkeeping. Small requests run on the
+The loop thread owns the sockets and all bookkeeping. Handshakes arrive on the
+attach socket (:mod:`._attach`); every later message on the ROUTER, from a DEALER
+whose routing id is the session token the WELCOME gave it. Small requests run on the
 loop thread itself (a thread hop costs more than the op); larger ones run in an
 executor, which writes outputs and the response into the slot, queues the DONE
 and wakes the loop through a pipe. The loop also watches each client's pidfd,
@@ -36,9 +38,10 @@ from shmrpc.schema.descriptor import encode_response
 from shmrpc.schema.errors import WIRE_CODES, BusyError, InternalError, InvalidRequestError, RequestError, StaleSlotError
 from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag, Header, unpack_from
 from shmrpc.schema.messages import NO_RESPONSE
-from shmrpc.schema.naming import endpoint, socket_path
+from shmrpc.schema.naming import attach_path, endpoint, socket_path
 
 from . import checks, runtime
+from ._attach import AttachListener, set_dumpable
 from ._dispatch import Dispatcher, Prepared, check_header, error_response
 from ._lease import Leases, Slot
 from ._sessions import Sessions, _Client, _Pending
@@ -65,6 +68,7 @@ class Worker(Sessions):
         self._lock: runtime.WorkerLock | None = None
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
+        self._attach: AttachListener | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._done: collections.deque[tuple[bytes, Slot, Header, int, float, dict[str, float], Prepared | None]] = (
             collections.deque()
@@ -87,17 +91,19 @@ class Worker(Sessions):
         """Startup checks, lock, region, backend, socket. Raises StartupError with a remedy."""
         cfg = self.config
         nbytes = cfg.geometry.region_nbytes
-        checks.check_shm_space(nbytes)
+        if not cfg.dumpable:
+            # /proc/<worker>/fd and /proc/<worker>/mem (every client's region) shut to other non-root processes
+            set_dumpable(False)
+        checks.check_memory(nbytes)
         if cfg.mlock:
             checks.check_memlock(nbytes)
-        runtime.ensure_runtime_dir()
-        self._lock = runtime.WorkerLock.acquire(cfg.name)
+        runtime.ensure_runtime_dir(shared=bool(cfg.allow_uids))
+        self._lock = runtime.WorkerLock.acquire(cfg.name, shared=bool(cfg.allow_uids))
         try:
             for cleaned in self._lock.cleaned:
                 log.warning("removed %s left by a worker that died", cleaned)
             self._started = time.time()
             self.regions[0] = Region.create(cfg.name, cfg.geometry, index=0, mlock=cfg.mlock)
-            self._lock.set_regions([r.name for r in self.regions.values()])
             self.backend = kernels.select_backend(cfg.backend, resident_limit_bytes=cfg.resident_limit_bytes)
             if cfg.register_host:
                 self.backend.register_host(self.regions[0].address, self.regions[0].nbytes)
@@ -114,11 +120,15 @@ class Worker(Sessions):
             self._sock.setsockopt(zmq.LINGER, 0)
             self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             runtime.remove_socket(cfg.name)
+            # the attach socket first: whoever sees NAME.sock can say HELLO (connections wait in its backlog)
+            self._attach = AttachListener(attach_path(cfg.name), shared=bool(cfg.allow_uids))
             old = os.umask(0o077)
             try:
                 self._sock.bind(endpoint(cfg.name))
             finally:
                 os.umask(old)
+            if cfg.allow_uids:  # the kernel's credentials on the attach socket and the token decide, not the mode
+                os.chmod(socket_path(cfg.name), 0o666)
             if cfg.metrics_port is not None:
                 self.metrics.serve(cfg.metrics_port)
         except BaseException:
@@ -145,6 +155,9 @@ class Worker(Sessions):
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        if self._attach is not None:
+            self._attach.close()
+            self._attach = None
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
@@ -192,25 +205,30 @@ class Worker(Sessions):
 
     def serve_forever(self) -> None:
         """Serve until :meth:`stop`; then answer in-flight requests and return."""
-        assert self._sock is not None
-        sock = self._sock
+        assert self._sock is not None and self._attach is not None
+        sock, attach = self._sock, self._attach
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
-        registered: set[int] = set()
+        poller.register(attach.fileno(), zmq.POLLIN)
+        polled: set[int] = set()  # pidfds of clients and attach connections waiting for their HELLO
+        pidfds: set[int] = set()
+        waiting: set[int] = set()
         next_check = time.monotonic() + self.config.heartbeat_s
         spin_s = self.config.spin_us / 1e6
         while True:
             stopping = self._stopping.is_set()
             if stopping and self.leases.n_in_flight == 0 and not self._done:
                 break
-            if self._by_pidfd.keys() != registered:
-                for fd in self._by_pidfd.keys() - registered:
-                    poller.register(fd, zmq.POLLIN)
-                    registered.add(fd)
-                for fd in registered - self._by_pidfd.keys():
+            if self._by_pidfd.keys() != pidfds or attach.pending.keys() != waiting:
+                # NOTE: one set for both kinds: a closed fd's number may come back as the other kind
+                pidfds, waiting = set(self._by_pidfd), set(attach.pending)
+                wanted = pidfds | waiting
+                for fd in polled - wanted:
                     poller.unregister(fd)
-                    registered.discard(fd)
+                for fd in wanted - polled:
+                    poller.register(fd, zmq.POLLIN)
+                polled = wanted
             timeout_ms = 50 if stopping else self._poll_timeout_ms(next_check)
             if spin_s:
                 # --spin-us: poll without sleeping for a while before blocking, so a request arriving soon
@@ -232,8 +250,12 @@ class Worker(Sessions):
                     pass
             if self._done or self.dispatch.fatal:
                 self._drain_done()
-            if registered and (len(events) > 1 or sock not in events):  # a pidfd may be among them
-                for fd in registered & events.keys():
+            if len(events) > 1 or sock not in events:  # a pidfd or the attach socket may be among them
+                if attach.fileno() in events:
+                    attach.accept()
+                for fd in waiting & events.keys():
+                    self._on_attach(fd, stopping)
+                for fd in pidfds & events.keys():
                     client = self._by_pidfd.get(fd)
                     if client is not None:
                         self._end_client(client, "its process exited")
@@ -244,7 +266,33 @@ class Worker(Sessions):
                 self._gauge_memory()
             if self._pending:
                 self._expire_pending(now)
+            if attach.pending:
+                attach.expire(now)
         log.info("worker %s stopped", self.config.name)
+
+    def _on_attach(self, fd: int, stopping: bool) -> None:
+        """A pending attach connection is readable: answer its HELLO there and close it."""
+        assert self._attach is not None
+        got = self._attach.receive(fd)
+        if got is None:
+            return
+        conn, frame, peer = got
+        if frame is None:
+            conn.close()
+            return
+        if frame[:1] == m.STATUS and peer.uid in (os.geteuid(), 0):  # `shmrpc status`: the kernel says who asks
+            self._attach.reply(conn, m.pack_json(m.STATE, self.state()), [])
+            return
+        try:
+            reply, fds = self._on_hello(frame, peer, stopping)
+        except Exception as e:  # noqa: BLE001 - nothing a peer sends may stop the loop
+            log.exception("unexpected error handling a HELLO")
+            reply, fds = m.pack_json(m.ERROR, {"code": InternalError.code, "kind": "bad_message",
+                                               "message": f"the HELLO could not be handled ({type(e).__name__})",
+                                               "field": "hello"}), []
+        self._attach.reply(conn, reply, fds)
+        for i in self._region_owner:  # a private region goes to one client only: keep no fd of it
+            self.regions[i].close_fd()
 
     def _poll_timeout_ms(self, next_check: float) -> int:
         deadline = min([next_check] + [p.deadline for p in self._pending]) if self._pending else next_check
@@ -279,7 +327,8 @@ class Worker(Sessions):
         if kind == m.CALL:
             self._on_call(identity, frame, stopping)
         elif kind == m.HELLO:
-            self._on_hello(identity, frame, stopping)
+            self._refuse(identity, "bad_message", f"say HELLO on the attach socket {attach_path(self.config.name)}, "
+                         "not on the ZeroMQ socket", "kind")
         elif kind == m.ACQUIRE:
             self._on_acquire(identity, frame)
         elif kind == m.RELEASE:
@@ -288,12 +337,15 @@ class Worker(Sessions):
             c = self._clients.get(identity)
             if c is not None:
                 self._end_client(c, "it said BYE")
-        elif kind == m.ATTACHED:
-            self._on_attached(identity)
         elif kind == m.MANAGE:
             self._on_manage(identity, frame)
         elif kind == m.STATUS:
-            self._send(identity, m.pack_json(m.STATE, self.state()))
+            c = self._clients.get(identity)
+            if self.config.allow_uids and (c is None or c.uid != os.geteuid()):  # others can reach this socket
+                self._refuse(identity, "refused", "with --allow-uid, STATUS is answered only to a session of the "
+                             "worker's own uid", "status")
+            else:
+                self._send(identity, m.pack_json(m.STATE, self.state()))
         else:
             self._send(identity, m.pack_json(m.ERROR, {"code": InvalidRequestError.code, "kind": "bad_message",
                                                        "message": f"unknown message kind {kind!r}", "field": "kind"}))

@@ -7,8 +7,7 @@ keeps the lease bookkeeping (:mod:`._lease`) and the regions in step:
 ====================  =====================================================================
 message               handled by
 ====================  =====================================================================
-HELLO                 :meth:`Sessions._on_hello`: checks, pidfd, private region, WELCOME
-ATTACHED              :meth:`Sessions._on_attached`: unlink the client's private region name
+HELLO (attach socket) :meth:`Sessions._on_hello`: identity from the kernel, pidfd, private memfd, WELCOME
 ACQUIRE / RELEASE     :meth:`Sessions._on_acquire`, :meth:`Sessions._on_release` (wait queue)
 MANAGE                :meth:`Sessions._on_manage`: list / drop resident tensors
 BYE, pidfd readable   :meth:`Sessions._end_client`: end the lease, drop residents, free regions
@@ -20,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,6 +33,7 @@ from shmrpc.schema.naming import socket_path
 from shmrpc.schema.optable import build_op_table, parse_op_table
 
 from . import checks, runtime
+from ._attach import PeerCred, check_identity
 from ._dispatch import resident_name
 from ._lease import Slot
 from .region import Region
@@ -50,7 +51,7 @@ log = logging.getLogger("shmrpc.server")
 @dataclass(eq=False)
 class _Client:
     id: int
-    identity: bytes
+    identity: bytes  # the session token: the DEALER's routing id, issued in WELCOME
     pid: int
     uid: int
     pidfd: int | None
@@ -90,66 +91,80 @@ class Sessions:
         raise NotImplementedError
 
     def _refuse(self, identity: bytes, kind: str, message: str, field: str = "") -> None:
-        self._send(identity, m.pack_json(m.ERROR, {"code": InvalidRequestError.code, "kind": kind,
-                                                   "message": message, "field": field}))
+        self._send(identity, _refusal(kind, message, field))
 
-    def _on_hello(self, identity: bytes, frame: bytes, stopping: bool) -> None:
+    def _on_hello(self, frame: bytes, peer: PeerCred, stopping: bool) -> tuple[bytes, list[int]]:
+        """Answer a HELLO from the attach socket: (WELCOME and the fds of its regions) or (ERROR, [])."""
         if stopping:
-            return self._refuse(identity, "stopping", "the worker is shutting down; connect to its successor")
+            return _refusal("stopping", "the worker is shutting down; connect to its successor"), []
         try:
             hello = m.unpack_json(frame)
-            proto, shash, pid = hello["protocol"], hello["schema_hash"], int(hello["pid"])
+            proto, shash = hello["protocol"], hello["schema_hash"]
         except (ValueError, KeyError, TypeError, OverflowError) as e:
-            return self._refuse(identity, "bad_message", f"HELLO is malformed ({e})", "hello")
+            return _refusal("bad_message", f"HELLO is malformed ({e})", "hello"), []
+        if frame[:1] != m.HELLO or not isinstance(hello, dict):
+            return _refusal("bad_message", "the attach socket takes one HELLO", "kind"), []
         if proto != m.PROTOCOL_VERSION or shash != SCHEMA_HASH:
-            return self._refuse(
-                identity, "protocol_mismatch",
+            return _refusal(
+                "protocol_mismatch",
                 f"client speaks protocol {proto} schema {shash}, worker speaks protocol {m.PROTOCOL_VERSION} "
                 f"schema {SCHEMA_HASH}: install the same shmrpc version on both sides",
                 "protocol" if proto != m.PROTOCOL_VERSION else "schema_hash",
-            )
-        uid = _proc_uid(pid)
-        if uid is None:
-            return self._refuse(identity, "refused", f"no process {pid} on this host", "pid")
-        if uid != os.geteuid() and uid not in self.config.allow_uids:
-            return self._refuse(identity, "refused", f"uid {uid} may not use this worker (see --allow-uid)", "uid")
-        ticks = runtime.process_start_ticks(pid)
-        if hello.get("start_ticks") not in (None, ticks):
-            return self._refuse(identity, "refused", f"process {pid} is not the one that said HELLO", "start_ticks")
-        old = self._clients.get(identity)
-        if old is not None:
-            self._end_client(old, "it said HELLO again")
+            ), []
+        problem = check_identity(hello, peer, self.config.allow_uids)
+        if problem is not None:
+            log.warning("refused a HELLO from pid %d uid %d: %s", peer.pid, peer.uid, problem[0])
+            return _refusal("refused", *problem), []
+        client = self._admit(peer)
         try:
-            pidfd: int | None = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            pidfd = None
-        client = _Client(self._next_client, identity, pid, uid, pidfd, ticks, time.time())
-        self._next_client += 1
-        self._clients[identity] = client
-        if pidfd is not None:
-            self._by_pidfd[pidfd] = client
-        private = self.config.private_geometry() if self.config.isolation == "client" else None
-        if private is not None:
-            try:
-                region = self._new_private_region(client.id, private)
-            except Exception as e:  # noqa: BLE001 - /dev/shm full, memlock, GPU registration: refuse, keep serving
-                self._clients.pop(identity, None)
-                if pidfd is not None:
-                    self._by_pidfd.pop(pidfd, None)
-                    os.close(pidfd)
-                return self._refuse(identity, "refused", f"cannot create this client's region: {e}", "region")
-            self.leases.open(client.id, from_pool=False)
-            slots = self.leases.add_private(client.id, region.index, private)
-            regions = [self.regions[0], region]
-        else:
-            slots = self.leases.open(client.id)
-            regions = [self.regions[0]]
+            regions, slots = self._lease_regions(client)
+        except Exception as e:  # noqa: BLE001 - no memory, memlock, GPU registration: refuse, keep serving
+            self._forget(client)
+            return _refusal("refused", f"cannot create this client's region: {e}", "region"), []
         self.metrics.clients.set(len(self._clients))
         self.metrics.slots_leased.set(self.leases.n_leased)
-        self._send(identity, m.pack_json(m.WELCOME, {
+        log.info("client %d (pid %d uid %d) connected with %d slots", client.id, peer.pid, peer.uid, len(slots))
+        return self._welcome(client, regions, slots), [r.fd for r in regions if r.fd is not None]
+
+    def _admit(self, peer: PeerCred) -> _Client:
+        """A new session for the process the kernel vouched for, watched through a pidfd, under a fresh token."""
+        try:
+            pidfd: int | None = os.pidfd_open(peer.pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        token = secrets.token_hex(m.TOKEN_NBYTES).encode()
+        client = _Client(self._next_client, token, peer.pid, peer.uid, pidfd,
+                         runtime.process_start_ticks(peer.pid), time.time())
+        self._next_client += 1
+        self._clients[token] = client
+        if pidfd is not None:
+            self._by_pidfd[pidfd] = client
+        return client
+
+    def _forget(self, client: _Client) -> None:
+        """Undo :meth:`_admit` for a session that never started."""
+        self._clients.pop(client.identity, None)
+        if client.pidfd is not None:
+            self._by_pidfd.pop(client.pidfd, None)
+            os.close(client.pidfd)
+            client.pidfd = None
+
+    def _lease_regions(self, client: _Client) -> tuple[list[Region], list[Slot]]:
+        """The regions ``client`` maps (the pool, and its own with ``--isolation client``) and its leased slots."""
+        private = self.config.private_geometry() if self.config.isolation == "client" else None
+        if private is None:
+            return [self.regions[0]], self.leases.open(client.id)
+        region = self._new_private_region(client.id, private)
+        self.leases.open(client.id, from_pool=False)
+        return [self.regions[0], region], self.leases.add_private(client.id, region.index, private)
+
+    def _welcome(self, client: _Client, regions: list[Region], slots: list[Slot]) -> bytes:
+        """The WELCOME; the regions' fds travel beside it, in the order of its ``regions`` list."""
+        return m.pack_json(m.WELCOME, {
             "protocol": m.PROTOCOL_VERSION,
             "schema_hash": SCHEMA_HASH,
             "client_id": client.id,
+            "token": client.identity.decode(),
             "worker_pid": os.getpid(),
             "worker_start_ticks": runtime.process_start_ticks(os.getpid()),
             "backend": self.backend.name,
@@ -158,13 +173,11 @@ class Sessions:
             "geometry": self.config.geometry.to_json(),
             "lease": [[s.region, s.index, s.generation] for s in slots],
             "op_table": build_op_table(parse_op_table(kernels.op_table()).values()),
-        }))
-        log.info("client %d (pid %d) connected with %d slots", client.id, pid, len(slots))
-        return None
+        })
 
     def _new_private_region(self, client: int, geometry: Geometry) -> Region:
-        """Create, pin and record the region holding ``client``'s leased slots."""
-        checks.check_shm_space(geometry.region_nbytes)
+        """Create, pin and record the region holding ``client``'s leased slots (a memfd: it has no name)."""
+        checks.check_memory(geometry.region_nbytes)
         index = next(i for i in range(1, 1 << 16) if i not in self.regions)
         region = Region.create(self.config.name, geometry, index=index, mlock=self.config.mlock)
         try:
@@ -175,21 +188,7 @@ class Sessions:
             raise
         self.regions[index] = region
         self._region_owner[index] = client
-        assert self._lock is not None
-        self._lock.set_regions([r.name for r in self.regions.values()])
         return region
-
-    def _on_attached(self, identity: bytes) -> None:
-        """The client mapped its regions: unlink the names of its private ones, so nobody else can open them."""
-        c = self._clients.get(identity)
-        if c is None:
-            return
-        mine = [i for i, owner in self._region_owner.items() if owner == c.id]
-        for i in mine:
-            self.regions[i].unlink()
-        if mine:
-            assert self._lock is not None
-            self._lock.set_regions([r.name for i, r in self.regions.items() if i not in self._region_owner])
 
     def _close_idle_regions(self) -> None:
         for i in [i for i in self._region_owner if self.leases.region_idle(i)]:
@@ -338,18 +337,10 @@ class Sessions:
         }
 
 
+def _refusal(kind: str, message: str, field: str = "") -> bytes:
+    return m.pack_json(m.ERROR, {"code": InvalidRequestError.code, "kind": kind, "message": message, "field": field})
+
+
 def _error_msg(e: RequestError) -> bytes:
     return m.pack_json(m.ERROR, {"code": e.code, "kind": type(e).__name__, "message": e.message, "field": e.field})
-
-
-def _proc_uid(pid: int) -> int | None:
-    """Real uid of ``pid`` from /proc, or None when there is no such process."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Uid:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
 

@@ -25,6 +25,9 @@ __all__ = [
     "SHM_MARGIN_NBYTES",
     "CAP_IPC_LOCK",
     "check_shm_space",
+    "check_memory",
+    "memory_available_bytes",
+    "memory_error",
     "check_memlock",
     "shm_free_bytes",
     "memlock_limit",
@@ -110,6 +113,50 @@ def check_shm_space(nbytes: int, shm_dir: str = "/dev/shm", *, free_bytes: int |
     free = shm_free_bytes(shm_dir) if free_bytes is None else free_bytes
     if free < nbytes + SHM_MARGIN_NBYTES:
         raise shm_space_error(free, nbytes, shm_dir)
+
+
+def memory_available_bytes(meminfo_path: str = "/proc/meminfo") -> int:
+    """``MemAvailable`` in bytes (-1 when it cannot be read): what memfd regions draw on.
+
+    A memfd's pages are shared memory but are not charged to /dev/shm's size; the
+    host's (or the container's cgroup's) memory is their limit.
+    """
+    try:
+        with open(meminfo_path) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return -1
+
+
+def memory_error(available_nbytes: int, nbytes: int) -> StartupError:
+    """The :class:`StartupError` for a region of ``nbytes`` not fitting in the available memory."""
+    return StartupError(
+        f"the host has {format_bytes(max(available_nbytes, 0))} of memory available but the region needs "
+        f"{format_bytes(nbytes)}: free memory, give the container more, or pass a smaller --slots",
+        needed_nbytes=nbytes,
+        available_nbytes=available_nbytes,
+    )
+
+
+def check_memory(nbytes: int, *, available_bytes: int | None = None) -> None:
+    """Check that ``nbytes`` more of shared memory fit in the available memory (plus :data:`SHM_MARGIN_NBYTES`).
+
+    Args:
+        nbytes: bytes of the region(s) about to be created.
+        available_bytes: available bytes to assume instead of reading ``/proc/meminfo`` (tests).
+
+    Raises:
+        StartupError: not enough memory; the message names the remedies.
+
+    Example:
+        >>> check_memory(1 << 20, available_bytes=1 << 30)
+    """
+    avail = memory_available_bytes() if available_bytes is None else available_bytes
+    if 0 <= avail < nbytes + SHM_MARGIN_NBYTES:
+        raise memory_error(avail, nbytes)
 
 
 def memlock_limit() -> int:

@@ -49,7 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--spin-us", type=int, default=0,
                    help="poll this many µs without sleeping before blocking (lower latency, a busy core; 0: off)")
     s.add_argument("--resident-limit", default="8G", help="cap on resident tensors")
-    s.add_argument("--allow-uid", type=int, action="append", default=[], help="another uid that may connect")
+    s.add_argument("--allow-uid", type=int, action="append", default=[],
+                   help="another uid that may connect (its clients pass worker_uid=<this worker's uid>)")
+    s.add_argument("--dumpable", action="store_true",
+                   help="stay dumpable (for a debugger or profiler); by default the worker makes itself "
+                        "non-dumpable so other processes of its uid cannot reach the regions through /proc")
     s.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
     st = sub.add_parser("status", help="show a worker's regions, leases, in-flight requests and counters")
@@ -81,6 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
             mlock=not args.no_mlock, threads=args.threads, inline_max_nbytes=parse_size(args.inline_max),
             spin_us=args.spin_us,
             resident_limit_bytes=parse_size(args.resident_limit), allow_uids=tuple(args.allow_uid), register_host=not args.no_register,
+            dumpable=args.dumpable,
             isolation=args.isolation, client_max_slots=args.client_max_slots,
             client_max_bytes=parse_size(args.client_max_bytes),
         )
@@ -110,27 +115,32 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    import zmq
+    import socket
 
     from shmrpc.schema import messages as m
-    from shmrpc.schema.naming import endpoint, socket_path
+    from shmrpc.schema.naming import attach_path
 
-    if not socket_path(args.name).exists():
-        print(f"shmrpc status: no worker named {args.name!r} ({socket_path(args.name)} does not exist)", file=sys.stderr)
+    path = attach_path(args.name)
+    if not path.exists():
+        print(f"shmrpc status: no worker named {args.name!r} ({path} does not exist)", file=sys.stderr)
         return 1
-    ctx = zmq.Context()
-    try:
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(endpoint(args.name))
-        sock.send(m.STATUS)
-        if not sock.poll(int(args.timeout_s * 1000)):
+    # On the attach socket, where the worker answers STATUS to its own uid (and root) only, by SO_PEERCRED.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.settimeout(args.timeout_s)
+        try:
+            sock.connect(str(path))
+            sock.send(m.STATUS)
+            frame = sock.recv(m.ATTACH_MAX_NBYTES)
+        except TimeoutError:
             print(f"shmrpc status: worker {args.name!r} did not answer in {args.timeout_s} s", file=sys.stderr)
             return 1
-        state = m.unpack_json(sock.recv())
-        sock.close()
-    finally:
-        ctx.term()
+        except OSError as e:
+            print(f"shmrpc status: cannot reach worker {args.name!r} at {path}: {e}", file=sys.stderr)
+            return 1
+    if frame[:1] != m.STATE:
+        print(f"shmrpc status: worker {args.name!r} refused: {frame[1:200]!r}", file=sys.stderr)
+        return 1
+    state = m.unpack_json(frame)
     if args.json:
         print(json.dumps(state, indent=2))
         return 0

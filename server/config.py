@@ -40,11 +40,14 @@ class WorkerConfig:
             (cheaper than a thread hop); larger ones run in the executor.
         threads: executor threads for larger requests.
         resident_limit_bytes: cap on resident tensors held by the backend.
-        allow_uids: uids besides the worker's own that may connect.
+        allow_uids: uids besides the worker's own that may connect (the runtime directory becomes 0711 and
+            the sockets 0666; the kernel's credentials on the attach socket decide who is admitted).
+        dumpable: leave the worker dumpable (core dumps, debuggers and profilers of the same uid can attach);
+            by default it makes itself non-dumpable, which shuts /proc/<pid>/fd and /proc/<pid>/mem, and so
+            every client's region, to other non-root processes.
         heartbeat_s: how often the loop checks on clients it has no pidfd for.
         isolation: ``"client"`` (default): each client's leased slots live in a region of its own,
-            whose name is unlinked as soon as the client has mapped it, so no other process can open
-            it; ``"shared"``: leased slots come from the worker's pool region like borrowed ones.
+            a memfd with no name, handed to that client alone; ``"shared"``: leased slots come from the worker's pool region like borrowed ones.
         client_max_slots: most slots one client may borrow beyond its lease at once (0: no limit).
         client_max_bytes: most bytes of borrowed slots one client may hold at once (0: no limit).
         register_host: pin the region for the GPU (cudaHostRegister) on the CuPy backend; off only
@@ -64,6 +67,7 @@ class WorkerConfig:
     threads: int = 4
     resident_limit_bytes: int = 8 << 30
     allow_uids: tuple[int, ...] = ()
+    dumpable: bool = False
     heartbeat_s: float = 0.5
     register_host: bool = True
     isolation: str = "client"

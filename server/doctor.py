@@ -6,7 +6,8 @@ What it looks at, and when an item is stale:
 item                owner                                                  stale when
 ==================  =====================================================  ===========================
 ``<NAME>.lock``     the flock holder; the pid in the JSON                  nobody holds the flock
-``<NAME>.sock``     the holder of ``<NAME>.lock``                          nobody holds that lock
+``<NAME>.sock``,    the holder of ``<NAME>.lock``                          nobody holds that lock
+``<NAME>.attach``
 ``/shmrpc.<NAME>.*``  superblock ``worker_pid``/``worker_start_ticks``,     owner dead (or superblock
                     or the holder of ``<NAME>.lock``                       unreadable) and no live lock
 ==================  =====================================================  ===========================
@@ -95,8 +96,8 @@ def scan(shm_dir: str = SHM_DIR) -> list[Finding]:
             alive = is_held or (pid is not None and pid_alive(pid, ticks))
             detail = "lock held" if is_held else "lock free: the worker exited without cleaning up"
             findings.append(Finding("lock", str(lock), worker, pid, alive, not is_held, detail))
-        for sock in sorted(rdir.glob("*.sock")):
-            worker = sock.name[: -len(".sock")]
+        for sock in sorted([*rdir.glob("*.sock"), *rdir.glob("*.attach")]):
+            worker = sock.name.rsplit(".", 1)[0]
             is_held = held.get(worker, False)
             detail = "its worker holds the lock" if is_held else "no worker holds its lock"
             findings.append(Finding("socket", str(sock), worker, None, is_held, not is_held, detail))
@@ -161,7 +162,7 @@ def doctor(clean: bool = False, region_nbytes: int | None = None, out: Callable[
 
     rdir = runtime_dir()
     try:
-        unsafe = check_runtime_dir(rdir)
+        unsafe = check_runtime_dir(rdir, shared=True)  # 0711 is --allow-uid's
     except FileNotFoundError:
         out(f"runtime dir {rdir}: absent (created by the first worker)")
     else:

@@ -1,21 +1,27 @@
 """The worker's shared-memory regions: the only code that creates or unlinks one.
 
-:meth:`Region.create` does, in order (any failure unlinks the new object, so
-nothing leaks)::
+A region is a memfd by default: shared memory with no name anywhere, which reaches a
+client only as a file descriptor the worker hands over (``SCM_RIGHTS``).
+:meth:`Region.create` does, in order (any failure closes or unlinks the new object,
+so nothing leaks)::
 
-    shm_open(O_CREAT|O_EXCL, 0600)     name /shmrpc.<worker>.<index>.<16 hex>, unguessable
+    memfd_create(CLOEXEC|ALLOW_SEALING)  no name in /dev/shm; fchmod 0600
+    (or shm_open(O_CREAT|O_EXCL, 0600)   memfd=False: name /shmrpc.<worker>.<index>.<16 hex>,
+                                         for tools and tests)
     fstat: mode 0600, owner euid       umask can only narrow the mode; repair, then verify
-    posix_fallocate(fd, 0, nbytes)     tmpfs reserves every page now: a full /dev/shm is a
-                                       clean ENOSPC here, never a SIGBUS in a request later
-    mmap(MAP_SHARED, RW); close(fd)
+    posix_fallocate(fd, 0, nbytes)     every page reserved now: no room is a clean error
+                                       here, never a SIGBUS in a request later
+    seals SHRINK|GROW|SEAL (memfd)     nobody holding the fd can shrink it under a mapping
+                                       (a SIGBUS in the worker) or grow it
+    mmap(MAP_SHARED, RW)               a memfd's fd is kept to hand over; a name's is closed
     mlock(base, nbytes)                keeps pages out of swap, and maps every page in
     or madvise(MADV_POPULATE_WRITE)    with mlock=False: map every page in (fallback: touch
                                        one byte a page); prefault=False skips it
     superblock at offset 0             magic, version, schema hash, geometry, pid, epoch
 
-:meth:`Region.close` munlocks, releases the views it handed out, unmaps and
-unlinks; it is idempotent. A ``cudaHostRegister`` of :attr:`Region.address` must be
-undone by its owner *before* ``close``.
+:meth:`Region.close` munlocks, releases the views it handed out, unmaps and closes
+the fd or unlinks the name; it is idempotent. A ``cudaHostRegister`` of
+:attr:`Region.address` must be undone by its owner *before* ``close``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import mmap
 import os
 import stat
@@ -36,10 +43,19 @@ import posix_ipc
 
 from shmrpc.schema.layout import PAGE, SUPERBLOCK_NBYTES, Geometry, Superblock
 
-from .checks import StartupError, memlock_error, memlock_limit, shm_free_bytes, shm_space_error
+from .checks import (
+    StartupError,
+    memlock_error,
+    memlock_limit,
+    memory_available_bytes,
+    memory_error,
+    shm_free_bytes,
+    shm_space_error,
+)
 from .runtime import SHM_DIR, process_start_ticks
 
-__all__ = ["Region", "AttachedRegion", "attach_readonly", "read_superblock", "unlink_region", "MADV_POPULATE_WRITE"]
+__all__ = ["Region", "AttachedRegion", "attach_readonly", "read_superblock", "unlink_region", "MADV_POPULATE_WRITE",
+           "REGION_SEALS"]
 
 #: Linux >= 5.14; Python's mmap module does not always expose it.
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
@@ -89,16 +105,22 @@ def _munlock(address: int, nbytes: int) -> None:
     _libc.munlock(address, nbytes)
 
 
-def _allocate(fd: int, nbytes: int) -> None:
+def _allocate(fd: int, nbytes: int, *, named: bool = True) -> None:
     """Size the shm object and reserve its pages; ENOSPC becomes a StartupError with the remedy."""
     try:
         os.posix_fallocate(fd, 0, nbytes)
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.ENOMEM) and not named:
+            raise memory_error(memory_available_bytes(), nbytes) from exc
         if exc.errno == errno.ENOSPC:
             raise shm_space_error(shm_free_bytes(SHM_DIR), nbytes, SHM_DIR) from exc
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             raise
         os.ftruncate(fd, nbytes)  # no fallocate on this filesystem: size only
+
+
+#: Seals of a memfd region: its size is fixed for good (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL).
+REGION_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
 def unlink_region(name: str) -> bool:
@@ -119,7 +141,9 @@ class Region:
     Create with :meth:`create`; close with :meth:`close` or a ``with`` block.
 
     Attributes:
-        name: POSIX name with the leading ``/`` (told to clients at WELCOME).
+        name: ``memfd:shmrpc.<worker>.<index>`` (shown in ``/proc/<pid>/maps`` only; nothing to open),
+            or the POSIX name with the leading ``/`` for a named region.
+        fd: the memfd, kept open to hand over to clients (``None`` for a named region).
         index: the region's number within its worker.
         geometry: the slot layout.
         buf: the whole region, writable.
@@ -135,6 +159,7 @@ class Region:
     """
 
     name: str
+    fd: int | None
     index: int
     geometry: Geometry
     buf: memoryview
@@ -144,9 +169,10 @@ class Region:
     superblock: Superblock
 
     def __init__(self, *, name: str, index: int, geometry: Geometry, mm: mmap.mmap, address: int,
-                 mlocked: bool, superblock: Superblock) -> None:
+                 mlocked: bool, superblock: Superblock, fd: int | None = None) -> None:
         """Use :meth:`create`; this only gathers what ``create`` built."""
         self.name = name
+        self.fd = fd
         self.index = index
         self.geometry = geometry
         self._mm: mmap.mmap | None = mm
@@ -161,7 +187,7 @@ class Region:
 
     @classmethod
     def create(cls, worker_name: str, geometry: Geometry, *, index: int = 0, mlock: bool = True,
-               prefault: bool = True, epoch: int | None = None) -> Region:
+               prefault: bool = True, epoch: int | None = None, memfd: bool = True) -> Region:
         """Create, reserve, map, pre-fault, lock and stamp a new region.
 
         Args:
@@ -171,29 +197,39 @@ class Region:
             mlock: lock the pages in memory (``False`` for ``--no-mlock``).
             prefault: with ``mlock=False``, map every page in now (``mlock`` does it anyway).
             epoch: the worker's start time in ns for the superblock (default: now).
+            memfd: a memfd with no name (default); ``False``: a named ``/dev/shm`` object (tools, tests).
 
         Returns:
             The open region.
 
         Raises:
-            StartupError: no room in /dev/shm, ``mlock`` refused, or the object's mode is unsafe
+            StartupError: no room (memory, or /dev/shm for a named one), ``mlock`` refused, or the object's mode is unsafe
                 (the message names the remedy); the object is unlinked.
             ValueError: ``worker_name`` is invalid.
         """
-        from shmrpc.schema.naming import new_region_name
+        from shmrpc.schema.naming import new_region_name, validate_name
 
-        name = new_region_name(worker_name, index)
         nbytes = geometry.region_nbytes
-        shm = posix_ipc.SharedMemory(name, flags=posix_ipc.O_CREX, mode=0o600, size=0)
+        shm: posix_ipc.SharedMemory | None = None
+        if memfd:
+            name = f"memfd:shmrpc.{validate_name(worker_name)}.{index}"
+            fd = os.memfd_create(name[len("memfd:"):], os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            os.fchmod(fd, 0o600)
+        else:
+            name = new_region_name(worker_name, index)
+            shm = posix_ipc.SharedMemory(name, flags=posix_ipc.O_CREX, mode=0o600, size=0)
+            fd = shm.fd
         mm: mmap.mmap | None = None
         address = 0
         locked = False
         try:
-            fd = shm.fd
             _check_mode(fd, name)
-            _allocate(fd, nbytes)
+            _allocate(fd, nbytes, named=not memfd)
+            if memfd:
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, REGION_SEALS)
             mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            shm.close_fd()
+            if shm is not None:
+                shm.close_fd()
             address = _address_of(mm)
             if mlock:
                 # mlock maps every page in as well (writable: tmpfs needs no write notification),
@@ -221,15 +257,18 @@ class Region:
             finally:
                 view.release()
             return cls(name=name, index=index, geometry=geometry, mm=mm, address=address, mlocked=locked,
-                       superblock=sb)
+                       superblock=sb, fd=fd if memfd else None)
         except BaseException:
             if locked:
                 _munlock(address, nbytes)
             if mm is not None:
                 mm.close()
-            if shm.fd != -1:
-                shm.close_fd()
-            unlink_region(name)
+            if shm is None:
+                os.close(fd)
+            else:
+                if shm.fd != -1:
+                    shm.close_fd()
+                unlink_region(name)
             raise
 
     @property
@@ -268,9 +307,16 @@ class Region:
         self._check_slot(slot)
         ctypes.memset(self.address + self.geometry.slot_offset(slot), 0, self.geometry.slot_nbytes(slot))
 
-    def unlink(self) -> None:
-        """Remove the region's name now (the mapping stays): nobody can open it any more. Idempotent."""
-        unlink_region(self.name)
+    def close_fd(self) -> None:
+        """Close the memfd kept for handing over (once the only client that gets it has it); the mapping stays."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+    @property
+    def named(self) -> bool:
+        """Whether the region has a name in /dev/shm (``memfd=False``)."""
+        return self.name.startswith("/")
 
     def close(self) -> None:
         """Munlock, release views, unmap and unlink the region; idempotent.
@@ -300,7 +346,11 @@ class Region:
             except BufferError:
                 pass
         finally:
-            unlink_region(self.name)
+            fd, self.fd = self.fd, None
+            if fd is not None:
+                os.close(fd)
+            if self.named:
+                unlink_region(self.name)
 
     def __enter__(self) -> Region:
         return self

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shmrpc.schema.naming import lock_path, region_prefix, runtime_dir, socket_path, validate_name
+from shmrpc.schema.naming import attach_path, lock_path, region_prefix, runtime_dir, socket_path, validate_name
 
 from .checks import StartupError
 
@@ -79,8 +79,9 @@ class WorkerAlreadyRunning(StartupError):
         self.pid = pid
 
 
-def check_runtime_dir(path: Path) -> str | None:
-    """Why ``path`` is not a safe runtime directory (``None`` when it is: a real directory, ours, mode 0700).
+def check_runtime_dir(path: Path, *, shared: bool = False) -> str | None:
+    """Why ``path`` is not a safe runtime directory (``None`` when it is: a real directory, ours, mode 0700;
+    0711 when ``shared``: other uids may pass through to the sockets but not list or change it).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -95,7 +96,7 @@ def check_runtime_dir(path: Path) -> str | None:
             f"runtime directory {path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()}): "
             "remove it, or set SHMRPC_RUNTIME_DIR to a private directory"
         )
-    if st.st_mode & 0o077:
+    if st.st_mode & (0o066 if shared else 0o077):
         return (
             f"runtime directory {path} has mode {stat.S_IMODE(st.st_mode):04o}, so other users can reach "
             f"the worker: run chmod 700 {path}, or set SHMRPC_RUNTIME_DIR to a private directory"
@@ -103,8 +104,8 @@ def check_runtime_dir(path: Path) -> str | None:
     return None
 
 
-def ensure_runtime_dir() -> Path:
-    """Create the runtime directory (mode 0700) or check the existing one.
+def ensure_runtime_dir(*, shared: bool = False) -> Path:
+    """Create the runtime directory (mode 0700; 0711 when ``shared``, for ``--allow-uid``) or check the existing one.
 
     Returns:
         The directory, :func:`shmrpc.schema.naming.runtime_dir`.
@@ -117,15 +118,18 @@ def ensure_runtime_dir() -> Path:
     """
     path = runtime_dir()
     path.parent.mkdir(parents=True, exist_ok=True)
+    mode = 0o711 if shared else 0o700
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     else:
-        os.chmod(path, 0o700)  # mkdir's mode passes through the umask; make it exact
-    problem = check_runtime_dir(path)
+        os.chmod(path, mode)  # mkdir's mode passes through the umask; make it exact
+    problem = check_runtime_dir(path, shared=shared)
     if problem:
         raise StartupError(problem)
+    if shared and stat.S_IMODE(os.lstat(path).st_mode) != mode:
+        os.chmod(path, mode)  # ours and private: open it to passing through, never to listing
     return path
 
 
@@ -202,12 +206,15 @@ def list_segments(prefix: str = "shmrpc.", shm_dir: str = SHM_DIR) -> list[str]:
 
 
 def remove_socket(name: str) -> bool:
-    """Unlink the socket file of worker ``name``; returns whether there was one."""
-    try:
-        os.unlink(socket_path(name))
-    except FileNotFoundError:
-        return False
-    return True
+    """Unlink the socket files (ZeroMQ and attach) of worker ``name``; returns whether there was one."""
+    removed = False
+    for path in (socket_path(name), attach_path(name)):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        removed = True
+    return removed
 
 
 def read_lock_file(path: Path) -> dict[str, Any] | None:
@@ -289,11 +296,12 @@ class WorkerLock:
         self._fd: int | None = fd
 
     @classmethod
-    def acquire(cls, name: str) -> WorkerLock:
+    def acquire(cls, name: str, *, shared: bool = False) -> WorkerLock:
         """Take the lock of worker ``name``, cleaning up after a dead predecessor.
 
         Args:
             name: the worker name (validated).
+            shared: the runtime directory may be 0711 (``--allow-uid``).
 
         Returns:
             The held lock, its JSON written with this process's pid and no regions.
@@ -303,7 +311,7 @@ class WorkerLock:
             StartupError: the runtime directory is unsafe.
         """
         validate_name(name)
-        ensure_runtime_dir()
+        ensure_runtime_dir(shared=shared)
         path = lock_path(name)
         busy_tries = 0
         while True:

@@ -6,7 +6,7 @@
 * ``worker_name`` gives every test its own name, ``t<run>-<10 hex>``, where ``<run>``
   is drawn once per test run; its regions are ``/dev/shm/shmrpc.t<run>-...``.
 * After every test, regions of *this run* (``shmrpc.t<run>-*``) that appeared during
-  it, and any ``*.sock`` left in this run's runtime directory, fail the test (after up
+  it, and any ``*.sock`` or ``*.attach`` socket left in this run's runtime directory, fail the test (after up
   to 2 s for subprocesses to finish tearing down) and are removed so that one leak
   does not cascade. Another suite running on the same machine has another ``<run>``
   and another runtime directory, so the two never touch each other's regions.
@@ -43,7 +43,7 @@ def _test_regions() -> set[str]:
 
 def _sockets(rdir: Path) -> set[str]:
     try:
-        return {p.name for p in rdir.glob("*.sock")}
+        return {p.name for p in (*rdir.glob("*.sock"), *rdir.glob("*.attach"))}
     except OSError:
         return set()
 

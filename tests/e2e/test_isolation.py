@@ -1,4 +1,4 @@
-"""Isolation: a client's slots live in a region nobody else can open; other uids cannot connect."""
+"""Isolation: a client's slots live in a region with no name; other uids cannot reach the worker."""
 
 from __future__ import annotations
 
@@ -11,15 +11,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
-import posix_ipc
 import pytest
-import zmq
-from wire import raw_call
+from wire import attach_hello, hello_body, raw_call
 
 from shmrpc.client import Client, StaleSlotError
-from shmrpc.schema import SCHEMA_HASH
 from shmrpc.schema import messages as m
-from shmrpc.schema.naming import endpoint, region_prefix, runtime_dir, socket_path
+from shmrpc.schema.naming import attach_path, region_prefix, runtime_dir, socket_path
 
 if TYPE_CHECKING:
     from conftest import WorkerProc
@@ -34,16 +31,15 @@ def _status(name: str) -> dict:
     return json.loads(out.stdout)
 
 
-def test_private_region_cannot_be_opened_by_another_process(worker: WorkerProc) -> None:
+def test_private_region_has_no_name_and_is_no_one_elses(worker: WorkerProc) -> None:
     with Client(worker.name, timeout_s=10) as a, Client(worker.name, timeout_s=10) as b:
-        a.call("echo", x=np.ones(4))  # a's ATTACHED has been handled before its first answer
+        a.call("echo", x=np.ones(4))
         b.call("echo", x=np.ones(4))
         own = {r.index: r.name for r in a._regions.values() if r.index != 0}
         assert len(own) == 1
         (index, name), = own.items()
-        with pytest.raises(posix_ipc.ExistentialError):  # unlinked: not even a same-uid process can open it
-            posix_ipc.SharedMemory(name)
-        assert not [f for f in os.listdir("/dev/shm") if f.startswith(region_prefix(worker.name) + f"{index}.")]
+        assert name.startswith("memfd:")  # no name in /dev/shm, ever: nothing to open, nothing to race for
+        assert not [f for f in os.listdir("/dev/shm") if f.startswith(region_prefix(worker.name))]
         # b knows nothing of a's region and cannot ring a's slots
         assert index not in b._regions
         slot = a._free[0]
@@ -69,28 +65,20 @@ def test_runtime_dir_is_private() -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another uid")
-def test_other_uid_is_refused(worker: WorkerProc) -> None:
+def test_other_uid_cannot_reach_the_sockets(worker: WorkerProc) -> None:
     nobody = pwd.getpwnam("nobody")
-    # 1. another uid cannot even reach the socket: the runtime directory is 0700 (connect needs search permission)
-    sock = socket_path(worker.name)
-    assert sock.exists()
-    out = subprocess.run(["sh", "-c", f"test -e '{sock}'"], user=nobody.pw_uid, group=nobody.pw_gid, timeout=30)
-    assert out.returncode != 0
-    # 2. a HELLO naming a process of another uid is refused, naming the field
-    sleeper = subprocess.Popen(["sleep", "30"], user=nobody.pw_uid, group=nobody.pw_gid)
+    # another uid cannot even reach the sockets: the runtime directory is 0700 (connect needs search permission)
+    for path in (socket_path(worker.name), attach_path(worker.name)):
+        assert path.exists()
+        out = subprocess.run(["sh", "-c", f"test -e '{path}'"], user=nobody.pw_uid, group=nobody.pw_gid, timeout=30)
+        assert out.returncode != 0
+
+
+def test_hello_naming_another_process_is_refused(worker: WorkerProc) -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
     try:
-        ctx = zmq.Context()
-        s = ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(endpoint(worker.name))
-        s.send(m.pack_json(m.HELLO, {"protocol": m.PROTOCOL_VERSION, "schema_hash": SCHEMA_HASH,
-                                     "pid": sleeper.pid, "uid": nobody.pw_uid}))
-        assert s.poll(5000)
-        frame = s.recv()
-        body = m.unpack_json(frame)
-        assert frame[:1] == m.ERROR and body["kind"] == "refused" and body["field"] == "uid"
-        s.close()
-        ctx.term()
+        frame, body = attach_hello(worker.name, hello_body(pid=sleeper.pid))
+        assert frame[:1] == m.ERROR and body["kind"] == "refused" and body["field"] == "pid"
     finally:
         sleeper.kill()
         sleeper.wait()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -9,10 +11,11 @@ from typing import Any
 import zmq
 
 from shmrpc.client import Client
+from shmrpc.schema import SCHEMA_HASH
 from shmrpc.schema import messages as m
 from shmrpc.schema.descriptor import RequestDesc, StepDesc, TensorRef, encode_request
 from shmrpc.schema.header import HEADER, Header
-from shmrpc.schema.naming import endpoint
+from shmrpc.schema.naming import attach_path, endpoint
 
 D = 4096  # descriptor area of every slot
 
@@ -72,3 +75,32 @@ def wait_for_state(name: str, ready: Callable[[dict[str, Any]], bool], what: str
             return state
         assert time.monotonic() < deadline, f"the worker never reached the state: {what} ({state})"
         time.sleep(0.002)
+def hello_body(**changes: Any) -> dict[str, Any]:
+    """A HELLO true to this process, with ``changes`` applied (a value of None drops the key)."""
+    pid = os.getpid()
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+    body: dict[str, Any] = {"protocol": m.PROTOCOL_VERSION, "schema_hash": SCHEMA_HASH, "pid": pid,
+                            "uid": os.getuid(), "start_ticks": ticks}
+    for k, v in changes.items():
+        if v is None:
+            body.pop(k, None)
+        else:
+            body[k] = v
+    return body
+
+
+def attach_hello(name: str, hello: dict[str, Any] | bytes, timeout_s: float = 5.0) -> tuple[bytes, Any]:
+    """Say ``hello`` (a body, or a whole raw packet) on worker ``name``'s attach socket by hand.
+
+    Returns the reply frame and its JSON body; any region fds that came with it are closed.
+    """
+    frame = hello if isinstance(hello, bytes) else m.pack_json(m.HELLO, hello)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(timeout_s)
+        s.connect(str(attach_path(name)))
+        s.send(frame)
+        reply, fds, _, _ = socket.recv_fds(s, m.ATTACH_MAX_NBYTES, 8)
+    for fd in fds:
+        os.close(fd)
+    return reply, m.unpack_json(reply)

@@ -9,7 +9,7 @@ import sys
 import posix_ipc
 
 from shmrpc.schema.layout import parse_geometry
-from shmrpc.schema.naming import lock_path, socket_path
+from shmrpc.schema.naming import attach_path, lock_path, socket_path
 from shmrpc.server.doctor import doctor, scan
 from shmrpc.server.region import Region
 from shmrpc.server.runtime import WorkerLock, ensure_runtime_dir, list_segments
@@ -25,7 +25,7 @@ def _dead_pid() -> int:
 
 def _stale_region(worker: str) -> str:
     """A region whose superblock names a dead worker, as a crash would leave it."""
-    region = Region.create(worker, GEOMETRY, mlock=False, prefault=False)
+    region = Region.create(worker, GEOMETRY, mlock=False, prefault=False, memfd=False)
     sb = region.superblock._replace(worker_pid=_dead_pid())
     sb.pack_into(region.buf)
     # Drop the mapping without unlinking, like a killed process.
@@ -48,9 +48,10 @@ def test_stale_region_cleaned_live_kept(worker_name: str) -> None:
     ensure_runtime_dir()
     lock_path(dead_worker).write_text(json.dumps({"pid": _dead_pid(), "regions": [stale]}))
     socket_path(dead_worker).write_text("")
+    attach_path(dead_worker).write_text("")
     lines: list[str] = []
     try:
-        with WorkerLock.acquire(worker_name), Region.create(worker_name, GEOMETRY, mlock=False) as live:
+        with WorkerLock.acquire(worker_name), Region.create(worker_name, GEOMETRY, mlock=False, memfd=False) as live:
             socket_path(worker_name).write_text("")
             try:
                 found = _mine(scan(), worker_name, dead_worker)
@@ -59,6 +60,7 @@ def test_stale_region_cleaned_live_kept(worker_name: str) -> None:
                 assert not found[live.name].stale and found[live.name].alive
                 assert found[str(lock_path(dead_worker))].stale
                 assert found[str(socket_path(dead_worker))].stale
+                assert found[str(attach_path(dead_worker))].stale and found[str(attach_path(dead_worker))].worker == dead_worker
                 assert not found[str(lock_path(worker_name))].stale
                 assert not found[str(socket_path(worker_name))].stale
 
@@ -71,7 +73,7 @@ def test_stale_region_cleaned_live_kept(worker_name: str) -> None:
                 assert doctor(clean=True, region_nbytes=1 << 20, out=lines.append) == 0, lines
                 assert list_segments(f"shmrpc.{dead_worker}.") == []
                 assert not lock_path(dead_worker).exists()
-                assert not socket_path(dead_worker).exists()
+                assert not socket_path(dead_worker).exists() and not attach_path(dead_worker).exists()
                 assert list_segments(f"shmrpc.{worker_name}.") == [live.name]
                 assert lock_path(worker_name).exists() and socket_path(worker_name).exists()
                 assert lines[-1] == "healthy"

@@ -24,7 +24,7 @@ def _exists(name: str) -> bool:
 
 
 def test_create_name_mode_superblock(worker_name: str) -> None:
-    with Region.create(worker_name, GEOMETRY, index=2, epoch=1234) as region:
+    with Region.create(worker_name, GEOMETRY, index=2, epoch=1234, memfd=False) as region:
         assert region.name.startswith(f"/shmrpc.{worker_name}.2.")
         assert len(region.name.rsplit(".", 1)[1]) == 16
         assert region.index == 2
@@ -50,14 +50,14 @@ def test_create_name_mode_superblock(worker_name: str) -> None:
 def test_create_under_narrow_umask(worker_name: str) -> None:
     old = os.umask(0o277)
     try:
-        with Region.create(worker_name, GEOMETRY, mlock=False) as region:
+        with Region.create(worker_name, GEOMETRY, mlock=False, memfd=False) as region:
             assert stat.S_IMODE(os.stat("/dev/shm" + region.name).st_mode) == 0o600
     finally:
         os.umask(old)
 
 
 def test_slot_views_and_zero(worker_name: str) -> None:
-    with Region.create(worker_name, GEOMETRY, mlock=False) as region:
+    with Region.create(worker_name, GEOMETRY, mlock=False, memfd=False) as region:
         offsets = [region.geometry.slot_offset(i) for i in range(GEOMETRY.n_slots)]
         assert offsets == [PAGE, PAGE + 65536, PAGE + 2 * 65536, PAGE + 3 * 65536, PAGE + 3 * 65536 + (1 << 20)]
         for slot in range(GEOMETRY.n_slots):
@@ -84,7 +84,7 @@ def test_slot_views_and_zero(worker_name: str) -> None:
 
 
 def test_close_unlinks_idempotent_and_releases_views(worker_name: str) -> None:
-    region = Region.create(worker_name, GEOMETRY)
+    region = Region.create(worker_name, GEOMETRY, memfd=False)
     view = region.slot_view(0)
     region.close()
     assert region.closed and not region.mlocked
@@ -99,7 +99,7 @@ def test_close_unlinks_idempotent_and_releases_views(worker_name: str) -> None:
 
 
 def test_close_with_live_numpy_view_still_unlinks(worker_name: str) -> None:
-    region = Region.create(worker_name, GEOMETRY, mlock=False)
+    region = Region.create(worker_name, GEOMETRY, mlock=False, memfd=False)
     arr = np.frombuffer(region.slot_view(1), dtype=np.uint8)
     region.close()
     assert not _exists(region.name)
@@ -108,7 +108,7 @@ def test_close_with_live_numpy_view_still_unlinks(worker_name: str) -> None:
 
 
 def test_unclosed_region_warns(worker_name: str) -> None:
-    region = Region.create(worker_name, GEOMETRY, mlock=False)
+    region = Region.create(worker_name, GEOMETRY, mlock=False, memfd=False)
     name = region.name
     with pytest.warns(ResourceWarning, match="not closed"):
         del region
@@ -128,7 +128,7 @@ def test_populate_fallback(worker_name: str, monkeypatch: pytest.MonkeyPatch) ->
             return -1
 
     monkeypatch.setattr(region_mod, "_libc", NoMadvise())
-    with Region.create(worker_name, GEOMETRY, mlock=False) as region:
+    with Region.create(worker_name, GEOMETRY, mlock=False, memfd=False) as region:
         assert Superblock.unpack_from(region.buf).region_nbytes == region.nbytes
 
 
@@ -138,7 +138,7 @@ def test_no_space_unlinks(worker_name: str, monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(os, "posix_fallocate", full)
     with pytest.raises(StartupError, match=r"/dev/shm has .* free but the region needs .*--shm-size"):
-        Region.create(worker_name, GEOMETRY)
+        Region.create(worker_name, GEOMETRY, memfd=False)
     assert list_segments(f"shmrpc.{worker_name}.") == []
 
 
@@ -148,7 +148,7 @@ def test_mlock_failure_unlinks(worker_name: str, monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(region_mod, "_mlock", refuse)
     with pytest.raises(StartupError, match=r"mlock failed \(ENOMEM\).*--no-mlock"):
-        Region.create(worker_name, GEOMETRY)
+        Region.create(worker_name, GEOMETRY, memfd=False)
     assert list_segments(f"shmrpc.{worker_name}.") == []
 
 
@@ -158,7 +158,7 @@ def test_populate_failure_unlinks(worker_name: str, monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(region_mod, "_populate", fail)
     with pytest.raises(StartupError, match="could not pre-fault"):
-        Region.create(worker_name, GEOMETRY, mlock=False)
+        Region.create(worker_name, GEOMETRY, mlock=False, memfd=False)
     assert list_segments(f"shmrpc.{worker_name}.") == []
 
 
@@ -168,7 +168,7 @@ def test_superblock_failure_unlinks(worker_name: str, monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(Superblock, "pack_into", boom)
     with pytest.raises(RuntimeError, match="boom"):
-        Region.create(worker_name, GEOMETRY)
+        Region.create(worker_name, GEOMETRY, memfd=False)
     assert list_segments(f"shmrpc.{worker_name}.") == []
 
 
@@ -180,4 +180,23 @@ def test_read_superblock_errors(worker_name: str) -> None:
 
 def test_invalid_worker_name() -> None:
     with pytest.raises(ValueError):
-        Region.create("../x", GEOMETRY)
+        Region.create("../x", GEOMETRY, memfd=False)
+
+
+def test_memfd_region_has_no_name_and_a_fixed_size(worker_name: str) -> None:
+    import fcntl
+
+    from shmrpc.server.region import REGION_SEALS
+
+    with Region.create(worker_name, GEOMETRY, mlock=False) as region:
+        assert region.fd is not None and not region.named
+        assert region.name == f"memfd:shmrpc.{worker_name}.0"
+        assert list_segments(f"shmrpc.{worker_name}.") == []
+        st = os.fstat(region.fd)
+        assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid() and st.st_size == region.nbytes
+        assert fcntl.fcntl(region.fd, fcntl.F_GET_SEALS) & REGION_SEALS == REGION_SEALS
+        with pytest.raises(PermissionError):  # sealed: nobody holding the fd can cut it short under a mapping
+            os.ftruncate(region.fd, 4096)
+        fd = region.fd
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed with the region

@@ -5,7 +5,8 @@ same generators as ``support.fuzz``.)
 
 The program starts its own NumPy worker, then plays a hostile process of the same uid:
 
-* ``RawSession``: its own DEALER, HELLO, region mapped read-write, no help from the SDK.
+* ``RawSession``: its own HELLO on the attach socket, regions mapped read-write from the fds it
+  receives, its own DEALER under the session token; no help from the SDK.
   Each case writes a request into one of its own slots and rings with a CALL (or sends a
   raw frame), then waits for the answer with a timeout.
 * A canary: an honest :class:`shmrpc.client.Client` (B) that fills every byte of two of
@@ -19,7 +20,7 @@ header     random 16-byte header (or one field randomized) over a valid descript
 desc       a valid descriptor with byte flips, truncation, extension or a splice
 tensor     random ops, pipelines, attrs, tensor offsets/shapes/dtypes/nbytes/flags
 doorbell   random frames starting with ``C``: wrong lengths, random region/slot/generation
-hello      ``H`` + random JSON, a mutated valid HELLO, or garbage, from another DEALER
+hello      ``H`` + random JSON, a mutated valid HELLO, or garbage, on a fresh attach connection
 ========== ==============================================================================
 
 Invariants, checked after every case: the worker process is alive; the answer is a
@@ -47,6 +48,7 @@ import os
 import platform
 import random
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -69,7 +71,7 @@ from shmrpc.schema.errors import WIRE_CODES
 from shmrpc.schema.header import HEADER, Flag
 from shmrpc.schema.layout import Geometry
 from shmrpc.schema.messages import NO_RESPONSE
-from shmrpc.schema.naming import endpoint, lock_path, region_prefix, socket_path
+from shmrpc.schema.naming import attach_path, endpoint, lock_path, region_prefix, socket_path
 from shmrpc.server.runtime import process_start_ticks
 
 __all__ = ["FUZZ_SLOTS", "FUZZ_LEASE", "Case", "RawSession", "Fuzzer", "KINDS", "GENERATORS", "start_worker",
@@ -343,6 +345,19 @@ def describe(case: Case) -> str:
 # ------------------------------------------------------------ the hostile session
 
 
+def attach(name: str, frame: bytes, timeout_s: float) -> tuple[bytes | None, list[int]]:
+    """Send one raw packet on worker ``name``'s attach socket; (the answer or None after silence, its fds)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(timeout_s)
+        s.connect(str(attach_path(name)))
+        s.send(frame)
+        try:
+            reply, fds, _, _ = socket.recv_fds(s, m.ATTACH_MAX_NBYTES, 8)
+        except TimeoutError:
+            return None, []
+    return reply, fds
+
+
 class RawSession:
     """A DEALER that speaks the protocol by hand and maps the region read-write, as any process of the uid can."""
 
@@ -351,21 +366,21 @@ class RawSession:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint(name))
         self._maps: dict[int, tuple[mmap.mmap, memoryview, Geometry]] = {}
         try:
             pid = os.getpid()
-            self.sock.send(m.pack_json(m.HELLO, {"protocol": m.PROTOCOL_VERSION, "schema_hash": SCHEMA_HASH, "pid": pid,
-                                                 "uid": os.getuid(), "start_ticks": process_start_ticks(pid)}))
-            w = self.recv()
+            w, fds = attach(name, m.pack_json(m.HELLO, {"protocol": m.PROTOCOL_VERSION, "schema_hash": SCHEMA_HASH,
+                                                        "pid": pid, "uid": os.getuid(),
+                                                        "start_ticks": process_start_ticks(pid)}), timeout_s)
             if w is None or w[:1] != m.WELCOME:
                 raise RuntimeError(f"no WELCOME: {w!r}")
             self.welcome = m.unpack_json(w)
+            self.sock.setsockopt(zmq.ROUTING_ID, self.welcome["token"].encode())
+            self.sock.connect(endpoint(name))
             default = self.welcome["geometry"]
-            for r in self.welcome["regions"]:  # the worker's shared region, and this client's own where it has one
+            for r, fd in zip(self.welcome["regions"], fds):  # the pool, and this session's own region if any
                 geo = Geometry.from_json(r.get("geometry", default))
                 assert geo.desc_nbytes == DESC
-                fd = os.open("/dev/shm/" + r["name"].lstrip("/"), os.O_RDWR)
                 try:
                     mm = mmap.mmap(fd, r["nbytes"], mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
                 finally:
@@ -431,7 +446,6 @@ class Fuzzer:
         self.noise = self.rng.integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
         self.a = RawSession(self.name)
         self.hs_ctx = zmq.Context()
-        self.hs = self._hello_socket()
         try:
             self.b = Client(self.name, timeout_s=REPLY_TIMEOUT_S)
             self._canary_loans = [self.b.loan(1000), self.b.loan(100_000)]
@@ -445,12 +459,6 @@ class Fuzzer:
         except BaseException:
             self.close()
             raise
-
-    def _hello_socket(self) -> zmq.Socket:  # type: ignore[type-arg]
-        s = self.hs_ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(endpoint(self.name))
-        return s
 
     def _watched(self) -> list[np.ndarray]:
         """u64 views of every byte the fuzzing session must not change: B's canary slots (through B's own
@@ -477,7 +485,6 @@ class Fuzzer:
             ln.release()
         if hasattr(self, "b"):
             self.b.close()
-        self.hs.close(linger=0)
         self.hs_ctx.term()
         self.a.close()
 
@@ -596,15 +603,17 @@ class Fuzzer:
         return self._answer(-1, None)
 
     def _hello(self, case: Case) -> str:
-        self.hs.send(case.frame)
-        if not self.hs.poll(int(REPLY_TIMEOUT_S * 1000)):
-            # the socket may now hold an answer that comes later: start afresh
-            self.hs.close(linger=0)
-            self.hs = self._hello_socket()
+        f, fds = attach(self.name, case.frame, REPLY_TIMEOUT_S)
+        for fd in fds:
+            os.close(fd)
+        if f is None:
             return "hang"
-        f = self.hs.recv()
-        if f[:1] == m.WELCOME:
-            self.hs.send(m.BYE)
+        if f[:1] == m.WELCOME:  # end the session it opened, under its token
+            bye = self.hs_ctx.socket(zmq.DEALER)
+            bye.setsockopt(zmq.ROUTING_ID, m.unpack_json(f)["token"].encode())
+            bye.connect(endpoint(self.name))
+            bye.send(m.BYE)
+            bye.close(linger=1000)
             return "WELCOME"
         if f[:1] == m.ERROR:
             return "ERROR:" + str(m.unpack_json(f).get("kind"))

@@ -1,0 +1,184 @@
+"""The client's handshake: make sure the worker is the worker, before a byte is written.
+
+In order, each refusal a :class:`ConnectError` naming the path, what was found, and the remedy::
+
+    runtime directory   a directory owned by the worker's uid; group and others may not read or
+                        write it (0700, or 0711 for a worker started with --allow-uid)
+    <NAME>.attach       a socket owned by the worker's uid (a missing one fails at once)
+    connect             SOCK_SEQPACKET; SO_PEERCRED: the process listening runs as the worker's uid
+    HELLO               protocol, schema hash, our pid, uid, start time (the worker checks them
+                        against what the kernel says of us)
+    WELCOME             one packet, its regions' fds beside it (SCM_RIGHTS); worker_pid equal
+                        to the pid the kernel gave; one fd per region
+
+The fds are checked by :mod:`._region` before they are mapped. The worker's uid is ours,
+unless the caller names another (``Client(..., worker_uid=N)``, for a worker started
+with ``--allow-uid``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import socket
+import stat
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shmrpc.schema import SCHEMA_HASH
+from shmrpc.schema import messages as m
+from shmrpc.schema.errors import ConnectError, ProtocolMismatchError
+from shmrpc.schema.naming import attach_path, runtime_dir
+
+__all__ = ["Handshake", "handshake", "start_ticks", "set_dumpable"]
+
+_CRED = struct.Struct("3i")
+_PR_SET_DUMPABLE = 4
+_MAX_FDS = 8
+
+
+@dataclass
+class Handshake:
+    """What the handshake established: the WELCOME, its region fds (ours to close), the worker's pid from the kernel."""
+
+    welcome: dict[str, Any]
+    fds: list[int]
+    worker_pid: int
+    worker_uid: int
+
+
+def start_ticks(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def set_dumpable(dumpable: bool) -> None:
+    """``prctl(PR_SET_DUMPABLE)`` for this whole process; raises OSError when the kernel refuses."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, int(dumpable), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_DUMPABLE): {os.strerror(err)}")
+
+
+def _check_dir(rdir: Path, name: str, worker_uid: int) -> None:
+    try:
+        st = os.lstat(rdir)
+    except FileNotFoundError:
+        raise ConnectError(f"no worker named {name!r}: {rdir} does not exist (start one with "
+                           f"`shmrpc serve --name {name}`, or check SHMRPC_RUNTIME_DIR)", path=str(rdir)) from None
+    except PermissionError:
+        raise ConnectError(f"cannot reach {rdir} as uid {os.getuid()}: the worker does not admit this user "
+                           f"(its owner can start it with --allow-uid {os.getuid()})", path=str(rdir)) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConnectError(f"runtime directory {rdir} is not a directory: remove it, or set SHMRPC_RUNTIME_DIR "
+                           "to a directory of the worker's user", path=str(rdir), owner_uid=st.st_uid)
+    if st.st_uid != worker_uid:
+        raise ConnectError(f"runtime directory {rdir} is owned by uid {st.st_uid}, not by the worker's uid "
+                           f"{worker_uid}: another user may have made it to impersonate the worker; refusing to "
+                           f"connect. Remove it (as root or uid {st.st_uid}) and restart the worker, or set "
+                           "SHMRPC_RUNTIME_DIR to a directory of the worker's user", path=str(rdir),
+                           owner_uid=st.st_uid)
+    if st.st_mode & 0o066:
+        raise ConnectError(f"runtime directory {rdir} (uid {st.st_uid}) has mode {stat.S_IMODE(st.st_mode):04o}: "
+                           f"other users could replace the worker's socket; refusing to connect. Run chmod 700 "
+                           f"{rdir} (as uid {st.st_uid}) and restart the worker", path=str(rdir), owner_uid=st.st_uid)
+
+
+def _check_socket(path: Path, name: str, worker_uid: int) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise ConnectError(f"no worker named {name!r}: {path} does not exist (start one with "
+                           f"`shmrpc serve --name {name}`, or check SHMRPC_RUNTIME_DIR)", path=str(path)) from None
+    except PermissionError:
+        raise ConnectError(f"cannot reach {path} as uid {os.getuid()}: the worker does not admit this user "
+                           f"(its owner can start it with --allow-uid {os.getuid()})", path=str(path)) from None
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ConnectError(f"{path} is not a socket (owner uid {st.st_uid}): remove it and restart the worker",
+                           path=str(path), owner_uid=st.st_uid)
+    if st.st_uid != worker_uid:
+        raise ConnectError(f"{path} is owned by uid {st.st_uid}, not by the worker's uid {worker_uid}: it is not "
+                           f"your worker's socket; refusing to connect. Remove it (as root or uid {st.st_uid}) "
+                           "and restart the worker", path=str(path), owner_uid=st.st_uid)
+
+
+def _peer(sock: socket.socket) -> tuple[int, int]:
+    pid, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    return pid, uid
+
+
+def handshake(name: str, deadline: float, worker_uid: int | None = None) -> Handshake:
+    """Verify the worker ``name`` (see the module docstring), say HELLO, and return the WELCOME with its fds.
+
+    Raises:
+        ConnectError: the worker could not be verified, reached, or refused us (the message says why).
+        ProtocolMismatchError: the worker speaks another protocol or schema.
+    """
+    uid = os.getuid() if worker_uid is None else worker_uid
+    rdir = runtime_dir(uid)
+    path = attach_path(name, uid)
+    _check_dir(rdir, name, uid)
+    _check_socket(path, name, uid)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    fds: list[int] = []
+    try:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        try:
+            sock.connect(str(path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            raise ConnectError(f"no worker listens on {path} (left by a worker that died?): start one with "
+                               f"`shmrpc serve --name {name}`, or remove stale files with `shmrpc doctor --clean`",
+                               path=str(path)) from None
+        except PermissionError:
+            raise ConnectError(f"cannot connect to {path} as uid {os.getuid()}: the worker does not admit this user "
+                               f"(its owner can start it with --allow-uid {os.getuid()})", path=str(path)) from None
+        worker_pid, peer_uid = _peer(sock)
+        if peer_uid != uid:
+            raise ConnectError(f"the process answering on {path} (pid {worker_pid}) runs as uid {peer_uid}, not as "
+                               f"the worker's uid {uid}: it is not your worker; refusing to send it anything. Remove "
+                               f"{path} (as root or uid {peer_uid}) and restart the worker", path=str(path),
+                               owner_uid=peer_uid)
+        pid = os.getpid()
+        sock.send(m.pack_json(m.HELLO, {"protocol": m.PROTOCOL_VERSION, "schema_hash": SCHEMA_HASH, "pid": pid,
+                                        "uid": os.getuid(), "start_ticks": start_ticks(pid)}))
+        try:
+            frame, fds, flags, _ = socket.recv_fds(sock, m.ATTACH_MAX_NBYTES, _MAX_FDS)
+        except TimeoutError:
+            raise ConnectError(f"worker {name!r} (pid {worker_pid}) did not answer HELLO in time; is it alive? "
+                               "(shmrpc status / shmrpc doctor)") from None
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or not frame:
+            raise ConnectError(f"worker {name!r} answered HELLO with a truncated or empty packet")
+        try:
+            body = m.unpack_json(frame)
+        except ValueError:
+            raise ConnectError(f"worker {name!r} answered HELLO with something that is not JSON") from None
+        if frame[:1] == m.ERROR:
+            cls = ProtocolMismatchError if body.get("kind") == "protocol_mismatch" else ConnectError
+            field = body.get("field")
+            raise cls(f"worker {name!r} refused the connection: {body.get('message')}"
+                      + (f" (field {field})" if field else ""), path=str(path), field=str(field or ""))
+        if frame[:1] != m.WELCOME or not isinstance(body, dict):
+            raise ConnectError(f"worker {name!r} answered HELLO with {frame[:1]!r}")
+        if body.get("protocol") != m.PROTOCOL_VERSION or body.get("schema_hash") != SCHEMA_HASH:
+            raise ProtocolMismatchError("the worker's protocol or schema differs from this client's: install the "
+                                        "same shmrpc version on both sides")
+        if body.get("worker_pid") != worker_pid:
+            raise ConnectError(f"worker {name!r} says it is pid {body.get('worker_pid')} but the kernel says pid "
+                               f"{worker_pid}: refusing it")
+        if len(fds) != len(body.get("regions", ())):
+            raise ConnectError(f"worker {name!r} sent {len(fds)} region fds for {len(body.get('regions', ()))} regions")
+        out = Handshake(body, fds, worker_pid, uid)
+        fds = []
+        return out
+    finally:
+        for fd in fds:
+            os.close(fd)
+        sock.close()

@@ -1,0 +1,188 @@
+"""The worker's attach socket: where a client proves who it is and receives its regions.
+
+``<runtime dir>/<NAME>.attach`` is an AF_UNIX SOCK_SEQPACKET socket (one packet is
+one message, so neither side parses a stream). Life of one connection, on the loop
+thread, never blocking it::
+
+    accept (non-blocking)          SO_PEERCRED: pid, uid, gid of the connecting process, from the kernel
+    wait for one packet            at most CONNECT_TIMEOUT_S, at most MAX_PENDING connections at once
+    HELLO -> checks (Sessions)     every claim must equal what the kernel said (check_identity)
+    reply: WELCOME + region fds    sendmsg with SCM_RIGHTS; or ERROR
+    close                          the session lives on over ZeroMQ, under the WELCOME's token
+
+The socket is 0600 (0666 with ``--allow-uid``: the kernel's credentials, not the file
+mode, then decide who is admitted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shmrpc.schema.messages import ATTACH_MAX_NBYTES
+
+from . import runtime
+
+__all__ = ["PeerCred", "peer_cred", "AttachListener", "check_identity", "set_dumpable", "CONNECT_TIMEOUT_S",
+           "MAX_PENDING"]
+
+log = logging.getLogger("shmrpc.server")
+
+#: A connection that sends no HELLO within this long is closed.
+CONNECT_TIMEOUT_S = 5.0
+#: Connections waiting for their HELLO at once; the oldest is closed to make room.
+MAX_PENDING = 64
+
+_CRED = struct.Struct("3i")
+_PR_SET_DUMPABLE = 4
+
+
+@dataclass(frozen=True)
+class PeerCred:
+    """What the kernel says of the process at the other end of a Unix socket (as of its connect)."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_cred(sock: socket.socket) -> PeerCred:
+    """``SO_PEERCRED`` of a connected Unix socket."""
+    pid, uid, gid = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    return PeerCred(pid, uid, gid)
+
+
+def set_dumpable(dumpable: bool) -> None:
+    """``prctl(PR_SET_DUMPABLE)``: a non-dumpable process's /proc/<pid>/fd, /mem, /maps are closed to other
+    non-root processes (and it writes no core dump). Raises OSError when the kernel refuses."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, int(dumpable), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_DUMPABLE): {os.strerror(err)}")
+
+
+def check_identity(hello: dict[str, Any], peer: PeerCred, allow_uids: tuple[int, ...]) -> tuple[str, str] | None:
+    """Why a HELLO from ``peer`` is refused, as (message, field); None when its claims are the kernel's truth."""
+    if peer.uid != os.geteuid() and peer.uid not in allow_uids:
+        return f"uid {peer.uid} may not use this worker (the worker's owner can allow it with --allow-uid)", "uid"
+    if peer.pid == os.getpid():
+        return "the worker does not lease slots to itself", "pid"
+    pid, uid, ticks = hello.get("pid"), hello.get("uid"), hello.get("start_ticks")
+    if type(pid) is not int or pid != peer.pid:
+        return f"HELLO names pid {pid!r} but the connecting process is pid {peer.pid}", "pid"
+    if type(uid) is not int or uid != peer.uid:
+        return f"HELLO names uid {uid!r} but the connecting process runs as uid {peer.uid}", "uid"
+    actual = runtime.process_start_ticks(peer.pid)
+    if type(ticks) is not int or actual is None or ticks != actual:
+        return f"HELLO names start time {ticks!r} but process {peer.pid} started at {actual}", "start_ticks"
+    return None
+
+
+class AttachListener:
+    """The listening attach socket and the connections that have not said HELLO yet.
+
+    Example::
+
+        listener = AttachListener(attach_path(name), shared=False)
+        for conn in listener.accept():      # when listener.fileno() is readable
+            ...
+        got = listener.receive(fd)          # when a pending connection's fd is readable
+    """
+
+    def __init__(self, path: Path, *, shared: bool) -> None:
+        self.path = path
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        old = os.umask(0o077)
+        try:
+            self._sock.bind(str(path))
+        except BaseException:
+            self._sock.close()
+            raise
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o666 if shared else 0o600)
+        self._sock.listen(128)
+        self.pending: dict[int, tuple[socket.socket, float]] = {}  # fd -> (connection, deadline)
+
+    def fileno(self) -> int:
+        """The listening socket's fd (readable: connections to accept)."""
+        return self._sock.fileno()
+
+    def accept(self) -> None:
+        """Accept every waiting connection; each then waits for its HELLO in :attr:`pending`."""
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # EMFILE and the like: leave it queued, say so once per burst
+                log.warning("attach socket: accept failed: %s", e)
+                return
+            conn.setblocking(False)
+            with contextlib.suppress(OSError):  # a packet may be as large as this (the kernel caps it at wmem_max)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, ATTACH_MAX_NBYTES)
+            if len(self.pending) >= MAX_PENDING:
+                oldest = min(self.pending, key=lambda fd: self.pending[fd][1])
+                self.pending.pop(oldest)[0].close()
+            self.pending[conn.fileno()] = (conn, time.monotonic() + CONNECT_TIMEOUT_S)
+
+    def receive(self, fd: int) -> tuple[socket.socket, bytes | None, PeerCred] | None:
+        """The pending connection ``fd``, its HELLO packet (None: closed, truncated or unreadable) and its peer.
+
+        None when ``fd`` is not pending or has nothing to read yet.
+        """
+        entry = self.pending.get(fd)
+        if entry is None:
+            return None
+        conn = entry[0]
+        try:
+            data, _, flags, _ = conn.recvmsg(ATTACH_MAX_NBYTES)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            data, flags = b"", 0
+        self.pending.pop(fd)
+        cred = peer_cred(conn)
+        if not data or flags & socket.MSG_TRUNC:
+            return conn, None, cred
+        return conn, data, cred
+
+    @staticmethod
+    def reply(conn: socket.socket, frame: bytes, fds: list[int]) -> None:
+        """Send one packet (with ``fds`` attached) and close the connection."""
+        try:
+            if fds:
+                socket.send_fds(conn, [frame], fds)
+            else:
+                conn.send(frame)
+        except OSError as e:  # the client went away or its buffer is full: its loss
+            log.debug("attach socket: could not answer: %s", e)
+        finally:
+            conn.close()
+
+    def expire(self, now: float) -> None:
+        """Close connections that said nothing in time."""
+        for fd in [fd for fd, (_, deadline) in self.pending.items() if deadline <= now]:
+            self.pending.pop(fd)[0].close()
+
+    def close(self) -> None:
+        """Close everything and remove the socket file; idempotent."""
+        for conn, _ in self.pending.values():
+            conn.close()
+        self.pending.clear()
+        if self._sock.fileno() >= 0:
+            self._sock.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
