@@ -65,9 +65,14 @@ class Client:
         spin_us: wait for an answer by polling without sleeping for up to this long before blocking
             (default 0: block at once). Shortens small round trips by a scheduler wake-up at the cost of
             a busy core while waiting; pair it with the worker's ``--spin-us``.
+        lease: slots of each size class (smallest first) to hold in this client's own region for its
+            whole life, e.g. ``(4, 2, 1)``; the worker grants at most its ``--lease-max`` per class.
+            Default ``None``: the worker's ``--lease`` (small slots only, by default); larger slots
+            are borrowed from the worker's pool for each request that needs one.
 
     Raises:
         ConnectError: no such worker, or it refused the handshake.
+        ClientLimitError: the worker serves as many clients (of this uid) as it may.
         ProtocolMismatchError: worker and client are of different versions.
 
     Thread safety: every method may be called from any thread; calls are serialized on one lock
@@ -81,7 +86,8 @@ class Client:
     """
 
     def __init__(self, name: str, *, timeout_s: float = 30.0, connect_timeout_s: float = 5.0,
-                 on_busy: str = "wait", linger_s: float = 0.0, spin_us: int = 0) -> None:
+                 on_busy: str = "wait", linger_s: float = 0.0, spin_us: int = 0,
+                 lease: tuple[int, ...] | None = None) -> None:
         if on_busy not in ("wait", "fail"):
             raise ValueError("on_busy must be 'wait' or 'fail'")
         if not 0 <= spin_us <= 1_000_000:
@@ -91,7 +97,9 @@ class Client:
         self._fork_gen = fork_generation()
         self._lock = threading.RLock()
         self._closed = False
-        self._t = Transport(name, connect_timeout_s, spin_us)
+        if lease is not None and any(int(n) < 0 for n in lease):
+            raise ValueError("lease counts must be >= 0")
+        self._t = Transport(name, connect_timeout_s, spin_us, None if lease is None else tuple(int(n) for n in lease))
         w = self._t.welcome
         self.client_id: int = w["client_id"]
         self.backend: str = w["backend"]

@@ -20,6 +20,7 @@ import zmq
 from shmrpc.schema import SCHEMA_HASH
 from shmrpc.schema import messages as m
 from shmrpc.schema.errors import (
+    ClientLimitError,
     ConnectError,
     ProtocolMismatchError,
     RequestError,
@@ -45,7 +46,8 @@ def _start_ticks(pid: int) -> int | None:
 class Transport:
     """One DEALER connection to worker ``name``."""
 
-    def __init__(self, name: str, connect_timeout_s: float, spin_us: int = 0) -> None:
+    def __init__(self, name: str, connect_timeout_s: float, spin_us: int = 0,
+                 lease: tuple[int, ...] | None = None) -> None:
         self.name = name
         self.spin_s = spin_us / 1e6
         path: Path = socket_path(name)
@@ -65,22 +67,26 @@ class Transport:
         self._poller = zmq.Poller()
         self._poller.register(self.sock, zmq.POLLIN)
         try:
-            self.welcome = self._handshake(deadline)
+            self.welcome = self._handshake(deadline, lease)
         except BaseException:
             self.close()
             raise
 
-    def _handshake(self, deadline: float) -> dict[str, Any]:
+    def _handshake(self, deadline: float, lease: tuple[int, ...] | None) -> dict[str, Any]:
         pid = os.getpid()
-        self.sock.send(m.pack_json(m.HELLO, {"protocol": m.PROTOCOL_VERSION, "schema_hash": SCHEMA_HASH,
-                                             "pid": pid, "uid": os.getuid(), "start_ticks": _start_ticks(pid)}))
+        hello: dict[str, Any] = {"protocol": m.PROTOCOL_VERSION, "schema_hash": SCHEMA_HASH,
+                                 "pid": pid, "uid": os.getuid(), "start_ticks": _start_ticks(pid)}
+        if lease is not None:
+            hello["lease"] = list(lease)
+        self.sock.send(m.pack_json(m.HELLO, hello))
         remaining = max(0.0, deadline - time.monotonic())
         if not self.sock.poll(int(remaining * 1000) + 1):
             raise ConnectError(f"worker {self.name!r} did not answer HELLO in time; is it alive? (shmrpc doctor)")
         frame = self.sock.recv()
         body = m.unpack_json(frame)
         if frame[:1] == m.ERROR:
-            cls = ProtocolMismatchError if body.get("kind") == "protocol_mismatch" else ConnectError
+            kind = body.get("kind")
+            cls = {"protocol_mismatch": ProtocolMismatchError, "too_many_clients": ClientLimitError}.get(kind, ConnectError)
             raise cls(f"worker {self.name!r} refused the connection: {body.get('message')}")
         if frame[:1] != m.WELCOME:
             raise ConnectError(f"worker {self.name!r} answered HELLO with {frame[:1]!r}")

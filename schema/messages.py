@@ -6,7 +6,8 @@ of it). Its first byte says what it is; no payload bytes ever travel here.
 ====  ==========  =========  ==============================================
 kind  name        direction  body after the kind byte
 ====  ==========  =========  ==============================================
-H     HELLO       c -> w     JSON: protocol, schema_hash, pid, uid, lease
+H     HELLO       c -> w     JSON: protocol, schema_hash, pid, uid, start_ticks, and optionally
+                             lease (slots wanted per size class, capped by the worker's --lease-max)
 W     WELCOME     w -> c     JSON: protocol, schema_hash, worker_pid, regions,
                              geometry, op_table, lease, backend, client_id
 C     CALL        c -> w     ``CALL`` struct: region u16, slot u32, request_id u32,
@@ -23,8 +24,12 @@ M     MANAGE      c -> w     JSON: action "list" | "drop", name (resident tensor
 m     MANAGED     w -> c     JSON: {"resident": {name: {shape, dtype}}} or {"dropped": name}
 S     STATUS      c -> w     empty: ask for the worker's state (no lease needed)
 s     STATE       w -> c     JSON: regions, leases, in-flight requests, counters
-E     ERROR       w -> c     JSON: code, message, field (a control message was refused)
+E     ERROR       w -> c     JSON: code, kind, message, field (a control message was refused)
 ====  ==========  =========  ==============================================
+
+Size: a message to the worker is at most :data:`MAX_MESSAGE_NBYTES`; the worker's socket
+drops the connection of a peer that sends a larger one (ZeroMQ ``MAXMSGSIZE``), so no
+peer can make it buffer more. A message of more than one frame is answered with ERROR.
 
 Ordering: the client writes tensors, then the descriptor, then the header, and
 only then sends CALL. The send is the publication point; the client writes
@@ -39,7 +44,7 @@ import struct
 from typing import Any
 
 __all__ = [
-    "PROTOCOL_VERSION",
+    "PROTOCOL_VERSION", "MAX_MESSAGE_NBYTES",
     "HELLO", "WELCOME", "CALL", "DONE", "ACQUIRE", "GRANT", "RELEASE", "BYE", "STATUS", "STATE", "ERROR",
     "MANAGE", "MANAGED", "ATTACHED",
     "CALL_STRUCT", "DONE_STRUCT", "SLOT_STRUCT",
@@ -47,6 +52,9 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
+
+#: Most bytes of one message to the worker (the largest legitimate one, a HELLO, is a few hundred).
+MAX_MESSAGE_NBYTES = 64 * 1024
 
 HELLO = b"H"
 WELCOME = b"W"
@@ -74,8 +82,11 @@ def pack_json(kind: bytes, obj: Any) -> bytes:
 
 
 def unpack_json(frame: bytes) -> Any:
-    """The JSON body of a control message; raises ValueError when it is not JSON."""
-    return json.loads(bytes(frame[1:]).decode())
+    """The JSON body of a control message; raises ValueError when it is not JSON (or nested too deep)."""
+    try:
+        return json.loads(bytes(frame[1:]).decode())
+    except RecursionError:
+        raise ValueError("the JSON body is nested too deeply") from None
 
 
 def pack_call(region: int, slot: int, request_id: int, generation: int) -> bytes:
