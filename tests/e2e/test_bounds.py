@@ -156,15 +156,22 @@ def test_request_memory_limit_names_the_step_that_crosses_it(spawn_worker: Calla
 
 def test_oversized_message_drops_the_peer(worker: WorkerProc) -> None:
     big = b"H" + b"\x00" * (4 << 20)
-    with _dealer(worker.name) as s:
-        mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)  # before connect: see every event
+    try:
+        s.connect(endpoint(worker.name))
         assert mon.poll(5000) and recv_monitor_message(mon)["event"] == zmq.EVENT_CONNECTED
         for _ in range(16):  # 64 MiB in all: none of it may be buffered by the worker
             s.send(big, copy=False)
         assert mon.poll(5000), "the worker kept the connection of a peer sending 4 MiB messages"
         assert recv_monitor_message(mon)["event"] == zmq.EVENT_DISCONNECTED
+    finally:
         s.disable_monitor()
         mon.close()
+        s.close()
+        ctx.term()
     assert _peak_rss_mib(worker.pid) < 200
     with Client(worker.name, timeout_s=5) as c:
         np.testing.assert_array_equal(c.call("echo", x=np.arange(3))["out"], np.arange(3))
