@@ -326,4 +326,4 @@ def test_shared_tensors_have_an_owner_and_go_with_it(worker: WorkerProc) -> None
             assert "shared/pub" not in other.resident()
     finally:
         pub.kill()
-        pub.wait(10)
+        pub.communicate(timeout=10)  # also closes its stdout pipe
