@@ -115,14 +115,9 @@ class Sessions:
         old = self._clients.get(identity)
         if old is not None:
             self._end_client(old, "it said HELLO again")
-        try:
-            self.admission.admit(uid)
-            lease = self.admission.lease_for(hello.get("lease"))
-        except ClientLimitError as e:
-            return self._send(identity, m.pack_json(m.ERROR, {"code": BusyError.code, "kind": "too_many_clients",
-                                                              "message": str(e), "field": "clients"}))
-        except ValueError as e:
-            return self._refuse(identity, "bad_message", f"HELLO is malformed ({e})", "lease")
+        lease = self._admit(identity, uid, hello)
+        if lease is None:
+            return None
         try:
             pidfd: int | None = os.pidfd_open(pid)
         except (AttributeError, OSError):
@@ -166,6 +161,19 @@ class Sessions:
             "op_table": kernels.op_table(),
         }))
         log.info("client %d (pid %d) connected with %d slots", client.id, pid, len(slots))
+        return None
+
+    def _admit(self, identity: bytes, uid: int, hello: dict[str, Any]) -> tuple[int, ...] | None:
+        """Admit one more client of ``uid`` (the kernel's word for it): the lease it gets, or None once
+        the refusal (ERROR ``too_many_clients`` or ``bad_message``) has been sent."""
+        try:
+            self.admission.admit(uid)
+            return self.admission.lease_for(hello.get("lease"))
+        except ClientLimitError as e:
+            self._send(identity, m.pack_json(m.ERROR, {"code": BusyError.code, "kind": "too_many_clients",
+                                                       "message": str(e), "field": "clients"}))
+        except ValueError as e:
+            self._refuse(identity, "bad_message", f"HELLO is malformed ({e})", "lease")
         return None
 
     def _new_private_region(self, client: int, geometry: Geometry) -> Region:
