@@ -256,6 +256,11 @@ def test_private_region_is_sized_to_the_lease_asked_for(spawn_worker: Callable[.
         assert sorted(s.nbytes for s in small._free) == [64 << 10] * 2
         x = np.arange(300_000, dtype=np.float32)  # 1.2 MB: borrowed from the pool by the small client
         np.testing.assert_array_equal(small.call("echo", x=x)["out"], x)
+    with _dealer(w.name) as s:
+        for bad in ("4", [-1], [1.5], [True], [[1]], {"0": 1}):
+            s.send(_hello(lease=bad))
+            kind, body = _reply(s)
+            assert kind == m.ERROR and (body["kind"], body["field"]) == ("bad_message", "lease"), bad
 
 
 # ------------------------------------------------------------ ACQUIRE
