@@ -21,6 +21,7 @@ from __future__ import annotations
 from shmrpc.schema.errors import (
     BusyError,
     ClientClosedError,
+    ClientLimitError,
     ConnectError,
     ForkedClientError,
     InternalError,
@@ -42,7 +43,7 @@ from ._pipeline import Pipeline
 
 __all__ = [
     "Client", "Loan", "CallFuture", "Pipeline", "Resident",
-    "ShmrpcError", "ConnectError", "ProtocolMismatchError", "WorkerGoneError", "Timeout", "ForkedClientError",
+    "ShmrpcError", "ConnectError", "ProtocolMismatchError", "ClientLimitError", "WorkerGoneError", "Timeout", "ForkedClientError",
     "ClientClosedError", "RequestError", "InvalidRequestError", "StaleSlotError", "RequestTooLargeError",
     "UnknownOpError", "BusyError", "KernelError", "ResourceError", "InternalError",
 ]

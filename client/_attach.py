@@ -31,7 +31,7 @@ from typing import Any
 
 from shmrpc.schema import SCHEMA_HASH
 from shmrpc.schema import messages as m
-from shmrpc.schema.errors import ConnectError, ProtocolMismatchError
+from shmrpc.schema.errors import ClientLimitError, ConnectError, ProtocolMismatchError
 from shmrpc.schema.naming import attach_path, runtime_dir
 
 __all__ = ["Handshake", "handshake", "start_ticks", "set_dumpable"]
@@ -115,7 +115,8 @@ def _peer(sock: socket.socket) -> tuple[int, int]:
     return pid, uid
 
 
-def handshake(name: str, deadline: float, worker_uid: int | None = None) -> Handshake:
+def handshake(name: str, deadline: float, worker_uid: int | None = None,
+              lease: tuple[int, ...] | None = None) -> Handshake:
     """Verify the worker ``name`` (see the module docstring), say HELLO, and return the WELCOME with its fds.
 
     Raises:
@@ -147,8 +148,11 @@ def handshake(name: str, deadline: float, worker_uid: int | None = None) -> Hand
                                f"{path} (as root or uid {peer_uid}) and restart the worker", path=str(path),
                                owner_uid=peer_uid)
         pid = os.getpid()
-        sock.send(m.pack_json(m.HELLO, {"protocol": m.PROTOCOL_VERSION, "schema_hash": SCHEMA_HASH, "pid": pid,
-                                        "uid": os.getuid(), "start_ticks": start_ticks(pid)}))
+        hello: dict[str, Any] = {"protocol": m.PROTOCOL_VERSION, "schema_hash": SCHEMA_HASH, "pid": pid,
+                                 "uid": os.getuid(), "start_ticks": start_ticks(pid)}
+        if lease is not None:
+            hello["lease"] = list(lease)  # slots wanted per size class (the worker caps them by --lease-max)
+        sock.send(m.pack_json(m.HELLO, hello))
         try:
             frame, fds, flags, _ = socket.recv_fds(sock, m.ATTACH_MAX_NBYTES, _MAX_FDS)
         except TimeoutError:
@@ -161,7 +165,8 @@ def handshake(name: str, deadline: float, worker_uid: int | None = None) -> Hand
         except ValueError:
             raise ConnectError(f"worker {name!r} answered HELLO with something that is not JSON") from None
         if frame[:1] == m.ERROR:
-            cls = ProtocolMismatchError if body.get("kind") == "protocol_mismatch" else ConnectError
+            cls = {"protocol_mismatch": ProtocolMismatchError,
+                   "too_many_clients": ClientLimitError}.get(str(body.get("kind")), ConnectError)
             field = body.get("field")
             raise cls(f"worker {name!r} refused the connection: {body.get('message')}"
                       + (f" (field {field})" if field else ""), path=str(path), field=str(field or ""))

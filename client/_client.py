@@ -77,9 +77,16 @@ class Client:
             anything, so other processes of this uid cannot read or write its regions through
             ``/proc/<pid>/mem``; it also stops core dumps and same-uid debuggers. Default ``False``.
 
+        lease: slots of each size class (smallest first) to hold in this client's own region for its
+            whole life, e.g. ``(4, 2, 1)``; the worker grants at most its ``--lease-max`` per class.
+            Default ``None``: the worker's ``--lease`` (small slots only, by default); larger slots
+            are borrowed from the worker's pool for each request that needs one.
+
+
     Raises:
         ConnectError: no such worker (at once when its socket does not exist), it could not be verified
             (the message names the path, the owner found and the remedy), or it refused the handshake.
+        ClientLimitError: the worker serves as many clients (of this uid) as it may.
         ProtocolMismatchError: worker and client are of different versions.
 
     Thread safety: every method may be called from any thread; calls are serialized on one lock
@@ -94,7 +101,7 @@ class Client:
 
     def __init__(self, name: str, *, timeout_s: float = 30.0, connect_timeout_s: float = 5.0,
                  on_busy: str = "wait", linger_s: float = 0.0, spin_us: int = 0, worker_uid: int | None = None,
-                 non_dumpable: bool = False) -> None:
+                 non_dumpable: bool = False, lease: tuple[int, ...] | None = None) -> None:
         if on_busy not in ("wait", "fail"):
             raise ValueError("on_busy must be 'wait' or 'fail'")
         if not 0 <= spin_us <= 1_000_000:
@@ -104,9 +111,12 @@ class Client:
         self._fork_gen = fork_generation()
         self._lock = threading.RLock()
         self._closed = False
+        if lease is not None and any(int(n) < 0 for n in lease):
+            raise ValueError("lease counts must be >= 0")
         if non_dumpable:
             set_dumpable(False)  # before any region is mapped: /proc/<our pid>/mem is never a door to it
-        self._t = Transport(name, connect_timeout_s, spin_us, worker_uid)
+        self._t = Transport(name, connect_timeout_s, spin_us, worker_uid,
+                            None if lease is None else tuple(int(n) for n in lease))
         w = self._t.welcome
         self._regions: dict[int, AttachedRegion] = {}
         fds, self._t.fds = self._t.fds, []

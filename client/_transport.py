@@ -37,11 +37,12 @@ _POLLIN = int(zmq.POLLIN)
 class Transport:
     """The verified handshake with worker ``name``, then one DEALER connection under the session's token."""
 
-    def __init__(self, name: str, connect_timeout_s: float, spin_us: int = 0, worker_uid: int | None = None) -> None:
+    def __init__(self, name: str, connect_timeout_s: float, spin_us: int = 0, worker_uid: int | None = None,
+                 lease: tuple[int, ...] | None = None) -> None:
         self.name = name
         self.spin_s = spin_us / 1e6
         deadline = time.monotonic() + connect_timeout_s
-        hs = handshake(name, deadline, worker_uid)
+        hs = handshake(name, deadline, worker_uid, lease)
         self.welcome: dict[str, Any] = hs.welcome
         self.fds: list[int] = hs.fds  # the regions' fds, in WELCOME order; AttachedRegion closes each
         self.worker_pid = hs.worker_pid

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from . import elementwise, matmul, norm, quant  # noqa: F401  (registers the ops)
 from ._backend_base import Backend
+from ._cost import PlanCost, check_memory, estimate
 from ._errors import BackendUnavailable, KernelError, KernelInputError, KernelResourceError, KernelRuntimeError
 from ._plan import Plan, ResolvedStep
 from ._registry import REGISTRY, REQUIRED, AttrSpec, OpCall, OpSpec, StepSpec, TensorSpec, op_table
@@ -34,6 +35,9 @@ __all__ = [
     "OpCall",
     "Plan",
     "ResolvedStep",
+    "PlanCost",
+    "estimate",
+    "check_memory",
     "Backend",
     "KernelError",
     "KernelInputError",

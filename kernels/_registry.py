@@ -112,6 +112,8 @@ class AttrSpec:
 
 
 InferFn = Callable[[Mapping[str, TensorSpec], Mapping[str, Any]], dict[str, TensorSpec]]
+#: ``cost(in_specs, out_specs, attrs) -> FLOPs`` of one step (see :mod:`shmrpc.kernels._cost`).
+CostFn = Callable[[Mapping[str, TensorSpec], Mapping[str, TensorSpec], Mapping[str, Any]], int]
 ImplFn = Callable[["OpCall"], dict[str, Any]]
 
 
@@ -126,6 +128,8 @@ class OpSpec:
     output has one shape and element i depends only on element i (backends may chunk it).
     ``tolerances``: dtype -> (rtol, atol) of an implementation against a float64 reference.
     ``example``: small input specs used by ``warmup()`` and smoke tests.
+    ``cost``: estimated floating-point operations of one call from its specs; None uses the
+    generic rule of :func:`shmrpc.kernels._cost.default_flops` (an upper-ish bound).
     """
 
     name: str
@@ -142,6 +146,7 @@ class OpSpec:
     tolerances: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     doc: str = ""
     example: Mapping[str, TensorSpec] = field(default_factory=dict)
+    cost: CostFn | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.code <= 0xFFFF:

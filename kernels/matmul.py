@@ -41,6 +41,11 @@ def _infer_gemm(inputs: Mapping[str, TensorSpec], attrs: Mapping[str, Any]) -> d
     return out
 
 
+def _gemm_flops(inputs: Mapping[str, TensorSpec], outputs: Mapping[str, TensorSpec], attrs: Mapping[str, Any]) -> int:
+    (m, k), n = inputs["x"].shape, inputs["w"].shape[1]
+    return 2 * m * k * n + (m * n if "bias" in inputs else 0)
+
+
 def _gemm_impl(call: OpCall, *, cublas_fp16: bool) -> dict[str, Any]:
     xp, dt, d = call.xp, call.in_specs["x"].dtype, call.dest("out")
     x, w = call.inputs["x"], call.inputs["w"]
@@ -69,13 +74,13 @@ _DOC = ("x (M, K), w (K, N) of one dtype (float16/bfloat16/float32/float64) -> o
 
 GEMM = register(OpSpec(
     name="gemm", code=10, inputs=("x", "w"), outputs=("out",), attrs={}, infer=_infer_gemm,
-    numpy=_gemm_numpy, cupy=_gemm_cupy, tolerances=TOL_MATMUL, doc="out = x @ w. " + _DOC + ".",
+    numpy=_gemm_numpy, cupy=_gemm_cupy, tolerances=TOL_MATMUL, doc="out = x @ w. " + _DOC + ".", cost=_gemm_flops,
     example={"x": TensorSpec((4, 32), "float16"), "w": TensorSpec((32, 16), "float16")},
 ))
 
 GEMM_BIAS = register(OpSpec(
     name="gemm_bias", code=17, inputs=("x", "w", "bias"), outputs=("out",), attrs={}, infer=_infer_gemm,
-    numpy=_gemm_numpy, cupy=_gemm_cupy, tolerances=TOL_MATMUL,
+    numpy=_gemm_numpy, cupy=_gemm_cupy, tolerances=TOL_MATMUL, cost=_gemm_flops,
     doc="out = x @ w + bias. " + _DOC + "; bias (N,) of the same dtype, added before rounding.",
     example={"x": TensorSpec((4, 32), "float16"), "w": TensorSpec((32, 16), "float16"),
              "bias": TensorSpec((16,), "float16")},

@@ -4,7 +4,8 @@
 
     ShmrpcError
     ├── ConnectError (also ConnectionError)      connect/handshake failed
-    │   └── ProtocolMismatchError                protocol version or schema hash differ
+    │   ├── ProtocolMismatchError                protocol version or schema hash differ
+    │   └── ClientLimitError                     the worker already serves as many clients as it may
     ├── WorkerGoneError (also ConnectionError)   the worker died or closed while we waited
     ├── Timeout (also TimeoutError)              no answer within timeout_s
     ├── ForkedClientError                        a Client used in a forked child
@@ -31,6 +32,7 @@ __all__ = [
     "ShmrpcError",
     "ConnectError",
     "ProtocolMismatchError",
+    "ClientLimitError",
     "WorkerGoneError",
     "Timeout",
     "ForkedClientError",
@@ -72,6 +74,11 @@ class ConnectError(ShmrpcError, ConnectionError):
 
 class ProtocolMismatchError(ConnectError):
     """Client and worker speak different protocol versions or schemas; upgrade one side."""
+
+
+class ClientLimitError(ConnectError):
+    """The worker refused the handshake: it serves ``--max-clients`` clients, or ``--max-clients-per-uid``
+    of this uid, already. Close an idle client, or ask the worker's owner to raise the limit."""
 
 
 class WorkerGoneError(ShmrpcError, ConnectionError):

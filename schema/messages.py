@@ -12,7 +12,8 @@ The first byte says what a message is; no payload bytes ever travel here.
 kind  name        direction  body after the kind byte
 ====  ==========  =========  ==============================================
 H     HELLO       c -> w     JSON: protocol, schema_hash, pid, uid, start_ticks (attach socket;
-                             each must equal what the kernel says of the peer)
+                             each must equal what the kernel says of the peer), and optionally
+                             lease (slots wanted per size class, capped by the worker's --lease-max)
 W     WELCOME     w -> c     JSON: protocol, schema_hash, worker_pid, token, regions (+ their fds),
                              geometry, op_table, lease, backend, client_id (attach socket)
 C     CALL        c -> w     ``CALL`` struct: region u16, slot u32, request_id u32,
@@ -31,6 +32,10 @@ s     STATE       w -> c     JSON: regions, leases, in-flight requests, counters
 E     ERROR       w -> c     JSON: code, kind, message, field (a control message was refused)
 ====  ==========  =========  ==============================================
 
+Size: a message to the worker is at most :data:`MAX_MESSAGE_NBYTES`; the worker's socket
+drops the connection of a peer that sends a larger one (ZeroMQ ``MAXMSGSIZE``), so no
+peer can make it buffer more. A message of more than one frame is answered with ERROR.
+
 Ordering: the client writes tensors, then the descriptor, then the header, and
 only then sends CALL. The send is the publication point; the client writes
 nothing into the slot until DONE for that request_id arrives. The worker writes
@@ -44,7 +49,7 @@ import struct
 from typing import Any
 
 __all__ = [
-    "PROTOCOL_VERSION",
+    "PROTOCOL_VERSION", "MAX_MESSAGE_NBYTES",
     "HELLO", "WELCOME", "CALL", "DONE", "ACQUIRE", "GRANT", "RELEASE", "BYE", "STATUS", "STATE", "ERROR",
     "MANAGE", "MANAGED", "ATTACH_MAX_NBYTES", "TOKEN_NBYTES",
     "CALL_STRUCT", "DONE_STRUCT", "SLOT_STRUCT", "NO_RESPONSE",
@@ -57,6 +62,9 @@ PROTOCOL_VERSION = 2
 ATTACH_MAX_NBYTES = 1 << 20
 #: Random bytes in a session token (sent as hex; the DEALER's routing id is the hex's ASCII).
 TOKEN_NBYTES = 16
+
+#: Most bytes of one message to the worker (the largest legitimate one, a HELLO, is a few hundred).
+MAX_MESSAGE_NBYTES = 64 * 1024
 
 HELLO = b"H"
 WELCOME = b"W"
@@ -89,8 +97,11 @@ def pack_json(kind: bytes, obj: Any) -> bytes:
 
 
 def unpack_json(frame: bytes) -> Any:
-    """The JSON body of a control message; raises ValueError when it is not JSON."""
-    return json.loads(bytes(frame[1:]).decode())
+    """The JSON body of a control message; raises ValueError when it is not JSON (or nested too deep)."""
+    try:
+        return json.loads(bytes(frame[1:]).decode())
+    except RecursionError:
+        raise ValueError("the JSON body is nested too deeply") from None
 
 
 def pack_call(region: int, slot: int, request_id: int, generation: int) -> bytes:

@@ -55,6 +55,7 @@ class Prepared:
     nbytes_in: int
     nbytes_out: int
     response: bytes  # the success response descriptor, encoded once
+    inline: bool = True  # little estimated work: run on the loop thread, not in the executor
 
 
 def resident_name(client: int, name: str) -> str:
@@ -105,9 +106,12 @@ def check_header(h: Header, request_id: int, generation: int, desc_nbytes: int) 
 class Dispatcher:
     """Turns descriptor bytes into :class:`Prepared` requests, with a bounded cache."""
 
-    def __init__(self, backend: Any, desc_nbytes: int, cache_size: int = 1024) -> None:
+    def __init__(self, backend: Any, desc_nbytes: int, cache_size: int = 1024, *, memory_limit_nbytes: int = 0,
+                 inline_max_flops: int = 0, inline_max_nbytes: int = 0) -> None:
         self.backend = backend
         self.desc_nbytes = desc_nbytes
+        self.memory_limit_nbytes = memory_limit_nbytes
+        self.inline_max_flops, self.inline_max_nbytes = inline_max_flops, inline_max_nbytes
         self._cache: OrderedDict[tuple[bytes, int, int, int, int], Prepared] = OrderedDict()
         self._cache_size = cache_size
         self._codes = {name: spec.code for name, spec in kernels.REGISTRY.items()}
@@ -203,6 +207,13 @@ class Dispatcher:
                 # the request's own lists are wrong (a name no step produces, or asked twice): not an op's refusal
                 raise InvalidRequestError(e.message, tensor=e.tensor, field=e.field) from None
             raise kernel_error(e, first) from None
+        # the cost is known from the plan alone: refuse what would take too much memory before anything runs
+        cost = kernels.estimate(plan)
+        try:
+            kernels.check_memory(plan, cost, self.memory_limit_nbytes)
+        except kernels.KernelResourceError as e:
+            raise kernel_error(e, first) from None
+        inline = cost.flops <= self.inline_max_flops and cost.touched_nbytes <= self.inline_max_nbytes
         in_slot = tuple(t for t in desc.inputs if not t.resident)
         outputs, all_aliased = self._place(desc, plan, in_slot, flags, slot_nbytes, alias_only)
         alias_only = alias_only and all_aliased
@@ -216,7 +227,7 @@ class Dispatcher:
                 field="outputs",
             )
         return Prepared(desc, None if alias_only else plan, in_slot, outputs, resident, keep_as, first,
-                        nbytes_in, nbytes_out, response)
+                        nbytes_in, nbytes_out, response, inline or alias_only)
 
     def _place(self, desc: RequestDesc, plan: Any, inputs: tuple[TensorRef, ...], flags: int, slot_nbytes: int,
                alias_only: bool) -> tuple[tuple[TensorRef, ...], bool]:

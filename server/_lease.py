@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from shmrpc.schema.errors import BusyError, RequestTooLargeError, StaleSlotError
+from shmrpc.schema.errors import BusyError, InvalidRequestError, RequestTooLargeError, StaleSlotError
 from shmrpc.schema.layout import Geometry, format_size
 
 __all__ = ["Slot", "Leases"]
@@ -114,14 +114,15 @@ class Leases:
         self._clients[client].slots.append(s)
         return s
 
-    def open(self, client: int, from_pool: bool = True) -> list[Slot]:
-        """Start ``client``'s lease: up to ``lease[c]`` free pool slots of each class (fewer when short),
-        or none with ``from_pool=False`` (its slots then come from :meth:`add_private`)."""
+    def open(self, client: int, from_pool: bool = True, lease: tuple[int, ...] | None = None) -> list[Slot]:
+        """Start ``client``'s lease: up to ``lease[c]`` (default: the lease given at construction) free pool
+        slots of each class (fewer when short), or none with ``from_pool=False`` (its slots then come from
+        :meth:`add_private`)."""
         self._clients[client] = _Client()
         out: list[Slot] = []
         if not from_pool:
             return out
-        for c, want in enumerate(self._lease):
+        for c, want in enumerate(self._lease if lease is None else lease):
             for _ in range(min(want, len(self._free[c]))):
                 out.append(self._grant(client, self._free[c].pop(0), borrowed=False))
         return out
@@ -130,11 +131,14 @@ class Leases:
         """Borrow the smallest free slot of at least ``nbytes``.
 
         Raises:
+            InvalidRequestError: ``nbytes`` is not positive.
             RequestTooLargeError: no slot class is that large.
-            BusyError: every slot large enough is taken.
+            BusyError: every slot large enough is taken, or the client borrows all it may.
         """
         if client not in self._clients:
             raise StaleSlotError("no lease: say HELLO first", field="client")
+        if nbytes <= 0:
+            raise InvalidRequestError(f"ACQUIRE nbytes must be at least 1, got {nbytes}", field="nbytes")
         if nbytes > self._sizes[-1]:
             raise RequestTooLargeError(
                 f"a request of {format_size(nbytes)} does not fit the largest slot ({format_size(self._sizes[-1])}): "
@@ -152,6 +156,15 @@ class Leases:
                                     f"{format_size(self._max_bytes)} (--client-max-bytes)", field="nbytes")
                 return self._grant(client, self._free[c].pop(0), borrowed=True)
         raise BusyError(f"every slot of {format_size(nbytes)} or more is in use; retry later", field="nbytes")
+
+    @property
+    def sizes(self) -> list[int]:
+        """Slot bytes of each size class, smallest first."""
+        return list(self._sizes)
+
+    def free_fits(self, nbytes: int) -> bool:
+        """True when some free pool slot holds ``nbytes``."""
+        return any(self._free[c] for c, size in enumerate(self._sizes) if size >= nbytes)
 
     # ------------------------------------------------------------ returns
 

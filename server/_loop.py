@@ -2,8 +2,9 @@
 
 The loop thread owns the sockets and all bookkeeping. Handshakes arrive on the
 attach socket (:mod:`._attach`); every later message on the ROUTER, from a DEALER
-whose routing id is the session token the WELCOME gave it. Small requests run on the
-loop thread itself (a thread hop costs more than the op); larger ones run in an
+whose routing id is the session token the WELCOME gave it. Requests of little
+estimated work (FLOPs and bytes from the plan, :mod:`shmrpc.kernels._cost`) run on
+the loop thread itself (a thread hop costs more than the op); all others run in an
 executor, which writes outputs and the response into the slot, queues the DONE
 and wakes the loop through a pipe. The loop also watches each client's pidfd,
 so a client that dies has its lease ended at once.
@@ -13,8 +14,8 @@ Life of a CALL on the loop thread::
     CALL(region, slot, rid, gen)
       -> leases.begin (owner, generation, not already in flight)   else DONE(0x8000|code), slot untouched
       -> header copied out and checked                              else error response in the slot
-      -> descriptor copied out, parsed, validated, planned (cached)
-      -> run inline or in the executor -> outputs written
+      -> descriptor copied out, parsed, validated, planned, costed (cached)  over --request-memory-limit: error
+      -> run inline (little estimated work) or in the executor -> outputs written
       -> response descriptor, then header           # NOTE: order is important here
       -> DONE(region, slot, rid, status)            # the publication point back to the client
 """
@@ -41,10 +42,13 @@ from shmrpc.schema.messages import NO_RESPONSE
 from shmrpc.schema.naming import attach_path, endpoint, socket_path
 
 from . import checks, runtime
+from ._admission import Admission
 from ._attach import AttachListener, set_dumpable
 from ._dispatch import Dispatcher, Prepared, check_header, error_response
 from ._lease import Leases, Slot
-from ._sessions import Sessions, _Client, _Pending
+from ._sessions import Sessions, _Client
+from ._shared import SharedOwners
+from ._waiters import Waiters
 from .config import WorkerConfig
 from .metrics import Metrics
 from .region import Region
@@ -56,6 +60,7 @@ log = logging.getLogger("shmrpc.server")
 _OK_FLAGS = int(Flag.RESPONSE)
 _ERROR_FLAGS = int(Flag.RESPONSE | Flag.ERROR)
 _POLLIN = int(zmq.POLLIN)  # a plain int: `int & IntFlag` goes through the enum machinery
+_RCVHWM = 256  # messages queued per peer before libzmq stops reading from it (with MAXMSGSIZE: 16 MiB)
 
 
 class Worker(Sessions):
@@ -79,7 +84,8 @@ class Worker(Sessions):
         self._next_client = 1
         self._region_owner: dict[int, int] = {}  # private region index -> client id
         self._views: dict[tuple[int, int], memoryview] = {}  # (region, slot) -> the slot's bytes, made once
-        self._pending: list[_Pending] = []
+        self.admission = Admission(config)
+        self.shared = SharedOwners()
         self._stopping = threading.Event()
         self._started = 0.0
         self.metrics = Metrics()
@@ -112,13 +118,20 @@ class Worker(Sessions):
             self.backend.inject_fault = os.environ.get("SHMRPC_INJECT_FAULT") or None
             self.leases = Leases([self.regions[0].geometry], cfg.lease, self._zero,
                                  max_borrowed_slots=cfg.client_max_slots, max_borrowed_bytes=cfg.client_max_bytes)
-            self.dispatch = Dispatcher(self.backend, cfg.geometry.desc_nbytes)
+            self._waiters = Waiters(self.leases.sizes, cfg.client_max_waiters)
+            self.dispatch = Dispatcher(self.backend, cfg.geometry.desc_nbytes,
+                                       memory_limit_nbytes=cfg.request_memory_limit_bytes,
+                                       inline_max_flops=cfg.inline_max_flops, inline_max_nbytes=cfg.inline_max_nbytes)
             self._executor = ThreadPoolExecutor(cfg.threads, thread_name_prefix="shmrpc-op")
             self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             self._ctx = zmq.Context()
             self._sock = self._ctx.socket(zmq.ROUTER)
             self._sock.setsockopt(zmq.LINGER, 0)
             self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            # A peer sending more than any control message is disconnected by libzmq before it buffers the
+            # message; with the receive high-water mark this bounds what one connection can make us hold.
+            self._sock.setsockopt(zmq.MAXMSGSIZE, m.MAX_MESSAGE_NBYTES)
+            self._sock.setsockopt(zmq.RCVHWM, _RCVHWM)
             runtime.remove_socket(cfg.name)
             # the attach socket first: whoever sees NAME.sock can say HELLO (connections wait in its backlog)
             self._attach = AttachListener(attach_path(cfg.name), shared=bool(cfg.allow_uids))
@@ -264,7 +277,7 @@ class Worker(Sessions):
                 next_check = now + self.config.heartbeat_s
                 self._check_clients()
                 self._gauge_memory()
-            if self._pending:
+            if len(self._waiters):
                 self._expire_pending(now)
             if attach.pending:
                 attach.expire(now)
@@ -295,7 +308,8 @@ class Worker(Sessions):
             self.regions[i].close_fd()
 
     def _poll_timeout_ms(self, next_check: float) -> int:
-        deadline = min([next_check] + [p.deadline for p in self._pending]) if self._pending else next_check
+        first = self._waiters.next_deadline() if len(self._waiters) else None
+        deadline = next_check if first is None else min(next_check, first)
         return max(0, int((deadline - time.monotonic()) * 1000) + 1)
 
     def _drain_socket(self, stopping: bool) -> None:
@@ -305,7 +319,9 @@ class Worker(Sessions):
             if not sock.getsockopt(zmq.EVENTS) & _POLLIN:  # cheaper than catching zmq.Again
                 return
             frames = sock.recv_multipart(zmq.NOBLOCK)
-            if len(frames) != 2:  # a peer speaking something else: ignore it
+            if len(frames) != 2:  # every message is one frame: say so rather than ignore it
+                self._refuse(frames[0], "bad_message", f"a message is one frame, this one had {len(frames) - 1}",
+                             "frames")
                 continue
             identity, frame = frames
             try:
@@ -379,13 +395,15 @@ class Worker(Sessions):
             check_header(h, rid, gen, self.dispatch.desc_nbytes)
             payload = bytes(view[HEADER_NBYTES:HEADER_NBYTES + h.payload_length])
             prep = self.dispatch.prepare(payload, h.op_code, h.flags, s.nbytes, c.id)
+            if prep.keep_as:
+                self.shared.claim(c.id, prep.keep_as.values())  # shared/ names: only their owner may replace them
         except RequestError as e:
             return self._finish(identity, s, view, hdr, e, t0, {}, None)
         except Exception as e:  # noqa: BLE001
             log.exception("validation failed unexpectedly")
             return self._finish(identity, s, view, hdr, InternalError(f"validation failed: {e}"), t0, {}, None)
         self.metrics.inflight.inc()
-        if prep.plan is None or prep.nbytes_in + prep.nbytes_out <= self.config.inline_max_nbytes:
+        if prep.plan is None or prep.inline:
             self._complete(identity, s, view, hdr, prep, t0)
             if self.dispatch.fatal:
                 self._drain_done()

@@ -9,7 +9,7 @@ message               handled by
 ====================  =====================================================================
 HELLO (attach socket) :meth:`Sessions._on_hello`: identity from the kernel, pidfd, private memfd, WELCOME
 ACQUIRE / RELEASE     :meth:`Sessions._on_acquire`, :meth:`Sessions._on_release` (wait queue)
-MANAGE                :meth:`Sessions._on_manage`: list / drop resident tensors
+MANAGE                :meth:`Sessions._on_manage`: list / drop resident tensors (``shared/`` ones: owner only)
 BYE, pidfd readable   :meth:`Sessions._end_client`: end the lease, drop residents, free regions
 STATUS                :meth:`Sessions.state`
 ====================  =====================================================================
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from shmrpc import kernels
 from shmrpc.schema import SCHEMA_HASH
 from shmrpc.schema import messages as m
-from shmrpc.schema.errors import BusyError, InvalidRequestError, KernelError, RequestError
+from shmrpc.schema.errors import BusyError, ClientLimitError, InvalidRequestError, KernelError, RequestError
 from shmrpc.schema.layout import Geometry
 from shmrpc.schema.naming import socket_path
 from shmrpc.schema.optable import build_op_table, parse_op_table
@@ -36,16 +36,22 @@ from . import checks, runtime
 from ._attach import PeerCred, check_identity
 from ._dispatch import resident_name
 from ._lease import Slot
+from ._waiters import Waiter, Waiters
 from .region import Region
 
 if TYPE_CHECKING:
+    from ._admission import Admission
     from ._lease import Leases
+    from ._shared import SharedOwners
     from .config import WorkerConfig
     from .metrics import Metrics
 
 __all__ = ["Sessions"]
 
 log = logging.getLogger("shmrpc.server")
+
+#: Longest an ACQUIRE may wait for a slot (a longer ``wait_s`` is cut to it).
+_MAX_WAIT_S = 3600.0
 
 
 @dataclass(eq=False)
@@ -59,17 +65,6 @@ class _Client:
     since: float
 
 
-@dataclass
-class _Pending:
-    """An ACQUIRE waiting for a slot to free."""
-
-    client: int
-    identity: bytes
-    nbytes: int
-    deadline: float
-
-
-
 class Sessions:
     """Control-plane handlers of the worker (a mixin: the Worker provides the state below and ``_send``)."""
 
@@ -81,7 +76,9 @@ class Sessions:
     _clients: dict[bytes, _Client]
     _by_pidfd: dict[int, _Client]
     _next_client: int
-    _pending: list[_Pending]
+    _waiters: Waiters
+    admission: Admission
+    shared: SharedOwners
     _region_owner: dict[int, int]
     _views: dict[tuple[int, int], memoryview]
     _lock: runtime.WorkerLock | None
@@ -115,9 +112,17 @@ class Sessions:
         if problem is not None:
             log.warning("refused a HELLO from pid %d uid %d: %s", peer.pid, peer.uid, problem[0])
             return _refusal("refused", *problem), []
+        try:
+            self.admission.admit(peer.uid)
+            lease = self.admission.lease_for(hello.get("lease"))
+        except ClientLimitError as e:
+            return m.pack_json(m.ERROR, {"code": BusyError.code, "kind": "too_many_clients", "message": str(e),
+                                         "field": "clients"}), []
+        except ValueError as e:
+            return _refusal("bad_message", f"HELLO is malformed ({e})", "lease"), []
         client = self._admit(peer)
         try:
-            regions, slots = self._lease_regions(client)
+            regions, slots = self._lease_regions(client, lease)
         except Exception as e:  # noqa: BLE001 - no memory, memlock, GPU registration: refuse, keep serving
             self._forget(client)
             return _refusal("refused", f"cannot create this client's region: {e}", "region"), []
@@ -137,6 +142,7 @@ class Sessions:
                          runtime.process_start_ticks(peer.pid), time.time())
         self._next_client += 1
         self._clients[token] = client
+        self.admission.joined(peer.uid)
         if pidfd is not None:
             self._by_pidfd[pidfd] = client
         return client
@@ -144,16 +150,21 @@ class Sessions:
     def _forget(self, client: _Client) -> None:
         """Undo :meth:`_admit` for a session that never started."""
         self._clients.pop(client.identity, None)
+        self.admission.left(client.uid)
         if client.pidfd is not None:
             self._by_pidfd.pop(client.pidfd, None)
             os.close(client.pidfd)
             client.pidfd = None
 
-    def _lease_regions(self, client: _Client) -> tuple[list[Region], list[Slot]]:
-        """The regions ``client`` maps (the pool, and its own with ``--isolation client``) and its leased slots."""
-        private = self.config.private_geometry() if self.config.isolation == "client" else None
+    def _lease_regions(self, client: _Client, lease: tuple[int, ...]) -> tuple[list[Region], list[Slot]]:
+        """The regions ``client`` maps (the pool, and its own with ``--isolation client``) and its leased slots.
+
+        ``lease``: slots per size class granted by admission (what the HELLO asked for, capped by --lease-max).
+        """
+        private = self.config.private_geometry(lease) if self.config.isolation == "client" else None
         if private is None:
-            return [self.regions[0]], self.leases.open(client.id)
+            return [self.regions[0]], self.leases.open(client.id, lease=lease if self.config.isolation == "shared"
+                                                        else ())
         region = self._new_private_region(client.id, private)
         self.leases.open(client.id, from_pool=False)
         return [self.regions[0], region], self.leases.add_private(client.id, region.index, private)
@@ -219,29 +230,38 @@ class Sessions:
             return self._send(identity, m.pack_json(m.MANAGED, {"resident": listing}))
         if action == "drop":
             full = resident_name(c.id, name)
+            try:
+                self.shared.check(c.id, full, "resident")
+            except RequestError as e:
+                return self._send(identity, _error_msg(e))
             if full not in self.backend.resident():
+                self.shared.forget(full)
                 return self._send(identity, _error_msg(KernelError(f"no resident tensor {name!r}", tensor=name,
                                                                    field="resident")))
             self.backend.drop(full)
+            self.shared.forget(full)
             self.metrics.resident.set(self.backend.resident_bytes)
             return self._send(identity, m.pack_json(m.MANAGED, {"dropped": name}))
         return self._refuse(identity, "bad_message", f"unknown MANAGE action {action!r}", "action")
 
     def _drop_residents(self, client_id: int) -> None:
+        """Drop the client's private resident tensors and the shared ones it owns."""
         own = f"{client_id}/"
-        for full in [n for n in self.backend.resident() if n.startswith(own)]:
+        shared = set(self.shared.release(client_id))
+        for full in [n for n in self.backend.resident() if n.startswith(own) or n in shared]:
             self.backend.drop(full)
         self.metrics.resident.set(self.backend.resident_bytes)
 
     def _end_client(self, c: _Client, why: str) -> None:
         self._clients.pop(c.identity, None)
+        self.admission.left(c.uid)
         self._drop_residents(c.id)
         if c.pidfd is not None:
             self._by_pidfd.pop(c.pidfd, None)
             os.close(c.pidfd)
             c.pidfd = None
         n = self.leases.close(c.id)
-        self._pending = [p for p in self._pending if p.client != c.id]
+        self._waiters.cancel(c.id)
         self.metrics.clients.set(len(self._clients))
         self.metrics.slots_leased.set(self.leases.n_leased)
         log.info("client %d (pid %d) gone (%s): %d slots reclaimed", c.id, c.pid, why, n)
@@ -277,10 +297,14 @@ class Sessions:
         try:
             s = self.leases.acquire(c.id, nbytes)
         except BusyError as e:
-            if wait_s > 0:
-                self._pending.append(_Pending(c.id, identity, nbytes, time.monotonic() + wait_s))
-                return None
-            return self._send(identity, _error_msg(e))
+            # wait only for a slot to free, never for this client's own borrow limit (nothing it waits on frees)
+            if not wait_s > 0 or self.leases.free_fits(nbytes):
+                return self._send(identity, _error_msg(e))
+            try:
+                self._waiters.add(c.id, identity, nbytes, time.monotonic() + min(wait_s, _MAX_WAIT_S))
+            except BusyError as over:
+                return self._send(identity, _error_msg(over))
+            return None
         except RequestError as e:
             return self._send(identity, _error_msg(e))
         self.metrics.slots_leased.set(self.leases.n_leased)
@@ -288,21 +312,28 @@ class Sessions:
         return None
 
     def _serve_pending(self) -> None:
-        still = []
-        for p in self._pending:
-            try:
-                s = self.leases.acquire(p.client, p.nbytes)
-            except RequestError:
-                still.append(p)
-                continue
-            self._send(p.identity, self._grant_msg(s))
-        self._pending = still
-        self.metrics.slots_leased.set(self.leases.n_leased)
+        if len(self._waiters):
+            self._waiters.serve(self._grant_waiter)
+            self.metrics.slots_leased.set(self.leases.n_leased)
+
+    def _grant_waiter(self, w: Waiter) -> bool:
+        """Give waiter ``w`` a slot: True when it was answered (a grant, or an error), False when none fits yet."""
+        try:
+            s = self.leases.acquire(w.client, w.nbytes)
+        except BusyError as e:
+            if not self.leases.free_fits(w.nbytes):
+                return False
+            self._send(w.identity, _error_msg(e))  # a slot is free but the client borrows all it may
+            return True
+        except RequestError as e:
+            self._send(w.identity, _error_msg(e))
+            return True
+        self._send(w.identity, self._grant_msg(s))
+        return True
 
     def _expire_pending(self, now: float) -> None:
-        for p in [p for p in self._pending if p.deadline <= now]:
-            self._pending.remove(p)
-            self._send(p.identity, _error_msg(BusyError("no slot became free in time", field="nbytes")))
+        for w in self._waiters.expired(now):
+            self._send(w.identity, _error_msg(BusyError("no slot became free in time", field="nbytes")))
 
     def _on_release(self, identity: bytes, frame: bytes) -> None:
         c = self._clients.get(identity)
@@ -330,7 +361,7 @@ class Sessions:
                         for c in self._clients.values()],
             "slots_leased": self.leases.n_leased,
             "in_flight": self.leases.n_in_flight,
-            "pending_acquires": len(self._pending),
+            "pending_acquires": len(self._waiters),
             "counters": self.metrics.snapshot(),
             "resident": {k: {"shape": list(v.shape), "dtype": v.dtype} for k, v in self.backend.resident().items()}
             if self.backend else {},

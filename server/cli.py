@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--slots", default=DEFAULT_GEOMETRY.spec(),
                    help="slot size classes SIZE:COUNT, smallest first (default %(default)s)")
     s.add_argument("--lease", default=None,
-                   help="slots of each class leased to every client at HELLO, e.g. 4,2,1,1,0 (default)")
+                   help="slots of each class leased to a client that asks for none, e.g. 4,2,0,0,0 (default)")
     s.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
     s.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port on 127.0.0.1 (0: any)")
     s.add_argument("--no-mlock", action="store_true", help="do not mlock the region (no RLIMIT_MEMLOCK needed)")
@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-register", action="store_true",
                    help="do not pin the region for the GPU (only to measure what pinning buys)")
     s.add_argument("--threads", type=int, default=4, help="executor threads for larger requests")
-    s.add_argument("--inline-max", default="256K", help="requests moving at most this run on the loop thread")
+    s.add_argument("--inline-max", default="256K",
+                   help="requests touching at most this many bytes (inputs, intermediates, outputs) and at most "
+                        "--inline-max-flops may run on the loop thread (default %(default)s)")
     s.add_argument("--spin-us", type=int, default=0,
                    help="poll this many µs without sleeping before blocking (lower latency, a busy core; 0: off)")
     s.add_argument("--resident-limit", default="8G", help="cap on resident tensors")
@@ -54,6 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dumpable", action="store_true",
                    help="stay dumpable (for a debugger or profiler); by default the worker makes itself "
                         "non-dumpable so other processes of its uid cannot reach the regions through /proc")
+    b = s.add_argument_group("bounds", "what one client or one request may cost the worker (0: no limit)")
+    b.add_argument("--lease-max", default=None,
+                   help="most slots of each class a client may ask for in its HELLO (default 4,2,1,1,0)")
+    b.add_argument("--max-clients", type=int, default=64, help="clients connected at once (default %(default)s)")
+    b.add_argument("--max-clients-per-uid", type=int, default=16,
+                   help="clients of one uid connected at once (default %(default)s)")
+    b.add_argument("--request-memory-limit", default="2G",
+                   help="bytes of intermediates and outputs one request may need (default %(default)s)")
+    b.add_argument("--inline-max-flops", type=int, default=8_000_000,
+                   help="estimated FLOPs up to which a request may run on the loop thread (default %(default)s)")
+    b.add_argument("--client-max-waiters", type=int, default=4,
+                   help="ACQUIREs one client may have waiting for a slot (default %(default)s)")
     s.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
     st = sub.add_parser("status", help="show a worker's regions, leases, in-flight requests and counters")
@@ -74,7 +88,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from ._loop import Worker
     from .checks import StartupError
-    from .config import DEFAULT_LEASE, WorkerConfig, parse_lease
+    from .config import DEFAULT_LEASE, DEFAULT_LEASE_MAX, WorkerConfig, parse_lease
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -88,6 +102,10 @@ def _serve(args: argparse.Namespace) -> int:
             dumpable=args.dumpable,
             isolation=args.isolation, client_max_slots=args.client_max_slots,
             client_max_bytes=parse_size(args.client_max_bytes),
+            lease_max=parse_lease(args.lease_max) if args.lease_max else DEFAULT_LEASE_MAX,
+            max_clients=args.max_clients, max_clients_per_uid=args.max_clients_per_uid,
+            request_memory_limit_bytes=parse_size(args.request_memory_limit),
+            inline_max_flops=args.inline_max_flops, client_max_waiters=args.client_max_waiters,
         )
     except ValueError as e:
         print(f"shmrpc serve: {e}", file=sys.stderr)

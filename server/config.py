@@ -7,11 +7,14 @@ from dataclasses import dataclass
 from shmrpc.schema.layout import DEFAULT_GEOMETRY, Geometry, SizeClass
 from shmrpc.schema.naming import validate_name
 
-__all__ = ["WorkerConfig", "DEFAULT_LEASE", "parse_lease"]
+__all__ = ["WorkerConfig", "DEFAULT_LEASE", "DEFAULT_LEASE_MAX", "parse_lease"]
 
-#: Slots of each size class leased to every client at HELLO (smallest class first); the rest are
-#: borrowed on demand with ACQUIRE. With DEFAULT_GEOMETRY: 4 x 64K, 2 x 1M, 1 x 16M, 1 x 80M, 0 x 520M.
-DEFAULT_LEASE = (4, 2, 1, 1, 0)
+#: Slots of each size class leased to a client at HELLO when it asks for nothing (smallest class
+#: first); the rest are borrowed on demand with ACQUIRE. With DEFAULT_GEOMETRY: 4 x 64K and 2 x 1M,
+#: a private region of 2.3 MiB, so that connecting is cheap and a flood of HELLOs pins little.
+DEFAULT_LEASE = (4, 2, 0, 0, 0)
+#: The most slots of each class a client may ask for in its HELLO: 4 x 64K, 2 x 1M, 1 x 16M, 1 x 80M.
+DEFAULT_LEASE_MAX = (4, 2, 1, 1, 0)
 
 
 def parse_lease(text: str) -> tuple[int, ...]:
@@ -32,12 +35,16 @@ class WorkerConfig:
     Attributes:
         name: the worker's name; clients find it by this alone.
         geometry: slot size classes of the region.
-        lease: slots of each class leased to a client at HELLO (shorter tuples are padded with 0).
+        lease: slots of each class leased to a client at HELLO that asks for none (shorter tuples are
+            padded with 0).
+        lease_max: the most slots of each class a client may ask for in its HELLO (each class at
+            least ``lease``); its private region is sized to what it asked for.
         backend: ``auto`` (CuPy when it imports and sees a GPU, else NumPy), ``numpy`` or ``cupy``.
         metrics_port: Prometheus HTTP port on 127.0.0.1; ``None`` for no HTTP server, 0 for any free port.
         mlock: lock the region's pages in RAM (the startup check tells how to allow it).
-        inline_max_nbytes: requests moving at most this many bytes run on the event loop thread
-            (cheaper than a thread hop); larger ones run in the executor.
+        inline_max_nbytes: requests touching at most this many bytes of tensors (inputs,
+            intermediates and outputs, from the plan) may run on the event loop thread (cheaper than
+            a thread hop); larger ones run in the executor.
         threads: executor threads for larger requests.
         resident_limit_bytes: cap on resident tensors held by the backend.
         allow_uids: uids besides the worker's own that may connect (the runtime directory becomes 0711 and
@@ -52,6 +59,14 @@ class WorkerConfig:
         client_max_bytes: most bytes of borrowed slots one client may hold at once (0: no limit).
         register_host: pin the region for the GPU (cudaHostRegister) on the CuPy backend; off only
             to measure what pinning buys.
+        max_clients: most clients connected at once (0: no limit); a HELLO over it is refused.
+        max_clients_per_uid: most clients of one uid connected at once (0: no limit).
+        request_memory_limit_bytes: most bytes of intermediates and outputs one request's plan may
+            need (0: no limit); a larger request is refused before it runs with a ResourceError.
+        inline_max_flops: requests estimated at most this many floating-point operations (and at
+            most ``inline_max_nbytes`` of tensors touched) run on the loop thread; all others in
+            the executor, so the loop thread never computes for long.
+        client_max_waiters: most ACQUIREs one client may have waiting for a slot at once.
         spin_us: after each wake-up, poll this long without sleeping before blocking again (0: never
             spin). Saves a scheduler wake-up per request that arrives within the window, at the cost of
             a busy core while it spins.
@@ -60,6 +75,7 @@ class WorkerConfig:
     name: str
     geometry: Geometry = DEFAULT_GEOMETRY
     lease: tuple[int, ...] = DEFAULT_LEASE
+    lease_max: tuple[int, ...] = DEFAULT_LEASE_MAX
     backend: str = "auto"
     metrics_port: int | None = None
     mlock: bool = True
@@ -74,6 +90,11 @@ class WorkerConfig:
     client_max_slots: int = 0
     client_max_bytes: int = 0
     spin_us: int = 0
+    max_clients: int = 64
+    max_clients_per_uid: int = 16
+    request_memory_limit_bytes: int = 2 << 30
+    inline_max_flops: int = 8_000_000
+    client_max_waiters: int = 4
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -84,6 +105,15 @@ class WorkerConfig:
             raise ValueError(f"--lease names {len(self.lease)} classes but --slots has {n}")
         lease = tuple(self.lease) + (0,) * (n - len(self.lease))
         object.__setattr__(self, "lease", lease)
+        most = (tuple(self.lease_max) + (0,) * n)[:n]  # the default is cut to the geometry's classes
+        object.__setattr__(self, "lease_max", tuple(max(a, b) for a, b in zip(lease, most)))
+        for flag, v in (("--max-clients", self.max_clients), ("--max-clients-per-uid", self.max_clients_per_uid),
+                        ("--request-memory-limit", self.request_memory_limit_bytes),
+                        ("--inline-max-flops", self.inline_max_flops)):
+            if v < 0:
+                raise ValueError(f"{flag} must be >= 0, got {v}")
+        if self.client_max_waiters < 0:
+            raise ValueError(f"--client-max-waiters must be >= 0, got {self.client_max_waiters}")
         if self.isolation not in ("client", "shared"):
             raise ValueError(f"--isolation must be client or shared, got {self.isolation!r}")
         if self.threads < 1:
@@ -91,7 +121,9 @@ class WorkerConfig:
         if not 0 <= self.spin_us <= 1_000_000:
             raise ValueError(f"--spin-us must be 0..1000000, got {self.spin_us}")
 
-    def private_geometry(self) -> Geometry | None:
-        """The geometry of a client's own region: ``lease[c]`` slots of each class (None if the lease is empty)."""
-        classes = tuple(SizeClass(c.slot_nbytes, n) for c, n in zip(self.geometry.classes, self.lease) if n > 0)
+    def private_geometry(self, lease: tuple[int, ...] | None = None) -> Geometry | None:
+        """The geometry of a client's own region: ``lease[c]`` slots of each class (default: ``self.lease``;
+        None if the lease is empty)."""
+        counts = self.lease if lease is None else lease
+        classes = tuple(SizeClass(c.slot_nbytes, n) for c, n in zip(self.geometry.classes, counts) if n > 0)
         return Geometry(classes, self.geometry.desc_nbytes) if classes else None
