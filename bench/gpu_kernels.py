@@ -17,9 +17,10 @@ cost is hidden; median over 5 batches, after warm-up):
    timed too ("fused_kernel_seconds");
 3. layernorm_gelu on 8192 x 8192 float16: GB/s (read + write) vs the ceiling, and vs
    CuPy layernorm then gelu (unfused array code);
-4. elementwise streaming through the backend: scale() on a pinned host buffer (H2D,
+4. softmax on 8192 x 8192 float16 (float32 math): GB/s vs the ceiling, vs the array code on CuPy;
+5. elementwise streaming through the backend: scale() on a pinned host buffer (H2D,
    kernel, D2H chunked over three streams): GB/s of bytes in + out;
-5. correctness of each against the NumPy twin on this run's data (max relative error).
+6. correctness of each against the NumPy twin on this run's data (max relative error).
 
 Prints a table last and writes JSON (date, GPU, CuPy version, command line, results).
 """
@@ -165,6 +166,28 @@ def bench_layernorm_gelu(cp: Any, rows: int, d: int, reps: int, ceiling: float) 
             "unfused_seconds": tu, "speedup_vs_unfused": tu / t, "max_rel_err_vs_numpy": _rel(got[sub], want)}
 
 
+def bench_softmax(cp: Any, rows: int, d: int, reps: int, ceiling: float) -> dict[str, Any]:
+    from shmrpc.kernels import REGISTRY, TensorSpec
+    from shmrpc.kernels._registry import OpCall
+    from shmrpc.kernels.norm import _softmax
+
+    rs = cp.random.RandomState(3)
+    x = (rs.standard_normal((rows, d), dtype=cp.float32) * 4).astype(cp.float16)
+    spec = REGISTRY["softmax"]
+    ts = TensorSpec((rows, d), "float16")
+    call = OpCall(cp, {"x": x}, {"x": ts}, {"out": ts}, {}, {})
+    t = _timer(cp, lambda: spec.cupy(call), reps)
+    tu = _timer(cp, lambda: _softmax(call), max(5, reps // 5))  # the array code: unfused CuPy
+    got = spec.cupy(call)["out"].get()
+    sub = slice(0, min(rows, 512))
+    f = x[sub].get().astype(np.float64)
+    e = np.exp(f - f.max(-1, keepdims=True))
+    want = e / e.sum(-1, keepdims=True)
+    moved = 2 * rows * d * 2
+    return {"rows": rows, "D": d, "seconds": t, "GBps": moved / t / 1e9, "of_ceiling": moved / t / 1e9 / ceiling,
+            "unfused_seconds": tu, "speedup_vs_unfused": tu / t, "max_rel_err_vs_float64": _rel(got[sub], want)}
+
+
 def bench_stream(cp: Any, nbytes: int, reps: int) -> dict[str, Any]:
     from shmrpc.kernels import StepSpec, TensorSpec, select_backend
 
@@ -206,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     ms = (1, 16) if args.quick else (1, 16, 64)
     res["gemm_w4a16"] = [bench_w4a16(cp, m, k, n, reps, ceiling) for k, n in shapes for m in ms]
     res["layernorm_gelu"] = bench_layernorm_gelu(cp, 1024 if args.quick else 8192, 8192, reps, ceiling)
+    res["softmax"] = bench_softmax(cp, 1024 if args.quick else 8192, 8192, reps, ceiling)
     res["stream_scale"] = bench_stream(cp, (64 << 20) if args.quick else (256 << 20), min(reps, 20))
     with open(args.out, "w") as f:
         json.dump(res, f, indent=2)
@@ -219,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     label = f"layernorm_gelu {r['rows']}x{r['D']} fp16"
     print(f"{label:<34}{r['seconds'] * 1e6:>10.1f}{r['GBps']:>9.0f}"
           f"{100 * r['of_ceiling']:>7.0f}%{r['speedup_vs_unfused']:>8.2f}x{r['max_rel_err_vs_numpy']:>10.1e}")
+    r = res["softmax"]
+    label = f"softmax {r['rows']}x{r['D']} fp16"
+    print(f"{label:<34}{r['seconds'] * 1e6:>10.1f}{r['GBps']:>9.0f}"
+          f"{100 * r['of_ceiling']:>7.0f}%{r['speedup_vs_unfused']:>8.2f}x{r['max_rel_err_vs_float64']:>10.1e}")
     r = res["stream_scale"]
     label = f"scale H2D+D2H {r['bytes_in'] >> 20} MiB each way"
     print(f"{label:<34}{r['seconds'] * 1e6:>10.1f}{r['GBps_in_plus_out']:>9.0f}"
@@ -227,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         if r["path"] != "fused":
             print(f"  M={r['M']} K={r['K']}: fused kernel alone {r['fused_kernel_seconds'] * 1e6:.1f} us "
                   f"(rel err {r['fused_max_rel_err']:.1e}); op path {r['path']}")
-    print("vs ref: w4a16 = speedup over fp16 cuBLAS; layernorm_gelu = speedup over unfused CuPy")
+    print("vs ref: w4a16 = speedup over fp16 cuBLAS; layernorm_gelu, softmax = speedup over unfused CuPy")
     print(f"wrote {args.out}")
     return 0
 

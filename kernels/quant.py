@@ -27,7 +27,7 @@ from ._dtypes import from_float, to_float
 from ._errors import KernelInputError
 from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec, register
 
-__all__ = ["QUANTIZE_INT4", "GEMM_W4A16", "dequantize_int4", "w4a16_launch_config"]
+__all__ = ["QUANTIZE_INT4", "GEMM_W4A16", "dequantize_int4", "w4a16_launch_config", "w4a16_mma_launch"]
 
 _FP16_TINY = 2.0**-24  # smallest float16 subnormal: a scale never rounds to 0
 
@@ -185,6 +185,9 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
             and all(a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in arrays))
     if not fast:
         return _w4a16_numpy(call)
+    mma = _mma_cfg(m, k, n, gs)
+    if mma is not None:
+        return {"out": _w4a16_mma(call, m, k, n, gs, mma)}
     if dt == "float16" and m >= _dequant_min_m():
         # CUDA-core dequant-in-registers loses to tensor cores once M grows: materialize float16
         # weights with one kernel (reads packed, writes K*N*2 bytes) and let cuBLAS (fp32 compute) run.
@@ -214,6 +217,78 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
     fn((grid_x, ksplit), (256,), (x, qw, sc, zr, partial, counters, out,
                                   np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(rps)))
     return {"out": out}
+
+
+# Tensor-core kernel (cuda/w4a16_mma.cu): variants (MT, NWORD, WARPS) = (16-row m-tiles, 32-bit weight
+# words per thread per packed row, warps per block); a block covers 32*NWORD columns.
+_MMA_VARIANTS = ((1, 4, 4), (1, 4, 8), (1, 2, 4), (1, 2, 8), (2, 2, 4), (2, 4, 4), (4, 2, 4), (4, 1, 4), (4, 1, 8))
+# Per largest M: (MT, NWORD, WARPS, blocks per SM aimed at), measured on an H200 (bench/gpu_w4a16_tune.py).
+_MMA_TABLE: tuple[tuple[int, tuple[int, int, int, int]], ...] = (
+    (16, (1, 4, 4, 4)),
+    (32, (2, 2, 4, 4)),
+    (64, (4, 2, 4, 4)),
+)
+
+
+def _mma_cfg(m: int, k: int, n: int, gs: int) -> tuple[int, int, int, int] | None:
+    """(MT, NWORD, WARPS, blocks/SM) of the tensor-core path for this shape, or None (other paths).
+
+    SHMRPC_W4A16_MMA=0 turns the path off; SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS" forces one
+    configuration (tuning only)."""
+    if os.environ.get("SHMRPC_W4A16_MMA", "1") == "0" or m < 1 or m > _MMA_TABLE[-1][0]:
+        return None
+    if m == 1 and os.environ.get("SHMRPC_W4A16_MMA_M1", "1") == "0":
+        return None
+    forced = os.environ.get("SHMRPC_W4A16_MMA_CFG")
+    if forced:
+        mt, nw, wp, bps = (int(v) for v in forced.split(","))
+        cfg = (mt, nw, wp, bps)
+    else:
+        cfg = next(c for mmax, c in _MMA_TABLE if m <= mmax)
+    if (cfg[0], cfg[1], cfg[2]) not in _MMA_VARIANTS:
+        return None
+    if n % (32 * cfg[1]) or k % 64 or gs % 64:
+        return None
+    return cfg
+
+
+def w4a16_mma_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, int, int, int]) -> tuple[tuple[int, int], int]:
+    """(grid, chunks per warp) of ``cuda/w4a16_mma.cu`` (a chunk = 64 k)."""
+    _, nword, warps, bps = cfg
+    tiles = n // (32 * nword)
+    chunks = k // 64
+    ksplit = max(1, min(round(bps * n_sm / tiles), -(-chunks // warps)))
+    cpw = -(-chunks // (ksplit * warps))
+    ksplit = -(-chunks // (cpw * warps))
+    return (tiles, ksplit), cpw
+
+
+def _mma_names(kt: str) -> tuple[str, ...]:
+    return tuple(f"w4a16_mma<{kt},{mt},{nw},{wp}>" for mt, nw, wp in _MMA_VARIANTS)
+
+
+def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, int, int, int]) -> Any:
+    """One launch of w4a16_mma (tensor cores); split-K partials summed by the last block of a column tile."""
+    import cupy
+
+    from ._cuda import get_function, sm_count
+
+    x, qw, sc, zr = (call.inputs[p] for p in ("x", "qweight", "scales", "zeros"))
+    (tiles, ksplit), cpw = w4a16_mma_launch(m, k, n, sm_count(), cfg)
+    out = call.dest("out")
+    if out is None or not out.flags.c_contiguous:
+        out = cupy.empty((m, n), dtype=x.dtype)
+    partial = cupy.empty((ksplit, m, n) if ksplit > 1 else (1,), dtype=cupy.float32)
+    counters = call.workspace.get("w4a16_counters")
+    if counters is None or counters.size < tiles:
+        counters = cupy.zeros(max(tiles, 1024), dtype=cupy.uint32)
+        call.workspace["w4a16_counters"] = counters
+    kt = "F16" if call.in_specs["x"].dtype == "float16" else "BF16"
+    mt, nw, wp, _ = cfg
+    fn = get_function("w4a16_mma.cu", _mma_names(kt), f"w4a16_mma<{kt},{mt},{nw},{wp}>")
+    fn((tiles, ksplit), (32 * wp,), (x, qw, sc, zr, partial, counters, out,
+                                      np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpw)))
+    return out
 
 
 def _w4a16_h2(call: OpCall, m: int, k: int, n: int, gs: int) -> Any:
