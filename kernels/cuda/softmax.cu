@@ -23,7 +23,7 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
   if (lane == 0) sh[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    float t = lane < nwarps ? sh[lane] : -INFINITY;
+    float t = lane < nwarps ? sh[lane] : -__int_as_float(0x7f800000);
     t = warp_max(t);
     if (lane == 0) sh[32] = t;
   }
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(1024) softmax_rows(const typename X::T* __rest
   const typename X::T* xr = x + row * (u64)D;
   typename X::T* yr = y + row * (u64)D;
   float v[NCH][V];
-  float mx = -INFINITY;
+  float mx = -__int_as_float(0x7f800000);
 #pragma unroll
   for (int c = 0; c < NCH; ++c) {
     const int e = (c * blockDim.x + threadIdx.x) * V;
@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(1024) softmax_rows(const typename X::T* __rest
       for (int i = 0; i < V; ++i) mx = fmaxf(mx, v[c][i]);
     } else {
 #pragma unroll
-      for (int i = 0; i < V; ++i) v[c][i] = -INFINITY;
+      for (int i = 0; i < V; ++i) v[c][i] = -__int_as_float(0x7f800000);
     }
   }
   mx = block_max(mx, sh);
@@ -100,28 +100,28 @@ __global__ void __launch_bounds__(1024) softmax_online(const typename X::T* __re
   const u64 row = blockIdx.x;
   const typename X::T* xr = x + row * (u64)D;
   typename X::T* yr = y + row * (u64)D;
-  float m = -INFINITY, s = 0.f;
+  float m = -__int_as_float(0x7f800000), s = 0.f;
   for (int e = threadIdx.x; e < D; e += blockDim.x) {
     const float v = X::load(xr[e]);
     if (v > m) { s = s * sm_exp<X>(m - v) + 1.f; m = v; }   // exp(-inf) = 0 on the first element
-    else s += v == -INFINITY ? 0.f : sm_exp<X>(v - m);  // NaN propagates
+    else s += v == -__int_as_float(0x7f800000) ? 0.f : sm_exp<X>(v - m);  // NaN propagates
   }
   // merge (m, s) pairs: warp, then block
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
     const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
     const float mm = fmaxf(m, m2);
-    s = (m == -INFINITY ? 0.f : s * sm_exp<X>(m - mm)) + (m2 == -INFINITY ? 0.f : s2 * sm_exp<X>(m2 - mm));
+    s = (m == -__int_as_float(0x7f800000) ? 0.f : s * sm_exp<X>(m - mm)) + (m2 == -__int_as_float(0x7f800000) ? 0.f : s2 * sm_exp<X>(m2 - mm));
     m = mm;
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   if (lane == 0) { shm[warp] = m; shs[warp] = s; }
   __syncthreads();
   if (threadIdx.x == 0) {
-    float bm = -INFINITY;
+    float bm = -__int_as_float(0x7f800000);
     for (int w = 0; w < nwarps; ++w) bm = fmaxf(bm, shm[w]);
     float bs = 0.f;
-    for (int w = 0; w < nwarps; ++w) bs += shm[w] == -INFINITY ? 0.f : shs[w] * sm_exp<X>(shm[w] - bm);
+    for (int w = 0; w < nwarps; ++w) bs += shm[w] == -__int_as_float(0x7f800000) ? 0.f : shs[w] * sm_exp<X>(shm[w] - bm);
     tot[0] = bm; tot[1] = 1.f / bs;
   }
   __syncthreads();

@@ -18,7 +18,8 @@
 // Work split: a chunk is 64 k (32 packed rows, 4 k16 steps, always inside one group: group size
 // % 64 == 0); warp w of block (x, y) takes chunks [(y*WARPS + w)*cpw, +cpw) of column tile x.
 // The next chunk's weights, scales and zeros are loaded (ld.global.nc) before the current one is
-// computed. Warps of a block add their tiles in shared memory in a fixed order; with ksplit =
+// computed. Warps of a block add their tiles in shared memory in a fixed order (stored in fragment
+// order, so the adds are free of bank conflicts); with ksplit =
 // gridDim.y > 1 the blocks' sums go to `partial` and the last block of a column tile (counter,
 // fences, as in gemm_w4a16.cu) adds them in a fixed order and resets its counter.
 // Host guarantees: N % BC == 0, K % 64 == 0, group_rows % 32 == 0, 16-byte aligned contiguous
@@ -174,26 +175,25 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
       }
     }
     __syncthreads();  // red zeroed
+    // red in fragment order, [((mt*NT + nt)*4 + e)*32 + lane]: each warp's adds are conflict-free
+    float* rf = &red[0][0];
     for (int wi = 0; wi < WARPS; ++wi) {
       if (warp == wi && c_begin < c_end) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const int r = mt * 16 + g, ca = (2 * t) * NT + nt, cb = (2 * t + 1) * NT + nt;
-            red[r][ca] += acc[mt][nt][0];
-            red[r][cb] += acc[mt][nt][1];
-            red[r + 8][ca] += acc[mt][nt][2];
-            red[r + 8][cb] += acc[mt][nt][3];
-          }
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) rf[((mt * NT + nt) * 4 + e) * 32 + lane] += acc[mt][nt][e];
       }
       __syncthreads();
     }
     for (int idx = threadIdx.x; idx < MR * BC; idx += WARPS * 32) {
-      const int r = idx / BC, c = idx % BC, m = m0 + r;
+      const int ln = idx & 31, e = (idx >> 5) & 3, nt = (idx >> 7) % NT, mt = (idx >> 7) / NT;
+      const int m = m0 + mt * 16 + (ln >> 2) + (e >> 1) * 8, c = (2 * (ln & 3) + (e & 1)) * NT + nt;
       if (m < M) {
-        if (ksplit == 1) out[(u64)m * N + col0 + c] = O::from_f(red[r][c]);
-        else partial[((u64)blockIdx.y * M + m) * N + col0 + c] = red[r][c];
+        if (ksplit == 1) out[(u64)m * N + col0 + c] = O::from_f(rf[idx]);
+        else partial[((u64)blockIdx.y * M + m) * N + col0 + c] = rf[idx];
       }
     }
     __syncthreads();
