@@ -220,13 +220,14 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
 
 
 # Tensor-core kernel (cuda/w4a16_mma.cu): variants (MT, NWORD, WARPS) = (16-row m-tiles, 32-bit weight
-# words per thread per packed row, warps per block); a block covers 32*NWORD columns.
-_MMA_VARIANTS = ((1, 4, 4), (1, 4, 8), (1, 2, 4), (1, 2, 8), (2, 2, 4), (2, 4, 4), (4, 2, 4), (4, 1, 4), (4, 1, 8))
+# words per thread per packed row, warps per block); a warp covers 32*NWORD columns, a block WARPS of those.
+_MMA_VARIANTS = ((1, 4, 4), (1, 4, 2), (1, 2, 4), (1, 2, 8), (1, 1, 4), (2, 2, 4), (2, 4, 4), (2, 1, 4),
+                 (4, 2, 4), (4, 1, 4), (4, 1, 8), (4, 2, 2))
 # Per largest M: (MT, NWORD, WARPS, blocks per SM aimed at), measured on an H200 (bench/gpu_w4a16_tune.py).
 _MMA_TABLE: tuple[tuple[int, tuple[int, int, int, int]], ...] = (
-    (16, (1, 4, 4, 4)),
-    (32, (2, 2, 4, 4)),
-    (64, (4, 2, 4, 4)),
+    (16, (1, 2, 4, 2)),
+    (32, (2, 2, 4, 2)),
+    (64, (4, 1, 4, 2)),
 )
 
 
@@ -253,14 +254,14 @@ def _mma_cfg(m: int, k: int, n: int, gs: int) -> tuple[int, int, int, int] | Non
 
 
 def w4a16_mma_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, int, int, int]) -> tuple[tuple[int, int], int]:
-    """(grid, chunks per warp) of ``cuda/w4a16_mma.cu`` (a chunk = 64 k)."""
+    """(grid, chunks per block) of ``cuda/w4a16_mma.cu`` (a chunk = 64 k; a block = WARPS*32*NWORD columns)."""
     _, nword, warps, bps = cfg
-    tiles = n // (32 * nword)
+    tiles = -(-n // (32 * nword * warps))
     chunks = k // 64
-    ksplit = max(1, min(round(bps * n_sm / tiles), -(-chunks // warps)))
-    cpw = -(-chunks // (ksplit * warps))
-    ksplit = -(-chunks // (cpw * warps))
-    return (tiles, ksplit), cpw
+    ksplit = max(1, min(round(bps * n_sm / tiles), chunks))
+    cpb = -(-chunks // ksplit)
+    ksplit = -(-chunks // cpb)
+    return (tiles, ksplit), cpb
 
 
 def _mma_names(kt: str) -> tuple[str, ...]:
@@ -274,7 +275,7 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, in
     from ._cuda import get_function, sm_count
 
     x, qw, sc, zr = (call.inputs[p] for p in ("x", "qweight", "scales", "zeros"))
-    (tiles, ksplit), cpw = w4a16_mma_launch(m, k, n, sm_count(), cfg)
+    (tiles, ksplit), cpb = w4a16_mma_launch(m, k, n, sm_count(), cfg)
     out = call.dest("out")
     if out is None or not out.flags.c_contiguous:
         out = cupy.empty((m, n), dtype=x.dtype)
@@ -287,7 +288,7 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, in
     mt, nw, wp, _ = cfg
     fn = get_function("w4a16_mma.cu", _mma_names(kt), f"w4a16_mma<{kt},{mt},{nw},{wp}>")
     fn((tiles, ksplit), (32 * wp,), (x, qw, sc, zr, partial, counters, out,
-                                      np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpw)))
+                                      np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)))
     return out
 
 

@@ -16,14 +16,15 @@
 // by the group's scale rounds (q - z) * s once to the input type. The mma then multiplies exactly
 // and accumulates in float32.
 // Work split: a chunk is 64 k (32 packed rows, 4 k16 steps, always inside one group: group size
-// % 64 == 0); warp w of block (x, y) takes chunks [(y*WARPS + w)*cpw, +cpw) of column tile x.
-// The next chunk's weights, scales and zeros are loaded (ld.global.nc) before the current one is
-// computed. Warps of a block add their tiles in shared memory in a fixed order (stored in fragment
-// order, so the adds are free of bank conflicts); with ksplit =
-// gridDim.y > 1 the blocks' sums go to `partial` and the last block of a column tile (counter,
-// fences, as in gemm_w4a16.cu) adds them in a fixed order and resets its counter.
+// % 64 == 0). Warp w of block (x, y) owns columns [(x*WARPS + w)*BC, +BC) and every block takes the
+// chunks [y*cpb, +cpb): the warps of a block share the activation chunk, staged in shared memory
+// (two buffers, rows padded to 72 halves so the A-fragment reads hit 32 distinct banks). The next
+// chunk's weights, scales, zeros and activations are loaded into registers before the current one
+// is computed; one barrier per chunk. With ksplit = gridDim.y > 1 the blocks write float32 partial
+// tiles and the last block of a column tile (counter, fences, as in gemm_w4a16.cu) adds them in a
+// fixed order and resets its counter.
 // Host guarantees: N % BC == 0, K % 64 == 0, group_rows % 32 == 0, 16-byte aligned contiguous
-// arrays, M <= 16*MT*ceil(M/(16*MT)) handled by looping m-blocks; no device-side assert.
+// arrays; M > 16*MT runs as several m-blocks (the weights are read again); no device-side assert.
 
 template <class X> struct MmaOps;
 template <> struct MmaOps<F16> {
@@ -86,21 +87,20 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
     unsigned int* __restrict__ counters, u16* __restrict__ out,
-    int M, int K, int N, int group_rows, int cpw) {
+    int M, int K, int N, int group_rows, int cpb) {
   typedef MmaOps<X> O;
-  constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = 16 * MT;
-  __shared__ float red[MR][BC];
+  constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = 16 * MT, XS = 72;  // XS: x row stride in smem (halves)
+  constexpr int XP = MR * 8 / (WARPS * 32) > 0 ? MR * 8 / (WARPS * 32) : 1;  // 16-byte x pieces per thread
+  __shared__ __align__(16) u16 xs[2][MR][XS];
   __shared__ unsigned int is_last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int col0 = blockIdx.x * BC, colt = col0 + g * NT;
+  const int colb = blockIdx.x * (WARPS * BC), col0 = colb + warp * BC, colt = col0 + g * NT;
+  const bool cols_ok = col0 < N;
   const int n_chunks = K >> 6;
-  const int c_begin = min((blockIdx.y * WARPS + warp) * cpw, n_chunks), c_end = min(c_begin + cpw, n_chunks);
+  const int c_begin = min((int)blockIdx.y * cpb, n_chunks), c_end = min(c_begin + cpb, n_chunks);
   const int ksplit = gridDim.y;
-  const u32* x32 = reinterpret_cast<const u32*>(x);
-  const int k32 = K >> 1;  // x row length in 32-bit words
 
   for (int m0 = 0; m0 < M; m0 += MR) {
-    for (int i = threadIdx.x; i < MR * BC; i += WARPS * 32) (&red[0][0])[i] = 0.f;
     float acc[MT][NT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -108,7 +108,9 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
       for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
 
     u32 wc[4][2][NWORD], sc[NT / 2], zc[NT / 2];
-    auto load_chunk = [&](int ch, u32 (&w)[4][2][NWORD], u32* s, u32* z) {
+    uint4 xr[XP];
+    auto load_w = [&](int ch, u32 (&w)[4][2][NWORD], u32* s, u32* z) {
+      if (!cols_ok) return;
       const int pr = ch * 32;
       const unsigned char* p = qweight + (u64)(pr + t) * N + colt;
 #pragma unroll
@@ -120,52 +122,70 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
       ld_halves<NT>(scales + go, s);
       ld_halves<NT>(zeros + go, z);
     };
-    if (c_begin < c_end) load_chunk(c_begin, wc, sc, zc);
+    auto load_x = [&](int ch) {  // piece i: row (idx / 8), 8 halves at k = ch*64 + 8*(idx % 8)
+#pragma unroll
+      for (int i = 0; i < XP; ++i) {
+        const int idx = i * WARPS * 32 + threadIdx.x, r = idx >> 3, m = m0 + r;
+        xr[i] = make_uint4(0u, 0u, 0u, 0u);
+        if (idx < MR * 8 && m < M) xr[i] = *reinterpret_cast<const uint4*>(x + (u64)m * K + ch * 64 + 8 * (idx & 7));
+      }
+    };
+    auto store_x = [&](int buf) {
+#pragma unroll
+      for (int i = 0; i < XP; ++i) {
+        const int idx = i * WARPS * 32 + threadIdx.x;
+        if (idx < MR * 8) *reinterpret_cast<uint4*>(&xs[buf][idx >> 3][8 * (idx & 7)]) = xr[i];
+      }
+    };
+    if (c_begin < c_end) {
+      load_w(c_begin, wc, sc, zc);
+      load_x(c_begin);
+      store_x(c_begin & 1);
+    }
+    __syncthreads();
     for (int ch = c_begin; ch < c_end; ++ch) {
       u32 wn[4][2][NWORD], sn[NT / 2], zn[NT / 2];
-      if (ch + 1 < c_end) load_chunk(ch + 1, wn, sn, zn);
-      u32 a[MT][4][4];
+      const bool more = ch + 1 < c_end;
+      if (more) { load_w(ch + 1, wn, sn, zn); load_x(ch + 1); }
+      if (cols_ok) {
+        // per column: s2 = {s, s}, nz = {-(magic + z), -(magic + z)} in X
+        u32 s2[NT], nz[NT];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const int ma = m0 + mt * 16 + g, mb = ma + 8;
+        for (int c = 0; c < NT; ++c) {
+          const u16 sh = (u16)(c & 1 ? sc[c >> 1] >> 16 : sc[c >> 1] & 0xffffu);
+          const u16 zh = (u16)(c & 1 ? zc[c >> 1] >> 16 : zc[c >> 1] & 0xffffu);
+          const u16 sx = O::from_f(h2f(sh)), zx = O::from_f(-(O::magic_f() + h2f(zh)));
+          s2[c] = (u32)sx | ((u32)sx << 16);
+          nz[c] = (u32)zx | ((u32)zx << 16);
+        }
+        const u32* xw = reinterpret_cast<const u32*>(&xs[ch & 1][0][0]);
 #pragma unroll
         for (int st = 0; st < 4; ++st) {
-          const int kw = ch * 32 + st * 8 + t;
-          a[mt][st][0] = ma < M ? x32[(u64)ma * k32 + kw] : 0u;
-          a[mt][st][1] = mb < M ? x32[(u64)mb * k32 + kw] : 0u;
-          a[mt][st][2] = ma < M ? x32[(u64)ma * k32 + kw + 4] : 0u;
-          a[mt][st][3] = mb < M ? x32[(u64)mb * k32 + kw + 4] : 0u;
-        }
-      }
-      // per column: s2 = {s, s}, nz = {-(magic + z), -(magic + z)} in X
-      u32 s2[NT], nz[NT];
+          u32 a[MT][4];
 #pragma unroll
-      for (int c = 0; c < NT; ++c) {
-        const u16 sh = (u16)(c & 1 ? sc[c >> 1] >> 16 : sc[c >> 1] & 0xffffu);
-        const u16 zh = (u16)(c & 1 ? zc[c >> 1] >> 16 : zc[c >> 1] & 0xffffu);
-        const u16 sx = O::from_f(h2f(sh)), zx = O::from_f(-(O::magic_f() + h2f(zh)));
-        s2[c] = (u32)sx | ((u32)sx << 16);
-        nz[c] = (u32)zx | ((u32)zx << 16);
-      }
+          for (int mt = 0; mt < MT; ++mt) {
+            const int ra = (mt * 16 + g) * (XS / 2) + 8 * st + t, rb = ra + 8 * (XS / 2);
+            a[mt][0] = xw[ra]; a[mt][1] = xw[rb]; a[mt][2] = xw[ra + 4]; a[mt][3] = xw[rb + 4];
+          }
 #pragma unroll
-      for (int st = 0; st < 4; ++st) {
+          for (int w = 0; w < NWORD; ++w) {
+            const u32 v0 = wc[st][0][w], v0s = v0 >> 4, v1 = wc[st][1][w], v1s = v1 >> 4;
 #pragma unroll
-        for (int w = 0; w < NWORD; ++w) {
-          const u32 v0 = wc[st][0][w], v0s = v0 >> 4, v1 = wc[st][1][w], v1s = v1 >> 4;
+            for (int j = 0; j < 4; ++j) {
+              const int nt = 4 * w + j;
+              const u32 sel = (u32)(j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
+              const u32 t0 = (__byte_perm(v0, v0s, sel) & 0x000F000Fu) | O::MAGIC;
+              const u32 t1 = (__byte_perm(v1, v1s, sel) & 0x000F000Fu) | O::MAGIC;
+              const u32 b0 = O::fma2(O::fma2(t0, O::ONE, nz[nt]), s2[nt], 0x80008000u);
+              const u32 b1 = O::fma2(O::fma2(t1, O::ONE, nz[nt]), s2[nt], 0x80008000u);
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int nt = 4 * w + j;
-            const u32 sel = (u32)(j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
-            const u32 t0 = (__byte_perm(v0, v0s, sel) & 0x000F000Fu) | O::MAGIC;
-            const u32 t1 = (__byte_perm(v1, v1s, sel) & 0x000F000Fu) | O::MAGIC;
-            const u32 b0 = O::fma2(O::fma2(t0, O::ONE, nz[nt]), s2[nt], 0x80008000u);
-            const u32 b1 = O::fma2(O::fma2(t1, O::ONE, nz[nt]), s2[nt], 0x80008000u);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) O::mma(acc[mt][nt], a[mt][st], b0, b1);
+              for (int mt = 0; mt < MT; ++mt) O::mma(acc[mt][nt], a[mt], b0, b1);
+            }
           }
         }
       }
-      if (ch + 1 < c_end) {
+      if (more) {
+        store_x((ch + 1) & 1);  // the other buffer: its last readers passed the barrier below
 #pragma unroll
         for (int st = 0; st < 4; ++st)
 #pragma unroll
@@ -173,28 +193,21 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
 #pragma unroll
         for (int c = 0; c < NT / 2; ++c) { sc[c] = sn[c]; zc[c] = zn[c]; }
       }
-    }
-    __syncthreads();  // red zeroed
-    // red in fragment order, [((mt*NT + nt)*4 + e)*32 + lane]: each warp's adds are conflict-free
-    float* rf = &red[0][0];
-    for (int wi = 0; wi < WARPS; ++wi) {
-      if (warp == wi && c_begin < c_end) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) rf[((mt * NT + nt) * 4 + e) * 32 + lane] += acc[mt][nt][e];
-      }
       __syncthreads();
     }
-    for (int idx = threadIdx.x; idx < MR * BC; idx += WARPS * 32) {
-      const int ln = idx & 31, e = (idx >> 5) & 3, nt = (idx >> 7) % NT, mt = (idx >> 7) / NT;
-      const int m = m0 + mt * 16 + (ln >> 2) + (e >> 1) * 8, c = (2 * (ln & 3) + (e & 1)) * NT + nt;
-      if (m < M) {
-        if (ksplit == 1) out[(u64)m * N + col0 + c] = O::from_f(rf[idx]);
-        else partial[((u64)blockIdx.y * M + m) * N + col0 + c] = rf[idx];
-      }
+    if (cols_ok) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int m = m0 + mt * 16 + g + (e >> 1) * 8, col = col0 + (2 * t + (e & 1)) * NT + nt;
+            if (m < M) {
+              if (ksplit == 1) out[(u64)m * N + col] = O::from_f(acc[mt][nt][e]);
+              else partial[((u64)blockIdx.y * M + m) * N + col] = acc[mt][nt][e];
+            }
+          }
     }
     __syncthreads();
   }
@@ -206,11 +219,13 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  for (int idx = threadIdx.x; idx < M * BC; idx += WARPS * 32) {
-    const int m = idx / BC, col = col0 + idx % BC;
-    float v = 0.f;
-    for (int sp = 0; sp < ksplit; ++sp) v += ld_cg_f32(partial + ((u64)sp * M + m) * N + col);
-    out[(u64)m * N + col] = O::from_f(v);
+  for (int idx = threadIdx.x; idx < M * WARPS * BC; idx += WARPS * 32) {
+    const int m = idx / (WARPS * BC), col = colb + idx % (WARPS * BC);
+    if (col < N) {
+      float v = 0.f;
+      for (int sp = 0; sp < ksplit; ++sp) v += ld_cg_f32(partial + ((u64)sp * M + m) * N + col);
+      out[(u64)m * N + col] = O::from_f(v);
+    }
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
 }
