@@ -221,8 +221,8 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
 
 # Tensor-core kernel (cuda/w4a16_mma.cu): variants (MT, NWORD, WARPS) = (16-row m-tiles, 32-bit weight
 # words per thread per packed row, warps per block); a warp covers 32*NWORD columns, a block WARPS of those.
-_MMA_VARIANTS = ((1, 4, 4), (1, 4, 2), (1, 2, 4), (1, 2, 8), (1, 1, 4), (2, 2, 4), (2, 4, 4), (2, 1, 4),
-                 (4, 2, 4), (4, 1, 4), (4, 1, 8), (4, 2, 2))
+_MMA_VARIANTS = ((1, 4, 4), (1, 4, 2), (1, 2, 4), (1, 2, 8), (1, 1, 4), (1, 1, 8), (2, 2, 4), (2, 1, 4), (2, 1, 8),
+                 (4, 1, 4), (4, 2, 2), (4, 1, 2))
 # Per largest M: (MT, NWORD, WARPS, blocks per SM aimed at), measured on an H200 (bench/gpu_w4a16_tune.py).
 _MMA_TABLE: tuple[tuple[int, tuple[int, int, int, int]], ...] = (
     (16, (1, 2, 4, 2)),

@@ -91,7 +91,9 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
   typedef MmaOps<X> O;
   constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = 16 * MT, XS = 72;  // XS: x row stride in smem (halves)
   constexpr int XP = MR * 8 / (WARPS * 32) > 0 ? MR * 8 / (WARPS * 32) : 1;  // 16-byte x pieces per thread
-  __shared__ __align__(16) u16 xs[2][MR][XS];
+  constexpr int OW = WARPS * BC + 4;  // output tile row stride (floats)
+  constexpr int XROWS = (MR * OW * 4 + 2 * MR * XS * 2 - 1) / (2 * MR * XS * 2) * MR;  // x buffers sized to hold the tile too
+  __shared__ __align__(16) u16 xs[2][XROWS][XS];
   __shared__ unsigned int is_last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int colb = blockIdx.x * (WARPS * BC), col0 = colb + warp * BC, colt = col0 + g * NT;
@@ -137,8 +139,10 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
         if (idx < MR * 8) *reinterpret_cast<uint4*>(&xs[buf][idx >> 3][8 * (idx & 7)]) = xr[i];
       }
     };
+    u32 w1[4][2][NWORD], s1[NT / 2], z1[NT / 2];  // chunk ch + 1 (weights run two chunks ahead)
     if (c_begin < c_end) {
       load_w(c_begin, wc, sc, zc);
+      if (c_begin + 1 < c_end) load_w(c_begin + 1, w1, s1, z1);
       load_x(c_begin);
       store_x(c_begin & 1);
     }
@@ -146,7 +150,8 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
     for (int ch = c_begin; ch < c_end; ++ch) {
       u32 wn[4][2][NWORD], sn[NT / 2], zn[NT / 2];
       const bool more = ch + 1 < c_end;
-      if (more) { load_w(ch + 1, wn, sn, zn); load_x(ch + 1); }
+      if (ch + 2 < c_end) load_w(ch + 2, wn, sn, zn);
+      if (more) load_x(ch + 1);
       if (cols_ok) {
         // per column: s2 = {s, s}, nz = {-(magic + z), -(magic + z)} in X
         u32 s2[NT], nz[NT];
@@ -189,25 +194,39 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
 #pragma unroll
         for (int st = 0; st < 4; ++st)
 #pragma unroll
-          for (int w = 0; w < NWORD; ++w) { wc[st][0][w] = wn[st][0][w]; wc[st][1][w] = wn[st][1][w]; }
+          for (int w = 0; w < NWORD; ++w) {
+            wc[st][0][w] = w1[st][0][w]; wc[st][1][w] = w1[st][1][w];
+            w1[st][0][w] = wn[st][0][w]; w1[st][1][w] = wn[st][1][w];
+          }
 #pragma unroll
-        for (int c = 0; c < NT / 2; ++c) { sc[c] = sn[c]; zc[c] = zn[c]; }
+        for (int c = 0; c < NT / 2; ++c) { sc[c] = s1[c]; zc[c] = z1[c]; s1[c] = sn[c]; z1[c] = zn[c]; }
       }
       __syncthreads();
     }
+    // the block's (MR, WARPS*BC) float32 tile through shared memory (over the x buffers), then
+    // written row by row: 16-byte float4 stores of partials, 8-byte stores of outputs
+    float* ot = reinterpret_cast<float*>(&xs[0][0][0]);
     if (cols_ok) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int m = m0 + mt * 16 + g + (e >> 1) * 8, col = col0 + (2 * t + (e & 1)) * NT + nt;
-            if (m < M) {
-              if (ksplit == 1) out[(u64)m * N + col] = O::from_f(acc[mt][nt][e]);
-              else partial[((u64)blockIdx.y * M + m) * N + col] = acc[mt][nt][e];
-            }
-          }
+          for (int e = 0; e < 4; ++e)
+            ot[(mt * 16 + g + (e >> 1) * 8) * OW + warp * BC + (2 * t + (e & 1)) * NT + nt] = acc[mt][nt][e];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < MR * (WARPS * BC / 4); idx += WARPS * 32) {
+      const int r = idx / (WARPS * BC / 4), c = 4 * (idx % (WARPS * BC / 4)), m = m0 + r;
+      if (m < M && colb + c < N) {
+        const float4 v = *reinterpret_cast<const float4*>(ot + r * OW + c);
+        if (ksplit == 1) {
+          *reinterpret_cast<uint2*>(out + (u64)m * N + colb + c) =
+              make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
+        } else {
+          *reinterpret_cast<float4*>(partial + ((u64)blockIdx.y * M + m) * N + colb + c) = v;
+        }
+      }
     }
     __syncthreads();
   }
@@ -219,12 +238,18 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  for (int idx = threadIdx.x; idx < M * WARPS * BC; idx += WARPS * 32) {
-    const int m = idx / (WARPS * BC), col = colb + idx % (WARPS * BC);
+  for (int idx = threadIdx.x; idx < M * (WARPS * BC / 4); idx += WARPS * 32) {
+    const int m = idx / (WARPS * BC / 4), col = colb + 4 * (idx % (WARPS * BC / 4));
     if (col < N) {
-      float v = 0.f;
-      for (int sp = 0; sp < ksplit; ++sp) v += ld_cg_f32(partial + ((u64)sp * M + m) * N + col);
-      out[(u64)m * N + col] = O::from_f(v);
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+      for (int sp = 0; sp < ksplit; ++sp) {
+        const float* p = partial + ((u64)sp * M + m) * N + col;
+        float4 u; asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(u.x), "=f"(u.y), "=f"(u.z), "=f"(u.w) : "l"(p));
+        v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
+      }
+      *reinterpret_cast<uint2*>(out + (u64)m * N + col) =
+          make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
     }
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
