@@ -219,43 +219,45 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
     return {"out": out}
 
 
-# Tensor-core kernel (cuda/w4a16_mma.cu): variants (MT, NWORD, WARPS) = (16-row m-tiles, 32-bit weight
-# words per thread per packed row, warps per block); a warp covers 32*NWORD columns, a block WARPS of those.
-_MMA_VARIANTS = ((1, 4, 4), (1, 4, 2), (1, 2, 4), (1, 2, 8), (1, 1, 4), (1, 1, 8), (2, 2, 4), (2, 1, 4), (2, 1, 8),
-                 (4, 1, 4), (4, 2, 2), (4, 1, 2))
-# Per largest M: (MT, NWORD, WARPS, blocks per SM aimed at), measured on an H200 (bench/gpu_w4a16_tune.py).
-_MMA_TABLE: tuple[tuple[int, tuple[int, int, int, int]], ...] = (
-    (16, (1, 2, 4, 2)),
-    (32, (2, 2, 4, 2)),
-    (64, (4, 1, 4, 2)),
+# Tensor-core kernels (cuda/w4a16_mma.cu). A configuration is (MT, NWORD, WARPS, BPS, S): 16-row m-tiles,
+# 32-bit weight words per thread per packed row (a warp covers 32*NWORD columns, a block WARPS of those),
+# warps per block, blocks per SM aimed at (sets the K split), and S > 0: w4a16_mma_async with S shared-memory
+# stages (cp.async), S = 0: w4a16_mma (register prefetch).
+_MMA_VARIANTS = ((1, 4, 4), (1, 2, 4), (1, 1, 4), (1, 1, 8), (2, 2, 4), (2, 1, 4), (4, 1, 4), (4, 1, 2))
+_ASYNC_VARIANTS = ((1, 2, 4, 4), (1, 2, 4, 3), (1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 4), (2, 1, 4, 4), (2, 2, 4, 3),
+                   (4, 1, 4, 3), (4, 1, 2, 4))
+# Per largest M: the configuration, measured on an H200 (bench/gpu_w4a16_tune.py).
+_MMA_TABLE: tuple[tuple[int, tuple[int, int, int, int, int]], ...] = (
+    (16, (1, 2, 4, 2, 0)),
+    (32, (2, 1, 4, 4, 0)),
+    (64, (4, 1, 4, 2, 0)),
 )
 
 
-def _mma_cfg(m: int, k: int, n: int, gs: int) -> tuple[int, int, int, int] | None:
-    """(MT, NWORD, WARPS, blocks/SM) of the tensor-core path for this shape, or None (other paths).
+def _mma_cfg(m: int, k: int, n: int, gs: int) -> tuple[int, int, int, int, int] | None:
+    """The tensor-core configuration for this shape, or None (other paths).
 
-    SHMRPC_W4A16_MMA=0 turns the path off; SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS" forces one
-    configuration (tuning only)."""
+    SHMRPC_W4A16_MMA=0 turns the path off, SHMRPC_W4A16_MMA_M1=0 for M = 1 only;
+    SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S" forces one configuration (tuning only)."""
     if os.environ.get("SHMRPC_W4A16_MMA", "1") == "0" or m < 1 or m > _MMA_TABLE[-1][0]:
         return None
     if m == 1 and os.environ.get("SHMRPC_W4A16_MMA_M1", "1") == "0":
         return None
     forced = os.environ.get("SHMRPC_W4A16_MMA_CFG")
     if forced:
-        mt, nw, wp, bps = (int(v) for v in forced.split(","))
-        cfg = (mt, nw, wp, bps)
+        v = [int(p) for p in forced.split(",")]
+        cfg = (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
     else:
         cfg = next(c for mmax, c in _MMA_TABLE if m <= mmax)
-    if (cfg[0], cfg[1], cfg[2]) not in _MMA_VARIANTS:
-        return None
-    if n % (32 * cfg[1]) or k % 64 or gs % 64:
+    known = (cfg[:3] in _MMA_VARIANTS) if cfg[4] == 0 else ((*cfg[:3], cfg[4]) in _ASYNC_VARIANTS)
+    if not known or n % (32 * cfg[1]) or k % 64 or gs % 64:
         return None
     return cfg
 
 
-def w4a16_mma_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, int, int, int]) -> tuple[tuple[int, int], int]:
+def w4a16_mma_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) -> tuple[tuple[int, int], int]:
     """(grid, chunks per block) of ``cuda/w4a16_mma.cu`` (a chunk = 64 k; a block = WARPS*32*NWORD columns)."""
-    _, nword, warps, bps = cfg
+    nword, warps, bps = cfg[1], cfg[2], cfg[3]
     tiles = -(-n // (32 * nword * warps))
     chunks = k // 64
     ksplit = max(1, min(round(bps * n_sm / tiles), chunks))
@@ -265,11 +267,12 @@ def w4a16_mma_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, int, int
 
 
 def _mma_names(kt: str) -> tuple[str, ...]:
-    return tuple(f"w4a16_mma<{kt},{mt},{nw},{wp}>" for mt, nw, wp in _MMA_VARIANTS)
+    return (*(f"w4a16_mma<{kt},{mt},{nw},{wp}>" for mt, nw, wp in _MMA_VARIANTS),
+            *(f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>" for mt, nw, wp, st in _ASYNC_VARIANTS))
 
 
-def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, int, int, int]) -> Any:
-    """One launch of w4a16_mma (tensor cores); split-K partials summed by the last block of a column tile."""
+def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, int, int, int, int]) -> Any:
+    """One launch of a tensor-core kernel; split-K partials summed by the last block of a column tile."""
     import cupy
 
     from ._cuda import get_function, sm_count
@@ -277,7 +280,7 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, in
     x, qw, sc, zr = (call.inputs[p] for p in ("x", "qweight", "scales", "zeros"))
     (tiles, ksplit), cpb = w4a16_mma_launch(m, k, n, sm_count(), cfg)
     out = call.dest("out")
-    if out is None or not out.flags.c_contiguous:
+    if out is None or not out.flags.c_contiguous or out.data.ptr % 16:
         out = cupy.empty((m, n), dtype=x.dtype)
     partial = cupy.empty((ksplit, m, n) if ksplit > 1 else (1,), dtype=cupy.float32)
     counters = call.workspace.get("w4a16_counters")
@@ -285,8 +288,9 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, in
         counters = cupy.zeros(max(tiles, 1024), dtype=cupy.uint32)
         call.workspace["w4a16_counters"] = counters
     kt = "F16" if call.in_specs["x"].dtype == "float16" else "BF16"
-    mt, nw, wp, _ = cfg
-    fn = get_function("w4a16_mma.cu", _mma_names(kt), f"w4a16_mma<{kt},{mt},{nw},{wp}>")
+    mt, nw, wp, _, st = cfg
+    name = f"w4a16_mma<{kt},{mt},{nw},{wp}>" if st == 0 else f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>"
+    fn = get_function("w4a16_mma.cu", _mma_names(kt), name)
     fn((tiles, ksplit), (32 * wp,), (x, qw, sc, zr, partial, counters, out,
                                       np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)))
     return out

@@ -254,3 +254,173 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
 }
+
+// w4a16_mma_async: the same product, with the weights, scales, zeros and activations of S chunks in
+// flight through shared memory (cp.async, S stages, one barrier per chunk) instead of registers.
+// Stage layout (bytes): per warp [32 packed rows][BC] weights, per warp [scales BC halves][zeros BC
+// halves], then x [MR rows][XS halves] (rows >= M zero-filled by the copy itself).
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u64 a; asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p)); return (u32)a;
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N_PENDING>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N_PENDING)); }
+
+template <class X, int MT, int NWORD, int WARPS, int S>
+__global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
+    const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
+    const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
+    unsigned int* __restrict__ counters, u16* __restrict__ out,
+    int M, int K, int N, int group_rows, int cpb) {
+  typedef MmaOps<X> O;
+  constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = 16 * MT, XS = 72;
+  constexpr int WB = 32 * BC, SZB = 4 * BC, XB = MR * XS * 2;
+  constexpr int STAGE = WARPS * (WB + SZB) + XB;
+  constexpr int OW = WARPS * BC + 4;
+  constexpr int SMEM = S * STAGE > MR * OW * 4 ? S * STAGE : MR * OW * 4;
+  __shared__ __align__(16) unsigned char smem[SMEM];
+  __shared__ unsigned int is_last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int colb = blockIdx.x * (WARPS * BC), col0 = colb + warp * BC;
+  const bool cols_ok = col0 < N;
+  const int n_chunks = K >> 6;
+  const int c_begin = min((int)blockIdx.y * cpb, n_chunks), c_end = min(c_begin + cpb, n_chunks);
+  const int nloc = c_end - c_begin;
+  const int ksplit = gridDim.y;
+
+  for (int m0 = 0; m0 < M; m0 += MR) {
+    auto issue = [&](int ch, int stage) {
+      unsigned char* st = smem + stage * STAGE;
+      const int pr = ch * 32;
+      if (cols_ok) {
+        unsigned char* wdst = st + warp * WB;
+#pragma unroll
+        for (int i = 0; i < WB / 16 / 32; ++i) {
+          const int p = i * 32 + lane, row = p / (BC / 16), c16 = p % (BC / 16);
+          cp_async16(wdst + row * BC + 16 * c16, qweight + (u64)(pr + row) * N + col0 + 16 * c16, 16);
+        }
+        if (lane < BC / 4) {  // BC/8 pieces of scales, then BC/8 of zeros
+          const int which = lane / (BC / 8), off = lane % (BC / 8);
+          const u16* src = (which ? zeros : scales) + (u64)(pr / group_rows) * N + col0 + 8 * off;
+          cp_async16(st + WARPS * WB + warp * SZB + which * 2 * BC + 16 * off, src, 16);
+        }
+      }
+      unsigned char* xdst = st + WARPS * (WB + SZB);
+      for (int p = threadIdx.x; p < MR * 8; p += WARPS * 32) {
+        const int r = p >> 3, m = m0 + r;
+        const u16* src = m < M ? x + (u64)m * K + ch * 64 + 8 * (p & 7) : x;
+        cp_async16(xdst + r * (XS * 2) + 16 * (p & 7), src, m < M ? 16 : 0);
+      }
+    };
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) {
+      if (s < nloc) issue(c_begin + s, s);
+      cp_async_commit();
+    }
+    for (int i = 0; i < nloc; ++i) {
+      cp_async_wait<S - 2>();
+      __syncthreads();
+      if (i + S - 1 < nloc) issue(c_begin + i + S - 1, (i + S - 1) % S);
+      cp_async_commit();
+      if (!cols_ok) continue;
+      const unsigned char* st = smem + (i % S) * STAGE;
+      const unsigned char* wsrc = st + warp * WB + g * (4 * NWORD);
+      const u32* szw = reinterpret_cast<const u32*>(st + WARPS * WB + warp * SZB + g * NT * 2);
+      u32 s2[NT], nz[NT];
+#pragma unroll
+      for (int c = 0; c < NT; ++c) {
+        const u32 sw = szw[c >> 1], zw = szw[(BC / 2) + (c >> 1)];  // zeros start BC halves = BC/2 words later
+        const u16 sh = (u16)(c & 1 ? sw >> 16 : sw & 0xffffu), zh = (u16)(c & 1 ? zw >> 16 : zw & 0xffffu);
+        const u16 sx = O::from_f(h2f(sh)), zx = O::from_f(-(O::magic_f() + h2f(zh)));
+        s2[c] = (u32)sx | ((u32)sx << 16);
+        nz[c] = (u32)zx | ((u32)zx << 16);
+      }
+      const u32* xw = reinterpret_cast<const u32*>(st + WARPS * (WB + SZB));
+#pragma unroll
+      for (int stp = 0; stp < 4; ++stp) {
+        u32 a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const int ra = (mt * 16 + g) * (XS / 2) + 8 * stp + t, rb = ra + 8 * (XS / 2);
+          a[mt][0] = xw[ra]; a[mt][1] = xw[rb]; a[mt][2] = xw[ra + 4]; a[mt][3] = xw[rb + 4];
+        }
+        u32 w0[NWORD], w1[NWORD];
+        const unsigned char* r0 = wsrc + (8 * stp + t) * BC;
+        const unsigned char* r1 = r0 + 4 * BC;
+#pragma unroll
+        for (int w = 0; w < NWORD; ++w) { w0[w] = reinterpret_cast<const u32*>(r0)[w]; w1[w] = reinterpret_cast<const u32*>(r1)[w]; }
+#pragma unroll
+        for (int w = 0; w < NWORD; ++w) {
+          const u32 v0 = w0[w], v0s = v0 >> 4, v1 = w1[w], v1s = v1 >> 4;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int nt = 4 * w + j;
+            const u32 sel = (u32)(j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
+            const u32 t0 = (__byte_perm(v0, v0s, sel) & 0x000F000Fu) | O::MAGIC;
+            const u32 t1 = (__byte_perm(v1, v1s, sel) & 0x000F000Fu) | O::MAGIC;
+            const u32 b0 = O::fma2(O::fma2(t0, O::ONE, nz[nt]), s2[nt], 0x80008000u);
+            const u32 b1 = O::fma2(O::fma2(t1, O::ONE, nz[nt]), s2[nt], 0x80008000u);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) O::mma(acc[mt][nt], a[mt], b0, b1);
+          }
+        }
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    float* ot = reinterpret_cast<float*>(smem);
+    if (cols_ok) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            ot[(mt * 16 + g + (e >> 1) * 8) * OW + warp * BC + (2 * t + (e & 1)) * NT + nt] = acc[mt][nt][e];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < MR * (WARPS * BC / 4); idx += WARPS * 32) {
+      const int r = idx / (WARPS * BC / 4), c = 4 * (idx % (WARPS * BC / 4)), m = m0 + r;
+      if (m < M && colb + c < N) {
+        const float4 v = *reinterpret_cast<const float4*>(ot + r * OW + c);
+        if (ksplit == 1) {
+          *reinterpret_cast<uint2*>(out + (u64)m * N + colb + c) =
+              make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
+        } else {
+          *reinterpret_cast<float4*>(partial + ((u64)blockIdx.y * M + m) * N + colb + c) = v;
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (ksplit == 1) return;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = (atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(ksplit - 1));
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < M * (WARPS * BC / 4); idx += WARPS * 32) {
+    const int m = idx / (WARPS * BC / 4), col = colb + 4 * (idx % (WARPS * BC / 4));
+    if (col < N) {
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+      for (int sp = 0; sp < ksplit; ++sp) {
+        const float* p = partial + ((u64)sp * M + m) * N + col;
+        float4 u; asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(u.x), "=f"(u.y), "=f"(u.z), "=f"(u.w) : "l"(p));
+        v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
+      }
+      *reinterpret_cast<uint2*>(out + (u64)m * N + col) =
+          make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
+    }
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
+}
