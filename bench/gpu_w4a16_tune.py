@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--ms", default="1,16,32,64")
+    ap.add_argument("--shapes", default="8192x8192,4096x14336", help="KxN,...")
+    ap.add_argument("--cfgs", default="", help="only these configurations: MT,NWORD,WARPS,BPS,S;...")
     args = ap.parse_args(argv)
     import cupy as cp
 
@@ -50,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                            "command": " ".join(["python", *sys.argv]), "commit": os.environ.get("SHMRPC_COMMIT", "unknown"),
                            "rows": []}
     l2 = 60 << 20
-    for k, n in ((8192, 8192), (4096, 14336)):
+    only = [tuple(int(v) for v in c.split(",")) for c in args.cfgs.split(";") if c]
+    for k, n in (tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")):
         gs = 128
         g = k // gs
         packed = k * n // 2 + 4 * g * n
@@ -70,21 +73,21 @@ def main(argv: list[str] | None = None) -> int:
                             {"out": TensorSpec((m, n), "float16")}, {}, {}, {}) for q, s, z in sets]
             it = iter(range(10**9))
 
-            def once() -> Any:
+            def once(calls: list[Any] = calls, it: Any = it, n_sets: int = n_sets) -> Any:
                 return spec.cupy(calls[next(it) % n_sets])["out"]
 
-            def err() -> float:
+            def err(calls: list[Any] = calls, want: np.ndarray = want) -> float:
                 got = spec.cupy(calls[0])["out"].get().astype(np.float64)
                 return float(np.abs(got - want).max() / np.abs(want).max())
 
             it16 = iter(range(10**9))
-            t16 = _timer(cp, lambda: cp.matmul(x, w16[next(it16) % n16]), args.reps)
+            t16 = _timer(cp, lambda x=x, it16=it16: cp.matmul(x, w16[next(it16) % n16]), args.reps)  # noqa: B023
             os.environ["SHMRPC_W4A16_MMA"] = "0"
             t_old, e_old = _timer(cp, once, args.reps), err()
             del os.environ["SHMRPC_W4A16_MMA"]
             row: dict[str, Any] = {"M": m, "K": k, "N": n, "cublas_fp16_seconds": t16, "old_path_seconds": t_old,
                                    "old_path_rel_err": e_old, "configs": []}
-            for cfg in CFGS.get(m, CFGS[64]):
+            for cfg in only or CFGS.get(m, CFGS[64]):
                 os.environ["SHMRPC_W4A16_MMA_CFG"] = ",".join(map(str, cfg))
                 try:
                     t, e = _timer(cp, once, args.reps), err()

@@ -224,25 +224,28 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
 # warps per block, blocks per SM aimed at (sets the K split), and S > 0: w4a16_mma_async with S shared-memory
 # stages (cp.async), S = 0: w4a16_mma (register prefetch).
 _MMA_VARIANTS = ((1, 4, 4), (1, 2, 4), (1, 1, 4), (1, 1, 8), (2, 2, 4), (2, 1, 4), (4, 1, 4), (4, 1, 2))
-_ASYNC_VARIANTS = ((1, 2, 4, 4), (1, 2, 4, 3), (1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 4), (2, 1, 4, 4), (2, 2, 4, 3),
+_ASYNC_VARIANTS = ((1, 2, 4, 4), (1, 2, 4, 3), (1, 2, 4, 2), (1, 1, 8, 3), (1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 4), (2, 1, 4, 4), (2, 2, 4, 3),
                    (4, 1, 4, 3), (4, 1, 2, 4))
 # Per largest M: the configuration, measured on an H200 (bench/gpu_w4a16_tune.py).
+# M = 1 stays on the float32 CUDA-core kernel (20 us against 24-29 us here at 8192 x 8192).
 _MMA_TABLE: tuple[tuple[int, tuple[int, int, int, int, int]], ...] = (
-    (16, (1, 2, 4, 2, 0)),
-    (32, (2, 1, 4, 4, 0)),
-    (64, (4, 1, 4, 2, 0)),
+    (16, (1, 2, 4, 2, 3)),
+    (32, (2, 1, 4, 4, 4)),
+    (64, (4, 1, 4, 2, 3)),
 )
 
 
 def _mma_cfg(m: int, k: int, n: int, gs: int) -> tuple[int, int, int, int, int] | None:
     """The tensor-core configuration for this shape, or None (other paths).
 
-    SHMRPC_W4A16_MMA=0 turns the path off, SHMRPC_W4A16_MMA_M1=0 for M = 1 only;
+    SHMRPC_W4A16_MMA=0 turns the path off; SHMRPC_W4A16_MMA_M1=1 takes it for M = 1 too (measured slower);
     SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S" forces one configuration (tuning only)."""
     if os.environ.get("SHMRPC_W4A16_MMA", "1") == "0" or m < 1 or m > _MMA_TABLE[-1][0]:
         return None
-    if m == 1 and os.environ.get("SHMRPC_W4A16_MMA_M1", "1") == "0":
+    if m == 1 and os.environ.get("SHMRPC_W4A16_MMA_M1", "0") != "1":
         return None
+    if m <= 4 and os.environ.get("SHMRPC_W4A16_H2", "0") == "1":
+        return None  # the opt-in float16x2 kernel
     forced = os.environ.get("SHMRPC_W4A16_MMA_CFG")
     if forced:
         v = [int(p) for p in forced.split(",")]

@@ -132,13 +132,21 @@ def test_softmax_fused_rows_and_online(gpu, rows, d, dt) -> None:
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=rtol, atol=atol)
 
 
+_FORCED = ["", "1,2,4,2,0", "1,1,8,2,4", "2,2,4,2,3", "4,1,4,2,0", "4,1,2,4,4"]
+
+
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
-@pytest.mark.parametrize(("m", "k", "n", "gs"), [(1, 1024, 1024, 128), (2, 2048, 384, 64), (16, 4096, 512, 128),
-                                                  (17, 1024, 256, 64), (33, 1024, 128, 128), (64, 2048, 1024, 128)])
-def test_w4a16_tensor_core_path(gpu, m, k, n, gs, dt) -> None:
-    """The mma kernel against float64 x @ dequant(w), activations with outliers (|x| up to 1e3) and subnormals."""
+@pytest.mark.parametrize(("m", "k", "n", "gs", "cfg"), [(1, 1024, 1024, 128, ""), (2, 2048, 384, 64, ""), (16, 4096, 512, 128, ""),
+                                                         (17, 1024, 256, 64, ""), (33, 1024, 128, 128, ""), (64, 2048, 1024, 128, ""),
+                                                         *((m, 2048, 512, 64, c) for m in (5, 40) for c in _FORCED[1:])])
+def test_w4a16_tensor_core_path(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
+    """The mma kernels against float64 x @ dequant(w), activations with outliers (|x| up to 1e3) and subnormals;
+    the default table, M = 1 (opt-in), and forced configurations of both kernels (M above one m-block too)."""
     from shmrpc.kernels.quant import GEMM_W4A16, _mma_cfg, dequantize_int4
 
+    monkeypatch.setenv("SHMRPC_W4A16_MMA_M1", "1")
+    if cfg:
+        monkeypatch.setenv("SHMRPC_W4A16_MMA_CFG", cfg)
     assert _mma_cfg(m, k, n, gs) is not None
     rng = np.random.default_rng(m * 7 + k)
     q = rng.integers(0, 256, (k // 2, n), dtype=np.uint8)
