@@ -33,7 +33,12 @@ template <> struct MmaOps<F16> {
     u32 d; asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
   }
   static __device__ __forceinline__ u16 from_f(float f) { return f2h(f); }
-  static __device__ __forceinline__ float magic_f() { return 1024.f; }
+  // scales/zeros words of columns (c, c+1) -> {s,s} and {-(1024+z), -(1024+z)} per column, no conversions
+  static __device__ __forceinline__ void sz(u32 sw, u32 zw, u32* s2, u32* nz) {
+    const u32 zz = fma2(zw, 0xBC00BC00u, 0xE400E400u);  // -z - 1024, exact
+    s2[0] = __byte_perm(sw, sw, 0x1010); s2[1] = __byte_perm(sw, sw, 0x3232);
+    nz[0] = __byte_perm(zz, zz, 0x1010); nz[1] = __byte_perm(zz, zz, 0x3232);
+  }
   static __device__ __forceinline__ void mma(float* c, const u32* a, u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -45,7 +50,15 @@ template <> struct MmaOps<BF16> {
     u32 d; asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
   }
   static __device__ __forceinline__ u16 from_f(float f) { return f2b(f); }
-  static __device__ __forceinline__ float magic_f() { return 128.f; }
+  // float16 scales rounded to bfloat16; -(128 + z) exact
+  static __device__ __forceinline__ void sz(u32 sw, u32 zw, u32* s2, u32* nz) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const u16 sx = f2b(h2f((u16)(sw >> (16 * h)))), zx = f2b(-(128.f + h2f((u16)(zw >> (16 * h)))));
+      s2[h] = (u32)sx | ((u32)sx << 16);
+      nz[h] = (u32)zx | ((u32)zx << 16);
+    }
+  }
   static __device__ __forceinline__ void mma(float* c, const u32* a, u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -156,13 +169,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
         // per column: s2 = {s, s}, nz = {-(magic + z), -(magic + z)} in X
         u32 s2[NT], nz[NT];
 #pragma unroll
-        for (int c = 0; c < NT; ++c) {
-          const u16 sh = (u16)(c & 1 ? sc[c >> 1] >> 16 : sc[c >> 1] & 0xffffu);
-          const u16 zh = (u16)(c & 1 ? zc[c >> 1] >> 16 : zc[c >> 1] & 0xffffu);
-          const u16 sx = O::from_f(h2f(sh)), zx = O::from_f(-(O::magic_f() + h2f(zh)));
-          s2[c] = (u32)sx | ((u32)sx << 16);
-          nz[c] = (u32)zx | ((u32)zx << 16);
-        }
+        for (int c = 0; c < NT; c += 2) O::sz(sc[c >> 1], zc[c >> 1], s2 + c, nz + c);
         const u32* xw = reinterpret_cast<const u32*>(&xs[ch & 1][0][0]);
 #pragma unroll
         for (int st = 0; st < 4; ++st) {
@@ -336,13 +343,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
       const u32* szw = reinterpret_cast<const u32*>(st + WARPS * WB + warp * SZB + g * NT * 2);
       u32 s2[NT], nz[NT];
 #pragma unroll
-      for (int c = 0; c < NT; ++c) {
-        const u32 sw = szw[c >> 1], zw = szw[(BC / 2) + (c >> 1)];  // zeros start BC halves = BC/2 words later
-        const u16 sh = (u16)(c & 1 ? sw >> 16 : sw & 0xffffu), zh = (u16)(c & 1 ? zw >> 16 : zw & 0xffffu);
-        const u16 sx = O::from_f(h2f(sh)), zx = O::from_f(-(O::magic_f() + h2f(zh)));
-        s2[c] = (u32)sx | ((u32)sx << 16);
-        nz[c] = (u32)zx | ((u32)zx << 16);
-      }
+      for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);  // zeros: BC/2 words on
       const u32* xw = reinterpret_cast<const u32*>(st + WARPS * (WB + SZB));
 #pragma unroll
       for (int stp = 0; stp < 4; ++stp) {
