@@ -328,11 +328,12 @@ GEMM_W4A16 = register(OpSpec(
     tolerances={"float16": TOL_MATMUL["float16"], "bfloat16": TOL_MATMUL["bfloat16"]},
     doc="x (M, K) float16/bfloat16, qweight (K/2, N) uint8, scales/zeros (K/gs, N) float16 as made by "
         "quantize_int4 -> out (M, N) in x's dtype = x @ ((q - zeros) * scales), float32 accumulation. "
-        "CuPy: one kernel dequantizing in registers (M <= 4, or bfloat16) when N % 16 == 0, K % 16 == 0 and "
-        "group_size % 16 == 0, accumulating in float32 (SHMRPC_W4A16_H2=1 opts in to a faster float16 M <= 4 "
-        "kernel that sums float16x2 products in float16 over 16 k before float32: less precise, and it overflows "
-        "for |x| above ~8000); float16 with M >= 5: a dequantize kernel then cuBLAS; "
-        "other shapes: array code.",
+        "CuPy: M = 2..64 on tensor cores (mma.sync, weights dequantized in registers and rounded once to x's "
+        "dtype, cp.async pipeline) when K % 64 == 0, group_size % 64 == 0 and N % 64 == 0 (32 for M > 16); M = 1 (and other "
+        "shapes with N, K, group_size % 16 == 0, M <= 4 or bfloat16) one CUDA-core kernel dequantizing in "
+        "registers with float32 math (SHMRPC_W4A16_H2=1 opts in to a faster float16 M <= 4 kernel that sums "
+        "float16x2 products in float16 over 16 k before float32: less precise, and it overflows for |x| above "
+        "~8000); float16 M >= 5 otherwise: a dequantize kernel then cuBLAS; other shapes: array code.",
     example={"x": TensorSpec((1, 256), "float16"), "qweight": TensorSpec((128, 128), "uint8"),
              "scales": TensorSpec((2, 128), "float16"), "zeros": TensorSpec((2, 128), "float16")},
 ))
