@@ -42,20 +42,13 @@ __global__ void __launch_bounds__(1024) ln_rows(const typename X::T* __restrict_
   const u64 row = blockIdx.x;
   const typename X::T* xr = x + row * (u64)D;
   typename X::T* yr = y + row * (u64)D;
-  // up to 16 values per thread, gamma and beta are loaded with x (their latency hides behind the
-  // reductions); longer rows load them at the end, to keep registers for x
-  constexpr bool PRE = NCH * V <= 16;
-  float v[NCH][V], g[PRE ? NCH : 1][V], b[PRE ? NCH : 1][V];
+  float v[NCH][V];
   float s = 0.f;
 #pragma unroll
   for (int c = 0; c < NCH; ++c) {
     const int e = (c * blockDim.x + threadIdx.x) * V;
     if (e < D) {
       load_vec<X, V>(xr + e, v[c]);
-      if (PRE) {
-        load_vec<X, V>(gamma + e, g[PRE ? c : 0]);
-        load_vec<X, V>(beta + e, b[PRE ? c : 0]);
-      }
 #pragma unroll
       for (int i = 0; i < V; ++i) s += v[c][i];
     } else {
@@ -78,15 +71,12 @@ __global__ void __launch_bounds__(1024) ln_rows(const typename X::T* __restrict_
   for (int c = 0; c < NCH; ++c) {
     const int e = (c * blockDim.x + threadIdx.x) * V;
     if (e < D) {
-      float o[V];
-      if (!PRE) {
-        load_vec<X, V>(gamma + e, g[0]);
-        load_vec<X, V>(beta + e, b[0]);
-      }
-      const int gc = PRE ? c : 0;
+      float g[V], b[V], o[V];
+      load_vec<X, V>(gamma + e, g);
+      load_vec<X, V>(beta + e, b);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        const float t = (v[c][i] - mean) * rstd * g[gc][i] + b[gc][i];
+        const float t = (v[c][i] - mean) * rstd * g[i] + b[i];
         o[i] = GELU ? gelu_tanh(t) : t;
       }
       store_vec<X, V>(yr + e, o);
