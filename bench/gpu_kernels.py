@@ -13,13 +13,15 @@ cost is hidden; median over 5 batches, after warm-up):
    rotating among enough weight sets that L2 (60 MB) cannot hold them; against fp16
    cuBLAS (cupy.matmul) of the same shape; GB/s of the bytes the kernel must read
    (packed weights + scales + zeros + x, + out) and that as a share of the copy ceiling; for
-   M >= 5 (float16) the op's default path is dequantize-kernel + cuBLAS, the fused kernel is
-   timed too ("fused_kernel_seconds");
+   M = 2..64 the op's default path is the tensor-core kernel (cuda/w4a16_mma.cu); the path before it
+   (SHMRPC_W4A16_MMA=0: the float32 CUDA-core kernel for M <= 4, dequantize + cuBLAS above) is timed too
+   ("previous_path_seconds");
 3. layernorm_gelu on 8192 x 8192 float16: GB/s (read + write) vs the ceiling, and vs
    CuPy layernorm then gelu (unfused array code);
-4. elementwise streaming through the backend: scale() on a pinned host buffer (H2D,
+4. softmax on 8192 x 8192 float16 (float32 math): GB/s vs the ceiling, vs the array code on CuPy;
+5. elementwise streaming through the backend: scale() on a pinned host buffer (H2D,
    kernel, D2H chunked over three streams): GB/s of bytes in + out;
-5. correctness of each against the NumPy twin on this run's data (max relative error).
+6. correctness of each against the NumPy twin on this run's data (max relative error).
 
 Prints a table last and writes JSON (date, GPU, CuPy version, command line, results).
 """
@@ -87,7 +89,7 @@ def copy_ceiling(cp: Any, nbytes: int, reps: int) -> dict[str, float]:
 def bench_w4a16(cp: Any, m: int, k: int, n: int, reps: int, ceiling: float, l2_bytes: int = 60 << 20) -> dict[str, Any]:
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._registry import OpCall
-    from shmrpc.kernels.quant import dequantize_int4, w4a16_launch_config
+    from shmrpc.kernels.quant import _mma_cfg, dequantize_int4
 
     gs = 128
     g = k // gs
@@ -106,32 +108,30 @@ def bench_w4a16(cp: Any, m: int, k: int, n: int, reps: int, ceiling: float, l2_b
     calls = [OpCall(cp, {"x": x, "qweight": q, "scales": s, "zeros": z}, in_specs, out_specs, {}, {}, ws) for q, s, z in sets]
     it = iter(range(10**9))
     t = _timer(cp, lambda: spec.cupy(calls[next(it) % n_sets]), reps)
-    t_fused = t
-    if m >= 5:  # the default path for float16 is dequantize + cuBLAS here; time the fused kernel too
-        os.environ["SHMRPC_W4A16_DEQUANT_MIN_M"] = str(1 << 30)
-        try:
-            t_fused = _timer(cp, lambda: spec.cupy(calls[next(it) % n_sets]), reps)
-            fused_out = spec.cupy(calls[0])["out"].get()
-        finally:
-            del os.environ["SHMRPC_W4A16_DEQUANT_MIN_M"]
+    os.environ["SHMRPC_W4A16_MMA"] = "0"
+    try:
+        t_prev = _timer(cp, lambda: spec.cupy(calls[next(it) % n_sets]), reps)
+        prev_out = spec.cupy(calls[0])["out"].get()
+    finally:
+        del os.environ["SHMRPC_W4A16_MMA"]
     got = spec.cupy(calls[0])["out"].get()
     q, s, z = (a.get() for a in sets[0])
     want = (x.get().astype(np.float32) @ dequantize_int4(np, q, s, z)).astype(np.float16)
-    fused_err = _rel(fused_out, want) if m >= 5 else None
+    mma = _mma_cfg(m, k, n, gs)
     # fp16 cuBLAS of the same shape, rotating dense weight sets
     n16 = max(2, -(-3 * l2_bytes // (k * n * 2)))
     w16 = [rs.standard_normal((k, n), dtype=cp.float32).astype(cp.float16) for _ in range(n16)]
     it2 = iter(range(10**9))
     t16 = _timer(cp, lambda: cp.matmul(x, w16[next(it2) % n16]), reps)
     moved = packed + m * k * 2 + m * n * 2
-    (grid_x, ksplit), rps, mb = w4a16_launch_config(m, k, n, int(cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]))
     sets.clear()
     w16.clear()
     cp.get_default_memory_pool().free_all_blocks()
     return {"M": m, "K": k, "N": n, "group_size": gs, "weight_sets": n_sets, "seconds": t, "GBps": moved / t / 1e9,
-            "of_ceiling": moved / t / 1e9 / ceiling, "fused_kernel_seconds": t_fused, "fused_max_rel_err": fused_err,
-            "path": "dequant+cublas" if m >= 5 else "fused", "cublas_fp16_seconds": t16, "speedup_vs_fp16": t16 / t,
-            "grid": [grid_x, ksplit], "rows_per_split": rps, "mb": mb, "max_rel_err_vs_numpy": _rel(got, want)}
+            "of_ceiling": moved / t / 1e9 / ceiling, "previous_path_seconds": t_prev,
+            "previous_path_rel_err": _rel(prev_out, want), "speedup_vs_previous": t_prev / t,
+            "path": f"mma {mma}" if mma else "fused float32 (CUDA cores)", "cublas_fp16_seconds": t16, "speedup_vs_fp16": t16 / t,
+            "max_rel_err_vs_numpy": _rel(got, want)}
 
 
 def bench_layernorm_gelu(cp: Any, rows: int, d: int, reps: int, ceiling: float) -> dict[str, Any]:
@@ -163,6 +163,28 @@ def bench_layernorm_gelu(cp: Any, rows: int, d: int, reps: int, ceiling: float) 
     moved = 2 * rows * d * 2
     return {"rows": rows, "D": d, "seconds": t, "GBps": moved / t / 1e9, "of_ceiling": moved / t / 1e9 / ceiling,
             "unfused_seconds": tu, "speedup_vs_unfused": tu / t, "max_rel_err_vs_numpy": _rel(got[sub], want)}
+
+
+def bench_softmax(cp: Any, rows: int, d: int, reps: int, ceiling: float) -> dict[str, Any]:
+    from shmrpc.kernels import REGISTRY, TensorSpec
+    from shmrpc.kernels._registry import OpCall
+    from shmrpc.kernels.norm import _softmax
+
+    rs = cp.random.RandomState(3)
+    x = (rs.standard_normal((rows, d), dtype=cp.float32) * 4).astype(cp.float16)
+    spec = REGISTRY["softmax"]
+    ts = TensorSpec((rows, d), "float16")
+    call = OpCall(cp, {"x": x}, {"x": ts}, {"out": ts}, {}, {})
+    t = _timer(cp, lambda: spec.cupy(call), reps)
+    tu = _timer(cp, lambda: _softmax(call), max(5, reps // 5))  # the array code: unfused CuPy
+    got = spec.cupy(call)["out"].get()
+    sub = slice(0, min(rows, 512))
+    f = x[sub].get().astype(np.float64)
+    e = np.exp(f - f.max(-1, keepdims=True))
+    want = e / e.sum(-1, keepdims=True)
+    moved = 2 * rows * d * 2
+    return {"rows": rows, "D": d, "seconds": t, "GBps": moved / t / 1e9, "of_ceiling": moved / t / 1e9 / ceiling,
+            "unfused_seconds": tu, "speedup_vs_unfused": tu / t, "max_rel_err_vs_float64": _rel(got[sub], want)}
 
 
 def bench_stream(cp: Any, nbytes: int, reps: int) -> dict[str, Any]:
@@ -203,9 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     res["copy_ceiling"] = copy_ceiling(cp, (256 << 20) if args.quick else (2 << 30), reps)
     ceiling = res["copy_ceiling"]["GBps"]
     shapes = [(8192, 8192), (4096, 14336)]
-    ms = (1, 16) if args.quick else (1, 16, 64)
+    ms = (1, 16) if args.quick else (1, 4, 16, 32, 64)
     res["gemm_w4a16"] = [bench_w4a16(cp, m, k, n, reps, ceiling) for k, n in shapes for m in ms]
     res["layernorm_gelu"] = bench_layernorm_gelu(cp, 1024 if args.quick else 8192, 8192, reps, ceiling)
+    res["softmax"] = bench_softmax(cp, 1024 if args.quick else 8192, 8192, reps, ceiling)
     res["stream_scale"] = bench_stream(cp, (64 << 20) if args.quick else (256 << 20), min(reps, 20))
     with open(args.out, "w") as f:
         json.dump(res, f, indent=2)
@@ -219,15 +242,18 @@ def main(argv: list[str] | None = None) -> int:
     label = f"layernorm_gelu {r['rows']}x{r['D']} fp16"
     print(f"{label:<34}{r['seconds'] * 1e6:>10.1f}{r['GBps']:>9.0f}"
           f"{100 * r['of_ceiling']:>7.0f}%{r['speedup_vs_unfused']:>8.2f}x{r['max_rel_err_vs_numpy']:>10.1e}")
+    r = res["softmax"]
+    label = f"softmax {r['rows']}x{r['D']} fp16"
+    print(f"{label:<34}{r['seconds'] * 1e6:>10.1f}{r['GBps']:>9.0f}"
+          f"{100 * r['of_ceiling']:>7.0f}%{r['speedup_vs_unfused']:>8.2f}x{r['max_rel_err_vs_float64']:>10.1e}")
     r = res["stream_scale"]
     label = f"scale H2D+D2H {r['bytes_in'] >> 20} MiB each way"
     print(f"{label:<34}{r['seconds'] * 1e6:>10.1f}{r['GBps_in_plus_out']:>9.0f}"
           f"{'':>8}{'':>9}{r['max_rel_err']:>10.1e}")
     for r in res["gemm_w4a16"]:
-        if r["path"] != "fused":
-            print(f"  M={r['M']} K={r['K']}: fused kernel alone {r['fused_kernel_seconds'] * 1e6:.1f} us "
-                  f"(rel err {r['fused_max_rel_err']:.1e}); op path {r['path']}")
-    print("vs ref: w4a16 = speedup over fp16 cuBLAS; layernorm_gelu = speedup over unfused CuPy")
+        print(f"  M={r['M']} K={r['K']}: path {r['path']}; previous path {r['previous_path_seconds'] * 1e6:.1f} us "
+              f"({r['speedup_vs_previous']:.2f}x now, its rel err {r['previous_path_rel_err']:.1e})")
+    print("vs ref: w4a16 = speedup over fp16 cuBLAS; layernorm_gelu, softmax = speedup over unfused CuPy")
     print(f"wrote {args.out}")
     return 0
 

@@ -4,7 +4,10 @@ NumPy twins compute in float32 (float64 for float64 inputs) and round once. On C
 layernorm and layernorm_gelu run ``cuda/layernorm_gelu.cu`` (one block per row, one read
 and one write per element) for float16/bfloat16/float32 rows of up to 16384 elements
 (32768 for 16-bit dtypes whose D is a multiple of 8); other cases run the NumPy code on
-CuPy arrays. softmax is the same array code on both.
+CuPy arrays. softmax on CuPy runs ``cuda/softmax.cu`` for float16/bfloat16/float32: rows of up to
+16384 elements (32768 for 16-bit dtypes whose D is a multiple of 8) are held in registers
+(one read, one write); longer rows take an online max/sum pass then a write pass (two reads).
+float64 and non-contiguous inputs run the array code.
 """
 
 from __future__ import annotations
@@ -143,10 +146,46 @@ def _softmax(call: OpCall) -> dict[str, Any]:
     return {"out": from_float(xp, e, dt, call.dest("out"))}
 
 
+def _sm_names(kt: str, vec: int) -> tuple[str, ...]:
+    return (*(f"softmax_rows<{kt},{v},{n}>" for v, nchs in ((vec, _VEC_NCH), (1, _SCALAR_NCH)) for n in nchs),
+            f"softmax_online<{kt}>")
+
+
+def _softmax_cupy(call: OpCall) -> dict[str, Any]:
+    import cupy
+
+    from ._cuda import get_function
+
+    x = call.inputs["x"]
+    dt = call.in_specs["x"].dtype
+    d = x.shape[-1]
+    rows = x.size // d if d else 0
+    if dt not in _KT or rows == 0 or rows >= 2**31 or d >= 2**31 or not x.flags.c_contiguous:
+        return _softmax(call)
+    vec = 16 // itemsize(dt)
+    v = vec if (d % vec == 0 and x.data.ptr % 16 == 0) else 1
+    out = call.dest("out")
+    if out is None or not out.flags.c_contiguous or out.data.ptr % 16:
+        out = cupy.empty(x.shape, dtype=x.dtype)
+    kt = _KT[dt]
+    names = _sm_names(kt, vec)
+    slots = -(-d // v)
+    nch = next((n for n in (_VEC_NCH if v > 1 else _SCALAR_NCH) if -(-slots // n) <= _BLOCK), None)
+    if nch is None:
+        get_function("softmax.cu", names, f"softmax_online<{kt}>")((rows,), (1024,), (x, out, np.int32(d)))
+        return {"out": out}
+    threads = -(-slots // nch)
+    block = max(32, (threads + 31) // 32 * 32)
+    get_function("softmax.cu", names, f"softmax_rows<{kt},{v},{nch}>")((rows,), (block,), (x, out, np.int32(d)))
+    return {"out": out}
+
+
 SOFTMAX = register(OpSpec(
     name="softmax", code=14, inputs=("x",), outputs=("out",), attrs={}, infer=_infer_softmax,
-    numpy=_softmax, cupy=_softmax, tolerances=TOL_REDUCTION,
+    numpy=_softmax, cupy=_softmax_cupy, tolerances=TOL_REDUCTION,
     doc="out = exp(x - max) / sum(exp(x - max)) over the last axis (numerically stable), any float dtype; "
-        "float32 accumulation (float64 for float64), rounded once.",
+        "float32 accumulation (float64 for float64), rounded once. CuPy: one fused kernel per row "
+        "(float16/bfloat16/float32; row in registers up to D = 16384, 32768 for 16-bit D % 8 == 0; longer rows "
+        "an online max/sum pass and a write pass); float64 or non-contiguous x: array code.",
     example={"x": TensorSpec((4, 64), "float16")},
 ))

@@ -27,7 +27,7 @@ from ._dtypes import from_float, to_float
 from ._errors import KernelInputError
 from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec, register
 
-__all__ = ["QUANTIZE_INT4", "GEMM_W4A16", "dequantize_int4", "w4a16_launch_config"]
+__all__ = ["QUANTIZE_INT4", "GEMM_W4A16", "dequantize_int4", "w4a16_launch_config", "w4a16_mma_launch"]
 
 _FP16_TINY = 2.0**-24  # smallest float16 subnormal: a scale never rounds to 0
 
@@ -185,6 +185,9 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
             and all(a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in arrays))
     if not fast:
         return _w4a16_numpy(call)
+    mma = _mma_cfg(m, k, n, gs)
+    if mma is not None:
+        return {"out": _w4a16_mma(call, m, k, n, gs, mma)}
     if dt == "float16" and m >= _dequant_min_m():
         # CUDA-core dequant-in-registers loses to tensor cores once M grows: materialize float16
         # weights with one kernel (reads packed, writes K*N*2 bytes) and let cuBLAS (fp32 compute) run.
@@ -216,6 +219,86 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
     return {"out": out}
 
 
+# Tensor-core kernels (cuda/w4a16_mma.cu). A configuration is (MT, NWORD, WARPS, BPS, S): 16-row m-tiles,
+# 32-bit weight words per thread per packed row (a warp covers 32*NWORD columns, a block WARPS of those),
+# warps per block, blocks per SM aimed at (sets the K split), and S > 0: w4a16_mma_async with S shared-memory
+# stages (cp.async), S = 0: w4a16_mma (register prefetch).
+_MMA_VARIANTS = ((1, 4, 4), (1, 2, 4), (1, 1, 4), (1, 1, 8), (2, 2, 4), (2, 1, 4), (4, 1, 4), (4, 1, 2))
+_ASYNC_VARIANTS = ((1, 2, 4, 4), (1, 2, 4, 3), (1, 2, 4, 2), (1, 1, 8, 3), (1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 4), (2, 1, 4, 4), (2, 2, 4, 3),
+                   (4, 1, 4, 3), (4, 1, 2, 4))
+# Per largest M: the configuration, measured on an H200 (bench/gpu_w4a16_tune.py).
+# M = 1 stays on the float32 CUDA-core kernel (20 us against 24-29 us here at 8192 x 8192).
+_MMA_TABLE: tuple[tuple[int, tuple[int, int, int, int, int]], ...] = (
+    (16, (1, 2, 4, 2, 3)),
+    (32, (2, 1, 4, 4, 4)),
+    (64, (4, 1, 4, 2, 3)),
+)
+
+
+def _mma_cfg(m: int, k: int, n: int, gs: int) -> tuple[int, int, int, int, int] | None:
+    """The tensor-core configuration for this shape, or None (other paths).
+
+    SHMRPC_W4A16_MMA=0 turns the path off; SHMRPC_W4A16_MMA_M1=1 takes it for M = 1 too (measured slower);
+    SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S" forces one configuration (tuning only)."""
+    if os.environ.get("SHMRPC_W4A16_MMA", "1") == "0" or m < 1 or m > _MMA_TABLE[-1][0]:
+        return None
+    if m == 1 and os.environ.get("SHMRPC_W4A16_MMA_M1", "0") != "1":
+        return None
+    if m <= 4 and os.environ.get("SHMRPC_W4A16_H2", "0") == "1":
+        return None  # the opt-in float16x2 kernel
+    forced = os.environ.get("SHMRPC_W4A16_MMA_CFG")
+    if forced:
+        v = [int(p) for p in forced.split(",")]
+        cfg = (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
+    else:
+        cfg = next(c for mmax, c in _MMA_TABLE if m <= mmax)
+    known = (cfg[:3] in _MMA_VARIANTS) if cfg[4] == 0 else ((*cfg[:3], cfg[4]) in _ASYNC_VARIANTS)
+    if not known or n % (32 * cfg[1]) or k % 64 or gs % 64:
+        return None
+    return cfg
+
+
+def w4a16_mma_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) -> tuple[tuple[int, int], int]:
+    """(grid, chunks per block) of ``cuda/w4a16_mma.cu`` (a chunk = 64 k; a block = WARPS*32*NWORD columns)."""
+    nword, warps, bps = cfg[1], cfg[2], cfg[3]
+    tiles = -(-n // (32 * nword * warps))
+    chunks = k // 64
+    ksplit = max(1, min(round(bps * n_sm / tiles), chunks))
+    cpb = -(-chunks // ksplit)
+    ksplit = -(-chunks // cpb)
+    return (tiles, ksplit), cpb
+
+
+def _mma_names(kt: str) -> tuple[str, ...]:
+    return (*(f"w4a16_mma<{kt},{mt},{nw},{wp}>" for mt, nw, wp in _MMA_VARIANTS),
+            *(f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>" for mt, nw, wp, st in _ASYNC_VARIANTS))
+
+
+def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, int, int, int, int]) -> Any:
+    """One launch of a tensor-core kernel; split-K partials summed by the last block of a column tile."""
+    import cupy
+
+    from ._cuda import get_function, sm_count
+
+    x, qw, sc, zr = (call.inputs[p] for p in ("x", "qweight", "scales", "zeros"))
+    (tiles, ksplit), cpb = w4a16_mma_launch(m, k, n, sm_count(), cfg)
+    out = call.dest("out")
+    if out is None or not out.flags.c_contiguous or out.data.ptr % 16:
+        out = cupy.empty((m, n), dtype=x.dtype)
+    partial = cupy.empty((ksplit, m, n) if ksplit > 1 else (1,), dtype=cupy.float32)
+    counters = call.workspace.get("w4a16_counters")
+    if counters is None or counters.size < tiles:
+        counters = cupy.zeros(max(tiles, 1024), dtype=cupy.uint32)
+        call.workspace["w4a16_counters"] = counters
+    kt = "F16" if call.in_specs["x"].dtype == "float16" else "BF16"
+    mt, nw, wp, _, st = cfg
+    name = f"w4a16_mma<{kt},{mt},{nw},{wp}>" if st == 0 else f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>"
+    fn = get_function("w4a16_mma.cu", _mma_names(kt), name)
+    fn((tiles, ksplit), (32 * wp,), (x, qw, sc, zr, partial, counters, out,
+                                      np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)))
+    return out
+
+
 def _w4a16_h2(call: OpCall, m: int, k: int, n: int, gs: int) -> Any:
     """float16, M <= 4: one launch of w4a16_h2 (a block = 8*CT columns x 32*RT packed rows; K-split over blockIdx.y)."""
     import cupy
@@ -245,11 +328,12 @@ GEMM_W4A16 = register(OpSpec(
     tolerances={"float16": TOL_MATMUL["float16"], "bfloat16": TOL_MATMUL["bfloat16"]},
     doc="x (M, K) float16/bfloat16, qweight (K/2, N) uint8, scales/zeros (K/gs, N) float16 as made by "
         "quantize_int4 -> out (M, N) in x's dtype = x @ ((q - zeros) * scales), float32 accumulation. "
-        "CuPy: one kernel dequantizing in registers (M <= 4, or bfloat16) when N % 16 == 0, K % 16 == 0 and "
-        "group_size % 16 == 0, accumulating in float32 (SHMRPC_W4A16_H2=1 opts in to a faster float16 M <= 4 "
-        "kernel that sums float16x2 products in float16 over 16 k before float32: less precise, and it overflows "
-        "for |x| above ~8000); float16 with M >= 5: a dequantize kernel then cuBLAS; "
-        "other shapes: array code.",
+        "CuPy: M = 2..64 on tensor cores (mma.sync, weights dequantized in registers and rounded once to x's "
+        "dtype, cp.async pipeline) when K % 64 == 0, group_size % 64 == 0 and N % 64 == 0 (32 for M > 16); M = 1 (and other "
+        "shapes with N, K, group_size % 16 == 0, M <= 4 or bfloat16) one CUDA-core kernel dequantizing in "
+        "registers with float32 math (SHMRPC_W4A16_H2=1 opts in to a faster float16 M <= 4 kernel that sums "
+        "float16x2 products in float16 over 16 k before float32: less precise, and it overflows for |x| above "
+        "~8000); float16 M >= 5 otherwise: a dequantize kernel then cuBLAS; other shapes: array code.",
     example={"x": TensorSpec((1, 256), "float16"), "qweight": TensorSpec((128, 128), "uint8"),
              "scales": TensorSpec((2, 128), "float16"), "zeros": TensorSpec((2, 128), "float16")},
 ))

@@ -108,3 +108,61 @@ def test_warmup_and_host_registration(gpu) -> None:
     buf = np.zeros(1 << 20, np.uint8)
     gpu.register_host(buf.ctypes.data, buf.nbytes)
     gpu.unregister_host()
+
+
+@pytest.mark.parametrize(("rows", "d", "dt"), [(7, 8192, "float16"), (5, 1000, "bfloat16"), (3, 16383, "float32"),
+                                               (2, 70000, "float16"), (3, 50001, "float32")])
+def test_softmax_fused_rows_and_online(gpu, rows, d, dt) -> None:
+    """Register-resident rows and the online (max, sum) kernel against float64, with outliers and subnormals."""
+    rng = np.random.default_rng(d)
+    f = rng.standard_normal((rows, d)) * 3
+    f[0, :5] = [1e3, -1e3, 6e-8, -6e-8, 0.0]  # outliers and float16 subnormals
+    if dt == "float16":
+        f[1, 1::2] = 3e-6  # half the row subnormal in float16
+    x = (f.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16) if dt == "bfloat16" else f.astype(dt)
+    xf = (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64) if dt == "bfloat16" else x.astype(np.float64)
+    e = np.exp(xf - xf.max(-1, keepdims=True))
+    want = e / e.sum(-1, keepdims=True)
+    steps = [StepSpec("softmax", {"x": "x"}, {"out": "o"})]
+    g, _ = _both(gpu, steps, {"x": TensorSpec((rows, d), dt)}, {"x": x}, ["o"])
+    got = (g["o"].astype(np.uint32) << 16).view(np.float32) if dt == "bfloat16" else g["o"]
+    from shmrpc.kernels.norm import SOFTMAX
+
+    rtol, atol = SOFTMAX.tolerances[dt]
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=rtol, atol=atol)
+
+
+_FORCED = ["", "1,2,4,2,0", "1,1,8,2,4", "2,2,4,2,3", "4,1,4,2,0", "4,1,2,4,4"]
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("m", "k", "n", "gs", "cfg"), [(1, 1024, 1024, 128, ""), (2, 2048, 384, 64, ""), (16, 4096, 512, 128, ""),
+                                                         (17, 1024, 256, 64, ""), (33, 1024, 128, 128, ""), (64, 2048, 1024, 128, ""),
+                                                         *((m, 2048, 512, 64, c) for m in (5, 40) for c in _FORCED[1:])])
+def test_w4a16_tensor_core_path(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
+    """The mma kernels against float64 x @ dequant(w), activations with outliers (|x| up to 1e3) and subnormals;
+    the default table, M = 1 (opt-in), and forced configurations of both kernels (M above one m-block too)."""
+    from shmrpc.kernels.quant import GEMM_W4A16, _mma_cfg, dequantize_int4
+
+    monkeypatch.setenv("SHMRPC_W4A16_MMA_M1", "1")
+    if cfg:
+        monkeypatch.setenv("SHMRPC_W4A16_MMA_CFG", cfg)
+    assert _mma_cfg(m, k, n, gs) is not None
+    rng = np.random.default_rng(m * 7 + k)
+    q = rng.integers(0, 256, (k // 2, n), dtype=np.uint8)
+    s = rng.uniform(0.005, 0.02, (k // gs, n)).astype(np.float16)
+    z = rng.integers(0, 16, (k // gs, n)).astype(np.float16)
+    f = rng.standard_normal((m, k)) / np.sqrt(k)
+    f[0, :3] = [1e3, -1e3, 5e2]
+    f[-1, 3:40] = 3e-6  # float16 subnormals
+    x = (f.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16) if dt == "bfloat16" else f.astype(np.float16)
+    xf = (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64) if dt == "bfloat16" else x.astype(np.float64)
+    want = xf @ dequantize_int4(np, q, s, z).astype(np.float64)
+    steps = [StepSpec("gemm_w4a16", {"x": "x", "qweight": "q", "scales": "s", "zeros": "z"}, {"out": "o"})]
+    specs = {"x": TensorSpec((m, k), dt), "q": TensorSpec(q.shape, "uint8"), "s": TensorSpec(s.shape, "float16"),
+             "z": TensorSpec(z.shape, "float16")}
+    g, _ = _both(gpu, steps, specs, {"x": x, "q": q, "s": s, "z": z}, ["o"])
+    got = (g["o"].astype(np.uint32) << 16).view(np.float32) if dt == "bfloat16" else g["o"]
+    rtol, atol = GEMM_W4A16.tolerances[dt]
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(got.astype(np.float64) / scale, want / scale, rtol=rtol, atol=atol)

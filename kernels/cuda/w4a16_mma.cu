@@ -1,0 +1,427 @@
+// out (M, N) = x (M, K) @ dequant(qweight, scales, zeros) on tensor cores (mma.sync m16n8k16,
+// float16 or bfloat16 inputs, float32 accumulators), int4 weights dequantized in registers.
+//
+// The packed format is quantize_int4's, unchanged: qweight (K/2, N) uint8, byte [r, n] holds
+// k = 2r (low nibble) and k = 2r + 1 (high nibble) of column n. That byte is exactly one B-fragment
+// register of m16n8k16 (two consecutive k of one column), so no repacking is needed:
+//   B frag of lane (g = lane/4, t = lane%4) for the k16 step at packed row r0:
+//     b0 = {w[2(r0+t)], w[2(r0+t)+1]} of column n(g),  b1 = the same at packed row r0+t+4.
+// A thread loads NWORD 32-bit words of a packed row (4*NWORD consecutive columns); byte j of word
+// w feeds n-tile nt = 4w + j, so n-tile nt holds the columns col0 + g'*NT + nt (g' = 0..7) and a
+// warp covers BC = 32*NWORD consecutive columns with NT = 4*NWORD n-tiles; rows of a warp's load
+// are BC contiguous bytes (coalesced).
+// Dequantization of one register (two weights): PRMT puts the byte's low nibble in half 0 and its
+// high nibble (from v >> 4) in half 1, LOP3 masks and ORs the exponent of 1024 (float16) / 128
+// (bfloat16), so the halves are M + q exactly; FMA with -(M + z) gives q - z exactly; a multiply
+// by the group's scale rounds (q - z) * s once to the input type. The mma then multiplies exactly
+// and accumulates in float32.
+// Work split: a chunk is 64 k (32 packed rows, 4 k16 steps, always inside one group: group size
+// % 64 == 0). Warp w of block (x, y) owns columns [(x*WARPS + w)*BC, +BC) and every block takes the
+// chunks [y*cpb, +cpb): the warps of a block share the activation chunk, staged in shared memory
+// (two buffers, rows padded to 72 halves so the A-fragment reads hit 32 distinct banks). The next
+// chunk's weights, scales, zeros and activations are loaded into registers before the current one
+// is computed; one barrier per chunk. With ksplit = gridDim.y > 1 the blocks write float32 partial
+// tiles and the last block of a column tile (counter, fences, as in gemm_w4a16.cu) adds them in a
+// fixed order and resets its counter.
+// Host guarantees: N % BC == 0, K % 64 == 0, group_rows % 32 == 0, 16-byte aligned contiguous
+// arrays; M > 16*MT runs as several m-blocks (the weights are read again); no device-side assert.
+
+template <class X> struct MmaOps;
+template <> struct MmaOps<F16> {
+  static constexpr u32 MAGIC = 0x64006400u, ONE = 0x3C003C00u;
+  static __device__ __forceinline__ u32 fma2(u32 a, u32 b, u32 c) {
+    u32 d; asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
+  }
+  static __device__ __forceinline__ u16 from_f(float f) { return f2h(f); }
+  // scales/zeros words of columns (c, c+1) -> {s,s} and {-(1024+z), -(1024+z)} per column, no conversions
+  static __device__ __forceinline__ void sz(u32 sw, u32 zw, u32* s2, u32* nz) {
+    const u32 zz = fma2(zw, 0xBC00BC00u, 0xE400E400u);  // -z - 1024, exact
+    s2[0] = __byte_perm(sw, sw, 0x1010); s2[1] = __byte_perm(sw, sw, 0x3232);
+    nz[0] = __byte_perm(zz, zz, 0x1010); nz[1] = __byte_perm(zz, zz, 0x3232);
+  }
+  static __device__ __forceinline__ void mma(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <> struct MmaOps<BF16> {
+  static constexpr u32 MAGIC = 0x43004300u, ONE = 0x3F803F80u;
+  static __device__ __forceinline__ u32 fma2(u32 a, u32 b, u32 c) {
+    u32 d; asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
+  }
+  static __device__ __forceinline__ u16 from_f(float f) { return f2b(f); }
+  // float16 scales rounded to bfloat16; -(128 + z) exact
+  static __device__ __forceinline__ void sz(u32 sw, u32 zw, u32* s2, u32* nz) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const u16 sx = f2b(h2f((u16)(sw >> (16 * h)))), zx = f2b(-(128.f + h2f((u16)(zw >> (16 * h)))));
+      s2[h] = (u32)sx | ((u32)sx << 16);
+      nz[h] = (u32)zx | ((u32)zx << 16);
+    }
+  }
+  static __device__ __forceinline__ void mma(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+__device__ __forceinline__ u32 ld_nc_u32(const void* p) {
+  u32 r; asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(r) : "l"(p)); return r;
+}
+
+template <int NWORD>
+__device__ __forceinline__ void ld_words(const unsigned char* p, u32* w) {
+  if (NWORD == 4) {
+    const uint4 v = ld_nc_v4(p); w[0] = v.x; w[1 % NWORD] = v.y; w[2 % NWORD] = v.z; w[3 % NWORD] = v.w;
+  } else if (NWORD == 2) {
+    uint2 v; asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    w[0] = v.x; w[1 % NWORD] = v.y;
+  } else {
+    w[0] = ld_nc_u32(p);
+  }
+}
+
+// NT float16 values (scales or zeros of NT consecutive columns) as NT/2 words
+template <int NT>
+__device__ __forceinline__ void ld_halves(const u16* p, u32* w) {
+  if (NT >= 8) {
+#pragma unroll
+    for (int q = 0; q < NT / 8; ++q) {
+      const uint4 v = ld_nc_v4(p + 8 * q); w[4 * q] = v.x; w[4 * q + 1] = v.y; w[4 * q + 2] = v.z; w[4 * q + 3] = v.w;
+    }
+  } else {
+    uint2 v; asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    w[0] = v.x; w[1] = v.y;
+  }
+}
+
+template <class X, int MT, int NWORD, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
+    const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
+    const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
+    unsigned int* __restrict__ counters, u16* __restrict__ out,
+    int M, int K, int N, int group_rows, int cpb) {
+  typedef MmaOps<X> O;
+  constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = 16 * MT, XS = 72;  // XS: x row stride in smem (halves)
+  constexpr int XP = MR * 8 / (WARPS * 32) > 0 ? MR * 8 / (WARPS * 32) : 1;  // 16-byte x pieces per thread
+  constexpr int OW = WARPS * BC + 4;  // output tile row stride (floats)
+  constexpr int XROWS = (MR * OW * 4 + 2 * MR * XS * 2 - 1) / (2 * MR * XS * 2) * MR;  // x buffers sized to hold the tile too
+  __shared__ __align__(16) u16 xs[2][XROWS][XS];
+  __shared__ unsigned int is_last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int colb = blockIdx.x * (WARPS * BC), col0 = colb + warp * BC, colt = col0 + g * NT;
+  const bool cols_ok = col0 < N;
+  const int n_chunks = K >> 6;
+  const int c_begin = min((int)blockIdx.y * cpb, n_chunks), c_end = min(c_begin + cpb, n_chunks);
+  const int ksplit = gridDim.y;
+
+  for (int m0 = 0; m0 < M; m0 += MR) {
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+
+    u32 wc[4][2][NWORD], sc[NT / 2], zc[NT / 2];
+    uint4 xr[XP];
+    auto load_w = [&](int ch, u32 (&w)[4][2][NWORD], u32* s, u32* z) {
+      if (!cols_ok) return;
+      const int pr = ch * 32;
+      const unsigned char* p = qweight + (u64)(pr + t) * N + colt;
+#pragma unroll
+      for (int st = 0; st < 4; ++st) {
+        ld_words<NWORD>(p + (u64)(8 * st) * N, w[st][0]);
+        ld_words<NWORD>(p + (u64)(8 * st + 4) * N, w[st][1]);
+      }
+      const u64 go = (u64)(pr / group_rows) * N + colt;
+      ld_halves<NT>(scales + go, s);
+      ld_halves<NT>(zeros + go, z);
+    };
+    auto load_x = [&](int ch) {  // piece i: row (idx / 8), 8 halves at k = ch*64 + 8*(idx % 8)
+#pragma unroll
+      for (int i = 0; i < XP; ++i) {
+        const int idx = i * WARPS * 32 + threadIdx.x, r = idx >> 3, m = m0 + r;
+        xr[i] = make_uint4(0u, 0u, 0u, 0u);
+        if (idx < MR * 8 && m < M) xr[i] = *reinterpret_cast<const uint4*>(x + (u64)m * K + ch * 64 + 8 * (idx & 7));
+      }
+    };
+    auto store_x = [&](int buf) {
+#pragma unroll
+      for (int i = 0; i < XP; ++i) {
+        const int idx = i * WARPS * 32 + threadIdx.x;
+        if (idx < MR * 8) *reinterpret_cast<uint4*>(&xs[buf][idx >> 3][8 * (idx & 7)]) = xr[i];
+      }
+    };
+    u32 w1[4][2][NWORD], s1[NT / 2], z1[NT / 2];  // chunk ch + 1 (weights run two chunks ahead)
+    if (c_begin < c_end) {
+      load_w(c_begin, wc, sc, zc);
+      if (c_begin + 1 < c_end) load_w(c_begin + 1, w1, s1, z1);
+      load_x(c_begin);
+      store_x(c_begin & 1);
+    }
+    __syncthreads();
+    for (int ch = c_begin; ch < c_end; ++ch) {
+      u32 wn[4][2][NWORD], sn[NT / 2], zn[NT / 2];
+      const bool more = ch + 1 < c_end;
+      if (ch + 2 < c_end) load_w(ch + 2, wn, sn, zn);
+      if (more) load_x(ch + 1);
+      if (cols_ok) {
+        // per column: s2 = {s, s}, nz = {-(magic + z), -(magic + z)} in X
+        u32 s2[NT], nz[NT];
+#pragma unroll
+        for (int c = 0; c < NT; c += 2) O::sz(sc[c >> 1], zc[c >> 1], s2 + c, nz + c);
+        const u32* xw = reinterpret_cast<const u32*>(&xs[ch & 1][0][0]);
+#pragma unroll
+        for (int st = 0; st < 4; ++st) {
+          u32 a[MT][4];
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const int ra = (mt * 16 + g) * (XS / 2) + 8 * st + t, rb = ra + 8 * (XS / 2);
+            a[mt][0] = xw[ra]; a[mt][1] = xw[rb]; a[mt][2] = xw[ra + 4]; a[mt][3] = xw[rb + 4];
+          }
+#pragma unroll
+          for (int w = 0; w < NWORD; ++w) {
+            const u32 v0 = wc[st][0][w], v0s = v0 >> 4, v1 = wc[st][1][w], v1s = v1 >> 4;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const int nt = 4 * w + j;
+              const u32 sel = (u32)(j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
+              const u32 t0 = (__byte_perm(v0, v0s, sel) & 0x000F000Fu) | O::MAGIC;
+              const u32 t1 = (__byte_perm(v1, v1s, sel) & 0x000F000Fu) | O::MAGIC;
+              const u32 b0 = O::fma2(O::fma2(t0, O::ONE, nz[nt]), s2[nt], 0x80008000u);
+              const u32 b1 = O::fma2(O::fma2(t1, O::ONE, nz[nt]), s2[nt], 0x80008000u);
+#pragma unroll
+              for (int mt = 0; mt < MT; ++mt) O::mma(acc[mt][nt], a[mt], b0, b1);
+            }
+          }
+        }
+      }
+      if (more) {
+        store_x((ch + 1) & 1);  // the other buffer: its last readers passed the barrier below
+#pragma unroll
+        for (int st = 0; st < 4; ++st)
+#pragma unroll
+          for (int w = 0; w < NWORD; ++w) {
+            wc[st][0][w] = w1[st][0][w]; wc[st][1][w] = w1[st][1][w];
+            w1[st][0][w] = wn[st][0][w]; w1[st][1][w] = wn[st][1][w];
+          }
+#pragma unroll
+        for (int c = 0; c < NT / 2; ++c) { sc[c] = s1[c]; zc[c] = z1[c]; s1[c] = sn[c]; z1[c] = zn[c]; }
+      }
+      __syncthreads();
+    }
+    // the block's (MR, WARPS*BC) float32 tile through shared memory (over the x buffers), then
+    // written row by row: 16-byte float4 stores of partials, 8-byte stores of outputs
+    float* ot = reinterpret_cast<float*>(&xs[0][0][0]);
+    if (cols_ok) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            ot[(mt * 16 + g + (e >> 1) * 8) * OW + warp * BC + (2 * t + (e & 1)) * NT + nt] = acc[mt][nt][e];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < MR * (WARPS * BC / 4); idx += WARPS * 32) {
+      const int r = idx / (WARPS * BC / 4), c = 4 * (idx % (WARPS * BC / 4)), m = m0 + r;
+      if (m < M && colb + c < N) {
+        const float4 v = *reinterpret_cast<const float4*>(ot + r * OW + c);
+        if (ksplit == 1) {
+          *reinterpret_cast<uint2*>(out + (u64)m * N + colb + c) =
+              make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
+        } else {
+          *reinterpret_cast<float4*>(partial + ((u64)blockIdx.y * M + m) * N + colb + c) = v;
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (ksplit == 1) return;
+  // partials written -> fence -> count; the last block of the column tile fences -> reads.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = (atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(ksplit - 1));
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < M * (WARPS * BC / 4); idx += WARPS * 32) {
+    const int m = idx / (WARPS * BC / 4), col = colb + 4 * (idx % (WARPS * BC / 4));
+    if (col < N) {
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+      for (int sp = 0; sp < ksplit; ++sp) {
+        const float* p = partial + ((u64)sp * M + m) * N + col;
+        float4 u; asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(u.x), "=f"(u.y), "=f"(u.z), "=f"(u.w) : "l"(p));
+        v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
+      }
+      *reinterpret_cast<uint2*>(out + (u64)m * N + col) =
+          make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
+    }
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
+}
+
+// w4a16_mma_async: the same product, with the weights, scales, zeros and activations of S chunks in
+// flight through shared memory (cp.async, S stages, one barrier per chunk) instead of registers.
+// Stage layout (bytes): per warp [32 packed rows][BC] weights, per warp [scales BC halves][zeros BC
+// halves], then x [MR rows][XS halves] (rows >= M zero-filled by the copy itself).
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u64 a; asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p)); return (u32)a;
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N_PENDING>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N_PENDING)); }
+
+template <class X, int MT, int NWORD, int WARPS, int S>
+__global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
+    const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
+    const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
+    unsigned int* __restrict__ counters, u16* __restrict__ out,
+    int M, int K, int N, int group_rows, int cpb) {
+  typedef MmaOps<X> O;
+  constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = 16 * MT, XS = 72;
+  constexpr int WB = 32 * BC, SZB = 4 * BC, XB = MR * XS * 2;
+  constexpr int STAGE = WARPS * (WB + SZB) + XB;
+  constexpr int OW = WARPS * BC + 4;
+  constexpr int SMEM = S * STAGE > MR * OW * 4 ? S * STAGE : MR * OW * 4;
+  __shared__ __align__(16) unsigned char smem[SMEM];
+  __shared__ unsigned int is_last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int colb = blockIdx.x * (WARPS * BC), col0 = colb + warp * BC;
+  const bool cols_ok = col0 < N;
+  const int n_chunks = K >> 6;
+  const int c_begin = min((int)blockIdx.y * cpb, n_chunks), c_end = min(c_begin + cpb, n_chunks);
+  const int nloc = c_end - c_begin;
+  const int ksplit = gridDim.y;
+
+  for (int m0 = 0; m0 < M; m0 += MR) {
+    auto issue = [&](int ch, int stage) {
+      unsigned char* st = smem + stage * STAGE;
+      const int pr = ch * 32;
+      if (cols_ok) {
+        unsigned char* wdst = st + warp * WB;
+#pragma unroll
+        for (int i = 0; i < WB / 16 / 32; ++i) {
+          const int p = i * 32 + lane, row = p / (BC / 16), c16 = p % (BC / 16);
+          cp_async16(wdst + row * BC + 16 * c16, qweight + (u64)(pr + row) * N + col0 + 16 * c16, 16);
+        }
+        if (lane < BC / 4) {  // BC/8 pieces of scales, then BC/8 of zeros
+          const int which = lane / (BC / 8), off = lane % (BC / 8);
+          const u16* src = (which ? zeros : scales) + (u64)(pr / group_rows) * N + col0 + 8 * off;
+          cp_async16(st + WARPS * WB + warp * SZB + which * 2 * BC + 16 * off, src, 16);
+        }
+      }
+      unsigned char* xdst = st + WARPS * (WB + SZB);
+      for (int p = threadIdx.x; p < MR * 8; p += WARPS * 32) {
+        const int r = p >> 3, m = m0 + r;
+        const u16* src = m < M ? x + (u64)m * K + ch * 64 + 8 * (p & 7) : x;
+        cp_async16(xdst + r * (XS * 2) + 16 * (p & 7), src, m < M ? 16 : 0);
+      }
+    };
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) {
+      if (s < nloc) issue(c_begin + s, s);
+      cp_async_commit();
+    }
+    for (int i = 0; i < nloc; ++i) {
+      cp_async_wait<S - 2>();
+      __syncthreads();
+      if (i + S - 1 < nloc) issue(c_begin + i + S - 1, (i + S - 1) % S);
+      cp_async_commit();
+      if (!cols_ok) continue;
+      const unsigned char* st = smem + (i % S) * STAGE;
+      const unsigned char* wsrc = st + warp * WB + g * (4 * NWORD);
+      const u32* szw = reinterpret_cast<const u32*>(st + WARPS * WB + warp * SZB + g * NT * 2);
+      u32 s2[NT], nz[NT];
+#pragma unroll
+      for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);  // zeros: BC/2 words on
+      const u32* xw = reinterpret_cast<const u32*>(st + WARPS * (WB + SZB));
+#pragma unroll
+      for (int stp = 0; stp < 4; ++stp) {
+        u32 a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const int ra = (mt * 16 + g) * (XS / 2) + 8 * stp + t, rb = ra + 8 * (XS / 2);
+          a[mt][0] = xw[ra]; a[mt][1] = xw[rb]; a[mt][2] = xw[ra + 4]; a[mt][3] = xw[rb + 4];
+        }
+        u32 w0[NWORD], w1[NWORD];
+        const unsigned char* r0 = wsrc + (8 * stp + t) * BC;
+        const unsigned char* r1 = r0 + 4 * BC;
+#pragma unroll
+        for (int w = 0; w < NWORD; ++w) { w0[w] = reinterpret_cast<const u32*>(r0)[w]; w1[w] = reinterpret_cast<const u32*>(r1)[w]; }
+#pragma unroll
+        for (int w = 0; w < NWORD; ++w) {
+          const u32 v0 = w0[w], v0s = v0 >> 4, v1 = w1[w], v1s = v1 >> 4;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int nt = 4 * w + j;
+            const u32 sel = (u32)(j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
+            const u32 t0 = (__byte_perm(v0, v0s, sel) & 0x000F000Fu) | O::MAGIC;
+            const u32 t1 = (__byte_perm(v1, v1s, sel) & 0x000F000Fu) | O::MAGIC;
+            const u32 b0 = O::fma2(O::fma2(t0, O::ONE, nz[nt]), s2[nt], 0x80008000u);
+            const u32 b1 = O::fma2(O::fma2(t1, O::ONE, nz[nt]), s2[nt], 0x80008000u);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) O::mma(acc[mt][nt], a[mt], b0, b1);
+          }
+        }
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    float* ot = reinterpret_cast<float*>(smem);
+    if (cols_ok) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            ot[(mt * 16 + g + (e >> 1) * 8) * OW + warp * BC + (2 * t + (e & 1)) * NT + nt] = acc[mt][nt][e];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < MR * (WARPS * BC / 4); idx += WARPS * 32) {
+      const int r = idx / (WARPS * BC / 4), c = 4 * (idx % (WARPS * BC / 4)), m = m0 + r;
+      if (m < M && colb + c < N) {
+        const float4 v = *reinterpret_cast<const float4*>(ot + r * OW + c);
+        if (ksplit == 1) {
+          *reinterpret_cast<uint2*>(out + (u64)m * N + colb + c) =
+              make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
+        } else {
+          *reinterpret_cast<float4*>(partial + ((u64)blockIdx.y * M + m) * N + colb + c) = v;
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (ksplit == 1) return;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = (atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(ksplit - 1));
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < M * (WARPS * BC / 4); idx += WARPS * 32) {
+    const int m = idx / (WARPS * BC / 4), col = colb + 4 * (idx % (WARPS * BC / 4));
+    if (col < N) {
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+      for (int sp = 0; sp < ksplit; ++sp) {
+        const float* p = partial + ((u64)sp * M + m) * N + col;
+        float4 u; asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(u.x), "=f"(u.y), "=f"(u.z), "=f"(u.w) : "l"(p));
+        v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
+      }
+      *reinterpret_cast<uint2*>(out + (u64)m * N + col) =
+          make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
+    }
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
+}

@@ -1,0 +1,51 @@
+"""Host-side choices of the tensor-core gemm_w4a16 path (no GPU needed): which configuration a shape
+gets, and that the launch geometry covers every column and every 64-k chunk exactly once."""
+
+from __future__ import annotations
+
+import pytest
+
+from shmrpc.kernels.quant import _ASYNC_VARIANTS, _MMA_TABLE, _MMA_VARIANTS, _mma_cfg, w4a16_mma_launch
+
+
+@pytest.mark.parametrize("m", [1, 2, 16, 17, 32, 33, 64, 65])
+def test_table_by_m(monkeypatch, m) -> None:
+    for var in ("SHMRPC_W4A16_MMA", "SHMRPC_W4A16_MMA_M1", "SHMRPC_W4A16_MMA_CFG", "SHMRPC_W4A16_H2"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = _mma_cfg(m, 4096, 14336, 128)
+    if m == 1 or m > 64:
+        assert cfg is None
+    else:
+        assert cfg == next(c for mmax, c in _MMA_TABLE if m <= mmax)
+        assert m <= 16 * cfg[0]  # one m-block: the weights are read once
+
+
+def test_shapes_it_does_not_take_fall_back(monkeypatch) -> None:
+    monkeypatch.delenv("SHMRPC_W4A16_MMA_CFG", raising=False)
+    assert _mma_cfg(16, 4096 + 32, 1024, 32) is None  # K % 64, group 32
+    assert _mma_cfg(16, 4096, 1024 + 32, 128) is None  # N % 64 with NWORD 2
+    assert _mma_cfg(16, 4096, 1024, 128) is not None
+    monkeypatch.setenv("SHMRPC_W4A16_MMA", "0")
+    assert _mma_cfg(16, 4096, 1024, 128) is None
+
+
+def test_opt_ins(monkeypatch) -> None:
+    monkeypatch.setenv("SHMRPC_W4A16_MMA_M1", "1")
+    assert _mma_cfg(1, 1024, 1024, 128) is not None
+    monkeypatch.setenv("SHMRPC_W4A16_H2", "1")
+    assert _mma_cfg(3, 1024, 1024, 128) is None  # the float16x2 kernel was asked for
+    monkeypatch.setenv("SHMRPC_W4A16_MMA_CFG", "9,9,9,9,9")
+    assert _mma_cfg(8, 1024, 1024, 128) is None  # unknown variant: never a kernel that was not compiled
+
+
+@pytest.mark.parametrize("cfg", [(*v, bps, 0) for v in _MMA_VARIANTS for bps in (1, 2, 4)]
+                         + [(*v[:3], bps, v[3]) for v in _ASYNC_VARIANTS for bps in (1, 2, 8)])
+def test_launch_covers_shapes(cfg) -> None:
+    for k in range(1024, 28673, 3968):
+        for n in (1024, 4096, 14336, 28672):
+            k64 = k // 64 * 64
+            (tiles, ksplit), cpb = w4a16_mma_launch(16, k64, n, 132, cfg)
+            assert tiles * cfg[2] * 32 * cfg[1] >= n > (tiles - 1) * cfg[2] * 32 * cfg[1]
+            chunks = k64 // 64
+            assert ksplit * cpb >= chunks > (ksplit - 1) * cpb  # every chunk once, no empty block
+            assert ksplit <= 65535
