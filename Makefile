@@ -22,12 +22,12 @@ demo: venv
 # The whole suite (GPU tests skip with their reason where there is no GPU), then ruff and mypy.
 test: dev
 	$(BIN)/python -m pytest -q
-	$(BIN)/ruff check schema client server kernels tests bench
-	$(BIN)/mypy schema client
+	$(BIN)/ruff check schema client server kernels tests bench benchtool cli
+	$(BIN)/mypy schema client cli benchtool
 
 lint: dev
-	$(BIN)/ruff check schema client server kernels tests bench
-	$(BIN)/mypy schema client
+	$(BIN)/ruff check schema client server kernels tests bench benchtool cli
+	$(BIN)/mypy schema client cli benchtool
 
 # Regenerate schema/_fb.py and schema/_hash.py from schema/shmrpc.fbs (needs the dev extra's flatc).
 schema: dev

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from shmrpc.client.bench import RunConfig, finish_document, main, run_benchmark, write_json, write_plots
-from shmrpc.client.bench._report import bandwidth_table, latency_table, scaling_table, verdicts
+from shmrpc.bench import RunConfig, finish_document, main, run_benchmark, write_json, write_plots
+from shmrpc.bench._report import bandwidth_table, latency_table, scaling_table, verdicts
 
 SIZES = [64, 4096, 1 << 20]
 LAT_KEYS = {"iterations", "t_min_us", "p50_us", "p90_us", "p99_us", "p999_us", "max_us", "mean_us", "stdev_us"}
@@ -116,7 +116,7 @@ def test_cli_rejects_unknown_transport(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_commit_from_env_first_then_git(monkeypatch: pytest.MonkeyPatch) -> None:
-    from shmrpc.client.bench import _report
+    from shmrpc.bench import _report
 
     real = _report._run
     git = {"head": "feedbeef"}

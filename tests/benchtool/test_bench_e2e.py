@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from shmrpc.client.bench import RunConfig, main, run_benchmark
-from shmrpc.client.bench._runner import make_transport, open_servers
+from shmrpc.bench import RunConfig, main, run_benchmark
+from shmrpc.bench._runner import make_transport, open_servers
 
 
 def _bench_regions() -> set[str]:
@@ -76,12 +76,12 @@ def test_bandwidth_with_a_window(no_leak: object) -> None:
 @pytest.mark.timeout(60)
 def test_python_dash_m_runs(tmp_path: Path, no_leak: object) -> None:
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "shmrpc.client.bench", "lat", "--sizes", "64", "--iters", "5",
+    proc = subprocess.run([sys.executable, "-m", "shmrpc.bench", "lat", "--sizes", "64", "--iters", "5",
                            "--backend", "numpy", "--no-call", "--out", str(out), "-q"],
                           capture_output=True, text=True, timeout=50)
     assert proc.returncode == 0, proc.stderr
     assert "shmrpc (zero-copy loan)" in proc.stdout
-    assert json.loads(out.read_text())["command"].startswith("python -m shmrpc.client.bench lat")
+    assert json.loads(out.read_text())["command"].startswith("python -m shmrpc.bench lat")
 
 
 @pytest.mark.e2e
