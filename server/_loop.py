@@ -32,12 +32,12 @@ import zmq
 
 from shmrpc import kernels
 from shmrpc.schema import messages as m
-from shmrpc.schema.descriptor import encode_response
+from shmrpc.schema.descriptor import decode_response, encode_response
 from shmrpc.schema.errors import WIRE_CODES, BusyError, InternalError, InvalidRequestError, RequestError
 from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag, Header, unpack_from
 from shmrpc.schema.naming import endpoint, socket_path
 
-from . import checks, runtime
+from . import _logs, checks, runtime
 from ._dispatch import Dispatcher, Prepared, check_header, error_response
 from ._lease import Leases, Slot
 from ._sessions import Sessions, _Client, _Pending
@@ -81,6 +81,9 @@ class Worker(Sessions):
         self._started = 0.0
         self.metrics = Metrics()
         self.ready = threading.Event()
+        self._loop_tick = 0.0  # monotonic time of the loop's last periodic check, for /healthz
+        self._failures = _logs.RateLimited(log, rate_per_s=5.0, burst=20)
+        self._op_names: dict[int, str] = {}
 
     # ------------------------------------------------------------ start / stop
 
@@ -120,8 +123,8 @@ class Worker(Sessions):
                 self._sock.bind(endpoint(cfg.name))
             finally:
                 os.umask(old)
-            if cfg.metrics_port is not None:
-                self.metrics.serve(cfg.metrics_port)
+            self._op_names = {spec.code: name for name, spec in kernels.REGISTRY.items()}
+            self._start_metrics()
         except BaseException:
             self.close()
             raise
@@ -131,6 +134,36 @@ class Worker(Sessions):
             cfg.geometry.spec(), socket_path(cfg.name),
         )
         self.ready.set()
+
+    def _start_metrics(self) -> None:
+        cfg, mt = self.config, self.metrics
+        device = getattr(self.backend, "device", None)
+        mt.set_build_info(_version(), self.backend.name, "cpu" if device is None else f"cuda:{device}")
+        mt.slots_total.set(sum(c.n_slots for c in cfg.geometry.classes))
+        mt.resident_limit.set(cfg.resident_limit_bytes)
+        if cfg.metrics_port is None and not cfg.metrics_addr.startswith("unix:"):
+            return
+        try:
+            mt.serve(cfg.metrics_port or 0, cfg.metrics_addr, cfg.metrics_token, self.health)
+        except OSError as e:
+            where = cfg.metrics_addr if cfg.metrics_addr.startswith("unix:") else f"{cfg.metrics_addr}:{cfg.metrics_port}"
+            raise checks.StartupError(
+                f"cannot serve metrics on {where}: {e.strerror or e}; choose another --metrics-port "
+                f"(0 picks a free one) or --metrics-addr"
+            ) from None
+        log.info("metrics on %s/metrics (health: /healthz)", mt.url)
+
+    def health(self) -> tuple[bool, str]:
+        """Readiness for ``/healthz``: started, serving, loop turning, backend sound. Returns (ready, reason)."""
+        if not self.ready.is_set():
+            return False, "starting"
+        if self._stopping.is_set():
+            return False, "stopping"
+        if self.dispatch.fatal:
+            return False, f"backend failed: {self.dispatch.fatal}"
+        if time.monotonic() - self._loop_tick > max(10.0, 20 * self.config.heartbeat_s):
+            return False, "the event loop has not turned recently"
+        return True, ""
 
     def stop(self) -> None:
         """Ask the loop to drain and exit (thread- and signal-safe)."""
@@ -200,6 +233,7 @@ class Worker(Sessions):
         poller.register(self._wake_r, zmq.POLLIN)
         registered: set[int] = set()
         next_check = time.monotonic() + self.config.heartbeat_s
+        self._loop_tick = time.monotonic()
         spin_s = self.config.spin_us / 1e6
         while True:
             stopping = self._stopping.is_set()
@@ -241,6 +275,7 @@ class Worker(Sessions):
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + self.config.heartbeat_s
+                self._loop_tick = now
                 self._check_clients()
                 self._gauge_memory()
             if self._pending:
@@ -314,6 +349,7 @@ class Worker(Sessions):
                 raise BusyError("the worker is shutting down", field="call")
             s = self.leases.begin(c.id, region, index, gen)
         except RequestError as e:
+            self._failures.failed(c.pid if c else 0, "unknown", type(e).__name__, e.field, e.message)
             self._send(identity, m.pack_done(region, index, rid, NO_RESPONSE | e.code))
             return None
         t0 = time.perf_counter()
@@ -387,21 +423,51 @@ class Worker(Sessions):
                 stages: dict[str, float], prep: Prepared | None) -> None:
         _write_response(view, hdr, encode_response(error_response(err)), err.code)
         self.metrics.inflight.inc()
-        self._done_sent(identity, s, hdr, err.code, t0, stages, prep)
+        op = err.op if err.op in kernels.REGISTRY else self._op_names.get(hdr.op_code, "unknown")
+        self._done_sent(identity, s, hdr, err.code, t0, stages, prep, op)
 
     def _done_sent(self, identity: bytes, s: Slot, hdr: Header, status: int, t0: float,
-                   stages: dict[str, float], prep: Prepared | None) -> None:
+                   stages: dict[str, float], prep: Prepared | None, op: str = "unknown") -> None:
+        if prep is not None:
+            op = prep.op
+        if status:  # before DONE: after it the slot is the client's again
+            self._log_failure(identity, s, op, status)
         if s.owner is not None and not s.freeing:
             self._send(identity, m.pack_done(s.region, s.index, hdr.request_id, status))
         self.leases.end(s)
         self.metrics.inflight.dec()
-        op = prep.op if prep is not None else "invalid"
         self.metrics.observe(op, "ok" if status == 0 else _status_name(status), time.perf_counter() - t0,
                              prep.nbytes_in if prep and status == 0 else 0,
                              prep.nbytes_out if prep and status == 0 else 0, stages)
         if s.owner is None:
             self._close_idle_regions()
             self._serve_pending()
+
+    def _log_failure(self, identity: bytes, s: Slot, op: str, status: int) -> None:
+        """One INFO line per failed request (rate-limited): client pid, op, error class, field."""
+        if not self._failures.allow():
+            return
+        c = self._clients.get(identity)
+        field = message = ""
+        view = self._views.get((s.region, s.index))
+        if view is not None:
+            try:
+                n = unpack_from(view).payload_length
+                r = decode_response(bytes(view[HEADER_NBYTES:HEADER_NBYTES + min(n, self.dispatch.desc_nbytes)]))
+                field, message = r.field, r.message
+            except Exception:  # noqa: BLE001 - the slot is shared memory; a log line must not fail the request
+                pass
+        self._failures.emit(c.pid if c else 0, op, _status_name(status), field, message)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("shmrpc")
+    except Exception:  # noqa: BLE001 - not installed as a distribution (a source tree on sys.path)
+        return "unknown"
+
 
 def _write_response(view: memoryview, hdr: Header, payload: bytes, status: int) -> None:
     """Response descriptor first, then the header."""

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from shmrpc.schema.layout import DEFAULT_GEOMETRY, Geometry, SizeClass
 from shmrpc.schema.naming import validate_name
 
+from ._http import parse_addr
+
 __all__ = ["WorkerConfig", "DEFAULT_LEASE", "parse_lease"]
 
 #: Slots of each size class leased to every client at HELLO (smallest class first); the rest are
@@ -34,7 +36,11 @@ class WorkerConfig:
         geometry: slot size classes of the region.
         lease: slots of each class leased to a client at HELLO (shorter tuples are padded with 0).
         backend: ``auto`` (CuPy when it imports and sees a GPU, else NumPy), ``numpy`` or ``cupy``.
-        metrics_port: Prometheus HTTP port on 127.0.0.1; ``None`` for no HTTP server, 0 for any free port.
+        metrics_port: Prometheus HTTP port (``/metrics`` and ``/healthz``); ``None`` for no HTTP server
+            (unless ``metrics_addr`` is a Unix socket), 0 for any free port.
+        metrics_addr: where the metrics endpoint listens: a host address (``127.0.0.1`` by default)
+            or ``unix:PATH`` (a socket of mode 0600).
+        metrics_token: when set, ``/metrics`` requires ``Authorization: Bearer <token>``.
         mlock: lock the region's pages in RAM (the startup check tells how to allow it).
         inline_max_nbytes: requests moving at most this many bytes run on the event loop thread
             (cheaper than a thread hop); larger ones run in the executor.
@@ -70,9 +76,14 @@ class WorkerConfig:
     client_max_slots: int = 0
     client_max_bytes: int = 0
     spin_us: int = 0
+    metrics_addr: str = "127.0.0.1"
+    metrics_token: str | None = None
 
     def __post_init__(self) -> None:
         validate_name(self.name)
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"--metrics-port must be 0..65535, got {self.metrics_port}")
+        parse_addr(self.metrics_addr)
         if self.backend not in ("auto", "numpy", "cupy"):
             raise ValueError(f"--backend must be auto, numpy or cupy, got {self.backend!r}")
         n = len(self.geometry.classes)
