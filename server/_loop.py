@@ -388,7 +388,7 @@ class Worker(Sessions):
             stages, status, payload = {}, e.code, encode_response(error_response(e))
         except Exception as e:  # noqa: BLE001 - a bug must still be answered, or the slot would stay in flight
             log.exception("request failed unexpectedly")
-            err = InternalError(f"the request failed: {type(e).__name__}: {e}", op=prep.op)
+            err = InternalError(f"the request failed: {type(e).__name__}: {e}", op=prep.desc.steps[0].op)
             stages, status, payload = {}, err.code, encode_response(error_response(err))
         _write_response(view, hdr, payload, status)
         return status, stages

@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="slot size classes SIZE:COUNT, smallest first (default %(default)s)")
     s.add_argument("--lease", default=None,
                    help="slots of each class leased to every client at HELLO, e.g. 4,2,1,1,0 (default)")
-    s.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
+    s.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
+                   help="auto: CuPy when it imports and sees a GPU, else NumPy (default %(default)s)")
     s.add_argument("--no-mlock", action="store_true", help="do not mlock the region (no RLIMIT_MEMLOCK needed)")
     s.add_argument("--isolation", choices=("client", "shared"), default="client",
                    help="client: leased slots in a region per client, unlinked once mapped (default); "
@@ -92,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="poll this many µs without sleeping before blocking (lower latency, a busy core; 0: off)")
     s.add_argument("--resident-limit", default="8G", help="cap on resident tensors (default %(default)s)")
     s.add_argument("--allow-uid", type=int, action="append", default=[], help="another uid that may connect")
-    s.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    s.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                   help="least severe log lines written (default %(default)s; failed requests log at INFO)")
     _add_observability_args(s)
 
     st = sub.add_parser("status", help="show a worker's regions, leases, in-flight requests and counters",
@@ -161,7 +163,6 @@ def _serve(args: argparse.Namespace) -> int:
     from .checks import StartupError
     from .config import DEFAULT_LEASE, WorkerConfig, parse_lease
 
-    setup_logging(args.log_level, args.log_format)
     try:
         token = read_token(args.metrics_token_file) if args.metrics_token_file else None
         geometry = parse_geometry(args.slots)
@@ -178,6 +179,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"shmrpc serve: {e}", file=sys.stderr)
         return EXIT_USAGE
+    setup_logging(args.log_level, args.log_format)
     worker = Worker(cfg)
     worker.install_signal_handlers()
     try:

@@ -47,7 +47,7 @@ def test_shmrpc_paths_round_trip_the_payload(no_leak: object) -> None:
 @pytest.mark.timeout(60)
 def test_cli_latency_with_clients(tmp_path: Path, no_leak: object, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "lat.json"
-    rc = main(["lat", "--sizes", "64,4K", "--iters", "20", "--warmup", "2", "--backend", "numpy", "--peers", "zmq",
+    rc = main(["lat", "--sizes", "64,4K", "--iters", "100", "--warmup", "2", "--backend", "numpy", "--peers", "zmq",
                "--clients", "2", "--out", str(out), "-q"])
     assert rc == 0
     doc = json.loads(out.read_text())
@@ -97,3 +97,15 @@ def test_spin_reaches_worker_and_clients(tmp_path: Path, no_leak: object, capsys
     assert argv[argv.index("--spin-us") + 1] == "100" and doc["worker"]["exit_status"] == 0
     assert [r["transport"] for r in doc["results"]] == ["shmrpc"] and "error" not in doc["results"][0]
     assert "spinning 100 µs" in capsys.readouterr().out
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_one_sample_gives_no_verdict(tmp_path: Path, no_leak: object, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "lat.json"
+    rc = main(["lat", "--sizes", "64", "--iters", "1", "--warmup", "0", "--backend", "numpy", "--peers", "zmq",
+               "--no-call", "--out", str(out), "-q"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "PASS" not in text and "MISS" not in text and "too few samples" in text
+    assert {v["status"] for v in json.loads(out.read_text())["verdicts"]} == {"N/A"}
