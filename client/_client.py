@@ -41,6 +41,7 @@ from shmrpc.schema.errors import (
 from shmrpc.schema.header import HEADER_NBYTES
 from shmrpc.schema.layout import Geometry, align_up, format_size, tensor_align
 
+from ._interop import DeviceInput, as_input, is_array_like
 from ._pipeline import Pipeline, resolve
 from ._region import AttachedRegion
 from ._transport import Transport, control_error
@@ -323,7 +324,7 @@ class Client:
             timeout = self.timeout_s if timeout_s is None else timeout_s
             deadline = time.monotonic() + timeout
             arrays, attrs, residents = self._split(op, kwargs)
-            sizes = [a.nbytes for a in arrays.values()]
+            sizes = [a.nbytes for a, _ in arrays.values()]
             need = self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for n in sizes)
             alias = isinstance(op, str) and bool(self.op_table.get(op, {}).get("alias"))
             if out_nbytes is None:
@@ -331,8 +332,12 @@ class Client:
             need += out_nbytes
             loan = Loan(self, self._take(max(need, self.geometry.desc_nbytes + 64), deadline))
             try:
-                for name, a in arrays.items():
-                    np.copyto(loan.array(name, a.shape, a.dtype), a, casting="no")
+                for name, (a, wire) in arrays.items():
+                    view = loan.array(name, a.shape, wire)
+                    if isinstance(a, DeviceInput):
+                        a.copy_into(view)  # device -> slot, one copy
+                    else:
+                        np.copyto(view, a if a.dtype == view.dtype else a.view(view.dtype), casting="no")
                 for name, r in residents.items():
                     shape, dt = self._resident_spec(r.name)
                     loan.resident(name, r.name, shape, dt)
@@ -363,10 +368,10 @@ class Client:
             y = c.call("gemm", x=x, w=Resident("w"))["out"]
         """
         full = f"shared/{name}" if shared else name
-        a = np.ascontiguousarray(array)
+        a, wire = as_input("x", array)
         self.call(Pipeline(outputs=()).then("echo", outputs={"out": full}), x=a, keep=(full,), timeout_s=timeout_s)
         with self._lock:
-            self._specs[full] = (a.shape, a.dtype)
+            self._specs[full] = (a.shape, dtypes.numpy_dtype(wire))
 
     def drop(self, name: str, *, timeout_s: float | None = None) -> None:
         """Free resident tensor ``name`` (``shared/<name>`` for a shared one).
@@ -398,23 +403,20 @@ class Client:
         return self._specs[name]
 
     def _split(self, op: str | Pipeline, kwargs: dict[str, Any]
-               ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Resident]]:
-        """Arrays (tensor inputs) vs resident references vs attributes, checked against the op table."""
+               ) -> tuple[dict[str, tuple[np.ndarray | DeviceInput, str]], dict[str, Any], dict[str, Resident]]:
+        """Tensor inputs (with their wire dtype) vs resident references vs attributes.
+
+        For an op, a keyword is a tensor when the op names it as an input or it is array-like
+        (see ``_interop``); every keyword of a Pipeline is a tensor (its attributes are on its steps).
+        """
         params = set(self.op_table[op]["inputs"]) if isinstance(op, str) and op in self.op_table else None
+        pipeline = isinstance(op, Pipeline)
         arrays, attrs, residents = {}, {}, {}
         for k, v in kwargs.items():
             if isinstance(v, Resident):
                 residents[k] = v
-                continue
-            is_array = isinstance(v, np.ndarray) or (params is not None and k in params)
-            if is_array:
-                a = np.ascontiguousarray(v)
-                try:
-                    dtypes.name_of_numpy(a.dtype)
-                except KeyError:
-                    raise InvalidRequestError(f"array {k!r} has dtype {a.dtype}, which cannot travel",
-                                              tensor=k, field="dtype") from None
-                arrays[k] = a
+            elif pipeline or (params is not None and k in params) or is_array_like(v):
+                arrays[k] = as_input(k, v)
             else:
                 attrs[k] = v
         return arrays, attrs, residents

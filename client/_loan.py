@@ -73,17 +73,23 @@ class Loan:
     def array(self, name: str, shape: tuple[int, ...] | int, dtype: Any) -> np.ndarray:
         """A writable NumPy view of a new input tensor ``name`` inside the slot.
 
+        ``dtype`` is a NumPy dtype or a wire dtype name; ``"bfloat16"`` gives a ``uint16`` view of the
+        raw bits where ``ml_dtypes`` is not installed (an ``ml_dtypes.bfloat16`` view where it is).
+
         Raises:
             RequestTooLargeError: the slot has no room left for it.
             InvalidRequestError: the name is taken or the dtype cannot travel.
         """
         self._live()
         shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
-        dt = np.dtype(dtype)
-        try:
-            dname = dtypes.name_of_numpy(dt)
-        except KeyError:
-            raise InvalidRequestError(f"dtype {dt} cannot travel", tensor=name, field="dtype") from None
+        if isinstance(dtype, str) and dtype in dtypes.DTYPE_CODES:  # a wire name: "bfloat16" works without ml_dtypes
+            dname, dt = dtype, dtypes.numpy_dtype(dtype)
+        else:
+            dt = np.dtype(dtype)
+            try:
+                dname = dtypes.name_of_numpy(dt)
+            except KeyError:
+                raise InvalidRequestError(f"dtype {dt} cannot travel", tensor=name, field="dtype") from None
         if any(t.name == name for t in self._tensors):
             raise InvalidRequestError(f"tensor {name!r} already exists in this request", tensor=name, field="name")
         nbytes = math.prod(shape) * dt.itemsize
