@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test venv dev schema lint gpu-wheels
+.PHONY: demo test test-min venv dev schema lint gpu-wheels
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,10 @@ test: dev
 	$(BIN)/python -m pytest -q
 	$(BIN)/ruff check schema client server kernels tests bench benchtool cli
 	$(BIN)/mypy schema client cli benchtool
+
+# The suite at the declared minimum of each runtime dependency, in .venv-min (.ci/min-deps).
+test-min:
+	PY=$(PY) bash .ci/min-deps
 
 lint: dev
 	$(BIN)/ruff check schema client server kernels tests bench benchtool cli
