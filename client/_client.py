@@ -19,6 +19,7 @@ import itertools
 import os
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ from shmrpc.schema.layout import Geometry, align_up, format_size, tensor_align
 from ._interop import DeviceInput, as_input, is_array_like
 from ._pipeline import Pipeline, resolve
 from ._region import AttachedRegion
+from ._trace import ClientTracing
 from ._transport import Transport, control_error
 
 __all__ = ["Client", "Loan", "CallFuture", "Resident"]  # Loan, CallFuture, Resident re-exported
@@ -66,6 +68,9 @@ class Client:
         spin_us: wait for an answer by polling without sleeping for up to this long before blocking
             (default 0: block at once). Shortens small round trips by a scheduler wake-up at the cost of
             a busy core while waiting; pair it with the worker's ``--spin-us``.
+        trace: OpenTelemetry spans for calls (the ``otel`` extra): ``True`` for the global tracer
+            provider, or a ``TracerProvider``; off by default. A worker started with ``--otel``
+            records its side of each traced call as a child span (docs/operations.md).
 
     Raises:
         ConnectError: no such worker, or it refused the handshake.
@@ -82,12 +87,15 @@ class Client:
     """
 
     def __init__(self, name: str, *, timeout_s: float = 30.0, connect_timeout_s: float = 5.0,
-                 on_busy: str = "wait", linger_s: float = 0.0, spin_us: int = 0) -> None:
+                 on_busy: str = "wait", linger_s: float = 0.0, spin_us: int = 0, trace: Any = False) -> None:
         if on_busy not in ("wait", "fail"):
             raise ValueError("on_busy must be 'wait' or 'fail'")
         if not 0 <= spin_us <= 1_000_000:
             raise ValueError(f"spin_us must be 0..1000000, got {spin_us}")
         self.name, self.timeout_s, self.on_busy, self.linger_s = name, timeout_s, on_busy, linger_s
+        self._tracing: ClientTracing | None = None
+        if trace is not False and trace is not None:
+            self._tracing = ClientTracing(None if trace is True else trace)
         self._pid = os.getpid()
         self._fork_gen = fork_generation()
         self._lock = threading.RLock()
@@ -331,6 +339,9 @@ class Client:
                 out_nbytes = 0 if in_place or alias else sum(sizes)
             need += out_nbytes
             loan = Loan(self, self._take(max(need, self.geometry.desc_nbytes + 64), deadline))
+            tracing = self._tracing
+            span, tail = (None, b"") if tracing is None else tracing.start(
+                op if isinstance(op, str) else "pipeline", self.name)
             try:
                 for name, (a, wire) in arrays.items():
                     view = loan.array(name, a.shape, wire)
@@ -341,11 +352,15 @@ class Client:
                 for name, r in residents.items():
                     shape, dt = self._resident_spec(r.name)
                     loan.resident(name, r.name, shape, dt)
-                rid = loan._post(op, attrs, in_place, keep)
-            except BaseException:
+                rid = loan._post(op, attrs, in_place, keep, tail)
+            except BaseException as e:
                 loan.release()
+                if tracing is not None:
+                    tracing.end(span, e)
                 raise
             fut = CallFuture(self, loan, rid, deadline, _copy)
+            if tracing is not None:
+                fut.add_done_callback(lambda f: tracing.end(span, Future.exception(f, 0)))
             if _copy:
                 self._unread.append(fut)
             return fut

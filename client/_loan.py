@@ -110,8 +110,10 @@ class Loan:
                                        resident_name))
         self._memo.clear()
 
-    def _post(self, op: str | Pipeline, attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...]) -> int:
-        """Write descriptor and header, ring the worker; returns the request_id."""
+    def _post(self, op: str | Pipeline, attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...],
+              trace: bytes = b"") -> int:
+        """Write descriptor and header, ring the worker (with a trace context tail when traced); returns the
+        request_id."""
         c, s, mv = self._c, self._s, self._live()
         if s.in_flight is not None:
             raise InvalidRequestError("this loan already has a request in flight", field="slot")
@@ -128,7 +130,7 @@ class Loan:
         s.in_flight, s.status = rid, None
         c._inflight[rid] = s
         try:
-            c._t.send(m.pack_call(s.region, s.index, rid, s.generation))
+            c._t.send(m.pack_call(s.region, s.index, rid, s.generation) + trace)
         except BaseException:
             c._inflight.pop(rid, None)
             s.in_flight = None

@@ -42,7 +42,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "HELLO", "WELCOME", "CALL", "DONE", "ACQUIRE", "GRANT", "RELEASE", "BYE", "STATUS", "STATE", "ERROR",
     "MANAGE", "MANAGED", "ATTACHED",
-    "CALL_STRUCT", "DONE_STRUCT", "SLOT_STRUCT",
+    "CALL_STRUCT", "DONE_STRUCT", "SLOT_STRUCT", "TRACE_STRUCT",
     "pack_json", "unpack_json", "pack_call", "unpack_call", "pack_done", "unpack_done",
 ]
 
@@ -66,6 +66,10 @@ ERROR = b"E"
 CALL_STRUCT = struct.Struct("<cxHIII")  # kind, pad, region, slot, request_id, generation: 16 B
 DONE_STRUCT = struct.Struct("<cxHIIH")  # kind, pad, region, slot, request_id, status: 14 B
 SLOT_STRUCT = struct.Struct("<cxHI")  # kind, pad, region, slot: 8 B
+#: Optional tail of a CALL frame (a 41-byte CALL): the caller's W3C trace context in binary, trace_id
+#: (16 B), parent span_id (8 B), trace flags (1 B). Sent only by a client that traces (``Client(trace=...)``);
+#: a worker that does not trace ignores it.
+TRACE_STRUCT = struct.Struct("<16s8sB")
 
 
 def pack_json(kind: bytes, obj: Any) -> bytes:

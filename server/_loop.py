@@ -53,14 +53,19 @@ log = logging.getLogger("shmrpc.server")
 NO_RESPONSE = 0x8000
 _OK_FLAGS = int(Flag.RESPONSE)
 _ERROR_FLAGS = int(Flag.RESPONSE | Flag.ERROR)
-_POLLIN = int(zmq.POLLIN)  # a plain int: `int & IntFlag` goes through the enum machinery
+_POLLIN = int(zmq.POLLIN)
+_CALL_NBYTES = m.CALL_STRUCT.size
+_TRACED_CALL_NBYTES = m.CALL_STRUCT.size + m.TRACE_STRUCT.size  # a plain int: `int & IntFlag` goes through the enum machinery
 
 
 class Worker(Sessions):
     """A shmrpc worker. Use :meth:`start`, then :meth:`serve_forever` (or as a context manager)."""
 
-    def __init__(self, config: WorkerConfig) -> None:
+    def __init__(self, config: WorkerConfig, tracer_provider: Any = None) -> None:
         self.config = config
+        self._tracer_provider = tracer_provider  # --otel: where spans go (None: see server/_trace.py)
+        self._tracing: Any = None
+        self._traces: dict[tuple[int, int], bytes] = {}  # (region, slot) -> the CALL's trace context
         self.regions: dict[int, Region] = {}  # index -> region; 0 is the pool
         self.backend: Any = None
         self._lock: runtime.WorkerLock | None = None
@@ -125,6 +130,13 @@ class Worker(Sessions):
                 os.umask(old)
             self._op_names = {spec.code: name for name, spec in kernels.REGISTRY.items()}
             self._start_metrics()
+            if cfg.otel:
+                try:
+                    from ._trace import WorkerTracing
+
+                    self._tracing = WorkerTracing(self._tracer_provider)
+                except ImportError as e:
+                    raise checks.StartupError(f"--otel needs OpenTelemetry ({e}): pip install 'shmrpc[otel]'") from None
         except BaseException:
             self.close()
             raise
@@ -206,6 +218,9 @@ class Worker(Sessions):
                 os.close(fd)
         self._wake_r = self._wake_w = -1
         self.metrics.shutdown()
+        if self._tracing is not None:
+            self._tracing.shutdown()
+            self._tracing = None
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -337,6 +352,9 @@ class Worker(Sessions):
     # ------------------------------------------------------------ calls
 
     def _on_call(self, identity: bytes, frame: bytes, stopping: bool) -> None:
+        tail = b""
+        if len(frame) == _TRACED_CALL_NBYTES:  # a traced call: the client's trace context follows the CALL
+            frame, tail = frame[:_CALL_NBYTES], frame[_CALL_NBYTES:]
         try:
             region, index, rid, gen = m.unpack_call(frame)
         except Exception:  # noqa: BLE001 - a malformed doorbell names no slot we could answer in
@@ -348,6 +366,10 @@ class Worker(Sessions):
             if stopping:
                 raise BusyError("the worker is shutting down", field="call")
             s = self.leases.begin(c.id, region, index, gen)
+            if tail and self._tracing is not None:
+                self._traces[(region, index)] = tail
+            elif self._traces:
+                self._traces.pop((region, index), None)
         except RequestError as e:
             self._failures.failed(c.pid if c else 0, "unknown", type(e).__name__, e.field, e.message)
             self._send(identity, m.pack_done(region, index, rid, NO_RESPONSE | e.code))
@@ -432,6 +454,11 @@ class Worker(Sessions):
             op = prep.op
         if status:  # before DONE: after it the slot is the client's again
             self._log_failure(identity, s, op, status)
+        traced = None
+        if self._traces:  # a traced call: its span ends as DONE goes out
+            tail = self._traces.pop((s.region, s.index), None)
+            if tail is not None:
+                traced = (tail, time.perf_counter() - t0, time.time_ns())
         if s.owner is not None and not s.freeing:
             self._send(identity, m.pack_done(s.region, s.index, hdr.request_id, status))
         self.leases.end(s)
@@ -439,6 +466,10 @@ class Worker(Sessions):
         self.metrics.observe(op, "ok" if status == 0 else _status_name(status), time.perf_counter() - t0,
                              prep.nbytes_in if prep and status == 0 else 0,
                              prep.nbytes_out if prep and status == 0 else 0, stages)
+        if traced is not None and self._tracing is not None:
+            c = self._clients.get(identity)
+            self._tracing.record(traced[0], op, "ok" if status == 0 else _status_name(status), traced[1], traced[2],
+                                 stages, c.pid if c else 0, (s.region, s.index))
         if s.owner is None:
             self._close_idle_regions()
             self._serve_pending()

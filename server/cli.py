@@ -132,6 +132,9 @@ def _add_observability_args(s: argparse.ArgumentParser) -> None:
                         "(mode 0600; /healthz stays open)")
     g.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="log lines as text or as one JSON object per line (default %(default)s)")
+    g.add_argument("--otel", action="store_true",
+                   help="OpenTelemetry spans for requests whose client traces them (the otel extra; exporter "
+                        "from OTEL_TRACES_EXPORTER, default otlp)")
 
 
 def _port(text: str) -> int:
@@ -174,7 +177,7 @@ def _serve(args: argparse.Namespace) -> int:
             resident_limit_bytes=parse_size(args.resident_limit), allow_uids=tuple(args.allow_uid), register_host=not args.no_register,
             isolation=args.isolation, client_max_slots=args.client_max_slots,
             client_max_bytes=parse_size(args.client_max_bytes),
-            metrics_addr=args.metrics_addr, metrics_token=token,
+            metrics_addr=args.metrics_addr, metrics_token=token, otel=args.otel,
         )
     except ValueError as e:
         print(f"shmrpc serve: {e}", file=sys.stderr)

@@ -41,6 +41,7 @@ class WorkerConfig:
         metrics_addr: where the metrics endpoint listens: a host address (``127.0.0.1`` by default)
             or ``unix:PATH`` (a socket of mode 0600).
         metrics_token: when set, ``/metrics`` requires ``Authorization: Bearer <token>``.
+        otel: record an OpenTelemetry span for each request whose client traces it (``--otel``).
         mlock: lock the region's pages in RAM (the startup check tells how to allow it).
         inline_max_nbytes: requests moving at most this many bytes run on the event loop thread
             (cheaper than a thread hop); larger ones run in the executor.
@@ -78,6 +79,7 @@ class WorkerConfig:
     spin_us: int = 0
     metrics_addr: str = "127.0.0.1"
     metrics_token: str | None = None
+    otel: bool = False
 
     def __post_init__(self) -> None:
         validate_name(self.name)
