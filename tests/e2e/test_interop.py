@@ -115,3 +115,46 @@ def test_torch_view_of_an_output_without_a_copy(client: Client, torch: Any) -> N
     assert torch.equal(t, torch.full((8,), 3.0))
     d = torch.from_dlpack(out)
     assert d.data_ptr() == out.ctypes.data
+
+
+# ------------------------------------------------------------------ GPU arrays (the GPU machine only)
+
+
+def _cupy() -> Any:
+    try:
+        import cupy
+
+        cupy.cuda.runtime.getDeviceCount()
+        return cupy
+    except Exception as e:  # noqa: BLE001 - any failure means no usable GPU here
+        pytest.skip(f"no CuPy/GPU here ({type(e).__name__})")
+
+
+class CudaInterfaceOnly:
+    """A device array known only by ``__cuda_array_interface__`` (as Numba's are)."""
+
+    def __init__(self, a: Any) -> None:
+        self._a = a
+        self.__cuda_array_interface__ = a.__cuda_array_interface__
+
+
+@pytest.mark.gpu
+def test_gpu_arrays_are_copied_device_to_slot(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    cp = _cupy()
+    x = cp.arange(1024, dtype=cp.float32).reshape(32, 32)
+    y = cp.ones((32, 32), dtype=cp.float32)
+    calls = []
+    real_get = cp.ndarray.get
+
+    def spy(self: Any, *args: Any, **kw: Any) -> Any:
+        calls.append(kw.get("out") is not None)
+        return real_get(self, *args, **kw)
+
+    monkeypatch.setattr(cp.ndarray, "get", spy)
+    out = client.call("vector_add", x=x, y=CudaInterfaceOnly(y))["out"]
+    np.testing.assert_array_equal(out, cp.asnumpy(x + y))
+    assert calls == [True, True]  # each input: one get(out=slot view), no intermediate host array
+    t = x[:, ::2]  # not contiguous on the device
+    np.testing.assert_array_equal(client.call("echo", x=t)["out"], cp.asnumpy(t))
+    client.put("gw", x)
+    assert client.resident()["gw"] == ((32, 32), np.dtype(np.float32))
