@@ -158,3 +158,16 @@ def test_gpu_arrays_are_copied_device_to_slot(client: Client, monkeypatch: pytes
     np.testing.assert_array_equal(client.call("echo", x=t)["out"], cp.asnumpy(t))
     client.put("gw", x)
     assert client.resident()["gw"] == ((32, 32), np.dtype(np.float32))
+
+
+@pytest.mark.gpu
+def test_torch_cuda_tensors_are_copied_device_to_slot(client: Client, torch: Any) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA device")
+    x = torch.arange(64, dtype=torch.float32, device="cuda", requires_grad=True)
+    np.testing.assert_array_equal(client.call("scale", x=x, a=2.0)["out"], 2 * np.arange(64, dtype=np.float32))
+    b = torch.tensor([1.0, 2.0, -3.0], dtype=torch.bfloat16, device="cuda")
+    out = client.call("scale", x=b, a=2.0)["out"]
+    assert torch.equal(torch.from_numpy(out.view(np.int16)).view(torch.bfloat16), (b * 2).cpu())
+    t = torch.arange(12, dtype=torch.float64, device="cuda").reshape(3, 4).t()
+    np.testing.assert_array_equal(client.call("echo", x=t)["out"], t.cpu().numpy())
