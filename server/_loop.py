@@ -32,14 +32,15 @@ import zmq
 
 from shmrpc import kernels
 from shmrpc.schema import messages as m
-from shmrpc.schema.descriptor import decode_response, encode_response
+from shmrpc.schema.descriptor import encode_response
 from shmrpc.schema.errors import WIRE_CODES, BusyError, InternalError, InvalidRequestError, RequestError
 from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag, Header, unpack_from
 from shmrpc.schema.naming import endpoint, socket_path
 
-from . import _logs, checks, runtime
+from . import checks, runtime
 from ._dispatch import Dispatcher, Prepared, check_header, error_response
 from ._lease import Leases, Slot
+from ._observe import Observer
 from ._sessions import Sessions, _Client, _Pending
 from .config import WorkerConfig
 from .metrics import Metrics
@@ -53,9 +54,9 @@ log = logging.getLogger("shmrpc.server")
 NO_RESPONSE = 0x8000
 _OK_FLAGS = int(Flag.RESPONSE)
 _ERROR_FLAGS = int(Flag.RESPONSE | Flag.ERROR)
-_POLLIN = int(zmq.POLLIN)
+_POLLIN = int(zmq.POLLIN)  # a plain int: `int & IntFlag` goes through the enum machinery
 _CALL_NBYTES = m.CALL_STRUCT.size
-_TRACED_CALL_NBYTES = m.CALL_STRUCT.size + m.TRACE_STRUCT.size  # a plain int: `int & IntFlag` goes through the enum machinery
+_TRACED_CALL_NBYTES = m.CALL_STRUCT.size + m.TRACE_STRUCT.size
 
 
 class Worker(Sessions):
@@ -63,9 +64,6 @@ class Worker(Sessions):
 
     def __init__(self, config: WorkerConfig, tracer_provider: Any = None) -> None:
         self.config = config
-        self._tracer_provider = tracer_provider  # --otel: where spans go (None: see server/_trace.py)
-        self._tracing: Any = None
-        self._traces: dict[tuple[int, int], bytes] = {}  # (region, slot) -> the CALL's trace context
         self.regions: dict[int, Region] = {}  # index -> region; 0 is the pool
         self.backend: Any = None
         self._lock: runtime.WorkerLock | None = None
@@ -85,10 +83,9 @@ class Worker(Sessions):
         self._stopping = threading.Event()
         self._started = 0.0
         self.metrics = Metrics()
+        self.observe = Observer(config, self.metrics, log, tracer_provider)
         self.ready = threading.Event()
         self._loop_tick = 0.0  # monotonic time of the loop's last periodic check, for /healthz
-        self._failures = _logs.RateLimited(log, rate_per_s=5.0, burst=20)
-        self._op_names: dict[int, str] = {}
 
     # ------------------------------------------------------------ start / stop
 
@@ -128,15 +125,7 @@ class Worker(Sessions):
                 self._sock.bind(endpoint(cfg.name))
             finally:
                 os.umask(old)
-            self._op_names = {spec.code: name for name, spec in kernels.REGISTRY.items()}
-            self._start_metrics()
-            if cfg.otel:
-                try:
-                    from ._trace import WorkerTracing
-
-                    self._tracing = WorkerTracing(self._tracer_provider)
-                except ImportError as e:
-                    raise checks.StartupError(f"--otel needs OpenTelemetry ({e}): pip install 'shmrpc[otel]'") from None
+            self.observe.start(self.backend, self.health)
         except BaseException:
             self.close()
             raise
@@ -146,24 +135,6 @@ class Worker(Sessions):
             cfg.geometry.spec(), socket_path(cfg.name),
         )
         self.ready.set()
-
-    def _start_metrics(self) -> None:
-        cfg, mt = self.config, self.metrics
-        device = getattr(self.backend, "device", None)
-        mt.set_build_info(_version(), self.backend.name, "cpu" if device is None else f"cuda:{device}")
-        mt.slots_total.set(sum(c.n_slots for c in cfg.geometry.classes))
-        mt.resident_limit.set(cfg.resident_limit_bytes)
-        if cfg.metrics_port is None and not cfg.metrics_addr.startswith("unix:"):
-            return
-        try:
-            mt.serve(cfg.metrics_port or 0, cfg.metrics_addr, cfg.metrics_token, self.health)
-        except OSError as e:
-            where = cfg.metrics_addr if cfg.metrics_addr.startswith("unix:") else f"{cfg.metrics_addr}:{cfg.metrics_port}"
-            raise checks.StartupError(
-                f"cannot serve metrics on {where}: {e.strerror or e}; choose another --metrics-port "
-                f"(0 picks a free one) or --metrics-addr"
-            ) from None
-        log.info("metrics on %s/metrics (health: /healthz)", mt.url)
 
     def health(self) -> tuple[bool, str]:
         """Readiness for ``/healthz``: started, serving, loop turning, backend sound. Returns (ready, reason)."""
@@ -217,10 +188,7 @@ class Worker(Sessions):
             if fd >= 0:
                 os.close(fd)
         self._wake_r = self._wake_w = -1
-        self.metrics.shutdown()
-        if self._tracing is not None:
-            self._tracing.shutdown()
-            self._tracing = None
+        self.observe.close()
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -366,12 +334,10 @@ class Worker(Sessions):
             if stopping:
                 raise BusyError("the worker is shutting down", field="call")
             s = self.leases.begin(c.id, region, index, gen)
-            if tail and self._tracing is not None:
-                self._traces[(region, index)] = tail
-            elif self._traces:
-                self._traces.pop((region, index), None)
+            if tail or self.observe.traces:
+                self.observe.begin(region, index, tail)
         except RequestError as e:
-            self._failures.failed(c.pid if c else 0, "unknown", type(e).__name__, e.field, e.message)
+            self.observe.refused(c.pid if c else 0, e)
             self._send(identity, m.pack_done(region, index, rid, NO_RESPONSE | e.code))
             return None
         t0 = time.perf_counter()
@@ -445,59 +411,32 @@ class Worker(Sessions):
                 stages: dict[str, float], prep: Prepared | None) -> None:
         _write_response(view, hdr, encode_response(error_response(err)), err.code)
         self.metrics.inflight.inc()
-        op = err.op if err.op in kernels.REGISTRY else self._op_names.get(hdr.op_code, "unknown")
-        self._done_sent(identity, s, hdr, err.code, t0, stages, prep, op)
+        self._done_sent(identity, s, hdr, err.code, t0, stages, prep, self.observe.op_of(err, hdr.op_code))
 
     def _done_sent(self, identity: bytes, s: Slot, hdr: Header, status: int, t0: float,
                    stages: dict[str, float], prep: Prepared | None, op: str = "unknown") -> None:
         if prep is not None:
             op = prep.op
         if status:  # before DONE: after it the slot is the client's again
-            self._log_failure(identity, s, op, status)
-        traced = None
-        if self._traces:  # a traced call: its span ends as DONE goes out
-            tail = self._traces.pop((s.region, s.index), None)
-            if tail is not None:
-                traced = (tail, time.perf_counter() - t0, time.time_ns())
-        if s.owner is not None and not s.freeing:
-            self._send(identity, m.pack_done(s.region, s.index, hdr.request_id, status))
-        self.leases.end(s)
+            c = self._clients.get(identity)
+            self.observe.failed(c.pid if c else 0, op, _status_name(status), self._views.get((s.region, s.index)),
+                                self.dispatch.desc_nbytes)
+        traced = self.observe.end_trace(s.region, s.index, t0) if self.observe.traces else None
+        # Counted before DONE goes out, so a client that has its answer finds it in a scrape.
         self.metrics.inflight.dec()
         self.metrics.observe(op, "ok" if status == 0 else _status_name(status), time.perf_counter() - t0,
                              prep.nbytes_in if prep and status == 0 else 0,
                              prep.nbytes_out if prep and status == 0 else 0, stages)
-        if traced is not None and self._tracing is not None:
+        if s.owner is not None and not s.freeing:
+            self._send(identity, m.pack_done(s.region, s.index, hdr.request_id, status))
+        self.leases.end(s)
+        if traced is not None:
             c = self._clients.get(identity)
-            self._tracing.record(traced[0], op, "ok" if status == 0 else _status_name(status), traced[1], traced[2],
-                                 stages, c.pid if c else 0, (s.region, s.index))
+            self.observe.record(traced, op, "ok" if status == 0 else _status_name(status), stages,
+                                c.pid if c else 0, (s.region, s.index))
         if s.owner is None:
             self._close_idle_regions()
             self._serve_pending()
-
-    def _log_failure(self, identity: bytes, s: Slot, op: str, status: int) -> None:
-        """One INFO line per failed request (rate-limited): client pid, op, error class, field."""
-        if not self._failures.allow():
-            return
-        c = self._clients.get(identity)
-        field = message = ""
-        view = self._views.get((s.region, s.index))
-        if view is not None:
-            try:
-                n = unpack_from(view).payload_length
-                r = decode_response(bytes(view[HEADER_NBYTES:HEADER_NBYTES + min(n, self.dispatch.desc_nbytes)]))
-                field, message = r.field, r.message
-            except Exception:  # noqa: BLE001 - the slot is shared memory; a log line must not fail the request
-                pass
-        self._failures.emit(c.pid if c else 0, op, _status_name(status), field, message)
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("shmrpc")
-    except Exception:  # noqa: BLE001 - not installed as a distribution (a source tree on sys.path)
-        return "unknown"
 
 
 def _write_response(view: memoryview, hdr: Header, payload: bytes, status: int) -> None:
