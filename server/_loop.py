@@ -134,6 +134,7 @@ class Worker(Sessions):
             cfg.name, self.backend.name, self.regions[0].name, self.regions[0].nbytes >> 20,
             cfg.geometry.spec(), socket_path(cfg.name),
         )
+        self._loop_tick = time.monotonic()
         self.ready.set()
 
     def health(self) -> tuple[bool, str]:

@@ -95,6 +95,8 @@ class WorkerConfig:
         object.__setattr__(self, "lease", lease)
         if self.isolation not in ("client", "shared"):
             raise ValueError(f"--isolation must be client or shared, got {self.isolation!r}")
+        if self.client_max_slots < 0 or self.client_max_bytes < 0:
+            raise ValueError("--client-max-slots and --client-max-bytes must be >= 0 (0: no limit)")
         if self.threads < 1:
             raise ValueError("--threads must be >= 1")
         if not 0 <= self.spin_us <= 1_000_000:

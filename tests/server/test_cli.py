@@ -26,6 +26,8 @@ BAD = [
     (["serve", "--name", "x", "--resident-limit", "-1"], ""),
     (["serve", "--name", "x", "--client-max-bytes", "?"], ""),
     (["serve", "--name", "x", "--spin-us", "-5"], "--spin-us"),
+    (["serve", "--name", "x", "--client-max-slots", "-1"], "--client-max-slots"),
+    (["serve", "--name", "x", "--client-max-bytes", "-1"], ""),
     (["serve", "--name", "x", "--metrics-port", "70000"], "0..65535"),
     (["serve", "--name", "x", "--metrics-port", "http"], "port"),
     (["serve", "--name", "x", "--metrics-addr", "unix:relative.sock"], "absolute"),
