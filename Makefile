@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test venv dev schema lint gpu-wheels
+.PHONY: demo test test-min venv dev schema lint gpu-wheels
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,12 +22,16 @@ demo: venv
 # The whole suite (GPU tests skip with their reason where there is no GPU), then ruff and mypy.
 test: dev
 	$(BIN)/python -m pytest -q
-	$(BIN)/ruff check schema client server kernels tests bench
-	$(BIN)/mypy schema client
+	$(BIN)/ruff check schema client server kernels tests bench benchtool cli
+	$(BIN)/mypy schema client cli benchtool
+
+# The suite at the declared minimum of each runtime dependency, in .venv-min (.ci/min-deps).
+test-min:
+	PY=$(PY) bash .ci/min-deps
 
 lint: dev
-	$(BIN)/ruff check schema client server kernels tests bench
-	$(BIN)/mypy schema client
+	$(BIN)/ruff check schema client server kernels tests bench benchtool cli
+	$(BIN)/mypy schema client cli benchtool
 
 # Regenerate schema/_fb.py and schema/_hash.py from schema/shmrpc.fbs (needs the dev extra's flatc);
 # the hash covers the schema's declarations only (schema/fbshash.py says exactly what).

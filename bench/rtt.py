@@ -11,7 +11,7 @@ Usage::
     .venv/bin/python bench/rtt.py                   # writes bench/results/rtt-<date>.json
     .venv/bin/python bench/rtt.py --iters 5000 --backend cupy --out /tmp/rtt.json
 
-It is a thin wrapper around ``shmrpc.client.bench`` with fixed sizes and transports.
+It is a thin wrapper around ``shmrpc.bench`` with fixed sizes and transports.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import datetime as dt
 import sys
 from pathlib import Path
 
-from shmrpc.client.bench import RunConfig, finish_document, run_benchmark, write_json
-from shmrpc.client.bench._report import latency_table, verdict_lines
-from shmrpc.client.bench._stats import format_bytes
+from shmrpc.bench import RunConfig, finish_document, run_benchmark, write_json
+from shmrpc.bench._report import latency_table, verdict_lines
+from shmrpc.bench._stats import format_bytes
 
 __all__ = ["SIZES", "TRANSPORTS", "main"]
 

@@ -19,6 +19,7 @@ import itertools
 import os
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -45,8 +46,10 @@ from shmrpc.schema.layout import Geometry, align_up, format_size, tensor_align
 from shmrpc.schema.optable import OpEntry, parse_op_table
 
 from ._attach import set_dumpable
+from ._interop import DeviceInput, as_input, is_array_like
 from ._pipeline import Pipeline, resolve
 from ._region import AttachedRegion
+from ._trace import ClientTracing
 from ._transport import Transport, control_error
 
 __all__ = ["Client", "Loan", "CallFuture", "Resident"]  # Loan, CallFuture, Resident re-exported
@@ -81,7 +84,9 @@ class Client:
             whole life, e.g. ``(4, 2, 1)``; the worker grants at most its ``--lease-max`` per class.
             Default ``None``: the worker's ``--lease`` (small slots only, by default); larger slots
             are borrowed from the worker's pool for each request that needs one.
-
+        trace: OpenTelemetry spans for calls (the ``otel`` extra): ``True`` for the global tracer
+            provider, or a ``TracerProvider``; off by default. A worker started with ``--otel``
+            records its side of each traced call as a child span (docs/operations.md).
 
     Raises:
         ConnectError: no such worker (at once when its socket does not exist), it could not be verified
@@ -101,12 +106,15 @@ class Client:
 
     def __init__(self, name: str, *, timeout_s: float = 30.0, connect_timeout_s: float = 5.0,
                  on_busy: str = "wait", linger_s: float = 0.0, spin_us: int = 0, worker_uid: int | None = None,
-                 non_dumpable: bool = False, lease: tuple[int, ...] | None = None) -> None:
+                 non_dumpable: bool = False, lease: tuple[int, ...] | None = None, trace: Any = False) -> None:
         if on_busy not in ("wait", "fail"):
             raise ValueError("on_busy must be 'wait' or 'fail'")
         if not 0 <= spin_us <= 1_000_000:
             raise ValueError(f"spin_us must be 0..1000000, got {spin_us}")
         self.name, self.timeout_s, self.on_busy, self.linger_s = name, timeout_s, on_busy, linger_s
+        self._tracing: ClientTracing | None = None
+        if trace is not False and trace is not None:
+            self._tracing = ClientTracing(None if trace is True else trace)
         self._pid = os.getpid()
         self._fork_gen = fork_generation()
         self._lock = threading.RLock()
@@ -363,7 +371,7 @@ class Client:
             timeout = self.timeout_s if timeout_s is None else timeout_s
             deadline = time.monotonic() + timeout
             arrays, attrs, residents = self._split(op, kwargs)
-            sizes = [a.nbytes for a in arrays.values()]
+            sizes = [a.nbytes for a, _ in arrays.values()]
             need = self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for n in sizes)
             entry = self.op_table.get(op) if isinstance(op, str) else None
             alias = entry is not None and entry.alias
@@ -371,17 +379,28 @@ class Client:
                 out_nbytes = 0 if in_place or alias else sum(sizes)
             need += out_nbytes
             loan = Loan(self, self._take(max(need, self.geometry.desc_nbytes + 64), deadline))
+            tracing = self._tracing
+            span, tail = (None, b"") if tracing is None else tracing.start(
+                op if isinstance(op, str) else "pipeline", self.name)
             try:
-                for name, a in arrays.items():
-                    np.copyto(loan.array(name, a.shape, a.dtype), a, casting="no")
+                for name, (a, wire) in arrays.items():
+                    view = loan.array(name, a.shape, wire)
+                    if isinstance(a, DeviceInput):
+                        a.copy_into(view)  # device -> slot, one copy
+                    else:
+                        np.copyto(view, a if a.dtype == view.dtype else a.view(view.dtype), casting="no")
                 for name, r in residents.items():
                     shape, dt = self._resident_spec(r.name)
                     loan.resident(name, r.name, shape, dt)
-                rid = loan._post(op, attrs, in_place, keep)
-            except BaseException:
+                rid = loan._post(op, attrs, in_place, keep, tail)
+            except BaseException as e:
                 loan.release()
+                if tracing is not None:
+                    tracing.end(span, e)
                 raise
             fut = CallFuture(self, loan, rid, deadline, _copy)
+            if tracing is not None:
+                fut.add_done_callback(lambda f: tracing.end(span, Future.exception(f, 0)))
             if _copy:
                 self._unread.append(fut)
             return fut
@@ -404,10 +423,10 @@ class Client:
             y = c.call("gemm", x=x, w=Resident("w"))["out"]
         """
         full = f"shared/{name}" if shared else name
-        a = np.ascontiguousarray(array)
+        a, wire = as_input("x", array)
         self.call(Pipeline(outputs=()).then("echo", outputs={"out": full}), x=a, keep=(full,), timeout_s=timeout_s)
         with self._lock:
-            self._specs[full] = (a.shape, a.dtype)
+            self._specs[full] = (a.shape, dtypes.numpy_dtype(wire))
 
     def drop(self, name: str, *, timeout_s: float | None = None) -> None:
         """Free resident tensor ``name`` (``shared/<name>`` for a shared one).
@@ -439,23 +458,20 @@ class Client:
         return self._specs[name]
 
     def _split(self, op: str | Pipeline, kwargs: dict[str, Any]
-               ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Resident]]:
-        """Arrays (tensor inputs) vs resident references vs attributes, checked against the op table."""
+               ) -> tuple[dict[str, tuple[np.ndarray | DeviceInput, str]], dict[str, Any], dict[str, Resident]]:
+        """Tensor inputs (with their wire dtype) vs resident references vs attributes.
+
+        For an op, a keyword is a tensor when the op names it as an input or it is array-like
+        (see ``_interop``); every keyword of a Pipeline is a tensor (its attributes are on its steps).
+        """
         params = set(self.op_table[op].inputs) if isinstance(op, str) and op in self.op_table else None
+        pipeline = isinstance(op, Pipeline)
         arrays, attrs, residents = {}, {}, {}
         for k, v in kwargs.items():
             if isinstance(v, Resident):
                 residents[k] = v
-                continue
-            is_array = isinstance(v, np.ndarray) or (params is not None and k in params)
-            if is_array:
-                a = np.ascontiguousarray(v)
-                try:
-                    dtypes.name_of_numpy(a.dtype)
-                except KeyError:
-                    raise InvalidRequestError(f"array {k!r} has dtype {a.dtype}, which cannot travel",
-                                              tensor=k, field="dtype") from None
-                arrays[k] = a
+            elif pipeline or (params is not None and k in params) or is_array_like(v):
+                arrays[k] = as_input(k, v)
             else:
                 attrs[k] = v
         return arrays, attrs, residents

@@ -73,17 +73,23 @@ class Loan:
     def array(self, name: str, shape: tuple[int, ...] | int, dtype: Any) -> np.ndarray:
         """A writable NumPy view of a new input tensor ``name`` inside the slot.
 
+        ``dtype`` is a NumPy dtype or a wire dtype name; ``"bfloat16"`` gives a ``uint16`` view of the
+        raw bits where ``ml_dtypes`` is not installed (an ``ml_dtypes.bfloat16`` view where it is).
+
         Raises:
             RequestTooLargeError: the slot has no room left for it.
             InvalidRequestError: the name is taken or the dtype cannot travel.
         """
         self._live()
         shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
-        dt = np.dtype(dtype)
-        try:
-            dname = dtypes.name_of_numpy(dt)
-        except KeyError:
-            raise InvalidRequestError(f"dtype {dt} cannot travel", tensor=name, field="dtype") from None
+        if isinstance(dtype, str) and dtype in dtypes.DTYPE_CODES:  # a wire name: "bfloat16" works without ml_dtypes
+            dname, dt = dtype, dtypes.numpy_dtype(dtype)
+        else:
+            dt = np.dtype(dtype)
+            try:
+                dname = dtypes.name_of_numpy(dt)
+            except KeyError:
+                raise InvalidRequestError(f"dtype {dt} cannot travel", tensor=name, field="dtype") from None
         if any(t.name == name for t in self._tensors):
             raise InvalidRequestError(f"tensor {name!r} already exists in this request", tensor=name, field="name")
         nbytes = math.prod(shape) * dt.itemsize
@@ -104,8 +110,10 @@ class Loan:
                                        resident_name))
         self._memo.clear()
 
-    def _post(self, op: str | Pipeline, attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...]) -> int:
-        """Write descriptor and header, ring the worker; returns the request_id."""
+    def _post(self, op: str | Pipeline, attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...],
+              trace: bytes = b"") -> int:
+        """Write descriptor and header, ring the worker (with a trace context tail when traced); returns the
+        request_id."""
         c, s, mv = self._c, self._s, self._live()
         if s.in_flight is not None:
             raise InvalidRequestError("this loan already has a request in flight", field="slot")
@@ -122,7 +130,7 @@ class Loan:
         s.in_flight, s.status = rid, None
         c._inflight[rid] = s
         try:
-            c._t.send(m.pack_call(s.region, s.index, rid, s.generation))
+            c._t.send(m.pack_call(s.region, s.index, rid, s.generation) + trace)
         except BaseException:
             c._inflight.pop(rid, None)
             s.in_flight = None

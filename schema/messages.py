@@ -52,7 +52,7 @@ __all__ = [
     "PROTOCOL_VERSION", "MAX_MESSAGE_NBYTES",
     "HELLO", "WELCOME", "CALL", "DONE", "ACQUIRE", "GRANT", "RELEASE", "BYE", "STATUS", "STATE", "ERROR",
     "MANAGE", "MANAGED", "ATTACH_MAX_NBYTES", "TOKEN_NBYTES",
-    "CALL_STRUCT", "DONE_STRUCT", "SLOT_STRUCT", "NO_RESPONSE",
+    "CALL_STRUCT", "DONE_STRUCT", "SLOT_STRUCT", "TRACE_STRUCT", "NO_RESPONSE",
     "pack_json", "unpack_json", "pack_call", "unpack_call", "pack_done", "unpack_done",
 ]
 
@@ -83,6 +83,10 @@ ERROR = b"E"
 CALL_STRUCT = struct.Struct("<cxHIII")  # kind, pad, region, slot, request_id, generation: 16 B
 DONE_STRUCT = struct.Struct("<cxHIIH")  # kind, pad, region, slot, request_id, status: 14 B
 SLOT_STRUCT = struct.Struct("<cxHI")  # kind, pad, region, slot: 8 B
+#: Optional tail of a CALL frame (a 41-byte CALL): the caller's W3C trace context in binary, trace_id
+#: (16 B), parent span_id (8 B), trace flags (1 B). Sent only by a client that traces (``Client(trace=...)``);
+#: a worker that does not trace ignores it.
+TRACE_STRUCT = struct.Struct("<16s8sB")
 
 #: Bit 15 of a DONE's status: the doorbell was refused and the slot left untouched (no response in
 #: it; the slot may not even be the sender's). The low 15 bits are the error's wire code

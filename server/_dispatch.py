@@ -51,7 +51,7 @@ class Prepared:
     outputs: tuple[TensorRef, ...]  # placed outputs, in the order requested
     resident: dict[str, str]  # request tensor name -> resident name
     keep_as: dict[str, str]  # output name -> resident name to keep it as
-    op: str  # first step's op, for metrics
+    op: str  # the metrics label: the op's name, "pipeline" for several steps, "put" for an upload (Client.put)
     nbytes_in: int
     nbytes_out: int
     response: bytes  # the success response descriptor, encoded once
@@ -226,7 +226,8 @@ class Dispatcher:
                 f"the response descriptor ({len(response)} B) does not fit the descriptor area: ask for fewer outputs",
                 field="outputs",
             )
-        return Prepared(desc, None if alias_only else plan, in_slot, outputs, resident, keep_as, first,
+        label = "pipeline" if len(steps) > 1 else ("put" if desc.keep and first == "echo" else first)
+        return Prepared(desc, None if alias_only else plan, in_slot, outputs, resident, keep_as, label,
                         nbytes_in, nbytes_out, response, inline or alias_only)
 
     def _place(self, desc: RequestDesc, plan: Any, inputs: tuple[TensorRef, ...], flags: int, slot_nbytes: int,
@@ -278,11 +279,11 @@ class Dispatcher:
         except (kernels.KernelInputError, kernels.KernelRuntimeError) as e:
             if getattr(e, "fatal", False):
                 self.fatal = str(e)  # a sticky CUDA error: this process cannot use the GPU any more
-            raise kernel_error(e, prep.op) from None
+            raise kernel_error(e, prep.desc.steps[0].op) from None
         except RequestError:
             raise
         except Exception as e:  # noqa: BLE001 - a backend bug must not take the worker down
-            raise InternalError(f"the backend failed: {type(e).__name__}: {e}", op=prep.op) from e
+            raise InternalError(f"the backend failed: {type(e).__name__}: {e}", op=prep.desc.steps[0].op) from e
 
 
 def _view(slot: memoryview, t: TensorRef) -> np.ndarray:

@@ -46,6 +46,7 @@ from ._admission import Admission
 from ._attach import AttachListener, set_dumpable
 from ._dispatch import Dispatcher, Prepared, check_header, error_response
 from ._lease import Leases, Slot
+from ._observe import Observer
 from ._sessions import Sessions, _Client
 from ._shared import SharedOwners
 from ._waiters import Waiters
@@ -61,12 +62,14 @@ _OK_FLAGS = int(Flag.RESPONSE)
 _ERROR_FLAGS = int(Flag.RESPONSE | Flag.ERROR)
 _POLLIN = int(zmq.POLLIN)  # a plain int: `int & IntFlag` goes through the enum machinery
 _RCVHWM = 256  # messages queued per peer before libzmq stops reading from it (with MAXMSGSIZE: 16 MiB)
+_CALL_NBYTES = m.CALL_STRUCT.size
+_TRACED_CALL_NBYTES = m.CALL_STRUCT.size + m.TRACE_STRUCT.size
 
 
 class Worker(Sessions):
     """A shmrpc worker. Use :meth:`start`, then :meth:`serve_forever` (or as a context manager)."""
 
-    def __init__(self, config: WorkerConfig) -> None:
+    def __init__(self, config: WorkerConfig, tracer_provider: Any = None) -> None:
         self.config = config
         self.regions: dict[int, Region] = {}  # index -> region; 0 is the pool
         self.backend: Any = None
@@ -89,7 +92,9 @@ class Worker(Sessions):
         self._stopping = threading.Event()
         self._started = 0.0
         self.metrics = Metrics()
+        self.observe = Observer(config, self.metrics, log, tracer_provider)
         self.ready = threading.Event()
+        self._loop_tick = 0.0  # monotonic time of the loop's last periodic check, for /healthz
 
     # ------------------------------------------------------------ start / stop
 
@@ -142,8 +147,7 @@ class Worker(Sessions):
                 os.umask(old)
             if cfg.allow_uids:  # the kernel's credentials on the attach socket and the token decide, not the mode
                 os.chmod(socket_path(cfg.name), 0o666)
-            if cfg.metrics_port is not None:
-                self.metrics.serve(cfg.metrics_port)
+            self.observe.start(self.backend, self.health)
         except BaseException:
             self.close()
             raise
@@ -152,7 +156,20 @@ class Worker(Sessions):
             cfg.name, self.backend.name, self.regions[0].name, self.regions[0].nbytes >> 20,
             cfg.geometry.spec(), socket_path(cfg.name),
         )
+        self._loop_tick = time.monotonic()
         self.ready.set()
+
+    def health(self) -> tuple[bool, str]:
+        """Readiness for ``/healthz``: started, serving, loop turning, backend sound. Returns (ready, reason)."""
+        if not self.ready.is_set():
+            return False, "starting"
+        if self._stopping.is_set():
+            return False, "stopping"
+        if self.dispatch.fatal:
+            return False, f"backend failed: {self.dispatch.fatal}"
+        if time.monotonic() - self._loop_tick > max(10.0, 20 * self.config.heartbeat_s):
+            return False, "the event loop has not turned recently"
+        return True, ""
 
     def stop(self) -> None:
         """Ask the loop to drain and exit (thread- and signal-safe)."""
@@ -197,7 +214,7 @@ class Worker(Sessions):
             if fd >= 0:
                 os.close(fd)
         self._wake_r = self._wake_w = -1
-        self.metrics.shutdown()
+        self.observe.close()
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -228,6 +245,7 @@ class Worker(Sessions):
         pidfds: set[int] = set()
         waiting: set[int] = set()
         next_check = time.monotonic() + self.config.heartbeat_s
+        self._loop_tick = time.monotonic()
         spin_s = self.config.spin_us / 1e6
         while True:
             stopping = self._stopping.is_set()
@@ -275,6 +293,7 @@ class Worker(Sessions):
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + self.config.heartbeat_s
+                self._loop_tick = now
                 self._check_clients()
                 self._gauge_memory()
             if len(self._waiters):
@@ -369,6 +388,9 @@ class Worker(Sessions):
     # ------------------------------------------------------------ calls
 
     def _on_call(self, identity: bytes, frame: bytes, stopping: bool) -> None:
+        tail = b""
+        if len(frame) == _TRACED_CALL_NBYTES:  # a traced call: the client's trace context follows the CALL
+            frame, tail = frame[:_CALL_NBYTES], frame[_CALL_NBYTES:]
         try:
             region, index, rid, gen = m.unpack_call(frame)
         except Exception:  # noqa: BLE001 - a malformed doorbell names no slot we could answer in
@@ -380,7 +402,10 @@ class Worker(Sessions):
             if stopping:
                 raise BusyError("the worker is shutting down", field="call")
             s = self.leases.begin(c.id, region, index, gen)
+            if tail or self.observe.traces:
+                self.observe.begin(region, index, tail)
         except RequestError as e:
+            self.observe.refused(c.pid if c else 0, e)
             self._send(identity, m.pack_done(region, index, rid, NO_RESPONSE | e.code))
             return None
         t0 = time.perf_counter()
@@ -421,7 +446,7 @@ class Worker(Sessions):
             stages, status, payload = {}, e.code, encode_response(error_response(e))
         except Exception as e:  # noqa: BLE001 - a bug must still be answered, or the slot would stay in flight
             log.exception("request failed unexpectedly")
-            err = InternalError(f"the request failed: {type(e).__name__}: {e}", op=prep.op)
+            err = InternalError(f"the request failed: {type(e).__name__}: {e}", op=prep.desc.steps[0].op)
             stages, status, payload = {}, err.code, encode_response(error_response(err))
         _write_response(view, hdr, payload, status)
         return status, stages
@@ -456,21 +481,33 @@ class Worker(Sessions):
                 stages: dict[str, float], prep: Prepared | None) -> None:
         _write_response(view, hdr, encode_response(error_response(err)), err.code)
         self.metrics.inflight.inc()
-        self._done_sent(identity, s, hdr, err.code, t0, stages, prep)
+        self._done_sent(identity, s, hdr, err.code, t0, stages, prep, self.observe.op_of(err, hdr.op_code))
 
     def _done_sent(self, identity: bytes, s: Slot, hdr: Header, status: int, t0: float,
-                   stages: dict[str, float], prep: Prepared | None) -> None:
-        if s.owner is not None and not s.freeing:
-            self._send(identity, m.pack_done(s.region, s.index, hdr.request_id, status))
-        self.leases.end(s)
+                   stages: dict[str, float], prep: Prepared | None, op: str = "unknown") -> None:
+        if prep is not None:
+            op = prep.op
+        if status:  # before DONE: after it the slot is the client's again
+            c = self._clients.get(identity)
+            self.observe.failed(c.pid if c else 0, op, _status_name(status), self._views.get((s.region, s.index)),
+                                self.dispatch.desc_nbytes)
+        traced = self.observe.end_trace(s.region, s.index, t0) if self.observe.traces else None
+        # Counted before DONE goes out, so a client that has its answer finds it in a scrape.
         self.metrics.inflight.dec()
-        op = prep.op if prep is not None else "invalid"
         self.metrics.observe(op, "ok" if status == 0 else _status_name(status), time.perf_counter() - t0,
                              prep.nbytes_in if prep and status == 0 else 0,
                              prep.nbytes_out if prep and status == 0 else 0, stages)
+        if s.owner is not None and not s.freeing:
+            self._send(identity, m.pack_done(s.region, s.index, hdr.request_id, status))
+        self.leases.end(s)
+        if traced is not None:
+            c = self._clients.get(identity)
+            self.observe.record(traced, op, "ok" if status == 0 else _status_name(status), stages,
+                                c.pid if c else 0, (s.region, s.index))
         if s.owner is None:
             self._close_idle_regions()
             self._serve_pending()
+
 
 def _write_response(view: memoryview, hdr: Header, payload: bytes, status: int) -> None:
     """Response descriptor first, then the header."""

@@ -1,12 +1,25 @@
-"""The ``shmrpc`` command: ``serve``, ``status``, ``doctor``, ``bench``.
+"""The worker's commands: ``serve``, ``status``, ``doctor`` (``shmrpc bench`` is dispatched by
+:mod:`shmrpc.cli` to :mod:`shmrpc.bench`; the worker never imports it).
 
 Examples::
 
     shmrpc serve --name demo                      # worker with the default region (~988 MiB)
     shmrpc serve --name t --slots 64K:8,1M:2 --backend numpy --metrics-port 9464
     shmrpc status --name demo                     # regions, leases, in-flight requests, counters
+    shmrpc status --name demo -q && echo ready    # a health check: the exit status alone
     shmrpc doctor [--clean]                       # stale regions/sockets, /dev/shm and memlock checks
-    shmrpc bench lat --peers                      # latency next to pyzmq, pipes, gRPC
+
+Exit status (every command):
+
+====  ==============================================================================
+0     success; for ``status``: the worker answered (it is ready)
+1     failure at run time: no such worker, it did not answer, a startup check failed
+2     usage error: a bad argument (one line on stderr, never a traceback)
+3     ``serve``: the worker stopped after an unrecoverable backend error
+130   interrupted (Ctrl-C)
+====  ==============================================================================
+
+Output cut short by a closed pipe (``shmrpc status | head``) is not an error.
 """
 
 from __future__ import annotations
@@ -14,17 +27,46 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import os
 import sys
+from typing import NoReturn
 
 from shmrpc.schema.layout import DEFAULT_GEOMETRY, parse_geometry
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "version", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_BACKEND",
+           "EXIT_INTERRUPTED"]
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BACKEND, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class UsageError(Exception):
+    """A bad argument: one line on stderr, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and the exit status 2), not usage text and a message."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def version() -> str:
+    """The installed shmrpc version (``unknown`` when run from a bare source tree)."""
+    try:
+        from importlib.metadata import version as dist_version
+
+        return dist_version("shmrpc")
+    except Exception:  # noqa: BLE001 - not installed as a distribution
+        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``shmrpc`` command."""
-    p = argparse.ArgumentParser(prog="shmrpc", description="Zero-copy RPC for array compute on one host.")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="shmrpc", description="Zero-copy RPC for array compute on one host.",
+                epilog="exit status: 0 ok, 1 failure, 2 usage error, 3 backend failure (serve), 130 interrupted")
+    p.add_argument("--version", action="version", version=f"shmrpc {version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{serve,status,doctor,bench}")
 
     s = sub.add_parser("serve", help="run a worker")
     s.add_argument("--name", required=True, help="worker name; clients find the worker by it")
@@ -32,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="slot size classes SIZE:COUNT, smallest first (default %(default)s)")
     s.add_argument("--lease", default=None,
                    help="slots of each class leased to a client that asks for none, e.g. 4,2,0,0,0 (default)")
-    s.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
-    s.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port on 127.0.0.1 (0: any)")
+    s.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
+                   help="auto: CuPy when it imports and sees a GPU, else NumPy (default %(default)s)")
     s.add_argument("--no-mlock", action="store_true", help="do not mlock the region (no RLIMIT_MEMLOCK needed)")
     s.add_argument("--isolation", choices=("client", "shared"), default="client",
                    help="client: leased slots in a region per client, unlinked once mapped (default); "
@@ -44,13 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most bytes of borrowed slots one client may hold at once (default 0: no limit)")
     s.add_argument("--no-register", action="store_true",
                    help="do not pin the region for the GPU (only to measure what pinning buys)")
-    s.add_argument("--threads", type=int, default=4, help="executor threads for larger requests")
+    s.add_argument("--threads", type=int, default=4, help="executor threads for larger requests (default %(default)s)")
     s.add_argument("--inline-max", default="256K",
                    help="requests touching at most this many bytes (inputs, intermediates, outputs) and at most "
                         "--inline-max-flops may run on the loop thread (default %(default)s)")
     s.add_argument("--spin-us", type=int, default=0,
                    help="poll this many µs without sleeping before blocking (lower latency, a busy core; 0: off)")
-    s.add_argument("--resident-limit", default="8G", help="cap on resident tensors")
+    s.add_argument("--resident-limit", default="8G", help="cap on resident tensors (default %(default)s)")
     s.add_argument("--allow-uid", type=int, action="append", default=[],
                    help="another uid that may connect (its clients pass worker_uid=<this worker's uid>)")
     s.add_argument("--dumpable", action="store_true",
@@ -68,30 +110,81 @@ def build_parser() -> argparse.ArgumentParser:
                    help="estimated FLOPs up to which a request may run on the loop thread (default %(default)s)")
     b.add_argument("--client-max-waiters", type=int, default=4,
                    help="ACQUIREs one client may have waiting for a slot (default %(default)s)")
-    s.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    s.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                   help="least severe log lines written (default %(default)s; failed requests log at INFO)")
+    _add_observability_args(s)
 
-    st = sub.add_parser("status", help="show a worker's regions, leases, in-flight requests and counters")
-    st.add_argument("--name", required=True)
-    st.add_argument("--timeout-s", type=float, default=3.0)
-    st.add_argument("--json", action="store_true", help="print the raw JSON")
+    st = sub.add_parser("status", help="show a worker's regions, leases, in-flight requests and counters",
+                        description="Ask a running worker for its state. Exit status 0 when it answered "
+                                    "(usable as a readiness check), 1 when there is no such worker or it did "
+                                    "not answer in time, 2 on a bad argument.")
+    st.add_argument("--name", required=True, help="the worker's name (as given to shmrpc serve --name)")
+    st.add_argument("--timeout-s", type=_timeout, default=3.0,
+                    help="how long to wait for the answer, in seconds (default %(default)s)")
+    st.add_argument("--json", action="store_true", help="print the worker's state as JSON")
+    st.add_argument("--quiet", "-q", action="store_true", help="print nothing: the exit status alone tells")
 
-    d = sub.add_parser("doctor", help="find (and with --clean remove) stale regions and sockets; check limits")
-    d.add_argument("--clean", action="store_true")
-    d.add_argument("--slots", default=DEFAULT_GEOMETRY.spec(), help="geometry to check /dev/shm and memlock against")
+    d = sub.add_parser("doctor", help="find (and with --clean remove) stale regions and sockets; check limits",
+                       description="Report what crashed workers left behind and check /dev/shm and "
+                                   "RLIMIT_MEMLOCK. Exit status 0 when healthy, 1 when a problem remains.")
+    d.add_argument("--clean", action="store_true",
+                   help="remove stale regions, lock files and sockets (never a live worker's)")
+    d.add_argument("--slots", default=DEFAULT_GEOMETRY.spec(),
+                   help="slot geometry to check /dev/shm space and memlock against (default %(default)s)")
 
     sub.add_parser("bench", help="latency/bandwidth benchmarks (shmrpc bench --help)", add_help=False)
     return p
 
 
+def _add_observability_args(s: argparse.ArgumentParser) -> None:
+    g = s.add_argument_group("metrics and logs")
+    g.add_argument("--metrics-port", type=_port, default=None,
+                   help="serve /metrics and /healthz over HTTP on this port (0: any free one, logged at start; "
+                        "default: no HTTP server)")
+    g.add_argument("--metrics-addr", default="127.0.0.1",
+                   help="address for --metrics-port (default %(default)s), or unix:PATH for a Unix socket of "
+                        "mode 0600 (no port needed)")
+    g.add_argument("--metrics-token-file", metavar="PATH",
+                   help="require 'Authorization: Bearer <token>' on /metrics, the token read from PATH "
+                        "(mode 0600; /healthz stays open)")
+    g.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="log lines as text or as one JSON object per line (default %(default)s)")
+    g.add_argument("--otel", action="store_true",
+                   help="OpenTelemetry spans for requests whose client traces them (the otel extra; exporter "
+                        "from OTEL_TRACES_EXPORTER, default otlp)")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {port}")
+    return port
+
+
+def _timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def _serve(args: argparse.Namespace) -> int:
     from shmrpc.schema.layout import parse_size
 
+    from ._http import read_token
+    from ._logs import setup_logging
     from ._loop import Worker
     from .checks import StartupError
     from .config import DEFAULT_LEASE, DEFAULT_LEASE_MAX, WorkerConfig, parse_lease
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        token = read_token(args.metrics_token_file) if args.metrics_token_file else None
         geometry = parse_geometry(args.slots)
         lease = parse_lease(args.lease) if args.lease else DEFAULT_LEASE[: len(geometry.classes)]
         cfg = WorkerConfig(
@@ -106,43 +199,57 @@ def _serve(args: argparse.Namespace) -> int:
             max_clients=args.max_clients, max_clients_per_uid=args.max_clients_per_uid,
             request_memory_limit_bytes=parse_size(args.request_memory_limit),
             inline_max_flops=args.inline_max_flops, client_max_waiters=args.client_max_waiters,
+            metrics_addr=args.metrics_addr, metrics_token=token, otel=args.otel,
         )
     except ValueError as e:
         print(f"shmrpc serve: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    setup_logging(args.log_level, args.log_format)
     worker = Worker(cfg)
     worker.install_signal_handlers()
     try:
         worker.start()
     except StartupError as e:
         print(f"shmrpc serve: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILURE
     except Exception as e:  # backend unavailable and similar: one line, not a traceback
         print(f"shmrpc serve: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILURE
     try:
-        print(f"shmrpc worker {cfg.name} ready (pid {__import__('os').getpid()}, backend {worker.backend.name})",
+        metrics = f", metrics {worker.metrics.url}/metrics" if worker.metrics.url else ""
+        print(f"shmrpc worker {cfg.name} ready (pid {os.getpid()}, backend {worker.backend.name}{metrics})",
               flush=True)
         worker.serve_forever()
     finally:
         worker.close()
     if worker.dispatch.fatal:
         print(f"shmrpc serve: stopped after an unrecoverable backend error: {worker.dispatch.fatal}", file=sys.stderr)
-        return 3
-    return 0
+        return EXIT_BACKEND
+    return EXIT_OK
 
 
 def _status(args: argparse.Namespace) -> int:
     import socket
 
     from shmrpc.schema import messages as m
-    from shmrpc.schema.naming import attach_path
+    from shmrpc.schema.naming import attach_path, validate_name
+
+    try:
+        validate_name(args.name)
+    except ValueError as e:
+        raise UsageError(f"shmrpc status: --name: {e}") from None
+    quiet = args.quiet
+
+    def fail(text: str) -> int:
+        if not quiet:
+            print(f"shmrpc status: {text}", file=sys.stderr)
+        return EXIT_FAILURE
 
     path = attach_path(args.name)
     if not path.exists():
-        print(f"shmrpc status: no worker named {args.name!r} ({path} does not exist)", file=sys.stderr)
-        return 1
+        return fail(f"no worker named {args.name!r} ({path} does not exist)")
     # On the attach socket, where the worker answers STATUS to its own uid (and root) only, by SO_PEERCRED.
+    # A plain Unix socket: a dead worker's leftover file refuses the connection at once, nothing can hang.
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
         sock.settimeout(args.timeout_s)
         try:
@@ -150,18 +257,19 @@ def _status(args: argparse.Namespace) -> int:
             sock.send(m.STATUS)
             frame = sock.recv(m.ATTACH_MAX_NBYTES)
         except TimeoutError:
-            print(f"shmrpc status: worker {args.name!r} did not answer in {args.timeout_s} s", file=sys.stderr)
-            return 1
+            return fail(f"worker {args.name!r} did not answer in {args.timeout_s} s")
+        except ConnectionRefusedError:
+            return fail(f"no worker listens on {path} (a worker that died leaves its socket: shmrpc doctor --clean)")
         except OSError as e:
-            print(f"shmrpc status: cannot reach worker {args.name!r} at {path}: {e}", file=sys.stderr)
-            return 1
+            return fail(f"cannot reach worker {args.name!r} at {path}: {e}")
     if frame[:1] != m.STATE:
-        print(f"shmrpc status: worker {args.name!r} refused: {frame[1:200]!r}", file=sys.stderr)
-        return 1
+        return fail(f"worker {args.name!r} refused: {frame[1:200]!r}")
     state = m.unpack_json(frame)
+    if quiet:
+        return EXIT_OK
     if args.json:
         print(json.dumps(state, indent=2))
-        return 0
+        return EXIT_OK
     print(f"worker {state['name']}  pid {state['pid']}  backend {state['backend']}  up {state['uptime_s']:.1f} s")
     print(f"socket {state['socket']}")
     for r in state["regions"]:
@@ -174,23 +282,60 @@ def _status(args: argparse.Namespace) -> int:
     counters = state["counters"]
     for key in sorted(counters):
         print(f"  {key} = {counters[key]}")
-    return 0
+    return EXIT_OK
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``shmrpc`` command; returns the exit status."""
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "bench":
-        from shmrpc.client.bench import main as bench_main
+def _doctor(args: argparse.Namespace) -> int:
+    from .doctor import doctor
 
-        return bench_main(argv[1:])
+    try:
+        nbytes = parse_geometry(args.slots).region_nbytes
+    except ValueError as e:
+        raise UsageError(f"shmrpc doctor: --slots: {e}") from None
+    return doctor(clean=args.clean, region_nbytes=nbytes)
+
+
+def _run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "status":
         return _status(args)
     if args.command == "doctor":
-        from .doctor import doctor
+        return _doctor(args)
+    raise UsageError("shmrpc bench is the shmrpc.bench package: run `shmrpc bench` or `python -m shmrpc.bench`")
 
-        return doctor(clean=args.clean, region_nbytes=parse_geometry(args.slots).region_nbytes)
-    return 2
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``serve``, ``status`` or ``doctor`` with ``argv``; returns the exit status (see the module docstring).
+
+    Bad arguments print one line on stderr and return 2; ``--help`` and ``--version`` return 0.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _run(argv)
+    except UsageError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_USAGE
+    except SystemExit as e:  # --help, --version
+        return e.code if isinstance(e.code, int) else EXIT_OK
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_OK
+    except Exception as e:  # noqa: BLE001 - a command ends with one line, never a traceback
+        logging.getLogger("shmrpc").debug("unexpected error", exc_info=True)
+        print(f"shmrpc: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _quiet_stdout() -> None:
+    """After a reader closed our stdout (``| head``): point it at /dev/null so the flush at exit is silent."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+

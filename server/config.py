@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from shmrpc.schema.layout import DEFAULT_GEOMETRY, Geometry, SizeClass
 from shmrpc.schema.naming import validate_name
 
+from ._http import parse_addr
+
 __all__ = ["WorkerConfig", "DEFAULT_LEASE", "DEFAULT_LEASE_MAX", "parse_lease"]
 
 #: Slots of each size class leased to a client at HELLO when it asks for nothing (smallest class
@@ -40,7 +42,12 @@ class WorkerConfig:
         lease_max: the most slots of each class a client may ask for in its HELLO (each class at
             least ``lease``); its private region is sized to what it asked for.
         backend: ``auto`` (CuPy when it imports and sees a GPU, else NumPy), ``numpy`` or ``cupy``.
-        metrics_port: Prometheus HTTP port on 127.0.0.1; ``None`` for no HTTP server, 0 for any free port.
+        metrics_port: Prometheus HTTP port (``/metrics`` and ``/healthz``); ``None`` for no HTTP server
+            (unless ``metrics_addr`` is a Unix socket), 0 for any free port.
+        metrics_addr: where the metrics endpoint listens: a host address (``127.0.0.1`` by default)
+            or ``unix:PATH`` (a socket of mode 0600).
+        metrics_token: when set, ``/metrics`` requires ``Authorization: Bearer <token>``.
+        otel: record an OpenTelemetry span for each request whose client traces it (``--otel``).
         mlock: lock the region's pages in RAM (the startup check tells how to allow it).
         inline_max_nbytes: requests touching at most this many bytes of tensors (inputs,
             intermediates and outputs, from the plan) may run on the event loop thread (cheaper than
@@ -95,9 +102,15 @@ class WorkerConfig:
     request_memory_limit_bytes: int = 2 << 30
     inline_max_flops: int = 8_000_000
     client_max_waiters: int = 4
+    metrics_addr: str = "127.0.0.1"
+    metrics_token: str | None = None
+    otel: bool = False
 
     def __post_init__(self) -> None:
         validate_name(self.name)
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"--metrics-port must be 0..65535, got {self.metrics_port}")
+        parse_addr(self.metrics_addr)
         if self.backend not in ("auto", "numpy", "cupy"):
             raise ValueError(f"--backend must be auto, numpy or cupy, got {self.backend!r}")
         n = len(self.geometry.classes)
@@ -116,6 +129,8 @@ class WorkerConfig:
             raise ValueError(f"--client-max-waiters must be >= 0, got {self.client_max_waiters}")
         if self.isolation not in ("client", "shared"):
             raise ValueError(f"--isolation must be client or shared, got {self.isolation!r}")
+        if self.client_max_slots < 0 or self.client_max_bytes < 0:
+            raise ValueError("--client-max-slots and --client-max-bytes must be >= 0 (0: no limit)")
         if self.threads < 1:
             raise ValueError("--threads must be >= 1")
         if not 0 <= self.spin_us <= 1_000_000:

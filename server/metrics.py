@@ -4,8 +4,9 @@
 metric                                 type       labels
 =====================================  =========  ==========================================
 shmrpc_requests_total                  counter    op, status (``ok`` or an error class name)
-shmrpc_request_duration_seconds        histogram  op (CALL received -> DONE sent)
-shmrpc_stage_seconds                   histogram  op, stage (queue, h2d, kernel, d2h)
+shmrpc_request_duration_seconds        histogram  op (CALL received -> DONE sent: the total)
+shmrpc_stage_seconds                   histogram  op, stage (queue, h2d, kernel, d2h; where the backend
+                                                  knows it)
 shmrpc_bytes_in_total                  counter    (tensor bytes read from slots)
 shmrpc_bytes_out_total                 counter    (tensor bytes written to slots)
 shmrpc_slots_leased                    gauge
@@ -13,22 +14,33 @@ shmrpc_clients_connected               gauge
 shmrpc_requests_in_flight              gauge
 shmrpc_gpu_memory_bytes                gauge      (device memory the backend holds)
 shmrpc_resident_bytes                  gauge      (named resident tensors)
+shmrpc_resident_limit_bytes            gauge      (``--resident-limit``)
+shmrpc_slots_total                     gauge      (slots in the pool region)
+shmrpc_build_info                      gauge      version, backend, device (always 1)
+process_*, python_info                            the standard process metrics (CPU, memory, fds)
 =====================================  =========  ==========================================
 
+``op`` is the request's op: the first step's name for one-step requests, ``pipeline`` for
+chains of several steps, ``put`` for :meth:`Client.put` uploads, and ``unknown`` for a request
+whose op the worker could not tell (an unknown name or a descriptor that did not parse), so the
+label's values are bounded by the op table. ``status`` is ``ok`` or the error class name.
+
 Each :class:`Metrics` owns a ``CollectorRegistry`` (several workers can live in one
-test process); :meth:`Metrics.serve` exposes it over HTTP on ``/metrics``.
+test process); :meth:`Metrics.serve` exposes it over HTTP on ``/metrics``, with ``/healthz``
+beside it (see :mod:`shmrpc.server._http`).
 """
 
 from __future__ import annotations
 
-import threading
 from bisect import bisect_left
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Gauge, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
+
+from ._http import HealthFn, MetricsServer
 
 __all__ = ["Metrics", "DURATION_BUCKETS_S", "STAGES"]
 
@@ -46,6 +58,8 @@ _GAUGES = {
     "inflight": ("shmrpc_requests_in_flight", "Requests received and not yet answered."),
     "gpu_memory": ("shmrpc_gpu_memory_bytes", "Device memory held by the backend, in bytes."),
     "resident": ("shmrpc_resident_bytes", "Bytes of named resident tensors."),
+    "resident_limit": ("shmrpc_resident_limit_bytes", "Cap on resident tensors (--resident-limit), in bytes."),
+    "slots_total": ("shmrpc_slots_total", "Slots in the worker's pool region."),
 }
 
 
@@ -129,9 +143,20 @@ class Metrics:
         self.inflight = Gauge(*_GAUGES["inflight"], registry=r)
         self.gpu_memory = Gauge(*_GAUGES["gpu_memory"], registry=r)
         self.resident = Gauge(*_GAUGES["resident"], registry=r)
+        self.resident_limit = Gauge(*_GAUGES["resident_limit"], registry=r)
+        self.slots_total = Gauge(*_GAUGES["slots_total"], registry=r)
+        self._build = Gauge("shmrpc_build_info", "Version, backend and device of this worker (always 1).",
+                            ["version", "backend", "device"], registry=r)
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
         self.port: int | None = None
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self.url: str | None = None
+        self._server: MetricsServer | None = None
+
+    def set_build_info(self, version: str, backend: str, device: str) -> None:
+        """Set ``shmrpc_build_info{version, backend, device} 1`` (once the backend is known)."""
+        self._build.clear()
+        self._build.labels(version, backend, device).set(1)
 
     def observe(self, op: str, status: str, seconds: float, nbytes_in: int, nbytes_out: int,
                 stages: dict[str, float] | None = None) -> None:
@@ -162,37 +187,33 @@ class Metrics:
                         h = st.stage[(op, stage)] = _Hist()
                     h.observe(stage_s)
 
-    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        """Serve ``/metrics`` over HTTP in a daemon thread; :attr:`port` tells the bound port.
+    def serve(self, port: int = 0, addr: str = "127.0.0.1", token: str | None = None,
+              health: HealthFn | None = None) -> None:
+        """Serve ``/metrics`` and ``/healthz`` over HTTP in a daemon thread; :attr:`url` and :attr:`port`
+        tell where.
 
         Args:
             port: TCP port; 0 picks a free one.
-            addr: address to bind (loopback by default: metrics are not for the network
-                unless asked).
+            addr: address to bind (loopback by default: metrics are not for the network unless
+                asked), or ``unix:PATH`` for a Unix socket of mode 0600.
+            token: when set, ``/metrics`` requires ``Authorization: Bearer <token>``.
+            health: ``() -> (ready, reason)`` for ``/healthz`` (always ready by default).
 
         Raises:
             RuntimeError: already serving.
             OSError: the port is taken or the address invalid.
         """
         if self._server is not None:
-            raise RuntimeError(f"metrics already served on port {self.port}; call shutdown() first")
-        result = start_http_server(port, addr, registry=self.registry)
-        # prometheus_client >= 0.18 returns (server, thread); older ones return None.
-        if result is None:
-            raise RuntimeError("prometheus_client is too old to stop its server; install prometheus-client>=0.18")
-        self._server, self._thread = result
-        self.port = int(self._server.server_address[1])
+            raise RuntimeError(f"metrics already served on {self.url}; call shutdown() first")
+        self._server = MetricsServer(self.registry, health or (lambda: (True, "")), addr, port, token)
+        self.port, self.url = self._server.port, self._server.url
 
     def shutdown(self) -> None:
         """Stop the HTTP server and free its port; idempotent."""
         server, self._server = self._server, None
-        thread, self._thread = self._thread, None
         if server is not None:
-            server.shutdown()
-            server.server_close()
-        if thread is not None:
-            thread.join(timeout=5)
-        self.port = None
+            server.close()
+        self.port = self.url = None
 
     def snapshot(self) -> dict[str, Any]:
         """The metrics as plain numbers, for ``shmrpc status``.
@@ -223,5 +244,5 @@ class Metrics:
         return out
 
     def __repr__(self) -> str:
-        where = f"serving on port {self.port}" if self.port is not None else "not served"
+        where = f"serving on {self.url}" if self.url is not None else "not served"
         return f"<Metrics {where}>"

@@ -22,9 +22,7 @@ FORBIDDEN = {
     "server": ("shmrpc.client",),
 }
 #: (file, module) pairs allowed although FORBIDDEN says otherwise, each with its reason.
-EXEMPT = {
-    ("server/cli.py", "shmrpc.client.bench"): "`shmrpc bench` dispatches to the client's benchmark tool at run time",
-}
+EXEMPT: dict[tuple[str, str], str] = {}
 _IMPORT_FUNCS = {"import_module", "__import__"}
 
 

@@ -21,7 +21,7 @@ stages=${*:-suite gpu lat bw}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 MPLBACKEND=Agg || exit 1
 rm -rf /tmp/plots-*
-BENCH="python3 -m shmrpc.client.bench"  # word-split on purpose: timeout runs no shell function
+BENCH="python3 -m shmrpc.bench"  # word-split on purpose: timeout runs no shell function
 plot() {  # plot SRC_DIR NAME NEW_NAME: keep one PNG of a run, renamed, at the top of $OUT
   [ -f "$1/$2" ] && cp "$1/$2" "$OUT/$3"
 }

@@ -25,6 +25,7 @@ class WorkerProc:
     proc: subprocess.Popen  # type: ignore[type-arg]
     args: list[str]
     stderr: str = ""
+    ready_line: str = ""  # what the worker printed on stdout once it served
 
     @property
     def pid(self) -> int:
@@ -55,6 +56,7 @@ def start_worker(name: str, *extra: str, slots: str = SLOTS, lease: str = LEASE,
         proc.kill()
         out, err = proc.communicate(timeout=10)
         pytest.fail(f"worker {name} did not start: {line}{out}{err}")
+    w.ready_line = line
     return w
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from shmrpc.schema.layout import parse_size
 
@@ -59,9 +59,18 @@ def _attr(text: str) -> tuple[str, Any]:
         return key, value
 
 
+class UsageError(Exception):
+    """A bad argument: ``main`` prints it as one line and returns 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
 def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     """The parser of ``shmrpc bench``."""
-    p = argparse.ArgumentParser(prog=prog, description="Round-trip latency and bandwidth of shmrpc, side by side "
+    p = _Parser(prog=prog, description="Round-trip latency and bandwidth of shmrpc, side by side "
                                 "with pyzmq, multiprocessing pipes and gRPC.", epilog=_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", choices=("lat", "bw"), help="lat: round-trip latency percentiles; bw: throughput "
@@ -148,11 +157,15 @@ def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:
 
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(prog)
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         cfg = config_from_args(args)
-    except ValueError as e:
-        parser.error(str(e))
+    except (UsageError, ValueError) as e:
+        text = str(e)
+        print(text if text.startswith(prog) else f"{prog}: {text}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help
+        return e.code if isinstance(e.code, int) else 0
 
     def note(text: str) -> None:
         if not args.quiet:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shmrpc.client.bench import bandwidth_stats, latency_stats, parse_sizes, size_sweep
-from shmrpc.client.bench._shm import plan_slots, request_nbytes
-from shmrpc.client.bench._stats import format_bytes, iters_for_size
+from shmrpc.bench import bandwidth_stats, latency_stats, parse_sizes, size_sweep
+from shmrpc.bench._shm import plan_slots, request_nbytes
+from shmrpc.bench._stats import format_bytes, iters_for_size
 from shmrpc.schema.layout import parse_geometry
 
 

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shmrpc.client.bench import _runner
-from shmrpc.client.bench._transport import Transport, payload_of
+from shmrpc.bench import _runner
+from shmrpc.bench._transport import Transport, payload_of
 
 
 class LoopbackTransport(Transport):

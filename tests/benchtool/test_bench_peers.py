@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shmrpc.client.bench._peers import PEERS, start_peer_server
-from shmrpc.client.bench._runner import RunConfig, measure_bandwidth, measure_latency, run_clients
+from shmrpc.bench._peers import PEERS, start_peer_server
+from shmrpc.bench._runner import RunConfig, measure_bandwidth, measure_latency, run_clients
 
 
 @pytest.mark.timeout(60)

@@ -1,6 +1,6 @@
 """``shmrpc bench``: round-trip latency and bandwidth of shmrpc next to the transports people use today.
 
-Run it as ``shmrpc bench lat|bw ...`` or ``python -m shmrpc.client.bench lat|bw ...``;
+Run it as ``shmrpc bench lat|bw ...`` or ``python -m shmrpc.bench lat|bw ...``;
 ``docs/benchmarks.md`` defines every figure. The library entry points:
 
 * :func:`main` — the command line (``main(["lat", "--sizes", "64,1M", "--peers"])``);

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from shmrpc.client.bench import RunConfig, main, run_benchmark
-from shmrpc.client.bench._runner import make_transport, open_servers
+from shmrpc.bench import RunConfig, main, run_benchmark
+from shmrpc.bench._runner import make_transport, open_servers
 
 
 def _bench_regions() -> set[str]:
@@ -47,7 +47,7 @@ def test_shmrpc_paths_round_trip_the_payload(no_leak: object) -> None:
 @pytest.mark.timeout(60)
 def test_cli_latency_with_clients(tmp_path: Path, no_leak: object, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "lat.json"
-    rc = main(["lat", "--sizes", "64,4K", "--iters", "20", "--warmup", "2", "--backend", "numpy", "--peers", "zmq",
+    rc = main(["lat", "--sizes", "64,4K", "--iters", "100", "--warmup", "2", "--backend", "numpy", "--peers", "zmq",
                "--clients", "2", "--out", str(out), "-q"])
     assert rc == 0
     doc = json.loads(out.read_text())
@@ -76,12 +76,12 @@ def test_bandwidth_with_a_window(no_leak: object) -> None:
 @pytest.mark.timeout(60)
 def test_python_dash_m_runs(tmp_path: Path, no_leak: object) -> None:
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "shmrpc.client.bench", "lat", "--sizes", "64", "--iters", "5",
+    proc = subprocess.run([sys.executable, "-m", "shmrpc.bench", "lat", "--sizes", "64", "--iters", "5",
                            "--backend", "numpy", "--no-call", "--out", str(out), "-q"],
                           capture_output=True, text=True, timeout=50)
     assert proc.returncode == 0, proc.stderr
     assert "shmrpc (zero-copy loan)" in proc.stdout
-    assert json.loads(out.read_text())["command"].startswith("python -m shmrpc.client.bench lat")
+    assert json.loads(out.read_text())["command"].startswith("python -m shmrpc.bench lat")
 
 
 @pytest.mark.e2e
@@ -97,3 +97,15 @@ def test_spin_reaches_worker_and_clients(tmp_path: Path, no_leak: object, capsys
     assert argv[argv.index("--spin-us") + 1] == "100" and doc["worker"]["exit_status"] == 0
     assert [r["transport"] for r in doc["results"]] == ["shmrpc"] and "error" not in doc["results"][0]
     assert "spinning 100 µs" in capsys.readouterr().out
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_one_sample_gives_no_verdict(tmp_path: Path, no_leak: object, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "lat.json"
+    rc = main(["lat", "--sizes", "64", "--iters", "1", "--warmup", "0", "--backend", "numpy", "--peers", "zmq",
+               "--no-call", "--out", str(out), "-q"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "PASS" not in text and "MISS" not in text and "too few samples" in text
+    assert {v["status"] for v in json.loads(out.read_text())["verdicts"]} == {"N/A"}

@@ -182,6 +182,10 @@ def scaling_table(doc: dict[str, Any]) -> str:
 # --------------------------------------------------------------------- verdicts
 
 
+#: Fewest round trips behind a p50 that a verdict may rest on (``--iters 1`` gives no verdict).
+MIN_VERDICT_SAMPLES = 100
+
+
 def _verdict(goal: str, ok: bool | None, detail: str, **figures: Any) -> dict[str, Any]:
     return {"goal": goal, "status": "N/A" if ok is None else ("PASS" if ok else "MISS"), "detail": detail, **figures}
 
@@ -192,10 +196,20 @@ def verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
     1. 64 B round trip p50 within 1.2x the zmq peer's.
     2. From 1 MiB up, shmrpc's p50 at least 10x shorter than every peer's.
     3. 64 MiB round trip p50 within 2x shmrpc's own 64 B.
+
+    A p50 from fewer than :data:`MIN_VERDICT_SAMPLES` round trips is not used: the goal it
+    would decide is ``N/A``, saying so.
     """
     if doc["mode"] != "lat":
         return []
-    p50 = {k: v["p50_us"] for k, v in _points(doc, "latency").items() if "p50_us" in v}
+    points = {k: v for k, v in _points(doc, "latency").items() if "p50_us" in v}
+    p50 = {k: v["p50_us"] for k, v in points.items() if v.get("iterations", 0) >= MIN_VERDICT_SAMPLES}
+    if len(p50) < len(points):
+        few = min(v.get("iterations", 0) for v in points.values())
+        note = f"too few samples for a verdict ({few} round trips; at least {MIN_VERDICT_SAMPLES} needed)"
+        return [_verdict(goal, None, note) for goal in (
+            "64 B round trip p50 <= 1.2x zmq's", "from 1 MiB up, p50 >= 10x shorter than every peer's",
+            "64 MiB round trip p50 <= 2x shmrpc's 64 B")]
     shm = "shmrpc" if any(k == "shmrpc" for k, _ in p50) else "shmrpc-call"
     out = []
     a, b = p50.get((shm, 64)), p50.get(("zmq", 64))

@@ -1,0 +1,164 @@
+"""The worker's small HTTP endpoint: ``/metrics`` (Prometheus text) and ``/healthz`` (readiness).
+
+Where it listens (``--metrics-addr``):
+
+* a host address, ``127.0.0.1`` by default, with ``--metrics-port`` (0 picks a free port);
+* ``unix:PATH``: a Unix socket created with mode ``0600`` (only the worker's uid can connect),
+  removed on shutdown. Scrape it with ``curl --unix-socket PATH http://localhost/metrics``.
+
+With a token (``--metrics-token-file``), ``/metrics`` answers 401 unless the request carries
+``Authorization: Bearer <token>``. ``/healthz`` is always open: it says only ``ok`` or why not,
+no counts, so an orchestrator can probe it without the token.
+"""
+
+from __future__ import annotations
+
+import hmac
+import http.server
+import os
+import socketserver
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+__all__ = ["MetricsServer", "parse_addr", "read_token"]
+
+#: ``() -> (ready, reason)`` for ``/healthz``.
+HealthFn = Callable[[], "tuple[bool, str]"]
+
+
+def parse_addr(text: str) -> tuple[str, str]:
+    """``"127.0.0.1"`` -> ``("tcp", "127.0.0.1")``; ``"unix:/run/x.sock"`` -> ``("unix", "/run/x.sock")``.
+
+    Raises:
+        ValueError: an empty host or a relative Unix socket path.
+    """
+    if text.startswith("unix:"):
+        path = text[5:]
+        if not path.startswith("/"):
+            raise ValueError(f"--metrics-addr unix:PATH needs an absolute path, got {text!r}")
+        return "unix", path
+    if not text or any(c.isspace() for c in text) or "/" in text:
+        raise ValueError(f"--metrics-addr must be a host address or unix:PATH, got {text!r}")
+    return "tcp", text
+
+
+def read_token(path: str) -> str:
+    """The bearer token in ``path`` (first line, stripped).
+
+    Raises:
+        ValueError: the file cannot be read, is empty, or other users may read it.
+    """
+    try:
+        st = os.stat(path)
+        with open(path, encoding="utf-8") as f:
+            token = f.readline().strip()
+    except OSError as e:
+        raise ValueError(f"--metrics-token-file {path}: {e.strerror or e}") from None
+    if st.st_mode & 0o077:
+        raise ValueError(f"--metrics-token-file {path} is readable by others (mode {st.st_mode & 0o777:o}): "
+                         f"chmod 600 {path}")
+    if len(token) < 16:
+        raise ValueError(f"--metrics-token-file {path} holds no token of at least 16 characters")
+    return token
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: Any
+    protocol_version = "HTTP/1.0"
+
+    def do_GET(self) -> None:  # noqa: N802 - the http.server hook's name
+        path = self.path.split("?", 1)[0]
+        if path == "/healthz":
+            ready, reason = self.server.health()
+            self._reply(200 if ready else 503, (b"ok\n" if ready else reason.encode() + b"\n"), "text/plain")
+        elif path in ("/metrics", "/"):
+            token = self.server.token
+            if token is not None:
+                got = self.headers.get("Authorization", "")
+                if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+                    self._reply(401, b"a bearer token is required\n", "text/plain",
+                                {"WWW-Authenticate": 'Bearer realm="shmrpc"'})
+                    return
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            self._reply(200, encoder(self.server.registry), content_type)
+        else:
+            self._reply(404, b"not found: try /metrics or /healthz\n", "text/plain")
+
+    def _reply(self, code: int, body: bytes, content_type: str, extra: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet: scrapes are not events
+        pass
+
+
+class _TCPServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        old = os.umask(0o177)  # the socket is created 0600
+        try:
+            super().server_bind()
+        finally:
+            os.umask(old)
+
+
+class MetricsServer:
+    """``/metrics`` and ``/healthz`` served from a daemon thread.
+
+    Args:
+        registry: what ``/metrics`` exposes.
+        health: ``() -> (ready, reason)`` for ``/healthz``.
+        addr: a host address or ``unix:PATH`` (see the module docstring).
+        port: TCP port (ignored for ``unix:``); 0 picks a free one.
+        token: when set, ``/metrics`` requires ``Authorization: Bearer <token>``.
+
+    Raises:
+        OSError: the port is taken, the address is not local, or the socket path cannot be bound.
+    """
+
+    def __init__(self, registry: CollectorRegistry, health: HealthFn, addr: str = "127.0.0.1", port: int = 0,
+                 token: str | None = None) -> None:
+        kind, where = parse_addr(addr)
+        self.unix_path: str | None = None
+        server: Any
+        if kind == "unix":
+            if os.path.exists(where) and not os.path.isdir(where):
+                os.unlink(where)  # left by a worker that died; the worker lock says no other one runs
+            server = _UnixServer(where, _Handler)
+            self.unix_path = where
+            self.url = f"unix:{where}"
+        else:
+            server = _TCPServer((where, port), _Handler)
+            host = f"[{where}]" if ":" in where else where
+            self.url = f"http://{host}:{server.server_address[1]}"
+        server.registry, server.health, server.token = registry, health, token
+        self.port: int | None = None if kind == "unix" else int(server.server_address[1])
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, name="shmrpc-metrics", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving, free the port or remove the socket file."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+        if self.unix_path is not None:
+            try:
+                os.unlink(self.unix_path)
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,157 @@
+"""The worker as operators see it: status as a health check, the metrics endpoint, the logs."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+
+from shmrpc.client import Client, KernelError
+
+if TYPE_CHECKING:
+    from conftest import WorkerProc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+SHMRPC = [sys.executable, "-m", "shmrpc.cli"]
+
+
+def _shmrpc(*args: str, timeout_s: float = 30, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*SHMRPC, *args], capture_output=True, text=True, timeout=timeout_s, **kw)  # type: ignore[call-overload]
+
+
+def test_status_exit_codes_and_dead_worker(spawn_worker: Callable[..., WorkerProc]) -> None:
+    w = spawn_worker()
+    assert _shmrpc("status", "--name", w.name, "-q").returncode == 0
+    os.kill(w.pid, signal.SIGKILL)
+    w.proc.wait(10)
+    t0 = time.monotonic()
+    out = _shmrpc("status", "--name", w.name, "--timeout-s", "0.5", timeout_s=20)
+    assert time.monotonic() - t0 < 10, "status must exit after its timeout, not wait for the dead worker"
+    # the attach socket is a plain Unix socket: with nobody behind it, the connection is refused at once
+    assert out.returncode == 1 and "no worker listens on" in out.stderr and "Traceback" not in out.stderr
+    w2 = spawn_worker()  # same name: cleans what the killed one left
+    assert w2.stop() == 0
+
+
+def test_status_into_a_closed_pipe(worker: WorkerProc) -> None:
+    r, wfd = os.pipe()
+    os.close(r)  # the reader is gone before the first line, like `| head` that has had enough
+    try:
+        out = subprocess.run([*SHMRPC, "status", "--name", worker.name, "--json"], stdout=wfd,
+                             stderr=subprocess.PIPE, text=True, timeout=30)
+    finally:
+        os.close(wfd)
+    assert out.returncode == 0 and out.stderr == ""
+
+
+def _get(url: str, token: str | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_metrics_port_zero_labels_and_healthz(spawn_worker: Callable[..., WorkerProc]) -> None:
+    w = spawn_worker("--metrics-port", "0", "--log-level", "INFO", "--log-format", "json")
+    url = _metrics_url(w)
+    assert _get(url.replace("/metrics", "/healthz")) == (200, "ok\n")
+    with Client(w.name, timeout_s=10) as c:
+        c.call("vector_add", x=np.ones(3), y=np.ones(3))
+        with pytest.raises(KernelError):
+            c.call("vector_add", x=np.ones(3), y=np.ones(4))
+        c.put("weights", np.ones(16, np.float32))
+        for _ in range(200):  # a flood of failures: the log keeps to its rate
+            with pytest.raises(KernelError):
+                c.call("vector_add", x=np.ones(2), y=np.ones(5))
+        code, body = _get(url)
+    assert code == 200
+    assert 'shmrpc_requests_total{op="vector_add",status="ok"} 1.0' in body
+    assert 'shmrpc_requests_total{op="vector_add",status="KernelError"} 201.0' in body
+    assert 'shmrpc_requests_total{op="put",status="ok"} 1.0' in body
+    assert 'op="invalid"' not in body and 'op="echo"' not in body
+    assert 'shmrpc_build_info{backend="numpy",device="cpu",version=' in body
+    for name in ("process_resident_memory_bytes", "process_open_fds", "shmrpc_slots_total", "shmrpc_resident_limit_bytes"):
+        assert name in body
+    assert w.stop() == 0
+    lines = [json.loads(x) for x in w.stderr.splitlines() if x.startswith("{")]
+    assert any(x["msg"].startswith("metrics on http://127.0.0.1:") for x in lines)
+    failed = [x for x in lines if x.get("event") == "request_failed"]
+    assert failed and len(failed) <= 40, len(failed)
+    first = failed[0]
+    assert first["client_pid"] == os.getpid() and first["op"] == "vector_add" and first["error"] == "KernelError"
+    assert first["level"] == "INFO" and "field" in first
+
+
+def _metrics_url(w: WorkerProc) -> str:
+    # the ready line on stdout names the endpoint
+    for part in w.ready_line.split():
+        if part.startswith("http://"):
+            return part.rstrip(")")
+    raise AssertionError(w.ready_line)
+
+
+def test_taken_metrics_port_is_one_line(spawn_worker: Callable[..., WorkerProc], worker_name: str) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        out = _shmrpc("serve", "--name", worker_name, "--slots", "64K:4", "--backend", "numpy", "--no-mlock",
+                      "--metrics-port", str(port))
+    assert out.returncode == 1, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1].startswith("shmrpc serve: cannot serve metrics on 127.0.0.1:") and "--metrics-port" in lines[-1]
+    assert "Traceback" not in out.stderr
+
+
+class _UnixHTTP(http.client.HTTPConnection):
+    def __init__(self, path: str) -> None:
+        super().__init__("localhost", timeout=10)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(self.unix_path)
+
+
+def _unix_get(path: str, url: str, token: str | None = None) -> tuple[int, str]:
+    conn = _UnixHTTP(path)
+    try:
+        conn.request("GET", url, headers={"Authorization": f"Bearer {token}"} if token else {})
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()
+
+
+def test_metrics_on_a_unix_socket_with_a_token(spawn_worker: Callable[..., WorkerProc], tmp_path: Path,
+                                               shmrpc_runtime_dir: Path) -> None:
+    token = "s3cret-" + os.urandom(16).hex()
+    tfile = tmp_path / "token"
+    tfile.write_text(token + "\n")
+    tfile.chmod(0o600)
+    sock = tmp_path / "metrics.sock"
+    w = spawn_worker("--metrics-addr", f"unix:{sock}", "--metrics-token-file", str(tfile))
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    assert _unix_get(str(sock), "/healthz") == (200, "ok\n")  # open: it tells only ready or not
+    assert _unix_get(str(sock), "/metrics")[0] == 401
+    assert _unix_get(str(sock), "/metrics", "wrong-token")[0] == 401
+    code, body = _unix_get(str(sock), "/metrics", token)
+    assert code == 200 and "shmrpc_requests_total" in body
+    assert w.stop() == 0
+    assert not sock.exists()

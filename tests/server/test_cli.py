@@ -1,0 +1,94 @@
+"""The ``shmrpc`` command without a worker: every bad argument is one line on stderr and exit status 2."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from shmrpc.cli import main
+from shmrpc.server.cli import EXIT_FAILURE, EXIT_USAGE, build_parser, version
+
+BAD = [
+    (["frob"], "invalid choice"),
+    ([], "required"),
+    (["serve"], "--name"),
+    (["serve", "--name", "bad/name"], "invalid worker name"),
+    (["serve", "--name", "x", "--slots", "zz"], "SIZE:COUNT"),
+    (["serve", "--name", "x", "--slots", "64K:0"], ""),
+    (["serve", "--name", "x", "--lease", "a,b"], "--lease"),
+    (["serve", "--name", "x", "--lease", "1,1,1,1,1,1,1"], "--lease"),
+    (["serve", "--name", "x", "--backend", "tpu"], "invalid choice"),
+    (["serve", "--name", "x", "--threads", "0"], "--threads"),
+    (["serve", "--name", "x", "--threads", "many"], "--threads"),
+    (["serve", "--name", "x", "--inline-max", "lots"], ""),
+    (["serve", "--name", "x", "--resident-limit", "-1"], ""),
+    (["serve", "--name", "x", "--client-max-bytes", "?"], ""),
+    (["serve", "--name", "x", "--spin-us", "-5"], "--spin-us"),
+    (["serve", "--name", "x", "--client-max-slots", "-1"], "--client-max-slots"),
+    (["serve", "--name", "x", "--client-max-bytes", "-1"], ""),
+    (["serve", "--name", "x", "--metrics-port", "70000"], "0..65535"),
+    (["serve", "--name", "x", "--metrics-port", "http"], "port"),
+    (["serve", "--name", "x", "--metrics-addr", "unix:relative.sock"], "absolute"),
+    (["serve", "--name", "x", "--metrics-addr", ""], "--metrics-addr"),
+    (["serve", "--name", "x", "--metrics-token-file", "/nonexistent/token"], "--metrics-token-file"),
+    (["serve", "--name", "x", "--log-format", "xml"], "invalid choice"),
+    (["serve", "--name", "x", "--log-level", "LOUD"], "invalid choice"),
+    (["serve", "--name", "x", "--isolation", "none"], "invalid choice"),
+    (["status"], "--name"),
+    (["status", "--name", "bad/name"], "invalid worker name"),
+    (["status", "--name", "x", "--timeout-s", "0"], "positive"),
+    (["status", "--name", "x", "--timeout-s", "nan"], "positive"),
+    (["status", "--name", "x", "--timeout-s", "soon"], "seconds"),
+    (["doctor", "--slots", "q"], "SIZE:COUNT"),
+    (["doctor", "--bogus"], "unrecognized"),
+    (["bench", "lat", "--iters", "0"], "--iters"),
+    (["bench", "lat", "--sizes", "huge"], ""),
+    (["bench", "warp"], "invalid choice"),
+]
+
+
+@pytest.mark.parametrize(("argv", "needle"), BAD, ids=[" ".join(a) or "(none)" for a, _ in BAD])
+def test_bad_argument_is_one_line_and_status_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc == EXIT_USAGE, (out, err)
+    assert "Traceback" not in err and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("shmrpc"), err
+    assert needle in lines[0], err
+
+
+def test_token_file_readable_by_others_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    token = tmp_path / "token"
+    token.write_text("x" * 32)
+    token.chmod(0o644)
+    assert main(["serve", "--name", "x", "--metrics-token-file", str(token)]) == EXIT_USAGE
+    assert "chmod 600" in capsys.readouterr().err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"shmrpc {version()}"
+    assert version() != "unknown"  # the test environment installs the package
+
+
+def test_help_texts_and_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    for cmd in ("serve", "status", "doctor"):
+        assert main([cmd, "--help"]) == 0
+        text = capsys.readouterr().out
+        sub = build_parser()._subparsers._group_actions[0].choices[cmd]  # type: ignore[union-attr]
+        for action in sub._actions:
+            assert action.help, f"{cmd} {action.option_strings} has no help text"
+        if cmd == "serve":
+            for default in ("(default 4)", "(default 256K)", "(default 8G)"):
+                assert default in " ".join(text.split()), default
+
+
+def test_status_without_a_worker_is_status_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--name", "nobody-" + os.urandom(4).hex()]) == EXIT_FAILURE
+    assert "no worker named" in capsys.readouterr().err
+    assert main(["status", "--name", "nobody-" + os.urandom(4).hex(), "-q"]) == EXIT_FAILURE
+    assert capsys.readouterr().err == ""
