@@ -19,6 +19,7 @@ from typing import Any
 import zmq
 
 from shmrpc.schema import messages as m
+from shmrpc.schema.control import ErrorReply
 from shmrpc.schema.errors import (
     RequestError,
     Timeout,
@@ -26,8 +27,9 @@ from shmrpc.schema.errors import (
     from_wire,
 )
 from shmrpc.schema.naming import endpoint
+from shmrpc.schema.proc import process_start_ticks
 
-from ._attach import handshake, start_ticks
+from ._attach import handshake
 
 __all__ = ["Transport"]
 
@@ -69,7 +71,7 @@ class Transport:
         except (AttributeError, OSError):
             self.pidfd = None
         if self.pidfd is not None:
-            if start_ticks(self.worker_pid) != self.welcome.get("worker_start_ticks"):
+            if process_start_ticks(self.worker_pid) != self.welcome.get("worker_start_ticks"):
                 raise WorkerGoneError(f"worker {self.name!r} exited during the handshake")
             self._poller.register(self.pidfd, zmq.POLLIN)
 
@@ -141,7 +143,6 @@ class Transport:
             self.pidfd = None
 
 
-def control_error(frame: bytes) -> RequestError:
+def control_error(reply: ErrorReply) -> RequestError:
     """The error an ERROR control reply carries."""
-    body = m.unpack_json(frame)
-    return from_wire(int(body.get("code", 0xFFFF)), str(body.get("message", "")), field=str(body.get("field", "")))
+    return from_wire(reply.code, reply.message, field=reply.field)

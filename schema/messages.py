@@ -56,7 +56,7 @@ __all__ = [
     "pack_json", "unpack_json", "pack_call", "unpack_call", "pack_done", "unpack_done",
 ]
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 #: Largest HELLO or WELCOME packet on the attach socket.
 ATTACH_MAX_NBYTES = 1 << 20

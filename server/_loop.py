@@ -35,6 +35,7 @@ import zmq
 
 from shmrpc import kernels
 from shmrpc.schema import messages as m
+from shmrpc.schema.control import ErrorReply, State
 from shmrpc.schema.descriptor import encode_response
 from shmrpc.schema.errors import WIRE_CODES, BusyError, InternalError, InvalidRequestError, RequestError, StaleSlotError
 from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag, Header, unpack_from
@@ -313,15 +314,14 @@ class Worker(Sessions):
             conn.close()
             return
         if frame[:1] == m.STATUS and peer.uid in (os.geteuid(), 0):  # `shmrpc status`: the kernel says who asks
-            self._attach.reply(conn, m.pack_json(m.STATE, self.state()), [])
+            self._attach.reply(conn, State.from_json(self.state()).encode(), [])
             return
         try:
             reply, fds = self._on_hello(frame, peer, stopping)
         except Exception as e:  # noqa: BLE001 - nothing a peer sends may stop the loop
             log.exception("unexpected error handling a HELLO")
-            reply, fds = m.pack_json(m.ERROR, {"code": InternalError.code, "kind": "bad_message",
-                                               "message": f"the HELLO could not be handled ({type(e).__name__})",
-                                               "field": "hello"}), []
+            reply, fds = ErrorReply(InternalError.code, "bad_message",
+                                    f"the HELLO could not be handled ({type(e).__name__})", "hello").encode(), []
         self._attach.reply(conn, reply, fds)
         for i in self._region_owner:  # a private region goes to one client only: keep no fd of it
             self.regions[i].close_fd()
@@ -380,10 +380,10 @@ class Worker(Sessions):
                 self._refuse(identity, "refused", "with --allow-uid, STATUS is answered only to a session of the "
                              "worker's own uid", "status")
             else:
-                self._send(identity, m.pack_json(m.STATE, self.state()))
+                self._send(identity, State.from_json(self.state()).encode())
         else:
-            self._send(identity, m.pack_json(m.ERROR, {"code": InvalidRequestError.code, "kind": "bad_message",
-                                                       "message": f"unknown message kind {kind!r}", "field": "kind"}))
+            self._send(identity, ErrorReply(InvalidRequestError.code, "bad_message",
+                                            f"unknown message kind {kind!r}", "kind").encode())
 
     # ------------------------------------------------------------ calls
 

@@ -27,10 +27,12 @@ from typing import TYPE_CHECKING, Any
 from shmrpc import kernels
 from shmrpc.schema import SCHEMA_HASH
 from shmrpc.schema import messages as m
+from shmrpc.schema.control import Acquire, ErrorReply, Grant, Hello, Manage, Managed, MessageError, Welcome
 from shmrpc.schema.errors import BusyError, ClientLimitError, InvalidRequestError, KernelError, RequestError
 from shmrpc.schema.layout import Geometry
 from shmrpc.schema.naming import socket_path
 from shmrpc.schema.optable import build_op_table, parse_op_table
+from shmrpc.schema.proc import process_start_ticks
 
 from . import checks, runtime
 from ._attach import PeerCred, check_identity
@@ -87,20 +89,23 @@ class Sessions:
     def _send(self, identity: bytes, frame: bytes) -> None:
         raise NotImplementedError
 
-    def _refuse(self, identity: bytes, kind: str, message: str, field: str = "") -> None:
-        self._send(identity, _refusal(kind, message, field))
+    def _refuse(self, identity: bytes, kind: str, message: str, field: str = "",
+                request_id: int | None = None) -> None:
+        self._send(identity, _refusal(kind, message, field, request_id))
 
     def _on_hello(self, frame: bytes, peer: PeerCred, stopping: bool) -> tuple[bytes, list[int]]:
         """Answer a HELLO from the attach socket: (WELCOME and the fds of its regions) or (ERROR, [])."""
         if stopping:
             return _refusal("stopping", "the worker is shutting down; connect to its successor"), []
-        try:
-            hello = m.unpack_json(frame)
-            proto, shash = hello["protocol"], hello["schema_hash"]
-        except (ValueError, KeyError, TypeError, OverflowError) as e:
-            return _refusal("bad_message", f"HELLO is malformed ({e})", "hello"), []
-        if frame[:1] != m.HELLO or not isinstance(hello, dict):
+        if frame[:1] != m.HELLO:
             return _refusal("bad_message", "the attach socket takes one HELLO", "kind"), []
+        try:
+            hello = Hello.decode(frame)
+        except MessageError as e:
+            # a pid, uid or start time that is not a number is a claim the kernel does not back
+            kind = "refused" if e.field in ("pid", "uid", "start_ticks") else "bad_message"
+            return _refusal(kind, f"HELLO is malformed ({e})", e.field), []
+        proto, shash = hello.protocol, hello.schema_hash
         if proto != m.PROTOCOL_VERSION or shash != SCHEMA_HASH:
             return _refusal(
                 "protocol_mismatch",
@@ -108,16 +113,15 @@ class Sessions:
                 f"schema {SCHEMA_HASH}: install the same shmrpc version on both sides",
                 "protocol" if proto != m.PROTOCOL_VERSION else "schema_hash",
             ), []
-        problem = check_identity(hello, peer, self.config.allow_uids)
+        problem = check_identity(hello.to_json(), peer, self.config.allow_uids)
         if problem is not None:
             log.warning("refused a HELLO from pid %d uid %d: %s", peer.pid, peer.uid, problem[0])
             return _refusal("refused", *problem), []
         try:
             self.admission.admit(peer.uid)
-            lease = self.admission.lease_for(hello.get("lease"))
+            lease = self.admission.lease_for(hello.lease)
         except ClientLimitError as e:
-            return m.pack_json(m.ERROR, {"code": BusyError.code, "kind": "too_many_clients", "message": str(e),
-                                         "field": "clients"}), []
+            return ErrorReply(BusyError.code, "too_many_clients", str(e), "clients").encode(), []
         except ValueError as e:
             return _refusal("bad_message", f"HELLO is malformed ({e})", "lease"), []
         client = self._admit(peer)
@@ -171,20 +175,20 @@ class Sessions:
 
     def _welcome(self, client: _Client, regions: list[Region], slots: list[Slot]) -> bytes:
         """The WELCOME; the regions' fds travel beside it, in the order of its ``regions`` list."""
-        return m.pack_json(m.WELCOME, {
-            "protocol": m.PROTOCOL_VERSION,
-            "schema_hash": SCHEMA_HASH,
-            "client_id": client.id,
-            "token": client.identity.decode(),
-            "worker_pid": os.getpid(),
-            "worker_start_ticks": runtime.process_start_ticks(os.getpid()),
-            "backend": self.backend.name,
-            "regions": [{"index": r.index, "name": r.name, "nbytes": r.nbytes, "geometry": r.geometry.to_json()}
-                        for r in regions],
-            "geometry": self.config.geometry.to_json(),
-            "lease": [[s.region, s.index, s.generation] for s in slots],
-            "op_table": build_op_table(parse_op_table(kernels.op_table()).values()),
-        })
+        return Welcome(
+            protocol=m.PROTOCOL_VERSION,
+            schema_hash=SCHEMA_HASH,
+            client_id=client.id,
+            token=client.identity.decode(),
+            worker_pid=os.getpid(),
+            worker_start_ticks=process_start_ticks(os.getpid()),
+            backend=self.backend.name,
+            regions=[{"index": r.index, "name": r.name, "nbytes": r.nbytes, "geometry": r.geometry.to_json()}
+                     for r in regions],
+            geometry=self.config.geometry.to_json(),
+            lease=[[s.region, s.index, s.generation] for s in slots],
+            op_table=build_op_table(parse_op_table(kernels.op_table()).values()),
+        ).encode()
 
     def _new_private_region(self, client: int, geometry: Geometry) -> Region:
         """Create, pin and record the region holding ``client``'s leased slots (a memfd: it has no name)."""
@@ -217,32 +221,32 @@ class Sessions:
         if c is None:
             return self._refuse(identity, "no_session", "no lease: say HELLO first", "client")
         try:
-            req = m.unpack_json(frame)
-            action, name = req["action"], str(req.get("name", ""))
-        except (ValueError, KeyError, TypeError) as e:
-            return self._refuse(identity, "bad_message", f"MANAGE is malformed ({e})", "manage")
+            req = Manage.decode(frame)
+        except MessageError as e:
+            return self._refuse(identity, "bad_message", f"MANAGE is malformed ({e})", e.field)
+        action, name, rid = req.action, req.name, req.id
         own = f"{c.id}/"
         if action == "list":
             listing = {}
             for full, spec in self.backend.resident().items():
                 if full.startswith(own) or full.startswith("shared/"):
                     listing[full.removeprefix(own)] = {"shape": list(spec.shape), "dtype": spec.dtype}
-            return self._send(identity, m.pack_json(m.MANAGED, {"resident": listing}))
+            return self._send(identity, Managed(resident=listing, id=rid).encode())
         if action == "drop":
             full = resident_name(c.id, name)
             try:
                 self.shared.check(c.id, full, "resident")
             except RequestError as e:
-                return self._send(identity, _error_msg(e))
+                return self._send(identity, _error_msg(e, rid))
             if full not in self.backend.resident():
                 self.shared.forget(full)
                 return self._send(identity, _error_msg(KernelError(f"no resident tensor {name!r}", tensor=name,
-                                                                   field="resident")))
+                                                                   field="resident"), rid))
             self.backend.drop(full)
             self.shared.forget(full)
             self.metrics.resident.set(self.backend.resident_bytes)
-            return self._send(identity, m.pack_json(m.MANAGED, {"dropped": name}))
-        return self._refuse(identity, "bad_message", f"unknown MANAGE action {action!r}", "action")
+            return self._send(identity, Managed(dropped=name, id=rid).encode())
+        return self._refuse(identity, "bad_message", f"unknown MANAGE action {action!r}", "action", rid)
 
     def _drop_residents(self, client_id: int) -> None:
         """Drop the client's private resident tensors and the shared ones it owns."""
@@ -281,34 +285,33 @@ class Sessions:
     def _zero(self, s: Slot) -> None:
         self.regions[s.region].zero_slot(s.index)
 
-    def _grant_msg(self, s: Slot) -> bytes:
-        return m.pack_json(m.GRANT, {"region": s.region, "slot": s.index, "generation": s.generation,
-                                     "slot_nbytes": s.nbytes})
+    def _grant_msg(self, s: Slot, request_id: int | None) -> bytes:
+        return Grant(s.region, s.index, s.generation, s.nbytes, request_id).encode()
 
     def _on_acquire(self, identity: bytes, frame: bytes) -> None:
         c = self._clients.get(identity)
         if c is None:
             return self._refuse(identity, "no_session", "no lease: say HELLO first", "client")
         try:
-            req = m.unpack_json(frame)
-            nbytes, wait_s = int(req["nbytes"]), float(req.get("wait_s", 0.0))
-        except (ValueError, KeyError, TypeError, OverflowError) as e:
-            return self._refuse(identity, "bad_message", f"ACQUIRE is malformed ({e})", "acquire")
+            req = Acquire.decode(frame)
+        except MessageError as e:
+            return self._refuse(identity, "bad_message", f"ACQUIRE is malformed ({e})", e.field)
+        nbytes, wait_s, rid = req.nbytes, float(req.wait_s), req.id
         try:
             s = self.leases.acquire(c.id, nbytes)
         except BusyError as e:
             # wait only for a slot to free, never for this client's own borrow limit (nothing it waits on frees)
             if not wait_s > 0 or self.leases.free_fits(nbytes):
-                return self._send(identity, _error_msg(e))
+                return self._send(identity, _error_msg(e, rid))
             try:
-                self._waiters.add(c.id, identity, nbytes, time.monotonic() + min(wait_s, _MAX_WAIT_S))
+                self._waiters.add(c.id, identity, nbytes, time.monotonic() + min(wait_s, _MAX_WAIT_S), rid)
             except BusyError as over:
-                return self._send(identity, _error_msg(over))
+                return self._send(identity, _error_msg(over, rid))
             return None
         except RequestError as e:
-            return self._send(identity, _error_msg(e))
+            return self._send(identity, _error_msg(e, rid))
         self.metrics.slots_leased.set(self.leases.n_leased)
-        self._send(identity, self._grant_msg(s))
+        self._send(identity, self._grant_msg(s, rid))
         return None
 
     def _serve_pending(self) -> None:
@@ -323,17 +326,17 @@ class Sessions:
         except BusyError as e:
             if not self.leases.free_fits(w.nbytes):
                 return False
-            self._send(w.identity, _error_msg(e))  # a slot is free but the client borrows all it may
+            self._send(w.identity, _error_msg(e, w.request_id))  # a slot is free but the client borrows all it may
             return True
         except RequestError as e:
-            self._send(w.identity, _error_msg(e))
+            self._send(w.identity, _error_msg(e, w.request_id))
             return True
-        self._send(w.identity, self._grant_msg(s))
+        self._send(w.identity, self._grant_msg(s, w.request_id))
         return True
 
     def _expire_pending(self, now: float) -> None:
         for w in self._waiters.expired(now):
-            self._send(w.identity, _error_msg(BusyError("no slot became free in time", field="nbytes")))
+            self._send(w.identity, _error_msg(BusyError("no slot became free in time", field="nbytes"), w.request_id))
 
     def _on_release(self, identity: bytes, frame: bytes) -> None:
         c = self._clients.get(identity)
@@ -368,10 +371,11 @@ class Sessions:
         }
 
 
-def _refusal(kind: str, message: str, field: str = "") -> bytes:
-    return m.pack_json(m.ERROR, {"code": InvalidRequestError.code, "kind": kind, "message": message, "field": field})
+def _refusal(kind: str, message: str, field: str = "", request_id: int | None = None) -> bytes:
+    return ErrorReply(InvalidRequestError.code, kind, message, field, request_id).encode()
 
 
-def _error_msg(e: RequestError) -> bytes:
-    return m.pack_json(m.ERROR, {"code": e.code, "kind": type(e).__name__, "message": e.message, "field": e.field})
+def _error_msg(e: RequestError, request_id: int | None = None) -> bytes:
+    """The ERROR answering a refused ACQUIRE or MANAGE: the typed error's wire code, echoing the request's id."""
+    return ErrorReply(e.code, "refused_request", e.message, e.field, request_id).encode()
 

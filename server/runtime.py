@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from shmrpc.schema.naming import attach_path, lock_path, region_prefix, runtime_dir, socket_path, validate_name
+from shmrpc.schema.proc import process_start_ticks, read_stat
 
 from .checks import StartupError
 
@@ -133,33 +134,7 @@ def ensure_runtime_dir(*, shared: bool = False) -> Path:
     return path
 
 
-def _read_stat(pid: int) -> list[str] | None:
-    """Fields 3.. of /proc/<pid>/stat (after the command name), or None."""
-    if pid <= 0:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and ')'; everything after the last ')' is plain.
-    return data.rpartition(b")")[2].decode("ascii", "replace").split()
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (field 22 of ``/proc/<pid>/stat``), or None if no such process.
-
-    Example:
-        >>> process_start_ticks(os.getpid()) > 0
-        True
-    """
-    fields = _read_stat(pid)
-    if not fields or len(fields) < 20:
-        return None
-    try:
-        return int(fields[19])
-    except ValueError:
-        return None
+_read_stat = read_stat
 
 
 def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
