@@ -13,7 +13,7 @@ Streams come from a pool: one slot (three non-blocking streams and a workspace) 
 concurrent run, so ``run`` is thread-safe. ``inject_fault = "cuda_error"`` makes the next
 run fail as a CUDA error would, after which streams and workspaces are rebuilt. A real
 sticky CUDA error (illegal address) leaves the CUDA context unusable: the worker must
-restart; ``KernelRuntimeError.fatal`` is True then.
+restart; it raises ``KernelFatalError`` (a ``KernelRuntimeError``) then.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ._backend_base import Backend
-from ._errors import BackendUnavailable, KernelError, KernelResourceError, KernelRuntimeError
+from ._errors import BackendUnavailable, KernelError, KernelFatalError, KernelResourceError, KernelRuntimeError
 from ._plan import Plan
 from ._registry import OpCall, TensorSpec
 
@@ -88,9 +88,8 @@ class CupyBackend(Backend):
             if status == 2:  # cudaErrorMemoryAllocation
                 return KernelResourceError(f"out of device memory: {e}", op=op, step=step, field="memory")
             self._reset()
-            err = KernelRuntimeError(f"CUDA error {status}: {e}", op=op, step=step)
-            err.fatal = status in _STICKY  # type: ignore[attr-defined]
-            return err
+            cls = KernelFatalError if status in _STICKY else KernelRuntimeError
+            return cls(f"CUDA error {status}: {e}", op=op, step=step)
         return KernelRuntimeError(f"op {op!r} failed: {type(e).__name__}: {e}", op=op, step=step)
 
     def _reset(self) -> None:

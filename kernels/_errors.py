@@ -19,6 +19,7 @@ __all__ = [
     "KernelError",
     "KernelInputError",
     "KernelRuntimeError",
+    "KernelFatalError",
     "KernelResourceError",
     "BackendUnavailable",
 ]
@@ -72,6 +73,10 @@ class KernelInputError(KernelError, ValueError):
 
 class KernelRuntimeError(KernelError, RuntimeError):
     """The op failed while running (for example a CUDA error); the request may be retried."""
+
+
+class KernelFatalError(KernelRuntimeError):
+    """A sticky device error (the CUDA context is unusable): this request failed and the process must restart."""
 
 
 class KernelResourceError(KernelRuntimeError):

@@ -277,7 +277,7 @@ class Dispatcher:
         try:
             return self.backend.run(prep.plan, ins, outs, keep_as=prep.keep_as) or {}
         except (kernels.KernelInputError, kernels.KernelRuntimeError) as e:
-            if getattr(e, "fatal", False):
+            if isinstance(e, kernels.KernelFatalError):
                 self.fatal = str(e)  # a sticky CUDA error: this process cannot use the GPU any more
             raise kernel_error(e, prep.desc.steps[0].op) from None
         except RequestError:

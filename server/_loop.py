@@ -121,7 +121,7 @@ class Worker(Sessions):
                 self.backend.register_host(self.regions[0].address, self.regions[0].nbytes)
             self.backend.warmup()
             # Fault injection for tests only (never a real GPU reset): the next request fails as if CUDA had.
-            self.backend.inject_fault = os.environ.get("SHMRPC_INJECT_FAULT") or None
+            self.backend.inject_fault = cfg.inject_fault
             self.leases = Leases([self.regions[0].geometry], cfg.lease, self._zero,
                                  max_borrowed_slots=cfg.client_max_slots, max_borrowed_bytes=cfg.client_max_bytes)
             self._waiters = Waiters(self.leases.sizes, cfg.client_max_waiters)
