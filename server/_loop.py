@@ -48,7 +48,7 @@ from ._attach import AttachListener, set_dumpable
 from ._dispatch import Dispatcher, Prepared, check_header, error_response
 from ._lease import Leases, Slot
 from ._observe import Observer
-from ._sessions import Sessions, _Client
+from ._sessions import ClientSession, Sessions
 from ._shared import SharedOwners
 from ._waiters import Waiters
 from .config import WorkerConfig
@@ -83,8 +83,8 @@ class Worker(Sessions):
             collections.deque()
         )
         self._wake_r, self._wake_w = -1, -1
-        self._clients: dict[bytes, _Client] = {}
-        self._by_pidfd: dict[int, _Client] = {}
+        self._clients: dict[bytes, ClientSession] = {}
+        self._by_pidfd: dict[int, ClientSession] = {}
         self._next_client = 1
         self._region_owner: dict[int, int] = {}  # private region index -> client id
         self._views: dict[tuple[int, int], memoryview] = {}  # (region, slot) -> the slot's bytes, made once

@@ -57,7 +57,7 @@ _MAX_WAIT_S = 3600.0
 
 
 @dataclass(eq=False)
-class _Client:
+class ClientSession:
     id: int
     identity: bytes  # the session token: the DEALER's routing id, issued in WELCOME
     pid: int
@@ -75,8 +75,8 @@ class Sessions:
     backend: Any
     leases: Leases
     metrics: Metrics
-    _clients: dict[bytes, _Client]
-    _by_pidfd: dict[int, _Client]
+    _clients: dict[bytes, ClientSession]
+    _by_pidfd: dict[int, ClientSession]
     _next_client: int
     _waiters: Waiters
     admission: Admission
@@ -135,14 +135,14 @@ class Sessions:
         log.info("client %d (pid %d uid %d) connected with %d slots", client.id, peer.pid, peer.uid, len(slots))
         return self._welcome(client, regions, slots), [r.fd for r in regions if r.fd is not None]
 
-    def _admit(self, peer: PeerCred) -> _Client:
+    def _admit(self, peer: PeerCred) -> ClientSession:
         """A new session for the process the kernel vouched for, watched through a pidfd, under a fresh token."""
         try:
             pidfd: int | None = os.pidfd_open(peer.pid)
         except (AttributeError, OSError):
             pidfd = None
         token = secrets.token_hex(m.TOKEN_NBYTES).encode()
-        client = _Client(self._next_client, token, peer.pid, peer.uid, pidfd,
+        client = ClientSession(self._next_client, token, peer.pid, peer.uid, pidfd,
                          runtime.process_start_ticks(peer.pid), time.time())
         self._next_client += 1
         self._clients[token] = client
@@ -151,7 +151,7 @@ class Sessions:
             self._by_pidfd[pidfd] = client
         return client
 
-    def _forget(self, client: _Client) -> None:
+    def _forget(self, client: ClientSession) -> None:
         """Undo :meth:`_admit` for a session that never started."""
         self._clients.pop(client.identity, None)
         self.admission.left(client.uid)
@@ -160,7 +160,7 @@ class Sessions:
             os.close(client.pidfd)
             client.pidfd = None
 
-    def _lease_regions(self, client: _Client, lease: tuple[int, ...]) -> tuple[list[Region], list[Slot]]:
+    def _lease_regions(self, client: ClientSession, lease: tuple[int, ...]) -> tuple[list[Region], list[Slot]]:
         """The regions ``client`` maps (the pool, and its own with ``--isolation client``) and its leased slots.
 
         ``lease``: slots per size class granted by admission (what the HELLO asked for, capped by --lease-max).
@@ -173,7 +173,7 @@ class Sessions:
         self.leases.open(client.id, from_pool=False)
         return [self.regions[0], region], self.leases.add_private(client.id, region.index, private)
 
-    def _welcome(self, client: _Client, regions: list[Region], slots: list[Slot]) -> bytes:
+    def _welcome(self, client: ClientSession, regions: list[Region], slots: list[Slot]) -> bytes:
         """The WELCOME; the regions' fds travel beside it, in the order of its ``regions`` list."""
         return Welcome(
             protocol=m.PROTOCOL_VERSION,
@@ -256,7 +256,7 @@ class Sessions:
             self.backend.drop(full)
         self.metrics.resident.set(self.backend.resident_bytes)
 
-    def _end_client(self, c: _Client, why: str) -> None:
+    def _end_client(self, c: ClientSession, why: str) -> None:
         self._clients.pop(c.identity, None)
         self.admission.left(c.uid)
         self._drop_residents(c.id)

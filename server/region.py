@@ -54,7 +54,7 @@ from .checks import (
 )
 from .runtime import SHM_DIR, process_start_ticks
 
-__all__ = ["Region", "AttachedRegion", "attach_readonly", "read_superblock", "unlink_region", "MADV_POPULATE_WRITE",
+__all__ = ["Region", "ReadonlyRegion", "attach_readonly", "read_superblock", "unlink_region", "MADV_POPULATE_WRITE",
            "REGION_SEALS"]
 
 #: Linux >= 5.14; Python's mmap module does not always expose it.
@@ -383,7 +383,7 @@ def _check_mode(fd: int, name: str) -> None:
         )
 
 
-class AttachedRegion:
+class ReadonlyRegion:
     """A read-only mapping of an existing region, for tools and tests.
 
     Attributes:
@@ -413,7 +413,7 @@ class AttachedRegion:
             self.buf.release()
             mm.close()
 
-    def __enter__(self) -> AttachedRegion:
+    def __enter__(self) -> ReadonlyRegion:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -430,7 +430,7 @@ def _open_existing(name: str) -> posix_ipc.SharedMemory:
         raise PermissionError(errno.EACCES, f"region {name} is not readable by this user") from exc
 
 
-def attach_readonly(name: str) -> AttachedRegion:
+def attach_readonly(name: str) -> ReadonlyRegion:
     """Map the existing region ``name`` read-only.
 
     Raises:
@@ -444,7 +444,7 @@ def attach_readonly(name: str) -> AttachedRegion:
         mm = mmap.mmap(shm.fd, shm.size, mmap.MAP_SHARED, mmap.PROT_READ)
     finally:
         shm.close_fd()
-    return AttachedRegion(name, mm)
+    return ReadonlyRegion(name, mm)
 
 
 def read_superblock(name: str) -> Superblock:
