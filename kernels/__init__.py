@@ -23,11 +23,11 @@ from ._backend_base import Backend
 from ._cost import PlanCost, check_memory, estimate
 from ._errors import (
     BackendUnavailable,
-    KernelError,
     KernelFatalError,
     KernelInputError,
     KernelResourceError,
     KernelRuntimeError,
+    OpError,
 )
 from ._plan import Plan, ResolvedStep
 from ._registry import REGISTRY, REQUIRED, AttrSpec, OpCall, OpSpec, StepSpec, TensorSpec, op_table
@@ -46,7 +46,7 @@ __all__ = [
     "estimate",
     "check_memory",
     "Backend",
-    "KernelError",
+    "OpError",
     "KernelInputError",
     "KernelResourceError",
     "KernelRuntimeError",

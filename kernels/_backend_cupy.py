@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ._backend_base import Backend
-from ._errors import BackendUnavailable, KernelError, KernelFatalError, KernelResourceError, KernelRuntimeError
+from ._errors import BackendUnavailable, KernelFatalError, KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan
 from ._registry import OpCall, TensorSpec
 
@@ -75,9 +75,9 @@ class CupyBackend(Backend):
         self._registered: dict[int, int] = {}
 
     # -- errors --------------------------------------------------------------------
-    def _wrap(self, e: BaseException, op: str, step: int) -> KernelError:
+    def _wrap(self, e: BaseException, op: str, step: int) -> OpError:
         cp = self.xp
-        if isinstance(e, KernelError):
+        if isinstance(e, OpError):
             return e.with_context(op=op or None, step=step if step >= 0 else None)
         if isinstance(e, (cp.cuda.memory.OutOfMemoryError, MemoryError)):
             return KernelResourceError(f"out of device memory: {e}; drop resident tensors or send smaller requests",
@@ -210,7 +210,7 @@ class CupyBackend(Backend):
                 ev[3].record(s)
                 s.synchronize()
             self._keep(plan, env, keep_as)
-        except KernelError:
+        except OpError:
             raise
         except Exception as e:
             raise self._wrap(e, "", -1) from e
@@ -258,7 +258,7 @@ class CupyBackend(Backend):
                 marks.append(ev)  # device buffers go back to the pool of stream s: stream order keeps reuse safe
             for s in sset.streams:
                 s.synchronize()
-        except KernelError:
+        except OpError:
             for s in sset.streams:
                 s.synchronize()
             raise
