@@ -48,11 +48,11 @@ from shmrpc.schema.layout import Geometry, align_up, format_size, tensor_align
 from shmrpc.schema.optable import OpEntry, parse_op_table
 
 from ._attach import set_dumpable
+from ._connection import Connection, control_error
 from ._interop import DeviceInput, as_input, is_array_like
 from ._pipeline import Pipeline, resolve
 from ._region import AttachedRegion
 from ._trace import ClientTracing
-from ._transport import Transport, control_error
 
 __all__ = ["Client", "Loan", "CallFuture", "Resident"]  # Loan, CallFuture, Resident re-exported
 
@@ -125,7 +125,7 @@ class Client:
             raise ValueError("lease counts must be >= 0")
         if non_dumpable:
             set_dumpable(False)  # before any region is mapped: /proc/<our pid>/mem is never a door to it
-        self._t = Transport(name, connect_timeout_s, spin_us, worker_uid,
+        self._t = Connection(name, connect_timeout_s, spin_us, worker_uid,
                             None if lease is None else tuple(int(n) for n in lease))
         w = self._t.welcome
         self._regions: dict[int, AttachedRegion] = {}

@@ -2,9 +2,9 @@
 
 The handshake (verifying the worker, HELLO, WELCOME with the regions' fds) is
 :mod:`._attach`'s; this module then connects the DEALER with the session token as
-its routing id. A DEALER receives three kinds of reply, interleaved: DONE for requests in
-flight (matched by request_id), GRANT/ERROR for the one control request that
-may be outstanding, and nothing else. The pump also watches the worker's
+its routing id. A DEALER receives replies interleaved: DONE for requests in flight
+(matched by request_id), and the JSON control replies (GRANT, MANAGED, ERROR, STATE),
+which the client matches by the ``id`` of the ACQUIRE or MANAGE they answer. The pump also watches the worker's
 pidfd, so a worker that dies fails every waiter at once instead of after its
 timeout.
 """
@@ -31,12 +31,12 @@ from shmrpc.schema.proc import process_start_ticks
 
 from ._attach import handshake
 
-__all__ = ["Transport"]
+__all__ = ["Connection"]
 
 _POLLIN = int(zmq.POLLIN)
 
 
-class Transport:
+class Connection:
     """The verified handshake with worker ``name``, then one DEALER connection under the session's token."""
 
     def __init__(self, name: str, connect_timeout_s: float, spin_us: int = 0, worker_uid: int | None = None,
