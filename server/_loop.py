@@ -34,6 +34,7 @@ from typing import Any
 import zmq
 
 from shmrpc import kernels
+from shmrpc.kernels import Backend
 from shmrpc.schema import messages as m
 from shmrpc.schema.control import ErrorReply, State
 from shmrpc.schema.descriptor import encode_response
@@ -73,7 +74,7 @@ class Worker(Sessions):
     def __init__(self, config: WorkerConfig, tracer_provider: Any = None) -> None:
         self.config = config
         self.regions: dict[int, Region] = {}  # index -> region; 0 is the pool
-        self.backend: Any = None
+        self.backend: Backend = None  # type: ignore[assignment]  # set by start()
         self._lock: runtime.WorkerLock | None = None
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
@@ -335,7 +336,7 @@ class Worker(Sessions):
         sock = self._sock
         assert sock is not None
         for _ in range(256):  # bounded, so completions and pidfds get their turn
-            if not sock.getsockopt(zmq.EVENTS) & _POLLIN:  # cheaper than catching zmq.Again
+            if not int(sock.getsockopt(zmq.EVENTS)) & _POLLIN:  # cheaper than catching zmq.Again
                 return
             frames = sock.recv_multipart(zmq.NOBLOCK)
             if len(frames) != 2:  # every message is one frame: say so rather than ignore it

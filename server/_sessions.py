@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shmrpc import kernels
+from shmrpc.kernels import Backend
 from shmrpc.schema import SCHEMA_HASH
 from shmrpc.schema import messages as m
 from shmrpc.schema.control import Acquire, ErrorReply, Grant, Hello, Manage, Managed, MessageError, Welcome
@@ -72,7 +73,7 @@ class Sessions:
 
     config: WorkerConfig
     regions: dict[int, Region]
-    backend: Any
+    backend: Backend
     leases: Leases
     metrics: Metrics
     _clients: dict[bytes, ClientSession]
