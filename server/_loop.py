@@ -43,7 +43,7 @@ from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag, Header, unpack_fro
 from shmrpc.schema.messages import NO_RESPONSE
 from shmrpc.schema.naming import attach_path, endpoint, socket_path
 
-from . import checks, runtime
+from . import checks
 from ._admission import Admission
 from ._attach import AttachListener, set_dumpable
 from ._dispatch import Dispatcher, Prepared, check_header, error_response
@@ -53,8 +53,10 @@ from ._sessions import ClientSession, Sessions
 from ._shared import SharedOwners
 from ._waiters import Waiters
 from .config import WorkerConfig
+from .lockfile import WorkerLock
 from .metrics import Metrics
 from .region import Region
+from .rundir import ensure_runtime_dir, remove_socket
 
 __all__ = ["Worker", "NO_RESPONSE"]
 
@@ -75,7 +77,7 @@ class Worker(Sessions):
         self.config = config
         self.regions: dict[int, Region] = {}  # index -> region; 0 is the pool
         self.backend: Backend = None  # type: ignore[assignment]  # set by start()
-        self._lock: runtime.WorkerLock | None = None
+        self._lock: WorkerLock | None = None
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
         self._attach: AttachListener | None = None
@@ -110,8 +112,8 @@ class Worker(Sessions):
         checks.check_memory(nbytes)
         if cfg.mlock:
             checks.check_memlock(nbytes)
-        runtime.ensure_runtime_dir(shared=bool(cfg.allow_uids))
-        self._lock = runtime.WorkerLock.acquire(cfg.name, shared=bool(cfg.allow_uids))
+        ensure_runtime_dir(shared=bool(cfg.allow_uids))
+        self._lock = WorkerLock.acquire(cfg.name, shared=bool(cfg.allow_uids))
         try:
             for cleaned in self._lock.cleaned:
                 log.warning("removed %s left by a worker that died", cleaned)
@@ -139,7 +141,7 @@ class Worker(Sessions):
             # message; with the receive high-water mark this bounds what one connection can make us hold.
             self._sock.setsockopt(zmq.MAXMSGSIZE, m.MAX_MESSAGE_NBYTES)
             self._sock.setsockopt(zmq.RCVHWM, _RCVHWM)
-            runtime.remove_socket(cfg.name)
+            remove_socket(cfg.name)
             # the attach socket first: whoever sees NAME.sock can say HELLO (connections wait in its backlog)
             self._attach = AttachListener(attach_path(cfg.name), shared=bool(cfg.allow_uids))
             old = os.umask(0o077)
@@ -196,7 +198,7 @@ class Worker(Sessions):
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
-        runtime.remove_socket(self.config.name)
+        remove_socket(self.config.name)
         for c in list(self._clients.values()):
             if c.pidfd is not None:
                 os.close(c.pidfd)

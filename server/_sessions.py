@@ -35,11 +35,13 @@ from shmrpc.schema.naming import socket_path
 from shmrpc.schema.optable import build_op_table, parse_op_table
 from shmrpc.schema.proc import process_start_ticks
 
-from . import checks, runtime
+from . import checks
 from ._attach import PeerCred, check_identity
 from ._dispatch import resident_name
 from ._lease import Slot
 from ._waiters import Waiter, Waiters
+from .lockfile import WorkerLock
+from .procs import pid_alive
 from .region import Region
 
 if TYPE_CHECKING:
@@ -84,7 +86,7 @@ class Sessions:
     shared: SharedOwners
     _region_owner: dict[int, int]
     _views: dict[tuple[int, int], memoryview]
-    _lock: runtime.WorkerLock | None
+    _lock: WorkerLock | None
     _started: float
 
     def _send(self, identity: bytes, frame: bytes) -> None:
@@ -144,7 +146,7 @@ class Sessions:
             pidfd = None
         token = secrets.token_hex(m.TOKEN_NBYTES).encode()
         client = ClientSession(self._next_client, token, peer.pid, peer.uid, pidfd,
-                         runtime.process_start_ticks(peer.pid), time.time())
+                         process_start_ticks(peer.pid), time.time())
         self._next_client += 1
         self._clients[token] = client
         self.admission.joined(peer.uid)
@@ -280,7 +282,7 @@ class Sessions:
 
     def _check_clients(self) -> None:
         for c in list(self._clients.values()):
-            if c.pidfd is None and not runtime.pid_alive(c.pid, c.start_ticks):
+            if c.pidfd is None and not pid_alive(c.pid, c.start_ticks):
                 self._end_client(c, "its process is gone")
 
     def _zero(self, s: Slot) -> None:

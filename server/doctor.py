@@ -31,16 +31,11 @@ from shmrpc.schema.layout import DEFAULT_GEOMETRY
 from shmrpc.schema.naming import REGION_PREFIX, runtime_dir
 
 from .checks import StartupError, check_memlock, check_shm_space, format_size_approx, has_ipc_lock, memlock_limit
+from .lockfile import lock_is_held, read_lock_file, remove_stale_lock
+from .procs import pid_alive
 from .region import read_superblock, unlink_region
-from .runtime import (
-    SHM_DIR,
-    check_runtime_dir,
-    list_segments,
-    lock_is_held,
-    pid_alive,
-    read_lock_file,
-    remove_stale_lock,
-)
+from .rundir import check_runtime_dir
+from .shm import SHM_DIR, list_segments
 
 __all__ = ["Finding", "scan", "doctor"]
 

@@ -42,6 +42,7 @@ import numpy as np
 import posix_ipc
 
 from shmrpc.schema.layout import PAGE, SUPERBLOCK_NBYTES, Geometry, Superblock
+from shmrpc.schema.proc import process_start_ticks
 
 from .checks import (
     StartupError,
@@ -52,7 +53,7 @@ from .checks import (
     shm_free_bytes,
     shm_space_error,
 )
-from .runtime import SHM_DIR, process_start_ticks
+from .shm import SHM_DIR
 
 __all__ = ["Region", "ReadonlyRegion", "attach_readonly", "read_superblock", "unlink_region", "MADV_POPULATE_WRITE",
            "REGION_SEALS"]

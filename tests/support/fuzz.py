@@ -72,7 +72,7 @@ from shmrpc.schema.header import HEADER, Flag
 from shmrpc.schema.layout import Geometry
 from shmrpc.schema.messages import NO_RESPONSE
 from shmrpc.schema.naming import attach_path, endpoint, lock_path, region_prefix, socket_path
-from shmrpc.server.runtime import process_start_ticks
+from shmrpc.schema.proc import process_start_ticks
 
 __all__ = ["FUZZ_SLOTS", "FUZZ_LEASE", "Case", "RawSession", "Fuzzer", "KINDS", "GENERATORS", "start_worker",
            "valid_descs", "machine_facts", "main"]
