@@ -1,16 +1,16 @@
 """The worker's control plane: handshakes, leases and private regions, borrowing, resident tensors, status.
 
-:class:`Sessions` is mixed into :class:`~shmrpc.server._loop.Worker`; it owns no loop
-of its own. Every handler answers on the worker's ROUTER socket through ``_send`` and
-keeps the lease bookkeeping (:mod:`._lease`) and the regions in step:
+:class:`Sessions` is a collaborator of :class:`~shmrpc.server._loop.Worker`; it owns no loop
+of its own. Every handler answers on the worker's ROUTER socket through the ``send`` it was
+given and keeps the lease bookkeeping (:mod:`._lease`) and the regions in step:
 
 ====================  =====================================================================
 message               handled by
 ====================  =====================================================================
-HELLO (attach socket) :meth:`Sessions._on_hello`: identity from the kernel, pidfd, private memfd, WELCOME
-ACQUIRE / RELEASE     :meth:`Sessions._on_acquire`, :meth:`Sessions._on_release` (wait queue)
-MANAGE                :meth:`Sessions._on_manage`: list / drop resident tensors (``shared/`` ones: owner only)
-BYE, pidfd readable   :meth:`Sessions._end_client`: end the lease, drop residents, free regions
+HELLO (attach socket) :meth:`Sessions.on_hello`: identity from the kernel, pidfd, private memfd, WELCOME
+ACQUIRE / RELEASE     :meth:`Sessions.on_acquire`, :meth:`Sessions.on_release` (wait queue)
+MANAGE                :meth:`Sessions.on_manage`: list / drop resident tensors (``shared/`` ones: owner only)
+BYE, pidfd readable   :meth:`Sessions.end_client`: end the lease, drop residents, free regions
 STATUS                :meth:`Sessions.state`
 ====================  =====================================================================
 """
@@ -21,6 +21,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,16 +37,15 @@ from shmrpc.schema.optable import build_op_table, parse_op_table
 from shmrpc.schema.proc import process_start_ticks
 
 from . import checks
+from ._admission import Admission
 from ._attach import PeerCred, check_identity
 from ._dispatch import resident_name
 from ._lease import Slot
 from ._waiters import Waiter, Waiters
-from .lockfile import WorkerLock
 from .procs import pid_alive
 from .region import Region
 
 if TYPE_CHECKING:
-    from ._admission import Admission
     from ._lease import Leases
     from ._shared import SharedOwners
     from .config import WorkerConfig
@@ -71,32 +71,46 @@ class ClientSession:
 
 
 class Sessions:
-    """Control-plane handlers of the worker (a mixin: the Worker provides the state below and ``_send``)."""
+    """The worker's control plane: sessions, their leases and private regions, borrowing, resident tensors.
 
-    config: WorkerConfig
-    regions: dict[int, Region]
-    backend: Backend
-    leases: Leases
-    metrics: Metrics
-    _clients: dict[bytes, ClientSession]
-    _by_pidfd: dict[int, ClientSession]
-    _next_client: int
-    _waiters: Waiters
-    admission: Admission
-    shared: SharedOwners
-    _region_owner: dict[int, int]
-    _views: dict[tuple[int, int], memoryview]
-    _lock: WorkerLock | None
-    _started: float
+    It owns the sessions (by token and by pidfd), the admission counts and the private regions' owners;
+    the worker's loop hands it messages and the pidfds that became readable. Everything else it is
+    given: ``regions`` and ``views`` are the worker's own dicts (a private region is added to and
+    removed from them here), ``send`` answers a peer on the ROUTER socket.
+    """
 
-    def _send(self, identity: bytes, frame: bytes) -> None:
-        raise NotImplementedError
+    def __init__(self, config: WorkerConfig, *, regions: dict[int, Region], views: dict[tuple[int, int], memoryview],
+                 backend: Backend, leases: Leases, waiters: Waiters, metrics: Metrics, shared: SharedOwners,
+                 send: Callable[[bytes, bytes], None], started: float) -> None:
+        self.config = config
+        self.regions = regions
+        self._views = views
+        self.backend = backend
+        self.leases = leases
+        self._waiters = waiters
+        self.metrics = metrics
+        self.shared = shared
+        self._send = send
+        self._started = started
+        self.admission = Admission(config)
+        self.clients: dict[bytes, ClientSession] = {}  # by session token
+        self.by_pidfd: dict[int, ClientSession] = {}
+        self.region_owner: dict[int, int] = {}  # private region index -> client id
+        self._next_client = 1
+
+    def close(self) -> None:
+        """Forget every session (the worker is closing): close their pidfds."""
+        for c in self.clients.values():
+            if c.pidfd is not None:
+                os.close(c.pidfd)
+        self.clients.clear()
+        self.by_pidfd.clear()
 
     def _refuse(self, identity: bytes, kind: str, message: str, field: str = "",
                 request_id: int | None = None) -> None:
         self._send(identity, _refusal(kind, message, field, request_id))
 
-    def _on_hello(self, frame: bytes, peer: PeerCred, stopping: bool) -> tuple[bytes, list[int]]:
+    def on_hello(self, frame: bytes, peer: PeerCred, stopping: bool) -> tuple[bytes, list[int]]:
         """Answer a HELLO from the attach socket: (WELCOME and the fds of its regions) or (ERROR, [])."""
         if stopping:
             return _refusal("stopping", "the worker is shutting down; connect to its successor"), []
@@ -133,7 +147,7 @@ class Sessions:
         except Exception as e:  # noqa: BLE001 - no memory, memlock, GPU registration: refuse, keep serving
             self._forget(client)
             return _refusal("refused", f"cannot create this client's region: {e}", "region"), []
-        self.metrics.clients.set(len(self._clients))
+        self.metrics.clients.set(len(self.clients))
         self.metrics.slots_leased.set(self.leases.n_leased)
         log.info("client %d (pid %d uid %d) connected with %d slots", client.id, peer.pid, peer.uid, len(slots))
         return self._welcome(client, regions, slots), [r.fd for r in regions if r.fd is not None]
@@ -148,18 +162,18 @@ class Sessions:
         client = ClientSession(self._next_client, token, peer.pid, peer.uid, pidfd,
                          process_start_ticks(peer.pid), time.time())
         self._next_client += 1
-        self._clients[token] = client
+        self.clients[token] = client
         self.admission.joined(peer.uid)
         if pidfd is not None:
-            self._by_pidfd[pidfd] = client
+            self.by_pidfd[pidfd] = client
         return client
 
     def _forget(self, client: ClientSession) -> None:
         """Undo :meth:`_admit` for a session that never started."""
-        self._clients.pop(client.identity, None)
+        self.clients.pop(client.identity, None)
         self.admission.left(client.uid)
         if client.pidfd is not None:
-            self._by_pidfd.pop(client.pidfd, None)
+            self.by_pidfd.pop(client.pidfd, None)
             os.close(client.pidfd)
             client.pidfd = None
 
@@ -205,13 +219,13 @@ class Sessions:
             region.close()
             raise
         self.regions[index] = region
-        self._region_owner[index] = client
+        self.region_owner[index] = client
         return region
 
-    def _close_idle_regions(self) -> None:
-        for i in [i for i in self._region_owner if self.leases.region_idle(i)]:
+    def close_idle_regions(self) -> None:
+        for i in [i for i in self.region_owner if self.leases.region_idle(i)]:
             region = self.regions.pop(i)
-            self._region_owner.pop(i)
+            self.region_owner.pop(i)
             for key in [k for k in self._views if k[0] == i]:
                 del self._views[key]
             self.leases.remove_private(i)
@@ -219,8 +233,8 @@ class Sessions:
                 self.backend.unregister_host(region.address)
             region.close()
 
-    def _on_manage(self, identity: bytes, frame: bytes) -> None:
-        c = self._clients.get(identity)
+    def on_manage(self, identity: bytes, frame: bytes) -> None:
+        c = self.clients.get(identity)
         if c is None:
             return self._refuse(identity, "no_session", "no lease: say HELLO first", "client")
         try:
@@ -259,40 +273,37 @@ class Sessions:
             self.backend.drop(full)
         self.metrics.resident.set(self.backend.resident_bytes)
 
-    def _end_client(self, c: ClientSession, why: str) -> None:
-        self._clients.pop(c.identity, None)
+    def end_client(self, c: ClientSession, why: str) -> None:
+        self.clients.pop(c.identity, None)
         self.admission.left(c.uid)
         self._drop_residents(c.id)
         if c.pidfd is not None:
-            self._by_pidfd.pop(c.pidfd, None)
+            self.by_pidfd.pop(c.pidfd, None)
             os.close(c.pidfd)
             c.pidfd = None
         n = self.leases.close(c.id)
         self._waiters.cancel(c.id)
-        self.metrics.clients.set(len(self._clients))
+        self.metrics.clients.set(len(self.clients))
         self.metrics.slots_leased.set(self.leases.n_leased)
         log.info("client %d (pid %d) gone (%s): %d slots reclaimed", c.id, c.pid, why, n)
-        self._close_idle_regions()
-        self._serve_pending()
+        self.close_idle_regions()
+        self.serve_pending()
 
-    def _gauge_memory(self) -> None:
+    def gauge_memory(self) -> None:
         mem = self.backend.memory()
         self.metrics.gpu_memory.set(mem.get("device_used_bytes", 0))
         self.metrics.resident.set(mem.get("resident_bytes", 0))
 
-    def _check_clients(self) -> None:
-        for c in list(self._clients.values()):
+    def check_clients(self) -> None:
+        for c in list(self.clients.values()):
             if c.pidfd is None and not pid_alive(c.pid, c.start_ticks):
-                self._end_client(c, "its process is gone")
-
-    def _zero(self, s: Slot) -> None:
-        self.regions[s.region].zero_slot(s.index)
+                self.end_client(c, "its process is gone")
 
     def _grant_msg(self, s: Slot, request_id: int | None) -> bytes:
         return Grant(s.region, s.index, s.generation, s.nbytes, request_id).encode()
 
-    def _on_acquire(self, identity: bytes, frame: bytes) -> None:
-        c = self._clients.get(identity)
+    def on_acquire(self, identity: bytes, frame: bytes) -> None:
+        c = self.clients.get(identity)
         if c is None:
             return self._refuse(identity, "no_session", "no lease: say HELLO first", "client")
         try:
@@ -317,7 +328,7 @@ class Sessions:
         self._send(identity, self._grant_msg(s, rid))
         return None
 
-    def _serve_pending(self) -> None:
+    def serve_pending(self) -> None:
         if len(self._waiters):
             self._waiters.serve(self._grant_waiter)
             self.metrics.slots_leased.set(self.leases.n_leased)
@@ -337,19 +348,19 @@ class Sessions:
         self._send(w.identity, self._grant_msg(s, w.request_id))
         return True
 
-    def _expire_pending(self, now: float) -> None:
+    def expire_pending(self, now: float) -> None:
         for w in self._waiters.expired(now):
             self._send(w.identity, _error_msg(BusyError("no slot became free in time", field="nbytes"), w.request_id))
 
-    def _on_release(self, identity: bytes, frame: bytes) -> None:
-        c = self._clients.get(identity)
+    def on_release(self, identity: bytes, frame: bytes) -> None:
+        c = self.clients.get(identity)
         try:
             _, region, index = m.SLOT_STRUCT.unpack(frame)
         except Exception:  # noqa: BLE001
             return
         if c is not None and self.leases.release(c.id, region, index):
             self.metrics.slots_leased.set(self.leases.n_leased)
-            self._serve_pending()
+            self.serve_pending()
 
     def state(self) -> dict[str, Any]:
         """The worker's state for ``shmrpc status``."""
@@ -360,11 +371,11 @@ class Sessions:
             "backend": self.backend.name if self.backend else None,
             "socket": str(socket_path(self.config.name)),
             "regions": [{"index": r.index, "name": r.name, "nbytes": r.nbytes, "slots": r.geometry.spec(),
-                         "mlocked": r.mlocked, "owner": self._region_owner.get(r.index)}
+                         "mlocked": r.mlocked, "owner": self.region_owner.get(r.index)}
                         for r in self.regions.values()],
             "clients": [{"id": c.id, "pid": c.pid, "uid": c.uid, "connected_s": round(time.time() - c.since, 3),
                          "slots": [[s.region, s.index, s.nbytes, s.borrowed, s.in_flight] for s in self.leases.held(c.id)]}
-                        for c in self._clients.values()],
+                        for c in self.clients.values()],
             "slots_leased": self.leases.n_leased,
             "in_flight": self.leases.n_in_flight,
             "pending_acquires": len(self._waiters),
