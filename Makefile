@@ -23,7 +23,7 @@ demo: venv
 test: dev
 	$(BIN)/python -m pytest -q
 	$(BIN)/ruff check schema client server kernels tests bench benchtool cli
-	$(BIN)/mypy schema client cli benchtool
+	$(BIN)/mypy schema client server kernels cli benchtool
 
 # The suite at the declared minimum of each runtime dependency, in .venv-min (.ci/min-deps).
 test-min:
@@ -31,7 +31,7 @@ test-min:
 
 lint: dev
 	$(BIN)/ruff check schema client server kernels tests bench benchtool cli
-	$(BIN)/mypy schema client cli benchtool
+	$(BIN)/mypy schema client server kernels cli benchtool
 
 # Regenerate schema/_fb.py and schema/_hash.py from schema/shmrpc.fbs (needs the dev extra's flatc);
 # the hash covers the schema's declarations only (schema/fbshash.py says exactly what).

@@ -89,7 +89,7 @@ def copy_ceiling(cp: Any, nbytes: int, reps: int) -> dict[str, float]:
 def bench_w4a16(cp: Any, m: int, k: int, n: int, reps: int, ceiling: float, l2_bytes: int = 60 << 20) -> dict[str, Any]:
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._registry import OpCall
-    from shmrpc.kernels.quant import _mma_cfg, dequantize_int4
+    from shmrpc.kernels.quant import _mma_cfg, dequantize_int4, use_tuning
 
     gs = 128
     g = k // gs
@@ -108,12 +108,9 @@ def bench_w4a16(cp: Any, m: int, k: int, n: int, reps: int, ceiling: float, l2_b
     calls = [OpCall(cp, {"x": x, "qweight": q, "scales": s, "zeros": z}, in_specs, out_specs, {}, {}, ws) for q, s, z in sets]
     it = iter(range(10**9))
     t = _timer(cp, lambda: spec.cupy(calls[next(it) % n_sets]), reps)
-    os.environ["SHMRPC_W4A16_MMA"] = "0"
-    try:
+    with use_tuning(mma=False):  # as SHMRPC_W4A16_MMA=0
         t_prev = _timer(cp, lambda: spec.cupy(calls[next(it) % n_sets]), reps)
         prev_out = spec.cupy(calls[0])["out"].get()
-    finally:
-        del os.environ["SHMRPC_W4A16_MMA"]
     got = spec.cupy(calls[0])["out"].get()
     q, s, z = (a.get() for a in sets[0])
     want = (x.get().astype(np.float32) @ dequantize_int4(np, q, s, z)).astype(np.float16)

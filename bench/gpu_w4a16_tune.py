@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._registry import OpCall
-    from shmrpc.kernels.quant import dequantize_int4
+    from shmrpc.kernels.quant import dequantize_int4, use_tuning
 
     spec = REGISTRY["gemm_w4a16"]
     props = cp.cuda.runtime.getDeviceProperties(0)
@@ -82,17 +82,13 @@ def main(argv: list[str] | None = None) -> int:
 
             it16 = iter(range(10**9))
             t16 = _timer(cp, lambda x=x, it16=it16: cp.matmul(x, w16[next(it16) % n16]), args.reps)  # noqa: B023
-            os.environ["SHMRPC_W4A16_MMA"] = "0"
-            t_old, e_old = _timer(cp, once, args.reps), err()
-            del os.environ["SHMRPC_W4A16_MMA"]
+            with use_tuning(mma=False):  # as SHMRPC_W4A16_MMA=0
+                t_old, e_old = _timer(cp, once, args.reps), err()
             row: dict[str, Any] = {"M": m, "K": k, "N": n, "cublas_fp16_seconds": t16, "old_path_seconds": t_old,
                                    "old_path_rel_err": e_old, "configs": []}
             for cfg in only or CFGS.get(m, CFGS[64]):
-                os.environ["SHMRPC_W4A16_MMA_CFG"] = ",".join(map(str, cfg))
-                try:
+                with use_tuning(mma_cfg=(*cfg, 0)[:5]):  # as SHMRPC_W4A16_MMA_CFG
                     t, e = _timer(cp, once, args.reps), err()
-                finally:
-                    del os.environ["SHMRPC_W4A16_MMA_CFG"]
                 row["configs"].append({"cfg": cfg, "seconds": t, "rel_err": e})
             best = min(row["configs"], key=lambda c: c["seconds"])
             row["best"] = best

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from shmrpc.bench import RunConfig, finish_document, run_benchmark, write_json
 from shmrpc.bench._report import latency_table, verdict_lines
-from shmrpc.bench._stats import format_bytes
+from shmrpc.bench._stats import size_label
 
 __all__ = ["SIZES", "TRANSPORTS", "main"]
 
@@ -43,7 +43,7 @@ def summary(doc: dict) -> str:
         for k in keys:
             p = lat.get((k, n))
             cells.append(f"{p['p50_us']:12.1f} / {p['p99_us']:11.1f}" if p else f"{'-':>26}")
-        lines.append(f"{format_bytes(n):>6} " + " ".join(cells))
+        lines.append(f"{size_label(n):>6} " + " ".join(cells))
     return "\n".join(lines)
 
 

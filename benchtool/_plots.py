@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ._report import spin_note
-from ._stats import format_bytes
+from ._stats import size_label
 
 __all__ = ["write_plots"]
 
@@ -39,7 +39,7 @@ def _label(doc: dict[str, Any], key: str) -> str:
 def _size_axis(ax: Any, sizes: list[int]) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes)
-    ax.set_xticklabels([format_bytes(n) for n in sizes], rotation=45, ha="right", fontsize=8)
+    ax.set_xticklabels([size_label(n) for n in sizes], rotation=45, ha="right", fontsize=8)
     ax.minorticks_off()
     ax.set_xlabel("payload each way")
     ax.grid(True, which="both", alpha=0.3)
@@ -107,7 +107,7 @@ def _scaling(doc: dict[str, Any], path: Path) -> Path | None:
     for (key, n), g in groups.items():
         g.sort(key=lambda p: p["clients"])
         xs = [p["clients"] for p in g]
-        label = f"{_label(doc, key)} {format_bytes(n)}"
+        label = f"{_label(doc, key)} {size_label(n)}"
         ax1.plot(xs, [p["calls_per_s"] for p in g], marker="o", ms=3, label=label)
         ax2.plot(xs, [max(p["per_client_p99_us"]) for p in g], marker="o", ms=3, label=label)
     clients = sorted({p["clients"] for p in pts})

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ._stats import format_bytes
+from ._stats import size_label
 
 __all__ = ["machine_facts", "latency_table", "bandwidth_table", "scaling_table", "verdicts", "verdict_lines",
            "write_json", "default_out_path", "finish_document", "now_iso"]
@@ -133,7 +133,7 @@ def _rows(doc: dict[str, Any], kind: str, lines: list[str]) -> Iterator[tuple[in
                 continue
             label = doc["transports"][key]["label"]
             if "error" in p:
-                lines.append(f"{format_bytes(n):>6}  {label:<30} error: {p['error']}")
+                lines.append(f"{size_label(n):>6}  {label:<30} error: {p['error']}")
                 continue
             yield n, label, p
 
@@ -146,7 +146,7 @@ def latency_table(doc: dict[str, Any]) -> str:
     lines = [f"round trip latency (µs){spin_note(doc)}", head, "-" * len(head)]
     for n, label, p in _rows(doc, "latency", lines):
         ratio = f"{p['p50_us'] / base[n]:8.2f}" if base.get(n) else f"{'':>8}"
-        lines.append(f"{format_bytes(n):>6}  {label:<30} {p['iterations']:6d} {p['t_min_us']:9.1f} "
+        lines.append(f"{size_label(n):>6}  {label:<30} {p['iterations']:6d} {p['t_min_us']:9.1f} "
                      f"{p['p50_us']:9.1f} {p['p90_us']:9.1f} {p['p99_us']:9.1f} {p['p999_us']:9.1f} "
                      f"{p['max_us']:9.1f} {p['mean_us']:9.1f} {p['stdev_us']:8.1f} {ratio}")
     return "\n".join(lines)
@@ -158,7 +158,7 @@ def bandwidth_table(doc: dict[str, Any]) -> str:
     lines = [f"bandwidth (GB = 1e9 B; 1-dir counts the payload once per round trip, both counts it twice){spin_note(doc)}",
              head, "-" * len(head)]
     for n, label, p in _rows(doc, "bandwidth", lines):
-        lines.append(f"{format_bytes(n):>6}  {label:<30} {p['window']:6d} {p['messages']:6d} "
+        lines.append(f"{size_label(n):>6}  {label:<30} {p['window']:6d} {p['messages']:6d} "
                      f"{p['msgs_per_s']:10.0f} {p['one_dir_gbps']:10.3f} {p['both_dir_gbps']:10.3f}")
     return "\n".join(lines)
 
@@ -172,9 +172,9 @@ def scaling_table(doc: dict[str, Any]) -> str:
     for p in doc["scaling"]:
         label = doc["transports"].get(p["transport"], {}).get("label", p["transport"])
         if "error" in p:
-            lines.append(f"{label:<30} {p['clients']:7d} {format_bytes(p['nbytes']):>6} error: {p['error']}")
+            lines.append(f"{label:<30} {p['clients']:7d} {size_label(p['nbytes']):>6} error: {p['error']}")
             continue
-        lines.append(f"{label:<30} {p['clients']:7d} {format_bytes(p['nbytes']):>6} {p['calls_per_s']:10.0f} "
+        lines.append(f"{label:<30} {p['clients']:7d} {size_label(p['nbytes']):>6} {p['calls_per_s']:10.0f} "
                      f"{p['p50_us']:9.1f} {max(p['per_client_p99_us']):17.1f}")
     return "\n".join(lines)
 
@@ -229,7 +229,7 @@ def verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(_verdict(goal, None, "needs shmrpc and a peer at 1 MiB or more"))
     else:
         ratio, n, key = worst
-        out.append(_verdict(goal, ratio >= 10, f"smallest advantage {ratio:.1f}x ({key} at {format_bytes(n)}: "
+        out.append(_verdict(goal, ratio >= 10, f"smallest advantage {ratio:.1f}x ({key} at {size_label(n)}: "
                             f"{p50[(key, n)]:.1f} µs vs {p50[(shm, n)]:.1f} µs)", ratio=ratio))
     a, b = p50.get((shm, 64 << 20)), p50.get((shm, 64))
     goal = "64 MiB round trip p50 <= 2x shmrpc's 64 B"

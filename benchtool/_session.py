@@ -22,7 +22,7 @@ from typing import Any
 from ._report import now_iso
 from ._runner import RunConfig, make_transport, measure_latency, open_servers, run_clients
 from ._runner import bandwidth_point as _bandwidth_point
-from ._stats import format_bytes, iters_for_size, latency_stats
+from ._stats import iters_for_size, latency_stats, size_label
 from ._transport import Transport, TransportUnavailable
 
 __all__ = ["run_benchmark", "SCHEMA"]
@@ -108,7 +108,7 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
                 info: dict[str, Any] = {"label": label, "status": "ok"}
                 with t:
                     for nbytes in cfg.sizes:
-                        bar.set_description(f"{key} {format_bytes(nbytes)}")
+                        bar.set_description(f"{key} {size_label(nbytes)}")
                         window = min(cfg.window, t.max_window)
                         if servers.plan is not None and key.startswith("shmrpc"):
                             window = min(window, servers.plan.window_for(nbytes))
@@ -120,7 +120,7 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
             for key in [k for k in scaling if k in active and _multi(k)]:
                 for n_clients in cfg.clients:
                     for nbytes in cfg.scaling_sizes():
-                        bar.set_description(f"{key} x{n_clients} {format_bytes(nbytes)}")
+                        bar.set_description(f"{key} x{n_clients} {size_label(nbytes)}")
                         try:
                             point = run_clients(key, servers.addresses[key], cfg, n_clients, nbytes)
                         except Exception as exc:

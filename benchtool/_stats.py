@@ -24,7 +24,7 @@ __all__ = [
     "parse_sizes",
     "size_sweep",
     "iters_for_size",
-    "format_bytes",
+    "size_label",
 ]
 
 #: The percentiles every latency line reports, as (field name, percentile).
@@ -143,7 +143,7 @@ def iters_for_size(nbytes: int, iters: int, bytes_budget: int, min_iters: int = 
     return max(min(iters, min_iters), min(iters, cap))
 
 
-def format_bytes(nbytes: int) -> str:
+def size_label(nbytes: int) -> str:
     """A size label for tables: ``64B``, ``4K``, ``1M``, ``256M`` (exact binary units where possible)."""
     text = format_size(nbytes)
     return f"{text}B" if text.isdigit() else text

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
 import os
 import socket
 import stat
@@ -31,10 +32,12 @@ from typing import Any
 
 from shmrpc.schema import SCHEMA_HASH
 from shmrpc.schema import messages as m
+from shmrpc.schema.control import ErrorReply, Hello, MessageError, Welcome
 from shmrpc.schema.errors import ClientLimitError, ConnectError, ProtocolMismatchError
 from shmrpc.schema.naming import attach_path, runtime_dir
+from shmrpc.schema.proc import process_start_ticks
 
-__all__ = ["Handshake", "handshake", "start_ticks", "set_dumpable"]
+__all__ = ["Handshake", "handshake", "set_dumpable"]
 
 _CRED = struct.Struct("3i")
 _PR_SET_DUMPABLE = 4
@@ -49,15 +52,6 @@ class Handshake:
     fds: list[int]
     worker_pid: int
     worker_uid: int
-
-
-def start_ticks(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def set_dumpable(dumpable: bool) -> None:
@@ -148,11 +142,10 @@ def handshake(name: str, deadline: float, worker_uid: int | None = None,
                                f"{path} (as root or uid {peer_uid}) and restart the worker", path=str(path),
                                owner_uid=peer_uid)
         pid = os.getpid()
-        hello: dict[str, Any] = {"protocol": m.PROTOCOL_VERSION, "schema_hash": SCHEMA_HASH, "pid": pid,
-                                 "uid": os.getuid(), "start_ticks": start_ticks(pid)}
-        if lease is not None:
-            hello["lease"] = list(lease)  # slots wanted per size class (the worker caps them by --lease-max)
-        sock.send(m.pack_json(m.HELLO, hello))
+        # lease: slots wanted per size class (the worker caps them by --lease-max)
+        hello = Hello(m.PROTOCOL_VERSION, SCHEMA_HASH, pid, os.getuid(), process_start_ticks(pid),
+                      None if lease is None else list(lease))
+        sock.send(hello.encode())
         try:
             frame, fds, flags, _ = socket.recv_fds(sock, m.ATTACH_MAX_NBYTES, _MAX_FDS)
         except TimeoutError:
@@ -160,18 +153,22 @@ def handshake(name: str, deadline: float, worker_uid: int | None = None,
                                "(shmrpc status / shmrpc doctor)") from None
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or not frame:
             raise ConnectError(f"worker {name!r} answered HELLO with a truncated or empty packet")
-        try:
-            body = m.unpack_json(frame)
-        except ValueError:
-            raise ConnectError(f"worker {name!r} answered HELLO with something that is not JSON") from None
         if frame[:1] == m.ERROR:
+            try:
+                err = ErrorReply.decode(frame)
+            except MessageError as e:
+                raise ConnectError(f"worker {name!r} answered HELLO with a malformed ERROR ({e})") from None
             cls = {"protocol_mismatch": ProtocolMismatchError,
-                   "too_many_clients": ClientLimitError}.get(str(body.get("kind")), ConnectError)
-            field = body.get("field")
-            raise cls(f"worker {name!r} refused the connection: {body.get('message')}"
-                      + (f" (field {field})" if field else ""), path=str(path), field=str(field or ""))
-        if frame[:1] != m.WELCOME or not isinstance(body, dict):
+                   "too_many_clients": ClientLimitError}.get(err.kind, ConnectError)
+            raise cls(f"worker {name!r} refused the connection: {err.message}"
+                      + (f" (field {err.field})" if err.field else ""), path=str(path), field=err.field)
+        if frame[:1] != m.WELCOME:
             raise ConnectError(f"worker {name!r} answered HELLO with {frame[:1]!r}")
+        try:
+            body = json.loads(bytes(frame[1:]).decode())
+            Welcome.from_json(body)  # every field there with its type (unknown keys are the worker's to add)
+        except (ValueError, RecursionError) as e:
+            raise ConnectError(f"worker {name!r} answered HELLO with a malformed WELCOME ({e})") from None
         if body.get("protocol") != m.PROTOCOL_VERSION or body.get("schema_hash") != SCHEMA_HASH:
             raise ProtocolMismatchError("the worker's protocol or schema differs from this client's: install the "
                                         "same shmrpc version on both sides")

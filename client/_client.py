@@ -15,6 +15,7 @@ until the views go.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import threading
@@ -26,6 +27,7 @@ import numpy as np
 
 from shmrpc.schema import dtypes
 from shmrpc.schema import messages as m
+from shmrpc.schema.control import Acquire, ControlMessage, ErrorReply, Grant, Manage, Managed, MessageError, decode
 from shmrpc.schema.descriptor import (
     RequestDesc,
     TensorRef,
@@ -46,11 +48,11 @@ from shmrpc.schema.layout import Geometry, align_up, format_size, tensor_align
 from shmrpc.schema.optable import OpEntry, parse_op_table
 
 from ._attach import set_dumpable
+from ._connection import Connection, control_error
 from ._interop import DeviceInput, as_input, is_array_like
 from ._pipeline import Pipeline, resolve
 from ._region import AttachedRegion
 from ._trace import ClientTracing
-from ._transport import Transport, control_error
 
 __all__ = ["Client", "Loan", "CallFuture", "Resident"]  # Loan, CallFuture, Resident re-exported
 
@@ -123,7 +125,7 @@ class Client:
             raise ValueError("lease counts must be >= 0")
         if non_dumpable:
             set_dumpable(False)  # before any region is mapped: /proc/<our pid>/mem is never a door to it
-        self._t = Transport(name, connect_timeout_s, spin_us, worker_uid,
+        self._t = Connection(name, connect_timeout_s, spin_us, worker_uid,
                             None if lease is None else tuple(int(n) for n in lease))
         w = self._t.welcome
         self._regions: dict[int, AttachedRegion] = {}
@@ -154,7 +156,9 @@ class Client:
         )
         self._parked: list[_Slot] = []
         self._inflight: dict[int, _Slot] = {}
-        self._control: list[bytes] = []
+        self._control: dict[int | None, ControlMessage] = {}  # replies by the id of the request they answer
+        self._asking: set[int] = set()  # ids of ACQUIRE/MANAGE still waited for
+        self._ctl_id = itertools.count(1)
         self._rid = itertools.count(1)
         self._desc_cache: dict[Any, tuple[bytes, int, int, tuple[str, ...]]] = {}
         self._specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
@@ -210,7 +214,16 @@ class Client:
             s.in_flight = None
 
     def _on_control(self, frame: bytes) -> None:
-        self._control.append(frame)
+        try:
+            msg = decode(frame)
+        except MessageError:
+            return
+        rid = getattr(msg, "id", None)
+        if rid is not None and rid not in self._asking:
+            if isinstance(msg, Grant):  # a late GRANT: its ACQUIRE gave up, so the slot goes straight back
+                self._t.send(m.SLOT_STRUCT.pack(m.RELEASE, msg.region, msg.slot))
+            return
+        self._control[rid] = msg
 
     def _pump(self, deadline: float | None, until: Any) -> None:
         self._t.pump(deadline, self._on_done, self._on_control, until)
@@ -277,22 +290,34 @@ class Client:
                 still.append(f)
         self._unread = still
 
-    def _ask(self, frame: bytes, deadline: float) -> Any:
-        """Send a control message and return the JSON of its reply; raises the error an ERROR reply carries."""
-        self._control.clear()
-        self._t.send(frame)
-        self._pump(deadline, lambda: bool(self._control))
-        reply = self._control.pop(0)
-        if reply[:1] == m.ERROR:
+    def _ask(self, msg: Acquire | Manage, deadline: float) -> ControlMessage:
+        """Send ``msg`` under a fresh id and return the reply that echoes it (or an ERROR with no id).
+
+        Raises:
+            The error an ERROR reply carries; Timeout (a reply arriving later is matched by id: a GRANT
+            goes back with RELEASE).
+        """
+        rid = next(self._ctl_id) & 0x7FFFFFFF
+        self._asking.add(rid)
+        self._control.pop(None, None)
+        try:
+            self._t.send(dataclasses.replace(msg, id=rid).encode())
+            self._pump(deadline, lambda: rid in self._control or None in self._control)
+        finally:
+            self._asking.discard(rid)
+        reply = self._control.pop(rid, None) or self._control.pop(None)
+        if isinstance(reply, ErrorReply):
             raise control_error(reply)
-        return m.unpack_json(reply)
+        return reply
 
     def _acquire(self, nbytes: int, wait_s: float, deadline: float) -> _Slot:
         try:
-            g = self._ask(m.pack_json(m.ACQUIRE, {"nbytes": nbytes, "wait_s": wait_s}), deadline + 1.0)
+            g = self._ask(Acquire(nbytes, wait_s), deadline + 1.0)
         except Timeout:
             raise BusyError(f"no slot of {format_size(nbytes)} became free in time", field="nbytes") from None
-        return _Slot(g["region"], g["slot"], g["slot_nbytes"], g["generation"], True)
+        if not isinstance(g, Grant):
+            raise ConnectError(f"the worker answered ACQUIRE with {g.NAME}")
+        return _Slot(g.region, g.slot, g.slot_nbytes, g.generation, True)
 
     def _release(self, s: _Slot) -> None:
         """End one use of a slot: free it now, or park it while views are alive or a request is in flight."""
@@ -436,7 +461,7 @@ class Client:
         """
         with self._lock:
             self._check()
-            self._ask(m.pack_json(m.MANAGE, {"action": "drop", "name": name}),
+            self._ask(Manage("drop", name),
                       time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))
             self._specs.pop(name, None)
 
@@ -444,8 +469,8 @@ class Client:
         """This client's resident tensors and the shared ones: ``{name: (shape, dtype)}``."""
         with self._lock:
             self._check()
-            got = self._ask(m.pack_json(m.MANAGE, {"action": "list"}),
-                            time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))["resident"]
+            reply = self._ask(Manage("list"), time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))
+            got = reply.resident if isinstance(reply, Managed) and reply.resident is not None else {}
             out = {k: (tuple(v["shape"]), dtypes.numpy_dtype(v["dtype"])) for k, v in got.items()}
             self._specs.update(out)
             return out

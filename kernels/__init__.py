@@ -21,7 +21,14 @@ from __future__ import annotations
 from . import elementwise, matmul, norm, quant  # noqa: F401  (registers the ops)
 from ._backend_base import Backend
 from ._cost import PlanCost, check_memory, estimate
-from ._errors import BackendUnavailable, KernelError, KernelInputError, KernelResourceError, KernelRuntimeError
+from ._errors import (
+    BackendUnavailable,
+    KernelFatalError,
+    KernelInputError,
+    KernelResourceError,
+    KernelRuntimeError,
+    OpError,
+)
 from ._plan import Plan, ResolvedStep
 from ._registry import REGISTRY, REQUIRED, AttrSpec, OpCall, OpSpec, StepSpec, TensorSpec, op_table
 
@@ -39,10 +46,11 @@ __all__ = [
     "estimate",
     "check_memory",
     "Backend",
-    "KernelError",
+    "OpError",
     "KernelInputError",
     "KernelResourceError",
     "KernelRuntimeError",
+    "KernelFatalError",
     "BackendUnavailable",
     "select_backend",
     "op_table",

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ._dtypes import as_storage, f32_to_bf16, storage_dtype
-from ._errors import KernelInputError, KernelResourceError, KernelRuntimeError
+from ._errors import KernelFatalError, KernelInputError, KernelResourceError, KernelRuntimeError
 from ._plan import Plan, build_plan
 from ._registry import REGISTRY, StepSpec, TensorSpec
 
@@ -58,10 +58,9 @@ class Backend:
         if not kind:
             return None
         st0 = plan.steps[0] if plan.steps else None
-        err = KernelRuntimeError(f"injected fault: the run failed as a {self.name} device error would; "
-                                 "the backend was reset", op=st0.op.name if st0 else "", step=0 if st0 else -1)
-        err.fatal = kind == "fatal"  # type: ignore[attr-defined]  # "fatal": as a sticky CUDA error would
-        return err
+        cls = KernelFatalError if kind == "fatal" else KernelRuntimeError  # "fatal": as a sticky CUDA error would
+        return cls(f"injected fault: the run failed as a {self.name} device error would; "
+                   "the backend was reset", op=st0.op.name if st0 else "", step=0 if st0 else -1)
 
     # -- planning ------------------------------------------------------------------
     def plan(self, steps: Iterable[StepSpec], inputs: Mapping[str, TensorSpec], outputs: Iterable[str],

@@ -9,11 +9,11 @@ stream from/into the caller's views, which are DMA from pinned pages once
 ``CHUNK_THRESHOLD_BYTES`` are split into chunks over three streams so the H2D of chunk
 i+1, the kernels of chunk i and the D2H of chunk i-1 overlap.
 
-Streams come from a pool: one slot (three non-blocking streams and a workspace) per
+Streams come from a pool: one stream set (three non-blocking streams and a workspace) per
 concurrent run, so ``run`` is thread-safe. ``inject_fault = "cuda_error"`` makes the next
 run fail as a CUDA error would, after which streams and workspaces are rebuilt. A real
 sticky CUDA error (illegal address) leaves the CUDA context unusable: the worker must
-restart; ``KernelRuntimeError.fatal`` is True then.
+restart; it raises ``KernelFatalError`` (a ``KernelRuntimeError``) then.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ._backend_base import Backend
-from ._errors import BackendUnavailable, KernelError, KernelResourceError, KernelRuntimeError
+from ._errors import BackendUnavailable, KernelFatalError, KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan
 from ._registry import OpCall, TensorSpec
 
@@ -39,12 +39,12 @@ _HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable
 _STICKY = {700, 701, 702, 709, 710, 711, 712, 713, 714, 715, 716, 717, 718, 719}  # illegal address, launch failure, ...
 
 
-class _Slot:
+class _StreamSet:
     """Streams and scratch owned by one run at a time."""
 
     def __init__(self, cupy: Any, generation: int) -> None:
         self.streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(_N_STREAMS)]
-        self.events = [cupy.cuda.Event() for _ in range(4)]  # reused: a slot serves one run at a time
+        self.events = [cupy.cuda.Event() for _ in range(4)]  # reused: a stream set serves one run at a time
         self.workspace: dict[str, Any] = {}
         self.generation = generation
 
@@ -69,15 +69,15 @@ class CupyBackend(Backend):
         self.xp = cupy
         self.device = device
         self._dev = cupy.cuda.Device(device)
-        self._slots: list[_Slot] = []
-        self._slots_lock = threading.Lock()
+        self._stream_sets: list[_StreamSet] = []
+        self._stream_sets_lock = threading.Lock()
         self._generation = 0
         self._registered: dict[int, int] = {}
 
     # -- errors --------------------------------------------------------------------
-    def _wrap(self, e: BaseException, op: str, step: int) -> KernelError:
+    def _wrap(self, e: BaseException, op: str, step: int) -> OpError:
         cp = self.xp
-        if isinstance(e, KernelError):
+        if isinstance(e, OpError):
             return e.with_context(op=op or None, step=step if step >= 0 else None)
         if isinstance(e, (cp.cuda.memory.OutOfMemoryError, MemoryError)):
             return KernelResourceError(f"out of device memory: {e}; drop resident tensors or send smaller requests",
@@ -88,33 +88,32 @@ class CupyBackend(Backend):
             if status == 2:  # cudaErrorMemoryAllocation
                 return KernelResourceError(f"out of device memory: {e}", op=op, step=step, field="memory")
             self._reset()
-            err = KernelRuntimeError(f"CUDA error {status}: {e}", op=op, step=step)
-            err.fatal = status in _STICKY  # type: ignore[attr-defined]
-            return err
+            cls = KernelFatalError if status in _STICKY else KernelRuntimeError
+            return cls(f"CUDA error {status}: {e}", op=op, step=step)
         return KernelRuntimeError(f"op {op!r} failed: {type(e).__name__}: {e}", op=op, step=step)
 
     def _reset(self) -> None:
         """Forget streams and workspaces (after a CUDA error); the next run builds fresh ones."""
-        with self._slots_lock:
+        with self._stream_sets_lock:
             self._generation += 1
-            self._slots.clear()
+            self._stream_sets.clear()
         try:
             with self._dev:
                 self.xp.cuda.runtime.deviceSynchronize()
         except Exception:  # a sticky error stays; the caller has been told
             pass
 
-    def _acquire(self) -> _Slot:
-        with self._slots_lock:
-            if self._slots:
-                return self._slots.pop()
+    def _acquire(self) -> _StreamSet:
+        with self._stream_sets_lock:
+            if self._stream_sets:
+                return self._stream_sets.pop()
             gen = self._generation
-        return _Slot(self.xp, gen)
+        return _StreamSet(self.xp, gen)
 
-    def _release(self, slot: _Slot) -> None:
-        with self._slots_lock:
-            if slot.generation == self._generation:
-                self._slots.append(slot)
+    def _release(self, sset: _StreamSet) -> None:
+        with self._stream_sets_lock:
+            if sset.generation == self._generation:
+                self._stream_sets.append(sset)
 
     # -- copies --------------------------------------------------------------------
     def _h2d(self, host: np.ndarray, stream: Any) -> Any:
@@ -168,33 +167,33 @@ class CupyBackend(Backend):
         host_in, host_out = self._host_io(plan, inputs, outputs)
         resident = self._lookup_resident(plan)
         with self._dev:
-            slot = self._acquire()
+            sset = self._acquire()
             try:
                 if self._chunkable(plan, host_in, host_out):
-                    times = self._run_chunked(slot, plan, host_in, host_out, resident)
+                    times = self._run_chunked(sset, plan, host_in, host_out, resident)
                 else:
-                    times = self._run_whole(slot, plan, host_in, host_out, resident, keep_as)
+                    times = self._run_whole(sset, plan, host_in, host_out, resident, keep_as)
             except BaseException:
-                self._release(slot)
+                self._release(sset)
                 raise
-            self._release(slot)
+            self._release(sset)
         times["total"] = time.perf_counter() - t0
         return times
 
     def _step(self, st: Any, ins: dict[str, Any], in_specs: Mapping[str, TensorSpec], out_specs: Mapping[str, TensorSpec],
-              slot: _Slot) -> dict[str, Any]:
+              sset: _StreamSet) -> dict[str, Any]:
         impl = st.op.cupy or st.op.numpy  # numpy twins are written against call.xp
-        call = OpCall(self.xp, ins, in_specs, out_specs, st.attrs, {}, slot.workspace)
+        call = OpCall(self.xp, ins, in_specs, out_specs, st.attrs, {}, sset.workspace)
         try:
             return impl(call)
         except Exception as e:
             raise self._wrap(e, st.op.name, st.index) from e
 
-    def _run_whole(self, slot: _Slot, plan: Plan, host_in: dict[str, np.ndarray], host_out: dict[str, np.ndarray],
+    def _run_whole(self, sset: _StreamSet, plan: Plan, host_in: dict[str, np.ndarray], host_out: dict[str, np.ndarray],
                    resident: dict[str, Any], keep_as: Mapping[str, str] | None) -> dict[str, float]:
         cp = self.xp
-        s = slot.streams[0]
-        ev = slot.events
+        s = sset.streams[0]
+        ev = sset.events
         try:
             with s:
                 ev[0].record(s)
@@ -202,7 +201,7 @@ class CupyBackend(Backend):
                 env.update(resident)
                 ev[1].record(s)
                 for st in plan.steps:
-                    res = self._step(st, {p: env[n] for p, n in st.inputs.items()}, st.in_specs, st.out_specs, slot)
+                    res = self._step(st, {p: env[n] for p, n in st.inputs.items()}, st.in_specs, st.out_specs, sset)
                     for p, n in st.outputs.items():
                         env[n] = res[p]
                 ev[2].record(s)
@@ -211,7 +210,7 @@ class CupyBackend(Backend):
                 ev[3].record(s)
                 s.synchronize()
             self._keep(plan, env, keep_as)
-        except KernelError:
+        except OpError:
             raise
         except Exception as e:
             raise self._wrap(e, "", -1) from e
@@ -226,7 +225,7 @@ class CupyBackend(Backend):
         views = list(host_in.values()) + list(host_out.values())
         return len(shapes) == 1 and moved > CHUNK_THRESHOLD_BYTES and all(v.flags.c_contiguous for v in views)
 
-    def _run_chunked(self, slot: _Slot, plan: Plan, host_in: dict[str, np.ndarray], host_out: dict[str, np.ndarray],
+    def _run_chunked(self, sset: _StreamSet, plan: Plan, host_in: dict[str, np.ndarray], host_out: dict[str, np.ndarray],
                      resident: dict[str, Any]) -> dict[str, float]:
         cp = self.xp
         n = next(iter(plan.tensors.values())).size
@@ -239,7 +238,7 @@ class CupyBackend(Backend):
         try:
             for ci, start in enumerate(range(0, n, chunk)):
                 stop = min(n, start + chunk)
-                s = slot.streams[ci % _N_STREAMS]
+                s = sset.streams[ci % _N_STREAMS]
                 ev = [cp.cuda.Event() for _ in range(4)]
                 with s:
                     ev[0].record(s)
@@ -249,7 +248,7 @@ class CupyBackend(Backend):
                     for st in plan.steps:
                         in_specs = {p: TensorSpec((stop - start,), sp.dtype) for p, sp in st.in_specs.items()}
                         out_specs = {p: TensorSpec((stop - start,), sp.dtype) for p, sp in st.out_specs.items()}
-                        res = self._step(st, {p: env[k] for p, k in st.inputs.items()}, in_specs, out_specs, slot)
+                        res = self._step(st, {p: env[k] for p, k in st.inputs.items()}, in_specs, out_specs, sset)
                         for p, k in st.outputs.items():
                             env[k] = res[p]
                     ev[2].record(s)
@@ -257,10 +256,10 @@ class CupyBackend(Backend):
                         self._d2h(env[k], h[start:stop], s)
                     ev[3].record(s)
                 marks.append(ev)  # device buffers go back to the pool of stream s: stream order keeps reuse safe
-            for s in slot.streams:
+            for s in sset.streams:
                 s.synchronize()
-        except KernelError:
-            for s in slot.streams:
+        except OpError:
+            for s in sset.streams:
                 s.synchronize()
             raise
         except Exception as e:
@@ -323,7 +322,7 @@ class CupyBackend(Backend):
             return
         super().close()
         self.unregister_host()
-        with self._slots_lock:
-            self._slots.clear()
+        with self._stream_sets_lock:
+            self._stream_sets.clear()
         with self._dev:
             self.xp.get_default_memory_pool().free_all_blocks()

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ._backend_base import Backend
-from ._errors import KernelError, KernelResourceError, KernelRuntimeError
+from ._errors import KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan, ResolvedStep
 from ._registry import OpCall, TensorSpec
 
@@ -76,7 +76,7 @@ class NumpyBackend(Backend):
             call = OpCall(np, ins, st.in_specs, st.out_specs, st.attrs, dests)
             try:
                 res = st.op.numpy(call)
-            except KernelError as e:
+            except OpError as e:
                 raise e.with_context(op=st.op.name, step=st.index) from None
             except MemoryError as e:
                 raise KernelResourceError(f"out of host memory in {st.op.name!r}: {e}", op=st.op.name, step=st.index) from e

@@ -2,29 +2,32 @@
 
 ::
 
-    KernelError                         base; fields op, step, tensor, field
+    OpError                             base; fields op, step, tensor, field
     ├── KernelInputError (also ValueError)    the inputs, attrs or pipeline are wrong
     ├── KernelRuntimeError (also RuntimeError) the op failed while running (CUDA error ...)
+    │   ├── KernelFatalError                  a sticky device error: the process must restart
     │   └── KernelResourceError               out of device memory / resident-tensor limit
     └── BackendUnavailable (also RuntimeError) the asked-for backend cannot start here
 
 ``step`` is the index of the pipeline step (-1 when not about one step); ``op``,
 ``tensor`` and ``field`` are strings ("" when not known). The server maps these to
-its wire errors; kernels itself knows nothing of the wire.
+its wire errors; kernels itself knows nothing of the wire. (The base is ``OpError``, not
+``KernelError``: that name is the wire error class in ``shmrpc.schema.errors``.)
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "KernelError",
+    "OpError",
     "KernelInputError",
     "KernelRuntimeError",
+    "KernelFatalError",
     "KernelResourceError",
     "BackendUnavailable",
 ]
 
 
-class KernelError(Exception):
+class OpError(Exception):
     """Base of every error raised by ``shmrpc.kernels``.
 
     Parameters
@@ -44,7 +47,7 @@ class KernelError(Exception):
         self.tensor = tensor
         self.field = field
 
-    def with_context(self, *, op: str | None = None, step: int | None = None) -> KernelError:
+    def with_context(self, *, op: str | None = None, step: int | None = None) -> OpError:
         """Fill ``op``/``step`` where they are still unknown; returns ``self``."""
         if op is not None and not self.op:
             self.op = op
@@ -62,21 +65,25 @@ class KernelError(Exception):
         return (_rebuild, (type(self), self.message, self.op, self.step, self.tensor, self.field))
 
 
-def _rebuild(cls: type[KernelError], message: str, op: str, step: int, tensor: str, field: str) -> KernelError:
+def _rebuild(cls: type[OpError], message: str, op: str, step: int, tensor: str, field: str) -> OpError:
     return cls(message, op=op, step=step, tensor=tensor, field=field)
 
 
-class KernelInputError(KernelError, ValueError):
+class KernelInputError(OpError, ValueError):
     """The request's inputs, attributes or pipeline do not satisfy the op's contract; fix the request."""
 
 
-class KernelRuntimeError(KernelError, RuntimeError):
+class KernelRuntimeError(OpError, RuntimeError):
     """The op failed while running (for example a CUDA error); the request may be retried."""
+
+
+class KernelFatalError(KernelRuntimeError):
+    """A sticky device error (the CUDA context is unusable): this request failed and the process must restart."""
 
 
 class KernelResourceError(KernelRuntimeError):
     """Out of device memory, or the resident-tensor limit would be exceeded; free resident tensors or ask for less."""
 
 
-class BackendUnavailable(KernelError, RuntimeError):
+class BackendUnavailable(OpError, RuntimeError):
     """The backend asked for cannot run here (no CuPy, no GPU); use ``"auto"`` or ``"numpy"``."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from ._errors import KernelError, KernelInputError
+from ._errors import KernelInputError, OpError
 from ._registry import REGISTRY, OpSpec, StepSpec, TensorSpec
 
 __all__ = ["Plan", "ResolvedStep", "build_plan"]
@@ -132,7 +132,7 @@ def build_plan(
     for i, step in enumerate(steps):
         try:
             resolved.append(_resolve_step(i, step, tensors))
-        except KernelError as e:
+        except OpError as e:
             raise e.with_context(op=step.op, step=i) from None
     out_names = list(outputs)
     keep_names = list(keep)

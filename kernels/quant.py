@@ -16,8 +16,10 @@ GPU kernel's 16-byte loads coalesce (see ``cuda/gemm_w4a16.cu``).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -27,7 +29,8 @@ from ._dtypes import from_float, to_float
 from ._errors import KernelInputError
 from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec, register
 
-__all__ = ["QUANTIZE_INT4", "GEMM_W4A16", "dequantize_int4", "w4a16_launch_config", "w4a16_mma_launch"]
+__all__ = ["QUANTIZE_INT4", "GEMM_W4A16", "dequantize_int4", "w4a16_launch_config", "w4a16_mma_launch",
+           "W4A16Tuning", "tuning", "use_tuning"]
 
 _FP16_TINY = 2.0**-24  # smallest float16 subnormal: a scale never rounds to 0
 
@@ -119,6 +122,69 @@ def _infer_w4a16(inputs: Mapping[str, TensorSpec], attrs: Mapping[str, Any]) -> 
     return {"out": TensorSpec((m, n), x.dtype)}
 
 
+@dataclasses.dataclass(frozen=True)
+class W4A16Tuning:
+    """Tuning knobs of the CuPy gemm_w4a16 paths, read once from the environment at import (docs/kernels.md).
+
+    Attributes:
+        blocks_per_sm: ``SHMRPC_W4A16_BLOCKS_PER_SM`` (2): K-split so that about this many blocks run per SM.
+        dequant_min_m: ``SHMRPC_W4A16_DEQUANT_MIN_M`` (5): float16 batches from this M go dequantize + cuBLAS.
+        h2: ``SHMRPC_W4A16_H2=1``: the float16x2 kernel for float16 M <= 4 (opt-in).
+        prefetch: ``SHMRPC_W4A16_PF=1``: prefetch the next run in the M = 1 kernel (measured slower).
+        mma: ``SHMRPC_W4A16_MMA`` (on; ``0`` turns the tensor-core path off).
+        mma_m1: ``SHMRPC_W4A16_MMA_M1=1``: the tensor-core path for M = 1 too (measured slower).
+        mma_cfg: ``SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S"``: one forced configuration (tuning only).
+    """
+
+    blocks_per_sm: int = 2
+    dequant_min_m: int = 5
+    h2: bool = False
+    prefetch: bool = False
+    mma: bool = True
+    mma_m1: bool = False
+    mma_cfg: tuple[int, int, int, int, int] | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> W4A16Tuning:
+        """The knobs ``env`` sets (defaults for the rest)."""
+        forced = env.get("SHMRPC_W4A16_MMA_CFG")
+        cfg = None
+        if forced:
+            v = [int(p) for p in forced.split(",")]
+            cfg = (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
+        return cls(blocks_per_sm=int(env.get("SHMRPC_W4A16_BLOCKS_PER_SM", "2")),
+                   dequant_min_m=int(env.get("SHMRPC_W4A16_DEQUANT_MIN_M", "5")),
+                   h2=env.get("SHMRPC_W4A16_H2", "0") == "1", prefetch=env.get("SHMRPC_W4A16_PF", "0") == "1",
+                   mma=env.get("SHMRPC_W4A16_MMA", "1") != "0", mma_m1=env.get("SHMRPC_W4A16_MMA_M1", "0") == "1",
+                   mma_cfg=cfg)
+
+
+_TUNING = W4A16Tuning.from_env()
+
+
+def tuning() -> W4A16Tuning:
+    """The knobs in force."""
+    return _TUNING
+
+
+@contextlib.contextmanager
+def use_tuning(**changes: Any) -> Iterator[W4A16Tuning]:
+    """Run a block with some knobs changed (benchmarks and tests; not thread-safe against running ops).
+
+    Example::
+
+        with use_tuning(mma=False):
+            ...  # the CUDA-core path
+    """
+    global _TUNING
+    before = _TUNING
+    _TUNING = dataclasses.replace(before, **changes)
+    try:
+        yield _TUNING
+    finally:
+        _TUNING = before
+
+
 def _w4a16_numpy(call: OpCall) -> dict[str, Any]:
     xp, dt = call.xp, call.in_specs["x"].dtype
     w = dequantize_int4(xp, call.inputs["qweight"], call.inputs["scales"], call.inputs["zeros"])
@@ -130,7 +196,7 @@ def w4a16_launch_config(m: int, k: int, n: int, n_sm: int) -> tuple[tuple[int, i
     """(grid, rows_per_split, mb) of ``cuda/gemm_w4a16.cu`` for x (m, k), qweight (k/2, n)."""
     rows = k // 2
     grid_x = -(-n // 128)
-    per_sm = int(os.environ.get("SHMRPC_W4A16_BLOCKS_PER_SM", "2"))
+    per_sm = _TUNING.blocks_per_sm
     want = max(1, -(-per_sm * n_sm // grid_x))  # about per_sm blocks per SM
     per_split = -(-rows // want)
     rps = max(256, -(-per_split // 256) * 256)
@@ -167,7 +233,7 @@ def _w4a16_names(kt: str) -> tuple[str, ...]:
 
 def _dequant_min_m() -> int:
     """Batch size from which float16 inputs go dequantize-kernel + cuBLAS (SHMRPC_W4A16_DEQUANT_MIN_M, default 5)."""
-    return int(os.environ.get("SHMRPC_W4A16_DEQUANT_MIN_M", "5"))
+    return _TUNING.dequant_min_m
 
 
 def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
@@ -197,7 +263,7 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
         dq((-(-threads // 256),), (256,), (qw, sc, zr, w16, np.int32(k), np.int32(n), np.int32(gs // 2)))
         d = call.dest("out")
         return {"out": cupy.matmul(x, w16, out=d if d is not None and d.flags.c_contiguous else None)}
-    if dt == "float16" and m <= 4 and k // 2 <= 65535 * 256 and os.environ.get("SHMRPC_W4A16_H2", "0") == "1":
+    if dt == "float16" and m <= 4 and k // 2 <= 65535 * 256 and _TUNING.h2:
         return {"out": _w4a16_h2(call, m, k, n, gs)}
     (grid_x, ksplit), rps, mb = w4a16_launch_config(m, k, n, sm_count())
     if ksplit > 65535:
@@ -212,7 +278,7 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
         counters = cupy.zeros(max(grid_x, 1024), dtype=cupy.uint32)
         call.workspace["w4a16_counters"] = counters
     kt = "F16" if dt == "float16" else "BF16"
-    pf = "true" if mb == 1 and os.environ.get("SHMRPC_W4A16_PF", "0") == "1" else "false"
+    pf = "true" if mb == 1 and _TUNING.prefetch else "false"
     fn = get_function("gemm_w4a16.cu", _w4a16_names(kt), f"w4a16_gemm<{kt},{mb},{pf}>")
     fn((grid_x, ksplit), (256,), (x, qw, sc, zr, partial, counters, out,
                                   np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(rps)))
@@ -240,18 +306,14 @@ def _mma_cfg(m: int, k: int, n: int, gs: int) -> tuple[int, int, int, int, int] 
 
     SHMRPC_W4A16_MMA=0 turns the path off; SHMRPC_W4A16_MMA_M1=1 takes it for M = 1 too (measured slower);
     SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S" forces one configuration (tuning only)."""
-    if os.environ.get("SHMRPC_W4A16_MMA", "1") == "0" or m < 1 or m > _MMA_TABLE[-1][0]:
+    t = _TUNING
+    if not t.mma or m < 1 or m > _MMA_TABLE[-1][0]:
         return None
-    if m == 1 and os.environ.get("SHMRPC_W4A16_MMA_M1", "0") != "1":
+    if m == 1 and not t.mma_m1:
         return None
-    if m <= 4 and os.environ.get("SHMRPC_W4A16_H2", "0") == "1":
+    if m <= 4 and t.h2:
         return None  # the opt-in float16x2 kernel
-    forced = os.environ.get("SHMRPC_W4A16_MMA_CFG")
-    if forced:
-        v = [int(p) for p in forced.split(",")]
-        cfg = (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
-    else:
-        cfg = next(c for mmax, c in _MMA_TABLE if m <= mmax)
+    cfg = t.mma_cfg or next(c for mmax, c in _MMA_TABLE if m <= mmax)
     known = (cfg[:3] in _MMA_VARIANTS) if cfg[4] == 0 else ((*cfg[:3], cfg[4]) in _ASYNC_VARIANTS)
     if not known or n % (32 * cfg[1]) or k % 64 or gs % 64:
         return None

@@ -63,7 +63,7 @@ __all__ = [
     "Superblock",
     "parse_size",
     "parse_geometry",
-    "format_size",
+    "format_size", "format_size_approx",
     "align_up",
     "tensor_align",
     "DEFAULT_GEOMETRY",
@@ -115,6 +115,16 @@ def format_size(nbytes: int) -> str:
         if nbytes % mult == 0 and nbytes >= mult:
             return f"{nbytes // mult}{unit}"
     return str(nbytes)
+
+
+def format_size_approx(nbytes: int) -> str:
+    """Bytes rounded for people (``"60.0 MiB"``, KiB/GiB when that reads better); :func:`format_size` is exact."""
+    for unit, mult in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if nbytes >= mult:
+            return f"{nbytes / mult:.1f} {unit}"
+    if nbytes >= 1 << 10:
+        return f"{nbytes / (1 << 10):.1f} KiB"
+    return f"{nbytes} B"
 
 
 class SizeClass(NamedTuple):

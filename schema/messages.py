@@ -6,7 +6,8 @@ pid and uid from the kernel (``SO_PEERCRED``), and WELCOME carries the regions a
 file descriptors (``SCM_RIGHTS``, in the order of its ``regions`` list) and a secret
 ``token``. Every later message is ONE ZeroMQ frame from a DEALER whose routing id is
 that token (the ROUTER adds it in front); the worker acts only for tokens it issued.
-The first byte says what a message is; no payload bytes ever travel here.
+The first byte says what a message is; no payload bytes ever travel here. The JSON
+bodies are typed in ``schema.control`` (fields, types, parsing rules); this table only names them.
 
 ====  ==========  =========  ==============================================
 kind  name        direction  body after the kind byte
@@ -21,15 +22,15 @@ C     CALL        c -> w     ``CALL`` struct: region u16, slot u32, request_id u
 D     DONE        w -> c     ``DONE`` struct: region u16, slot u32, request_id u32,
                              status u16 (the response is in the slot, unless
                              status has the ``NO_RESPONSE`` bit)
-A     ACQUIRE     c -> w     JSON: nbytes (borrow one more slot of that size)
-G     GRANT       w -> c     JSON: region, slot, generation, slot_nbytes
+A     ACQUIRE     c -> w     JSON: nbytes (borrow one more slot of at least that whole size), wait_s, id
+G     GRANT       w -> c     JSON: region, slot, generation, slot_nbytes, id (the ACQUIRE's)
 R     RELEASE     c -> w     ``SLOT`` struct: region u16, slot u32 (give back a borrowed slot)
 B     BYE         c -> w     empty: end of the lease
-M     MANAGE      c -> w     JSON: action "list" | "drop", name (resident tensors)
-m     MANAGED     w -> c     JSON: {"resident": {name: {shape, dtype}}} or {"dropped": name}
+M     MANAGE      c -> w     JSON: action "list" | "drop", name (resident tensors), id
+m     MANAGED     w -> c     JSON: resident ({name: {shape, dtype}}) or dropped (name), id (the MANAGE's)
 S     STATUS      c -> w     empty: ask for the worker's state (no lease needed)
 s     STATE       w -> c     JSON: regions, leases, in-flight requests, counters
-E     ERROR       w -> c     JSON: code, kind, message, field (a control message was refused)
+E     ERROR       w -> c     JSON: code, kind, message, field, and id when it answers ACQUIRE or MANAGE
 ====  ==========  =========  ==============================================
 
 Size: a message to the worker is at most :data:`MAX_MESSAGE_NBYTES`; the worker's socket
@@ -56,7 +57,8 @@ __all__ = [
     "pack_json", "unpack_json", "pack_call", "unpack_call", "pack_done", "unpack_done",
 ]
 
-PROTOCOL_VERSION = 2
+#: 3: ACQUIRE and MANAGE carry an ``id`` that GRANT, MANAGED and ERROR echo.
+PROTOCOL_VERSION = 3
 
 #: Largest HELLO or WELCOME packet on the attach socket.
 ATTACH_MAX_NBYTES = 1 << 20

@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from shmrpc.schema.messages import ATTACH_MAX_NBYTES
-
-from . import runtime
+from shmrpc.schema.proc import process_start_ticks
 
 __all__ = ["PeerCred", "peer_cred", "AttachListener", "check_identity", "set_dumpable", "CONNECT_TIMEOUT_S",
            "MAX_PENDING"]
@@ -81,7 +80,7 @@ def check_identity(hello: dict[str, Any], peer: PeerCred, allow_uids: tuple[int,
         return f"HELLO names pid {pid!r} but the connecting process is pid {peer.pid}", "pid"
     if type(uid) is not int or uid != peer.uid:
         return f"HELLO names uid {uid!r} but the connecting process runs as uid {peer.uid}", "uid"
-    actual = runtime.process_start_ticks(peer.pid)
+    actual = process_start_ticks(peer.pid)
     if type(ticks) is not int or actual is None or ticks != actual:
         return f"HELLO names start time {ticks!r} but process {peer.pid} started at {actual}", "start_ticks"
     return None

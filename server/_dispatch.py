@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from shmrpc import kernels
+from shmrpc.kernels import Backend, Plan
 from shmrpc.schema import dtypes
 from shmrpc.schema.descriptor import RequestDesc, ResponseDesc, TensorRef, decode_request, encode_response
 from shmrpc.schema.errors import (
@@ -46,7 +47,7 @@ class Prepared:
     """A validated request: what to run, where its inputs are and where its outputs go."""
 
     desc: RequestDesc
-    plan: Any  # kernels.Plan, or None for alias-only pipelines (echo): nothing to run
+    plan: Plan | None  # None for alias-only pipelines (echo): nothing to run
     inputs: tuple[TensorRef, ...]  # in-slot inputs (resident ones excluded)
     outputs: tuple[TensorRef, ...]  # placed outputs, in the order requested
     resident: dict[str, str]  # request tensor name -> resident name
@@ -106,7 +107,7 @@ def check_header(h: Header, request_id: int, generation: int, desc_nbytes: int) 
 class Dispatcher:
     """Turns descriptor bytes into :class:`Prepared` requests, with a bounded cache."""
 
-    def __init__(self, backend: Any, desc_nbytes: int, cache_size: int = 1024, *, memory_limit_nbytes: int = 0,
+    def __init__(self, backend: Backend, desc_nbytes: int, cache_size: int = 1024, *, memory_limit_nbytes: int = 0,
                  inline_max_flops: int = 0, inline_max_nbytes: int = 0) -> None:
         self.backend = backend
         self.desc_nbytes = desc_nbytes
@@ -230,9 +231,10 @@ class Dispatcher:
         return Prepared(desc, None if alias_only else plan, in_slot, outputs, resident, keep_as, label,
                         nbytes_in, nbytes_out, response, inline or alias_only)
 
-    def _place(self, desc: RequestDesc, plan: Any, inputs: tuple[TensorRef, ...], flags: int, slot_nbytes: int,
+    def _place(self, desc: RequestDesc, plan: Plan | None, inputs: tuple[TensorRef, ...], flags: int, slot_nbytes: int,
                alias_only: bool) -> tuple[tuple[TensorRef, ...], bool]:
         """Where each requested output goes in the slot: over its input (alias / in place) or after the inputs."""
+        assert plan is not None  # output sizes come from the plan, alias-only pipelines included
         by_name = {t.name: t for t in inputs}
         last = desc.steps[-1]
         last_spec = kernels.REGISTRY[last.op]
@@ -277,7 +279,7 @@ class Dispatcher:
         try:
             return self.backend.run(prep.plan, ins, outs, keep_as=prep.keep_as) or {}
         except (kernels.KernelInputError, kernels.KernelRuntimeError) as e:
-            if getattr(e, "fatal", False):
+            if isinstance(e, kernels.KernelFatalError):
                 self.fatal = str(e)  # a sticky CUDA error: this process cannot use the GPU any more
             raise kernel_error(e, prep.desc.steps[0].op) from None
         except RequestError:

@@ -42,7 +42,9 @@ class Slot:
 
 
 @dataclass
-class _Client:
+class _Holdings:
+    """The slots one client holds (leased and borrowed)."""
+
     slots: list[Slot] = field(default_factory=list)
 
 
@@ -72,7 +74,7 @@ class Leases:
                     s = Slot(r, i, sc.slot_nbytes, c)
                     self._slots[(r, i)] = s
                     self._free[c].append(s)
-        self._clients: dict[int, _Client] = {}
+        self._clients: dict[int, _Holdings] = {}
         self._private: dict[int, int] = {}  # region -> the client it belongs to
 
     # ------------------------------------------------------------ private regions
@@ -80,7 +82,7 @@ class Leases:
     def add_private(self, client: int, region: int, geometry: Geometry) -> list[Slot]:
         """Give ``client`` every slot of its own new ``region`` (nobody else is ever granted them)."""
         self._private[region] = client
-        c = self._clients.setdefault(client, _Client())
+        c = self._clients.setdefault(client, _Holdings())
         out = []
         for cls_i, sc in enumerate(geometry.classes):
             for i in geometry.slots_of_class(cls_i):
@@ -118,7 +120,7 @@ class Leases:
         """Start ``client``'s lease: up to ``lease[c]`` (default: the lease given at construction) free pool
         slots of each class (fewer when short), or none with ``from_pool=False`` (its slots then come from
         :meth:`add_private`)."""
-        self._clients[client] = _Client()
+        self._clients[client] = _Holdings()
         out: list[Slot] = []
         if not from_pool:
             return out

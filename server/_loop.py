@@ -34,25 +34,28 @@ from typing import Any
 import zmq
 
 from shmrpc import kernels
+from shmrpc.kernels import Backend
 from shmrpc.schema import messages as m
+from shmrpc.schema.control import ErrorReply, State
 from shmrpc.schema.descriptor import encode_response
 from shmrpc.schema.errors import WIRE_CODES, BusyError, InternalError, InvalidRequestError, RequestError, StaleSlotError
 from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag, Header, unpack_from
 from shmrpc.schema.messages import NO_RESPONSE
 from shmrpc.schema.naming import attach_path, endpoint, socket_path
 
-from . import checks, runtime
-from ._admission import Admission
+from . import checks
 from ._attach import AttachListener, set_dumpable
 from ._dispatch import Dispatcher, Prepared, check_header, error_response
 from ._lease import Leases, Slot
 from ._observe import Observer
-from ._sessions import Sessions, _Client
+from ._sessions import Sessions, _refusal
 from ._shared import SharedOwners
 from ._waiters import Waiters
 from .config import WorkerConfig
+from .lockfile import WorkerLock
 from .metrics import Metrics
 from .region import Region
+from .rundir import ensure_runtime_dir, remove_socket
 
 __all__ = ["Worker", "NO_RESPONSE"]
 
@@ -66,14 +69,14 @@ _CALL_NBYTES = m.CALL_STRUCT.size
 _TRACED_CALL_NBYTES = m.CALL_STRUCT.size + m.TRACE_STRUCT.size
 
 
-class Worker(Sessions):
+class Worker:
     """A shmrpc worker. Use :meth:`start`, then :meth:`serve_forever` (or as a context manager)."""
 
     def __init__(self, config: WorkerConfig, tracer_provider: Any = None) -> None:
         self.config = config
         self.regions: dict[int, Region] = {}  # index -> region; 0 is the pool
-        self.backend: Any = None
-        self._lock: runtime.WorkerLock | None = None
+        self.backend: Backend = None  # type: ignore[assignment]  # set by start()
+        self._lock: WorkerLock | None = None
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
         self._attach: AttachListener | None = None
@@ -82,13 +85,9 @@ class Worker(Sessions):
             collections.deque()
         )
         self._wake_r, self._wake_w = -1, -1
-        self._clients: dict[bytes, _Client] = {}
-        self._by_pidfd: dict[int, _Client] = {}
-        self._next_client = 1
-        self._region_owner: dict[int, int] = {}  # private region index -> client id
         self._views: dict[tuple[int, int], memoryview] = {}  # (region, slot) -> the slot's bytes, made once
-        self.admission = Admission(config)
         self.shared = SharedOwners()
+        self.sessions: Sessions  # the control plane, made by start() once the backend and leases exist
         self._stopping = threading.Event()
         self._started = 0.0
         self.metrics = Metrics()
@@ -108,8 +107,8 @@ class Worker(Sessions):
         checks.check_memory(nbytes)
         if cfg.mlock:
             checks.check_memlock(nbytes)
-        runtime.ensure_runtime_dir(shared=bool(cfg.allow_uids))
-        self._lock = runtime.WorkerLock.acquire(cfg.name, shared=bool(cfg.allow_uids))
+        ensure_runtime_dir(shared=bool(cfg.allow_uids))
+        self._lock = WorkerLock.acquire(cfg.name, shared=bool(cfg.allow_uids))
         try:
             for cleaned in self._lock.cleaned:
                 log.warning("removed %s left by a worker that died", cleaned)
@@ -120,10 +119,13 @@ class Worker(Sessions):
                 self.backend.register_host(self.regions[0].address, self.regions[0].nbytes)
             self.backend.warmup()
             # Fault injection for tests only (never a real GPU reset): the next request fails as if CUDA had.
-            self.backend.inject_fault = os.environ.get("SHMRPC_INJECT_FAULT") or None
+            self.backend.inject_fault = cfg.inject_fault
             self.leases = Leases([self.regions[0].geometry], cfg.lease, self._zero,
                                  max_borrowed_slots=cfg.client_max_slots, max_borrowed_bytes=cfg.client_max_bytes)
             self._waiters = Waiters(self.leases.sizes, cfg.client_max_waiters)
+            self.sessions = Sessions(cfg, regions=self.regions, views=self._views, backend=self.backend,
+                                     leases=self.leases, waiters=self._waiters, metrics=self.metrics,
+                                     shared=self.shared, send=self._send, started=self._started)
             self.dispatch = Dispatcher(self.backend, cfg.geometry.desc_nbytes,
                                        memory_limit_nbytes=cfg.request_memory_limit_bytes,
                                        inline_max_flops=cfg.inline_max_flops, inline_max_nbytes=cfg.inline_max_nbytes)
@@ -137,7 +139,7 @@ class Worker(Sessions):
             # message; with the receive high-water mark this bounds what one connection can make us hold.
             self._sock.setsockopt(zmq.MAXMSGSIZE, m.MAX_MESSAGE_NBYTES)
             self._sock.setsockopt(zmq.RCVHWM, _RCVHWM)
-            runtime.remove_socket(cfg.name)
+            remove_socket(cfg.name)
             # the attach socket first: whoever sees NAME.sock can say HELLO (connections wait in its backlog)
             self._attach = AttachListener(attach_path(cfg.name), shared=bool(cfg.allow_uids))
             old = os.umask(0o077)
@@ -194,12 +196,10 @@ class Worker(Sessions):
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
-        runtime.remove_socket(self.config.name)
-        for c in list(self._clients.values()):
-            if c.pidfd is not None:
-                os.close(c.pidfd)
-        self._clients.clear()
-        self._by_pidfd.clear()
+        remove_socket(self.config.name)
+        sessions: Sessions | None = self.__dict__.get("sessions")  # None when start() failed early
+        if sessions is not None:
+            sessions.close()
         if self.backend is not None:
             try:
                 self.backend.unregister_host()
@@ -251,9 +251,9 @@ class Worker(Sessions):
             stopping = self._stopping.is_set()
             if stopping and self.leases.n_in_flight == 0 and not self._done:
                 break
-            if self._by_pidfd.keys() != pidfds or attach.pending.keys() != waiting:
+            if self.sessions.by_pidfd.keys() != pidfds or attach.pending.keys() != waiting:
                 # NOTE: one set for both kinds: a closed fd's number may come back as the other kind
-                pidfds, waiting = set(self._by_pidfd), set(attach.pending)
+                pidfds, waiting = set(self.sessions.by_pidfd), set(attach.pending)
                 wanted = pidfds | waiting
                 for fd in polled - wanted:
                     poller.unregister(fd)
@@ -287,17 +287,17 @@ class Worker(Sessions):
                 for fd in waiting & events.keys():
                     self._on_attach(fd, stopping)
                 for fd in pidfds & events.keys():
-                    client = self._by_pidfd.get(fd)
+                    client = self.sessions.by_pidfd.get(fd)
                     if client is not None:
-                        self._end_client(client, "its process exited")
+                        self.sessions.end_client(client, "its process exited")
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + self.config.heartbeat_s
                 self._loop_tick = now
-                self._check_clients()
-                self._gauge_memory()
+                self.sessions.check_clients()
+                self.sessions.gauge_memory()
             if len(self._waiters):
-                self._expire_pending(now)
+                self.sessions.expire_pending(now)
             if attach.pending:
                 attach.expire(now)
         log.info("worker %s stopped", self.config.name)
@@ -313,17 +313,16 @@ class Worker(Sessions):
             conn.close()
             return
         if frame[:1] == m.STATUS and peer.uid in (os.geteuid(), 0):  # `shmrpc status`: the kernel says who asks
-            self._attach.reply(conn, m.pack_json(m.STATE, self.state()), [])
+            self._attach.reply(conn, State.from_json(self.sessions.state()).encode(), [])
             return
         try:
-            reply, fds = self._on_hello(frame, peer, stopping)
+            reply, fds = self.sessions.on_hello(frame, peer, stopping)
         except Exception as e:  # noqa: BLE001 - nothing a peer sends may stop the loop
             log.exception("unexpected error handling a HELLO")
-            reply, fds = m.pack_json(m.ERROR, {"code": InternalError.code, "kind": "bad_message",
-                                               "message": f"the HELLO could not be handled ({type(e).__name__})",
-                                               "field": "hello"}), []
+            reply, fds = ErrorReply(InternalError.code, "bad_message",
+                                    f"the HELLO could not be handled ({type(e).__name__})", "hello").encode(), []
         self._attach.reply(conn, reply, fds)
-        for i in self._region_owner:  # a private region goes to one client only: keep no fd of it
+        for i in self.sessions.region_owner:  # a private region goes to one client only: keep no fd of it
             self.regions[i].close_fd()
 
     def _poll_timeout_ms(self, next_check: float) -> int:
@@ -335,7 +334,7 @@ class Worker(Sessions):
         sock = self._sock
         assert sock is not None
         for _ in range(256):  # bounded, so completions and pidfds get their turn
-            if not sock.getsockopt(zmq.EVENTS) & _POLLIN:  # cheaper than catching zmq.Again
+            if not int(sock.getsockopt(zmq.EVENTS)) & _POLLIN:  # cheaper than catching zmq.Again
                 return
             frames = sock.recv_multipart(zmq.NOBLOCK)
             if len(frames) != 2:  # every message is one frame: say so rather than ignore it
@@ -357,6 +356,12 @@ class Worker(Sessions):
         except (zmq.Again, zmq.ZMQError) as e:  # peer gone (ROUTER_MANDATORY) or its queue full
             log.debug("could not send to a client: %s", e)
 
+    def _refuse(self, identity: bytes, kind: str, message: str, field: str = "") -> None:
+        self._send(identity, _refusal(kind, message, field))
+
+    def _zero(self, s: Slot) -> None:
+        self.regions[s.region].zero_slot(s.index)
+
     def _handle(self, identity: bytes, frame: bytes, stopping: bool) -> None:
         kind = frame[:1]
         if kind == m.CALL:
@@ -365,25 +370,25 @@ class Worker(Sessions):
             self._refuse(identity, "bad_message", f"say HELLO on the attach socket {attach_path(self.config.name)}, "
                          "not on the ZeroMQ socket", "kind")
         elif kind == m.ACQUIRE:
-            self._on_acquire(identity, frame)
+            self.sessions.on_acquire(identity, frame)
         elif kind == m.RELEASE:
-            self._on_release(identity, frame)
+            self.sessions.on_release(identity, frame)
         elif kind == m.BYE:
-            c = self._clients.get(identity)
+            c = self.sessions.clients.get(identity)
             if c is not None:
-                self._end_client(c, "it said BYE")
+                self.sessions.end_client(c, "it said BYE")
         elif kind == m.MANAGE:
-            self._on_manage(identity, frame)
+            self.sessions.on_manage(identity, frame)
         elif kind == m.STATUS:
-            c = self._clients.get(identity)
+            c = self.sessions.clients.get(identity)
             if self.config.allow_uids and (c is None or c.uid != os.geteuid()):  # others can reach this socket
                 self._refuse(identity, "refused", "with --allow-uid, STATUS is answered only to a session of the "
                              "worker's own uid", "status")
             else:
-                self._send(identity, m.pack_json(m.STATE, self.state()))
+                self._send(identity, State.from_json(self.sessions.state()).encode())
         else:
-            self._send(identity, m.pack_json(m.ERROR, {"code": InvalidRequestError.code, "kind": "bad_message",
-                                                       "message": f"unknown message kind {kind!r}", "field": "kind"}))
+            self._send(identity, ErrorReply(InvalidRequestError.code, "bad_message",
+                                            f"unknown message kind {kind!r}", "kind").encode())
 
     # ------------------------------------------------------------ calls
 
@@ -395,7 +400,7 @@ class Worker(Sessions):
             region, index, rid, gen = m.unpack_call(frame)
         except Exception:  # noqa: BLE001 - a malformed doorbell names no slot we could answer in
             return self._refuse(identity, "bad_message", "CALL frame is malformed", "call")
-        c = self._clients.get(identity)
+        c = self.sessions.clients.get(identity)
         try:
             if c is None:
                 raise StaleSlotError("no lease: say HELLO first", field="client")
@@ -488,7 +493,7 @@ class Worker(Sessions):
         if prep is not None:
             op = prep.op
         if status:  # before DONE: after it the slot is the client's again
-            c = self._clients.get(identity)
+            c = self.sessions.clients.get(identity)
             self.observe.failed(c.pid if c else 0, op, _status_name(status), self._views.get((s.region, s.index)),
                                 self.dispatch.desc_nbytes)
         traced = self.observe.end_trace(s.region, s.index, t0) if self.observe.traces else None
@@ -501,12 +506,12 @@ class Worker(Sessions):
             self._send(identity, m.pack_done(s.region, s.index, hdr.request_id, status))
         self.leases.end(s)
         if traced is not None:
-            c = self._clients.get(identity)
+            c = self.sessions.clients.get(identity)
             self.observe.record(traced, op, "ok" if status == 0 else _status_name(status), stages,
                                 c.pid if c else 0, (s.region, s.index))
         if s.owner is None:
-            self._close_idle_regions()
-            self._serve_pending()
+            self.sessions.close_idle_regions()
+            self.sessions.serve_pending()
 
 
 def _write_response(view: memoryview, hdr: Header, payload: bytes, status: int) -> None:

@@ -1,16 +1,16 @@
 """The worker's control plane: handshakes, leases and private regions, borrowing, resident tensors, status.
 
-:class:`Sessions` is mixed into :class:`~shmrpc.server._loop.Worker`; it owns no loop
-of its own. Every handler answers on the worker's ROUTER socket through ``_send`` and
-keeps the lease bookkeeping (:mod:`._lease`) and the regions in step:
+:class:`Sessions` is a collaborator of :class:`~shmrpc.server._loop.Worker`; it owns no loop
+of its own. Every handler answers on the worker's ROUTER socket through the ``send`` it was
+given and keeps the lease bookkeeping (:mod:`._lease`) and the regions in step:
 
 ====================  =====================================================================
 message               handled by
 ====================  =====================================================================
-HELLO (attach socket) :meth:`Sessions._on_hello`: identity from the kernel, pidfd, private memfd, WELCOME
-ACQUIRE / RELEASE     :meth:`Sessions._on_acquire`, :meth:`Sessions._on_release` (wait queue)
-MANAGE                :meth:`Sessions._on_manage`: list / drop resident tensors (``shared/`` ones: owner only)
-BYE, pidfd readable   :meth:`Sessions._end_client`: end the lease, drop residents, free regions
+HELLO (attach socket) :meth:`Sessions.on_hello`: identity from the kernel, pidfd, private memfd, WELCOME
+ACQUIRE / RELEASE     :meth:`Sessions.on_acquire`, :meth:`Sessions.on_release` (wait queue)
+MANAGE                :meth:`Sessions.on_manage`: list / drop resident tensors (``shared/`` ones: owner only)
+BYE, pidfd readable   :meth:`Sessions.end_client`: end the lease, drop residents, free regions
 STATUS                :meth:`Sessions.state`
 ====================  =====================================================================
 """
@@ -21,26 +21,31 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shmrpc import kernels
+from shmrpc.kernels import Backend
 from shmrpc.schema import SCHEMA_HASH
 from shmrpc.schema import messages as m
+from shmrpc.schema.control import Acquire, ErrorReply, Grant, Hello, Manage, Managed, MessageError, Welcome
 from shmrpc.schema.errors import BusyError, ClientLimitError, InvalidRequestError, KernelError, RequestError
 from shmrpc.schema.layout import Geometry
 from shmrpc.schema.naming import socket_path
 from shmrpc.schema.optable import build_op_table, parse_op_table
+from shmrpc.schema.proc import process_start_ticks
 
-from . import checks, runtime
+from . import checks
+from ._admission import Admission
 from ._attach import PeerCred, check_identity
 from ._dispatch import resident_name
 from ._lease import Slot
 from ._waiters import Waiter, Waiters
+from .procs import pid_alive
 from .region import Region
 
 if TYPE_CHECKING:
-    from ._admission import Admission
     from ._lease import Leases
     from ._shared import SharedOwners
     from .config import WorkerConfig
@@ -55,7 +60,7 @@ _MAX_WAIT_S = 3600.0
 
 
 @dataclass(eq=False)
-class _Client:
+class ClientSession:
     id: int
     identity: bytes  # the session token: the DEALER's routing id, issued in WELCOME
     pid: int
@@ -66,41 +71,58 @@ class _Client:
 
 
 class Sessions:
-    """Control-plane handlers of the worker (a mixin: the Worker provides the state below and ``_send``)."""
+    """The worker's control plane: sessions, their leases and private regions, borrowing, resident tensors.
 
-    config: WorkerConfig
-    regions: dict[int, Region]
-    backend: Any
-    leases: Leases
-    metrics: Metrics
-    _clients: dict[bytes, _Client]
-    _by_pidfd: dict[int, _Client]
-    _next_client: int
-    _waiters: Waiters
-    admission: Admission
-    shared: SharedOwners
-    _region_owner: dict[int, int]
-    _views: dict[tuple[int, int], memoryview]
-    _lock: runtime.WorkerLock | None
-    _started: float
+    It owns the sessions (by token and by pidfd), the admission counts and the private regions' owners;
+    the worker's loop hands it messages and the pidfds that became readable. Everything else it is
+    given: ``regions`` and ``views`` are the worker's own dicts (a private region is added to and
+    removed from them here), ``send`` answers a peer on the ROUTER socket.
+    """
 
-    def _send(self, identity: bytes, frame: bytes) -> None:
-        raise NotImplementedError
+    def __init__(self, config: WorkerConfig, *, regions: dict[int, Region], views: dict[tuple[int, int], memoryview],
+                 backend: Backend, leases: Leases, waiters: Waiters, metrics: Metrics, shared: SharedOwners,
+                 send: Callable[[bytes, bytes], None], started: float) -> None:
+        self.config = config
+        self.regions = regions
+        self._views = views
+        self.backend = backend
+        self.leases = leases
+        self._waiters = waiters
+        self.metrics = metrics
+        self.shared = shared
+        self._send = send
+        self._started = started
+        self.admission = Admission(config)
+        self.clients: dict[bytes, ClientSession] = {}  # by session token
+        self.by_pidfd: dict[int, ClientSession] = {}
+        self.region_owner: dict[int, int] = {}  # private region index -> client id
+        self._next_client = 1
 
-    def _refuse(self, identity: bytes, kind: str, message: str, field: str = "") -> None:
-        self._send(identity, _refusal(kind, message, field))
+    def close(self) -> None:
+        """Forget every session (the worker is closing): close their pidfds."""
+        for c in self.clients.values():
+            if c.pidfd is not None:
+                os.close(c.pidfd)
+        self.clients.clear()
+        self.by_pidfd.clear()
 
-    def _on_hello(self, frame: bytes, peer: PeerCred, stopping: bool) -> tuple[bytes, list[int]]:
+    def _refuse(self, identity: bytes, kind: str, message: str, field: str = "",
+                request_id: int | None = None) -> None:
+        self._send(identity, _refusal(kind, message, field, request_id))
+
+    def on_hello(self, frame: bytes, peer: PeerCred, stopping: bool) -> tuple[bytes, list[int]]:
         """Answer a HELLO from the attach socket: (WELCOME and the fds of its regions) or (ERROR, [])."""
         if stopping:
             return _refusal("stopping", "the worker is shutting down; connect to its successor"), []
-        try:
-            hello = m.unpack_json(frame)
-            proto, shash = hello["protocol"], hello["schema_hash"]
-        except (ValueError, KeyError, TypeError, OverflowError) as e:
-            return _refusal("bad_message", f"HELLO is malformed ({e})", "hello"), []
-        if frame[:1] != m.HELLO or not isinstance(hello, dict):
+        if frame[:1] != m.HELLO:
             return _refusal("bad_message", "the attach socket takes one HELLO", "kind"), []
+        try:
+            hello = Hello.decode(frame)
+        except MessageError as e:
+            # a pid, uid or start time that is not a number is a claim the kernel does not back
+            kind = "refused" if e.field in ("pid", "uid", "start_ticks") else "bad_message"
+            return _refusal(kind, f"HELLO is malformed ({e})", e.field), []
+        proto, shash = hello.protocol, hello.schema_hash
         if proto != m.PROTOCOL_VERSION or shash != SCHEMA_HASH:
             return _refusal(
                 "protocol_mismatch",
@@ -108,16 +130,15 @@ class Sessions:
                 f"schema {SCHEMA_HASH}: install the same shmrpc version on both sides",
                 "protocol" if proto != m.PROTOCOL_VERSION else "schema_hash",
             ), []
-        problem = check_identity(hello, peer, self.config.allow_uids)
+        problem = check_identity(hello.to_json(), peer, self.config.allow_uids)
         if problem is not None:
             log.warning("refused a HELLO from pid %d uid %d: %s", peer.pid, peer.uid, problem[0])
             return _refusal("refused", *problem), []
         try:
             self.admission.admit(peer.uid)
-            lease = self.admission.lease_for(hello.get("lease"))
+            lease = self.admission.lease_for(hello.lease)
         except ClientLimitError as e:
-            return m.pack_json(m.ERROR, {"code": BusyError.code, "kind": "too_many_clients", "message": str(e),
-                                         "field": "clients"}), []
+            return ErrorReply(BusyError.code, "too_many_clients", str(e), "clients").encode(), []
         except ValueError as e:
             return _refusal("bad_message", f"HELLO is malformed ({e})", "lease"), []
         client = self._admit(peer)
@@ -126,37 +147,37 @@ class Sessions:
         except Exception as e:  # noqa: BLE001 - no memory, memlock, GPU registration: refuse, keep serving
             self._forget(client)
             return _refusal("refused", f"cannot create this client's region: {e}", "region"), []
-        self.metrics.clients.set(len(self._clients))
+        self.metrics.clients.set(len(self.clients))
         self.metrics.slots_leased.set(self.leases.n_leased)
         log.info("client %d (pid %d uid %d) connected with %d slots", client.id, peer.pid, peer.uid, len(slots))
         return self._welcome(client, regions, slots), [r.fd for r in regions if r.fd is not None]
 
-    def _admit(self, peer: PeerCred) -> _Client:
+    def _admit(self, peer: PeerCred) -> ClientSession:
         """A new session for the process the kernel vouched for, watched through a pidfd, under a fresh token."""
         try:
             pidfd: int | None = os.pidfd_open(peer.pid)
         except (AttributeError, OSError):
             pidfd = None
         token = secrets.token_hex(m.TOKEN_NBYTES).encode()
-        client = _Client(self._next_client, token, peer.pid, peer.uid, pidfd,
-                         runtime.process_start_ticks(peer.pid), time.time())
+        client = ClientSession(self._next_client, token, peer.pid, peer.uid, pidfd,
+                         process_start_ticks(peer.pid), time.time())
         self._next_client += 1
-        self._clients[token] = client
+        self.clients[token] = client
         self.admission.joined(peer.uid)
         if pidfd is not None:
-            self._by_pidfd[pidfd] = client
+            self.by_pidfd[pidfd] = client
         return client
 
-    def _forget(self, client: _Client) -> None:
+    def _forget(self, client: ClientSession) -> None:
         """Undo :meth:`_admit` for a session that never started."""
-        self._clients.pop(client.identity, None)
+        self.clients.pop(client.identity, None)
         self.admission.left(client.uid)
         if client.pidfd is not None:
-            self._by_pidfd.pop(client.pidfd, None)
+            self.by_pidfd.pop(client.pidfd, None)
             os.close(client.pidfd)
             client.pidfd = None
 
-    def _lease_regions(self, client: _Client, lease: tuple[int, ...]) -> tuple[list[Region], list[Slot]]:
+    def _lease_regions(self, client: ClientSession, lease: tuple[int, ...]) -> tuple[list[Region], list[Slot]]:
         """The regions ``client`` maps (the pool, and its own with ``--isolation client``) and its leased slots.
 
         ``lease``: slots per size class granted by admission (what the HELLO asked for, capped by --lease-max).
@@ -169,22 +190,22 @@ class Sessions:
         self.leases.open(client.id, from_pool=False)
         return [self.regions[0], region], self.leases.add_private(client.id, region.index, private)
 
-    def _welcome(self, client: _Client, regions: list[Region], slots: list[Slot]) -> bytes:
+    def _welcome(self, client: ClientSession, regions: list[Region], slots: list[Slot]) -> bytes:
         """The WELCOME; the regions' fds travel beside it, in the order of its ``regions`` list."""
-        return m.pack_json(m.WELCOME, {
-            "protocol": m.PROTOCOL_VERSION,
-            "schema_hash": SCHEMA_HASH,
-            "client_id": client.id,
-            "token": client.identity.decode(),
-            "worker_pid": os.getpid(),
-            "worker_start_ticks": runtime.process_start_ticks(os.getpid()),
-            "backend": self.backend.name,
-            "regions": [{"index": r.index, "name": r.name, "nbytes": r.nbytes, "geometry": r.geometry.to_json()}
-                        for r in regions],
-            "geometry": self.config.geometry.to_json(),
-            "lease": [[s.region, s.index, s.generation] for s in slots],
-            "op_table": build_op_table(parse_op_table(kernels.op_table()).values()),
-        })
+        return Welcome(
+            protocol=m.PROTOCOL_VERSION,
+            schema_hash=SCHEMA_HASH,
+            client_id=client.id,
+            token=client.identity.decode(),
+            worker_pid=os.getpid(),
+            worker_start_ticks=process_start_ticks(os.getpid()),
+            backend=self.backend.name,
+            regions=[{"index": r.index, "name": r.name, "nbytes": r.nbytes, "geometry": r.geometry.to_json()}
+                     for r in regions],
+            geometry=self.config.geometry.to_json(),
+            lease=[[s.region, s.index, s.generation] for s in slots],
+            op_table=build_op_table(parse_op_table(kernels.op_table()).values()),
+        ).encode()
 
     def _new_private_region(self, client: int, geometry: Geometry) -> Region:
         """Create, pin and record the region holding ``client``'s leased slots (a memfd: it has no name)."""
@@ -198,13 +219,13 @@ class Sessions:
             region.close()
             raise
         self.regions[index] = region
-        self._region_owner[index] = client
+        self.region_owner[index] = client
         return region
 
-    def _close_idle_regions(self) -> None:
-        for i in [i for i in self._region_owner if self.leases.region_idle(i)]:
+    def close_idle_regions(self) -> None:
+        for i in [i for i in self.region_owner if self.leases.region_idle(i)]:
             region = self.regions.pop(i)
-            self._region_owner.pop(i)
+            self.region_owner.pop(i)
             for key in [k for k in self._views if k[0] == i]:
                 del self._views[key]
             self.leases.remove_private(i)
@@ -212,37 +233,37 @@ class Sessions:
                 self.backend.unregister_host(region.address)
             region.close()
 
-    def _on_manage(self, identity: bytes, frame: bytes) -> None:
-        c = self._clients.get(identity)
+    def on_manage(self, identity: bytes, frame: bytes) -> None:
+        c = self.clients.get(identity)
         if c is None:
             return self._refuse(identity, "no_session", "no lease: say HELLO first", "client")
         try:
-            req = m.unpack_json(frame)
-            action, name = req["action"], str(req.get("name", ""))
-        except (ValueError, KeyError, TypeError) as e:
-            return self._refuse(identity, "bad_message", f"MANAGE is malformed ({e})", "manage")
+            req = Manage.decode(frame)
+        except MessageError as e:
+            return self._refuse(identity, "bad_message", f"MANAGE is malformed ({e})", e.field)
+        action, name, rid = req.action, req.name, req.id
         own = f"{c.id}/"
         if action == "list":
             listing = {}
             for full, spec in self.backend.resident().items():
                 if full.startswith(own) or full.startswith("shared/"):
                     listing[full.removeprefix(own)] = {"shape": list(spec.shape), "dtype": spec.dtype}
-            return self._send(identity, m.pack_json(m.MANAGED, {"resident": listing}))
+            return self._send(identity, Managed(resident=listing, id=rid).encode())
         if action == "drop":
             full = resident_name(c.id, name)
             try:
                 self.shared.check(c.id, full, "resident")
             except RequestError as e:
-                return self._send(identity, _error_msg(e))
+                return self._send(identity, _error_msg(e, rid))
             if full not in self.backend.resident():
                 self.shared.forget(full)
                 return self._send(identity, _error_msg(KernelError(f"no resident tensor {name!r}", tensor=name,
-                                                                   field="resident")))
+                                                                   field="resident"), rid))
             self.backend.drop(full)
             self.shared.forget(full)
             self.metrics.resident.set(self.backend.resident_bytes)
-            return self._send(identity, m.pack_json(m.MANAGED, {"dropped": name}))
-        return self._refuse(identity, "bad_message", f"unknown MANAGE action {action!r}", "action")
+            return self._send(identity, Managed(dropped=name, id=rid).encode())
+        return self._refuse(identity, "bad_message", f"unknown MANAGE action {action!r}", "action", rid)
 
     def _drop_residents(self, client_id: int) -> None:
         """Drop the client's private resident tensors and the shared ones it owns."""
@@ -252,66 +273,62 @@ class Sessions:
             self.backend.drop(full)
         self.metrics.resident.set(self.backend.resident_bytes)
 
-    def _end_client(self, c: _Client, why: str) -> None:
-        self._clients.pop(c.identity, None)
+    def end_client(self, c: ClientSession, why: str) -> None:
+        self.clients.pop(c.identity, None)
         self.admission.left(c.uid)
         self._drop_residents(c.id)
         if c.pidfd is not None:
-            self._by_pidfd.pop(c.pidfd, None)
+            self.by_pidfd.pop(c.pidfd, None)
             os.close(c.pidfd)
             c.pidfd = None
         n = self.leases.close(c.id)
         self._waiters.cancel(c.id)
-        self.metrics.clients.set(len(self._clients))
+        self.metrics.clients.set(len(self.clients))
         self.metrics.slots_leased.set(self.leases.n_leased)
         log.info("client %d (pid %d) gone (%s): %d slots reclaimed", c.id, c.pid, why, n)
-        self._close_idle_regions()
-        self._serve_pending()
+        self.close_idle_regions()
+        self.serve_pending()
 
-    def _gauge_memory(self) -> None:
+    def gauge_memory(self) -> None:
         mem = self.backend.memory()
         self.metrics.gpu_memory.set(mem.get("device_used_bytes", 0))
         self.metrics.resident.set(mem.get("resident_bytes", 0))
 
-    def _check_clients(self) -> None:
-        for c in list(self._clients.values()):
-            if c.pidfd is None and not runtime.pid_alive(c.pid, c.start_ticks):
-                self._end_client(c, "its process is gone")
+    def check_clients(self) -> None:
+        for c in list(self.clients.values()):
+            if c.pidfd is None and not pid_alive(c.pid, c.start_ticks):
+                self.end_client(c, "its process is gone")
 
-    def _zero(self, s: Slot) -> None:
-        self.regions[s.region].zero_slot(s.index)
+    def _grant_msg(self, s: Slot, request_id: int | None) -> bytes:
+        return Grant(s.region, s.index, s.generation, s.nbytes, request_id).encode()
 
-    def _grant_msg(self, s: Slot) -> bytes:
-        return m.pack_json(m.GRANT, {"region": s.region, "slot": s.index, "generation": s.generation,
-                                     "slot_nbytes": s.nbytes})
-
-    def _on_acquire(self, identity: bytes, frame: bytes) -> None:
-        c = self._clients.get(identity)
+    def on_acquire(self, identity: bytes, frame: bytes) -> None:
+        c = self.clients.get(identity)
         if c is None:
             return self._refuse(identity, "no_session", "no lease: say HELLO first", "client")
         try:
-            req = m.unpack_json(frame)
-            nbytes, wait_s = int(req["nbytes"]), float(req.get("wait_s", 0.0))
-        except (ValueError, KeyError, TypeError, OverflowError) as e:
-            return self._refuse(identity, "bad_message", f"ACQUIRE is malformed ({e})", "acquire")
+            req = Acquire.decode(frame)
+        except MessageError as e:
+            return self._refuse(identity, "bad_message", f"ACQUIRE is malformed ({e})", e.field)
+        nbytes, wait_s, rid = req.nbytes, float(req.wait_s), req.id
         try:
             s = self.leases.acquire(c.id, nbytes)
         except BusyError as e:
             # wait only for a slot to free, never for this client's own borrow limit (nothing it waits on frees)
             if not wait_s > 0 or self.leases.free_fits(nbytes):
-                return self._send(identity, _error_msg(e))
+                return self._send(identity, _error_msg(e, rid))
             try:
-                self._waiters.add(c.id, identity, nbytes, time.monotonic() + min(wait_s, _MAX_WAIT_S))
+                self._waiters.add(c.id, identity, nbytes, time.monotonic() + min(wait_s, _MAX_WAIT_S), rid)
             except BusyError as over:
-                return self._send(identity, _error_msg(over))
+                return self._send(identity, _error_msg(over, rid))
             return None
         except RequestError as e:
-            return self._send(identity, _error_msg(e))
+            return self._send(identity, _error_msg(e, rid))
         self.metrics.slots_leased.set(self.leases.n_leased)
-        self._send(identity, self._grant_msg(s))
+        self._send(identity, self._grant_msg(s, rid))
         return None
 
-    def _serve_pending(self) -> None:
+    def serve_pending(self) -> None:
         if len(self._waiters):
             self._waiters.serve(self._grant_waiter)
             self.metrics.slots_leased.set(self.leases.n_leased)
@@ -323,27 +340,27 @@ class Sessions:
         except BusyError as e:
             if not self.leases.free_fits(w.nbytes):
                 return False
-            self._send(w.identity, _error_msg(e))  # a slot is free but the client borrows all it may
+            self._send(w.identity, _error_msg(e, w.request_id))  # a slot is free but the client borrows all it may
             return True
         except RequestError as e:
-            self._send(w.identity, _error_msg(e))
+            self._send(w.identity, _error_msg(e, w.request_id))
             return True
-        self._send(w.identity, self._grant_msg(s))
+        self._send(w.identity, self._grant_msg(s, w.request_id))
         return True
 
-    def _expire_pending(self, now: float) -> None:
+    def expire_pending(self, now: float) -> None:
         for w in self._waiters.expired(now):
-            self._send(w.identity, _error_msg(BusyError("no slot became free in time", field="nbytes")))
+            self._send(w.identity, _error_msg(BusyError("no slot became free in time", field="nbytes"), w.request_id))
 
-    def _on_release(self, identity: bytes, frame: bytes) -> None:
-        c = self._clients.get(identity)
+    def on_release(self, identity: bytes, frame: bytes) -> None:
+        c = self.clients.get(identity)
         try:
             _, region, index = m.SLOT_STRUCT.unpack(frame)
         except Exception:  # noqa: BLE001
             return
         if c is not None and self.leases.release(c.id, region, index):
             self.metrics.slots_leased.set(self.leases.n_leased)
-            self._serve_pending()
+            self.serve_pending()
 
     def state(self) -> dict[str, Any]:
         """The worker's state for ``shmrpc status``."""
@@ -354,11 +371,11 @@ class Sessions:
             "backend": self.backend.name if self.backend else None,
             "socket": str(socket_path(self.config.name)),
             "regions": [{"index": r.index, "name": r.name, "nbytes": r.nbytes, "slots": r.geometry.spec(),
-                         "mlocked": r.mlocked, "owner": self._region_owner.get(r.index)}
+                         "mlocked": r.mlocked, "owner": self.region_owner.get(r.index)}
                         for r in self.regions.values()],
             "clients": [{"id": c.id, "pid": c.pid, "uid": c.uid, "connected_s": round(time.time() - c.since, 3),
                          "slots": [[s.region, s.index, s.nbytes, s.borrowed, s.in_flight] for s in self.leases.held(c.id)]}
-                        for c in self._clients.values()],
+                        for c in self.clients.values()],
             "slots_leased": self.leases.n_leased,
             "in_flight": self.leases.n_in_flight,
             "pending_acquires": len(self._waiters),
@@ -368,10 +385,11 @@ class Sessions:
         }
 
 
-def _refusal(kind: str, message: str, field: str = "") -> bytes:
-    return m.pack_json(m.ERROR, {"code": InvalidRequestError.code, "kind": kind, "message": message, "field": field})
+def _refusal(kind: str, message: str, field: str = "", request_id: int | None = None) -> bytes:
+    return ErrorReply(InvalidRequestError.code, kind, message, field, request_id).encode()
 
 
-def _error_msg(e: RequestError) -> bytes:
-    return m.pack_json(m.ERROR, {"code": e.code, "kind": type(e).__name__, "message": e.message, "field": e.field})
+def _error_msg(e: RequestError, request_id: int | None = None) -> bytes:
+    """The ERROR answering a refused ACQUIRE or MANAGE: the typed error's wire code, echoing the request's id."""
+    return ErrorReply(e.code, "refused_request", e.message, e.field, request_id).encode()
 

@@ -35,6 +35,8 @@ class Waiter:
     deadline: float
     cls: int = 0
     live: bool = True
+    #: The ACQUIRE's ``id``, echoed in its GRANT or ERROR.
+    request_id: int | None = None
 
 
 class Waiters:
@@ -56,7 +58,8 @@ class Waiters:
     def __len__(self) -> int:
         return sum(self._count.values())
 
-    def add(self, client: int, identity: bytes, nbytes: int, deadline: float) -> Waiter:
+    def add(self, client: int, identity: bytes, nbytes: int, deadline: float,
+            request_id: int | None = None) -> Waiter:
         """Queue an ACQUIRE of ``nbytes`` (which fits the largest class).
 
         Raises:
@@ -65,7 +68,8 @@ class Waiters:
         if self._count[client] >= self._per_client:
             raise BusyError(f"this client already has {self._count[client]} ACQUIREs waiting, the most one may "
                             "(--client-max-waiters); wait for one to be answered", field="nbytes")
-        w = Waiter(client, identity, nbytes, deadline, bisect.bisect_left(self._sizes, nbytes))
+        w = Waiter(client, identity, nbytes, deadline, bisect.bisect_left(self._sizes, nbytes),
+                   request_id=request_id)
         self._queues[w.cls].append(w)
         heapq.heappush(self._heap, (deadline, next(self._seq), w))
         self._count[client] += 1

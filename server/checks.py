@@ -19,6 +19,7 @@ import os
 import resource
 
 from shmrpc.schema.errors import ShmrpcError
+from shmrpc.schema.layout import format_size_approx
 
 __all__ = [
     "StartupError",
@@ -34,7 +35,7 @@ __all__ = [
     "has_ipc_lock",
     "shm_space_error",
     "memlock_error",
-    "format_bytes",
+    "format_size_approx",  # re-exported from schema.layout
 ]
 
 #: Headroom asked of /dev/shm beyond the region itself (other processes use it too).
@@ -59,16 +60,6 @@ class StartupError(ShmrpcError):
         self.available_nbytes = available_nbytes
 
 
-def format_bytes(nbytes: int) -> str:
-    """``nbytes`` as ``"60.0 MiB"`` (or KiB/GiB when that reads better)."""
-    for unit, mult in (("GiB", 1 << 30), ("MiB", 1 << 20)):
-        if nbytes >= mult:
-            return f"{nbytes / mult:.1f} {unit}"
-    if nbytes >= 1 << 10:
-        return f"{nbytes / (1 << 10):.1f} KiB"
-    return f"{nbytes} B"
-
-
 def shm_free_bytes(shm_dir: str = "/dev/shm") -> int:
     """Bytes an unprivileged process may still allocate in ``shm_dir`` (``statvfs`` ``f_bavail``).
 
@@ -88,7 +79,7 @@ def shm_free_bytes(shm_dir: str = "/dev/shm") -> int:
 def shm_space_error(free_nbytes: int, nbytes: int, shm_dir: str = "/dev/shm") -> StartupError:
     """The :class:`StartupError` for ``nbytes`` not fitting in ``free_nbytes`` of ``shm_dir``."""
     return StartupError(
-        f"{shm_dir} has {format_bytes(free_nbytes)} free but the region needs {format_bytes(nbytes)}: "
+        f"{shm_dir} has {format_size_approx(free_nbytes)} free but the region needs {format_size_approx(nbytes)}: "
         "give the container more (docker --shm-size=2g), free space in /dev/shm "
         "(shmrpc doctor --clean removes stale segments), or pass a smaller --slots",
         needed_nbytes=nbytes,
@@ -134,8 +125,8 @@ def memory_available_bytes(meminfo_path: str = "/proc/meminfo") -> int:
 def memory_error(available_nbytes: int, nbytes: int) -> StartupError:
     """The :class:`StartupError` for a region of ``nbytes`` not fitting in the available memory."""
     return StartupError(
-        f"the host has {format_bytes(max(available_nbytes, 0))} of memory available but the region needs "
-        f"{format_bytes(nbytes)}: free memory, give the container more, or pass a smaller --slots",
+        f"the host has {format_size_approx(max(available_nbytes, 0))} of memory available but the region needs "
+        f"{format_size_approx(nbytes)}: free memory, give the container more, or pass a smaller --slots",
         needed_nbytes=nbytes,
         available_nbytes=available_nbytes,
     )
@@ -182,9 +173,9 @@ def memlock_error(limit: int, nbytes: int, *, what: str = "") -> StartupError:
     ``what`` replaces the opening ("RLIMIT_MEMLOCK is 8.0 MiB") when the kernel
     refused ``mlock`` for another reason (e.g. ``"mlock failed (ENOMEM)"``).
     """
-    head = what or f"RLIMIT_MEMLOCK is {format_bytes(limit)}"
+    head = what or f"RLIMIT_MEMLOCK is {format_size_approx(limit)}"
     return StartupError(
-        f"{head} but the region needs {format_bytes(nbytes)}: raise it (ulimit -l unlimited, "
+        f"{head} but the region needs {format_size_approx(nbytes)}: raise it (ulimit -l unlimited, "
         "docker --ulimit memlock=-1, systemd LimitMEMLOCK=infinity) or run with --no-mlock "
         "(pages may then be swapped, and GPU copies get slower)",
         needed_nbytes=nbytes,

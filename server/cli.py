@@ -200,6 +200,7 @@ def _serve(args: argparse.Namespace) -> int:
             request_memory_limit_bytes=parse_size(args.request_memory_limit),
             inline_max_flops=args.inline_max_flops, client_max_waiters=args.client_max_waiters,
             metrics_addr=args.metrics_addr, metrics_token=token, otel=args.otel,
+            inject_fault=os.environ.get("SHMRPC_INJECT_FAULT") or None,  # tests only (WorkerConfig.inject_fault)
         )
     except ValueError as e:
         print(f"shmrpc serve: {e}", file=sys.stderr)

@@ -103,6 +103,9 @@ class WorkerConfig:
     inline_max_flops: int = 8_000_000
     client_max_waiters: int = 4
     metrics_addr: str = "127.0.0.1"
+    #: Tests only: the first request fails as a device error would ("cuda_error", or "fatal": a sticky one).
+    #: ``shmrpc serve`` fills it once, at start, from ``SHMRPC_INJECT_FAULT``; nothing reads that variable later.
+    inject_fault: str | None = None
     metrics_token: str | None = None
     otel: bool = False
 

@@ -30,17 +30,12 @@ from pathlib import Path
 from shmrpc.schema.layout import DEFAULT_GEOMETRY
 from shmrpc.schema.naming import REGION_PREFIX, runtime_dir
 
-from .checks import StartupError, check_memlock, check_shm_space, format_bytes, has_ipc_lock, memlock_limit
+from .checks import StartupError, check_memlock, check_shm_space, format_size_approx, has_ipc_lock, memlock_limit
+from .lockfile import lock_is_held, read_lock_file, remove_stale_lock
+from .procs import pid_alive
 from .region import read_superblock, unlink_region
-from .runtime import (
-    SHM_DIR,
-    check_runtime_dir,
-    list_segments,
-    lock_is_held,
-    pid_alive,
-    read_lock_file,
-    remove_stale_lock,
-)
+from .rundir import check_runtime_dir
+from .shm import SHM_DIR, list_segments
 
 __all__ = ["Finding", "scan", "doctor"]
 
@@ -108,7 +103,7 @@ def scan(shm_dir: str = SHM_DIR) -> list[Finding]:
             st = os.stat(shm_dir + region)
         except FileNotFoundError:
             continue  # unlinked while we looked
-        size = format_bytes(st.st_size)
+        size = format_size_approx(st.st_size)
         try:
             sb = read_superblock(region)
         except (OSError, ValueError) as exc:
@@ -192,14 +187,14 @@ def doctor(clean: bool = False, region_nbytes: int | None = None, out: Callable[
 
     try:
         check_shm_space(nbytes, shm_dir)
-        out(f"{shm_dir}: room for a {format_bytes(nbytes)} region: ok")
+        out(f"{shm_dir}: room for a {format_size_approx(nbytes)} region: ok")
     except StartupError as exc:
         problems += 1
         out(f"PROBLEM {exc}")
     try:
         check_memlock(nbytes)
         lim = memlock_limit()
-        why = "CAP_IPC_LOCK" if has_ipc_lock() else ("unlimited" if lim == resource.RLIM_INFINITY else format_bytes(lim))
+        why = "CAP_IPC_LOCK" if has_ipc_lock() else ("unlimited" if lim == resource.RLIM_INFINITY else format_size_approx(lim))
         out(f"RLIMIT_MEMLOCK: {why}: ok")
     except StartupError as exc:
         problems += 1

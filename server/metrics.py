@@ -77,7 +77,8 @@ class _Hist:
         self.sum += value
 
     def cumulative(self) -> list[tuple[str, float]]:
-        counts, total, out = list(self.counts), 0, []
+        counts, total = list(self.counts), 0
+        out: list[tuple[str, float]] = []
         for bound, n in zip((*DURATION_BUCKETS_S, float("inf")), counts):
             total += n
             out.append((floatToGoString(bound), total))

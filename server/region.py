@@ -42,6 +42,7 @@ import numpy as np
 import posix_ipc
 
 from shmrpc.schema.layout import PAGE, SUPERBLOCK_NBYTES, Geometry, Superblock
+from shmrpc.schema.proc import process_start_ticks
 
 from .checks import (
     StartupError,
@@ -52,9 +53,9 @@ from .checks import (
     shm_free_bytes,
     shm_space_error,
 )
-from .runtime import SHM_DIR, process_start_ticks
+from .shm import SHM_DIR
 
-__all__ = ["Region", "AttachedRegion", "attach_readonly", "read_superblock", "unlink_region", "MADV_POPULATE_WRITE",
+__all__ = ["Region", "ReadonlyRegion", "attach_readonly", "read_superblock", "unlink_region", "MADV_POPULATE_WRITE",
            "REGION_SEALS"]
 
 #: Linux >= 5.14; Python's mmap module does not always expose it.
@@ -383,7 +384,7 @@ def _check_mode(fd: int, name: str) -> None:
         )
 
 
-class AttachedRegion:
+class ReadonlyRegion:
     """A read-only mapping of an existing region, for tools and tests.
 
     Attributes:
@@ -413,7 +414,7 @@ class AttachedRegion:
             self.buf.release()
             mm.close()
 
-    def __enter__(self) -> AttachedRegion:
+    def __enter__(self) -> ReadonlyRegion:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -430,7 +431,7 @@ def _open_existing(name: str) -> posix_ipc.SharedMemory:
         raise PermissionError(errno.EACCES, f"region {name} is not readable by this user") from exc
 
 
-def attach_readonly(name: str) -> AttachedRegion:
+def attach_readonly(name: str) -> ReadonlyRegion:
     """Map the existing region ``name`` read-only.
 
     Raises:
@@ -444,7 +445,7 @@ def attach_readonly(name: str) -> AttachedRegion:
         mm = mmap.mmap(shm.fd, shm.size, mmap.MAP_SHARED, mmap.PROT_READ)
     finally:
         shm.close_fd()
-    return AttachedRegion(name, mm)
+    return ReadonlyRegion(name, mm)
 
 
 def read_superblock(name: str) -> Superblock:

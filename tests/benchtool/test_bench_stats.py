@@ -7,7 +7,7 @@ import pytest
 
 from shmrpc.bench import bandwidth_stats, latency_stats, parse_sizes, size_sweep
 from shmrpc.bench._shm import plan_slots, request_nbytes
-from shmrpc.bench._stats import format_bytes, iters_for_size
+from shmrpc.bench._stats import iters_for_size, size_label
 from shmrpc.schema.layout import parse_geometry
 
 
@@ -68,8 +68,8 @@ def test_iters_for_size_budget() -> None:
     assert iters_for_size(1 << 30, 3, 1 << 20) == 3  # nor above iters
 
 
-def test_format_bytes() -> None:
-    assert [format_bytes(n) for n in (64, 4096, 1 << 20, 256 << 20, 1000)] == ["64B", "4K", "1M", "256M", "1000B"]
+def test_size_label() -> None:
+    assert [size_label(n) for n in (64, 4096, 1 << 20, 256 << 20, 1000)] == ["64B", "4K", "1M", "256M", "1000B"]
 
 
 @pytest.mark.parametrize("clients", [1, 8])

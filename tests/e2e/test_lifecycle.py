@@ -248,7 +248,7 @@ def test_malformed_op_table_is_a_protocol_mismatch_at_connect(monkeypatch: pytes
 
     closed = []
 
-    class FakeTransport:  # a handshake that went through, with an op code out of range in its WELCOME
+    class FakeConnection:  # a handshake that went through, with an op code out of range in its WELCOME
         def __init__(self, name: str, connect_timeout_s: float, spin_us: int = 0,
                      worker_uid: int | None = None, lease: tuple[int, ...] | None = None) -> None:
             self.fds: list[int] = []
@@ -261,7 +261,7 @@ def test_malformed_op_table_is_a_protocol_mismatch_at_connect(monkeypatch: pytes
         def close(self, bye: bool = False) -> None:
             closed.append(True)
 
-    monkeypatch.setattr(client_mod, "Transport", FakeTransport)
+    monkeypatch.setattr(client_mod, "Connection", FakeConnection)
     with pytest.raises(ProtocolMismatchError, match="op table entry 'echo': code"):
         Client("fake", connect_timeout_s=1)
     assert closed, "the transport was not closed after the refused handshake"

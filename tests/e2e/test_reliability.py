@@ -32,6 +32,7 @@ from support import fuzz, seeds
 from wire import wait_for_state, worker_state
 
 from shmrpc.client import BusyError, Client, RequestError, Timeout
+from shmrpc.schema.control import Acquire
 
 if TYPE_CHECKING:
     from conftest import WorkerProc
@@ -165,6 +166,24 @@ def test_on_busy_wait_that_runs_out_raises_busy(spawn_worker: Callable[..., Work
         assert not isinstance(e.value, Timeout)
         assert 0.4 < waited < 10, waited  # it waited out its 0.5 s, and did not hang
         np.testing.assert_array_equal(b.call("echo", x=np.ones(100_000, np.uint8), timeout_s=5)["out"], 1)
+
+
+def test_a_late_grant_goes_back_with_release(spawn_worker: Callable[..., WorkerProc]) -> None:
+    """A GRANT arriving after its ACQUIRE gave up is matched by id and given back, not kept or dropped."""
+    w = spawn_worker(slots="64K:2,1M:1", lease="1,0")
+    with Client(w.name, timeout_s=10) as a, Client(w.name, timeout_s=10) as b:
+        la = a.loan(200_000)  # a borrows the only 1M slot
+        with pytest.raises(Timeout):  # b stops waiting long before the worker would give up its ACQUIRE
+            b._ask(Acquire(200_000, wait_s=60), time.monotonic() + 0.3)
+        wait_for_state(w.name, lambda st: st["pending_acquires"] == 1, "b's ACQUIRE queued")
+        la.release()
+        wait_for_state(w.name, lambda st: st["pending_acquires"] == 0, "b's ACQUIRE granted")
+        # b reads the late GRANT with its next reply, and gives the slot back at once
+        np.testing.assert_array_equal(b.call("echo", x=np.arange(4))["out"], np.arange(4))
+        wait_for_state(w.name, lambda st: not any(s[3] for c in st["clients"] for s in c["slots"]),
+                       "no borrowed slot left")
+        with a.loan(200_000):  # the 1M slot is free again
+            pass
 
 
 def test_more_callers_than_slots_all_complete(spawn_worker: Callable[..., WorkerProc]) -> None:

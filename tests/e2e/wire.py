@@ -13,9 +13,11 @@ import zmq
 from shmrpc.client import Client
 from shmrpc.schema import SCHEMA_HASH
 from shmrpc.schema import messages as m
+from shmrpc.schema.control import Hello
 from shmrpc.schema.descriptor import RequestDesc, StepDesc, TensorRef, encode_request
 from shmrpc.schema.header import HEADER, Header
 from shmrpc.schema.naming import attach_path, endpoint
+from shmrpc.schema.proc import process_start_ticks
 
 D = 4096  # descriptor area of every slot
 
@@ -78,10 +80,7 @@ def wait_for_state(name: str, ready: Callable[[dict[str, Any]], bool], what: str
 def hello_body(**changes: Any) -> dict[str, Any]:
     """A HELLO true to this process, with ``changes`` applied (a value of None drops the key)."""
     pid = os.getpid()
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
-    body: dict[str, Any] = {"protocol": m.PROTOCOL_VERSION, "schema_hash": SCHEMA_HASH, "pid": pid,
-                            "uid": os.getuid(), "start_ticks": ticks}
+    body = Hello(m.PROTOCOL_VERSION, SCHEMA_HASH, pid, os.getuid(), process_start_ticks(pid)).to_json()
     for k, v in changes.items():
         if v is None:
             body.pop(k, None)

@@ -142,11 +142,12 @@ _FORCED = ["", "1,2,4,2,0", "1,1,8,2,4", "2,2,4,2,3", "4,1,4,2,0", "4,1,2,4,4"]
 def test_w4a16_tensor_core_path(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     """The mma kernels against float64 x @ dequant(w), activations with outliers (|x| up to 1e3) and subnormals;
     the default table, M = 1 (opt-in), and forced configurations of both kernels (M above one m-block too)."""
-    from shmrpc.kernels.quant import GEMM_W4A16, _mma_cfg, dequantize_int4
+    from shmrpc.kernels import quant
+    from shmrpc.kernels.quant import GEMM_W4A16, W4A16Tuning, _mma_cfg, dequantize_int4
 
-    monkeypatch.setenv("SHMRPC_W4A16_MMA_M1", "1")
-    if cfg:
-        monkeypatch.setenv("SHMRPC_W4A16_MMA_CFG", cfg)
+    # the knobs are read once at import: set them as SHMRPC_W4A16_MMA_M1=1 SHMRPC_W4A16_MMA_CFG=cfg would
+    monkeypatch.setattr(quant, "_TUNING", W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_M1": "1",
+                                                                "SHMRPC_W4A16_MMA_CFG": cfg}))
     assert _mma_cfg(m, k, n, gs) is not None
     rng = np.random.default_rng(m * 7 + k)
     q = rng.integers(0, 256, (k // 2, n), dtype=np.uint8)

@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import pytest
 
-from shmrpc.kernels.quant import _ASYNC_VARIANTS, _MMA_TABLE, _MMA_VARIANTS, _mma_cfg, w4a16_mma_launch
+from shmrpc.kernels.quant import (
+    _ASYNC_VARIANTS,
+    _MMA_TABLE,
+    _MMA_VARIANTS,
+    W4A16Tuning,
+    _mma_cfg,
+    use_tuning,
+    w4a16_mma_launch,
+)
 
 
 @pytest.mark.parametrize("m", [1, 2, 16, 17, 32, 33, 64, 65])
-def test_table_by_m(monkeypatch, m) -> None:
-    for var in ("SHMRPC_W4A16_MMA", "SHMRPC_W4A16_MMA_M1", "SHMRPC_W4A16_MMA_CFG", "SHMRPC_W4A16_H2"):
-        monkeypatch.delenv(var, raising=False)
-    cfg = _mma_cfg(m, 4096, 14336, 128)
+def test_table_by_m(m) -> None:
+    with use_tuning(**vars(W4A16Tuning())):  # the defaults, whatever this process's environment says
+        cfg = _mma_cfg(m, 4096, 14336, 128)
     if m == 1 or m > 64:
         assert cfg is None
     else:
@@ -20,22 +27,30 @@ def test_table_by_m(monkeypatch, m) -> None:
         assert m <= 16 * cfg[0]  # one m-block: the weights are read once
 
 
-def test_shapes_it_does_not_take_fall_back(monkeypatch) -> None:
-    monkeypatch.delenv("SHMRPC_W4A16_MMA_CFG", raising=False)
-    assert _mma_cfg(16, 4096 + 32, 1024, 32) is None  # K % 64, group 32
-    assert _mma_cfg(16, 4096, 1024 + 32, 128) is None  # N % 64 with NWORD 2
-    assert _mma_cfg(16, 4096, 1024, 128) is not None
-    monkeypatch.setenv("SHMRPC_W4A16_MMA", "0")
-    assert _mma_cfg(16, 4096, 1024, 128) is None
+def test_shapes_it_does_not_take_fall_back() -> None:
+    with use_tuning(**vars(W4A16Tuning())):
+        assert _mma_cfg(16, 4096 + 32, 1024, 32) is None  # K % 64, group 32
+        assert _mma_cfg(16, 4096, 1024 + 32, 128) is None  # N % 64 with NWORD 2
+        assert _mma_cfg(16, 4096, 1024, 128) is not None
+        with use_tuning(mma=False):
+            assert _mma_cfg(16, 4096, 1024, 128) is None
 
 
-def test_opt_ins(monkeypatch) -> None:
-    monkeypatch.setenv("SHMRPC_W4A16_MMA_M1", "1")
-    assert _mma_cfg(1, 1024, 1024, 128) is not None
-    monkeypatch.setenv("SHMRPC_W4A16_H2", "1")
-    assert _mma_cfg(3, 1024, 1024, 128) is None  # the float16x2 kernel was asked for
-    monkeypatch.setenv("SHMRPC_W4A16_MMA_CFG", "9,9,9,9,9")
-    assert _mma_cfg(8, 1024, 1024, 128) is None  # unknown variant: never a kernel that was not compiled
+def test_opt_ins() -> None:
+    with use_tuning(**vars(W4A16Tuning(mma_m1=True))):
+        assert _mma_cfg(1, 1024, 1024, 128) is not None
+        with use_tuning(h2=True):
+            assert _mma_cfg(3, 1024, 1024, 128) is None  # the float16x2 kernel was asked for
+        with use_tuning(mma_cfg=(9, 9, 9, 9, 9)):
+            assert _mma_cfg(8, 1024, 1024, 128) is None  # unknown variant: never a kernel that was not compiled
+
+
+def test_tuning_is_read_from_the_environment_once() -> None:
+    env = {"SHMRPC_W4A16_MMA": "0", "SHMRPC_W4A16_MMA_CFG": "1,2,4,2", "SHMRPC_W4A16_H2": "1",
+           "SHMRPC_W4A16_BLOCKS_PER_SM": "3", "SHMRPC_W4A16_DEQUANT_MIN_M": "9"}
+    assert W4A16Tuning.from_env(env) == W4A16Tuning(blocks_per_sm=3, dequant_min_m=9, h2=True, mma=False,
+                                                    mma_cfg=(1, 2, 4, 2, 0))
+    assert W4A16Tuning.from_env({}) == W4A16Tuning()
 
 
 @pytest.mark.parametrize("cfg", [(*v, bps, 0) for v in _MMA_VARIANTS for bps in (1, 2, 4)]

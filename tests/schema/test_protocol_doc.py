@@ -11,6 +11,7 @@ import pytest
 from support.protocol_doc import golden_blocks, golden_names
 
 from shmrpc.schema import messages as m
+from shmrpc.schema.control import Hello, Welcome
 from shmrpc.schema.descriptor import (
     RequestDesc,
     ResponseDesc,
@@ -31,6 +32,11 @@ OUT = TensorRef("out", "float32", (4,), align_up(X.offset + X.nbytes, TENSOR_ALI
 REQUEST = RequestDesc(steps=(StepDesc("scale", SCALE_CODE, (("x", "x"),), (("out", "out"),), (("a", 2.0),)),),
                       inputs=(X,), outputs=("out",))
 RESPONSE = ResponseDesc(outputs=(OUT,))
+# The handshake the document describes (§1): a client asking for one 64 KiB slot, and its WELCOME.
+HELLO = Hello(m.PROTOCOL_VERSION, "0123456789abcdef", 4242, 1000, 123456, [1])
+WELCOME = Welcome(m.PROTOCOL_VERSION, "0123456789abcdef", 3, "00" * 16, 77, 9999, "numpy",
+                  [{"index": 1, "name": "memfd:shmrpc.w.1", "nbytes": 69632}],
+                  {"desc_nbytes": 4096, "classes": [[65536, 1]]}, [[1, 0, 1]], {})
 
 
 def _built() -> dict[str, bytes]:
@@ -42,6 +48,8 @@ def _built() -> dict[str, bytes]:
         "response-descriptor": resp,
         "response-header": Header(REQUEST_ID, SCALE_CODE, len(resp), int(Flag.RESPONSE), GENERATION).pack(),
         "done": m.pack_done(REGION, SLOT, REQUEST_ID, 0),
+        "hello": HELLO.encode(),
+        "welcome": WELCOME.encode(),
     }
 
 

@@ -11,7 +11,7 @@ from shmrpc.server.checks import (
     StartupError,
     check_memlock,
     check_shm_space,
-    format_bytes,
+    format_size_approx,
     has_ipc_lock,
 )
 
@@ -75,8 +75,8 @@ def test_has_ipc_lock_parses_capeff(tmp_path) -> None:  # type: ignore[no-untype
     assert not has_ipc_lock(str(tmp_path / "missing"))
 
 
-def test_format_bytes() -> None:
-    assert format_bytes(60 * MiB) == "60.0 MiB"
-    assert format_bytes(3 << 30) == "3.0 GiB"
-    assert format_bytes(2048) == "2.0 KiB"
-    assert format_bytes(12) == "12 B"
+def test_format_size_approx() -> None:
+    assert format_size_approx(60 * MiB) == "60.0 MiB"
+    assert format_size_approx(3 << 30) == "3.0 GiB"
+    assert format_size_approx(2048) == "2.0 KiB"
+    assert format_size_approx(12) == "12 B"

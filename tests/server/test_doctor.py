@@ -11,8 +11,10 @@ import posix_ipc
 from shmrpc.schema.layout import parse_geometry
 from shmrpc.schema.naming import attach_path, lock_path, socket_path
 from shmrpc.server.doctor import doctor, scan
+from shmrpc.server.lockfile import WorkerLock
 from shmrpc.server.region import Region
-from shmrpc.server.runtime import WorkerLock, ensure_runtime_dir, list_segments
+from shmrpc.server.rundir import ensure_runtime_dir
+from shmrpc.server.shm import list_segments
 
 GEOMETRY = parse_geometry("64K:2")
 

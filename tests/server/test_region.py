@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from shmrpc.schema.layout import PAGE, Superblock, parse_geometry
+from shmrpc.schema.proc import process_start_ticks
 from shmrpc.server import region as region_mod
 from shmrpc.server.checks import StartupError
 from shmrpc.server.region import Region, attach_readonly, read_superblock, unlink_region
-from shmrpc.server.runtime import list_segments, process_start_ticks
+from shmrpc.server.shm import list_segments
 
 GEOMETRY = parse_geometry("64K:3,1M:2")
 

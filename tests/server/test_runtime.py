@@ -13,17 +13,10 @@ import pytest
 
 from shmrpc.schema.naming import lock_path, runtime_dir, socket_path
 from shmrpc.server.checks import StartupError
-from shmrpc.server.runtime import (
-    WorkerAlreadyRunning,
-    WorkerLock,
-    ensure_runtime_dir,
-    list_segments,
-    lock_is_held,
-    pid_alive,
-    process_start_ticks,
-    remove_socket,
-    remove_stale_lock,
-)
+from shmrpc.server.lockfile import WorkerAlreadyRunning, WorkerLock, lock_is_held, remove_stale_lock
+from shmrpc.server.procs import pid_alive, process_start_ticks
+from shmrpc.server.rundir import ensure_runtime_dir, remove_socket
+from shmrpc.server.shm import list_segments
 
 
 def _dead_pid() -> int:
@@ -113,7 +106,7 @@ def test_lock_twice_raises_with_pid(worker_name: str) -> None:
 
 def test_lock_held_by_other_process(worker_name: str) -> None:
     code = (
-        "import sys; from shmrpc.server.runtime import WorkerLock; "
+        "import sys; from shmrpc.server.lockfile import WorkerLock; "
         f"l = WorkerLock.acquire({worker_name!r}); print('ok', flush=True); sys.stdin.read(); l.release()"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

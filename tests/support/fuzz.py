@@ -72,7 +72,7 @@ from shmrpc.schema.header import HEADER, Flag
 from shmrpc.schema.layout import Geometry
 from shmrpc.schema.messages import NO_RESPONSE
 from shmrpc.schema.naming import attach_path, endpoint, lock_path, region_prefix, socket_path
-from shmrpc.server.runtime import process_start_ticks
+from shmrpc.schema.proc import process_start_ticks, read_stat
 
 __all__ = ["FUZZ_SLOTS", "FUZZ_LEASE", "Case", "RawSession", "Fuzzer", "KINDS", "GENERATORS", "start_worker",
            "valid_descs", "machine_facts", "main"]
@@ -492,11 +492,8 @@ class Fuzzer:
 
     def worker_alive(self) -> bool:
         """The worker process still exists (not a zombie either)."""
-        try:
-            with open(f"/proc/{self.pid}/stat", "rb") as f:
-                return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-        except OSError:
-            return False
+        fields = read_stat(self.pid)
+        return bool(fields) and fields[0] not in ("Z", "X")
 
     def canary_intact(self) -> bool:
         """Every byte outside the fuzzing session's slots is as it was."""

@@ -1,4 +1,4 @@
-"""The runtime directory, the per-worker lock file, and cleaning up after a crashed predecessor.
+"""The per-worker lock file, and cleaning up after a crashed predecessor.
 
 One worker per name: :class:`WorkerLock` holds ``flock`` on ``<runtime>/<NAME>.lock``
 while the worker lives. The file holds JSON telling a successor what to clean::
@@ -32,32 +32,23 @@ import contextlib
 import fcntl
 import json
 import os
-import stat
 import time
 from pathlib import Path
 from typing import Any
 
-from shmrpc.schema.naming import attach_path, lock_path, region_prefix, runtime_dir, socket_path, validate_name
+from shmrpc.schema.naming import lock_path, region_prefix, socket_path, validate_name
+from shmrpc.schema.proc import process_start_ticks
 
 from .checks import StartupError
+from .procs import pid_alive
+from .region import read_superblock, unlink_region
+from .rundir import ensure_runtime_dir, remove_socket
+from .shm import list_segments, owned_by_us
 
-__all__ = [
-    "SHM_DIR",
-    "WorkerAlreadyRunning",
-    "WorkerLock",
-    "ensure_runtime_dir",
-    "check_runtime_dir",
-    "process_start_ticks",
-    "pid_alive",
-    "list_segments",
-    "remove_socket",
-    "read_lock_file",
-    "lock_is_held",
-    "remove_stale_lock",
-]
+__all__ = ["WorkerAlreadyRunning", "WorkerLock", "read_lock_file", "lock_is_held", "remove_stale_lock"]
 
-SHM_DIR = "/dev/shm"
 _BUSY_TRIES = 5
+
 _BUSY_WAIT_S = 0.01
 
 
@@ -77,144 +68,6 @@ class WorkerAlreadyRunning(StartupError):
         )
         self.name = name
         self.pid = pid
-
-
-def check_runtime_dir(path: Path, *, shared: bool = False) -> str | None:
-    """Why ``path`` is not a safe runtime directory (``None`` when it is: a real directory, ours, mode 0700;
-    0711 when ``shared``: other uids may pass through to the sockets but not list or change it).
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-    """
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        return (
-            f"runtime directory {path} is not a directory: remove it, or set SHMRPC_RUNTIME_DIR to a private directory"
-        )
-    if st.st_uid != os.geteuid():
-        return (
-            f"runtime directory {path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()}): "
-            "remove it, or set SHMRPC_RUNTIME_DIR to a private directory"
-        )
-    if st.st_mode & (0o066 if shared else 0o077):
-        return (
-            f"runtime directory {path} has mode {stat.S_IMODE(st.st_mode):04o}, so other users can reach "
-            f"the worker: run chmod 700 {path}, or set SHMRPC_RUNTIME_DIR to a private directory"
-        )
-    return None
-
-
-def ensure_runtime_dir(*, shared: bool = False) -> Path:
-    """Create the runtime directory (mode 0700; 0711 when ``shared``, for ``--allow-uid``) or check the existing one.
-
-    Returns:
-        The directory, :func:`shmrpc.schema.naming.runtime_dir`.
-
-    Raises:
-        StartupError: it exists but is not a directory, not ours, or group/other can enter it.
-
-    Example:
-        >>> path = ensure_runtime_dir()
-    """
-    path = runtime_dir()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = 0o711 if shared else 0o700
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    else:
-        os.chmod(path, mode)  # mkdir's mode passes through the umask; make it exact
-    problem = check_runtime_dir(path, shared=shared)
-    if problem:
-        raise StartupError(problem)
-    if shared and stat.S_IMODE(os.lstat(path).st_mode) != mode:
-        os.chmod(path, mode)  # ours and private: open it to passing through, never to listing
-    return path
-
-
-def _read_stat(pid: int) -> list[str] | None:
-    """Fields 3.. of /proc/<pid>/stat (after the command name), or None."""
-    if pid <= 0:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and ')'; everything after the last ')' is plain.
-    return data.rpartition(b")")[2].decode("ascii", "replace").split()
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (field 22 of ``/proc/<pid>/stat``), or None if no such process.
-
-    Example:
-        >>> process_start_ticks(os.getpid()) > 0
-        True
-    """
-    fields = _read_stat(pid)
-    if not fields or len(fields) < 20:
-        return None
-    try:
-        return int(fields[19])
-    except ValueError:
-        return None
-
-
-def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
-    """Whether ``pid`` is a live process and, if ``start_ticks`` is given, the same one that started then.
-
-    Zombies count as dead. Without ``/proc`` this falls back to ``kill(pid, 0)``
-    and cannot tell a reused pid apart.
-    """
-    if pid <= 0:
-        return False
-    if not os.path.exists("/proc/self/stat"):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    fields = _read_stat(pid)
-    if not fields or len(fields) < 20:
-        return False
-    if fields[0] in ("Z", "X"):
-        return False
-    if start_ticks is None:
-        return True
-    try:
-        return int(fields[19]) == start_ticks
-    except ValueError:
-        return False
-
-
-def list_segments(prefix: str = "shmrpc.", shm_dir: str = SHM_DIR) -> list[str]:
-    """POSIX shm names (with the leading ``/``) of the ``shm_dir`` entries starting with ``prefix``, sorted.
-
-    Example:
-        >>> list_segments("shmrpc.myworker.")
-        []
-    """
-    try:
-        entries = os.listdir(shm_dir)
-    except OSError:
-        return []
-    return sorted("/" + e for e in entries if e.startswith(prefix))
-
-
-def remove_socket(name: str) -> bool:
-    """Unlink the socket files (ZeroMQ and attach) of worker ``name``; returns whether there was one."""
-    removed = False
-    for path in (socket_path(name), attach_path(name)):
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            continue
-        removed = True
-    return removed
 
 
 def read_lock_file(path: Path) -> dict[str, Any] | None:
@@ -412,8 +265,6 @@ def _read_fd(fd: int) -> dict[str, Any] | None:
 
 def _clean_predecessor(name: str, previous: dict[str, Any] | None) -> list[str]:
     """Remove what a dead worker of ``name`` left behind; returns what was removed."""
-    from .region import read_superblock, unlink_region  # region imports this module
-
     cleaned: list[str] = []
     prefix = "/" + region_prefix(name)
     listed = previous.get("regions") if previous else None
@@ -429,16 +280,8 @@ def _clean_predecessor(name: str, previous: dict[str, Any] | None) -> list[str]:
             owner_alive = False  # never finished starting: no superblock yet
         else:
             owner_alive = pid_alive(sb.worker_pid, sb.worker_start_ticks)
-        if not owner_alive and _owned_by_us(region) and unlink_region(region):
+        if not owner_alive and owned_by_us(region) and unlink_region(region):
             cleaned.append(region)
     if remove_socket(name):
         cleaned.append(str(socket_path(name)))
     return cleaned
-
-
-def _owned_by_us(region: str) -> bool:
-    """Whether the /dev/shm entry of ``region`` belongs to our euid."""
-    try:
-        return os.stat(SHM_DIR + region).st_uid == os.geteuid()
-    except OSError:
-        return False

@@ -2,9 +2,9 @@
 
 The handshake (verifying the worker, HELLO, WELCOME with the regions' fds) is
 :mod:`._attach`'s; this module then connects the DEALER with the session token as
-its routing id. A DEALER receives three kinds of reply, interleaved: DONE for requests in
-flight (matched by request_id), GRANT/ERROR for the one control request that
-may be outstanding, and nothing else. The pump also watches the worker's
+its routing id. A DEALER receives replies interleaved: DONE for requests in flight
+(matched by request_id), and the JSON control replies (GRANT, MANAGED, ERROR, STATE),
+which the client matches by the ``id`` of the ACQUIRE or MANAGE they answer. The pump also watches the worker's
 pidfd, so a worker that dies fails every waiter at once instead of after its
 timeout.
 """
@@ -19,6 +19,7 @@ from typing import Any
 import zmq
 
 from shmrpc.schema import messages as m
+from shmrpc.schema.control import ErrorReply
 from shmrpc.schema.errors import (
     RequestError,
     Timeout,
@@ -26,15 +27,16 @@ from shmrpc.schema.errors import (
     from_wire,
 )
 from shmrpc.schema.naming import endpoint
+from shmrpc.schema.proc import process_start_ticks
 
-from ._attach import handshake, start_ticks
+from ._attach import handshake
 
-__all__ = ["Transport"]
+__all__ = ["Connection"]
 
 _POLLIN = int(zmq.POLLIN)
 
 
-class Transport:
+class Connection:
     """The verified handshake with worker ``name``, then one DEALER connection under the session's token."""
 
     def __init__(self, name: str, connect_timeout_s: float, spin_us: int = 0, worker_uid: int | None = None,
@@ -69,7 +71,7 @@ class Transport:
         except (AttributeError, OSError):
             self.pidfd = None
         if self.pidfd is not None:
-            if start_ticks(self.worker_pid) != self.welcome.get("worker_start_ticks"):
+            if process_start_ticks(self.worker_pid) != self.welcome.get("worker_start_ticks"):
                 raise WorkerGoneError(f"worker {self.name!r} exited during the handshake")
             self._poller.register(self.pidfd, zmq.POLLIN)
 
@@ -141,7 +143,6 @@ class Transport:
             self.pidfd = None
 
 
-def control_error(frame: bytes) -> RequestError:
+def control_error(reply: ErrorReply) -> RequestError:
     """The error an ERROR control reply carries."""
-    body = m.unpack_json(frame)
-    return from_wire(int(body.get("code", 0xFFFF)), str(body.get("message", "")), field=str(body.get("field", "")))
+    return from_wire(reply.code, reply.message, field=reply.field)

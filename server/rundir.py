@@ -1,0 +1,79 @@
+"""The runtime directory (``schema.naming.runtime_dir``: mode 0700, 0711 with ``--allow-uid``) and the sockets in it."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from shmrpc.schema.naming import attach_path, runtime_dir, socket_path
+
+from .checks import StartupError
+
+__all__ = ["check_runtime_dir", "ensure_runtime_dir", "remove_socket"]
+
+
+def check_runtime_dir(path: Path, *, shared: bool = False) -> str | None:
+    """Why ``path`` is not a safe runtime directory (``None`` when it is: a real directory, ours, mode 0700;
+    0711 when ``shared``: other uids may pass through to the sockets but not list or change it).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return (
+            f"runtime directory {path} is not a directory: remove it, or set SHMRPC_RUNTIME_DIR to a private directory"
+        )
+    if st.st_uid != os.geteuid():
+        return (
+            f"runtime directory {path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()}): "
+            "remove it, or set SHMRPC_RUNTIME_DIR to a private directory"
+        )
+    if st.st_mode & (0o066 if shared else 0o077):
+        return (
+            f"runtime directory {path} has mode {stat.S_IMODE(st.st_mode):04o}, so other users can reach "
+            f"the worker: run chmod 700 {path}, or set SHMRPC_RUNTIME_DIR to a private directory"
+        )
+    return None
+
+
+def ensure_runtime_dir(*, shared: bool = False) -> Path:
+    """Create the runtime directory (mode 0700; 0711 when ``shared``, for ``--allow-uid``) or check the existing one.
+
+    Returns:
+        The directory, :func:`shmrpc.schema.naming.runtime_dir`.
+
+    Raises:
+        StartupError: it exists but is not a directory, not ours, or group/other can enter it.
+
+    Example:
+        >>> path = ensure_runtime_dir()
+    """
+    path = runtime_dir()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = 0o711 if shared else 0o700
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    else:
+        os.chmod(path, mode)  # mkdir's mode passes through the umask; make it exact
+    problem = check_runtime_dir(path, shared=shared)
+    if problem:
+        raise StartupError(problem)
+    if shared and stat.S_IMODE(os.lstat(path).st_mode) != mode:
+        os.chmod(path, mode)  # ours and private: open it to passing through, never to listing
+    return path
+
+
+def remove_socket(name: str) -> bool:
+    """Unlink the socket files (ZeroMQ and attach) of worker ``name``; returns whether there was one."""
+    removed = False
+    for path in (socket_path(name), attach_path(name)):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        removed = True
+    return removed
