@@ -62,15 +62,20 @@ def set_dumpable(dumpable: bool) -> None:
         raise OSError(err, f"prctl(PR_SET_DUMPABLE): {os.strerror(err)}")
 
 
-def _check_dir(rdir: Path, name: str, worker_uid: int) -> None:
+def _lstat(path: Path, name: str) -> os.stat_result:
+    """``lstat`` of a path on the way to worker ``name``; a missing or unreachable one is a ConnectError."""
     try:
-        st = os.lstat(rdir)
+        return os.lstat(path)
     except FileNotFoundError:
-        raise ConnectError(f"no worker named {name!r}: {rdir} does not exist (start one with "
-                           f"`shmrpc serve --name {name}`, or check SHMRPC_RUNTIME_DIR)", path=str(rdir)) from None
+        raise ConnectError(f"no worker named {name!r}: {path} does not exist (start one with "
+                           f"`shmrpc serve --name {name}`, or check SHMRPC_RUNTIME_DIR)", path=str(path)) from None
     except PermissionError:
-        raise ConnectError(f"cannot reach {rdir} as uid {os.getuid()}: the worker does not admit this user "
-                           f"(its owner can start it with --allow-uid {os.getuid()})", path=str(rdir)) from None
+        raise ConnectError(f"cannot reach {path} as uid {os.getuid()}: the worker does not admit this user "
+                           f"(its owner can start it with --allow-uid {os.getuid()})", path=str(path)) from None
+
+
+def _check_dir(rdir: Path, name: str, worker_uid: int) -> None:
+    st = _lstat(rdir, name)
     if not stat.S_ISDIR(st.st_mode):
         raise ConnectError(f"runtime directory {rdir} is not a directory: remove it, or set SHMRPC_RUNTIME_DIR "
                            "to a directory of the worker's user", path=str(rdir), owner_uid=st.st_uid)
@@ -87,14 +92,7 @@ def _check_dir(rdir: Path, name: str, worker_uid: int) -> None:
 
 
 def _check_socket(path: Path, name: str, worker_uid: int) -> None:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise ConnectError(f"no worker named {name!r}: {path} does not exist (start one with "
-                           f"`shmrpc serve --name {name}`, or check SHMRPC_RUNTIME_DIR)", path=str(path)) from None
-    except PermissionError:
-        raise ConnectError(f"cannot reach {path} as uid {os.getuid()}: the worker does not admit this user "
-                           f"(its owner can start it with --allow-uid {os.getuid()})", path=str(path)) from None
+    st = _lstat(path, name)
     if not stat.S_ISSOCK(st.st_mode):
         raise ConnectError(f"{path} is not a socket (owner uid {st.st_uid}): remove it and restart the worker",
                            path=str(path), owner_uid=st.st_uid)
