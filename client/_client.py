@@ -49,6 +49,7 @@ from ._attach import set_dumpable
 from ._interop import DeviceInput, as_input, is_array_like
 from ._pipeline import Pipeline, resolve
 from ._region import AttachedRegion
+from ._sizing import OutputSizer
 from ._trace import ClientTracing
 from ._transport import Transport, control_error
 
@@ -56,6 +57,14 @@ __all__ = ["Client", "Loan", "CallFuture", "Resident"]  # Loan, CallFuture, Resi
 
 from ._loan import CallFuture, Loan
 from ._slot import _KEEP, Resident, _open, _Slot, _try_release, fork_generation, forked_since
+
+
+def _ref_of(reply: bytes) -> Any:
+    try:
+        body = m.unpack_json(reply)
+    except ValueError:
+        return None
+    return body.get("ref") if isinstance(body, dict) else None
 
 
 class Client:
@@ -158,6 +167,7 @@ class Client:
         self._rid = itertools.count(1)
         self._desc_cache: dict[Any, tuple[bytes, int, int, tuple[str, ...]]] = {}
         self._specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+        self._sizer = OutputSizer(lambda frame, ref: self._ask(frame, time.monotonic() + self.timeout_s, ref))
         self._unread: list[CallFuture] = []  # submitted futures (copy=True) whose result() was not asked yet
 
     # ------------------------------------------------------------ lifecycle
@@ -277,15 +287,18 @@ class Client:
                 still.append(f)
         self._unread = still
 
-    def _ask(self, frame: bytes, deadline: float) -> Any:
+    def _ask(self, frame: bytes, deadline: float, ref: str | None = None) -> Any:
         """Send a control message and return the JSON of its reply; raises the error an ERROR reply carries."""
         self._control.clear()
         self._t.send(frame)
-        self._pump(deadline, lambda: bool(self._control))
-        reply = self._control.pop(0)
-        if reply[:1] == m.ERROR:
-            raise control_error(reply)
-        return m.unpack_json(reply)
+        while True:
+            self._pump(deadline, lambda: bool(self._control))
+            reply = self._control.pop(0)
+            if ref is not None and _ref_of(reply) != ref:
+                continue  # a late reply to an earlier message: not this question's answer
+            if reply[:1] == m.ERROR:
+                raise control_error(reply)
+            return m.unpack_json(reply)
 
     def _acquire(self, nbytes: int, wait_s: float, deadline: float) -> _Slot:
         try:
@@ -341,7 +354,8 @@ class Client:
             copy: return copies (default), or views into the slot valid while you hold them
                 (the slot stays reserved until every view is gone).
             timeout_s: patience for this call, slot wait included.
-            out_nbytes: bytes to reserve for outputs (default: as many as the inputs).
+            out_nbytes: bytes to reserve for outputs. Not needed: by default the client asks the worker
+                for the outputs' specs (the ops' shape rules) once per signature and caches the answer.
             in_place: let the op write its output over its first input.
             keep: output names to keep on the worker as resident tensors instead of returning them.
 
@@ -376,7 +390,7 @@ class Client:
             entry = self.op_table.get(op) if isinstance(op, str) else None
             alias = entry is not None and entry.alias
             if out_nbytes is None:
-                out_nbytes = 0 if in_place or alias else sum(sizes)
+                out_nbytes = 0 if in_place or alias else self._out_nbytes(op, arrays, residents, attrs, keep, deadline)
             need += out_nbytes
             loan = Loan(self, self._take(max(need, self.geometry.desc_nbytes + 64), deadline))
             tracing = self._tracing
@@ -404,6 +418,15 @@ class Client:
             if _copy:
                 self._unread.append(fut)
             return fut
+
+    def _out_nbytes(self, op: str | Pipeline, arrays: dict[str, tuple[Any, str]], residents: dict[str, Resident],
+                    attrs: dict[str, Any], keep: tuple[str, ...], deadline: float) -> int:
+        """Bytes for the outputs, from the ops' shape rules on the worker (cached per signature; see ``_sizing``)."""
+        specs: dict[str, tuple[tuple[int, ...], str]] = {n: (tuple(a.shape), wire) for n, (a, wire) in arrays.items()}
+        for n, r in residents.items():
+            shape, dt = self._resident_spec(r.name)
+            specs[n] = (tuple(shape), dtypes.name_of_numpy(dt))
+        return self._sizer.out_nbytes(self.op_table, op, specs, tuple(residents), attrs, keep)
 
     # ------------------------------------------------------------ resident tensors
 

@@ -144,4 +144,7 @@ class Transport:
 def control_error(frame: bytes) -> RequestError:
     """The error an ERROR control reply carries."""
     body = m.unpack_json(frame)
-    return from_wire(int(body.get("code", 0xFFFF)), str(body.get("message", "")), field=str(body.get("field", "")))
+    step = body.get("step", -1)
+    return from_wire(int(body.get("code", 0xFFFF)), str(body.get("message", "")), field=str(body.get("field", "")),
+                     op=str(body.get("op", "")), tensor=str(body.get("tensor", "")),
+                     step=step if isinstance(step, int) else -1)

@@ -9,7 +9,8 @@ message               handled by
 ====================  =====================================================================
 HELLO (attach socket) :meth:`Sessions._on_hello`: identity from the kernel, pidfd, private memfd, WELCOME
 ACQUIRE / RELEASE     :meth:`Sessions._on_acquire`, :meth:`Sessions._on_release` (wait queue)
-MANAGE                :meth:`Sessions._on_manage`: list / drop resident tensors (``shared/`` ones: owner only)
+MANAGE                :meth:`Sessions._on_manage`: list / drop resident tensors (``shared/`` ones: owner only);
+                      "plan": output specs for a client sizing its slot (``_oprules.answer_plan``)
 BYE, pidfd readable   :meth:`Sessions._end_client`: end the lease, drop residents, free regions
 STATUS                :meth:`Sessions.state`
 ====================  =====================================================================
@@ -36,6 +37,7 @@ from . import checks, runtime
 from ._attach import PeerCred, check_identity
 from ._dispatch import resident_name
 from ._lease import Slot
+from ._oprules import answer_plan, op_summary
 from ._waiters import Waiter, Waiters
 from .region import Region
 
@@ -221,6 +223,8 @@ class Sessions:
             action, name = req["action"], str(req.get("name", ""))
         except (ValueError, KeyError, TypeError) as e:
             return self._refuse(identity, "bad_message", f"MANAGE is malformed ({e})", "manage")
+        if action == "plan":  # output specs for sizing a slot (schema/planquery.py)
+            return self._send(identity, answer_plan(self.backend, c.id, req))
         own = f"{c.id}/"
         if action == "list":
             listing = {}
@@ -363,6 +367,7 @@ class Sessions:
             "in_flight": self.leases.n_in_flight,
             "pending_acquires": len(self._waiters),
             "counters": self.metrics.snapshot(),
+            "ops": op_summary(),
             "resident": {k: {"shape": list(v.shape), "dtype": v.dtype} for k, v in self.backend.resident().items()}
             if self.backend else {},
         }

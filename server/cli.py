@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="estimated FLOPs up to which a request may run on the loop thread (default %(default)s)")
     b.add_argument("--client-max-waiters", type=int, default=4,
                    help="ACQUIREs one client may have waiting for a slot (default %(default)s)")
+    s.add_argument("--ops", default="", metavar="MODULE[,MODULE]",
+                   help="import these modules of users' ops at start (also: the shmrpc.ops entry points)")
     s.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                    help="least severe log lines written (default %(default)s; failed requests log at INFO)")
     _add_observability_args(s)
@@ -205,6 +207,16 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"shmrpc serve: {e}", file=sys.stderr)
         return EXIT_USAGE
     setup_logging(args.log_level, args.log_format)
+    from ._plugins import OpLoadError, load_ops, parse_ops
+
+    try:  # before the worker exists: its dispatcher and op table see users' ops like built-ins
+        load_ops(parse_ops(args.ops) if args.ops else ())
+    except ValueError as e:
+        print(f"shmrpc serve: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except OpLoadError as e:
+        print(f"shmrpc serve: {e}", file=sys.stderr)
+        return EXIT_FAILURE
     worker = Worker(cfg)
     worker.install_signal_handlers()
     try:
@@ -279,6 +291,11 @@ def _status(args: argparse.Namespace) -> int:
     for c in state["clients"]:
         print(f"  client {c['id']} pid {c['pid']} uid {c['uid']}: {len(c['slots'])} slots, "
               f"{sum(1 for s in c['slots'] if s[4])} in flight")
+    ops = state.get("ops", {})
+    users = [f"{n} ({o['code']}, {'/'.join(o['backends'])})" for n, o in ops.items() if not o["builtin"]]
+    print(f"ops {len(ops)}: {', '.join(n for n, o in ops.items() if o['builtin'])}")
+    if users:
+        print(f"users' ops: {', '.join(users)}")
     counters = state["counters"]
     for key in sorted(counters):
         print(f"  {key} = {counters[key]}")

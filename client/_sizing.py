@@ -1,0 +1,70 @@
+"""How many bytes of outputs a call needs: asked of the worker once per signature, then cached.
+
+An op's shape rule is Python on the worker, so the client asks (a plan query, see
+``shmrpc.schema.planquery``) the first time it calls an op or pipeline with given input
+shapes, dtypes, attributes and kept outputs; the answer is cached for that signature, so a
+steady stream of identical calls pays the question once. ``Client.call(out_nbytes=...)``
+still wins when given (no question asked).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from shmrpc.schema.layout import align_up, tensor_align
+from shmrpc.schema.optable import OpEntry
+from shmrpc.schema.planquery import decode_plan_answer, encode_plan_query
+
+from ._pipeline import Pipeline, resolve
+
+__all__ = ["OutputSizer", "placed_nbytes"]
+
+_MAX_ENTRIES = 4096
+
+
+def placed_nbytes(sizes: list[int]) -> int:
+    """Bytes tensors of ``sizes`` take in a slot, each at its alignment (an upper bound of the worker's placing)."""
+    return sum(align_up(n, tensor_align(n)) + tensor_align(n) for n in sizes)
+
+
+class OutputSizer:
+    """Output bytes per call signature, asked of the worker on a miss (``ask(frame) -> JSON answer``)."""
+
+    def __init__(self, ask: Callable[[bytes, str], Any]) -> None:
+        self._ask = ask
+        self._cache: dict[Any, int] = {}
+        self._refs = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def out_nbytes(self, op_table: Mapping[str, OpEntry], op: str | Pipeline,
+                   inputs: Mapping[str, tuple[tuple[int, ...], str]], resident: tuple[str, ...],
+                   attrs: Mapping[str, Any], keep: tuple[str, ...]) -> int:
+        """Bytes to reserve for the outputs of ``op`` over ``inputs`` (name -> (shape, dtype name)).
+
+        Raises the error the call itself would get (KernelError naming op, step and field, ...).
+        """
+        key = (op, tuple(inputs.items()), resident, tuple(sorted(attrs.items(), key=lambda kv: kv[0])), keep)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        steps, outputs = resolve(op_table, op, list(inputs), dict(attrs))
+        want = [o for o in outputs if o not in keep]
+        ref = f"plan-{next(self._refs)}"
+        answer = decode_plan_answer(self._ask(encode_plan_query(steps, inputs, resident, want, keep, ref), ref))
+        from shmrpc.schema.dtypes import itemsize
+
+        sizes = []
+        for shape, dt in answer.values():
+            n = itemsize(dt)
+            for d in shape:
+                n *= d
+            sizes.append(n)
+        nbytes = placed_nbytes(sizes)
+        if len(self._cache) >= _MAX_ENTRIES:
+            self._cache.clear()
+        self._cache[key] = nbytes
+        return nbytes
