@@ -63,7 +63,15 @@ from __future__ import annotations
 
 import re
 
-from ._common import TOL_ELEMENTWISE, TOL_MATMUL, TOL_REDUCTION, require_dtype, require_float, require_ndim, require_same
+from ._common import (
+    TOL_ELEMENTWISE,
+    TOL_MATMUL,
+    TOL_REDUCTION,
+    require_dtype,
+    require_float,
+    require_ndim,
+    require_same,
+)
 from ._dtypes import DTYPE_NAMES, FLOAT_DTYPES, from_float, to_float
 from ._errors import KernelError, KernelInputError, KernelResourceError, KernelRuntimeError
 from ._registry import (
