@@ -47,6 +47,8 @@ class OutputSizer:
 
         Raises the error the call itself would get (KernelError naming op, step and field, ...).
         """
+        if isinstance(op, Pipeline) and op.outputs == ():
+            return 0  # everything is kept on the worker (Client.put): nothing comes back
         key = (op, tuple(inputs.items()), resident, tuple(sorted(attrs.items(), key=lambda kv: kv[0])), keep)
         hit = self._cache.get(key)
         if hit is not None:
