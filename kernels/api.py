@@ -190,8 +190,8 @@ def _check(spec: OpSpec, module: str) -> OpSpec:
         if dt not in DTYPE_NAMES or not (isinstance(tol, tuple) and len(tol) == 2 and all(
                 isinstance(t, (int, float)) and t >= 0 for t in tol)):
             raise bad(f"tolerances[{dt!r}] must be a dtype name -> (rtol, atol) of non-negative numbers")
-    for p, s in spec.example.items():
-        if p not in spec.inputs or not isinstance(s, TensorSpec):
+    for p, ex in spec.example.items():
+        if p not in spec.inputs or not isinstance(ex, TensorSpec):
             raise bad(f"example[{p!r}] must be a TensorSpec of one of its inputs")
     if spec.example and set(spec.example) != set(spec.inputs):
         raise bad(f"example gives {sorted(spec.example)}, it needs every input {list(spec.inputs)}")
