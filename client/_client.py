@@ -390,7 +390,8 @@ class Client:
             entry = self.op_table.get(op) if isinstance(op, str) else None
             alias = entry is not None and entry.alias
             if out_nbytes is None:
-                out_nbytes = 0 if in_place or alias else self._out_nbytes(op, arrays, residents, attrs, keep, deadline)
+                asked = 0 if in_place or alias else self._out_nbytes(op, arrays, residents, attrs, keep, deadline)
+                out_nbytes = sum(sizes) if asked is None else asked
             need += out_nbytes
             loan = Loan(self, self._take(max(need, self.geometry.desc_nbytes + 64), deadline))
             tracing = self._tracing
@@ -420,8 +421,9 @@ class Client:
             return fut
 
     def _out_nbytes(self, op: str | Pipeline, arrays: dict[str, tuple[Any, str]], residents: dict[str, Resident],
-                    attrs: dict[str, Any], keep: tuple[str, ...], deadline: float) -> int:
-        """Bytes for the outputs, from the ops' shape rules on the worker (cached per signature; see ``_sizing``)."""
+                    attrs: dict[str, Any], keep: tuple[str, ...], deadline: float) -> int | None:
+        """Bytes for the outputs, from the ops' shape rules on the worker (cached per signature; see ``_sizing``);
+        None when the worker refuses the plan."""
         specs: dict[str, tuple[tuple[int, ...], str]] = {n: (tuple(a.shape), wire) for n, (a, wire) in arrays.items()}
         for n, r in residents.items():
             shape, dt = self._resident_spec(r.name)

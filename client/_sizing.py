@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from shmrpc.schema.errors import RequestError
 from shmrpc.schema.layout import align_up, tensor_align
 from shmrpc.schema.optable import OpEntry
 from shmrpc.schema.planquery import decode_plan_answer, encode_plan_query
@@ -42,10 +43,11 @@ class OutputSizer:
 
     def out_nbytes(self, op_table: Mapping[str, OpEntry], op: str | Pipeline,
                    inputs: Mapping[str, tuple[tuple[int, ...], str]], resident: tuple[str, ...],
-                   attrs: Mapping[str, Any], keep: tuple[str, ...]) -> int:
+                   attrs: Mapping[str, Any], keep: tuple[str, ...]) -> int | None:
         """Bytes to reserve for the outputs of ``op`` over ``inputs`` (name -> (shape, dtype name)).
 
-        Raises the error the call itself would get (KernelError naming op, step and field, ...).
+        Returns None when the worker refuses the plan (the call will fail; nothing is cached).
+        Raises what resolving the op raises locally (UnknownOpError, InvalidRequestError).
         """
         if isinstance(op, Pipeline) and op.outputs == ():
             return 0  # everything is kept on the worker (Client.put): nothing comes back
@@ -56,7 +58,12 @@ class OutputSizer:
         steps, outputs = resolve(op_table, op, list(inputs), dict(attrs))
         want = [o for o in outputs if o not in keep]
         ref = f"plan-{next(self._refs)}"
-        answer = decode_plan_answer(self._ask(encode_plan_query(steps, inputs, resident, want, keep, ref), ref))
+        try:
+            answer = decode_plan_answer(self._ask(encode_plan_query(steps, inputs, resident, want, keep, ref), ref))
+        except RequestError:
+            # the request itself will be refused: send it anyway (sized as before), so the worker answers it
+            # with the authoritative error and counts and logs it like any failed request
+            return None
         from shmrpc.schema.dtypes import itemsize
 
         sizes = []

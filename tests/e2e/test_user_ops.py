@@ -103,7 +103,7 @@ def test_outputs_wider_than_the_inputs_need_no_out_nbytes(worker: WorkerProc) ->
         assert len(c._sizer) == 2
         p = Pipeline().then("gemm").then("gelu")
         assert c.call(p, x=x, w=w)["1.out"].shape == (4, 2048)
-        with pytest.raises(KernelError) as e:  # the plan query answers with the call's own error
+        with pytest.raises(KernelError) as e:  # refused by the plan query, then by the request itself
             c.call("gemm", x=x, w=w[:4])
         assert (e.value.op, e.value.tensor, e.value.field) == ("gemm", "w", "shape")
 
