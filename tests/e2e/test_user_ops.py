@@ -214,3 +214,16 @@ def test_the_example_decoder_layer_matches_numpy_from_two_processes(ops_worker: 
     assert res["served"]["steps"] == 24 and res["inprocess"]["steps"] == 24
     assert res["served"]["max_rel_err"] < 2e-2 and "rpc_overhead_p50_us" in res
     assert _status(ops_worker.name)["resident"] == {}  # weights and every session's caches went with their clients
+
+
+def test_malformed_plan_queries_are_refused_and_the_worker_goes_on(worker: WorkerProc) -> None:
+    from shmrpc.schema import messages as m
+
+    with Client(worker.name, timeout_s=20) as c:
+        for body in ({"action": "plan", "steps": 5}, {"action": "plan", "steps": [["nope", {}, {}, {}]], "inputs": {}},
+                     {"action": "plan", "steps": [["gemm", {}, {}, {}]], "inputs": {"x": [[1 << 40] * 40, "float32"]}}):
+            with pytest.raises((InvalidRequestError, KernelError)) as e:
+                c._ask(m.pack_json(m.MANAGE, body), time.monotonic() + 10)
+            assert e.value.field
+        assert c.call("gemm", x=np.ones((2, 3), np.float32), w=np.ones((3, 5), np.float32))["out"].shape == (2, 5)
+    assert worker.proc.poll() is None
