@@ -22,9 +22,11 @@ Run (a worker with the ops loaded, then the driver)::
     PYTHONPATH=examples shmrpc serve --name demo --ops decoder_ops &
     PYTHONPATH=examples python examples/decoder_layer.py --worker demo --procs 2 --sessions 2 --tokens 32
 
-or let the driver start its own worker (``--spawn numpy|cupy``). It checks every step against a NumPy
-reference and prints tokens/s and per-step p50/p99; ``--inprocess numpy|cupy`` runs the same layer in
-this process through the backend directly (no RPC: the ceiling), ``--out FILE`` writes both as JSON.
+or let the driver start its own worker (``--spawn numpy|cupy``). It runs one session alone, then
+``--procs`` processes of ``--sessions`` sessions each, checks every step against a NumPy reference
+and prints tokens/s and per-step p50/p99; ``--inprocess numpy|cupy`` runs the same layer (one
+session) in this process through the backend directly (no RPC: the ceiling), and the difference
+of the one-session p50s is the RPC overhead per step; ``--out FILE`` writes everything as JSON.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -318,19 +320,25 @@ def main(argv: list[str] | None = None) -> int:
             proc = _spawn_worker(a.spawn, name)
             result["worker_backend"] = a.spawn
         if a.worker or a.spawn:
+            # one session alone first: its per-step time next to the in-process one is the RPC overhead
+            result["served_one_session"] = run_served(name, replace(cfg, procs=1, sessions=1))
+            print(f"served, 1 session:  {_line(result['served_one_session'])}")
             result["served"] = run_served(name, cfg)
-            print(f"served:     {_line(result['served'])}")
+            print(f"served, {cfg.procs} x {cfg.sessions}:   {_line(result['served'])}")
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
     if a.inprocess:
-        result["inprocess"] = run_inprocess(a.inprocess, cfg)
+        result["inprocess"] = run_inprocess(a.inprocess, replace(cfg, procs=1, sessions=1))
         result["inprocess_backend"] = a.inprocess
-        print(f"in process: {_line(result['inprocess'])}")
+        print(f"in process, 1 session: {_line(result['inprocess'])}")
     if "served" in result and "inprocess" in result:
-        result["rpc_overhead_p50_us"] = round(result["served"]["step_p50_us"] - result["inprocess"]["step_p50_us"], 1)
-        print(f"RPC overhead per step (p50): {result['rpc_overhead_p50_us']} us")
+        one, inp = result["served_one_session"], result["inprocess"]
+        result["rpc_overhead_p50_us"] = round(one["step_p50_us"] - inp["step_p50_us"], 1)
+        result["rpc_overhead_p99_us"] = round(one["step_p99_us"] - inp["step_p99_us"], 1)
+        print(f"RPC overhead per step, one session: p50 {result['rpc_overhead_p50_us']} us, "
+              f"p99 {result['rpc_overhead_p99_us']} us")
     if a.out:
         result.update(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), commit=os.environ.get("SHMRPC_COMMIT", _commit()),
                       machine={"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()})

@@ -211,7 +211,7 @@ def test_the_example_decoder_layer_matches_numpy_from_two_processes(ops_worker: 
                        capture_output=True, text=True, timeout=120, env=_env(EXAMPLES))
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
-    assert res["served"]["steps"] == 24 and res["inprocess"]["steps"] == 24
+    assert res["served"]["steps"] == 24 and res["served_one_session"]["steps"] == 6 and res["inprocess"]["steps"] == 6
     assert res["served"]["max_rel_err"] < 2e-2 and "rpc_overhead_p50_us" in res
     assert _status(ops_worker.name)["resident"] == {}  # weights and every session's caches went with their clients
 
