@@ -341,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
               f"p99 {result['rpc_overhead_p99_us']} us")
     if a.out:
         result.update(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), commit=os.environ.get("SHMRPC_COMMIT", _commit()),
-                      machine={"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()})
+                      machine={"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                               "load_average_1m_at_end": round(os.getloadavg()[0], 2)})
         with open(a.out, "w") as fh:
             json.dump(result, fh, indent=2)
     return 0
