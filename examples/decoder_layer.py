@@ -37,6 +37,7 @@ import math
 import multiprocessing as mp
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -131,7 +132,7 @@ class Reference:
         x = x.astype(np.float64).reshape(-1)
         mu = x.mean()
         h = (x - mu) / np.sqrt(((x - mu) ** 2).mean() + 1e-5) * w["ln_g"] + w["ln_b"]
-        qkv = h @ w["qkv"]
+        qkv = (h.astype(np.float32) @ w["qkv"]).astype(np.float64)  # float32 products: cheap at D = 2048
         d, hh = cfg.d, cfg.heads
         q = _rope(qkv[:d], pos, hh)
         self.k[pos], self.v[pos] = _rope(qkv[d:2 * d], pos, hh), qkv[2 * d:]
@@ -140,7 +141,7 @@ class Reference:
         p = np.exp(s - s.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
         att = np.einsum("ht,thd->hd", p, self.v[: pos + 1].reshape(-1, hh, hd)).reshape(-1)
-        x1 = x + att @ w["o"]
+        x1 = x + (att.astype(np.float32) @ w["o"])
         h2 = x1 / np.sqrt((x1 * x1).mean() + 1e-6) * w["g2"]
         u = (h2.astype(np.float16).astype(np.float32) @ self.up).astype(np.float64)
         a = 0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3)))
@@ -311,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(f"--{k.replace('_', '-')}", type=int, default=v)
     p.add_argument("--out", help="write the figures as JSON here")
     a = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))  # `timeout`: stop the spawned worker on the way out
     cfg = Config(**{k: getattr(a, k) for k in asdict(Config())})
     result: dict[str, Any] = {"config": asdict(cfg), "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]])}
     proc = None

@@ -79,7 +79,7 @@ short() {  # short NAME [ARGS...]: 64 B, 4 KiB, 1 MiB next to pyzmq, 5000 round 
     model)
       echo "== examples/decoder_layer.py --spawn cupy --inprocess cupy"
       PYTHONPATH="$PYTHONPATH:examples" timeout 90 python3 examples/decoder_layer.py --spawn cupy --inprocess cupy \
-        --d 2048 --heads 16 --f 8192 --max-tokens 160 --tokens 128 --procs 2 --sessions 2 \
+        --d 2048 --heads 16 --f 8192 --max-tokens 128 --tokens 96 --procs 2 --sessions 2 \
         --out "$OUT/model-gpu.json" 2>&1 | tail -6 ;;
     *) echo "unknown stage $stage (suite, gpu, lat, bw, spin, probe, model)" ;;
     esac
