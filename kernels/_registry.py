@@ -151,6 +151,7 @@ class OpSpec:
     example: Mapping[str, TensorSpec] = field(default_factory=dict)
     cost: CostFn | None = None
     mutates: tuple[str, ...] = ()
+    budget_s: float = 0.0
     module: str = ""
 
     def __post_init__(self) -> None:

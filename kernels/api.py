@@ -49,6 +49,8 @@ tolerances      dtype -> (rtol, atol) of an implementation against a float64 ref
 example         small input specs: warmup runs the op once on them
 cost            ``cost(in_specs, out_specs, attrs) -> FLOPs``; None: the generic rule. A
                 user op without one never runs on the worker's loop thread
+budget_s        a request of this op whose run takes longer is counted in the worker's
+                ``shmrpc_over_budget_total{op}`` (0: the worker's ``--op-budget``)
 doc             one line for the op table
 ==============  =====================================================================
 
@@ -195,6 +197,8 @@ def _check(spec: OpSpec, module: str) -> OpSpec:
             raise bad(f"example[{p!r}] must be a TensorSpec of one of its inputs")
     if spec.example and set(spec.example) != set(spec.inputs):
         raise bad(f"example gives {sorted(spec.example)}, it needs every input {list(spec.inputs)}")
+    if not (isinstance(spec.budget_s, (int, float)) and spec.budget_s >= 0):
+        raise bad(f"budget_s must be a number of seconds >= 0, got {spec.budget_s!r}")
     if not isinstance(spec.doc, str):
         raise bad("doc must be a string")
     return dataclasses.replace(spec, code=code, module=module)

@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="estimated FLOPs up to which a request may run on the loop thread (default %(default)s)")
     b.add_argument("--client-max-waiters", type=int, default=4,
                    help="ACQUIREs one client may have waiting for a slot (default %(default)s)")
+    s.add_argument("--op-budget", type=float, default=1.0, metavar="SECONDS",
+                   help="count requests whose run takes longer in shmrpc_over_budget_total{op} (0: off; "
+                        "an op's own budget_s wins; nothing is stopped) (default %(default)s)")
     s.add_argument("--ops", default="", metavar="MODULE[,MODULE]",
                    help="import these modules of users' ops at start (also: the shmrpc.ops entry points)")
     s.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
@@ -201,6 +204,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_clients=args.max_clients, max_clients_per_uid=args.max_clients_per_uid,
             request_memory_limit_bytes=parse_size(args.request_memory_limit),
             inline_max_flops=args.inline_max_flops, client_max_waiters=args.client_max_waiters,
+            op_budget_s=args.op_budget,
             metrics_addr=args.metrics_addr, metrics_token=token, otel=args.otel,
         )
     except ValueError as e:

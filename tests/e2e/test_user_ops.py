@@ -227,3 +227,37 @@ def test_malformed_plan_queries_are_refused_and_the_worker_goes_on(worker: Worke
             assert e.value.field
         assert c.call("gemm", x=np.ones((2, 3), np.float32), w=np.ones((3, 5), np.float32))["out"].shape == (2, 5)
     assert worker.proc.poll() is None
+
+
+WAITING = '''
+import os, time
+from shmrpc.kernels.api import AttrSpec, OpSpec, register_op
+
+
+def _wait(call):
+    deadline = time.monotonic() + 20  # hang guard: the test creates the file
+    while not os.path.exists(call.attrs["path"]) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return {"out": call.inputs["x"].copy()}
+
+
+register_op(OpSpec("t_wait", inputs=("x",), outputs=("out",), attrs={"path": AttrSpec("str")},
+                   infer=lambda i, a: {"out": i["x"]}, numpy=_wait, budget_s=1e-6))
+'''
+
+
+def test_a_slow_users_op_does_not_stall_small_requests_and_is_counted_over_budget(
+        spawn_worker: Callable[..., WorkerProc], tmp_path: Path, worker_name: str) -> None:
+    mod = "waiting_" + worker_name.replace("-", "_")
+    _module(tmp_path, mod, WAITING)
+    w = spawn_worker("--ops", mod, "--threads", "1", env=_env(tmp_path))
+    flag = tmp_path / "go"
+    with Client(w.name, timeout_s=30) as slow, Client(w.name, timeout_s=30) as fast:
+        fut = slow.submit("t_wait", x=np.ones(4, np.float32), path=str(flag))
+        for i in range(20):  # built-in, small: answered on the loop thread while the users' op holds the executor
+            assert fast.call("vector_add", x=np.full(4, float(i)), y=np.ones(4))["out"][0] == i + 1
+        assert not fut.done()
+        flag.touch()
+        np.testing.assert_array_equal(fut.result()["out"], 1.0)
+    counters = _status(w.name)["counters"]
+    assert counters["over_budget"] == {"t_wait": 1}
