@@ -1,6 +1,7 @@
 """Users' ops for the example decoder layer, loaded by the worker with ``shmrpc serve --ops decoder_ops``.
 
-Three ops, each one function written against ``call.xp`` (so it serves NumPy and CuPy alike):
+Three ops; ``rmsnorm_f16`` and ``kv_attend`` are one function written against ``call.xp`` (so it serves
+NumPy and CuPy alike), ``residual_add`` has a NumPy implementation and a CuPy ``ElementwiseKernel``:
 
 - ``rmsnorm_f16``: RMSNorm of a float32 row, scaled by ``g``, rounded to float16 (the int4 MLP's input);
 - ``kv_attend``: one new token's attention: rotary embedding of q and k at position ``pos``, k and v
@@ -146,8 +147,24 @@ def _residual(call: OpCall) -> dict[str, Any]:
     return {"out": xp.add(call.inputs["x"], y, out=call.dest("out"))}
 
 
+_KERNELS: dict[str, Any] = {}
+
+
+def _residual_cupy(call: OpCall) -> dict[str, Any]:
+    """One fused CuPy ElementwiseKernel (y widened in registers, no float32 copy of y), built once."""
+    import cupy
+
+    k = _KERNELS.get("residual_add")
+    if k is None:
+        k = _KERNELS["residual_add"] = cupy.ElementwiseKernel(
+            "float32 x, Y y", "float32 out", "out = x + (float)y", "decoder_residual_add")
+    x, y = call.inputs["x"], call.inputs["y"]
+    d = call.dest("out")
+    return {"out": k(x, y, d) if d is not None else k(x, y)}
+
+
 RESIDUAL_ADD = register_op(OpSpec(
-    "residual_add", inputs=("x", "y"), outputs=("out",), infer=_rule_residual, numpy=_residual, cupy=_residual,
+    "residual_add", inputs=("x", "y"), outputs=("out",), infer=_rule_residual, numpy=_residual, cupy=_residual_cupy,
     tolerances={"float32": (2e-6, 2e-6)}, doc="x (float32) + y (float16/float32) -> float32",
     example={"x": TensorSpec((2, 64), "float32"), "y": TensorSpec((2, 64), "float16")},
 ))

@@ -59,24 +59,40 @@ def as_float64(a: Any, dtype: str) -> np.ndarray:
 
 def run_op(backend: Backend, op: str, inputs: Mapping[str, np.ndarray], in_dtypes: Mapping[str, str],
            attrs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Run ``op`` alone through ``backend`` on host ``inputs``; returns output param -> host array."""
+    """Run ``op`` alone through ``backend`` on host ``inputs``; returns output param -> host array.
+
+    Inputs the op ``mutates`` are put as resident tensors first (copies: ``inputs`` are not changed)."""
     spec = REGISTRY[op]
     specs = {p: TensorSpec(a.shape, in_dtypes[p]) for p, a in inputs.items()}
-    plan = backend.plan([StepSpec(op, {p: p for p in spec.inputs}, {p: "out." + p for p in spec.outputs}, dict(attrs))],
-                        specs, ["out." + p for p in spec.outputs])
-    outs = {n: np.full(s.shape, 0x55, dtype=storage_dtype(s.dtype)) for n, s in plan.outputs.items()}
-    backend.run(plan, dict(inputs), outs)
+    resident = {p: f"parity/{p}" for p in spec.mutates}  # an op that updates an input in place gets it resident
+    for p, name in resident.items():
+        backend.put(name, inputs[p], in_dtypes[p])
+    try:
+        plan = backend.plan([StepSpec(op, {p: p for p in spec.inputs}, {p: "out." + p for p in spec.outputs},
+                                      dict(attrs))], specs, ["out." + p for p in spec.outputs], resident=resident)
+        outs = {n: np.full(s.shape, 0x55, dtype=storage_dtype(s.dtype)) for n, s in plan.outputs.items()}
+        backend.run(plan, {p: a for p, a in inputs.items() if p not in resident}, outs)
+    finally:
+        for name in resident.values():
+            backend.drop(name)
     return {n[4:]: a for n, a in outs.items()}
 
 
-def _default_inputs(spec: OpSpec, shapes: Mapping[str, tuple[int, ...]], dtype: str) -> MakeInputs:
+def _param_dtype(spec: OpSpec, p: str, dt: str, in_dtypes: Mapping[str, str]) -> str:
+    """An input's dtype in a case of dtype ``dt``: ``in_dtypes`` first, then ``dt`` unless the example says non-float."""
+    if p in in_dtypes:
+        return in_dtypes[p]
+    ex = spec.example.get(p)
+    return dt if ex is None or ex.dtype in FLOAT_DTYPES else ex.dtype
+
+
+def _default_inputs(spec: OpSpec, shapes: Mapping[str, tuple[int, ...]], in_dtypes: Mapping[str, str]) -> MakeInputs:
     def make(dt: str, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         ins = {}
         for p in spec.inputs:
             ex = spec.example.get(p)
-            pdt = dt if ex is None or ex.dtype in FLOAT_DTYPES else ex.dtype
             shape = shapes.get(p, ex.shape if ex is not None else ())
-            ins[p] = example_array(TensorSpec(tuple(shape), pdt), rng)
+            ins[p] = example_array(TensorSpec(tuple(shape), _param_dtype(spec, p, dt, in_dtypes)), rng)
         return ins, {}
     return make
 
@@ -117,7 +133,8 @@ def check_parity(op: str, *, shapes: Iterable[Mapping[str, tuple[int, ...]]] | N
     dtypes: dtypes to try (default: the float dtypes the op gives tolerances for); an input whose
         example dtype is not a float keeps it.
     attrs: attributes of every call; make_inputs: ``make(dtype, rng) -> (inputs, attrs)`` instead of
-        generated ones (then ``shapes`` is ignored and ``in_dtypes`` names non-float inputs' dtypes).
+        generated ones (then ``shapes`` is ignored). in_dtypes: input param -> dtype for inputs that keep
+        one dtype whatever the case's (``{"y": "float16"}``).
     reference: ``ref(float64 inputs, attrs) -> {output: float64 array}``; when given, the NumPy
         implementation is checked against it with ``tolerances[dtype]``.
     cupy_slack: the CuPy run is compared with the NumPy one at ``cupy_slack`` times the tolerance.
@@ -136,7 +153,7 @@ def check_parity(op: str, *, shapes: Iterable[Mapping[str, tuple[int, ...]]] | N
             cases.append((dt, make_inputs, "make_inputs"))
         else:
             for sh in (list(shapes) if shapes is not None else [{p: s.shape for p, s in spec.example.items()}]):
-                cases.append((dt, _default_inputs(spec, sh, dt), str(dict(sh))))
+                cases.append((dt, _default_inputs(spec, sh, in_dtypes or {}), str(dict(sh))))
     host = NumpyBackend() if "numpy" in spec.backends else None
     if host is None:
         report.skipped["numpy"] = f"op {op!r} has no numpy implementation"
@@ -147,9 +164,9 @@ def check_parity(op: str, *, shapes: Iterable[Mapping[str, tuple[int, ...]]] | N
         for i, (dt, make, where) in enumerate(cases):
             rng = np.random.default_rng(seed + i)
             ins, made_attrs = make(dt, rng)
-            call_attrs = {**made_attrs, **dict(attrs or {})}
-            pdt = {p: (in_dtypes or {}).get(p, dt if (spec.example.get(p) is None or spec.example[p].dtype in FLOAT_DTYPES)
-                                            else spec.example[p].dtype) for p in ins}
+            defaults = {a: s.default for a, s in spec.attrs.items() if not s.required}
+            call_attrs = {**defaults, **made_attrs, **dict(attrs or {})}
+            pdt = {p: _param_dtype(spec, p, dt, in_dtypes or {}) for p in ins}
             what = f"{op}[{dt}] {where}"
             tol = spec.tolerances.get(dt, (0.0, 0.0))
             try:
