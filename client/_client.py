@@ -52,6 +52,7 @@ from ._connection import Connection, control_error
 from ._interop import DeviceInput, as_input, is_array_like
 from ._pipeline import Pipeline, resolve
 from ._region import AttachedRegion
+from ._sizing import OutputSizer
 from ._trace import ClientTracing
 
 __all__ = ["Client", "Loan", "CallFuture", "Resident"]  # Loan, CallFuture, Resident re-exported
@@ -162,6 +163,7 @@ class Client:
         self._rid = itertools.count(1)
         self._desc_cache: dict[Any, tuple[bytes, int, int, tuple[str, ...]]] = {}
         self._specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+        self._sizer = OutputSizer(lambda msg: self._ask(msg, time.monotonic() + self.timeout_s))
         self._unread: list[CallFuture] = []  # submitted futures (copy=True) whose result() was not asked yet
 
     # ------------------------------------------------------------ lifecycle
@@ -366,7 +368,8 @@ class Client:
             copy: return copies (default), or views into the slot valid while you hold them
                 (the slot stays reserved until every view is gone).
             timeout_s: patience for this call, slot wait included.
-            out_nbytes: bytes to reserve for outputs (default: as many as the inputs).
+            out_nbytes: bytes to reserve for outputs. Not needed: by default the client asks the worker
+                for the outputs' specs (the ops' shape rules) once per signature and caches the answer.
             in_place: let the op write its output over its first input.
             keep: output names to keep on the worker as resident tensors instead of returning them.
 
@@ -401,7 +404,8 @@ class Client:
             entry = self.op_table.get(op) if isinstance(op, str) else None
             alias = entry is not None and entry.alias
             if out_nbytes is None:
-                out_nbytes = 0 if in_place or alias else sum(sizes)
+                asked = 0 if in_place or alias else self._out_nbytes(op, arrays, residents, attrs, keep, deadline)
+                out_nbytes = sum(sizes) if asked is None else asked
             need += out_nbytes
             loan = Loan(self, self._take(max(need, self.geometry.desc_nbytes + 64), deadline))
             tracing = self._tracing
@@ -429,6 +433,16 @@ class Client:
             if _copy:
                 self._unread.append(fut)
             return fut
+
+    def _out_nbytes(self, op: str | Pipeline, arrays: dict[str, tuple[Any, str]], residents: dict[str, Resident],
+                    attrs: dict[str, Any], keep: tuple[str, ...], deadline: float) -> int | None:
+        """Bytes for the outputs, from the ops' shape rules on the worker (cached per signature; see ``_sizing``);
+        None when the worker refuses the plan."""
+        specs: dict[str, tuple[tuple[int, ...], str]] = {n: (tuple(a.shape), wire) for n, (a, wire) in arrays.items()}
+        for n, r in residents.items():
+            shape, dt = self._resident_spec(r.name)
+            specs[n] = (tuple(shape), dtypes.name_of_numpy(dt))
+        return self._sizer.out_nbytes(self.op_table, op, specs, tuple(residents), attrs, keep)
 
     # ------------------------------------------------------------ resident tensors
 

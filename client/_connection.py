@@ -145,4 +145,5 @@ class Connection:
 
 def control_error(reply: ErrorReply) -> RequestError:
     """The error an ERROR control reply carries."""
-    return from_wire(reply.code, reply.message, field=reply.field)
+    return from_wire(reply.code, reply.message, field=reply.field, op=reply.op or "", tensor=reply.tensor or "",
+                     step=-1 if reply.step is None else reply.step)

@@ -3,6 +3,10 @@
 Sees arrays only: no FlatBuffers, no ZeroMQ, no shmrpc.schema. CuPy is imported only
 when the CuPy backend is selected, so ``import shmrpc.kernels`` works without it.
 
+Ops are defined with the public op API, :mod:`shmrpc.kernels.api` (``OpSpec``,
+``register_op``), built-in ones included; :mod:`shmrpc.kernels.testing` checks an op's
+implementations against each other and a reference (``check_parity``).
+
 Example::
 
     >>> import numpy as np

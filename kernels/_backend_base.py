@@ -10,10 +10,10 @@ import numpy as np
 
 from ._dtypes import as_storage, f32_to_bf16, storage_dtype
 from ._errors import KernelFatalError, KernelInputError, KernelResourceError, KernelRuntimeError
-from ._plan import Plan, build_plan
+from ._plan import Plan, ResolvedStep, build_plan
 from ._registry import REGISTRY, StepSpec, TensorSpec
 
-__all__ = ["Backend", "check_host", "example_array"]
+__all__ = ["Backend", "check_host", "check_result", "example_array"]
 
 
 def check_host(arr: Any, spec: TensorSpec, name: str, role: str) -> np.ndarray:
@@ -26,6 +26,25 @@ def check_host(arr: Any, spec: TensorSpec, name: str, role: str) -> np.ndarray:
         return as_storage(arr, spec.dtype)
     except TypeError:
         raise KernelInputError(f"{role} {name!r} has dtype {arr.dtype}, the plan says {spec.dtype}", tensor=name, field="dtype") from None
+
+
+def check_result(st: ResolvedStep, res: Any, out_specs: Mapping[str, TensorSpec]) -> None:
+    """What an op's implementation returned must be its outputs, as the shape rule said (else KernelRuntimeError)."""
+    if not isinstance(res, dict):
+        raise KernelRuntimeError(f"op {st.op.name!r} returned {type(res).__name__}, not a dict of its outputs",
+                                 op=st.op.name, step=st.index, field="outputs")
+    for p, spec in out_specs.items():
+        a = res.get(p)
+        if a is None:
+            raise KernelRuntimeError(f"op {st.op.name!r} returned no output {p!r}", op=st.op.name, step=st.index,
+                                     tensor=p, field="outputs")
+        shape, dtype = tuple(getattr(a, "shape", ())), getattr(a, "dtype", None)
+        if shape != spec.shape:
+            raise KernelRuntimeError(f"op {st.op.name!r} returned output {p!r} of shape {shape}; its shape rule says "
+                                     f"{spec.shape}", op=st.op.name, step=st.index, tensor=p, field="shape")
+        if dtype != storage_dtype(spec.dtype):
+            raise KernelRuntimeError(f"op {st.op.name!r} returned output {p!r} of dtype {dtype}; its shape rule says "
+                                     f"{spec.dtype}", op=st.op.name, step=st.index, tensor=p, field="dtype")
 
 
 def example_array(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
@@ -77,7 +96,13 @@ class Backend:
             plan = backend.plan([StepSpec("scale", {"x": "a"}, {"out": "b"}, {"a": 2.0})],
                                 {"a": TensorSpec((4,), "float32")}, ["b"])
         """
-        return build_plan(steps, inputs, outputs, keep, resident)
+        plan = build_plan(steps, inputs, outputs, keep, resident)
+        for st in plan.steps:
+            if self.name not in st.op.backends:
+                raise KernelInputError(f"op {st.op.name!r} has no {self.name} implementation (it has: "
+                                       f"{', '.join(st.op.backends)}); run it on a worker with that backend",
+                                       op=st.op.name, step=st.index, field="op")
+        return plan
 
     # -- resident tensors ----------------------------------------------------------
     def put(self, name: str, host_array: np.ndarray, dtype_name: str) -> TensorSpec:
@@ -173,7 +198,7 @@ class Backend:
         """Run every registered op once on its small example (loads/compiles kernels)."""
         rng = np.random.default_rng(0)
         for spec in REGISTRY.values():
-            if not spec.example:
+            if not spec.example or self.name not in spec.backends:
                 continue
             ins = {p: p for p in spec.inputs}
             outs = {p: f"out_{p}" for p in spec.outputs}

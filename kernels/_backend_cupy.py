@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ._backend_base import Backend
+from ._backend_base import Backend, check_result
 from ._errors import BackendUnavailable, KernelFatalError, KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan
 from ._registry import OpCall, TensorSpec
@@ -182,10 +182,13 @@ class CupyBackend(Backend):
 
     def _step(self, st: Any, ins: dict[str, Any], in_specs: Mapping[str, TensorSpec], out_specs: Mapping[str, TensorSpec],
               sset: _StreamSet) -> dict[str, Any]:
-        impl = st.op.cupy or st.op.numpy  # numpy twins are written against call.xp
+        impl = st.op.cupy
+        assert impl is not None  # plan() refuses ops without one
         call = OpCall(self.xp, ins, in_specs, out_specs, st.attrs, {}, sset.workspace)
         try:
-            return impl(call)
+            res = impl(call)
+            check_result(st, res, out_specs)
+            return res
         except Exception as e:
             raise self._wrap(e, st.op.name, st.index) from e
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ._backend_base import Backend
+from ._backend_base import Backend, check_result
 from ._errors import KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan, ResolvedStep
 from ._registry import OpCall, TensorSpec
@@ -74,8 +74,11 @@ class NumpyBackend(Backend):
                 if view is not None and _can_write(view, st, ins, later):
                     dests[p] = view
             call = OpCall(np, ins, st.in_specs, st.out_specs, st.attrs, dests)
+            impl = st.op.numpy
+            assert impl is not None  # plan() refuses ops without one
             try:
-                res = st.op.numpy(call)
+                res = impl(call)
+                check_result(st, res, st.out_specs)
             except OpError as e:
                 raise e.with_context(op=st.op.name, step=st.index) from None
             except MemoryError as e:

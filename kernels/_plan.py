@@ -64,7 +64,7 @@ class Plan:
         return bool(self.steps) and all(s.op.elementwise for s in self.steps)
 
 
-def _resolve_step(i: int, step: StepSpec, tensors: dict[str, TensorSpec]) -> ResolvedStep:
+def _resolve_step(i: int, step: StepSpec, tensors: dict[str, TensorSpec], resident: Mapping[str, str]) -> ResolvedStep:
     op = REGISTRY.get(step.op)
     if op is None:
         raise KernelInputError(f"unknown op {step.op!r}; the op table lists the known ones", op=step.op, step=i, field="op")
@@ -96,7 +96,17 @@ def _resolve_step(i: int, step: StepSpec, tensors: dict[str, TensorSpec]) -> Res
             raise KernelInputError(f"attribute {a!r} of op {op.name!r} is required", field=a)
         else:
             attrs[a] = aspec.default
-    out_specs = op.infer(MappingProxyType(in_specs), MappingProxyType(attrs))
+    out_specs = op.rule(MappingProxyType(in_specs), MappingProxyType(attrs))
+    if not isinstance(out_specs, dict) or set(out_specs) != set(op.outputs) or \
+            not all(isinstance(s, TensorSpec) for s in out_specs.values()):
+        raise KernelInputError(f"the shape rule of op {op.name!r} returned {out_specs!r}; it must give a TensorSpec "
+                               f"for each of its outputs {list(op.outputs)} (a bug in the op's module {op.module!r})",
+                               field="infer")
+    for p in op.mutates:
+        name = step.inputs[p]
+        if name not in resident:
+            raise KernelInputError(f"op {op.name!r} updates its input {p!r} in place, so it must be bound to one of "
+                                   f"your resident tensors; {name!r} is not one", tensor=p, field="resident")
     outputs: dict[str, str] = {}
     for p in op.outputs:
         name = step.outputs.get(p, f"#{i}.{p}")
@@ -131,7 +141,7 @@ def build_plan(
     resolved: list[ResolvedStep] = []
     for i, step in enumerate(steps):
         try:
-            resolved.append(_resolve_step(i, step, tensors))
+            resolved.append(_resolve_step(i, step, tensors, resident))
         except OpError as e:
             raise e.with_context(op=step.op, step=i) from None
     out_names = list(outputs)

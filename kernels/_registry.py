@@ -32,6 +32,8 @@ __all__ = [
     "REGISTRY",
     "register",
     "op_table",
+    "USER_CODE_MIN",
+    "USER_CODE_MAX",
 ]
 
 
@@ -119,26 +121,27 @@ ImplFn = Callable[["OpCall"], dict[str, Any]]
 
 @dataclass(frozen=True)
 class OpSpec:
-    """One op: its stable wire ``code``, parameters, shape/dtype rule and implementations.
+    """One op: its wire ``code``, parameters, shape/dtype rule and implementations.
 
-    ``infer(inputs, attrs)`` returns the output specs or raises KernelInputError naming
-    the tensor parameter and the field ("shape", "dtype" or an attribute name).
-    ``inplace``: output 0 may share memory with input 0 (same shape and dtype, elementwise).
-    ``alias``: output 0 *is* input 0 (nothing is computed). ``elementwise``: every input and
-    output has one shape and element i depends only on element i (backends may chunk it).
-    ``tolerances``: dtype -> (rtol, atol) of an implementation against a float64 reference.
-    ``example``: small input specs used by ``warmup()`` and smoke tests.
-    ``cost``: estimated floating-point operations of one call from its specs; None uses the
-    generic rule of :func:`shmrpc.kernels._cost.default_flops` (an upper-ish bound).
+    Public through :mod:`shmrpc.kernels.api`, which documents every field and checks a spec
+    when it is registered (:func:`shmrpc.kernels.api.register_op`); built-in ops are defined
+    the same way. In short: ``infer(inputs, attrs)`` returns the output specs or raises
+    KernelInputError naming the tensor parameter and the field; ``numpy`` and ``cupy`` are
+    the implementations (either may be None; :attr:`backends` lists those present);
+    ``inplace``/``alias``/``elementwise`` are what the backends may assume; ``mutates``
+    names resident inputs the op updates in place (a session's KV cache); ``tolerances``
+    maps dtype -> (rtol, atol); ``example`` gives small input specs for warmup and tests;
+    ``cost`` estimates FLOPs (None: the generic rule of :mod:`shmrpc.kernels._cost`).
+    ``code`` 0 asks :func:`~shmrpc.kernels.api.register_op` to derive one from the name.
     """
 
     name: str
-    code: int
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    attrs: Mapping[str, AttrSpec]
-    infer: InferFn
-    numpy: ImplFn
+    code: int = 0
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    attrs: Mapping[str, AttrSpec] = field(default_factory=dict)
+    infer: InferFn | None = None
+    numpy: ImplFn | None = None
     cupy: ImplFn | None = None
     inplace: bool = False
     alias: bool = False
@@ -147,10 +150,36 @@ class OpSpec:
     doc: str = ""
     example: Mapping[str, TensorSpec] = field(default_factory=dict)
     cost: CostFn | None = None
+    mutates: tuple[str, ...] = ()
+    budget_s: float = 0.0
+    module: str = ""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.code <= 0xFFFF:
-            raise ValueError(f"op code {self.code} of {self.name!r} is not a u16 >= 1")
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+        object.__setattr__(self, "mutates", tuple(self.mutates))
+        if not 0 <= self.code <= 0xFFFF:
+            raise ValueError(f"op code {self.code} of {self.name!r} is not a u16")
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backends this op has an implementation for, of ``("numpy", "cupy")``."""
+        return tuple(b for b in ("numpy", "cupy") if getattr(self, b) is not None)
+
+    @property
+    def builtin(self) -> bool:
+        """True for the ops shipped in ``shmrpc.kernels``."""
+        return self.code < USER_CODE_MIN
+
+    def rule(self, inputs: Mapping[str, TensorSpec], attrs: Mapping[str, Any]) -> dict[str, TensorSpec]:
+        """The output specs of one call (the shape/dtype rule); raises KernelInputError."""
+        assert self.infer is not None  # register_op refuses a spec without one
+        return self.infer(inputs, attrs)
+
+
+#: Op codes below this are the built-in ops'; users' ops take codes in [USER_CODE_MIN, USER_CODE_MAX].
+USER_CODE_MIN = 0x1000
+USER_CODE_MAX = 0xFFFF
 
 
 @dataclass(frozen=True)
@@ -190,13 +219,32 @@ REGISTRY: dict[str, OpSpec] = {}
 _CODES: dict[int, str] = {}
 
 
+def _where(spec: OpSpec) -> str:
+    return f"op {spec.name!r} (code {spec.code}{', module ' + spec.module if spec.module else ''})"
+
+
 def register(spec: OpSpec) -> OpSpec:
-    """Add ``spec`` to :data:`REGISTRY`; names and codes must be unique. Returns ``spec``."""
-    if spec.name in REGISTRY or spec.code in _CODES:
-        raise ValueError(f"op {spec.name!r} (code {spec.code}) is registered twice")
+    """Add a checked ``spec`` to :data:`REGISTRY` (see ``api.register_op``, which checks it first).
+
+    Raises:
+        ValueError: the name or the code is taken; the message names both ops.
+    """
+    other = REGISTRY.get(spec.name)
+    if other is None and spec.code in _CODES:
+        other = REGISTRY[_CODES[spec.code]]
+    if other is not None:
+        what = "name" if other.name == spec.name else "code"
+        raise ValueError(f"{_where(spec)} and {_where(other)} share a {what}; give one of them another "
+                         f"{'name' if what == 'name' else 'code= in ' + hex(USER_CODE_MIN) + '..' + hex(USER_CODE_MAX)}")
     REGISTRY[spec.name] = spec
     _CODES[spec.code] = spec.name
     return spec
+
+
+def unregister(name: str) -> None:
+    """Remove op ``name`` from the registry (tests that define throwaway ops)."""
+    spec = REGISTRY.pop(name)
+    _CODES.pop(spec.code, None)
 
 
 def op_table() -> dict[str, dict[str, Any]]:
@@ -206,7 +254,7 @@ def op_table() -> dict[str, dict[str, Any]]:
     checks it through ``parse_op_table``, and tests/test_contract.py keeps the two in step.
 
     Returns ``{name: {"code", "inputs", "outputs", "attrs": {a: {"kind", "default", "required"}},
-    "inplace", "alias", "doc"}}`` sorted by code. Example::
+    "inplace", "alias", "doc", "backends"}}`` sorted by code. Example::
 
         >>> op_table()["scale"]["attrs"]["a"]
         {'kind': 'float', 'default': 1.0, 'required': False}
@@ -224,6 +272,7 @@ def op_table() -> dict[str, dict[str, Any]]:
             "inplace": spec.inplace,
             "alias": spec.alias,
             "doc": spec.doc,
+            "backends": list(spec.backends),
         }
     return table
 

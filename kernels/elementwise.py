@@ -14,7 +14,8 @@ from typing import Any
 
 from ._common import TOL_ELEMENTWISE, require_dtype, require_float, require_same
 from ._dtypes import DTYPE_NAMES, bf16_to_f32, from_float, to_float
-from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec, register
+from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec
+from .api import register_op
 
 __all__ = ["ECHO", "VECTOR_ADD", "SCALE", "GELU", "gelu_float"]
 
@@ -34,7 +35,7 @@ def _echo(call: OpCall) -> dict[str, Any]:
     return {"out": d}
 
 
-ECHO = register(OpSpec(
+ECHO = register_op(OpSpec(
     name="echo", code=1, inputs=("x",), outputs=("out",), attrs={}, infer=_same_as_x,
     numpy=_echo, cupy=_echo, inplace=True, alias=True, elementwise=True,
     tolerances={n: (0.0, 0.0) for n in DTYPE_NAMES},
@@ -61,7 +62,7 @@ def _vector_add(call: OpCall) -> dict[str, Any]:
     return {"out": xp.add(x, y, out=d)}
 
 
-VECTOR_ADD = register(OpSpec(
+VECTOR_ADD = register_op(OpSpec(
     name="vector_add", code=2, inputs=("x", "y"), outputs=("out",), attrs={}, infer=_infer_vector_add,
     numpy=_vector_add, cupy=_vector_add, inplace=True, elementwise=True, tolerances=TOL_ELEMENTWISE,
     doc="out = x + y, elementwise. x and y: same shape (no broadcasting) and dtype, any dtype but bool; "
@@ -102,7 +103,7 @@ def _scale(call: OpCall) -> dict[str, Any]:
     return {"out": from_float(xp, f, dt, d)}
 
 
-SCALE = register(OpSpec(
+SCALE = register_op(OpSpec(
     name="scale", code=3, inputs=("x",), outputs=("out",),
     attrs={"a": AttrSpec("float", 1.0), "b": AttrSpec("float", 0.0)}, infer=_infer_scale,
     numpy=_scale, cupy=_scale, inplace=True, elementwise=True, tolerances=TOL_ELEMENTWISE,
@@ -137,7 +138,7 @@ def _gelu(call: OpCall) -> dict[str, Any]:
     return {"out": from_float(xp, gelu_float(xp, to_float(xp, x, dt)), dt, d)}
 
 
-GELU = register(OpSpec(
+GELU = register_op(OpSpec(
     name="gelu", code=12, inputs=("x",), outputs=("out",), attrs={}, infer=_infer_gelu,
     numpy=_gelu, cupy=_gelu, inplace=True, elementwise=True, tolerances=TOL_ELEMENTWISE,
     doc="out = 0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x**3))) (the tanh approximation), any float dtype; "

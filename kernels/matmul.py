@@ -15,7 +15,8 @@ from typing import Any
 from ._common import TOL_MATMUL, require_dtype, require_ndim
 from ._dtypes import from_float, to_float
 from ._errors import KernelInputError
-from ._registry import OpCall, OpSpec, TensorSpec, register
+from ._registry import OpCall, OpSpec, TensorSpec
+from .api import register_op
 
 __all__ = ["GEMM", "GEMM_BIAS"]
 
@@ -72,13 +73,13 @@ def _gemm_cupy(call: OpCall) -> dict[str, Any]:
 _DOC = ("x (M, K), w (K, N) of one dtype (float16/bfloat16/float32/float64) -> out (M, N) in that dtype; "
         "float32 accumulation for the 16-bit dtypes, rounded once")
 
-GEMM = register(OpSpec(
+GEMM = register_op(OpSpec(
     name="gemm", code=10, inputs=("x", "w"), outputs=("out",), attrs={}, infer=_infer_gemm,
     numpy=_gemm_numpy, cupy=_gemm_cupy, tolerances=TOL_MATMUL, doc="out = x @ w. " + _DOC + ".", cost=_gemm_flops,
     example={"x": TensorSpec((4, 32), "float16"), "w": TensorSpec((32, 16), "float16")},
 ))
 
-GEMM_BIAS = register(OpSpec(
+GEMM_BIAS = register_op(OpSpec(
     name="gemm_bias", code=17, inputs=("x", "w", "bias"), outputs=("out",), attrs={}, infer=_infer_gemm,
     numpy=_gemm_numpy, cupy=_gemm_cupy, tolerances=TOL_MATMUL, cost=_gemm_flops,
     doc="out = x @ w + bias. " + _DOC + "; bias (N,) of the same dtype, added before rounding.",

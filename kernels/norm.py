@@ -20,7 +20,8 @@ import numpy as np
 from ._common import TOL_REDUCTION, require_float, require_ndim, require_same
 from ._dtypes import from_float, itemsize, to_float
 from ._errors import KernelInputError
-from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec, register
+from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec
+from .api import register_op
 from .elementwise import gelu_float
 
 __all__ = ["LAYERNORM", "LAYERNORM_GELU", "SOFTMAX", "layernorm_float"]
@@ -113,13 +114,13 @@ _LN_DOC = ("x (..., D) float16/bfloat16/float32/float64, gamma (D,), beta (D,) o
            "Normalizes over the last axis: (x - mean) / sqrt(var + eps) * gamma + beta, statistics in float32 "
            "(float64 for float64), biased variance, two passes.")
 
-LAYERNORM = register(OpSpec(
+LAYERNORM = register_op(OpSpec(
     name="layernorm", code=11, inputs=("x", "gamma", "beta"), outputs=("out",), attrs={"eps": AttrSpec("float", 1e-5)},
     infer=_infer_ln, numpy=lambda c: _ln_numpy(c, False), cupy=lambda c: _ln_cupy(c, False),
     tolerances=TOL_REDUCTION, doc="out = layernorm(x). " + _LN_DOC, example=_LN_EX,
 ))
 
-LAYERNORM_GELU = register(OpSpec(
+LAYERNORM_GELU = register_op(OpSpec(
     name="layernorm_gelu", code=13, inputs=("x", "gamma", "beta"), outputs=("out",), attrs={"eps": AttrSpec("float", 1e-5)},
     infer=_infer_ln, numpy=lambda c: _ln_numpy(c, True), cupy=lambda c: _ln_cupy(c, True),
     tolerances=TOL_REDUCTION,
@@ -180,7 +181,7 @@ def _softmax_cupy(call: OpCall) -> dict[str, Any]:
     return {"out": out}
 
 
-SOFTMAX = register(OpSpec(
+SOFTMAX = register_op(OpSpec(
     name="softmax", code=14, inputs=("x",), outputs=("out",), attrs={}, infer=_infer_softmax,
     numpy=_softmax, cupy=_softmax_cupy, tolerances=TOL_REDUCTION,
     doc="out = exp(x - max) / sum(exp(x - max)) over the last axis (numerically stable), any float dtype; "

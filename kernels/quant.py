@@ -27,7 +27,8 @@ import numpy as np
 from ._common import TOL_MATMUL, require_dtype, require_ndim
 from ._dtypes import from_float, to_float
 from ._errors import KernelInputError
-from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec, register
+from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec
+from .api import register_op
 
 __all__ = ["QUANTIZE_INT4", "GEMM_W4A16", "dequantize_int4", "w4a16_launch_config", "w4a16_mma_launch",
            "W4A16Tuning", "tuning", "use_tuning"]
@@ -74,7 +75,7 @@ def _quantize(call: OpCall) -> dict[str, Any]:
     return outs
 
 
-QUANTIZE_INT4 = register(OpSpec(
+QUANTIZE_INT4 = register_op(OpSpec(
     name="quantize_int4", code=15, inputs=("w",), outputs=("qweight", "scales", "zeros"),
     attrs={"group_size": AttrSpec("int", 128)}, infer=_infer_quantize, numpy=_quantize, cupy=_quantize,
     tolerances={},  # checked by the round-trip bound |w - dequant| <= scale/2 (+ float16 rounding)
@@ -384,7 +385,7 @@ def _w4a16_h2(call: OpCall, m: int, k: int, n: int, gs: int) -> Any:
     return out
 
 
-GEMM_W4A16 = register(OpSpec(
+GEMM_W4A16 = register_op(OpSpec(
     name="gemm_w4a16", code=16, inputs=("x", "qweight", "scales", "zeros"), outputs=("out",), attrs={},
     infer=_infer_w4a16, numpy=_w4a16_numpy, cupy=_w4a16_cupy,
     tolerances={"float16": TOL_MATMUL["float16"], "bfloat16": TOL_MATMUL["bfloat16"]},

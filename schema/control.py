@@ -164,24 +164,33 @@ class Grant(ControlMessage):
 
 @dataclasses.dataclass(frozen=True)
 class Manage(ControlMessage):
-    """MANAGE: ``action`` "list" (resident tensors) or "drop" (``name``)."""
+    """MANAGE: ``action`` "list" (resident tensors), "drop" (``name``), or "plan": the output specs of a
+    request described by ``steps``, ``inputs``, ``resident``, ``outputs`` and ``keep`` (their contents
+    are checked by :mod:`shmrpc.schema.planquery`)."""
 
     KIND: ClassVar[bytes] = m.MANAGE
     NAME: ClassVar[str] = "MANAGE"
     action: str
     name: str = ""
     id: int | None = None
+    steps: list | None = None
+    inputs: dict | None = None
+    resident: list | None = None
+    outputs: list | None = None
+    keep: list | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Managed(ControlMessage):
-    """MANAGED: ``resident`` ({name: {shape, dtype}}) after "list", or ``dropped`` (the name) after "drop"."""
+    """MANAGED: ``resident`` ({name: {shape, dtype}}) after "list", ``dropped`` (the name) after "drop",
+    ``outputs`` ({name: [shape, dtype]}) after "plan"."""
 
     KIND: ClassVar[bytes] = m.MANAGED
     NAME: ClassVar[str] = "MANAGED"
     resident: dict | None = None
     dropped: str | None = None
     id: int | None = None
+    outputs: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,6 +204,10 @@ class ErrorReply(ControlMessage):
     message: str
     field: str = ""
     id: int | None = None
+    #: Where a refused plan query's request fails (as a CALL's error response would say); absent otherwise.
+    op: str | None = None
+    step: int | None = None
+    tensor: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

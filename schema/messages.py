@@ -26,8 +26,10 @@ A     ACQUIRE     c -> w     JSON: nbytes (borrow one more slot of at least that
 G     GRANT       w -> c     JSON: region, slot, generation, slot_nbytes, id (the ACQUIRE's)
 R     RELEASE     c -> w     ``SLOT`` struct: region u16, slot u32 (give back a borrowed slot)
 B     BYE         c -> w     empty: end of the lease
-M     MANAGE      c -> w     JSON: action "list" | "drop", name (resident tensors), id
-m     MANAGED     w -> c     JSON: resident ({name: {shape, dtype}}) or dropped (name), id (the MANAGE's)
+M     MANAGE      c -> w     JSON: action "list" | "drop", name (resident tensors), or action
+                             "plan" (output specs of a request: ``schema/planquery.py``), id
+m     MANAGED     w -> c     JSON: resident ({name: {shape, dtype}}) or dropped (name) or outputs
+                             ({name: [shape, dtype]}), id (the MANAGE's)
 S     STATUS      c -> w     empty: ask for the worker's state (no lease needed)
 s     STATE       w -> c     JSON: regions, leases, in-flight requests, counters
 E     ERROR       w -> c     JSON: code, kind, message, field, and id when it answers ACQUIRE or MANAGE

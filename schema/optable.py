@@ -4,7 +4,8 @@ The WELCOME's ``op_table`` is a JSON object, op name -> entry, listed by code::
 
     {"scale": {"code": 3, "inputs": ["x"], "outputs": ["out"],
                "attrs": {"a": {"kind": "float", "default": 1.0, "required": false}, ...},
-               "inplace": true, "alias": false, "doc": "out = a * x + b"}, ...}
+               "inplace": true, "alias": false, "doc": "out = a * x + b",
+               "backends": ["numpy", "cupy"]}, ...}
 
 =========  ===============  ==============================================================
 key        JSON type        meaning
@@ -18,7 +19,13 @@ attrs      {str: attr}      attribute -> ``{"kind", "default", "required"}``; ``
 inplace    bool             output 0 may overwrite input 0 (request flag ``IN_PLACE``)
 alias      bool             output 0 *is* input 0: nothing is computed (``echo``)
 doc        str              one line for people
+backends   [str]            the backends the op has an implementation for, of ``numpy``,
+                            ``cupy`` (a request for an op without the worker's backend is
+                            refused with KernelError field ``op``); absent: unknown
 =========  ===============  ==============================================================
+
+Codes below 4096 (0x1000) are the built-in ops'; users' ops (loaded with ``shmrpc serve
+--ops``) have codes in 4096..65535.
 
 Keys not listed are ignored by :func:`parse_op_table` (a newer worker may add some); a
 listed key with the wrong type, a code out of range or twice, or an unknown attribute kind
@@ -35,11 +42,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ATTR_KINDS", "AttrEntry", "OpEntry", "build_op_table", "parse_op_table"]
+__all__ = ["ATTR_KINDS", "USER_CODE_MIN", "AttrEntry", "OpEntry", "build_op_table", "parse_op_table"]
 
 ATTR_KINDS: tuple[str, ...] = ("float", "int", "str", "bool")
 _KIND_TYPES: dict[str, tuple[type, ...]] = {"float": (float, int), "int": (int,), "str": (str,), "bool": (bool,)}
 _MAX_NAME = 128
+#: Op codes from here up are users' ops; below, the built-in ones.
+USER_CODE_MIN = 0x1000
 
 
 @dataclass(frozen=True)
@@ -73,12 +82,18 @@ class OpEntry:
     inplace: bool = False
     alias: bool = False
     doc: str = ""
+    backends: tuple[str, ...] = ()
+
+    @property
+    def builtin(self) -> bool:
+        """True for the worker's built-in ops (codes below :data:`USER_CODE_MIN`)."""
+        return self.code < USER_CODE_MIN
 
     def to_json(self) -> dict[str, Any]:
         """The entry's JSON object (without the name, which is its key in the table)."""
         return {"code": self.code, "inputs": list(self.inputs), "outputs": list(self.outputs),
                 "attrs": {a: s.to_json() for a, s in self.attrs.items()},
-                "inplace": self.inplace, "alias": self.alias, "doc": self.doc}
+                "inplace": self.inplace, "alias": self.alias, "doc": self.doc, "backends": list(self.backends)}
 
     @classmethod
     def from_json(cls, name: str, obj: Any) -> OpEntry:
@@ -113,7 +128,11 @@ class OpEntry:
         doc = obj.get("doc", "")
         if not isinstance(doc, str):
             raise bad("doc", "a string")
-        return cls(name, code, names["inputs"], names["outputs"], attrs, flags["inplace"], flags["alias"], doc)
+        backends = obj.get("backends", [])
+        if not isinstance(backends, list) or not all(isinstance(b, str) and b for b in backends):
+            raise bad("backends", "a list of names")
+        return cls(name, code, names["inputs"], names["outputs"], attrs, flags["inplace"], flags["alias"], doc,
+                   tuple(backends))
 
 
 def _attr(op: str, name: str, obj: Any) -> AttrEntry:

@@ -214,7 +214,15 @@ class Dispatcher:
             kernels.check_memory(plan, cost, self.memory_limit_nbytes)
         except kernels.KernelResourceError as e:
             raise kernel_error(e, first) from None
-        inline = cost.flops <= self.inline_max_flops and cost.touched_nbytes <= self.inline_max_nbytes
+        # users' ops without a cost rule never run on the loop thread: a slow one holds an executor thread, not the loop
+        inline = cost.flops <= self.inline_max_flops and cost.touched_nbytes <= self.inline_max_nbytes and \
+            all(st.op.builtin or st.op.cost is not None for st in plan.steps)
+        for st in plan.steps:
+            for p in st.op.mutates:  # an op updating a resident tensor in place: only the caller's own
+                if resident.get(st.inputs[p], "").startswith("shared/"):
+                    raise InvalidRequestError(f"op {st.op.name!r} updates its input {p!r} in place; a shared resident "
+                                              "tensor cannot be updated, bind one of your own", op=st.op.name,
+                                              step=st.index, tensor=p, field="resident")
         in_slot = tuple(t for t in desc.inputs if not t.resident)
         outputs, all_aliased = self._place(desc, plan, in_slot, flags, slot_nbytes, alias_only)
         alias_only = alias_only and all_aliased

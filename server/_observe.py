@@ -58,6 +58,7 @@ class Observer:
         mt.set_build_info(version(), backend.name, "cpu" if device is None else f"cuda:{device}")
         mt.slots_total.set(sum(c.n_slots for c in cfg.geometry.classes))
         mt.resident_limit.set(cfg.resident_limit_bytes)
+        mt.set_budgets(cfg.op_budget_s, {n: s.budget_s for n, s in kernels.REGISTRY.items() if s.budget_s})
         if cfg.metrics_port is not None or cfg.metrics_addr.startswith("unix:"):
             try:
                 mt.serve(cfg.metrics_port or 0, cfg.metrics_addr, cfg.metrics_token, health)

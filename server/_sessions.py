@@ -9,7 +9,8 @@ message               handled by
 ====================  =====================================================================
 HELLO (attach socket) :meth:`Sessions.on_hello`: identity from the kernel, pidfd, private memfd, WELCOME
 ACQUIRE / RELEASE     :meth:`Sessions.on_acquire`, :meth:`Sessions.on_release` (wait queue)
-MANAGE                :meth:`Sessions.on_manage`: list / drop resident tensors (``shared/`` ones: owner only)
+MANAGE                :meth:`Sessions.on_manage`: list / drop resident tensors (``shared/`` ones: owner only);
+                      "plan": output specs for a client sizing its slot (``_oprules.answer_plan``)
 BYE, pidfd readable   :meth:`Sessions.end_client`: end the lease, drop residents, free regions
 STATUS                :meth:`Sessions.state`
 ====================  =====================================================================
@@ -41,6 +42,7 @@ from ._admission import Admission
 from ._attach import PeerCred, check_identity
 from ._dispatch import resident_name
 from ._lease import Slot
+from ._oprules import answer_plan, op_summary
 from ._waiters import Waiter, Waiters
 from .procs import pid_alive
 from .region import Region
@@ -242,6 +244,8 @@ class Sessions:
         except MessageError as e:
             return self._refuse(identity, "bad_message", f"MANAGE is malformed ({e})", e.field)
         action, name, rid = req.action, req.name, req.id
+        if action == "plan":  # output specs for sizing a slot (schema/planquery.py)
+            return self._send(identity, answer_plan(self.backend, c.id, req))
         own = f"{c.id}/"
         if action == "list":
             listing = {}
@@ -380,6 +384,7 @@ class Sessions:
             "in_flight": self.leases.n_in_flight,
             "pending_acquires": len(self._waiters),
             "counters": self.metrics.snapshot(),
+            "ops": op_summary(),
             "resident": {k: {"shape": list(v.shape), "dtype": v.dtype} for k, v in self.backend.resident().items()}
             if self.backend else {},
         }

@@ -110,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="estimated FLOPs up to which a request may run on the loop thread (default %(default)s)")
     b.add_argument("--client-max-waiters", type=int, default=4,
                    help="ACQUIREs one client may have waiting for a slot (default %(default)s)")
+    s.add_argument("--op-budget", type=float, default=1.0, metavar="SECONDS",
+                   help="count requests whose run takes longer in shmrpc_over_budget_total{op} (0: off; "
+                        "an op's own budget_s wins; nothing is stopped) (default %(default)s)")
+    s.add_argument("--ops", default="", metavar="MODULE[,MODULE]",
+                   help="import these modules of users' ops at start (also: the shmrpc.ops entry points)")
     s.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                    help="least severe log lines written (default %(default)s; failed requests log at INFO)")
     _add_observability_args(s)
@@ -199,6 +204,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_clients=args.max_clients, max_clients_per_uid=args.max_clients_per_uid,
             request_memory_limit_bytes=parse_size(args.request_memory_limit),
             inline_max_flops=args.inline_max_flops, client_max_waiters=args.client_max_waiters,
+            op_budget_s=args.op_budget,
             metrics_addr=args.metrics_addr, metrics_token=token, otel=args.otel,
             inject_fault=os.environ.get("SHMRPC_INJECT_FAULT") or None,  # tests only (WorkerConfig.inject_fault)
         )
@@ -206,6 +212,16 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"shmrpc serve: {e}", file=sys.stderr)
         return EXIT_USAGE
     setup_logging(args.log_level, args.log_format)
+    from ._plugins import OpLoadError, load_ops, parse_ops
+
+    try:  # before the worker exists: its dispatcher and op table see users' ops like built-ins
+        load_ops(parse_ops(args.ops) if args.ops else ())
+    except ValueError as e:
+        print(f"shmrpc serve: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except OpLoadError as e:
+        print(f"shmrpc serve: {e}", file=sys.stderr)
+        return EXIT_FAILURE
     worker = Worker(cfg)
     worker.install_signal_handlers()
     try:
@@ -280,6 +296,11 @@ def _status(args: argparse.Namespace) -> int:
     for c in state["clients"]:
         print(f"  client {c['id']} pid {c['pid']} uid {c['uid']}: {len(c['slots'])} slots, "
               f"{sum(1 for s in c['slots'] if s[4])} in flight")
+    ops = state.get("ops", {})
+    users = [f"{n} ({o['code']}, {'/'.join(o['backends'])})" for n, o in ops.items() if not o["builtin"]]
+    print(f"ops {len(ops)}: {', '.join(n for n, o in ops.items() if o['builtin'])}")
+    if users:
+        print(f"users' ops: {', '.join(users)}")
     counters = state["counters"]
     for key in sorted(counters):
         print(f"  {key} = {counters[key]}")

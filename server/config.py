@@ -74,6 +74,8 @@ class WorkerConfig:
             most ``inline_max_nbytes`` of tensors touched) run on the loop thread; all others in
             the executor, so the loop thread never computes for long.
         client_max_waiters: most ACQUIREs one client may have waiting for a slot at once.
+        op_budget_s: a request whose run takes longer is counted in ``shmrpc_over_budget_total{op}``
+            (an op's own ``budget_s`` wins); 0: no budget. Nothing is stopped.
         spin_us: after each wake-up, poll this long without sleeping before blocking again (0: never
             spin). Saves a scheduler wake-up per request that arrives within the window, at the cost of
             a busy core while it spins.
@@ -102,6 +104,7 @@ class WorkerConfig:
     request_memory_limit_bytes: int = 2 << 30
     inline_max_flops: int = 8_000_000
     client_max_waiters: int = 4
+    op_budget_s: float = 1.0
     metrics_addr: str = "127.0.0.1"
     #: Tests only: the first request fails as a device error would ("cuda_error", or "fatal": a sticky one).
     #: ``shmrpc serve`` fills it once, at start, from ``SHMRPC_INJECT_FAULT``; nothing reads that variable later.
@@ -128,6 +131,8 @@ class WorkerConfig:
                         ("--inline-max-flops", self.inline_max_flops)):
             if v < 0:
                 raise ValueError(f"{flag} must be >= 0, got {v}")
+        if not self.op_budget_s >= 0:
+            raise ValueError(f"--op-budget must be >= 0 seconds, got {self.op_budget_s}")
         if self.client_max_waiters < 0:
             raise ValueError(f"--client-max-waiters must be >= 0, got {self.client_max_waiters}")
         if self.isolation not in ("client", "shared"):

@@ -101,6 +101,9 @@ class _RequestStats:
         self.stage: dict[tuple[str, str], _Hist] = {}
         self.bytes_in = 0
         self.bytes_out = 0
+        self.over_budget: dict[str, int] = {}
+        self.budgets: dict[str, float] = {}  # op label -> seconds; others get default_budget_s (0: no budget)
+        self.default_budget_s = 0.0
 
     def collect(self) -> Iterator[Metric]:
         req = CounterMetricFamily("shmrpc_requests", "Requests answered, by op and status.", labels=["op", "status"])
@@ -117,6 +120,11 @@ class _RequestStats:
         for (op, name), h in list(self.stage.items()):
             stage.add_metric([op, name], h.cumulative(), h.sum)
         yield stage
+        over = CounterMetricFamily("shmrpc_over_budget", "Requests whose run took longer than their op's time budget "
+                                   "(the op's budget_s, else --op-budget), by op.", labels=["op"])
+        for op, n in list(self.over_budget.items()):
+            over.add_metric([op], n)
+        yield over
         yield CounterMetricFamily("shmrpc_bytes_in", "Tensor bytes read from slots.", value=self.bytes_in)
         yield CounterMetricFamily("shmrpc_bytes_out", "Tensor bytes written to slots.", value=self.bytes_out)
 
@@ -159,6 +167,11 @@ class Metrics:
         self._build.clear()
         self._build.labels(version, backend, device).set(1)
 
+    def set_budgets(self, default_s: float, per_op: dict[str, float]) -> None:
+        """Time budgets of a request's run by op label (``default_s`` for the others; 0: none)."""
+        self._stats.default_budget_s = default_s
+        self._stats.budgets = dict(per_op)
+
     def observe(self, op: str, status: str, seconds: float, nbytes_in: int, nbytes_out: int,
                 stages: dict[str, float] | None = None) -> None:
         """Record one answered request (from the worker's loop thread only: see :class:`_RequestStats`).
@@ -180,6 +193,9 @@ class Metrics:
         h.observe(seconds)
         st.bytes_in += nbytes_in
         st.bytes_out += nbytes_out
+        budget = st.budgets.get(op, st.default_budget_s)
+        if budget and (stages or {}).get("total", seconds) > budget:
+            st.over_budget[op] = st.over_budget.get(op, 0) + 1
         if stages:
             for stage, stage_s in stages.items():
                 if stage_s > 0 and stage in STAGES:
@@ -220,13 +236,14 @@ class Metrics:
         """The metrics as plain numbers, for ``shmrpc status``.
 
         Returns:
-            ``{"requests": {op: {status: n}}, "duration": {op: {"count": n, "sum_s": s}},
+            ``{"requests": {op: {status: n}}, "duration": {op: {"count": n, "sum_s": s}}, "over_budget": {op: n},
             "bytes_in": n, "bytes_out": n, "slots_leased": n, "clients": n, "inflight": n,
             "gpu_memory": n, "resident": n}``
         """
         requests: dict[str, dict[str, int]] = {}
         duration: dict[str, dict[str, float]] = {}
-        out: dict[str, Any] = {"requests": requests, "duration": duration}
+        over: dict[str, int] = {}
+        out: dict[str, Any] = {"requests": requests, "duration": duration, "over_budget": over}
         gauge_keys = {metric_name: key for key, (metric_name, _) in _GAUGES.items()}
         for family in self.registry.collect():
             for s in family.samples:
@@ -236,6 +253,8 @@ class Metrics:
                     duration.setdefault(s.labels["op"], {})["count"] = int(s.value)
                 elif s.name == "shmrpc_request_duration_seconds_sum":
                     duration.setdefault(s.labels["op"], {})["sum_s"] = s.value
+                elif s.name == "shmrpc_over_budget_total":
+                    over[s.labels["op"]] = int(s.value)
                 elif s.name == "shmrpc_bytes_in_total":
                     out["bytes_in"] = int(s.value)
                 elif s.name == "shmrpc_bytes_out_total":

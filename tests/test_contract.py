@@ -44,3 +44,11 @@ def test_kernels_op_table_is_a_valid_schema_op_table() -> None:
     parsed = parse_op_table(plain)
     assert build_op_table(parsed.values()) == plain  # the worker sends it unchanged
     assert {name: e.code for name, e in parsed.items()} == {n: s.code for n, s in kernels.REGISTRY.items()}
+
+
+def test_user_code_range_agrees() -> None:
+    from shmrpc.kernels import api
+    from shmrpc.schema import optable
+
+    assert api.USER_CODE_MIN == optable.USER_CODE_MIN
+    assert all(e.builtin for e in parse_op_table(kernels.op_table()).values())

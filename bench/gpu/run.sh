@@ -9,6 +9,9 @@
 #   spin    `lat --peers` and the client sweep with worker and clients spinning 200 µs (--spin-us),
 #           and a short `lat` next to zmq without spinning, for the same-run comparison
 #   probe   the tiny-request probe, and short `lat` runs next to zmq with and without spinning
+#   model   the example decoder layer (examples/decoder_layer.py): served by a CuPy worker that loads
+#           the users' ops (--ops decoder_ops), 2 processes x 2 sessions, every step checked against
+#           NumPy, next to the same layer run in process with CuPy (no RPC) -> $OUT/model-gpu.json
 # Usage: bash bench/gpu/run.sh [STAGE ...]   (default: suite gpu lat bw; one device call holds at
 # most 10 minutes, so run `suite lat`, `bw gpu` and `spin` as separate calls; `suite probe` fits one).
 # Prepare on the dev machine first:  ../shared/tools/gpu-wheels.sh [the bench extra, pinned] &&
@@ -73,7 +76,12 @@ short() {  # short NAME [ARGS...]: 64 B, 4 KiB, 1 MiB next to pyzmq, 5000 round 
     probe)
       echo "== bench/gpu/tiny_probe.py"; timeout 90 python3 bench/gpu/tiny_probe.py 2>&1 | tail -16
       for spin in 0 200; do short "bench-lat-gpu-probe-spin$spin" --backend cupy --spin-us "$spin"; done ;;
-    *) echo "unknown stage $stage (suite, gpu, lat, bw, spin, probe)" ;;
+    model)
+      echo "== examples/decoder_layer.py --spawn cupy --inprocess cupy"
+      PYTHONPATH="$PYTHONPATH:examples" timeout 90 python3 examples/decoder_layer.py --spawn cupy --inprocess cupy \
+        --d 2048 --heads 16 --f 8192 --max-tokens 128 --tokens 96 --procs 2 --sessions 2 \
+        --out "$OUT/model-gpu.json" 2>&1 | tail -6 ;;
+    *) echo "unknown stage $stage (suite, gpu, lat, bw, spin, probe, model)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -44,11 +45,12 @@ class WorkerProc:
         return self.proc.returncode
 
 
-def start_worker(name: str, *extra: str, slots: str = SLOTS, lease: str = LEASE, wait_s: float = 30.0) -> WorkerProc:
+def start_worker(name: str, *extra: str, slots: str = SLOTS, lease: str = LEASE, wait_s: float = 30.0,
+                 env: dict[str, str] | None = None) -> WorkerProc:
     """Start a worker and wait until its socket exists; fail with its stderr if it exits first."""
     args = [sys.executable, "-m", "shmrpc.server", "serve", "--name", name, "--slots", slots, "--lease", lease,
             "--backend", "numpy", "--no-mlock", "--log-level", "WARNING", *extra]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     w = WorkerProc(name, proc, args)
     # the worker prints one "ready" line on stdout once it serves
     line = proc.stdout.readline() if proc.stdout else ""
@@ -74,7 +76,7 @@ def spawn_worker(worker_name: str) -> Iterator[Callable[..., WorkerProc]]:
     """Start workers with custom options; all are killed at the end."""
     started: list[WorkerProc] = []
 
-    def spawn(*extra: str, name: str | None = None, **kw: str) -> WorkerProc:
+    def spawn(*extra: str, name: str | None = None, **kw: Any) -> WorkerProc:
         w = start_worker(name or worker_name, *extra, **kw)
         started.append(w)
         return w

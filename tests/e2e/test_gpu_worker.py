@@ -4,6 +4,7 @@ resident tensors, bad requests leave the CUDA context usable, an injected CUDA e
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -84,3 +85,27 @@ def test_injected_cuda_error_fails_one_request_then_recovers(spawn_worker: Calla
         with pytest.raises(KernelError):
             c.call("scale", x=x, a=2.0)
         np.testing.assert_array_equal(c.call("scale", x=x, a=2.0)["out"], 2 * x)
+
+
+def test_users_ops_and_the_decoder_example_on_a_cupy_worker(spawn_worker: Callable[..., WorkerProc],
+                                                             tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(examples), os.environ.get("PYTHONPATH")])))
+    w = spawn_worker("--backend", "cupy", "--ops", "decoder_ops", slots="64K:16,1M:4,16M:2", lease="4,1,0", env=env)
+    with Client(w.name, timeout_s=60) as c:
+        assert c.op_table["kv_attend"].backends == ("numpy", "cupy")
+        x = np.random.default_rng(9).standard_normal((4, 256)).astype(np.float32)
+        y = x.astype(np.float16)
+        np.testing.assert_allclose(c.call("residual_add", x=x, y=y)["out"], x + y.astype(np.float32), rtol=1e-6)
+    out = tmp_path / "model.json"
+    r = subprocess.run([sys.executable, str(examples / "decoder_layer.py"), "--worker", w.name, "--procs", "2",
+                        "--sessions", "2", "--tokens", "8", "--d", "256", "--f", "1024", "--max-tokens", "16",
+                        "--inprocess", "cupy", "--out", str(out)], capture_output=True, text=True, timeout=100, env=env)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["served"]["max_rel_err"] < 2e-2 and res["inprocess"]["max_rel_err"] < 2e-2

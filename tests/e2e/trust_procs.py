@@ -37,6 +37,7 @@ import numpy as np
 
 import shmrpc.kernels._backend_numpy  # noqa: F401 - imported before dropping to a uid that cannot read it
 import shmrpc.server._loop  # noqa: F401
+import shmrpc.server._plugins  # noqa: F401
 import shmrpc.server.cli as cli
 from shmrpc.client import Client, ConnectError
 from shmrpc.schema.layout import parse_size  # noqa: F401

@@ -60,3 +60,16 @@ def test_malformed_tables_name_what_is_wrong(table: Any, words: str) -> None:
 def test_build_refuses_a_code_twice() -> None:
     with pytest.raises(ValueError, match="twice"):
         build_op_table([SCALE, OpEntry("other", 3, (), ())])
+
+
+def test_backends_round_trip_and_default() -> None:
+    e = OpEntry("rope", 0x1234, ("x",), ("out",), backends=("cupy",))
+    back = parse_op_table(json.loads(json.dumps(build_op_table([e]))))["rope"]
+    assert back.backends == ("cupy",) and not back.builtin
+    old = {"echo": {"code": 1, "inputs": ["x"], "outputs": ["out"]}}  # an older worker's entry
+    assert parse_op_table(old)["echo"].backends == ()
+
+
+def test_backends_of_the_wrong_type_is_an_error_naming_the_key() -> None:
+    with pytest.raises(ValueError, match="'rope': backends"):
+        parse_op_table({"rope": {"code": 4097, "backends": "cupy"}})

@@ -1,0 +1,93 @@
+"""Loading users' op modules at worker start: ``--ops MODULE[,MODULE]`` and the ``shmrpc.ops`` entry points.
+
+A module defines its ops with :func:`shmrpc.kernels.api.register_op` when it is imported.
+The worker imports every module before it creates its dispatcher and announces its op
+table, so users' ops are in the WELCOME like built-ins. An entry point of the group
+``shmrpc.ops`` names a module (``myops = "mypkg.ops"``) or a function of no arguments
+that registers ops (``myops = "mypkg.ops:register"``).
+
+Anything wrong stops the start with :class:`OpLoadError`, whose message is one line naming
+the module and the reason: the module does not import, it raises while importing, or an op
+in it has an invalid spec or clashes with another op (both named).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import sys
+from collections.abc import Iterable
+
+from shmrpc.kernels import REGISTRY
+from shmrpc.kernels.api import OpSpecError
+
+__all__ = ["ENTRY_POINT_GROUP", "OpLoadError", "load_ops", "parse_ops"]
+
+#: The entry-point group an installed package lists its op modules in.
+ENTRY_POINT_GROUP = "shmrpc.ops"
+
+
+class OpLoadError(RuntimeError):
+    """A users' op module could not be loaded; the worker does not start."""
+
+
+def parse_ops(text: str) -> tuple[str, ...]:
+    """``"a.b,c"`` -> ``("a.b", "c")``; raises ValueError for an empty or malformed module name."""
+    mods = tuple(m.strip() for m in text.split(","))
+    for m in mods:
+        if not m or not all(part.isidentifier() for part in m.split(".")):
+            raise ValueError(f"--ops: {m!r} is not a module name (a.b.c); separate modules with commas")
+    return mods
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if not isinstance(e, OpSpecError) else text
+
+
+def _import(module: str, where: str) -> list[str]:
+    before = set(REGISTRY)
+    try:
+        importlib.import_module(module)
+    except OpSpecError as e:
+        raise OpLoadError(f"{where} {module}: {_one_line(e)}") from e
+    except ModuleNotFoundError as e:
+        missing = f"module {e.name!r} not found" if e.name else str(e)
+        raise OpLoadError(f"{where} {module}: it does not import ({missing}; is it on PYTHONPATH?)") from e
+    except BaseException as e:  # noqa: BLE001 - a user's module may raise anything while importing
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise OpLoadError(f"{where} {module}: importing it raised {_one_line(e)}") from e
+    return sorted(set(REGISTRY) - before)
+
+
+def _entry_points() -> Iterable[importlib.metadata.EntryPoint]:
+    return importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+
+
+def load_ops(modules: Iterable[str] = (), *, entry_points: bool = True) -> dict[str, list[str]]:
+    """Import users' op modules (entry points first, then ``modules``); returns ``{source: [op names]}``.
+
+    Raises:
+        OpLoadError: one line naming the module (or entry point) and the reason.
+    """
+    loaded: dict[str, list[str]] = {}
+    if entry_points:
+        for ep in _entry_points():
+            where = f"entry point {ep.name} ({ENTRY_POINT_GROUP})"
+            if ep.attr:
+                before = set(REGISTRY)
+                _import(ep.module, where)
+                try:
+                    fn = getattr(sys.modules[ep.module], ep.attr)
+                    fn()
+                except OpSpecError as e:
+                    raise OpLoadError(f"{where} {ep.value}: {_one_line(e)}") from e
+                except Exception as e:  # noqa: BLE001
+                    raise OpLoadError(f"{where} {ep.value}: calling it raised {_one_line(e)}") from e
+                loaded[ep.value] = sorted(set(REGISTRY) - before)
+            else:
+                loaded[ep.value] = _import(ep.module, where)
+    for module in modules:
+        loaded[module] = _import(module, "--ops")
+    return loaded

@@ -1,0 +1,190 @@
+"""The public op API: registering users' ops, the checks on a spec, codes, what an op's result must be, the parity helper."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shmrpc.kernels import REGISTRY, StepSpec, TensorSpec, select_backend
+from shmrpc.kernels._registry import unregister
+from shmrpc.kernels.api import (
+    USER_CODE_MAX,
+    USER_CODE_MIN,
+    AttrSpec,
+    KernelInputError,
+    KernelRuntimeError,
+    OpCall,
+    OpSpec,
+    OpSpecError,
+    register_op,
+    require_float,
+    user_code,
+)
+from shmrpc.kernels.testing import ParityError, check_parity
+
+BUILTIN_CODES = {"echo": 1, "vector_add": 2, "scale": 3, "gemm": 10, "layernorm": 11, "gelu": 12, "layernorm_gelu": 13,
+                 "softmax": 14, "quantize_int4": 15, "gemm_w4a16": 16, "gemm_bias": 17}
+
+
+@pytest.fixture
+def fresh() -> Iterator[list[str]]:
+    """Names registered by the test are removed after it."""
+    names: list[str] = []
+    yield names
+    for n in names:
+        if n in REGISTRY:
+            unregister(n)
+
+
+def _same(inputs: Any, attrs: Any) -> dict[str, TensorSpec]:
+    require_float(inputs["x"], "x")
+    return {"out": inputs["x"]}
+
+
+def _relu(call: OpCall) -> dict[str, Any]:
+    return {"out": call.xp.maximum(call.inputs["x"], 0, out=call.dest("out"))}
+
+
+def _spec(name: str, **kw: Any) -> OpSpec:
+    base: dict[str, Any] = dict(inputs=("x",), outputs=("out",), infer=_same, numpy=_relu,
+                                tolerances={"float32": (0.0, 0.0)}, example={"x": TensorSpec((4, 8), "float32")})
+    base.update(kw)
+    return OpSpec(name, **base)
+
+
+def _run(op: str, x: np.ndarray, attrs: dict[str, Any] | None = None) -> np.ndarray:
+    be = select_backend("numpy")
+    plan = be.plan([StepSpec(op, {"x": "x"}, {"out": "y"}, attrs or {})], {"x": TensorSpec(x.shape, "float32")}, ["y"])
+    out = np.empty(x.shape, np.float32)
+    be.run(plan, {"x": x}, {"y": out})
+    return out
+
+
+def test_builtin_ops_keep_their_codes_and_are_defined_through_the_api() -> None:
+    assert {n: s.code for n, s in REGISTRY.items() if s.builtin} == BUILTIN_CODES
+    assert all(s.module.startswith("shmrpc.kernels.") and s.backends == ("numpy", "cupy")
+               for n, s in REGISTRY.items() if n in BUILTIN_CODES)
+
+
+def test_a_user_op_gets_a_stable_code_in_the_users_range_and_runs(fresh: list[str]) -> None:
+    spec = register_op(_spec("t_relu"))
+    fresh.append("t_relu")
+    assert spec.code == user_code("t_relu") and USER_CODE_MIN <= spec.code <= USER_CODE_MAX
+    assert not spec.builtin and spec.backends == ("numpy",) and spec.module == __name__
+    x = np.array([[-1.0, 2.0]], np.float32)
+    np.testing.assert_array_equal(_run("t_relu", x), [[0.0, 2.0]])
+
+
+def test_an_explicit_code_outside_the_users_range_is_refused(fresh: list[str]) -> None:
+    with pytest.raises(OpSpecError, match=r"op 't_low': code 3 is outside the users' range"):
+        register_op(_spec("t_low", code=3))
+
+
+def test_two_ops_with_one_code_name_both(fresh: list[str]) -> None:
+    register_op(_spec("t_first", code=0x5000))
+    fresh.append("t_first")
+    with pytest.raises(OpSpecError, match=r"op 't_second' \(code 20480.*op 't_first' \(code 20480.*share a code"):
+        register_op(_spec("t_second", code=0x5000))
+    with pytest.raises(OpSpecError, match="share a name"):
+        register_op(_spec("t_first", code=0x5001))
+    assert "t_second" not in REGISTRY
+
+
+@pytest.mark.parametrize(("changes", "match"), [
+    ({"infer": None}, "infer"),
+    ({"numpy": None}, "neither a numpy nor a cupy"),
+    ({"numpy": 3}, "numpy implementation is not callable"),
+    ({"outputs": ()}, "no outputs"),
+    ({"inputs": ("x", "x")}, "names a parameter twice"),
+    ({"outputs": ("x",)}, "both inputs and outputs"),
+    ({"inputs": ("x-1",), "example": {}}, "identifier"),
+    ({"attrs": {"a": AttrSpec("float", "one")}}, "default 'one' is not a float"),
+    ({"attrs": {"a": AttrSpec("complex", 1)}}, "kind float, int, str, bool"),
+    ({"mutates": ("cache",)}, "not one of its inputs"),
+    ({"tolerances": {"float32": 1e-3}}, "tolerances"),
+    ({"example": {"y": TensorSpec((2,), "float32")}}, "example"),
+])
+def test_an_invalid_spec_is_refused_naming_the_op_and_the_reason(fresh: list[str], changes: dict[str, Any],
+                                                                  match: str) -> None:
+    with pytest.raises(OpSpecError, match=match) as e:
+        register_op(_spec("t_bad", **changes))
+    assert "'t_bad'" in str(e.value)
+    assert "t_bad" not in REGISTRY
+
+
+def test_a_bad_name_is_refused() -> None:
+    with pytest.raises(OpSpecError, match="op name '1abc'"):
+        register_op(_spec("1abc"))
+
+
+def test_an_op_returning_the_wrong_shape_or_dtype_or_raising_is_a_kernel_runtime_error(fresh: list[str]) -> None:
+    register_op(_spec("t_shape", numpy=lambda c: {"out": c.xp.zeros((1,), c.xp.float32)}))
+    register_op(_spec("t_dtype", numpy=lambda c: {"out": c.xp.zeros(c.inputs["x"].shape, c.xp.float64)}))
+    register_op(_spec("t_raise", numpy=lambda c: 1 / 0))
+    register_op(_spec("t_missing", numpy=lambda c: {}))
+    fresh.extend(["t_shape", "t_dtype", "t_raise", "t_missing"])
+    x = np.ones((2, 3), np.float32)
+    for op, field, text in (("t_shape", "shape", r"shape rule says \(2, 3\)"), ("t_dtype", "dtype", "float64"),
+                            ("t_raise", "", "ZeroDivisionError"), ("t_missing", "outputs", "no output 'out'")):
+        with pytest.raises(KernelRuntimeError, match=text) as e:
+            _run(op, x)
+        assert (e.value.op, e.value.step, e.value.field) == (op, 0, field)
+
+
+def test_an_op_without_the_backends_implementation_is_refused_at_plan_time(fresh: list[str]) -> None:
+    register_op(_spec("t_gpu_only", numpy=None, cupy=_relu))
+    fresh.append("t_gpu_only")
+    with pytest.raises(KernelInputError, match="has no numpy implementation") as e:
+        _run("t_gpu_only", np.ones(3, np.float32))
+    assert e.value.field == "op"
+
+
+def test_a_shape_rule_that_returns_garbage_is_an_input_error_naming_it(fresh: list[str]) -> None:
+    register_op(_spec("t_rule", infer=lambda i, a: {"nope": i["x"]}))
+    fresh.append("t_rule")
+    with pytest.raises(KernelInputError, match="shape rule of op 't_rule'") as e:
+        _run("t_rule", np.ones(3, np.float32))
+    assert e.value.field == "infer"
+
+
+def test_a_mutating_op_must_be_bound_to_a_resident_tensor(fresh: list[str]) -> None:
+    def rule(i: Any, a: Any) -> dict[str, TensorSpec]:
+        return {"out": i["x"]}
+
+    def bump(c: OpCall) -> dict[str, Any]:
+        c.inputs["acc"] += c.inputs["x"]
+        return {"out": c.inputs["acc"].copy()}
+
+    register_op(OpSpec("t_acc", inputs=("x", "acc"), outputs=("out",), infer=rule, numpy=bump, mutates=("acc",)))
+    fresh.append("t_acc")
+    be = select_backend("numpy")
+    spec = TensorSpec((3,), "float32")
+    with pytest.raises(KernelInputError, match="must be bound to one of your resident tensors"):
+        be.plan([StepSpec("t_acc", {"x": "x", "acc": "a"}, {"out": "y"})], {"x": spec, "a": spec}, ["y"])
+    be.put("1/acc", np.zeros(3, np.float32), "float32")
+    plan = be.plan([StepSpec("t_acc", {"x": "x", "acc": "a"}, {"out": "y"})], {"x": spec, "a": spec}, ["y"],
+                   resident={"a": "1/acc"})
+    out = np.empty(3, np.float32)
+    for _ in range(3):
+        be.run(plan, {"x": np.ones(3, np.float32)}, {"y": out})
+    np.testing.assert_array_equal(out, 3.0)  # the resident tensor kept the updates
+
+
+def test_parity_helper_checks_against_a_reference_and_reports_skips(fresh: list[str]) -> None:
+    register_op(_spec("t_relu2", tolerances={"float32": (0.0, 0.0), "float64": (0.0, 0.0)}))
+    fresh.append("t_relu2")
+    rep = check_parity("t_relu2", shapes=[{"x": (4, 8)}, {"x": (1000,)}],
+                       reference=lambda f, a: {"out": np.maximum(f["x"], 0)})
+    assert len(rep.compared) == 4 and "cupy" in rep.skipped
+    with pytest.raises(ParityError, match=r"numpy t_relu2\[float32\].*vs reference"):
+        check_parity("t_relu2", dtypes=["float32"], reference=lambda f, a: {"out": f["x"]})
+
+
+def test_parity_helper_lists_cases_the_rule_refuses(fresh: list[str]) -> None:
+    register_op(_spec("t_relu3"))
+    fresh.append("t_relu3")
+    rep = check_parity("t_relu3", dtypes=["float32", "int32"], reference=lambda f, a: {"out": np.maximum(f["x"], 0)})
+    assert len(rep.compared) == 1 and len(rep.refused) == 1 and "int32" in rep.refused[0]

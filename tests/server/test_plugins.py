@@ -1,0 +1,76 @@
+"""Loading users' op modules: --ops parsing, entry points, and the one-line errors."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shmrpc.kernels import REGISTRY
+from shmrpc.kernels._registry import unregister
+from shmrpc.server import _plugins
+from shmrpc.server._plugins import ENTRY_POINT_GROUP, OpLoadError, load_ops, parse_ops
+
+OPS = '''
+from shmrpc.kernels.api import OpSpec, register_op
+
+def register():
+    register_op(OpSpec("{name}_late", inputs=("x",), outputs=("out",), infer=lambda i, a: {{"out": i["x"]}},
+                       numpy=lambda c: {{"out": c.inputs["x"]}}))
+
+register_op(OpSpec("{name}", inputs=("x",), outputs=("out",), infer=lambda i, a: {{"out": i["x"]}},
+                   numpy=lambda c: {{"out": c.inputs["x"]}}))
+'''
+
+
+@pytest.fixture
+def pkg(tmp_path: Path, worker_name: str) -> Iterator[str]:
+    """A module of ops on sys.path; its ops and the module are forgotten afterwards."""
+    mod = "plug_" + worker_name.replace("-", "_")
+    (tmp_path / f"{mod}.py").write_text(textwrap.dedent(OPS.format(name=mod)))
+    sys.path.insert(0, str(tmp_path))
+    before = set(REGISTRY)
+    yield mod
+    sys.path.remove(str(tmp_path))
+    sys.modules.pop(mod, None)
+    for n in set(REGISTRY) - before:
+        unregister(n)
+
+
+def test_parse_ops() -> None:
+    assert parse_ops("a.b, c") == ("a.b", "c")
+    for bad in ("", "a,,b", "a-b", "1a"):
+        with pytest.raises(ValueError, match="is not a module name"):
+            parse_ops(bad)
+
+
+def test_modules_load_and_report_their_ops(pkg: str) -> None:
+    assert load_ops([pkg], entry_points=False) == {pkg: [pkg]}
+    assert REGISTRY[pkg].module == pkg and not REGISTRY[pkg].builtin
+
+
+def test_entry_points_of_a_module_or_a_function(pkg: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    eps = [importlib.metadata.EntryPoint("mine", pkg, ENTRY_POINT_GROUP),
+           importlib.metadata.EntryPoint("late", f"{pkg}:register", ENTRY_POINT_GROUP)]
+    monkeypatch.setattr(_plugins, "_entry_points", lambda: eps)
+    assert load_ops() == {pkg: [pkg], f"{pkg}:register": [f"{pkg}_late"]}
+
+
+def test_an_entry_point_that_fails_is_named(pkg: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    eps = [importlib.metadata.EntryPoint("broken", f"{pkg}:nothing_here", ENTRY_POINT_GROUP)]
+    monkeypatch.setattr(_plugins, "_entry_points", lambda: eps)
+    with pytest.raises(OpLoadError, match=rf"^entry point broken \(shmrpc.ops\) {pkg}:nothing_here: calling it raised "
+                                          "AttributeError"):
+        load_ops()
+
+
+def test_a_module_registering_a_taken_name_names_both(pkg: str) -> None:
+    load_ops([pkg], entry_points=False)
+    sys.modules.pop(pkg)  # imported again, its op is registered twice
+    with pytest.raises(OpLoadError, match=rf"--ops {pkg}: op '{pkg}' .* share a name") as e:
+        load_ops([pkg], entry_points=False)
+    assert "\n" not in str(e.value)
