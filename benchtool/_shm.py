@@ -206,6 +206,9 @@ class _ShmBase(Transport):
         if table and op not in table:
             self._client.close()
             raise TransportUnavailable(f"the worker has no op {op!r}; it has {', '.join(sorted(table))}")
+        # every tensor input of the op gets the same payload (vector_add: x and y)
+        entry = table.get(op)
+        self.inputs: tuple[str, ...] = tuple(entry.inputs) if entry is not None and entry.inputs else ("x",)
 
     def reply_bytes(self, reply: Any) -> bytes:
         out = reply["out"] if isinstance(reply, dict) else reply
@@ -239,7 +242,8 @@ class ShmLoanTransport(_ShmBase):
 
     def _fill(self, req: Any) -> None:
         n = self.nbytes // np.dtype(self.dtype).itemsize
-        req.array("x", (n,), self.dtype)[...] = payload_of(self.nbytes, self.dtype)
+        for name in self.inputs:
+            req.array(name, (n,), self.dtype)[...] = payload_of(self.nbytes, self.dtype)
 
     def prepare(self, nbytes: int) -> None:
         self.end_size()
@@ -260,7 +264,8 @@ class ShmLoanTransport(_ShmBase):
         if self._resend:
             return self._req.send(self.op_name, **self.attrs)
         with self._client.loan(_loan_nbytes(self.nbytes)) as req:
-            req.array("x", (self.nbytes // np.dtype(self.dtype).itemsize,), self.dtype)
+            for name in self.inputs:
+                req.array(name, (self.nbytes // np.dtype(self.dtype).itemsize,), self.dtype)
             return _copy_reply(req.send(self.op_name, **self.attrs))
 
     def end_size(self) -> None:
@@ -294,10 +299,10 @@ class ShmCallTransport(_ShmBase):
         self._payload = payload_of(nbytes, self.dtype)
 
     def roundtrip(self) -> Any:
-        return self._client.call(self.op_name, x=self._payload, **self.attrs)
+        return self._client.call(self.op_name, **dict.fromkeys(self.inputs, self._payload), **self.attrs)
 
     def start(self) -> Any:
-        return self._client.submit(self.op_name, x=self._payload, **self.attrs)
+        return self._client.submit(self.op_name, **dict.fromkeys(self.inputs, self._payload), **self.attrs)
 
     def finish(self, handle: Any) -> Any:
         return handle.result(60.0)

@@ -48,6 +48,7 @@ from ._attach import AttachListener, set_dumpable
 from ._dispatch import Dispatcher, Prepared, check_header, error_response
 from ._lease import Leases, Slot
 from ._observe import Observer
+from ._primed import Primed, PrimedSlots
 from ._sessions import Sessions, _refusal
 from ._shared import SharedOwners
 from ._waiters import Waiters
@@ -86,6 +87,7 @@ class Worker:
         )
         self._wake_r, self._wake_w = -1, -1
         self._views: dict[tuple[int, int], memoryview] = {}  # (region, slot) -> the slot's bytes, made once
+        self._primed = PrimedSlots()  # (region, slot) -> the last request validated there, with its views
         self.shared = SharedOwners()
         self.sessions: Sessions  # the control plane, made by start() once the backend and leases exist
         self._stopping = threading.Event()
@@ -125,7 +127,8 @@ class Worker:
             self._waiters = Waiters(self.leases.sizes, cfg.client_max_waiters)
             self.sessions = Sessions(cfg, regions=self.regions, views=self._views, backend=self.backend,
                                      leases=self.leases, waiters=self._waiters, metrics=self.metrics,
-                                     shared=self.shared, send=self._send, started=self._started)
+                                     shared=self.shared, send=self._send, started=self._started,
+                                     primed=self._primed)
             self.dispatch = Dispatcher(self.backend, cfg.geometry.desc_nbytes,
                                        memory_limit_nbytes=cfg.request_memory_limit_bytes,
                                        inline_max_flops=cfg.inline_max_flops, inline_max_nbytes=cfg.inline_max_nbytes)
@@ -206,6 +209,7 @@ class Worker:
                 self.backend.close()
             finally:
                 self.backend = None
+        self._primed.clear()
         self._views.clear()
         for r in self.regions.values():
             r.close()
@@ -414,17 +418,25 @@ class Worker:
             self._send(identity, m.pack_done(region, index, rid, NO_RESPONSE | e.code))
             return None
         t0 = time.perf_counter()
-        view = self._views.get((region, index))
+        key = (region, index)
+        view = self._views.get(key)
         if view is None:
-            view = self._views[(region, index)] = self.regions[region].slot_view(index)
+            view = self._views[key] = self.regions[region].slot_view(index)
         hdr = Header(rid, 0, 0, 0, gen)
         prep: Prepared | None = None
         try:
             h = unpack_from(view)
             hdr = Header(rid, h.op_code, 0, 0, gen)
             check_header(h, rid, gen, self.dispatch.desc_nbytes)
+            # a private copy: everything below reads these bytes, never the slot's again
             payload = bytes(view[HEADER_NBYTES:HEADER_NBYTES + h.payload_length])
-            prep = self.dispatch.prepare(payload, h.op_code, h.flags, s.nbytes, c.id)
+            primed = self._primed.get(key, payload, h.op_code, h.flags, c.id)
+            if primed is None:  # not the bytes validated last in this slot: decode, validate, plan
+                self._primed.forget(key)
+                prep = self.dispatch.prepare(payload, h.op_code, h.flags, s.nbytes, c.id)
+                primed = Primed(payload, h.op_code, h.flags, c.id, prep, self.dispatch.views(prep, view))
+                self._primed.put(key, primed)
+            prep = primed.prep
             if prep.keep_as:
                 self.shared.claim(c.id, prep.keep_as.values())  # shared/ names: only their owner may replace them
         except RequestError as e:
@@ -434,18 +446,19 @@ class Worker:
             return self._finish(identity, s, view, hdr, InternalError(f"validation failed: {e}"), t0, {}, None)
         self.metrics.inflight.inc()
         if prep.plan is None or prep.inline:
-            self._complete(identity, s, view, hdr, prep, t0)
+            self._complete(identity, s, view, hdr, primed, t0)
             if self.dispatch.fatal:
                 self._drain_done()
         else:
             assert self._executor is not None
-            self._executor.submit(self._run_async, identity, s, view, hdr, prep, t0)
+            self._executor.submit(self._run_async, identity, s, view, hdr, primed, t0)
         return None
 
-    def _execute(self, view: memoryview, hdr: Header, prep: Prepared) -> tuple[int, dict[str, float]]:
-        """Run ``prep`` and write its response into the slot; returns (status, stage seconds)."""
+    def _execute(self, view: memoryview, hdr: Header, primed: Primed) -> tuple[int, dict[str, float]]:
+        """Run ``primed``'s request and write its response into the slot; returns (status, stage seconds)."""
+        prep = primed.prep
         try:
-            stages = self.dispatch.run(prep, view)
+            stages = self.dispatch.run(prep, view, primed.views)
             status, payload = 0, prep.response
         except RequestError as e:
             stages, status, payload = {}, e.code, encode_response(error_response(e))
@@ -456,14 +469,15 @@ class Worker:
         _write_response(view, hdr, payload, status)
         return status, stages
 
-    def _complete(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, prep: Prepared, t0: float) -> None:
-        status, stages = self._execute(view, hdr, prep)
-        self._done_sent(identity, s, hdr, status, t0, stages, prep)
+    def _complete(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, primed: Primed, t0: float) -> None:
+        status, stages = self._execute(view, hdr, primed)
+        self._done_sent(identity, s, hdr, status, t0, stages, primed.prep)
 
-    def _run_async(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, prep: Prepared, t0: float) -> None:
+    def _run_async(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, primed: Primed, t0: float) -> None:
+        prep = primed.prep
         q = time.perf_counter() - t0
         try:
-            status, stages = self._execute(view, hdr, prep)
+            status, stages = self._execute(view, hdr, primed)
         except BaseException:  # noqa: BLE001 - always answer
             log.exception("request failed unexpectedly")
             status, stages = InternalError.code, {}

@@ -41,6 +41,7 @@ from ._admission import Admission
 from ._attach import PeerCred, check_identity
 from ._dispatch import resident_name
 from ._lease import Slot
+from ._primed import PrimedSlots
 from ._waiters import Waiter, Waiters
 from .procs import pid_alive
 from .region import Region
@@ -81,10 +82,11 @@ class Sessions:
 
     def __init__(self, config: WorkerConfig, *, regions: dict[int, Region], views: dict[tuple[int, int], memoryview],
                  backend: Backend, leases: Leases, waiters: Waiters, metrics: Metrics, shared: SharedOwners,
-                 send: Callable[[bytes, bytes], None], started: float) -> None:
+                 send: Callable[[bytes, bytes], None], started: float, primed: PrimedSlots | None = None) -> None:
         self.config = config
         self.regions = regions
         self._views = views
+        self._primed = primed
         self.backend = backend
         self.leases = leases
         self._waiters = waiters
@@ -228,6 +230,8 @@ class Sessions:
             self.region_owner.pop(i)
             for key in [k for k in self._views if k[0] == i]:
                 del self._views[key]
+            if self._primed is not None:  # its views hold the mapping open
+                self._primed.drop_region(i)
             self.leases.remove_private(i)
             if self.config.register_host:
                 self.backend.unregister_host(region.address)
