@@ -14,7 +14,7 @@ from ._stats import parse_sizes, size_sweep
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
-_ALL_PEERS = "zmq,pipe,grpc"
+_ALL_PEERS = "zmq,pipe,grpc,iox2,iox2-spin"
 _EPILOG = """\
 examples:
   shmrpc bench lat --peers                         # 64 B .. 256 MiB, shmrpc next to zmq, pipe, gRPC
@@ -89,7 +89,9 @@ def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     g.add_argument("--clients-max-size", type=_size, default=1 << 20,
                    help="the client sweep runs the sizes up to this (default 1M)")
     w = p.add_argument_group("the worker and the op")
-    w.add_argument("--op", default="echo", help="op taking one input x (default echo)")
+    w.add_argument("--op", default="echo", help="the op (default echo); each of its inputs gets the payload")
+    w.add_argument("--in-place", action="store_true",
+                   help="the loan asks for the output over its first input (ops declared in place, e.g. vector_add)")
     w.add_argument("--attr", type=_attr, action="append", default=[], help="op attribute KEY=VALUE (JSON value)")
     w.add_argument("--dtype", default="uint8", help="dtype of x (default uint8)")
     w.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto", help="for the worker it starts")
@@ -101,6 +103,8 @@ def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     t.add_argument("--peers", nargs="?", const=_ALL_PEERS, default="",
                    help=f"also measure peers (default all: {_ALL_PEERS}); missing packages are skipped")
     t.add_argument("--no-call", action="store_true", help="skip the shmrpc call() (copy in/out) line")
+    t.add_argument("--lanes", action="store_true",
+                   help="also the lanes: loan blocking and spinning, call() blocking (Client(lane=...))")
     t.add_argument("--transports", help=f"exact list, any of {','.join(TRANSPORT_CLASSES)} (overrides the above)")
     o = p.add_argument_group("output")
     o.add_argument("--out", help="JSON file (default bench/out/<mode>-<timestamp>.json)")
@@ -121,6 +125,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         keys = [k.strip() for k in args.transports.split(",") if k.strip()]
     else:
         keys = ["shmrpc"] + ([] if args.no_call else ["shmrpc-call"])
+        if args.lanes:
+            keys += ["shmrpc-lane", "shmrpc-lane-spin"] + ([] if args.no_call else ["shmrpc-call-lane"])
         keys += [k.strip() for k in args.peers.split(",") if k.strip()]
     unknown = [k for k in keys if k not in TRANSPORT_CLASSES]
     if unknown:
@@ -135,7 +141,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      attrs=dict(args.attr), dtype=args.dtype, backend=args.backend, window=args.window,
                      clients=args.clients, clients_max_nbytes=args.clients_max_size, transports=list(dict.fromkeys(keys)),
                      name=args.name, worker_args=args.worker_args, spin_us=args.spin_us,
-                     bytes_budget=args.bytes_budget)
+                     bytes_budget=args.bytes_budget, in_place=args.in_place)
 
 
 def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:
