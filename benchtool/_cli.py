@@ -80,6 +80,8 @@ def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     g.add_argument("--min-size", type=_size, default=64, help="power-of-two sweep from (default 64)")
     g.add_argument("--max-size", type=_size, default=256 << 20, help="power-of-two sweep to (default 256M)")
     g.add_argument("--iters", type=int, default=1000, help="timed round trips per size (default %(default)s)")
+    g.add_argument("--connect-iters", type=int, default=0,
+                   help="also time this many Client(name) connects, HELLO to ready (default 0: none)")
     g.add_argument("--warmup", type=int, default=50, help="untimed round trips first (default %(default)s)")
     g.add_argument("--bytes-budget", type=_size, default=2 << 30,
                    help="cut --iters so one size moves at most this much one way (default 2G; never < 5 iters)")
@@ -141,7 +143,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      attrs=dict(args.attr), dtype=args.dtype, backend=args.backend, window=args.window,
                      clients=args.clients, clients_max_nbytes=args.clients_max_size, transports=list(dict.fromkeys(keys)),
                      name=args.name, worker_args=args.worker_args, spin_us=args.spin_us,
-                     bytes_budget=args.bytes_budget, in_place=args.in_place)
+                     bytes_budget=args.bytes_budget, in_place=args.in_place,
+                     connect_iters=args.connect_iters)
 
 
 def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:
@@ -183,6 +186,12 @@ def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:
     if doc["scaling"]:
         print()
         print(scaling_table(doc))
+    conn = doc.get("connect")
+    if conn:
+        print()
+        print(f"connect: Client(name) to ready: error {conn['error']}" if "error" in conn else
+              f"connect: Client(name) to ready, {conn['iterations']} times: p50 {conn['p50_us'] / 1000:.2f} ms, "
+              f"p90 {conn['p90_us'] / 1000:.2f} ms, max {conn['max_us'] / 1000:.2f} ms")
     for key, info in doc["transports"].items():
         if info["status"] != "ok":
             print(f"skipped {key}: {info.get('reason', '')}")

@@ -73,6 +73,7 @@ class RunConfig:
     name: str | None = None
     worker_args: str = ""
     spin_us: int = 0  # the started worker's --spin-us and the shmrpc clients' spin_us
+    connect_iters: int = 0  # Client(name) connects timed (0: none)
     in_place: bool = False  # the loan sends with in_place=True (the output over the first input)
     bytes_budget: int = 2 << 30
     min_iters: int = 5
