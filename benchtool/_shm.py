@@ -49,13 +49,14 @@ def request_nbytes(nbytes: int, tensors: int = 2) -> int:
 
 
 def tensors_of(op: str) -> int:
-    """Tensors of ``nbytes`` a request of ``op`` holds in its slot: its inputs and one output (2 when unknown)."""
+    """Tensors of ``nbytes`` a slot holds for ``op`` (2 when unknown): its inputs, and room for outputs as large as
+    all of them (what ``Client.call`` reserves when it is not told ``out_nbytes``)."""
     try:
         from shmrpc.kernels import REGISTRY
     except ImportError:  # pragma: no cover - the bench tool ships with the kernels
         return 2
     spec = REGISTRY.get(op)
-    return len(spec.inputs) + 1 if spec is not None and spec.inputs else 2
+    return 2 * len(spec.inputs) if spec is not None and spec.inputs else 2
 
 
 def _loan_nbytes(nbytes: int, tensors: int = 2) -> int:

@@ -9,6 +9,12 @@
 #   spin    `lat --peers` and the client sweep with worker and clients spinning 200 µs (--spin-us),
 #           and a short `lat` next to zmq without spinning, for the same-run comparison
 #   probe   the tiny-request probe, and short `lat` runs next to zmq with and without spinning
+#   small   small requests at the floor (NumPy worker): 64 B and 1 MiB in-place vector_add, loan and call(),
+#           with and without lanes, next to pyzmq and iceoryx2 (blocking and spinning), connect time;
+#           then the same with worker and clients spinning 200 µs
+#   smallgpu  64 B float32 scale on the CuPy worker, loan, call() and lanes next to pyzmq and iceoryx2
+#   sweep   1, 2, 4, 8, 16 client processes of 64 B vector_add on the NumPy worker, loan and blocking lane,
+#           next to pyzmq;  sweepgpu: the same with 64 B scale on the CuPy worker
 # Usage: bash bench/gpu/run.sh [STAGE ...]   (default: suite gpu lat bw; one device call holds at
 # most 10 minutes, so run `suite lat`, `bw gpu` and `spin` as separate calls; `suite probe` fits one).
 # Prepare on the dev machine first:  ../shared/tools/gpu-wheels.sh [the bench extra, pinned] &&
@@ -45,6 +51,12 @@ short() {  # short NAME [ARGS...]: 64 B, 4 KiB, 1 MiB next to pyzmq, 5000 round 
   timeout 60 $BENCH lat --transports shmrpc,zmq --sizes 64,4K,1M --iters 5000 "$@" -q --out "$OUT/$name.json" 2>&1 \
     | tail -12
 }
+small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next to zmq and iceoryx2, connects
+  local name=$1; shift
+  echo "== shmrpc bench lat (small requests) $*"
+  timeout 90 $BENCH lat --lanes --peers zmq,iox2,iox2-spin --sizes 64,1M --iters 5000 --connect-iters 50 "$@" -q \
+    --out "$OUT/$name.json" 2>&1 | tail -30
+}
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
   echo "stages: $stages, commit ${SHMRPC_COMMIT:-unknown}"
@@ -73,7 +85,19 @@ short() {  # short NAME [ARGS...]: 64 B, 4 KiB, 1 MiB next to pyzmq, 5000 round 
     probe)
       echo "== bench/gpu/tiny_probe.py"; timeout 90 python3 bench/gpu/tiny_probe.py 2>&1 | tail -16
       for spin in 0 200; do short "bench-lat-gpu-probe-spin$spin" --backend cupy --spin-us "$spin"; done ;;
-    *) echo "unknown stage $stage (suite, gpu, lat, bw, spin, probe)" ;;
+    small)
+      small bench-small-cpu --backend numpy --op vector_add --dtype float32 --in-place
+      small bench-small-cpu-spin --backend numpy --op vector_add --dtype float32 --in-place --spin-us 200 ;;
+    smallgpu)
+      small bench-small-gpu --backend cupy --op scale --attr a=2 --attr b=1 --dtype float32 ;;
+    sweep|sweepgpu)
+      b=numpy:vector_add; [ "$stage" = sweepgpu ] && b=cupy:scale
+      echo "== shmrpc bench lat --clients 1,2,4,8,16 (${b%%:*} worker, ${b##*:})"
+      timeout 90 $BENCH lat --transports shmrpc,shmrpc-lane,zmq --sizes 64 --clients 1,2,4,8,16 --iters 2000 \
+        --backend "${b%%:*}" --op "${b##*:}" --dtype float32 -q --out "$OUT/bench-sweep-${b%%:*}.json" \
+        --plots "/tmp/plots-sweep-${b%%:*}" 2>&1 | tail -24
+      plot "/tmp/plots-sweep-${b%%:*}" lat-scaling.png "bench-sweep-${b%%:*}-scaling.png" ;;
+    *) echo "unknown stage $stage (suite, gpu, lat, bw, spin, probe, small, smallgpu, sweep, sweepgpu)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"
