@@ -27,6 +27,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--out", default="bench/out/profile")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--lane", choices=("block", "spin"), help="the client asks for a lane (Client(lane=...))")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     name = f"prof-{os.getpid()}-{secrets.token_hex(3)}"
@@ -38,7 +39,7 @@ def main() -> int:
         deadline = time.monotonic() + 30
         while True:
             try:
-                c = Client(name, connect_timeout_s=1.0)
+                c = Client(name, connect_timeout_s=1.0, **({"lane": args.lane} if args.lane else {}))
                 break
             except Exception:
                 if time.monotonic() > deadline or worker.poll() is not None:
@@ -71,11 +72,40 @@ def main() -> int:
         worker.send_signal(signal.SIGINT)
         worker.wait(30)
     print(f"mean under the profiler: loan {loan_us:.1f} µs, call {call_us:.1f} µs per round trip")
+    summary(wprof, os.path.join(args.out, "client-loan.prof"), args.calls)
     for label, path in (("worker", wprof), ("client loan", os.path.join(args.out, "client-loan.prof")),
                         ("client call", os.path.join(args.out, "client-call.prof"))):
         print(f"\n===== {label}: top {args.top} by own time")
         pstats.Stats(path).sort_stats("tottime").print_stats(args.top)
     return 0
+
+
+#: (label, file suffix, function name): the steps of the hot path whose cumulative time per request is summarised
+_STEPS = (
+    ("worker: wait for a wake-up (poll)", "zmq/sugar/poll.py", "poll"),
+    ("worker: one CALL, doorbell to DONE sent", "server/_loop.py", "_on_call"),
+    ("worker:   decode + validate + plan (cache misses)", "server/_dispatch.py", "prepare"),
+    ("worker:   run the op (views, backend)", "server/_dispatch.py", "run"),
+    ("worker:   metrics, DONE, lease end", "server/_loop.py", "_done_sent"),
+    ("worker:   ZeroMQ send", "zmq/sugar/socket.py", "send_multipart"),
+    ("client: write descriptor + header, ring", "client/_loan.py", "_post"),
+    ("client: wait for the answer", "client/_loan.py", "_wait"),
+    ("client: read the response", "client/_loan.py", "_response"),
+)
+
+
+def summary(worker_prof: str, client_prof: str, calls: int) -> None:
+    """Per-request cumulative µs of the hot path's steps (under the profiler: inflated, compare between runs)."""
+    print(f"\n===== per request (cumulative µs under cProfile, {calls} loan round trips)")
+    stats = {"worker": pstats.Stats(worker_prof).stats, "client": pstats.Stats(client_prof).stats}  # type: ignore[attr-defined]
+    for label, suffix, func in _STEPS:
+        side = stats["worker" if label.startswith("worker") else "client"]
+        hits = [(v[1], v[3]) for (path, _, name), v in side.items() if name == func and path.endswith(suffix)]
+        if not hits:
+            print(f"  {label:<52} -")
+            continue
+        n, cum = max(hits)
+        print(f"  {label:<52} {cum / max(1, n) * 1e6:8.1f} µs x {n}")
 
 
 if __name__ == "__main__":
