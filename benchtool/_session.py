@@ -118,9 +118,9 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
                     if hasattr(t, "method"):
                         info["method"] = t.method
                 doc["transports"][key] = info
-            if cfg.connect_iters and "shmrpc" in servers.addresses:
+            if cfg.connect_iters and any(k.startswith("shmrpc") for k in cfg.transports):
                 bar.set_description("connect")
-                doc["connect"] = measure_connect(servers.addresses["shmrpc"], cfg.connect_iters)
+                doc["connect"] = connect_default_worker(cfg)
             for key in [k for k in scaling if k in active and _multi(k)]:
                 for n_clients in cfg.clients:
                     for nbytes in cfg.scaling_sizes():
@@ -136,6 +136,22 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
             bar.close()
     doc["elapsed_s"] = round(time.monotonic() - t0, 3)
     return doc
+
+
+def connect_default_worker(cfg: RunConfig) -> dict[str, Any]:
+    """:func:`measure_connect` against a worker started with its defaults (slots, lease; ``cfg.backend``), or the
+    running worker ``cfg.name``: what ``Client(name)`` costs a short-lived process (the benchmark's own worker
+    leases every size class it measures, so its connects would be dearer)."""
+    if cfg.name:
+        return dict(measure_connect(cfg.name, cfg.connect_iters), worker="--name")
+    from ._shm import WorkerProcess
+
+    try:
+        with WorkerProcess(None, cfg.backend, cfg.worker_args) as w:
+            w.wait_ready()
+            return dict(measure_connect(w.name, cfg.connect_iters), worker="defaults")
+    except Exception as exc:  # recorded, the run goes on
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def measure_connect(name: str, iters: int) -> dict[str, Any]:

@@ -135,12 +135,17 @@ class WorkerProcess:
         TransportUnavailable: the worker exited during start.
     """
 
-    def __init__(self, plan: SlotPlan, backend: str = "auto", extra_args: str = "") -> None:
+    def __init__(self, plan: SlotPlan | None, backend: str = "auto", extra_args: str = "") -> None:
+        from shmrpc.schema.layout import DEFAULT_GEOMETRY
+
         self.name = f"bench-{os.getpid()}-{secrets.token_hex(4)}"
         self.plan = plan
-        self.mlocked = _memlock_bytes() >= plan.region_nbytes and "--no-mlock" not in extra_args
+        region_nbytes = DEFAULT_GEOMETRY.region_nbytes if plan is None else plan.region_nbytes
+        self.mlocked = _memlock_bytes() >= region_nbytes and "--no-mlock" not in extra_args
         self.argv = [sys.executable, "-m", "shmrpc.server", "serve", "--name", self.name, "--backend", backend,
-                     "--slots", plan.slots, "--lease", plan.lease, "--log-level", "WARNING"]
+                     "--log-level", "WARNING"]
+        if plan is not None:  # None: the worker's own defaults (slots, lease)
+            self.argv += ["--slots", plan.slots, "--lease", plan.lease]
         if not self.mlocked and "--no-mlock" not in extra_args:
             self.argv.append("--no-mlock")
         self.argv += shlex.split(extra_args)

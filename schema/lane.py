@@ -4,7 +4,8 @@ A lane is one 4096-byte page shared by the worker and one client (a memfd the wo
 creates and hands over with the WELCOME, never named), and two eventfds: the
 worker's doorbell (one per worker, shared by every lane) and the client's.
 
-Page layout (little-endian; each side writes only its own cache lines)::
+Page layout (little-endian; the two seq words in native order, which is little-endian on
+every host shmrpc supports; each side writes only its own cache lines)::
 
     offset  size  written by  field
     ------  ----  ----------  -----------------------------------------------------------
@@ -44,7 +45,10 @@ LANE_NBYTES = 4096
 FRAME_MAX = 64  # the longest frame either side accepts (a CALL is 16 B, a DONE 14 B)
 CALL_SEQ, CALL_LEN, CALL_FRAME = 0, 8, 16
 DONE_SEQ, DONE_LEN, DONE_FRAME = 128, 136, 144
-SEQ = struct.Struct("<Q")
+# NOTE: the seq words use native order and size ("@Q"): CPython packs and unpacks those with one 8-byte memcpy, a
+# single aligned store or load on x86-64 and aarch64 (both little-endian), so a reader never sees a torn value;
+# the "<" formats go byte by byte, and a seq read half-written would look like a new request.
+SEQ = struct.Struct("@Q")
 LEN = struct.Struct("<I")
 
 

@@ -52,8 +52,10 @@ class Lane:
         (seq,) = L.SEQ.unpack_from(self.page, L.CALL_SEQ)
         if seq == self.seen:
             return None
-        self.seen = seq
         frame = L.read_frame(self.page, L.CALL_SEQ)
+        if L.SEQ.unpack_from(self.page, L.CALL_SEQ)[0] != seq:
+            return None  # the client is ringing again right now: its eventfd write will wake us for it
+        self.seen = seq
         return None if frame is None else (seq, frame)
 
     def answer(self, done_frame: bytes, seq: int) -> None:

@@ -125,3 +125,30 @@ def test_garbage_in_the_lane_page_never_stops_the_worker(worker: WorkerProc) -> 
         np.testing.assert_array_equal(c.call("vector_add", x=np.ones(2), y=np.ones(2))["out"], 2.0)
     with Client(worker.name) as c2:
         np.testing.assert_array_equal(c2.call("vector_add", x=np.ones(2), y=np.ones(2))["out"], 2.0)
+
+
+_BUSY_CHILD = textwrap.dedent("""
+    import sys, numpy as np
+    from shmrpc.client import Client
+    rng = np.random.default_rng(int(sys.argv[2]))
+    with Client(sys.argv[1], lane=sys.argv[3]) as c, c.loan(4096) as req:
+        x, y = req.array("x", (8,), np.float32), req.array("y", (8,), np.float32)
+        for i in range(int(sys.argv[4])):
+            a, b = rng.standard_normal(8, dtype=np.float32), rng.standard_normal(8, dtype=np.float32)
+            x[...], y[...] = a, b
+            out = req.send("vector_add")["out"]
+            assert np.array_equal(out, a + b), (i, out, a + b)
+        assert c._t.lane is not None and c._t.lane.seq == int(sys.argv[4])
+    print("ok", flush=True)
+""")
+
+
+@pytest.mark.parametrize("mode", ["block", "spin"])
+def test_several_clients_ring_their_lanes_at_once(worker: WorkerProc, mode: str) -> None:
+    # one doorbell for every lane: each request is taken once, answered in its own page (600 each, past byte
+    # boundaries of the seq words)
+    procs = [subprocess.Popen([sys.executable, "-c", _BUSY_CHILD, worker.name, str(20261130 + k), mode, "600"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(3)]
+    for p in procs:
+        out, err = p.communicate(timeout=50)
+        assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
