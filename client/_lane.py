@@ -19,8 +19,6 @@ from shmrpc.schema.errors import ConnectError, Timeout, WorkerGoneError
 
 __all__ = ["ClientLane"]
 
-_SEQ = L.SEQ
-_DONE_SEQ = L.DONE_SEQ
 
 
 class ClientLane:
@@ -40,21 +38,22 @@ class ClientLane:
         finally:
             os.close(page_fd)
         self.page = memoryview(self._map)
+        self._call_seq, self._done_seq = L.seq_word(self._map, L.CALL_SEQ), L.seq_word(self._map, L.DONE_SEQ)
         self._poll = select.poll()
         self._poll.register(own_fd, select.POLLIN)
 
     def ring(self, frame: bytes, request_id: int) -> None:
         """Publish a CALL frame in the page and wake the worker."""
         self.seq += 1
-        L.post(self.page, L.CALL_SEQ, self.seq, frame)
+        L.post(self.page, self._call_seq, L.CALL_SEQ, self.seq, frame)
         self.busy = request_id
         os.eventfd_write(self.doorbell_fd, 1)
 
     def answer(self) -> bytes | None:
         """The DONE frame for the request in the lane, once the worker wrote it (else None)."""
-        if _SEQ.unpack_from(self.page, _DONE_SEQ)[0] != self.seq:
+        if self._done_seq.value != self.seq:
             return None
-        frame = L.read_frame(self.page, _DONE_SEQ)
+        frame = L.read_frame(self.page, L.DONE_SEQ)
         self.busy = 0
         return frame or b""
 
@@ -65,10 +64,10 @@ class ClientLane:
             Timeout: ``deadline`` (time.monotonic) passed first.
             WorkerGoneError: the worker process exited.
         """
-        page, seq = self.page, self.seq
+        done, seq = self._done_seq, self.seq
         if self.spin_s:
             end = time.perf_counter() + self.spin_s
-            while _SEQ.unpack_from(page, _DONE_SEQ)[0] != seq and time.perf_counter() < end:
+            while done.value != seq and time.perf_counter() < end:
                 pass
         if pidfd is not None and not hasattr(self, "_pidfd"):
             self._pidfd = pidfd
@@ -91,8 +90,12 @@ class ClientLane:
                 raise Timeout(f"no answer from worker {name!r} in time")
 
     def close(self) -> None:
+        del self._call_seq, self._done_seq  # they export the mapping's buffer
         self.page.release()
-        self._map.close()
+        try:
+            self._map.close()
+        except BufferError:  # a seq word still referenced (a traceback's frame): unmapped when it goes
+            pass
         for fd in (self.doorbell_fd, self.fd):
             if fd >= 0:
                 os.close(fd)

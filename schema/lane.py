@@ -34,31 +34,41 @@ descriptor). The client, in turn, checks that done_frame answers its request.
 
 from __future__ import annotations
 
+import ctypes
 import struct
+from typing import Any
 
 __all__ = [
     "LANE_NBYTES", "FRAME_MAX", "CALL_SEQ", "CALL_LEN", "CALL_FRAME", "DONE_SEQ", "DONE_LEN", "DONE_FRAME",
-    "SEQ", "LEN", "post", "read_frame",
+    "SEQ", "LEN", "post", "read_frame", "seq_word",
 ]
 
 LANE_NBYTES = 4096
 FRAME_MAX = 64  # the longest frame either side accepts (a CALL is 16 B, a DONE 14 B)
 CALL_SEQ, CALL_LEN, CALL_FRAME = 0, 8, 16
 DONE_SEQ, DONE_LEN, DONE_FRAME = 128, 136, 144
-# NOTE: the seq words use native order and size ("@Q"): CPython packs and unpacks those with one 8-byte memcpy, a
-# single aligned store or load on x86-64 and aarch64 (both little-endian), so a reader never sees a torn value;
-# the "<" formats go byte by byte, and a seq read half-written would look like a new request.
-SEQ = struct.Struct("@Q")
+SEQ = struct.Struct("<Q")  # for reading a seq word in tests and tools; the two sides use seq_word()
+
+
+def seq_word(buf: Any, offset: int) -> ctypes.c_uint64:
+    """The seq word at ``offset`` of ``buf`` (a writable buffer: the page's mmap) as one aligned 8-byte integer.
+
+    # NOTE: never write a seq word with struct.pack_into: CPython clears the bytes first, then writes
+    # them, so a reader can see 0 (or half a value) in between and take it for a new request.
+    # ``c_uint64.value`` is one aligned store or load (x86-64 and aarch64, both little-endian).
+    """
+    return ctypes.c_uint64.from_buffer(buf, offset)
 LEN = struct.Struct("<I")
 
 
-def post(page: memoryview, seq_at: int, seq: int, frame: bytes) -> None:
-    """Write ``frame`` then its length then ``seq`` into the half of ``page`` starting at ``seq_at``."""
+def post(page: memoryview, word: ctypes.c_uint64, seq_at: int, seq: int, frame: bytes) -> None:
+    """Write ``frame`` then its length then ``seq`` (through ``word``, its seq_word) into the half of ``page``
+    starting at ``seq_at``."""
     n = len(frame)
     page[seq_at + 16:seq_at + 16 + n] = frame
     LEN.pack_into(page, seq_at + 8, n)
     # NOTE: order is important here: the seq word last, it publishes the frame.
-    SEQ.pack_into(page, seq_at, seq)
+    word.value = seq
 
 
 def read_frame(page: memoryview, seq_at: int) -> bytes | None:

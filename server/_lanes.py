@@ -29,6 +29,7 @@ class Lane:
             os.ftruncate(self._memfd, L.LANE_NBYTES)
             self._map = mmap.mmap(self._memfd, L.LANE_NBYTES)
             self.page = memoryview(self._map)
+            self._call_seq, self._done_seq = L.seq_word(self._map, L.CALL_SEQ), L.seq_word(self._map, L.DONE_SEQ)
             self.client_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         except BaseException:
             os.close(self._memfd)
@@ -49,18 +50,18 @@ class Lane:
     def take(self) -> tuple[int, bytes] | None:
         """(call_seq, a copy of the CALL frame) of a new request; None when call_seq did not change (or the frame
         is too long)."""
-        (seq,) = L.SEQ.unpack_from(self.page, L.CALL_SEQ)
+        seq = self._call_seq.value
         if seq == self.seen:
             return None
         frame = L.read_frame(self.page, L.CALL_SEQ)
-        if L.SEQ.unpack_from(self.page, L.CALL_SEQ)[0] != seq:
+        if self._call_seq.value != seq:
             return None  # the client is ringing again right now: its eventfd write will wake us for it
         self.seen = seq
         return None if frame is None else (seq, frame)
 
     def answer(self, done_frame: bytes, seq: int) -> None:
         """Write the DONE of the request rung with ``seq`` into the page, then wake the client."""
-        L.post(self.page, L.DONE_SEQ, seq, done_frame)
+        L.post(self.page, self._done_seq, L.DONE_SEQ, seq, done_frame)
         try:
             os.eventfd_write(self.client_fd, 1)
         except OSError:  # the counter is full (a client that never reads it): it is awake anyway
@@ -68,8 +69,12 @@ class Lane:
 
     def close(self) -> None:
         self.handed_over()
+        del self._call_seq, self._done_seq  # they export the mapping's buffer
         self.page.release()
-        self._map.close()
+        try:
+            self._map.close()
+        except BufferError:  # a seq word still referenced (a traceback's frame): unmapped when it goes
+            pass
         if self.client_fd >= 0:
             os.close(self.client_fd)
             self.client_fd = -1
