@@ -64,10 +64,11 @@ class ClientLane:
             Timeout: ``deadline`` (time.monotonic) passed first.
             WorkerGoneError: the worker process exited.
         """
-        done, seq = self._done_seq, self.seq
+        # no local of the seq word: a traceback through this frame would keep the page mapped after close()
+        seq = self.seq
         if self.spin_s:
             end = time.perf_counter() + self.spin_s
-            while done.value != seq and time.perf_counter() < end:
+            while self._done_seq.value != seq and time.perf_counter() < end:
                 pass
         if pidfd is not None and not hasattr(self, "_pidfd"):
             self._pidfd = pidfd
