@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ._own import OwnBackendTransport
 from ._peers import PEERS, start_peer_server
 from ._shm import (
     ShmCallLaneTransport,
@@ -50,6 +51,7 @@ TRANSPORT_CLASSES: dict[str, type[Transport]] = {
     "shmrpc-lane": ShmLaneTransport,
     "shmrpc-lane-spin": ShmLaneSpinTransport,
     "shmrpc-call-lane": ShmCallLaneTransport,
+    "own": OwnBackendTransport,
     **{k: v[0] for k, v in PEERS.items()},
 }
 
@@ -100,6 +102,8 @@ def make_transport(key: str, address: str, cfg: RunConfig) -> Transport:
     if key in SHM_KEYS:
         return cls(address, op=cfg.op, attrs=cfg.attrs, dtype=cfg.dtype, spin_us=cfg.spin_us,  # type: ignore[call-arg]
                    in_place=cfg.in_place)
+    if key == "own":
+        return OwnBackendTransport(address, op=cfg.op, attrs=cfg.attrs, dtype=cfg.dtype, backend=cfg.backend)
     return cls(address)
 
 
@@ -134,6 +138,9 @@ def open_servers(cfg: RunConfig, log: Callable[[str], None] = print) -> Iterator
                     servers.skipped[k] = f"cannot start the worker: {exc}"
         for key in cfg.transports:
             if key in SHM_KEYS:
+                continue
+            if key == "own":  # no server: each client process runs the op itself
+                servers.addresses[key] = ""
                 continue
             try:
                 srv = stack.enter_context(start_peer_server(key))

@@ -14,7 +14,8 @@
 #           then the same with worker and clients spinning 200 µs
 #   smallgpu  64 B float32 scale on the CuPy worker, loan, call() and lanes next to pyzmq and iceoryx2
 #   sweep   1, 2, 4, 8, 16 client processes of 64 B vector_add on the NumPy worker, loan and blocking lane,
-#           next to pyzmq;  sweepgpu: the same with 64 B scale on the CuPy worker
+#           next to pyzmq and to each process running the op itself (own); sweepgpu: the same with 64 B
+#           scale on the CuPy worker (own: a CUDA context and CuPy in every client process)
 # Usage: bash bench/gpu/run.sh [STAGE ...]   (default: suite gpu lat bw; one device call holds at
 # most 10 minutes, so run `suite lat`, `bw gpu` and `spin` as separate calls; `suite probe` fits one).
 # Prepare on the dev machine first:  ../shared/tools/gpu-wheels.sh [the bench extra, pinned] &&
@@ -93,7 +94,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
     sweep|sweepgpu)
       b=numpy:vector_add; [ "$stage" = sweepgpu ] && b=cupy:scale
       echo "== shmrpc bench lat --clients 1,2,4,8,16 (${b%%:*} worker, ${b##*:})"
-      timeout 90 $BENCH lat --transports shmrpc,shmrpc-lane,zmq --sizes 64 --clients 1,2,4,8,16 --iters 2000 \
+      timeout 90 $BENCH lat --transports shmrpc,shmrpc-lane,zmq,own --sizes 64 --clients 1,2,4,8,16 --iters 2000 \
         --backend "${b%%:*}" --op "${b##*:}" --dtype float32 -q --out "$OUT/bench-sweep-${b%%:*}.json" \
         --plots "/tmp/plots-sweep-${b%%:*}" 2>&1 | tail -24
       plot "/tmp/plots-sweep-${b%%:*}" lat-scaling.png "bench-sweep-${b%%:*}-scaling.png" ;;

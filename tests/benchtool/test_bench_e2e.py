@@ -158,3 +158,16 @@ def test_cli_small_request_run_has_connects_and_small_verdicts(tmp_path: Path, n
     assert goals["64 B call() p50 <= 1.3x the loan's"] in ("PASS", "MISS")
     assert goals["64 B shmrpc-lane p50 <= 30 µs and under the fastest peer's"] in ("PASS", "MISS")
     assert goals["1 MiB loan p50 <= iceoryx2 blocking's"] == "N/A"
+
+
+@pytest.mark.timeout(60)
+def test_own_backend_baseline_runs_the_op_in_the_client_process() -> None:
+    import numpy as np
+
+    from shmrpc.bench._transport import payload_of
+
+    cfg = RunConfig(sizes=[64], transports=["own"], backend="numpy", op="vector_add", dtype="int32")
+    with open_servers(cfg, log=print) as servers, make_transport("own", servers.addresses["own"], cfg) as t:
+        t.prepare(64)
+        got = np.frombuffer(t.reply_bytes(t.roundtrip()), dtype=np.int32)
+        np.testing.assert_array_equal(got, 2 * payload_of(64, "int32"))
