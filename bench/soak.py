@@ -68,7 +68,7 @@ def shm_entries() -> int:
 # ------------------------------------------------------------ the client process
 
 
-def client_main(name: str, seed: int, calls: int, spin_us: int = 0) -> None:
+def client_main(name: str, seed: int, calls: int, spin_us: int = 0, lane: str = "") -> None:
     """Make ``calls`` checked calls; print progress lines and a final JSON line."""
     from shmrpc.client import Client, ConnectError, RequestError, Timeout, WorkerGoneError
 
@@ -87,7 +87,8 @@ def client_main(name: str, seed: int, calls: int, spin_us: int = 0) -> None:
     while i < calls:
         if c is None:
             try:
-                c = Client(name, timeout_s=20, connect_timeout_s=30, spin_us=spin_us)
+                c = Client(name, timeout_s=20, connect_timeout_s=30, spin_us=spin_us,
+                           **({"lane": lane} if lane else {}))
             except (ConnectError, WorkerGoneError, Timeout):
                 # no call was made: the successor is not serving yet (a missing or dead socket fails at once)
                 connect_retries += 1
@@ -158,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill-at", type=float, default=0.4, help="fraction of all calls at which the worker is killed")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--spin-us", type=int, default=0, help="worker --spin-us and the clients' spin_us (default 0)")
+    ap.add_argument("--lane", choices=("block", "spin"), default=None,
+                    help="every other client asks for this lane (Client(lane=...)); the others use ZeroMQ")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/soak-<date>.json; '-' for none)")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     w_facts: dict[str, dict[str, int]] = {"first_start": proc_facts(worker.pid)}
     t0 = time.perf_counter()
     clients = [subprocess.Popen([sys.executable, __file__, "client", name, str(seed + k), str(args.calls),
-                                 str(args.spin_us)],
+                                 str(args.spin_us), (args.lane or "") if k % 2 else ""],
                                 stdout=subprocess.PIPE, text=True) for k in range(args.clients)]
     progress = [0] * args.clients
     results: list[dict[str, Any] | None] = [None] * args.clients
@@ -281,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": seed, "clients": args.clients, "calls_per_client": args.calls, "elapsed_s": round(elapsed, 2),
         "calls_per_s": round((ok + wrong) / elapsed, 1), "ok": ok, "wrong": wrong, "raised": raised,
         "client_errors": errors, "worker": {"slots": SLOTS, "lease": LEASE, "backend": "numpy",
-                                            "spin_us": args.spin_us, "killed_at_s": killed_at, "restart_s": round(restart_s, 3),
+                                            "spin_us": args.spin_us, "lane": args.lane, "killed_at_s": killed_at, "restart_s": round(restart_s, 3),
                                             "exit_on_sigterm": rc},
         "worker_facts": w_facts, "growth": growth,
         "judged": {"rss_growth_pct": rss, "fds_grew": fds_grew, "limit_pct": 5}, "shm_entries": {"before": shm_before, "after": shm_after},
@@ -309,6 +312,7 @@ def _machine() -> dict[str, Any]:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "client":
-        client_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) > 5 else 0)
+        client_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) > 5 else 0,
+                    sys.argv[6] if len(sys.argv) > 6 else "")
     else:
         sys.exit(main())

@@ -14,7 +14,7 @@ from ._stats import parse_sizes, size_sweep
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
-_ALL_PEERS = "zmq,pipe,grpc"
+_ALL_PEERS = "zmq,pipe,grpc,iox2,iox2-spin"
 _EPILOG = """\
 examples:
   shmrpc bench lat --peers                         # 64 B .. 256 MiB, shmrpc next to zmq, pipe, gRPC
@@ -80,6 +80,8 @@ def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     g.add_argument("--min-size", type=_size, default=64, help="power-of-two sweep from (default 64)")
     g.add_argument("--max-size", type=_size, default=256 << 20, help="power-of-two sweep to (default 256M)")
     g.add_argument("--iters", type=int, default=1000, help="timed round trips per size (default %(default)s)")
+    g.add_argument("--connect-iters", type=int, default=0,
+                   help="also time this many Client(name) connects, HELLO to ready (default 0: none)")
     g.add_argument("--warmup", type=int, default=50, help="untimed round trips first (default %(default)s)")
     g.add_argument("--bytes-budget", type=_size, default=2 << 30,
                    help="cut --iters so one size moves at most this much one way (default 2G; never < 5 iters)")
@@ -89,7 +91,9 @@ def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     g.add_argument("--clients-max-size", type=_size, default=1 << 20,
                    help="the client sweep runs the sizes up to this (default 1M)")
     w = p.add_argument_group("the worker and the op")
-    w.add_argument("--op", default="echo", help="op taking one input x (default echo)")
+    w.add_argument("--op", default="echo", help="the op (default echo); each of its inputs gets the payload")
+    w.add_argument("--in-place", action="store_true",
+                   help="the loan asks for the output over its first input (ops declared in place, e.g. vector_add)")
     w.add_argument("--attr", type=_attr, action="append", default=[], help="op attribute KEY=VALUE (JSON value)")
     w.add_argument("--dtype", default="uint8", help="dtype of x (default uint8)")
     w.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto", help="for the worker it starts")
@@ -101,6 +105,8 @@ def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     t.add_argument("--peers", nargs="?", const=_ALL_PEERS, default="",
                    help=f"also measure peers (default all: {_ALL_PEERS}); missing packages are skipped")
     t.add_argument("--no-call", action="store_true", help="skip the shmrpc call() (copy in/out) line")
+    t.add_argument("--lanes", action="store_true",
+                   help="also the lanes: loan blocking and spinning, call() blocking (Client(lane=...))")
     t.add_argument("--transports", help=f"exact list, any of {','.join(TRANSPORT_CLASSES)} (overrides the above)")
     o = p.add_argument_group("output")
     o.add_argument("--out", help="JSON file (default bench/out/<mode>-<timestamp>.json)")
@@ -121,6 +127,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         keys = [k.strip() for k in args.transports.split(",") if k.strip()]
     else:
         keys = ["shmrpc"] + ([] if args.no_call else ["shmrpc-call"])
+        if args.lanes:
+            keys += ["shmrpc-lane", "shmrpc-lane-spin"] + ([] if args.no_call else ["shmrpc-call-lane"])
         keys += [k.strip() for k in args.peers.split(",") if k.strip()]
     unknown = [k for k in keys if k not in TRANSPORT_CLASSES]
     if unknown:
@@ -135,7 +143,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      attrs=dict(args.attr), dtype=args.dtype, backend=args.backend, window=args.window,
                      clients=args.clients, clients_max_nbytes=args.clients_max_size, transports=list(dict.fromkeys(keys)),
                      name=args.name, worker_args=args.worker_args, spin_us=args.spin_us,
-                     bytes_budget=args.bytes_budget)
+                     bytes_budget=args.bytes_budget, in_place=args.in_place,
+                     connect_iters=args.connect_iters)
 
 
 def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:
@@ -177,6 +186,12 @@ def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:
     if doc["scaling"]:
         print()
         print(scaling_table(doc))
+    conn = doc.get("connect")
+    if conn:
+        print()
+        print(f"connect: Client(name) to ready: error {conn['error']}" if "error" in conn else
+              f"connect: Client(name) to ready, {conn['iterations']} times: p50 {conn['p50_us'] / 1000:.2f} ms, "
+              f"p90 {conn['p90_us'] / 1000:.2f} ms, max {conn['max_us'] / 1000:.2f} ms")
     for key, info in doc["transports"].items():
         if info["status"] != "ok":
             print(f"skipped {key}: {info.get('reason', '')}")

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ._iox2 import Iox2SpinTransport, Iox2Transport, iox2_server, iox2_spin_server
 from ._transport import ServerProcess, Transport, TransportUnavailable, payload_of, touch
 
 __all__ = ["ZmqTransport", "PipeTransport", "GrpcTransport", "PEERS", "start_peer_server"]
@@ -223,6 +224,8 @@ PEERS: dict[str, tuple[type[Transport], Any, str, str]] = {
     "zmq": (ZmqTransport, _zmq_server, "zmq.sock", "zmq"),
     "pipe": (PipeTransport, _pipe_server, "pipe.sock", "multiprocessing"),
     "grpc": (GrpcTransport, _grpc_server, "grpc.sock", "grpc"),
+    "iox2": (Iox2Transport, iox2_server, "iox2", "iceoryx2"),
+    "iox2-spin": (Iox2SpinTransport, iox2_spin_server, "iox2", "iceoryx2"),
 }
 
 

@@ -21,7 +21,7 @@ __all__ = ["machine_facts", "latency_table", "bandwidth_table", "scaling_table",
            "write_json", "default_out_path", "finish_document", "now_iso"]
 
 _PACKAGES = ("shmrpc", "numpy", "pyzmq", "grpcio", "cupy", "cupy-cuda12x", "cupy-cuda13x", "matplotlib")
-_PEER_KEYS = ("zmq", "pipe", "grpc")
+_PEER_KEYS = ("zmq", "pipe", "grpc", "iox2", "iox2-spin")
 
 
 def _cpu_model() -> str:
@@ -237,6 +237,53 @@ def verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(_verdict(goal, None, "needs shmrpc at 64 B and 64 MiB"))
     else:
         out.append(_verdict(goal, a <= 2 * b, f"{a:.1f} µs vs {b:.1f} µs = {a / b:.2f}x", ratio=a / b))
+    if any(k in _SMALL_KEYS for k, _ in p50) or doc.get("connect"):
+        out += small_verdicts(doc, p50)
+    return out
+
+
+_SMALL_KEYS = ("shmrpc-lane", "shmrpc-lane-spin", "shmrpc-call-lane", "iox2", "iox2-spin")
+
+
+def _ratio_verdict(goal: str, p50: dict[tuple[str, int], float], a: tuple[str, int], b: tuple[str, int],
+                   limit: float) -> dict[str, Any]:
+    x, y = p50.get(a), p50.get(b)
+    if x is None or y is None:
+        return _verdict(goal, None, f"needs {a[0]} and {b[0]} at {size_label(a[1])}")
+    return _verdict(goal, x <= limit * y, f"{a[0]} {x:.1f} µs vs {b[0]} {y:.1f} µs = {x / y:.2f}x", ratio=x / y)
+
+
+def small_verdicts(doc: dict[str, Any], p50: dict[tuple[str, int], float]) -> list[dict[str, Any]]:
+    """The small-request goals, judged where this run has the figures (a run with lanes, iceoryx2 or --connect-iters).
+
+    64 B loan within 1.0x zmq; call() within 1.3x the loan; 1 MiB loan at or under iceoryx2 blocking; the spinning
+    lane at most 10 µs and the blocking one at most 30 µs at 64 B, each faster than the fastest peer; connect p50 at
+    most 5 ms.
+    """
+    out = [
+        _ratio_verdict("64 B loan p50 <= 1.0x zmq's", p50, ("shmrpc", 64), ("zmq", 64), 1.0),
+        _ratio_verdict("64 B call() p50 <= 1.3x the loan's", p50, ("shmrpc-call", 64), ("shmrpc", 64), 1.3),
+        _ratio_verdict("64 B call() through the lane <= 1.3x the lane's loan", p50, ("shmrpc-call-lane", 64),
+                       ("shmrpc-lane", 64), 1.3),
+        _ratio_verdict("1 MiB loan p50 <= iceoryx2 blocking's", p50, ("shmrpc", 1 << 20), ("iox2", 1 << 20), 1.0),
+    ]
+    peers = {k: v for (k, n), v in p50.items() if n == 64 and k in _PEER_KEYS}
+    fastest = min(peers.items(), key=lambda kv: kv[1]) if peers else None
+    for key, limit in (("shmrpc-lane-spin", 10.0), ("shmrpc-lane", 30.0)):
+        goal = f"64 B {key} p50 <= {limit:.0f} µs and under the fastest peer's"
+        v = p50.get((key, 64))
+        if v is None:
+            out.append(_verdict(goal, None, f"needs {key} at 64 B"))
+            continue
+        beat = fastest is None or v < fastest[1]
+        peer = f"; fastest peer {fastest[0]} {fastest[1]:.1f} µs" if fastest else "; no peer measured"
+        out.append(_verdict(goal, v <= limit and beat, f"{v:.1f} µs{peer}", p50_us=v))
+    conn = doc.get("connect") or {}
+    goal = "connect (Client(name) to ready) p50 <= 5 ms"
+    if "p50_us" not in conn:
+        out.append(_verdict(goal, None, "needs --connect-iters"))
+    else:
+        out.append(_verdict(goal, conn["p50_us"] <= 5000, f"{conn['p50_us'] / 1000:.2f} ms", p50_us=conn["p50_us"]))
     return out
 
 

@@ -24,19 +24,34 @@ from typing import Any
 
 import numpy as np
 
+from ._own import OwnBackendTransport
 from ._peers import PEERS, start_peer_server
-from ._shm import ShmCallTransport, ShmLoanTransport, SlotPlan, WorkerProcess, plan_slots
+from ._shm import (
+    ShmCallLaneTransport,
+    ShmCallTransport,
+    ShmLaneSpinTransport,
+    ShmLaneTransport,
+    ShmLoanTransport,
+    SlotPlan,
+    WorkerProcess,
+    plan_slots,
+    tensors_of,
+)
 from ._stats import bandwidth_stats, iters_for_size, latency_stats
 from ._transport import Transport, TransportUnavailable
 
 __all__ = ["RunConfig", "Servers", "open_servers", "make_transport", "measure_latency", "measure_bandwidth",
            "run_clients", "SHM_KEYS", "TRANSPORT_CLASSES"]
 
-SHM_KEYS = ("shmrpc", "shmrpc-call")
+SHM_KEYS = ("shmrpc", "shmrpc-call", "shmrpc-lane", "shmrpc-lane-spin", "shmrpc-call-lane")
 #: Every transport key -> its client class.
 TRANSPORT_CLASSES: dict[str, type[Transport]] = {
     "shmrpc": ShmLoanTransport,
     "shmrpc-call": ShmCallTransport,
+    "shmrpc-lane": ShmLaneTransport,
+    "shmrpc-lane-spin": ShmLaneSpinTransport,
+    "shmrpc-call-lane": ShmCallLaneTransport,
+    "own": OwnBackendTransport,
     **{k: v[0] for k, v in PEERS.items()},
 }
 
@@ -56,10 +71,12 @@ class RunConfig:
     window: int = 4
     clients: list[int] = field(default_factory=list)
     clients_max_nbytes: int = 1 << 20
-    transports: list[str] = field(default_factory=lambda: list(SHM_KEYS))
+    transports: list[str] = field(default_factory=lambda: ["shmrpc", "shmrpc-call"])
     name: str | None = None
     worker_args: str = ""
     spin_us: int = 0  # the started worker's --spin-us and the shmrpc clients' spin_us
+    connect_iters: int = 0  # Client(name) connects timed (0: none)
+    in_place: bool = False  # the loan sends with in_place=True (the output over the first input)
     bytes_budget: int = 2 << 30
     min_iters: int = 5
 
@@ -83,7 +100,10 @@ def make_transport(key: str, address: str, cfg: RunConfig) -> Transport:
     """A connected client of transport ``key`` at ``address`` (shmrpc ones get the op, attrs and dtype)."""
     cls = TRANSPORT_CLASSES[key]
     if key in SHM_KEYS:
-        return cls(address, op=cfg.op, attrs=cfg.attrs, dtype=cfg.dtype, spin_us=cfg.spin_us)  # type: ignore[call-arg]
+        return cls(address, op=cfg.op, attrs=cfg.attrs, dtype=cfg.dtype, spin_us=cfg.spin_us,  # type: ignore[call-arg]
+                   in_place=cfg.in_place)
+    if key == "own":
+        return OwnBackendTransport(address, op=cfg.op, attrs=cfg.attrs, dtype=cfg.dtype, backend=cfg.backend)
     return cls(address)
 
 
@@ -101,7 +121,8 @@ def open_servers(cfg: RunConfig, log: Callable[[str], None] = print) -> Iterator
             servers.worker = {"name": cfg.name, "started_by_bench": False}
         elif shm:
             n_clients = max([1, *cfg.clients])
-            plan = plan_slots(cfg.sizes, cfg.window, n_clients, clients_max_nbytes=max(cfg.scaling_sizes()))
+            plan = plan_slots(cfg.sizes, cfg.window, n_clients, clients_max_nbytes=max(cfg.scaling_sizes()),
+                              tensors=tensors_of(cfg.op))
             servers.plan = plan
             try:
                 extra = f"{cfg.worker_args} --spin-us {cfg.spin_us}" if cfg.spin_us else cfg.worker_args
@@ -117,6 +138,9 @@ def open_servers(cfg: RunConfig, log: Callable[[str], None] = print) -> Iterator
                     servers.skipped[k] = f"cannot start the worker: {exc}"
         for key in cfg.transports:
             if key in SHM_KEYS:
+                continue
+            if key == "own":  # no server: each client process runs the op itself
+                servers.addresses[key] = ""
                 continue
             try:
                 srv = stack.enter_context(start_peer_server(key))

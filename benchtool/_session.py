@@ -6,7 +6,8 @@ The result is one JSON-ready document (see ``docs/benchmarks.md`` for its schema
      "transports": {key: {"label", "status": "ok" | "skipped" | "failed", "reason"?, "method"?}},
      "results": [{"transport", "nbytes", "latency": {...}} | {"transport", "nbytes", "bandwidth": {...}}
                  | {"transport", "nbytes", "error"}],
-     "scaling": [{"transport", "clients", "nbytes", "calls_per_s", "per_client_p99_us", ...}]}
+     "scaling": [{"transport", "clients", "nbytes", "calls_per_s", "per_client_p99_us", ...}],
+     "connect": {"iterations", "p50_us", ...} (``Client(name)`` to ready, then closed; with --connect-iters)}
 
 ``_report`` adds the machine facts, the command line and the verdicts.
 """
@@ -117,6 +118,9 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
                     if hasattr(t, "method"):
                         info["method"] = t.method
                 doc["transports"][key] = info
+            if cfg.connect_iters and any(k.startswith("shmrpc") for k in cfg.transports):
+                bar.set_description("connect")
+                doc["connect"] = connect_default_worker(cfg)
             for key in [k for k in scaling if k in active and _multi(k)]:
                 for n_clients in cfg.clients:
                     for nbytes in cfg.scaling_sizes():
@@ -132,6 +136,41 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
             bar.close()
     doc["elapsed_s"] = round(time.monotonic() - t0, 3)
     return doc
+
+
+def connect_default_worker(cfg: RunConfig) -> dict[str, Any]:
+    """:func:`measure_connect` against a worker started with its defaults (slots, lease; ``cfg.backend``), or the
+    running worker ``cfg.name``: what ``Client(name)`` costs a short-lived process (the benchmark's own worker
+    leases every size class it measures, so its connects would be dearer)."""
+    if cfg.name:
+        return dict(measure_connect(cfg.name, cfg.connect_iters), worker="--name")
+    from ._shm import WorkerProcess
+
+    try:
+        with WorkerProcess(None, cfg.backend, cfg.worker_args) as w:
+            w.wait_ready()
+            return dict(measure_connect(w.name, cfg.connect_iters), worker="defaults")
+    except Exception as exc:  # recorded, the run goes on
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def measure_connect(name: str, iters: int) -> dict[str, Any]:
+    """``Client(name)`` from the call to a ready client (handshake, regions mapped), ``iters`` times; each is closed
+    before the next (its close is not timed). Returns latency statistics, or ``{"error"}``."""
+    try:
+        from shmrpc.client import Client  # type: ignore[attr-defined]
+
+        samples = []
+        for _ in range(iters + 2):
+            t0 = time.perf_counter_ns()
+            c = Client(name, connect_timeout_s=20.0)
+            samples.append(time.perf_counter_ns() - t0)
+            c.close()
+        import numpy as np
+
+        return latency_stats(np.asarray(samples[2:], dtype=np.int64)).to_json()
+    except Exception as exc:  # recorded, the run goes on
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _label(key: str) -> str:

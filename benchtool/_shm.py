@@ -38,16 +38,30 @@ _SMALL_CLASSES = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 _LARGE_STEP = 8 << 20
 
 
-def request_nbytes(nbytes: int) -> int:
-    """Slot bytes one request of ``nbytes`` in and ``nbytes`` out needs: descriptor area, input, output, alignment."""
+def request_nbytes(nbytes: int, tensors: int = 2) -> int:
+    """Slot bytes one request of ``tensors`` tensors of ``nbytes`` each (inputs and the output) needs: descriptor
+    area, tensors, alignment."""
     align = tensor_align(nbytes)
-    x_end = align_up(DESC_NBYTES, align) + nbytes
-    return align_up(x_end, align) + nbytes
+    end = align_up(DESC_NBYTES, align)
+    for _ in range(tensors):
+        end = align_up(end, align) + nbytes
+    return end
 
 
-def _loan_nbytes(nbytes: int) -> int:
-    """What ``Client.loan`` is asked for: tensor bytes (input, output, alignment), the descriptor area excluded."""
-    return request_nbytes(nbytes) - DESC_NBYTES
+def tensors_of(op: str) -> int:
+    """Tensors of ``nbytes`` a slot holds for ``op`` (2 when unknown): its inputs, and room for outputs as large as
+    all of them (what ``Client.call`` reserves when it is not told ``out_nbytes``)."""
+    try:
+        from shmrpc.kernels import REGISTRY
+    except ImportError:  # pragma: no cover - the bench tool ships with the kernels
+        return 2
+    spec = REGISTRY.get(op)
+    return 2 * len(spec.inputs) if spec is not None and spec.inputs else 2
+
+
+def _loan_nbytes(nbytes: int, tensors: int = 2) -> int:
+    """What ``Client.loan`` is asked for: tensor bytes (inputs, output, alignment), the descriptor area excluded."""
+    return request_nbytes(nbytes, tensors) - DESC_NBYTES
 
 
 def _class_for(need: int) -> int:
@@ -73,13 +87,15 @@ class SlotPlan:
     per_client: dict[int, int]
     region_nbytes: int
 
+    tensors: int = 2
+
     def window_for(self, nbytes: int) -> int:
         """Requests of ``nbytes`` one client can keep in flight."""
-        return self.per_client[_class_for(request_nbytes(nbytes))]
+        return self.per_client[_class_for(request_nbytes(nbytes, self.tensors))]
 
 
 def plan_slots(sizes: list[int], window: int, clients: int, class_budget_bytes: int = 512 << 20,
-               clients_max_nbytes: int | None = None) -> SlotPlan:
+               clients_max_nbytes: int | None = None, tensors: int = 2) -> SlotPlan:
     """Size classes for ``sizes``: each class holds ``window`` slots per client, cut to ``class_budget_bytes``.
 
     A class never holds fewer than one slot per client, so the geometry stays
@@ -93,15 +109,15 @@ def plan_slots(sizes: list[int], window: int, clients: int, class_budget_bytes: 
     """
     from shmrpc.schema.layout import format_size
 
-    classes = sorted({_class_for(request_nbytes(n)) for n in sizes})
+    classes = sorted({_class_for(request_nbytes(n, tensors)) for n in sizes})
     limit = max(sizes) if clients_max_nbytes is None else clients_max_nbytes
-    shared = {_class_for(request_nbytes(n)) for n in sizes if n <= limit}
+    shared = {_class_for(request_nbytes(n, tensors)) for n in sizes if n <= limit}
     users = {c: max(1, clients) if c in shared else 1 for c in classes}
     per_client = {c: max(1, min(window, class_budget_bytes // (c * users[c]))) for c in classes}
     slots = ",".join(f"{format_size(c)}:{per_client[c] * users[c]}" for c in classes)
     lease = ",".join(str(per_client[c]) for c in classes)
     region = PAGE + sum(c * per_client[c] * users[c] for c in classes)
-    return SlotPlan(slots, lease, per_client, region)
+    return SlotPlan(slots, lease, per_client, region, tensors)
 
 
 def _memlock_bytes() -> int:
@@ -119,12 +135,17 @@ class WorkerProcess:
         TransportUnavailable: the worker exited during start.
     """
 
-    def __init__(self, plan: SlotPlan, backend: str = "auto", extra_args: str = "") -> None:
+    def __init__(self, plan: SlotPlan | None, backend: str = "auto", extra_args: str = "") -> None:
+        from shmrpc.schema.layout import DEFAULT_GEOMETRY
+
         self.name = f"bench-{os.getpid()}-{secrets.token_hex(4)}"
         self.plan = plan
-        self.mlocked = _memlock_bytes() >= plan.region_nbytes and "--no-mlock" not in extra_args
+        region_nbytes = DEFAULT_GEOMETRY.region_nbytes if plan is None else plan.region_nbytes
+        self.mlocked = _memlock_bytes() >= region_nbytes and "--no-mlock" not in extra_args
         self.argv = [sys.executable, "-m", "shmrpc.server", "serve", "--name", self.name, "--backend", backend,
-                     "--slots", plan.slots, "--lease", plan.lease, "--log-level", "WARNING"]
+                     "--log-level", "WARNING"]
+        if plan is not None:  # None: the worker's own defaults (slots, lease)
+            self.argv += ["--slots", plan.slots, "--lease", plan.lease]
         if not self.mlocked and "--no-mlock" not in extra_args:
             self.argv.append("--no-mlock")
         self.argv += shlex.split(extra_args)
@@ -179,13 +200,13 @@ class WorkerProcess:
         self.close()
 
 
-def _client(name: str, spin_us: int = 0) -> Any:
+def _client(name: str, spin_us: int = 0, lane: str | None = None) -> Any:
     try:
         from shmrpc.client import Client  # type: ignore[attr-defined]
     except ImportError as exc:
         raise TransportUnavailable(f"shmrpc.client.Client is not available: {exc}") from exc
     try:
-        return Client(name, timeout_s=60.0, connect_timeout_s=20.0, spin_us=spin_us)
+        return Client(name, timeout_s=60.0, connect_timeout_s=20.0, spin_us=spin_us, lane=lane)
     except Exception as exc:
         raise TransportUnavailable(f"cannot connect to worker {name!r}: {type(exc).__name__}: {exc}") from exc
 
@@ -194,18 +215,27 @@ class _ShmBase(Transport):
     """Shared by both shmrpc paths: the client, the op, its attributes and the payload dtype."""
 
     op: ClassVar[str] = "echo"
+    #: The client's lane (``Client(lane=...)``): None for ZeroMQ doorbells.
+    lane: ClassVar[str | None] = None
 
     def __init__(self, address: str, op: str = "echo", attrs: dict[str, Any] | None = None,
-                 dtype: str = "uint8", spin_us: int = 0) -> None:
+                 dtype: str = "uint8", spin_us: int = 0, in_place: bool = False) -> None:
         super().__init__(address)
+        self.in_place = in_place
         self.op_name = op
         self.attrs = dict(attrs or {})
         self.dtype = dtype
-        self._client = _client(address, spin_us)
+        self._client = _client(address, spin_us, self.lane)
+        if self.lane is not None and self._client._t.lane is None:
+            self._client.close()
+            raise TransportUnavailable("the worker grants no lanes (started with --no-lanes)")
         table = getattr(self._client, "op_table", None) or {}
         if table and op not in table:
             self._client.close()
             raise TransportUnavailable(f"the worker has no op {op!r}; it has {', '.join(sorted(table))}")
+        # every tensor input of the op gets the same payload (vector_add: x and y)
+        entry = table.get(op)
+        self.inputs: tuple[str, ...] = tuple(entry.inputs) if entry is not None and entry.inputs else ("x",)
 
     def reply_bytes(self, reply: Any) -> bytes:
         out = reply["out"] if isinstance(reply, dict) else reply
@@ -233,22 +263,23 @@ class ShmLoanTransport(_ShmBase):
         self._resend = True
 
     def _open_loan(self) -> Any:
-        loan = self._client.loan(_loan_nbytes(self.nbytes))
+        loan = self._client.loan(_loan_nbytes(self.nbytes, len(self.inputs) + 1))
         req = loan.__enter__()
         return loan, req
 
     def _fill(self, req: Any) -> None:
         n = self.nbytes // np.dtype(self.dtype).itemsize
-        req.array("x", (n,), self.dtype)[...] = payload_of(self.nbytes, self.dtype)
+        for name in self.inputs:
+            req.array(name, (n,), self.dtype)[...] = payload_of(self.nbytes, self.dtype)
 
     def prepare(self, nbytes: int) -> None:
         self.end_size()
         self.nbytes = nbytes
         self._loan, self._req = self._open_loan()
         self._fill(self._req)
-        first = self._req.send(self.op_name, **self.attrs)
+        first = self._req.send(self.op_name, in_place=self.in_place, **self.attrs)
         try:  # one loan sent twice: supported by the client, or not
-            self._req.send(self.op_name, **self.attrs)
+            self._req.send(self.op_name, in_place=self.in_place, **self.attrs)
             self._resend = True
         except Exception:
             self._resend = False
@@ -258,10 +289,11 @@ class ShmLoanTransport(_ShmBase):
 
     def roundtrip(self) -> Any:
         if self._resend:
-            return self._req.send(self.op_name, **self.attrs)
-        with self._client.loan(_loan_nbytes(self.nbytes)) as req:
-            req.array("x", (self.nbytes // np.dtype(self.dtype).itemsize,), self.dtype)
-            return _copy_reply(req.send(self.op_name, **self.attrs))
+            return self._req.send(self.op_name, in_place=self.in_place, **self.attrs)
+        with self._client.loan(_loan_nbytes(self.nbytes, len(self.inputs) + 1)) as req:
+            for name in self.inputs:
+                req.array(name, (self.nbytes // np.dtype(self.dtype).itemsize,), self.dtype)
+            return _copy_reply(req.send(self.op_name, in_place=self.in_place, **self.attrs))
 
     def end_size(self) -> None:
         if self._loan is not None:
@@ -294,10 +326,10 @@ class ShmCallTransport(_ShmBase):
         self._payload = payload_of(nbytes, self.dtype)
 
     def roundtrip(self) -> Any:
-        return self._client.call(self.op_name, x=self._payload, **self.attrs)
+        return self._client.call(self.op_name, **dict.fromkeys(self.inputs, self._payload), **self.attrs)
 
     def start(self) -> Any:
-        return self._client.submit(self.op_name, x=self._payload, **self.attrs)
+        return self._client.submit(self.op_name, **dict.fromkeys(self.inputs, self._payload), **self.attrs)
 
     def finish(self, handle: Any) -> Any:
         return handle.result(60.0)
@@ -305,3 +337,27 @@ class ShmCallTransport(_ShmBase):
     def end_size(self) -> None:
         self._payload = payload_of(0, self.dtype)
         self.nbytes = 0
+
+
+class ShmLaneTransport(ShmLoanTransport):
+    """The zero-copy loan with ``Client(lane="block")``: doorbell and answer through the lane, sleeping in poll()."""
+
+    key = "shmrpc-lane"
+    label = "shmrpc loan, lane (blocking)"
+    lane = "block"
+
+
+class ShmLaneSpinTransport(ShmLoanTransport):
+    """The zero-copy loan with ``Client(lane="spin")``: the caller polls the page for up to spin_us, then sleeps."""
+
+    key = "shmrpc-lane-spin"
+    label = "shmrpc loan, lane (spinning)"
+    lane = "spin"
+
+
+class ShmCallLaneTransport(ShmCallTransport):
+    """``Client.call`` through a blocking lane."""
+
+    key = "shmrpc-call-lane"
+    label = "shmrpc call(), lane (blocking)"
+    lane = "block"

@@ -108,7 +108,7 @@ def _peer(sock: socket.socket) -> tuple[int, int]:
 
 
 def handshake(name: str, deadline: float, worker_uid: int | None = None,
-              lease: tuple[int, ...] | None = None) -> Handshake:
+              lease: tuple[int, ...] | None = None, lane: bool = False) -> Handshake:
     """Verify the worker ``name`` (see the module docstring), say HELLO, and return the WELCOME with its fds.
 
     Raises:
@@ -142,7 +142,7 @@ def handshake(name: str, deadline: float, worker_uid: int | None = None,
         pid = os.getpid()
         # lease: slots wanted per size class (the worker caps them by --lease-max)
         hello = Hello(m.PROTOCOL_VERSION, SCHEMA_HASH, pid, os.getuid(), process_start_ticks(pid),
-                      None if lease is None else list(lease))
+                      None if lease is None else list(lease), True if lane else None)
         sock.send(hello.encode())
         try:
             frame, fds, flags, _ = socket.recv_fds(sock, m.ATTACH_MAX_NBYTES, _MAX_FDS)
@@ -173,8 +173,10 @@ def handshake(name: str, deadline: float, worker_uid: int | None = None,
         if body.get("worker_pid") != worker_pid:
             raise ConnectError(f"worker {name!r} says it is pid {body.get('worker_pid')} but the kernel says pid "
                                f"{worker_pid}: refusing it")
-        if len(fds) != len(body.get("regions", ())):
-            raise ConnectError(f"worker {name!r} sent {len(fds)} region fds for {len(body.get('regions', ()))} regions")
+        n_lane = 3 if lane and body.get("lane") is True else 0  # page, worker's eventfd, ours (schema/lane.py)
+        if len(fds) != len(body.get("regions", ())) + n_lane:
+            raise ConnectError(f"worker {name!r} sent {len(fds)} fds for {len(body.get('regions', ()))} regions"
+                               + (" and a lane" if n_lane else ""))
         out = Handshake(body, fds, worker_pid, uid)
         fds = []
         return out

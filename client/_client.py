@@ -87,6 +87,13 @@ class Client:
             whole life, e.g. ``(4, 2, 1)``; the worker grants at most its ``--lease-max`` per class.
             Default ``None``: the worker's ``--lease`` (small slots only, by default); larger slots
             are borrowed from the worker's pool for each request that needs one.
+        lane: ``None`` (default): every doorbell goes over ZeroMQ. ``"block"`` or ``"spin"``: ask the
+            worker for a lane (a page shared with it and two eventfds, ``shmrpc.schema.lane``) that carries
+            the doorbell and the answer of a call made while no other is in flight (``Loan.send``,
+            ``Client.call``); the caller sleeps in poll() on an eventfd (``"block"``), or first polls the
+            page without sleeping for up to ``spin_us`` µs (``"spin"``, default 200 µs: a busy core only
+            while a request is pending). A worker started with ``--no-lanes`` grants none: ZeroMQ then
+            carries everything, as it always carries control messages and requests in flight beside one.
         trace: OpenTelemetry spans for calls (the ``otel`` extra): ``True`` for the global tracer
             provider, or a ``TracerProvider``; off by default. A worker started with ``--otel``
             records its side of each traced call as a child span (docs/operations.md).
@@ -109,11 +116,15 @@ class Client:
 
     def __init__(self, name: str, *, timeout_s: float = 30.0, connect_timeout_s: float = 5.0,
                  on_busy: str = "wait", linger_s: float = 0.0, spin_us: int = 0, worker_uid: int | None = None,
-                 non_dumpable: bool = False, lease: tuple[int, ...] | None = None, trace: Any = False) -> None:
+                 non_dumpable: bool = False, lease: tuple[int, ...] | None = None, trace: Any = False,
+                 lane: str | None = None) -> None:
         if on_busy not in ("wait", "fail"):
             raise ValueError("on_busy must be 'wait' or 'fail'")
         if not 0 <= spin_us <= 1_000_000:
             raise ValueError(f"spin_us must be 0..1000000, got {spin_us}")
+        if lane not in (None, "block", "spin"):
+            raise ValueError(f"lane must be None, 'block' or 'spin', got {lane!r}")
+        lane_spin_us = (spin_us or 200) if lane == "spin" else 0
         self.name, self.timeout_s, self.on_busy, self.linger_s = name, timeout_s, on_busy, linger_s
         self._tracing: ClientTracing | None = None
         if trace is not False and trace is not None:
@@ -127,7 +138,7 @@ class Client:
         if non_dumpable:
             set_dumpable(False)  # before any region is mapped: /proc/<our pid>/mem is never a door to it
         self._t = Connection(name, connect_timeout_s, spin_us, worker_uid,
-                            None if lease is None else tuple(int(n) for n in lease))
+                            None if lease is None else tuple(int(n) for n in lease), lane, lane_spin_us)
         w = self._t.welcome
         self._regions: dict[int, AttachedRegion] = {}
         fds, self._t.fds = self._t.fds, []

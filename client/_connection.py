@@ -30,6 +30,7 @@ from shmrpc.schema.naming import endpoint
 from shmrpc.schema.proc import process_start_ticks
 
 from ._attach import handshake
+from ._lane import ClientLane
 
 __all__ = ["Connection"]
 
@@ -40,13 +41,24 @@ class Connection:
     """The verified handshake with worker ``name``, then one DEALER connection under the session's token."""
 
     def __init__(self, name: str, connect_timeout_s: float, spin_us: int = 0, worker_uid: int | None = None,
-                 lease: tuple[int, ...] | None = None) -> None:
+                 lease: tuple[int, ...] | None = None, lane: str | None = None, lane_spin_us: int = 0) -> None:
         self.name = name
         self.spin_s = spin_us / 1e6
         deadline = time.monotonic() + connect_timeout_s
-        hs = handshake(name, deadline, worker_uid, lease)
+        hs = handshake(name, deadline, worker_uid, lease, lane is not None)
         self.welcome: dict[str, Any] = hs.welcome
         self.fds: list[int] = hs.fds  # the regions' fds, in WELCOME order; AttachedRegion closes each
+        self.lane: ClientLane | None = None
+        if lane is not None and self.welcome.get("lane") is True:  # the last three fds (schema/lane.py)
+            page_fd, doorbell_fd, own_fd = self.fds[-3:]
+            self.fds = self.fds[:-3]
+            try:
+                self.lane = ClientLane(page_fd, doorbell_fd, own_fd, hs.worker_uid, lane_spin_us / 1e6)
+            except BaseException:
+                for fd in (doorbell_fd, own_fd, *self.fds):
+                    os.close(fd)
+                self.fds = []
+                raise
         self.worker_pid = hs.worker_pid
         self.worker_uid = hs.worker_uid
         self.pidfd: int | None = None
@@ -58,6 +70,8 @@ class Connection:
         self.sock.setsockopt(zmq.ROUTING_ID, str(self.welcome["token"]).encode())
         self._poller = zmq.Poller()
         self._poller.register(self.sock, zmq.POLLIN)
+        if self.lane is not None:  # a lane's answer wakes a pump waiting on ZeroMQ too
+            self._poller.register(self.lane.fd, zmq.POLLIN)
         try:
             self.sock.connect(endpoint(name, worker_uid))
             self._watch_worker()
@@ -89,10 +103,16 @@ class Connection:
             Timeout: ``deadline`` (time.monotonic) passed first.
             WorkerGoneError: the worker process exited.
         """
-        sock, pidfd = self.sock, self.pidfd
+        sock, pidfd, lane = self.sock, self.pidfd, self.lane
         while not until():
             if self.gone:
                 raise WorkerGoneError(self.gone)
+            if lane is not None and lane.busy:  # the request in the lane may have been answered meanwhile
+                rid = lane.busy
+                done = lane.answer()
+                if done is not None:
+                    on_done(*lane_done(done, rid))
+                    continue
             ready = int(sock.getsockopt(zmq.EVENTS)) & _POLLIN
             if not ready and self.spin_s:
                 end = time.perf_counter() + self.spin_s  # spin_us: no sleep while the answer is near
@@ -104,6 +124,11 @@ class Connection:
                 if pidfd is not None and pidfd in events:
                     self.gone = f"worker {self.name!r} (pid {self.worker_pid}) exited"
                     raise WorkerGoneError(self.gone)
+                if lane is not None and lane.fd in events:
+                    try:
+                        os.eventfd_read(lane.fd)
+                    except BlockingIOError:
+                        pass
                 if sock not in events:
                     if deadline is not None and time.monotonic() >= deadline:
                         raise Timeout(f"no answer from worker {self.name!r} in time")
@@ -137,10 +162,28 @@ class Connection:
             except zmq.ZMQError:
                 pass
         self.sock.close(linger=100 if bye else 0)
+        if self.lane is not None:
+            self.lane.close()
+            self.lane = None
         self._ctx.term()
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
+
+
+def lane_done(frame: bytes, request_id: int) -> tuple[int, int, int, int]:
+    """The DONE a lane's page holds for ``request_id`` (region, slot, request_id, status).
+
+    Raises:
+        RequestError: the page holds no DONE for this request (the page is shared: never trust it).
+    """
+    try:
+        done = m.unpack_done(frame)
+    except Exception:  # noqa: BLE001
+        raise RequestError("the lane's answer is not a DONE frame", field="lane") from None
+    if done[2] != request_id:
+        raise RequestError(f"the lane's answer is for request {done[2]}, not {request_id}", field="lane")
+    return done
 
 
 def control_error(reply: ErrorReply) -> RequestError:

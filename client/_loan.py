@@ -29,6 +29,7 @@ from shmrpc.schema.errors import (
 from shmrpc.schema.header import HEADER, HEADER_NBYTES, unpack_from
 from shmrpc.schema.layout import align_up, format_size, tensor_align
 
+from ._connection import lane_done
 from ._pipeline import Pipeline
 from ._slot import _IN_PLACE, _RESPONSE, NO_RESPONSE, _decode, _Slot, forked_since
 
@@ -128,6 +129,12 @@ class Loan:
         # NOTE: order is important here: header after descriptor, CALL after header (the publication point).
         HEADER.pack_into(mv, 0, rid, op_code, len(payload), flags, s.generation)
         s.in_flight, s.status = rid, None
+        lane = c._t.lane
+        if lane is not None and not lane.busy and not c._inflight and not trace:
+            # the lane: this is the only request in flight (the worker answers in the page, see schema/lane.py)
+            c._inflight[rid] = s
+            lane.ring(m.pack_call(s.region, s.index, rid, s.generation), rid)
+            return rid
         c._inflight[rid] = s
         try:
             c._t.send(m.pack_call(s.region, s.index, rid, s.generation) + trace)
@@ -138,8 +145,13 @@ class Loan:
         return rid
 
     def _wait(self, rid: int, deadline: float) -> None:
-        s = self._s
-        self._c._pump(deadline, lambda: s.in_flight != rid)
+        s, c = self._s, self._c
+        lane = c._t.lane
+        if lane is not None and lane.busy == rid:
+            done = lane.wait(deadline, c._t.pidfd, c.name)
+            c._on_done(*lane_done(done, rid))
+            return
+        c._pump(deadline, lambda: s.in_flight != rid)
 
     def _response(self, rid: int) -> dict[str, np.ndarray]:
         s, mv = self._s, self._live()

@@ -52,7 +52,7 @@ class MessageError(ValueError):
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "list": (list,), "dict": (dict,),
     "int | None": (int, type(None)), "str | None": (str, type(None)), "dict | None": (dict, type(None)),
-    "list | None": (list, type(None)), "Any": (object,),
+    "list | None": (list, type(None)), "bool | None": (bool, type(None)), "Any": (object,),
 }
 
 T = TypeVar("T", bound="ControlMessage")
@@ -117,6 +117,8 @@ class Hello(ControlMessage):
     start_ticks: int | None
     #: Slots wanted per size class (the worker caps them by --lease-max); None: the default lease.
     lease: list | None = None
+    #: Ask for a lane (schema/lane.py): a shared page and two eventfds beside ZeroMQ for synchronous calls.
+    lane: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +138,8 @@ class Welcome(ControlMessage):
     geometry: dict
     lease: list
     op_table: dict
+    #: A lane was granted: three more fds follow the regions' (the page, the worker's eventfd, the client's).
+    lane: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -274,16 +274,22 @@ class Dispatcher:
 
     # ------------------------------------------------------------ running
 
-    def run(self, prep: Prepared, slot: memoryview) -> dict[str, float]:
+    def views(self, prep: Prepared, slot: memoryview) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """NumPy views of ``prep``'s inputs and outputs inside ``slot`` (bounds were checked by :meth:`prepare`)."""
+        return {t.name: _view(slot, t) for t in prep.inputs}, {t.name: _view(slot, t) for t in prep.outputs}
+
+    def run(self, prep: Prepared, slot: memoryview,
+            views: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None) -> dict[str, float]:
         """Run ``prep`` over ``slot``: inputs read from it, outputs written into it. Returns stage seconds.
+
+        ``views``: the ones :meth:`views` made for this slot and request earlier (made here when None).
 
         Raises:
             RequestError: a KernelError / ResourceError with the op's location, or InternalError.
         """
         if prep.plan is None:
             return {}
-        ins = {t.name: _view(slot, t) for t in prep.inputs}
-        outs = {t.name: _view(slot, t) for t in prep.outputs}
+        ins, outs = self.views(prep, slot) if views is None else views
         try:
             return self.backend.run(prep.plan, ins, outs, keep_as=prep.keep_as) or {}
         except (kernels.KernelInputError, kernels.KernelRuntimeError) as e:

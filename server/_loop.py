@@ -46,8 +46,10 @@ from shmrpc.schema.naming import attach_path, endpoint, socket_path
 from . import checks
 from ._attach import AttachListener, set_dumpable
 from ._dispatch import Dispatcher, Prepared, check_header, error_response
+from ._lanes import Lanes
 from ._lease import Leases, Slot
 from ._observe import Observer
+from ._primed import Primed, PrimedSlots
 from ._sessions import Sessions, _refusal
 from ._shared import SharedOwners
 from ._waiters import Waiters
@@ -81,11 +83,12 @@ class Worker:
         self._sock: zmq.Socket | None = None
         self._attach: AttachListener | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._done: collections.deque[tuple[bytes, Slot, Header, int, float, dict[str, float], Prepared | None]] = (
-            collections.deque()
-        )
+        self._done: collections.deque[tuple[bytes, Slot, Header, int, float, dict[str, float], Prepared | None,
+                                            int]] = collections.deque()
+        self._lanes: Lanes | None = None
         self._wake_r, self._wake_w = -1, -1
         self._views: dict[tuple[int, int], memoryview] = {}  # (region, slot) -> the slot's bytes, made once
+        self._primed = PrimedSlots()  # (region, slot) -> the last request validated there, with its views
         self.shared = SharedOwners()
         self.sessions: Sessions  # the control plane, made by start() once the backend and leases exist
         self._stopping = threading.Event()
@@ -123,9 +126,11 @@ class Worker:
             self.leases = Leases([self.regions[0].geometry], cfg.lease, self._zero,
                                  max_borrowed_slots=cfg.client_max_slots, max_borrowed_bytes=cfg.client_max_bytes)
             self._waiters = Waiters(self.leases.sizes, cfg.client_max_waiters)
+            self._lanes = Lanes() if cfg.lanes else None
             self.sessions = Sessions(cfg, regions=self.regions, views=self._views, backend=self.backend,
                                      leases=self.leases, waiters=self._waiters, metrics=self.metrics,
-                                     shared=self.shared, send=self._send, started=self._started)
+                                     shared=self.shared, send=self._send, started=self._started,
+                                     primed=self._primed, lanes=self._lanes)
             self.dispatch = Dispatcher(self.backend, cfg.geometry.desc_nbytes,
                                        memory_limit_nbytes=cfg.request_memory_limit_bytes,
                                        inline_max_flops=cfg.inline_max_flops, inline_max_nbytes=cfg.inline_max_nbytes)
@@ -190,6 +195,9 @@ class Worker:
         if self._attach is not None:
             self._attach.close()
             self._attach = None
+        if self._lanes is not None:
+            self._lanes.close()
+            self._lanes = None
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
@@ -206,6 +214,7 @@ class Worker:
                 self.backend.close()
             finally:
                 self.backend = None
+        self._primed.clear()
         self._views.clear()
         for r in self.regions.values():
             r.close()
@@ -241,6 +250,10 @@ class Worker:
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         poller.register(attach.fileno(), zmq.POLLIN)
+        lanes = self._lanes
+        doorbell = lanes.doorbell_fd if lanes is not None else -1
+        if lanes is not None:
+            poller.register(doorbell, zmq.POLLIN)
         polled: set[int] = set()  # pidfds of clients and attach connections waiting for their HELLO
         pidfds: set[int] = set()
         waiting: set[int] = set()
@@ -274,6 +287,11 @@ class Worker:
                 events = dict(poller.poll(timeout_ms))
             if sock in events:
                 self._drain_socket(stopping)
+            if doorbell in events:
+                assert lanes is not None
+                lanes.clear_doorbell()  # NOTE: before the scan: a request posted after it rings again
+                for lane, seq, frame in lanes.scan():
+                    self._on_call(lane.identity, frame, stopping, seq)
             if self._wake_r in events:
                 try:
                     os.read(self._wake_r, 4096)
@@ -322,6 +340,9 @@ class Worker:
             reply, fds = ErrorReply(InternalError.code, "bad_message",
                                     f"the HELLO could not be handled ({type(e).__name__})", "hello").encode(), []
         self._attach.reply(conn, reply, fds)
+        if self._lanes is not None:  # the client has its copies of the lanes' pages
+            for lane in self._lanes.by_identity.values():
+                lane.handed_over()
         for i in self.sessions.region_owner:  # a private region goes to one client only: keep no fd of it
             self.regions[i].close_fd()
 
@@ -392,7 +413,17 @@ class Worker:
 
     # ------------------------------------------------------------ calls
 
-    def _on_call(self, identity: bytes, frame: bytes, stopping: bool) -> None:
+    def _reply(self, identity: bytes, done: bytes, lane: int) -> None:
+        """A DONE to the client: into its lane when the CALL came that way (``lane``: its call_seq), if it is still
+        there."""
+        if lane and self._lanes is not None:
+            ln = self._lanes.by_identity.get(identity)
+            if ln is not None:
+                ln.answer(done, lane)
+            return
+        self._send(identity, done)
+
+    def _on_call(self, identity: bytes, frame: bytes, stopping: bool, lane: int = 0) -> None:
         tail = b""
         if len(frame) == _TRACED_CALL_NBYTES:  # a traced call: the client's trace context follows the CALL
             frame, tail = frame[:_CALL_NBYTES], frame[_CALL_NBYTES:]
@@ -411,41 +442,50 @@ class Worker:
                 self.observe.begin(region, index, tail)
         except RequestError as e:
             self.observe.refused(c.pid if c else 0, e)
-            self._send(identity, m.pack_done(region, index, rid, NO_RESPONSE | e.code))
+            self._reply(identity, m.pack_done(region, index, rid, NO_RESPONSE | e.code), lane)
             return None
         t0 = time.perf_counter()
-        view = self._views.get((region, index))
+        key = (region, index)
+        view = self._views.get(key)
         if view is None:
-            view = self._views[(region, index)] = self.regions[region].slot_view(index)
+            view = self._views[key] = self.regions[region].slot_view(index)
         hdr = Header(rid, 0, 0, 0, gen)
         prep: Prepared | None = None
         try:
             h = unpack_from(view)
             hdr = Header(rid, h.op_code, 0, 0, gen)
             check_header(h, rid, gen, self.dispatch.desc_nbytes)
+            # a private copy: everything below reads these bytes, never the slot's again
             payload = bytes(view[HEADER_NBYTES:HEADER_NBYTES + h.payload_length])
-            prep = self.dispatch.prepare(payload, h.op_code, h.flags, s.nbytes, c.id)
+            primed = self._primed.get(key, payload, h.op_code, h.flags, c.id)
+            if primed is None:  # not the bytes validated last in this slot: decode, validate, plan
+                self._primed.forget(key)
+                prep = self.dispatch.prepare(payload, h.op_code, h.flags, s.nbytes, c.id)
+                primed = Primed(payload, h.op_code, h.flags, c.id, prep, self.dispatch.views(prep, view))
+                self._primed.put(key, primed)
+            prep = primed.prep
             if prep.keep_as:
                 self.shared.claim(c.id, prep.keep_as.values())  # shared/ names: only their owner may replace them
         except RequestError as e:
-            return self._finish(identity, s, view, hdr, e, t0, {}, None)
+            return self._finish(identity, s, view, hdr, e, t0, {}, None, lane)
         except Exception as e:  # noqa: BLE001
             log.exception("validation failed unexpectedly")
-            return self._finish(identity, s, view, hdr, InternalError(f"validation failed: {e}"), t0, {}, None)
+            return self._finish(identity, s, view, hdr, InternalError(f"validation failed: {e}"), t0, {}, None, lane)
         self.metrics.inflight.inc()
         if prep.plan is None or prep.inline:
-            self._complete(identity, s, view, hdr, prep, t0)
+            self._complete(identity, s, view, hdr, primed, t0, lane)
             if self.dispatch.fatal:
                 self._drain_done()
         else:
             assert self._executor is not None
-            self._executor.submit(self._run_async, identity, s, view, hdr, prep, t0)
+            self._executor.submit(self._run_async, identity, s, view, hdr, primed, t0, lane)
         return None
 
-    def _execute(self, view: memoryview, hdr: Header, prep: Prepared) -> tuple[int, dict[str, float]]:
-        """Run ``prep`` and write its response into the slot; returns (status, stage seconds)."""
+    def _execute(self, view: memoryview, hdr: Header, primed: Primed) -> tuple[int, dict[str, float]]:
+        """Run ``primed``'s request and write its response into the slot; returns (status, stage seconds)."""
+        prep = primed.prep
         try:
-            stages = self.dispatch.run(prep, view)
+            stages = self.dispatch.run(prep, view, primed.views)
             status, payload = 0, prep.response
         except RequestError as e:
             stages, status, payload = {}, e.code, encode_response(error_response(e))
@@ -456,26 +496,29 @@ class Worker:
         _write_response(view, hdr, payload, status)
         return status, stages
 
-    def _complete(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, prep: Prepared, t0: float) -> None:
-        status, stages = self._execute(view, hdr, prep)
-        self._done_sent(identity, s, hdr, status, t0, stages, prep)
+    def _complete(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, primed: Primed, t0: float,
+                  lane: int) -> None:
+        status, stages = self._execute(view, hdr, primed)
+        self._done_sent(identity, s, hdr, status, t0, stages, primed.prep, lane=lane)
 
-    def _run_async(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, prep: Prepared, t0: float) -> None:
+    def _run_async(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, primed: Primed, t0: float,
+                   lane: int) -> None:
+        prep = primed.prep
         q = time.perf_counter() - t0
         try:
-            status, stages = self._execute(view, hdr, prep)
+            status, stages = self._execute(view, hdr, primed)
         except BaseException:  # noqa: BLE001 - always answer
             log.exception("request failed unexpectedly")
             status, stages = InternalError.code, {}
             _write_response(view, hdr, encode_response(error_response(InternalError("the request failed"))), status)
         stages = dict(stages, queue=q)
-        self._done.append((identity, s, hdr, status, t0, stages, prep))
+        self._done.append((identity, s, hdr, status, t0, stages, prep, lane))
         os.write(self._wake_w, b"x")
 
     def _drain_done(self) -> None:
         while self._done:
-            identity, s, hdr, status, t0, stages, prep = self._done.popleft()
-            self._done_sent(identity, s, hdr, status, t0, stages, prep)
+            identity, s, hdr, status, t0, stages, prep, lane = self._done.popleft()
+            self._done_sent(identity, s, hdr, status, t0, stages, prep, lane=lane)
         if self.dispatch.fatal and not self._stopping.is_set():
             # The GPU context is lost (a sticky CUDA error): answer what is in flight, then exit non-zero so a
             # supervisor starts a fresh process; clients see WorkerGoneError and reconnect.
@@ -483,13 +526,14 @@ class Worker:
             self.stop()
 
     def _finish(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, err: RequestError, t0: float,
-                stages: dict[str, float], prep: Prepared | None) -> None:
+                stages: dict[str, float], prep: Prepared | None, lane: int) -> None:
+        self._primed.forget((s.region, s.index))
         _write_response(view, hdr, encode_response(error_response(err)), err.code)
         self.metrics.inflight.inc()
-        self._done_sent(identity, s, hdr, err.code, t0, stages, prep, self.observe.op_of(err, hdr.op_code))
+        self._done_sent(identity, s, hdr, err.code, t0, stages, prep, self.observe.op_of(err, hdr.op_code), lane)
 
     def _done_sent(self, identity: bytes, s: Slot, hdr: Header, status: int, t0: float,
-                   stages: dict[str, float], prep: Prepared | None, op: str = "unknown") -> None:
+                   stages: dict[str, float], prep: Prepared | None, op: str = "unknown", lane: int = 0) -> None:
         if prep is not None:
             op = prep.op
         if status:  # before DONE: after it the slot is the client's again
@@ -503,7 +547,7 @@ class Worker:
                              prep.nbytes_in if prep and status == 0 else 0,
                              prep.nbytes_out if prep and status == 0 else 0, stages)
         if s.owner is not None and not s.freeing:
-            self._send(identity, m.pack_done(s.region, s.index, hdr.request_id, status))
+            self._reply(identity, m.pack_done(s.region, s.index, hdr.request_id, status), lane)
         self.leases.end(s)
         if traced is not None:
             c = self.sessions.clients.get(identity)

@@ -41,8 +41,10 @@ from . import checks
 from ._admission import Admission
 from ._attach import PeerCred, check_identity
 from ._dispatch import resident_name
+from ._lanes import Lanes
 from ._lease import Slot
 from ._oprules import answer_plan, op_summary
+from ._primed import PrimedSlots
 from ._waiters import Waiter, Waiters
 from .procs import pid_alive
 from .region import Region
@@ -83,10 +85,13 @@ class Sessions:
 
     def __init__(self, config: WorkerConfig, *, regions: dict[int, Region], views: dict[tuple[int, int], memoryview],
                  backend: Backend, leases: Leases, waiters: Waiters, metrics: Metrics, shared: SharedOwners,
-                 send: Callable[[bytes, bytes], None], started: float) -> None:
+                 send: Callable[[bytes, bytes], None], started: float, primed: PrimedSlots | None = None,
+                 lanes: Lanes | None = None) -> None:
         self.config = config
+        self.lanes = lanes  # None: lanes are not granted (--no-lanes)
         self.regions = regions
         self._views = views
+        self._primed = primed
         self.backend = backend
         self.leases = leases
         self._waiters = waiters
@@ -152,7 +157,12 @@ class Sessions:
         self.metrics.clients.set(len(self.clients))
         self.metrics.slots_leased.set(self.leases.n_leased)
         log.info("client %d (pid %d uid %d) connected with %d slots", client.id, peer.pid, peer.uid, len(slots))
-        return self._welcome(client, regions, slots), [r.fd for r in regions if r.fd is not None]
+        fds = [r.fd for r in regions if r.fd is not None]
+        lane = None
+        if hello.lane and self.lanes is not None:
+            lane = self.lanes.open(client.identity)
+            fds += lane.fds()
+        return self._welcome(client, regions, slots, lane is not None), fds
 
     def _admit(self, peer: PeerCred) -> ClientSession:
         """A new session for the process the kernel vouched for, watched through a pidfd, under a fresh token."""
@@ -174,6 +184,8 @@ class Sessions:
         """Undo :meth:`_admit` for a session that never started."""
         self.clients.pop(client.identity, None)
         self.admission.left(client.uid)
+        if self.lanes is not None:
+            self.lanes.drop(client.identity)
         if client.pidfd is not None:
             self.by_pidfd.pop(client.pidfd, None)
             os.close(client.pidfd)
@@ -192,7 +204,7 @@ class Sessions:
         self.leases.open(client.id, from_pool=False)
         return [self.regions[0], region], self.leases.add_private(client.id, region.index, private)
 
-    def _welcome(self, client: ClientSession, regions: list[Region], slots: list[Slot]) -> bytes:
+    def _welcome(self, client: ClientSession, regions: list[Region], slots: list[Slot], lane: bool) -> bytes:
         """The WELCOME; the regions' fds travel beside it, in the order of its ``regions`` list."""
         return Welcome(
             protocol=m.PROTOCOL_VERSION,
@@ -207,6 +219,7 @@ class Sessions:
             geometry=self.config.geometry.to_json(),
             lease=[[s.region, s.index, s.generation] for s in slots],
             op_table=build_op_table(parse_op_table(kernels.op_table()).values()),
+            lane=True if lane else None,
         ).encode()
 
     def _new_private_region(self, client: int, geometry: Geometry) -> Region:
@@ -230,6 +243,8 @@ class Sessions:
             self.region_owner.pop(i)
             for key in [k for k in self._views if k[0] == i]:
                 del self._views[key]
+            if self._primed is not None:  # its views hold the mapping open
+                self._primed.drop_region(i)
             self.leases.remove_private(i)
             if self.config.register_host:
                 self.backend.unregister_host(region.address)
@@ -279,6 +294,8 @@ class Sessions:
 
     def end_client(self, c: ClientSession, why: str) -> None:
         self.clients.pop(c.identity, None)
+        if self.lanes is not None:
+            self.lanes.drop(c.identity)
         self.admission.left(c.uid)
         self._drop_residents(c.id)
         if c.pidfd is not None:

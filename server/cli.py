@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "--inline-max-flops may run on the loop thread (default %(default)s)")
     s.add_argument("--spin-us", type=int, default=0,
                    help="poll this many µs without sleeping before blocking (lower latency, a busy core; 0: off)")
+    s.add_argument("--no-lanes", action="store_true",
+                   help="refuse lanes (a shared page and eventfds beside ZeroMQ that clients may ask for): "
+                        "every doorbell then goes over ZeroMQ")
     s.add_argument("--resident-limit", default="8G", help="cap on resident tensors (default %(default)s)")
     s.add_argument("--allow-uid", type=int, action="append", default=[],
                    help="another uid that may connect (its clients pass worker_uid=<this worker's uid>)")
@@ -195,7 +198,7 @@ def _serve(args: argparse.Namespace) -> int:
         cfg = WorkerConfig(
             name=args.name, geometry=geometry, lease=lease, backend=args.backend, metrics_port=args.metrics_port,
             mlock=not args.no_mlock, threads=args.threads, inline_max_nbytes=parse_size(args.inline_max),
-            spin_us=args.spin_us,
+            spin_us=args.spin_us, lanes=not args.no_lanes,
             resident_limit_bytes=parse_size(args.resident_limit), allow_uids=tuple(args.allow_uid), register_host=not args.no_register,
             dumpable=args.dumpable,
             isolation=args.isolation, client_max_slots=args.client_max_slots,

@@ -79,6 +79,8 @@ class WorkerConfig:
         spin_us: after each wake-up, poll this long without sleeping before blocking again (0: never
             spin). Saves a scheduler wake-up per request that arrives within the window, at the cost of
             a busy core while it spins.
+        lanes: grant a lane (``shmrpc.schema.lane``: a shared page and eventfds beside ZeroMQ) to a
+            client whose HELLO asks for one.
     """
 
     name: str
@@ -99,6 +101,7 @@ class WorkerConfig:
     client_max_slots: int = 0
     client_max_bytes: int = 0
     spin_us: int = 0
+    lanes: bool = True
     max_clients: int = 64
     max_clients_per_uid: int = 16
     request_memory_limit_bytes: int = 2 << 30

@@ -12,6 +12,13 @@
 #   model   the example decoder layer (examples/decoder_layer.py): served by a CuPy worker that loads
 #           the users' ops (--ops decoder_ops), 2 processes x 2 sessions, every step checked against
 #           NumPy, next to the same layer run in process with CuPy (no RPC) -> $OUT/model-gpu.json
+#   small   small requests at the floor (NumPy worker): 64 B and 1 MiB in-place vector_add, loan and call(),
+#           with and without lanes, next to pyzmq and iceoryx2 (blocking and spinning), connect time;
+#           then the same with worker and clients spinning 200 µs
+#   smallgpu  64 B float32 scale on the CuPy worker, loan, call() and lanes next to pyzmq and iceoryx2
+#   sweep   1, 2, 4, 8, 16 client processes of 64 B vector_add on the NumPy worker, loan and blocking lane,
+#           next to pyzmq and to each process running the op itself (own); sweepgpu: the same with 64 B
+#           scale on the CuPy worker (own: a CUDA context and CuPy in every client process)
 # Usage: bash bench/gpu/run.sh [STAGE ...]   (default: suite gpu lat bw; one device call holds at
 # most 10 minutes, so run `suite lat`, `bw gpu` and `spin` as separate calls; `suite probe` fits one).
 # Prepare on the dev machine first:  ../shared/tools/gpu-wheels.sh [the bench extra, pinned] &&
@@ -48,6 +55,12 @@ short() {  # short NAME [ARGS...]: 64 B, 4 KiB, 1 MiB next to pyzmq, 5000 round 
   timeout 60 $BENCH lat --transports shmrpc,zmq --sizes 64,4K,1M --iters 5000 "$@" -q --out "$OUT/$name.json" 2>&1 \
     | tail -12
 }
+small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next to zmq and iceoryx2, connects
+  local name=$1; shift
+  echo "== shmrpc bench lat (small requests) $*"
+  timeout 90 $BENCH lat --lanes --peers zmq,iox2,iox2-spin --sizes 64,1M --iters 5000 --connect-iters 50 "$@" -q \
+    --out "$OUT/$name.json" 2>&1 | tail -30
+}
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
   echo "stages: $stages, commit ${SHMRPC_COMMIT:-unknown}"
@@ -81,7 +94,19 @@ short() {  # short NAME [ARGS...]: 64 B, 4 KiB, 1 MiB next to pyzmq, 5000 round 
       PYTHONPATH="$PYTHONPATH:examples" timeout 90 python3 examples/decoder_layer.py --spawn cupy --inprocess cupy \
         --d 2048 --heads 16 --f 8192 --max-tokens 128 --tokens 96 --procs 2 --sessions 2 \
         --out "$OUT/model-gpu.json" 2>&1 | tail -6 ;;
-    *) echo "unknown stage $stage (suite, gpu, lat, bw, spin, probe, model)" ;;
+    small)
+      small bench-small-cpu --backend numpy --op vector_add --dtype float32 --in-place
+      small bench-small-cpu-spin --backend numpy --op vector_add --dtype float32 --in-place --spin-us 200 ;;
+    smallgpu)
+      small bench-small-gpu --backend cupy --op scale --attr a=2 --attr b=1 --dtype float32 ;;
+    sweep|sweepgpu)
+      b=numpy:vector_add; [ "$stage" = sweepgpu ] && b=cupy:scale
+      echo "== shmrpc bench lat --clients 1,2,4,8,16 (${b%%:*} worker, ${b##*:})"
+      timeout 90 $BENCH lat --transports shmrpc,shmrpc-lane,zmq,own --sizes 64 --clients 1,2,4,8,16 --iters 2000 \
+        --backend "${b%%:*}" --op "${b##*:}" --dtype float32 -q --out "$OUT/bench-sweep-${b%%:*}.json" \
+        --plots "/tmp/plots-sweep-${b%%:*}" 2>&1 | tail -24
+      plot "/tmp/plots-sweep-${b%%:*}" lat-scaling.png "bench-sweep-${b%%:*}-scaling.png" ;;
+    *) echo "unknown stage $stage (suite, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"

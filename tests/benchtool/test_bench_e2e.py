@@ -109,3 +109,65 @@ def test_one_sample_gives_no_verdict(tmp_path: Path, no_leak: object, capsys: py
     text = capsys.readouterr().out
     assert "PASS" not in text and "MISS" not in text and "too few samples" in text
     assert {v["status"] for v in json.loads(out.read_text())["verdicts"]} == {"N/A"}
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_lanes_and_two_input_ops_round_trip(no_leak: object) -> None:
+    # vector_add of the payload with itself, in place: every shmrpc path, lanes included, gives 2 * payload
+    import numpy as np
+
+    from shmrpc.bench._transport import payload_of
+
+    cfg = RunConfig(sizes=[64, 1 << 20], transports=["shmrpc", "shmrpc-call", "shmrpc-lane", "shmrpc-lane-spin",
+                                                     "shmrpc-call-lane"],
+                    backend="numpy", op="vector_add", dtype="int32", in_place=True)
+    with open_servers(cfg, log=print) as servers:
+        assert servers.skipped == {}, servers.skipped
+        for key in cfg.transports:
+            with make_transport(key, servers.addresses[key], cfg) as t:
+                assert t.inputs == ("x", "y")  # type: ignore[attr-defined]
+                for nbytes in cfg.sizes:
+                    t.prepare(nbytes)
+                    p = payload_of(nbytes, "int32")
+                    r1 = np.frombuffer(t.reply_bytes(t.roundtrip()), dtype=np.int32).copy()
+                    r2 = np.frombuffer(t.reply_bytes(t.roundtrip()), dtype=np.int32).copy()
+                    if key.startswith("shmrpc-call"):  # copied in: x + y = 2 * payload every time
+                        np.testing.assert_array_equal(r1, 2 * p)
+                        np.testing.assert_array_equal(r2, 2 * p)
+                    else:  # the loan's x is overwritten in place: each send adds y (= payload) once more
+                        np.testing.assert_array_equal(r2 - r1, p)
+                    t.end_size()
+                if key != "shmrpc-call" and key != "shmrpc":
+                    assert t._client._t.lane is not None and t._client._t.lane.seq > 0  # type: ignore[attr-defined]
+    assert servers.worker["exit_status"] == 0
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_cli_small_request_run_has_connects_and_small_verdicts(tmp_path: Path, no_leak: object) -> None:
+    out = tmp_path / "small.json"
+    rc = main(["lat", "--sizes", "64", "--iters", "120", "--warmup", "5", "--backend", "numpy", "--lanes",
+               "--transports", "shmrpc,shmrpc-call,shmrpc-lane,shmrpc-lane-spin,shmrpc-call-lane,zmq",
+               "--op", "vector_add", "--dtype", "float32", "--connect-iters", "5", "--out", str(out), "-q"])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["connect"]["iterations"] == 5 and doc["connect"]["p50_us"] > 0
+    goals = {v["goal"]: v["status"] for v in doc["verdicts"]}
+    assert goals["connect (Client(name) to ready) p50 <= 5 ms"] in ("PASS", "MISS")
+    assert goals["64 B call() p50 <= 1.3x the loan's"] in ("PASS", "MISS")
+    assert goals["64 B shmrpc-lane p50 <= 30 µs and under the fastest peer's"] in ("PASS", "MISS")
+    assert goals["1 MiB loan p50 <= iceoryx2 blocking's"] == "N/A"
+
+
+@pytest.mark.timeout(60)
+def test_own_backend_baseline_runs_the_op_in_the_client_process() -> None:
+    import numpy as np
+
+    from shmrpc.bench._transport import payload_of
+
+    cfg = RunConfig(sizes=[64], transports=["own"], backend="numpy", op="vector_add", dtype="int32")
+    with open_servers(cfg, log=print) as servers, make_transport("own", servers.addresses["own"], cfg) as t:
+        t.prepare(64)
+        got = np.frombuffer(t.reply_bytes(t.roundtrip()), dtype=np.int32)
+        np.testing.assert_array_equal(got, 2 * payload_of(64, "int32"))

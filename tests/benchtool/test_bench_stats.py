@@ -86,3 +86,13 @@ def test_slot_plan_fits_every_size(clients: int) -> None:
         assert request_nbytes(n) <= geo.max_slot_nbytes
         assert 1 <= plan.window_for(n) <= 4
     assert plan_slots([64, 1 << 20], 4, 1).slots == "64K:4,4M:4"
+
+
+def test_slots_are_sized_for_every_input_of_the_op() -> None:
+    from shmrpc.bench._shm import tensors_of
+
+    assert tensors_of("vector_add") == 4 and tensors_of("echo") == 2 and tensors_of("no_such_op") == 2
+    one_mib = 1 << 20
+    assert request_nbytes(one_mib, 3) == request_nbytes(one_mib, 2) + one_mib
+    plan = plan_slots([one_mib], window=1, clients=1, tensors=3)
+    assert plan.window_for(one_mib) == 1 and plan.slots == "4M:1"

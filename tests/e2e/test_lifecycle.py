@@ -250,8 +250,10 @@ def test_malformed_op_table_is_a_protocol_mismatch_at_connect(monkeypatch: pytes
 
     class FakeConnection:  # a handshake that went through, with an op code out of range in its WELCOME
         def __init__(self, name: str, connect_timeout_s: float, spin_us: int = 0,
-                     worker_uid: int | None = None, lease: tuple[int, ...] | None = None) -> None:
+                     worker_uid: int | None = None, lease: tuple[int, ...] | None = None, lane: str | None = None,
+                     lane_spin_us: int = 0) -> None:
             self.fds: list[int] = []
+            self.lane = None
             self.worker_pid = os.getpid()
             self.worker_uid = os.getuid()
             self.welcome = {"client_id": 1, "backend": "numpy", "worker_pid": os.getpid(), "regions": [],

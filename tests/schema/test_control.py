@@ -112,7 +112,7 @@ def test_ids_are_optional_and_left_out_when_none() -> None:
 
 
 _ROW = re.compile(r"^\| (\w+) \| (\w+) \| ([\w ]+) \| (yes|no) \|$")
-_TYPES = {"int": "int", "float": "number", "str": "str", "list": "list", "dict": "object"}
+_TYPES = {"int": "int", "float": "number", "str": "str", "list": "list", "dict": "object", "bool": "bool"}
 
 
 def _doc_type(annotation: str) -> str:

@@ -588,8 +588,9 @@ class Fuzzer:
 
     def _doorbell(self, case: Case) -> str:
         self.a.sock.send(case.frame)
-        if len(case.frame) == m.CALL_STRUCT.size:
-            _, region, slot, rid, gen = m.CALL_STRUCT.unpack(case.frame)
+        # a CALL, or a traced CALL (a CALL followed by a trace context): the worker answers both with a DONE
+        if len(case.frame) in (m.CALL_STRUCT.size, m.CALL_STRUCT.size + m.TRACE_STRUCT.size):
+            _, region, slot, rid, gen = m.CALL_STRUCT.unpack_from(case.frame)
             if (region, slot, gen) in self.a.lease:
                 v = self.a.slot(region, slot)
                 try:

@@ -1,0 +1,79 @@
+"""A lane: a doorbell beside ZeroMQ for one client's synchronous calls (opt-in, ``HELLO.lane``).
+
+A lane is one 4096-byte page shared by the worker and one client (a memfd the worker
+creates and hands over with the WELCOME, never named), and two eventfds: the
+worker's doorbell (one per worker, shared by every lane) and the client's.
+
+Page layout (little-endian; the two seq words in native order, which is little-endian on
+every host shmrpc supports; each side writes only its own cache lines)::
+
+    offset  size  written by  field
+    ------  ----  ----------  -----------------------------------------------------------
+         0     8  client      call_seq    u64: bumped once per request, after call_frame
+         8     4  client      call_len    u32: bytes of call_frame (the worker refuses > 64)
+        16    64  client      call_frame  a CALL frame exactly as on ZeroMQ (messages.pack_call)
+       128     8  worker      done_seq    u64: set to the call_seq it answers, after done_frame
+       136     4  worker      done_len    u32: bytes of done_frame
+       144    64  worker      done_frame  a DONE frame exactly as on ZeroMQ (messages.pack_done)
+
+Ringing: the client writes call_frame and call_len, then call_seq (# NOTE: order is
+important here: the seq is the publication point), then writes 1 to the worker's
+eventfd. Answering: the worker writes done_frame and done_len, then done_seq, then
+writes 1 to the client's eventfd. The side that waits may spin on the other's seq
+word for a bounded time; when it stops spinning it blocks in poll() on its eventfd
+(with the peer's pidfd), and after every wake-up reads the seq word again. Since
+every seq store is followed by an eventfd write (a system call, a full barrier),
+a waiter that sleeps is always woken: no wake-up is lost, whether or not either
+side spins.
+
+The worker trusts nothing in the page: call_seq is only compared for change,
+call_len is bounded, the frame is copied out and then goes through exactly the
+checks a CALL from ZeroMQ goes through (lease, owner, generation, header,
+descriptor). The client, in turn, checks that done_frame answers its request.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from typing import Any
+
+__all__ = [
+    "LANE_NBYTES", "FRAME_MAX", "CALL_SEQ", "CALL_LEN", "CALL_FRAME", "DONE_SEQ", "DONE_LEN", "DONE_FRAME",
+    "SEQ", "LEN", "post", "read_frame", "seq_word",
+]
+
+LANE_NBYTES = 4096
+FRAME_MAX = 64  # the longest frame either side accepts (a CALL is 16 B, a DONE 14 B)
+CALL_SEQ, CALL_LEN, CALL_FRAME = 0, 8, 16
+DONE_SEQ, DONE_LEN, DONE_FRAME = 128, 136, 144
+SEQ = struct.Struct("<Q")  # for reading a seq word in tests and tools; the two sides use seq_word()
+
+
+def seq_word(buf: Any, offset: int) -> ctypes.c_uint64:
+    """The seq word at ``offset`` of ``buf`` (a writable buffer: the page's mmap) as one aligned 8-byte integer.
+
+    # NOTE: never write a seq word with struct.pack_into: CPython clears the bytes first, then writes
+    # them, so a reader can see 0 (or half a value) in between and take it for a new request.
+    # ``c_uint64.value`` is one aligned store or load (x86-64 and aarch64, both little-endian).
+    """
+    return ctypes.c_uint64.from_buffer(buf, offset)
+LEN = struct.Struct("<I")
+
+
+def post(page: memoryview, word: ctypes.c_uint64, seq_at: int, seq: int, frame: bytes) -> None:
+    """Write ``frame`` then its length then ``seq`` (through ``word``, its seq_word) into the half of ``page``
+    starting at ``seq_at``."""
+    n = len(frame)
+    page[seq_at + 16:seq_at + 16 + n] = frame
+    LEN.pack_into(page, seq_at + 8, n)
+    # NOTE: order is important here: the seq word last, it publishes the frame.
+    word.value = seq
+
+
+def read_frame(page: memoryview, seq_at: int) -> bytes | None:
+    """A private copy of the frame in the half of ``page`` at ``seq_at``; None if its length is out of bounds."""
+    (n,) = LEN.unpack_from(page, seq_at + 8)
+    if n > FRAME_MAX:
+        return None
+    return bytes(page[seq_at + 16:seq_at + 16 + n])

@@ -1,0 +1,120 @@
+"""The worker's side of the lanes (:mod:`shmrpc.schema.lane`): pages, eventfds, the scan and the answer.
+
+One eventfd (the doorbell) is shared by every lane and polled by the loop with the
+ZeroMQ socket, so the loop waits on all lanes at once. When it fires, or while the
+loop spins, :meth:`Lanes.scan` reads each lane's call_seq; a changed one yields a
+private copy of the CALL frame, which the loop handles exactly like a CALL from
+ZeroMQ. The DONE of such a request goes back into the lane (:meth:`Lane.answer`).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Iterator
+
+from shmrpc.schema import lane as L
+
+__all__ = ["Lane", "Lanes"]
+
+
+class Lane:
+    """One client's lane: its page (our own mapping) and its eventfd."""
+
+    def __init__(self, identity: bytes, doorbell_fd: int) -> None:
+        self.identity = identity
+        self._memfd = os.memfd_create("shmrpc-lane", os.MFD_CLOEXEC)
+        try:
+            os.fchmod(self._memfd, 0o600)
+            os.ftruncate(self._memfd, L.LANE_NBYTES)
+            self._map = mmap.mmap(self._memfd, L.LANE_NBYTES)
+            self.page = memoryview(self._map)
+            self._call_seq, self._done_seq = L.seq_word(self._map, L.CALL_SEQ), L.seq_word(self._map, L.DONE_SEQ)
+            self.client_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        except BaseException:
+            os.close(self._memfd)
+            raise
+        self._doorbell_fd = doorbell_fd
+        self.seen = 0  # the last call_seq taken
+
+    def fds(self) -> list[int]:
+        """The fds handed to the client with the WELCOME: page, doorbell, the client's eventfd (ours stay open)."""
+        return [self._memfd, self._doorbell_fd, self.client_fd]
+
+    def handed_over(self) -> None:
+        """The client has its copies: close the page's fd (the mapping stays)."""
+        if self._memfd >= 0:
+            os.close(self._memfd)
+            self._memfd = -1
+
+    def take(self) -> tuple[int, bytes] | None:
+        """(call_seq, a copy of the CALL frame) of a new request; None when call_seq did not change (or the frame
+        is too long)."""
+        seq = self._call_seq.value
+        if seq == self.seen:
+            return None
+        frame = L.read_frame(self.page, L.CALL_SEQ)
+        if self._call_seq.value != seq:
+            return None  # the client is ringing again right now: its eventfd write will wake us for it
+        self.seen = seq
+        return None if frame is None else (seq, frame)
+
+    def answer(self, done_frame: bytes, seq: int) -> None:
+        """Write the DONE of the request rung with ``seq`` into the page, then wake the client."""
+        L.post(self.page, self._done_seq, L.DONE_SEQ, seq, done_frame)
+        try:
+            os.eventfd_write(self.client_fd, 1)
+        except OSError:  # the counter is full (a client that never reads it): it is awake anyway
+            pass
+
+    def close(self) -> None:
+        self.handed_over()
+        del self._call_seq, self._done_seq  # they export the mapping's buffer
+        self.page.release()
+        try:
+            self._map.close()
+        except BufferError:  # a seq word still referenced (a traceback's frame): unmapped when it goes
+            pass
+        if self.client_fd >= 0:
+            os.close(self.client_fd)
+            self.client_fd = -1
+
+
+class Lanes:
+    """Every lane of the worker, by session token, and the doorbell they share."""
+
+    def __init__(self) -> None:
+        self.doorbell_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self.by_identity: dict[bytes, Lane] = {}
+
+    def open(self, identity: bytes) -> Lane:
+        lane = self.by_identity[identity] = Lane(identity, self.doorbell_fd)
+        return lane
+
+    def drop(self, identity: bytes) -> None:
+        lane = self.by_identity.pop(identity, None)
+        if lane is not None:
+            lane.close()
+
+    def clear_doorbell(self) -> None:
+        try:
+            os.eventfd_read(self.doorbell_fd)
+        except BlockingIOError:
+            pass
+
+    def scan(self) -> Iterator[tuple[Lane, int, bytes]]:
+        """Each lane with a new request, its call_seq and a private copy of its CALL frame."""
+        for lane in list(self.by_identity.values()):
+            got = lane.take()
+            if got is not None:
+                yield lane, got[0], got[1]
+
+    def close(self) -> None:
+        for identity in list(self.by_identity):
+            self.drop(identity)
+        if self.doorbell_fd >= 0:
+            os.close(self.doorbell_fd)
+            self.doorbell_fd = -1
+
+    def __len__(self) -> int:
+        return len(self.by_identity)

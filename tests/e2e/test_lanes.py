@@ -1,0 +1,154 @@
+"""Lanes (schema/lane.py): the opt-in doorbell beside ZeroMQ, against real worker processes.
+
+Each test checks answers against NumPy, and that nothing is lost when a side cannot use
+the lane: a worker that grants none, requests in flight beside a lane call, a worker
+that dies while a lane call waits, a client that dies with a lane call in the worker,
+and a page written with garbage by its client.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+from wire import wait_for_state
+
+from shmrpc.client import Client, KernelError, UnknownOpError, WorkerGoneError
+from shmrpc.schema import lane as L
+
+if TYPE_CHECKING:
+    from conftest import WorkerProc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+
+@pytest.mark.parametrize("mode", ["block", "spin"])
+def test_lane_calls_are_answered_like_zeromq_ones(worker: WorkerProc, mode: str) -> None:
+    rng = np.random.default_rng(12)
+    with Client(worker.name, lane=mode, spin_us=50) as c:
+        assert c._t.lane is not None
+        with c.loan(4096) as req:
+            x = req.array("x", (16,), np.float32)
+            y = req.array("y", (16,), np.float32)
+            for _ in range(200):
+                a, b = rng.standard_normal(16, dtype=np.float32), rng.standard_normal(16, dtype=np.float32)
+                x[...], y[...] = a, b
+                np.testing.assert_array_equal(req.send("vector_add")["out"], a + b)
+        for n in (1, 7, 1000):
+            a = rng.standard_normal(n)
+            np.testing.assert_allclose(c.call("scale", x=a, a=2.0, b=1.0)["out"], 2 * a + 1)
+        # an error travels the lane as it travels ZeroMQ: typed, naming the field
+        with pytest.raises(KernelError) as e:
+            c.call("vector_add", x=np.ones(3), y=np.ones(4))
+        assert e.value.op == "vector_add" and e.value.tensor == "y"
+        with pytest.raises(UnknownOpError):
+            c.call("no_such_op", x=np.ones(3))
+        assert c._t.lane.seq > 200  # the calls above went through the lane
+
+
+def test_a_worker_without_lanes_serves_the_client_over_zeromq(spawn_worker: Callable[..., WorkerProc]) -> None:
+    w = spawn_worker("--no-lanes")
+    with Client(w.name, lane="block") as c:
+        assert c._t.lane is None
+        np.testing.assert_array_equal(c.call("vector_add", x=np.ones(3), y=np.ones(3))["out"], 2.0)
+
+
+def test_requests_in_flight_beside_a_lane_call_go_over_zeromq(worker: WorkerProc) -> None:
+    with Client(worker.name, lane="block") as c:
+        futs = [c.submit("scale", x=np.full(8, float(i)), a=3.0, b=0.0) for i in range(3)]
+        np.testing.assert_array_equal(c.call("vector_add", x=np.ones(2), y=np.ones(2))["out"], 2.0)
+        for i, f in enumerate(futs):
+            np.testing.assert_array_equal(f.result(10)["out"], 3.0 * i)
+        assert c._t.lane is not None and c._t.lane.busy == 0
+
+
+def test_a_worker_that_dies_fails_a_waiting_lane_call_at_once(spawn_worker: Callable[..., WorkerProc]) -> None:
+    w = spawn_worker()
+    with Client(w.name, lane="block", timeout_s=30) as c:
+        c.call("vector_add", x=np.ones(2), y=np.ones(2))
+        os.kill(w.pid, signal.SIGSTOP)  # the lane call below waits on a worker that cannot answer ...
+        killer = threading.Timer(0.3, os.kill, (w.pid, signal.SIGKILL))  # ... until it dies
+        t0 = time.monotonic()
+        killer.start()
+        try:
+            with pytest.raises(WorkerGoneError):
+                c.call("vector_add", x=np.ones(2), y=np.ones(2))
+        finally:
+            killer.join()
+        assert time.monotonic() - t0 < 5  # the pidfd, not the 30 s timeout
+    w.proc.wait(5)
+    w2 = spawn_worker()  # same name: removes the dead predecessor's sockets, and serves lanes again
+    with Client(w2.name, lane="block") as c2:
+        np.testing.assert_array_equal(c2.call("vector_add", x=np.ones(2), y=np.ones(2))["out"], 2.0)
+
+
+_CHILD = textwrap.dedent("""
+    import os, sys, numpy as np
+    from shmrpc.client import Client
+    c = Client(sys.argv[1], lane="block")
+    c.call("vector_add", x=np.ones(2), y=np.ones(2))
+    print("ready", flush=True)
+    os._exit(0)  # gone without BYE: the worker must notice by its pidfd
+""")
+
+
+def test_a_client_that_dies_with_a_lane_is_noticed_and_its_lane_dropped(worker: WorkerProc) -> None:
+    out = subprocess.run([sys.executable, "-c", _CHILD, worker.name], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "ready", out.stderr
+    wait_for_state(worker.name, lambda s: not s["clients"], "the dead client's session ended")
+    with Client(worker.name, lane="block") as c:  # and the worker still serves lanes
+        np.testing.assert_array_equal(c.call("vector_add", x=np.ones(2), y=np.ones(2))["out"], 2.0)
+
+
+def test_garbage_in_the_lane_page_never_stops_the_worker(worker: WorkerProc) -> None:
+    rng = np.random.default_rng(7)
+    with Client(worker.name, lane="block") as c:
+        lane = c._t.lane
+        assert lane is not None
+        for i in range(300):
+            # a call_seq that changes, over a length and a frame of random bytes
+            L.LEN.pack_into(lane.page, L.CALL_LEN, int(rng.integers(0, 1 << 32)) if i % 3 else int(rng.integers(0, 65)))
+            lane.page[L.CALL_FRAME:L.CALL_FRAME + 64] = rng.bytes(64)
+            L.SEQ.pack_into(lane.page, L.CALL_SEQ, int(rng.integers(0, 1 << 64, dtype=np.uint64)))
+            os.eventfd_write(lane.doorbell_fd, 1)
+        lane.seq = L.SEQ.unpack_from(lane.page, L.CALL_SEQ)[0]  # go on from what the page holds now
+        time.sleep(0)
+        np.testing.assert_array_equal(c.call("vector_add", x=np.ones(2), y=np.ones(2))["out"], 2.0)
+    with Client(worker.name) as c2:
+        np.testing.assert_array_equal(c2.call("vector_add", x=np.ones(2), y=np.ones(2))["out"], 2.0)
+
+
+_BUSY_CHILD = textwrap.dedent("""
+    import sys, numpy as np
+    from shmrpc.client import Client
+    rng = np.random.default_rng(int(sys.argv[2]))
+    with Client(sys.argv[1], lane=sys.argv[3]) as c, c.loan(4096) as req:
+        x, y = req.array("x", (8,), np.float32), req.array("y", (8,), np.float32)
+        for i in range(int(sys.argv[4])):
+            a, b = rng.standard_normal(8, dtype=np.float32), rng.standard_normal(8, dtype=np.float32)
+            x[...], y[...] = a, b
+            out = req.send("vector_add")["out"]
+            assert np.array_equal(out, a + b), (i, out, a + b)
+        assert c._t.lane is not None and c._t.lane.seq == int(sys.argv[4])
+    print("ok", flush=True)
+""")
+
+
+@pytest.mark.parametrize("mode", ["block", "spin"])
+def test_several_clients_ring_their_lanes_at_once(worker: WorkerProc, mode: str) -> None:
+    # one doorbell for every lane: each request is taken once, answered in its own page (600 each, past byte
+    # boundaries of the seq words)
+    procs = [subprocess.Popen([sys.executable, "-c", _BUSY_CHILD, worker.name, str(20261130 + k), mode, "600"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(3)]
+    for p in procs:
+        out, err = p.communicate(timeout=50)
+        assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
