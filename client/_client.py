@@ -49,6 +49,7 @@ from shmrpc.schema.optable import OpEntry, parse_op_table
 
 from ._attach import set_dumpable
 from ._connection import Connection, control_error
+from ._inflight import Inflight
 from ._interop import DeviceInput, as_input, is_array_like
 from ._pipeline import Pipeline, resolve
 from ._region import AttachedRegion
@@ -58,6 +59,10 @@ __all__ = ["Client", "Loan", "CallFuture", "Resident"]  # Loan, CallFuture, Resi
 
 from ._loan import CallFuture, Loan
 from ._slot import _KEEP, Resident, _open, _Slot, _try_release, fork_generation, forked_since
+
+
+class _NoSlot(Exception):
+    """No free slot of the client's own fits (``_submit(nowait=True)``): the caller waits elsewhere."""
 
 
 class Client:
@@ -96,9 +101,10 @@ class Client:
         ClientLimitError: the worker serves as many clients (of this uid) as it may.
         ProtocolMismatchError: worker and client are of different versions.
 
-    Thread safety: every method may be called from any thread; calls are serialized on one lock
-    while they touch the socket. A process forked from the one that made the Client must create
-    its own (using this one raises :class:`ForkedClientError`).
+    Thread safety: every method may be called from any thread, and threads do not wait on each
+    other's answers: whichever thread waits receives for all of them (docs/operations.md,
+    "Threads, futures and asyncio"). A process forked from the one that made the Client must
+    create its own (using this one raises :class:`ForkedClientError`).
 
     Example::
 
@@ -155,14 +161,13 @@ class Client:
             key=lambda s: s.nbytes,
         )
         self._parked: list[_Slot] = []
-        self._inflight: dict[int, _Slot] = {}
+        self._inflight = Inflight(self._t, self._on_control)
         self._control: dict[int | None, ControlMessage] = {}  # replies by the id of the request they answer
         self._asking: set[int] = set()  # ids of ACQUIRE/MANAGE still waited for
         self._ctl_id = itertools.count(1)
         self._rid = itertools.count(1)
         self._desc_cache: dict[Any, tuple[bytes, int, int, tuple[str, ...]]] = {}
         self._specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-        self._unread: list[CallFuture] = []  # submitted futures (copy=True) whose result() was not asked yet
 
     # ------------------------------------------------------------ lifecycle
 
@@ -186,8 +191,11 @@ class Client:
         if self._closed or forked_since(self._fork_gen):
             self._closed = True
             return
+        self._inflight.close()
         with self._lock:
             self._closed = True
+            for fin in self._inflight._fail_all():  # futures still waiting finish with ClientClosedError
+                fin()
             self._t.close(bye=True)
             for r in self._regions.values():
                 r.close()
@@ -207,12 +215,6 @@ class Client:
 
     # ------------------------------------------------------------ slots
 
-    def _on_done(self, region: int, index: int, rid: int, status: int) -> None:
-        s = self._inflight.pop(rid, None)
-        if s is not None:
-            s.status = status
-            s.in_flight = None
-
     def _on_control(self, frame: bytes) -> None:
         try:
             msg = decode(frame)
@@ -226,7 +228,8 @@ class Client:
         self._control[rid] = msg
 
     def _pump(self, deadline: float | None, until: Any) -> None:
-        self._t.pump(deadline, self._on_done, self._on_control, until)
+        """Wait until ``until()`` (evaluated under the in-flight table's lock: no locks in it)."""
+        self._inflight.wait(until, deadline)
 
     def _unpark(self) -> None:
         for s in list(self._parked):
@@ -256,18 +259,15 @@ class Client:
                 f"{format_size(self.geometry.max_slot_nbytes)}: start the worker with a larger class in --slots",
                 field="nbytes")
         while True:
-            self._settle_answered()
-            self._unpark()
-            self._return_idle_borrowed()
-            for s in self._free:
-                if s.nbytes >= nbytes:
-                    self._free.remove(s)
-                    _open(s, self._regions[s.region])
-                    return s
+            with self._lock:
+                self._check()
+                hit = self._take_free(nbytes)
+                if hit is not None:
+                    return hit
+                # our own requests in flight will free fitting slots: never park at the worker while they run
+                n_busy = len(self._inflight)
+                own_busy = any(s.nbytes >= nbytes for s in self._inflight.slots())
             wait_s = max(0.0, deadline - time.monotonic()) if self.on_busy == "wait" else 0.0
-            # our own requests in flight will free fitting slots: never park at the worker while they run
-            n_busy = len(self._inflight)
-            own_busy = any(s.nbytes >= nbytes for s in self._inflight.values())
             try:
                 s = self._acquire(nbytes, 0.0 if own_busy else wait_s, deadline)
             except BusyError:
@@ -275,20 +275,20 @@ class Client:
                     raise
                 self._pump(deadline, lambda n=n_busy: len(self._inflight) < n)  # returns at once if one finished
                 continue
-            _open(s, self._regions[s.region])
+            with self._lock:
+                _open(s, self._regions[s.region])
             return s
 
-    def _settle_answered(self) -> None:
-        """Copy out the results of answered futures nobody has read yet, so their slots can serve new requests."""
-        still = []
-        for f in self._unread:
-            if f.done():
-                continue
-            if f._loan._s.in_flight is None:
-                f._settle(f._deadline)
-            else:
-                still.append(f)
-        self._unread = still
+    def _take_free(self, nbytes: int) -> _Slot | None:
+        """A free slot of this client's of at least ``nbytes``, opened, or None (holding ``_lock``; never waits)."""
+        self._unpark()
+        self._return_idle_borrowed()
+        for s in self._free:
+            if s.nbytes >= nbytes:
+                self._free.remove(s)
+                _open(s, self._regions[s.region])
+                return s
+        return None
 
     def _ask(self, msg: Acquire | Manage, deadline: float) -> ControlMessage:
         """Send ``msg`` under a fresh id and return the reply that echoes it (or an ERROR with no id).
@@ -347,11 +347,10 @@ class Client:
                 x = req.array("x", (1024,), "float32"); x[:] = 1
                 out = req.send("scale", a=2.0)["out"]
         """
-        with self._lock:
-            self._check()
-            deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
-            need = self.geometry.desc_nbytes + (nbytes or 1)
-            return Loan(self, self._take(need, deadline))
+        self._check()
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        need = self.geometry.desc_nbytes + (nbytes or 1)
+        return Loan(self, self._take(need, deadline))
 
     def call(self, op: str | Pipeline, *, copy: bool = True, timeout_s: float | None = None,
              out_nbytes: int | None = None, in_place: bool = False, keep: tuple[str, ...] = (),
@@ -377,8 +376,7 @@ class Client:
             InvalidRequestError (with ``field``), KernelError (with ``op``, ``step``, ``tensor``),
             BusyError, Timeout, WorkerGoneError.
         """
-        fut = self.submit(op, timeout_s=timeout_s, out_nbytes=out_nbytes, in_place=in_place, keep=keep,
-                          _copy=copy, **kwargs)
+        fut = self._submit(op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs)
         return fut.result()
 
     def submit(self, op: str | Pipeline, *, timeout_s: float | None = None, out_nbytes: int | None = None,
@@ -386,49 +384,65 @@ class Client:
                **kwargs: Any) -> CallFuture:
         """Like :meth:`call`, but return a :class:`CallFuture` at once; one slot per request in flight.
 
+        The future completes by itself when the answer arrives (a receiver thread, started by the
+        first ``submit``, routes answers), so ``concurrent.futures.wait``, ``as_completed``,
+        ``add_done_callback`` and ``asyncio.wrap_future`` work; a request past its ``timeout_s``
+        completes with :class:`Timeout`, one whose worker dies with :class:`WorkerGoneError`.
+
         Example::
 
             futs = [c.submit("vector_add", x=a, y=b) for a, b in pairs]
             outs = [f.result()["out"] for f in futs]
         """
-        with self._lock:
-            self._check()
-            timeout = self.timeout_s if timeout_s is None else timeout_s
-            deadline = time.monotonic() + timeout
-            arrays, attrs, residents = self._split(op, kwargs)
-            sizes = [a.nbytes for a, _ in arrays.values()]
-            need = self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for n in sizes)
-            entry = self.op_table.get(op) if isinstance(op, str) else None
-            alias = entry is not None and entry.alias
-            if out_nbytes is None:
-                out_nbytes = 0 if in_place or alias else sum(sizes)
-            need += out_nbytes
-            loan = Loan(self, self._take(max(need, self.geometry.desc_nbytes + 64), deadline))
-            tracing = self._tracing
-            span, tail = (None, b"") if tracing is None else tracing.start(
-                op if isinstance(op, str) else "pipeline", self.name)
-            try:
-                for name, (a, wire) in arrays.items():
-                    view = loan.array(name, a.shape, wire)
-                    if isinstance(a, DeviceInput):
-                        a.copy_into(view)  # device -> slot, one copy
-                    else:
-                        np.copyto(view, a if a.dtype == view.dtype else a.view(view.dtype), casting="no")
-                for name, r in residents.items():
-                    shape, dt = self._resident_spec(r.name)
-                    loan.resident(name, r.name, shape, dt)
-                rid = loan._post(op, attrs, in_place, keep, tail)
-            except BaseException as e:
-                loan.release()
-                if tracing is not None:
-                    tracing.end(span, e)
-                raise
-            fut = CallFuture(self, loan, rid, deadline, _copy)
+        self._inflight.start_receiver()
+        return self._submit(op, timeout_s, out_nbytes, in_place, keep, _copy, False, kwargs)
+
+    def _submit(self, op: str | Pipeline, timeout_s: float | None, out_nbytes: int | None, in_place: bool,
+                keep: tuple[str, ...], copy: bool, nowait: bool, kwargs: dict[str, Any]) -> CallFuture:
+        """Copy the inputs into a slot and ring; ``nowait``: use only a free slot of ours, else raise _NoSlot."""
+        self._check()
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        arrays, attrs, residents = self._split(op, kwargs)
+        sizes = [a.nbytes for a, _ in arrays.values()]
+        need = self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for n in sizes)
+        entry = self.op_table.get(op) if isinstance(op, str) else None
+        alias = entry is not None and entry.alias
+        if out_nbytes is None:
+            out_nbytes = 0 if in_place or alias else sum(sizes)
+        need = max(need + out_nbytes, self.geometry.desc_nbytes + 64)
+        if nowait:
+            with self._lock:
+                self._check()
+                slot = self._take_free(need)
+            if slot is None:
+                raise _NoSlot()
+        else:
+            slot = self._take(need, deadline)
+        loan = Loan(self, slot)
+        tracing = self._tracing
+        span, tail = (None, b"") if tracing is None else tracing.start(
+            op if isinstance(op, str) else "pipeline", self.name)
+        fut = CallFuture(self, loan, deadline, copy)
+        try:
+            for name, (a, wire) in arrays.items():
+                view = loan.array(name, a.shape, wire)
+                if isinstance(a, DeviceInput):
+                    a.copy_into(view)  # device -> slot, one copy
+                else:
+                    np.copyto(view, a if a.dtype == view.dtype else a.view(view.dtype), casting="no")
+            for name, r in residents.items():
+                shape, dt = self._resident_spec(r.name)
+                loan.resident(name, r.name, shape, dt)
             if tracing is not None:
                 fut.add_done_callback(lambda f: tracing.end(span, Future.exception(f, 0)))
-            if _copy:
-                self._unread.append(fut)
-            return fut
+            loan._post(op, attrs, in_place, keep, tail, future=fut)
+        except BaseException as e:
+            loan.release()
+            if tracing is not None and not fut.done():
+                tracing.end(span, e)
+            raise
+        return fut
 
     # ------------------------------------------------------------ resident tensors
 
@@ -450,8 +464,7 @@ class Client:
         full = f"shared/{name}" if shared else name
         a, wire = as_input("x", array)
         self.call(Pipeline(outputs=()).then("echo", outputs={"out": full}), x=a, keep=(full,), timeout_s=timeout_s)
-        with self._lock:
-            self._specs[full] = (a.shape, dtypes.numpy_dtype(wire))
+        self._specs[full] = (a.shape, dtypes.numpy_dtype(wire))
 
     def drop(self, name: str, *, timeout_s: float | None = None) -> None:
         """Free resident tensor ``name`` (``shared/<name>`` for a shared one).
@@ -459,21 +472,18 @@ class Client:
         Raises:
             KernelError: there is no such resident tensor (``field="resident"``).
         """
-        with self._lock:
-            self._check()
-            self._ask(Manage("drop", name),
-                      time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))
-            self._specs.pop(name, None)
+        self._check()
+        self._ask(Manage("drop", name), time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))
+        self._specs.pop(name, None)
 
     def resident(self, *, timeout_s: float | None = None) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """This client's resident tensors and the shared ones: ``{name: (shape, dtype)}``."""
-        with self._lock:
-            self._check()
-            reply = self._ask(Manage("list"), time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))
-            got = reply.resident if isinstance(reply, Managed) and reply.resident is not None else {}
-            out = {k: (tuple(v["shape"]), dtypes.numpy_dtype(v["dtype"])) for k, v in got.items()}
-            self._specs.update(out)
-            return out
+        self._check()
+        reply = self._ask(Manage("list"), time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))
+        got = reply.resident if isinstance(reply, Managed) and reply.resident is not None else {}
+        out = {k: (tuple(v["shape"]), dtypes.numpy_dtype(v["dtype"])) for k, v in got.items()}
+        self._specs.update(out)
+        return out
 
     def _resident_spec(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         if name not in self._specs:
