@@ -1,11 +1,14 @@
 """AsyncClient: the Client's calls as coroutines, on the running event loop, never blocking it.
 
-The I/O is the Client's: answers are received by its receiver thread (see
-:mod:`._inflight`), which finishes each request's future; the event loop learns of
-it through ``asyncio.wrap_future`` (one ``call_soon_threadsafe``). What the loop
-itself does per call is bounded and short: copy the inputs into a free slot of
-its own and ring the worker. Whatever may wait (connecting, a slot that is not
-free, an ACQUIRE for a larger slot, closing) runs in the loop's default executor.
+The event loop receives the answers itself: readers on the ZeroMQ socket's fd,
+the connection's wake eventfd and the worker's pidfd route each frame through the
+Client's in-flight table (:mod:`._inflight`) the moment it arrives, which finishes
+the request's future on the loop thread (no thread hand-off); a timer every
+:data:`_EXPIRE_S` fails the requests past their deadline with ``Timeout``. What
+the loop does per call is bounded and short: copy the inputs into a free slot of
+the client's own, ring the worker, and later read the answer. Whatever may wait
+(connecting, a slot that is not free, an ACQUIRE for a larger slot, closing) runs
+in the loop's default executor.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from ._loan import Loan, _Answer
 from ._pipeline import Pipeline
 
 __all__ = ["AsyncClient", "AsyncLoan"]
+
+_EXPIRE_S = 0.02  # how often the loop looks for requests past their deadline
+_ROUTE_BATCH = 4  # answers routed per turn of the loop: each wakes a task, so a turn stays short under load
 
 
 class AsyncClient:
@@ -47,14 +53,74 @@ class AsyncClient:
 
     def __init__(self, client: Client) -> None:
         self.client = client  # the blocking Client underneath (same connection)
-        client._inflight.start_receiver()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tick: asyncio.TimerHandle | None = None
+        self._watched: list[int] = []
+        self._pump_soon: asyncio.Handle | None = None
+        self.route_batch = _ROUTE_BATCH
+
+    def _on_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, watching this client's fds (attached on first use, again on a new loop)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return loop
+        self.client._check()
+        self._detach()
+        sock_fd, wake_fd, pidfd = self.client._t.watch_fds
+        loop.add_reader(sock_fd, self._pump)
+        loop.add_reader(wake_fd, self._pump)
+        self._watched = [sock_fd, wake_fd]
+        if pidfd is not None:
+            loop.add_reader(pidfd, self._worker_exited)
+            self._watched.append(pidfd)
+        self._loop = loop
+        self._tick = loop.call_later(_EXPIRE_S, self._expire)
+        self._pump()  # anything that came before the readers did
+        return loop
+
+    def _pump(self) -> None:
+        if self._pump_soon is not None:
+            return  # a pump is already due this turn or the next
+        self._pump_later()
+
+    def _pump_later(self) -> None:
+        self._pump_soon = None
+        if self.client._inflight.pump_now(self.route_batch) and self._loop is not None:
+            # more queued: route it on the next turn, after the tasks just woken
+            self._pump_soon = self._loop.call_soon(self._pump_later)
+
+    def _worker_exited(self) -> None:
+        loop = self._loop
+        pidfd = self.client._t.watch_fds[2]
+        if loop is not None and pidfd is not None:
+            loop.remove_reader(pidfd)  # readable for good: watched once
+            self._watched.remove(pidfd)
+        self.client._inflight.worker_exited()
+
+    def _expire(self) -> None:
+        self.client._inflight.expire()
+        if self._loop is not None:
+            self._tick = self._loop.call_later(_EXPIRE_S, self._expire)
+
+    def _detach(self) -> None:
+        loop, self._loop = self._loop, None
+        for h in (self._tick, self._pump_soon):
+            if h is not None:
+                h.cancel()
+        self._tick = self._pump_soon = None
+        if loop is not None and not loop.is_closed():
+            for fd in self._watched:
+                loop.remove_reader(fd)
+        self._watched = []
 
     @classmethod
     async def connect(cls, name: str, **kwargs: Any) -> AsyncClient:
         """Connect to worker ``name`` (keyword arguments as :class:`Client`) without blocking the loop."""
         loop = asyncio.get_running_loop()
         client = await loop.run_in_executor(None, functools.partial(Client, name, **kwargs))
-        return cls(client)
+        self = cls(client)
+        self._on_loop()
+        return self
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -64,6 +130,7 @@ class AsyncClient:
 
     async def aclose(self) -> None:
         """End the lease (BYE) and unmap, off the loop; idempotent."""
+        self._detach()
         await asyncio.get_running_loop().run_in_executor(None, self.client.close)
 
     @property
@@ -79,8 +146,8 @@ class AsyncClient:
         The inputs are copied into a slot before this returns when one of the client's own slots is
         free; otherwise the wait for a slot happens off the loop and the request goes out from there.
         """
-        loop = asyncio.get_running_loop()
         c = self.client
+        loop = self._on_loop()
         try:
             fut = c._submit(op, timeout_s, out_nbytes, in_place, keep, copy, True, kwargs)
         except _NoSlot:
@@ -124,7 +191,7 @@ class AsyncLoan:
 
     async def __aenter__(self) -> AsyncLoan:
         c = self._owner.client
-        self._loan = await asyncio.get_running_loop().run_in_executor(
+        self._loan = await self._owner._on_loop().run_in_executor(
             None, functools.partial(c.loan, self._nbytes, timeout_s=self._timeout_s))
         return self
 
@@ -151,7 +218,7 @@ class AsyncLoan:
         """Run ``op`` on this loan's tensors; outputs are views into the slot (see :meth:`Loan.send`)."""
         loan = self._live()
         c = self._owner.client
-        c._check()
+        self._owner._on_loop()
         deadline = time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s)
         answered = _Answer(c, loan, deadline)
         rid = loan._post(op, attrs, in_place, keep, future=answered)

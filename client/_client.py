@@ -15,6 +15,7 @@ until the views go.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import os
@@ -59,6 +60,10 @@ __all__ = ["Client", "Loan", "CallFuture", "Resident"]  # Loan, CallFuture, Resi
 
 from ._loan import CallFuture, Loan
 from ._slot import _KEEP, Resident, _open, _Slot, _try_release, fork_generation, forked_since
+
+
+def _by_nbytes(s: _Slot) -> int:
+    return s.nbytes
 
 
 class _NoSlot(Exception):
@@ -160,6 +165,7 @@ class Client:
             (_Slot(r, i, self._regions[r].geometry.slot_nbytes(i), g, False) for r, i, g in w["lease"]),
             key=lambda s: s.nbytes,
         )
+        self._n_borrowed_free = 0  # borrowed slots kept in _free (linger_s): none, so nothing to give back
         self._parked: list[_Slot] = []
         self._inflight = Inflight(self._t, self._on_control)
         self._control: dict[int | None, ControlMessage] = {}  # replies by the id of the request they answer
@@ -242,13 +248,17 @@ class Client:
         if s.borrowed and self.linger_s <= 0 and not self._closed:
             self._t.send(m.SLOT_STRUCT.pack(m.RELEASE, s.region, s.index))
             return
-        self._free.append(s)
-        self._free.sort(key=lambda x: x.nbytes)
+        bisect.insort(self._free, s, key=_by_nbytes)  # smallest first; O(log n) with a lease of hundreds
+        if s.borrowed:
+            self._n_borrowed_free += 1
 
     def _return_idle_borrowed(self) -> None:
         now = time.monotonic()
+        if not self._n_borrowed_free:
+            return
         for s in [s for s in self._free if s.borrowed and now - s.idle_since > self.linger_s]:
             self._free.remove(s)
+            self._n_borrowed_free -= 1
             self._t.send(m.SLOT_STRUCT.pack(m.RELEASE, s.region, s.index))
 
     def _take(self, nbytes: int, deadline: float) -> _Slot:
@@ -283,9 +293,13 @@ class Client:
         """A free slot of this client's of at least ``nbytes``, opened, or None (holding ``_lock``; never waits)."""
         self._unpark()
         self._return_idle_borrowed()
-        for s in self._free:
+        free = self._free
+        for i in range(bisect.bisect_left(free, nbytes, key=_by_nbytes), len(free)):
+            s = free[i]
             if s.nbytes >= nbytes:
-                self._free.remove(s)
+                del free[i]
+                if s.borrowed:
+                    self._n_borrowed_free -= 1
                 _open(s, self._regions[s.region])
                 return s
         return None

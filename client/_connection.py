@@ -125,6 +125,38 @@ class Connection:
         self.gone = f"worker {self.name!r} (pid {self.worker_pid}) exited"
         return WorkerGoneError(self.gone)
 
+    def drain_now(self, route: Callable[[list[bytes]], Any], limit: int) -> tuple[Any, bool]:
+        """Receive up to ``limit`` queued frames (never waiting) and hand them to ``route``; for an event loop's
+        reader, which routes in small batches so that no turn of the loop runs long.
+
+        Returns:
+            (what ``route`` returned or ``[]``, whether more frames are queued).
+        """
+        try:
+            os.eventfd_read(self._wake_fd)
+        except OSError:
+            pass
+        with self.lock:
+            if self.closed:
+                return [], False
+            sock, frames = self.sock, list[bytes]()
+            while len(frames) < limit and int(sock.getsockopt(zmq.EVENTS)) & _POLLIN:
+                try:
+                    frames.append(sock.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+            more = len(frames) == limit and bool(int(sock.getsockopt(zmq.EVENTS)) & _POLLIN)
+            return (route(frames) if frames else []), more
+
+    @property
+    def watch_fds(self) -> tuple[int, int, int | None]:
+        """(the socket's fd, the wake eventfd, the worker's pidfd or None): what an event loop watches."""
+        return self._fd, self._wake_fd, self.pidfd
+
+    def exited(self) -> WorkerGoneError:
+        """Record that the worker exited (its pidfd became readable); returns the error waiters raise."""
+        return self._exited()
+
     def drain(self, wait_s: float, route: Callable[[list[bytes]], Any]) -> Any:
         """Receive what is queued and hand it to ``route`` (called holding :attr:`lock`); when nothing is
         queued, spin (``spin_us``) then sleep up to ``wait_s`` (< 0: no limit) for the socket or the worker.

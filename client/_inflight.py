@@ -151,6 +151,25 @@ class Inflight:
         for fin in finishers:
             fin()
 
+    def pump_now(self, limit: int = 1 << 30) -> bool:
+        """Route up to ``limit`` queued frames, never waiting (an event loop's reader on the socket's fd calls
+        this); returns whether more are queued (the caller calls again soon: the fd will not say so)."""
+        finishers, more = self._conn.drain_now(self._route, limit)
+        for fin in finishers:
+            fin()
+        return more
+
+    def worker_exited(self) -> None:
+        """The worker's pidfd became readable: every future finishes with WorkerGoneError, waiters wake."""
+        self._conn.exited()
+        for fin in self._fail_all():
+            fin()
+
+    def expire(self) -> None:
+        """Finish the futures past their deadline with Timeout (an event loop calls this periodically)."""
+        for fin in self._expire(time.monotonic()):
+            fin()
+
     # ------------------------------------------------------------ waiting
 
     def wait(self, until: Callable[[], bool], deadline: float | None) -> None:
