@@ -9,6 +9,9 @@
 #   spin    `lat --peers` and the client sweep with worker and clients spinning 200 µs (--spin-us),
 #           and a short `lat` next to zmq without spinning, for the same-run comparison
 #   probe   the tiny-request probe, and short `lat` runs next to zmq with and without spinning
+#   pool    1 worker vs 2 workers (`serve --devices`, one GPU each), 8 client processes through
+#           shmrpc.client.Pool sending gemm against a resident weight (bench/pool.py); then
+#           `shmrpc bench async` and `shmrpc bench threads` on this host's cores (NumPy worker)
 # Usage: bash bench/gpu/run.sh [STAGE ...]   (default: suite gpu lat bw; one device call holds at
 # most 10 minutes, so run `suite lat`, `bw gpu` and `spin` as separate calls; `suite probe` fits one).
 # Prepare on the dev machine first:  ../shared/tools/gpu-wheels.sh [the bench extra, pinned] &&
@@ -73,7 +76,17 @@ short() {  # short NAME [ARGS...]: 64 B, 4 KiB, 1 MiB next to pyzmq, 5000 round 
     probe)
       echo "== bench/gpu/tiny_probe.py"; timeout 90 python3 bench/gpu/tiny_probe.py 2>&1 | tail -16
       for spin in 0 200; do short "bench-lat-gpu-probe-spin$spin" --backend cupy --spin-us "$spin"; done ;;
-    *) echo "unknown stage $stage (suite, gpu, lat, bw, spin, probe)" ;;
+    pool)
+      echo "== bench/pool.py (1 vs 2 GPU workers through Pool)"
+      timeout 120 python3 bench/pool.py --backend cupy --workers 1,2 --clients 8 --window 2 --seconds 8 \
+        --m 1024 --k 8192 --n 8192 --dtype float16 --slots 64K:16,1M:16,16M:32,80M:8 \
+        --out "$OUT/pool-gpu.json" 2>&1 | tail -8
+      echo "== shmrpc bench async / threads (NumPy worker, this host's cores)"
+      timeout 60 $BENCH async --sizes 64 --iters 2000 --in-flight 1000 --total 20000 --backend numpy \
+        --out "$OUT/bench-async-gpuhost.json" 2>&1 | tail -6
+      timeout 40 $BENCH threads --threads 1,2,4,8 --sizes 64 --duration-s 2 --backend numpy \
+        --out "$OUT/bench-threads-gpuhost.json" 2>&1 | tail -8 ;;
+    *) echo "unknown stage $stage (suite, gpu, lat, bw, spin, probe, pool)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"
