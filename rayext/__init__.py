@@ -176,7 +176,7 @@ def start_workers(prefix: str = "shmrpc", *, per: str = "node", backend: str = "
     """
     if per not in ("node", "gpu"):
         raise ValueError("per is 'node' or 'gpu'")
-    actor_cls = ray.remote(ShmrpcNode)
+    actor_cls: Any = ray.remote(ShmrpcNode)
     actors, names = [], []
     for node in ray.nodes():
         if not node.get("Alive"):
