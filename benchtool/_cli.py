@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from typing import Any, NoReturn
@@ -223,7 +224,8 @@ def _concurrency(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
     else:
         doc = run_threads(args.threads, sizes[0], args.duration_s, args.name, backend)
         print(threads_table(doc))
-    doc.update(date=started, command=shlex.join([*prog.split(), *argv]), machine=machine_facts())
+    doc.update(date=started, command=shlex.join([*prog.split(), *argv]), machine=machine_facts(),
+               load_average=os.getloadavg())  # other work on the host shows in these figures
     if not args.no_json:
         print(f"\nJSON: {write_json(doc, args.out or default_out_path(args.mode))}")
     return 0
