@@ -15,7 +15,6 @@ until the views go.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import itertools
 import os
@@ -54,16 +53,13 @@ from ._inflight import Inflight
 from ._interop import DeviceInput, as_input, is_array_like
 from ._pipeline import Pipeline, resolve
 from ._region import AttachedRegion
+from ._slots import SlotPool
 from ._trace import ClientTracing
 
 __all__ = ["Client", "Loan", "CallFuture", "Resident"]  # Loan, CallFuture, Resident re-exported
 
 from ._loan import CallFuture, Loan
-from ._slot import _KEEP, Resident, _open, _Slot, _try_release, fork_generation, forked_since
-
-
-def _by_nbytes(s: _Slot) -> int:
-    return s.nbytes
+from ._slot import _KEEP, Resident, _Slot, fork_generation, forked_since
 
 
 class _NoSlot(Exception):
@@ -161,12 +157,9 @@ class Client:
         except BaseException:
             self._abandon(fds)
             raise
-        self._free: list[_Slot] = sorted(
-            (_Slot(r, i, self._regions[r].geometry.slot_nbytes(i), g, False) for r, i, g in w["lease"]),
-            key=lambda s: s.nbytes,
-        )
-        self._n_borrowed_free = 0  # borrowed slots kept in _free (linger_s): none, so nothing to give back
-        self._parked: list[_Slot] = []
+        self._slots = SlotPool(
+            self._regions, [_Slot(r, i, self._regions[r].geometry.slot_nbytes(i), g, False) for r, i, g in w["lease"]],
+            self._t.send, linger_s)
         self._inflight = Inflight(self._t, self._on_control)
         self._control: dict[int | None, ControlMessage] = {}  # replies by the id of the request they answer
         self._asking: set[int] = set()  # ids of ACQUIRE/MANAGE still waited for
@@ -199,7 +192,7 @@ class Client:
             return
         self._inflight.close()
         with self._lock:
-            self._closed = True
+            self._closed = self._slots.closed = True
             for fin in self._inflight._fail_all():  # futures still waiting finish with ClientClosedError
                 fin()
             self._t.close(bye=True)
@@ -237,30 +230,6 @@ class Client:
         """Wait until ``until()`` (evaluated under the in-flight table's lock: no locks in it)."""
         self._inflight.wait(until, deadline)
 
-    def _unpark(self) -> None:
-        for s in list(self._parked):
-            if s.in_flight is None and _try_release(s):
-                self._parked.remove(s)
-                self._give_back(s)
-
-    def _give_back(self, s: _Slot) -> None:
-        s.idle_since = time.monotonic()
-        if s.borrowed and self.linger_s <= 0 and not self._closed:
-            self._t.send(m.SLOT_STRUCT.pack(m.RELEASE, s.region, s.index))
-            return
-        bisect.insort(self._free, s, key=_by_nbytes)  # smallest first; O(log n) with a lease of hundreds
-        if s.borrowed:
-            self._n_borrowed_free += 1
-
-    def _return_idle_borrowed(self) -> None:
-        now = time.monotonic()
-        if not self._n_borrowed_free:
-            return
-        for s in [s for s in self._free if s.borrowed and now - s.idle_since > self.linger_s]:
-            self._free.remove(s)
-            self._n_borrowed_free -= 1
-            self._t.send(m.SLOT_STRUCT.pack(m.RELEASE, s.region, s.index))
-
     def _take(self, nbytes: int, deadline: float) -> _Slot:
         """A slot of at least ``nbytes``: own free one, else borrowed, else wait for one."""
         if nbytes > self.geometry.max_slot_nbytes:
@@ -269,14 +238,13 @@ class Client:
                 f"{format_size(self.geometry.max_slot_nbytes)}: start the worker with a larger class in --slots",
                 field="nbytes")
         while True:
-            with self._lock:
-                self._check()
-                hit = self._take_free(nbytes)
-                if hit is not None:
-                    return hit
-                # our own requests in flight will free fitting slots: never park at the worker while they run
-                n_busy = len(self._inflight)
-                own_busy = any(s.nbytes >= nbytes for s in self._inflight.slots())
+            self._check()
+            hit = self._slots.take_free(nbytes)
+            if hit is not None:
+                return hit
+            # our own requests in flight will free fitting slots: never park at the worker while they run
+            n_busy = len(self._inflight)
+            own_busy = any(s.nbytes >= nbytes for s in self._inflight.slots())
             wait_s = max(0.0, deadline - time.monotonic()) if self.on_busy == "wait" else 0.0
             try:
                 s = self._acquire(nbytes, 0.0 if own_busy else wait_s, deadline)
@@ -285,24 +253,7 @@ class Client:
                     raise
                 self._pump(deadline, lambda n=n_busy: len(self._inflight) < n)  # returns at once if one finished
                 continue
-            with self._lock:
-                _open(s, self._regions[s.region])
-            return s
-
-    def _take_free(self, nbytes: int) -> _Slot | None:
-        """A free slot of this client's of at least ``nbytes``, opened, or None (holding ``_lock``; never waits)."""
-        self._unpark()
-        self._return_idle_borrowed()
-        free = self._free
-        for i in range(bisect.bisect_left(free, nbytes, key=_by_nbytes), len(free)):
-            s = free[i]
-            if s.nbytes >= nbytes:
-                del free[i]
-                if s.borrowed:
-                    self._n_borrowed_free -= 1
-                _open(s, self._regions[s.region])
-                return s
-        return None
+            return self._slots.adopt(s)
 
     def _ask(self, msg: Acquire | Manage, deadline: float) -> ControlMessage:
         """Send ``msg`` under a fresh id and return the reply that echoes it (or an ERROR with no id).
@@ -332,13 +283,6 @@ class Client:
         if not isinstance(g, Grant):
             raise ConnectError(f"the worker answered ACQUIRE with {g.NAME}")
         return _Slot(g.region, g.slot, g.slot_nbytes, g.generation, True)
-
-    def _release(self, s: _Slot) -> None:
-        """End one use of a slot: free it now, or park it while views are alive or a request is in flight."""
-        if s.in_flight is None and _try_release(s):
-            self._give_back(s)
-        else:
-            self._parked.append(s)
 
     # ------------------------------------------------------------ requests
 
@@ -426,9 +370,7 @@ class Client:
             out_nbytes = 0 if in_place or alias else sum(sizes)
         need = max(need + out_nbytes, self.geometry.desc_nbytes + 64)
         if nowait:
-            with self._lock:
-                self._check()
-                slot = self._take_free(need)
+            slot = self._slots.take_free(need)
             if slot is None:
                 raise _NoSlot()
         else:

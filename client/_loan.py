@@ -200,8 +200,7 @@ class Loan:
         self._done = True
         if forked_since(c._fork_gen) or c._closed:
             return
-        with c._lock:
-            c._release(self._s)
+        c._slots.release(self._s)
 
 
 class _Answer(Future):  # type: ignore[type-arg]
