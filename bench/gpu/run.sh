@@ -79,7 +79,7 @@ short() {  # short NAME [ARGS...]: 64 B, 4 KiB, 1 MiB next to pyzmq, 5000 round 
     pool)
       echo "== bench/pool.py (1 vs 2 GPU workers through Pool)"
       timeout 120 python3 bench/pool.py --backend cupy --workers 1,2 --clients 8 --window 2 --seconds 8 \
-        --m 1024 --k 8192 --n 8192 --dtype float16 --slots 64K:16,1M:16,16M:32,80M:8 \
+        --m 1024 --k 8192 --n 8192 --dtype float16 --slots 64K:16,1M:16,80M:8,288M:1 \
         --out "$OUT/pool-gpu.json" 2>&1 | tail -8
       echo "== shmrpc bench async / threads (NumPy worker, this host's cores)"
       timeout 60 $BENCH async --sizes 64 --iters 2000 --in-flight 1000 --total 20000 --backend numpy \
