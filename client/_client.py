@@ -11,6 +11,13 @@ A NumPy view of a slot is built over a per-use ctypes buffer (its ``base``); a
 released loan's slot is reused only once no object refers to that buffer any more,
 so a view can never silently outlive its slot: the slot stays reserved ("parked")
 until the views go.
+
+The Client composes three collaborators, each with a small interface that loans,
+futures and the async client use too: the :class:`~._connection.Connection` (the
+socket, under its own lock), the :class:`~._slots.SlotPool` (free and parked
+slots) and the :class:`~._inflight.Inflight` table (requests in flight, and the one
+receive path every waiting thread shares). The Client itself adds the calls, the
+control requests (ACQUIRE, MANAGE) and resident tensors.
 """
 
 from __future__ import annotations
