@@ -4,9 +4,9 @@ Whoever waits for an answer pumps the socket for everybody (the *leader*); other
 waiting threads sleep on one condition until a routed frame or a leadership
 hand-off wakes them (the *followers*)::
 
-    thread waits ──▶ leader free? ──yes──▶ lead: poll the socket's fd, drain, route ──▶ own answer? ──▶ return
-                         │                         ▲                                     │ no
-                         no                        └─────────────────────────────────────┘
+    thread waits ──▶ lead lock free? ──yes──▶ lead: poll the socket's fd, drain, route ──▶ own answer? ──▶ return
+                         │                            ▲                                    │ no  (lead released,
+                         no                           └────────────────────────────────────┘      followers woken)
                          ▼
                      sleep on the condition ◀── woken by every routed batch and every leader leaving
 
@@ -62,7 +62,8 @@ class Inflight:
         self._on_control = on_control
         self._cond = threading.Condition(threading.Lock())
         self._table: dict[int, _Entry] = {}
-        self._leading = False
+        self._lead = threading.Lock()  # held by the thread that pumps for everybody
+        self._followers = 0  # threads waiting on the condition
         self._receiver: threading.Thread | None = None
         self._stop = False
 
@@ -114,7 +115,8 @@ class Inflight:
                             finishers.append(e.finish)
                 else:
                     self._on_control(frame)
-            self._cond.notify_all()
+            if self._followers:
+                self._cond.notify_all()
         return finishers
 
     def _fail_all(self) -> list[Callable[[], None]]:
@@ -175,31 +177,47 @@ class Inflight:
     def wait(self, until: Callable[[], bool], deadline: float | None) -> None:
         """Return once ``until()`` is true, pumping for everybody while no other thread does.
 
+        ``until`` is called with and without the condition's lock held: it must take no lock.
+
         Raises:
             Timeout: ``deadline`` (time.monotonic) passed first.
             WorkerGoneError: the worker process exited.
         """
-        cond, conn = self._cond, self._conn
+        cond, lead = self._cond, self._lead
         while True:
+            if until():
+                return
+            if lead.acquire(blocking=False):  # the leader: keeps the lead until its own answer is here
+                try:
+                    while not until():
+                        self.pump_once(self._left(deadline))
+                finally:
+                    lead.release()
+                    if self._followers:
+                        with cond:
+                            cond.notify_all()  # a follower may take the lead
+                return
+            left = self._left(deadline)
             with cond:
-                while True:
-                    if until():
-                        return
-                    if conn.gone:
-                        raise WorkerGoneError(conn.gone)
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise Timeout(f"no answer from worker {conn.name!r} in time")
-                    if not self._leading:
-                        self._leading = True
-                        break
-                    cond.wait(left)
-            try:
-                self.pump_once(-1.0 if left is None else left)
-            finally:
-                with cond:
-                    self._leading = False
-                    cond.notify_all()  # a follower may take the lead
+                self._followers += 1
+                try:
+                    # checked under the lock routing notifies under: no wake-up is lost
+                    if not until() and lead.locked():
+                        cond.wait(None if left < 0 else left)
+                finally:
+                    self._followers -= 1
+
+    def _left(self, deadline: float | None) -> float:
+        """Seconds to ``deadline`` (-1: none). Raises WorkerGoneError or Timeout when it is time to stop."""
+        conn = self._conn
+        if conn.gone:
+            raise WorkerGoneError(conn.gone)
+        if deadline is None:
+            return -1.0
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Timeout(f"no answer from worker {conn.name!r} in time")
+        return left
 
     # ------------------------------------------------------------ the receiver thread
 
