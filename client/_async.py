@@ -74,6 +74,7 @@ class AsyncClient:
             loop.add_reader(pidfd, self._worker_exited)
             self._watched.append(pidfd)
         self._loop = loop
+        self.client._t.watched = True
         self._tick = loop.call_later(_EXPIRE_S, self._expire)
         self._pump()  # anything that came before the readers did
         return loop

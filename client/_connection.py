@@ -69,6 +69,8 @@ class Connection:
         self.sock.setsockopt(zmq.ROUTING_ID, str(self.welcome["token"]).encode())
         self.lock = threading.RLock()
         self.closed = False
+        self.sleepers = 0  # threads in poll() on the fd now (a hint: a missed wake-up costs _MAX_WAIT_MS)
+        self.watched = False  # an event loop watches the fd (AsyncClient): always wake it
         self._fd = int(self.sock.getsockopt(zmq.FD))
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._ospoll = select.poll()
@@ -99,8 +101,10 @@ class Connection:
             if self.closed:
                 raise ClientClosedError("the Client is closed")
             self.sock.send(frame, copy=True)
-            queued = int(self.sock.getsockopt(zmq.EVENTS)) & _POLLIN
-        if queued:  # the send may have eaten the fd's signal: make sure the waiter looks
+            # the send may have eaten the fd's signal: make sure a thread sleeping on the fd looks
+            # (a lone caller is not asleep: it looks at the socket before it sleeps)
+            queued = (self.sleepers or self.watched) and int(self.sock.getsockopt(zmq.EVENTS)) & _POLLIN
+        if queued:
             self.wake()
 
     def wake(self) -> None:
@@ -182,7 +186,12 @@ class Connection:
                     if frames:
                         return route(frames)
         wait_ms = _MAX_WAIT_MS if wait_s < 0 else min(_MAX_WAIT_MS, int(wait_s * 1000) + 1)
-        for fd, _ in self._ospoll.poll(wait_ms):
+        self.sleepers += 1
+        try:
+            ready = self._ospoll.poll(wait_ms)
+        finally:
+            self.sleepers -= 1
+        for fd, _ in ready:
             if fd == self.pidfd:
                 raise self._exited()
             if fd == self._wake_fd:
