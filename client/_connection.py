@@ -174,20 +174,22 @@ class Connection:
         """
         if self.gone:
             raise WorkerGoneError(self.gone)
-        with self.lock:
-            frames = self._recv_all()
-            if frames:
-                return route(frames)
-        if self.spin_s:  # spin_us: no sleep while the answer is near
-            end = time.perf_counter() + self.spin_s
-            while time.perf_counter() < end:
-                with self.lock:
-                    frames = self._recv_all()
-                    if frames:
-                        return route(frames)
-        wait_ms = _MAX_WAIT_MS if wait_s < 0 else min(_MAX_WAIT_MS, int(wait_s * 1000) + 1)
+        # NOTE: order is important here: count this thread as asleep *before* looking at the socket, so a
+        # send by another thread from then on wakes it if it ate the fd's signal (see send)
         self.sleepers += 1
         try:
+            with self.lock:
+                frames = self._recv_all()
+                if frames:
+                    return route(frames)
+            if self.spin_s:  # spin_us: no sleep while the answer is near
+                end = time.perf_counter() + self.spin_s
+                while time.perf_counter() < end:
+                    with self.lock:
+                        frames = self._recv_all()
+                        if frames:
+                            return route(frames)
+            wait_ms = _MAX_WAIT_MS if wait_s < 0 else min(_MAX_WAIT_MS, int(wait_s * 1000) + 1)
             ready = self._ospoll.poll(wait_ms)
         finally:
             self.sleepers -= 1
