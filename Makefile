@@ -22,7 +22,7 @@ demo: venv
 # The whole suite (GPU tests skip with their reason where there is no GPU), then ruff and mypy.
 test: dev
 	$(BIN)/python -m pytest -q
-	$(BIN)/ruff check schema client server kernels tests bench benchtool cli examples
+	$(BIN)/ruff check schema client server kernels tests bench benchtool cli examples rayext
 	$(BIN)/mypy schema client server kernels cli benchtool
 
 # The suite at the declared minimum of each runtime dependency, in .venv-min (.ci/min-deps).
@@ -30,7 +30,7 @@ test-min:
 	PY=$(PY) bash .ci/min-deps
 
 lint: dev
-	$(BIN)/ruff check schema client server kernels tests bench benchtool cli examples
+	$(BIN)/ruff check schema client server kernels tests bench benchtool cli examples rayext
 	$(BIN)/mypy schema client server kernels cli benchtool
 
 # Regenerate schema/_fb.py and schema/_hash.py from schema/shmrpc.fbs (needs the dev extra's flatc);

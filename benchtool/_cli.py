@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import sys
 from typing import Any, NoReturn
 
@@ -22,6 +24,8 @@ examples:
   shmrpc bench bw --window 8 --max-size 64M --peers zmq
   shmrpc bench lat --clients 1,2,4,8 --sizes 64,4K  # N client processes against one worker
   shmrpc bench lat --op scale --attr a=2 --dtype float32 --name my-worker
+  shmrpc bench async --sizes 64 --in-flight 1000    # AsyncClient next to zmq.asyncio, with the loop's lag
+  shmrpc bench threads --threads 1,2,4 --sizes 64   # threads sharing one Client vs a Client each
 """
 
 
@@ -73,8 +77,9 @@ def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     p = _Parser(prog=prog, description="Round-trip latency and bandwidth of shmrpc, side by side "
                                 "with pyzmq, multiprocessing pipes and gRPC.", epilog=_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=("lat", "bw"), help="lat: round-trip latency percentiles; bw: throughput "
-                   "with --window requests in flight")
+    p.add_argument("mode", choices=("lat", "bw", "async", "threads"),
+                   help="lat: round-trip latency percentiles; bw: throughput with --window requests in flight; "
+                   "async: AsyncClient vs zmq.asyncio; threads: one shared Client vs a Client per thread")
     g = p.add_argument_group("sizes and counts")
     g.add_argument("--sizes", type=_sizes, help="comma-separated sizes, e.g. 64,4K,1M,64M (overrides the sweep)")
     g.add_argument("--min-size", type=_size, default=64, help="power-of-two sweep from (default 64)")
@@ -90,6 +95,11 @@ def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
                    help="also run N client processes at once, e.g. 1,2,4,8 (aggregate calls/s, per-client p99)")
     g.add_argument("--clients-max-size", type=_size, default=1 << 20,
                    help="the client sweep runs the sizes up to this (default 1M)")
+    a = p.add_argument_group("async and threads")
+    a.add_argument("--in-flight", type=int, default=1000, help="async: requests in flight at once (default %(default)s)")
+    a.add_argument("--total", type=int, default=20000, help="async: requests in the loaded phase (default %(default)s)")
+    a.add_argument("--threads", type=_ints, default=[1, 2, 4], help="threads: thread counts (default 1,2,4)")
+    a.add_argument("--duration-s", type=float, default=2.0, help="threads: seconds per point (default %(default)s)")
     w = p.add_argument_group("the worker and the op")
     w.add_argument("--op", default="echo", help="the op (default echo); each of its inputs gets the payload")
     w.add_argument("--in-place", action="store_true",
@@ -180,6 +190,9 @@ def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:
         if not args.quiet:
             print(text, file=sys.stderr, flush=True)
 
+    if args.mode in ("async", "threads"):
+        return _concurrency(args, prog, argv)
+
     doc = run_benchmark(cfg, quiet=args.quiet, log=note)
     finish_document(doc, [*prog.split(), *argv])
     print(latency_table(doc) if cfg.mode == "lat" else bandwidth_table(doc))
@@ -209,3 +222,25 @@ def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:
             print(f"no plots: matplotlib is not installed (pip install 'shmrpc[bench]'): {e}")
     ok = any(v["status"] == "ok" for v in doc["transports"].values())
     return 0 if ok else 1
+
+
+def _concurrency(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
+    """``async`` and ``threads`` modes (:mod:`._concurrency`)."""
+    from ._concurrency import async_table, run_async, run_threads, threads_table
+    from ._report import default_out_path, machine_facts, now_iso, write_json
+
+    sizes = args.sizes or [64]
+    backend = "numpy" if args.backend == "auto" else args.backend
+    started = now_iso()
+    if args.mode == "async":
+        peers = args.transports is None or "zmq" in args.transports
+        doc = run_async(sizes, args.iters, args.in_flight, args.total, args.name, backend, peers)
+        print(async_table(doc))
+    else:
+        doc = run_threads(args.threads, sizes[0], args.duration_s, args.name, backend)
+        print(threads_table(doc))
+    doc.update(date=started, command=shlex.join([*prog.split(), *argv]), machine=machine_facts(),
+               load_average=os.getloadavg())  # other work on the host shows in these figures
+    if not args.no_json:
+        print(f"\nJSON: {write_json(doc, args.out or default_out_path(args.mode))}")
+    return 0

@@ -4,6 +4,10 @@ The public surface is here; everything in ``_``-modules is private.
 
 * :class:`Client`: connect by worker name; ``call`` (copy in/out), ``submit`` (futures),
   ``loan`` (the zero-copy path: fill tensors in the slot, read outputs in place).
+* :class:`AsyncClient`: the same calls as coroutines for asyncio (``await c.call(...)``,
+  ``c.submit(...)`` awaitable, ``async with c.loan(...)``), never blocking the loop.
+* :class:`Pool`: calls spread over the workers of ``shmrpc serve --devices`` (one per GPU) by
+  fewest in flight; a dead worker's calls fail, new calls go to the others, it rejoins when back.
 * :class:`Pipeline`: several ops in one request.
 * The error tree (see :mod:`shmrpc.schema.errors`), re-exported.
 
@@ -38,11 +42,13 @@ from shmrpc.schema.errors import (
     WorkerGoneError,
 )
 
+from ._async import AsyncClient, AsyncLoan
 from ._client import CallFuture, Client, Loan, Resident
 from ._pipeline import Pipeline
+from ._pool import Pool
 
 __all__ = [
-    "Client", "Loan", "CallFuture", "Pipeline", "Resident",
+    "Client", "AsyncClient", "AsyncLoan", "Pool", "Loan", "CallFuture", "Pipeline", "Resident",
     "ShmrpcError", "ConnectError", "ProtocolMismatchError", "ClientLimitError", "WorkerGoneError", "Timeout", "ForkedClientError",
     "ClientClosedError", "RequestError", "InvalidRequestError", "StaleSlotError", "RequestTooLargeError",
     "UnknownOpError", "BusyError", "KernelError", "ResourceError", "InternalError",

@@ -11,6 +11,13 @@ A NumPy view of a slot is built over a per-use ctypes buffer (its ``base``); a
 released loan's slot is reused only once no object refers to that buffer any more,
 so a view can never silently outlive its slot: the slot stays reserved ("parked")
 until the views go.
+
+The Client composes three collaborators, each with a small interface that loans,
+futures and the async client use too: the :class:`~._connection.Connection` (the
+socket, under its own lock), the :class:`~._slots.SlotPool` (free and parked
+slots) and the :class:`~._inflight.Inflight` table (requests in flight, and the one
+receive path every waiting thread shares). The Client itself adds the calls, the
+control requests (ACQUIRE, MANAGE) and resident tensors.
 """
 
 from __future__ import annotations
@@ -42,23 +49,31 @@ from shmrpc.schema.errors import (
     ProtocolMismatchError,
     RequestTooLargeError,
     Timeout,
+    WorkerGoneError,
 )
 from shmrpc.schema.header import HEADER_NBYTES
 from shmrpc.schema.layout import Geometry, align_up, format_size, tensor_align
 from shmrpc.schema.optable import OpEntry, parse_op_table
 
 from ._attach import set_dumpable
-from ._connection import Connection, control_error
+from ._connection import Connection, control_error, lane_done
+from ._inflight import Inflight
 from ._interop import DeviceInput, as_input, is_array_like
+from ._lane import ClientLane
 from ._pipeline import Pipeline, resolve
 from ._region import AttachedRegion
 from ._sizing import OutputSizer
+from ._slots import SlotPool
 from ._trace import ClientTracing
 
 __all__ = ["Client", "Loan", "CallFuture", "Resident"]  # Loan, CallFuture, Resident re-exported
 
 from ._loan import CallFuture, Loan
-from ._slot import _KEEP, Resident, _open, _Slot, _try_release, fork_generation, forked_since
+from ._slot import _KEEP, Resident, _Slot, fork_generation, forked_since
+
+
+class _NoSlot(Exception):
+    """No free slot of the client's own fits (``_submit(nowait=True)``): the caller waits elsewhere."""
 
 
 class Client:
@@ -104,9 +119,10 @@ class Client:
         ClientLimitError: the worker serves as many clients (of this uid) as it may.
         ProtocolMismatchError: worker and client are of different versions.
 
-    Thread safety: every method may be called from any thread; calls are serialized on one lock
-    while they touch the socket. A process forked from the one that made the Client must create
-    its own (using this one raises :class:`ForkedClientError`).
+    Thread safety: every method may be called from any thread, and threads do not wait on each
+    other's answers: whichever thread waits receives for all of them (docs/operations.md,
+    "Threads, futures and asyncio"). A process forked from the one that made the Client must
+    create its own (using this one raises :class:`ForkedClientError`).
 
     Example::
 
@@ -162,12 +178,11 @@ class Client:
         except BaseException:
             self._abandon(fds)
             raise
-        self._free: list[_Slot] = sorted(
-            (_Slot(r, i, self._regions[r].geometry.slot_nbytes(i), g, False) for r, i, g in w["lease"]),
-            key=lambda s: s.nbytes,
-        )
-        self._parked: list[_Slot] = []
-        self._inflight: dict[int, _Slot] = {}
+        self._slots = SlotPool(
+            self._regions, [_Slot(r, i, self._regions[r].geometry.slot_nbytes(i), g, False) for r, i, g in w["lease"]],
+            self._t.send, linger_s)
+        self._inflight = Inflight(self._t, self._on_control)
+        self._lane_lock = threading.Lock()
         self._control: dict[int | None, ControlMessage] = {}  # replies by the id of the request they answer
         self._asking: set[int] = set()  # ids of ACQUIRE/MANAGE still waited for
         self._ctl_id = itertools.count(1)
@@ -175,7 +190,6 @@ class Client:
         self._desc_cache: dict[Any, tuple[bytes, int, int, tuple[str, ...]]] = {}
         self._specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         self._sizer = OutputSizer(lambda msg: self._ask(msg, time.monotonic() + self.timeout_s))
-        self._unread: list[CallFuture] = []  # submitted futures (copy=True) whose result() was not asked yet
 
     # ------------------------------------------------------------ lifecycle
 
@@ -199,8 +213,11 @@ class Client:
         if self._closed or forked_since(self._fork_gen):
             self._closed = True
             return
+        self._inflight.close()
         with self._lock:
-            self._closed = True
+            self._closed = self._slots.closed = True
+            for fin in self._inflight._fail_all():  # futures still waiting finish with ClientClosedError
+                fin()
             self._t.close(bye=True)
             for r in self._regions.values():
                 r.close()
@@ -220,12 +237,6 @@ class Client:
 
     # ------------------------------------------------------------ slots
 
-    def _on_done(self, region: int, index: int, rid: int, status: int) -> None:
-        s = self._inflight.pop(rid, None)
-        if s is not None:
-            s.status = status
-            s.in_flight = None
-
     def _on_control(self, frame: bytes) -> None:
         try:
             msg = decode(frame)
@@ -238,28 +249,42 @@ class Client:
             return
         self._control[rid] = msg
 
+    def _lane_ring(self, lane: ClientLane, rid: int, s: _Slot, future: Any = None) -> bool:
+        """Ring request ``rid`` (in ``s``) through the lane when it is free and nothing else is in flight;
+        False: the caller rings over ZeroMQ. The lane's waiter reads its answer in the page (:meth:`_lane_wait`)."""
+        with self._lane_lock:  # check-and-ring is one step: two threads never share the lane
+            if lane.busy:  # a request that timed out earlier: collect its answer if it came, else keep off
+                stale = lane.busy
+                done = lane.answer()
+                if done is None:
+                    return False
+                self._inflight.complete(*lane_done(done, stale))
+            if len(self._inflight):
+                return False
+            if future is None:
+                self._inflight.add(rid, s)
+            else:
+                self._inflight.add(rid, s, future._finish, future._deadline)
+            lane.ring(m.pack_call(s.region, s.index, rid, s.generation), rid)
+            return True
+
+    def _lane_wait(self, lane: ClientLane, rid: int, deadline: float) -> None:
+        """Wait for the lane's answer to ``rid`` and route it like a DONE from the socket.
+
+        Raises:
+            Timeout: ``deadline`` passed first (the request stays in the lane; a later ring collects it).
+            WorkerGoneError: the worker exited (every waiter and future learns it too).
+        """
+        try:
+            done = lane.wait(deadline, self._t.pidfd, self.name)
+        except WorkerGoneError:
+            self._inflight.worker_exited()
+            raise
+        self._inflight.complete(*lane_done(done, rid))
+
     def _pump(self, deadline: float | None, until: Any) -> None:
-        self._t.pump(deadline, self._on_done, self._on_control, until)
-
-    def _unpark(self) -> None:
-        for s in list(self._parked):
-            if s.in_flight is None and _try_release(s):
-                self._parked.remove(s)
-                self._give_back(s)
-
-    def _give_back(self, s: _Slot) -> None:
-        s.idle_since = time.monotonic()
-        if s.borrowed and self.linger_s <= 0 and not self._closed:
-            self._t.send(m.SLOT_STRUCT.pack(m.RELEASE, s.region, s.index))
-            return
-        self._free.append(s)
-        self._free.sort(key=lambda x: x.nbytes)
-
-    def _return_idle_borrowed(self) -> None:
-        now = time.monotonic()
-        for s in [s for s in self._free if s.borrowed and now - s.idle_since > self.linger_s]:
-            self._free.remove(s)
-            self._t.send(m.SLOT_STRUCT.pack(m.RELEASE, s.region, s.index))
+        """Wait until ``until()`` (evaluated under the in-flight table's lock: no locks in it)."""
+        self._inflight.wait(until, deadline)
 
     def _take(self, nbytes: int, deadline: float) -> _Slot:
         """A slot of at least ``nbytes``: own free one, else borrowed, else wait for one."""
@@ -269,18 +294,14 @@ class Client:
                 f"{format_size(self.geometry.max_slot_nbytes)}: start the worker with a larger class in --slots",
                 field="nbytes")
         while True:
-            self._settle_answered()
-            self._unpark()
-            self._return_idle_borrowed()
-            for s in self._free:
-                if s.nbytes >= nbytes:
-                    self._free.remove(s)
-                    _open(s, self._regions[s.region])
-                    return s
-            wait_s = max(0.0, deadline - time.monotonic()) if self.on_busy == "wait" else 0.0
+            self._check()
+            hit = self._slots.take_free(nbytes)
+            if hit is not None:
+                return hit
             # our own requests in flight will free fitting slots: never park at the worker while they run
             n_busy = len(self._inflight)
-            own_busy = any(s.nbytes >= nbytes for s in self._inflight.values())
+            own_busy = any(s.nbytes >= nbytes for s in self._inflight.slots())
+            wait_s = max(0.0, deadline - time.monotonic()) if self.on_busy == "wait" else 0.0
             try:
                 s = self._acquire(nbytes, 0.0 if own_busy else wait_s, deadline)
             except BusyError:
@@ -288,20 +309,7 @@ class Client:
                     raise
                 self._pump(deadline, lambda n=n_busy: len(self._inflight) < n)  # returns at once if one finished
                 continue
-            _open(s, self._regions[s.region])
-            return s
-
-    def _settle_answered(self) -> None:
-        """Copy out the results of answered futures nobody has read yet, so their slots can serve new requests."""
-        still = []
-        for f in self._unread:
-            if f.done():
-                continue
-            if f._loan._s.in_flight is None:
-                f._settle(f._deadline)
-            else:
-                still.append(f)
-        self._unread = still
+            return self._slots.adopt(s)
 
     def _ask(self, msg: Acquire | Manage, deadline: float) -> ControlMessage:
         """Send ``msg`` under a fresh id and return the reply that echoes it (or an ERROR with no id).
@@ -332,13 +340,6 @@ class Client:
             raise ConnectError(f"the worker answered ACQUIRE with {g.NAME}")
         return _Slot(g.region, g.slot, g.slot_nbytes, g.generation, True)
 
-    def _release(self, s: _Slot) -> None:
-        """End one use of a slot: free it now, or park it while views are alive or a request is in flight."""
-        if s.in_flight is None and _try_release(s):
-            self._give_back(s)
-        else:
-            self._parked.append(s)
-
     # ------------------------------------------------------------ requests
 
     def loan(self, nbytes: int | None = None, *, timeout_s: float | None = None) -> Loan:
@@ -360,11 +361,10 @@ class Client:
                 x = req.array("x", (1024,), "float32"); x[:] = 1
                 out = req.send("scale", a=2.0)["out"]
         """
-        with self._lock:
-            self._check()
-            deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
-            need = self.geometry.desc_nbytes + (nbytes or 1)
-            return Loan(self, self._take(need, deadline))
+        self._check()
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        need = self.geometry.desc_nbytes + (nbytes or 1)
+        return Loan(self, self._take(need, deadline))
 
     def call(self, op: str | Pipeline, *, copy: bool = True, timeout_s: float | None = None,
              out_nbytes: int | None = None, in_place: bool = False, keep: tuple[str, ...] = (),
@@ -391,8 +391,7 @@ class Client:
             InvalidRequestError (with ``field``), KernelError (with ``op``, ``step``, ``tensor``),
             BusyError, Timeout, WorkerGoneError.
         """
-        fut = self.submit(op, timeout_s=timeout_s, out_nbytes=out_nbytes, in_place=in_place, keep=keep,
-                          _copy=copy, **kwargs)
+        fut = self._submit(op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs)
         return fut.result()
 
     def submit(self, op: str | Pipeline, *, timeout_s: float | None = None, out_nbytes: int | None = None,
@@ -400,50 +399,64 @@ class Client:
                **kwargs: Any) -> CallFuture:
         """Like :meth:`call`, but return a :class:`CallFuture` at once; one slot per request in flight.
 
+        The future completes by itself when the answer arrives (a receiver thread, started by the
+        first ``submit``, routes answers), so ``concurrent.futures.wait``, ``as_completed``,
+        ``add_done_callback`` and ``asyncio.wrap_future`` work; a request past its ``timeout_s``
+        completes with :class:`Timeout`, one whose worker dies with :class:`WorkerGoneError`.
+
         Example::
 
             futs = [c.submit("vector_add", x=a, y=b) for a, b in pairs]
             outs = [f.result()["out"] for f in futs]
         """
-        with self._lock:
-            self._check()
-            timeout = self.timeout_s if timeout_s is None else timeout_s
-            deadline = time.monotonic() + timeout
-            arrays, attrs, residents = self._split(op, kwargs)
-            sizes = [a.nbytes for a, _ in arrays.values()]
-            need = self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for n in sizes)
-            entry = self.op_table.get(op) if isinstance(op, str) else None
-            alias = entry is not None and entry.alias
-            if out_nbytes is None:
-                asked = 0 if in_place or alias else self._out_nbytes(op, arrays, residents, attrs, keep, deadline)
-                out_nbytes = sum(sizes) if asked is None else asked
-            need += out_nbytes
-            loan = Loan(self, self._take(max(need, self.geometry.desc_nbytes + 64), deadline))
-            tracing = self._tracing
-            span, tail = (None, b"") if tracing is None else tracing.start(
-                op if isinstance(op, str) else "pipeline", self.name)
-            try:
-                for name, (a, wire) in arrays.items():
-                    view = loan.array(name, a.shape, wire)
-                    if isinstance(a, DeviceInput):
-                        a.copy_into(view)  # device -> slot, one copy
-                    else:
-                        np.copyto(view, a if a.dtype == view.dtype else a.view(view.dtype), casting="no")
-                for name, r in residents.items():
-                    shape, dt = self._resident_spec(r.name)
-                    loan.resident(name, r.name, shape, dt)
-                rid = loan._post(op, attrs, in_place, keep, tail)
-            except BaseException as e:
-                loan.release()
-                if tracing is not None:
-                    tracing.end(span, e)
-                raise
-            fut = CallFuture(self, loan, rid, deadline, _copy)
+        self._inflight.start_receiver()
+        return self._submit(op, timeout_s, out_nbytes, in_place, keep, _copy, False, kwargs)
+
+    def _submit(self, op: str | Pipeline, timeout_s: float | None, out_nbytes: int | None, in_place: bool,
+                keep: tuple[str, ...], copy: bool, nowait: bool, kwargs: dict[str, Any]) -> CallFuture:
+        """Copy the inputs into a slot and ring; ``nowait``: use only a free slot of ours, else raise _NoSlot."""
+        self._check()
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        arrays, attrs, residents = self._split(op, kwargs)
+        sizes = [a.nbytes for a, _ in arrays.values()]
+        need = self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for n in sizes)
+        entry = self.op_table.get(op) if isinstance(op, str) else None
+        alias = entry is not None and entry.alias
+        if out_nbytes is None:
+            asked = 0 if in_place or alias else self._out_nbytes(op, arrays, residents, attrs, keep, deadline)
+            out_nbytes = sum(sizes) if asked is None else asked
+        need = max(need + out_nbytes, self.geometry.desc_nbytes + 64)
+        if nowait:
+            slot = self._slots.take_free(need)
+            if slot is None:
+                raise _NoSlot()
+        else:
+            slot = self._take(need, deadline)
+        loan = Loan(self, slot)
+        tracing = self._tracing
+        span, tail = (None, b"") if tracing is None else tracing.start(
+            op if isinstance(op, str) else "pipeline", self.name)
+        fut = CallFuture(self, loan, deadline, copy)
+        try:
+            for name, (a, wire) in arrays.items():
+                view = loan.array(name, a.shape, wire)
+                if isinstance(a, DeviceInput):
+                    a.copy_into(view)  # device -> slot, one copy
+                else:
+                    np.copyto(view, a if a.dtype == view.dtype else a.view(view.dtype), casting="no")
+            for name, r in residents.items():
+                shape, dt = self._resident_spec(r.name)
+                loan.resident(name, r.name, shape, dt)
             if tracing is not None:
                 fut.add_done_callback(lambda f: tracing.end(span, Future.exception(f, 0)))
-            if _copy:
-                self._unread.append(fut)
-            return fut
+            loan._post(op, attrs, in_place, keep, tail, future=fut)
+        except BaseException as e:
+            loan.release()
+            if tracing is not None and not fut.done():
+                tracing.end(span, e)
+            raise
+        return fut
 
     def _out_nbytes(self, op: str | Pipeline, arrays: dict[str, tuple[Any, str]], residents: dict[str, Resident],
                     attrs: dict[str, Any], keep: tuple[str, ...], deadline: float) -> int | None:
@@ -475,8 +488,7 @@ class Client:
         full = f"shared/{name}" if shared else name
         a, wire = as_input("x", array)
         self.call(Pipeline(outputs=()).then("echo", outputs={"out": full}), x=a, keep=(full,), timeout_s=timeout_s)
-        with self._lock:
-            self._specs[full] = (a.shape, dtypes.numpy_dtype(wire))
+        self._specs[full] = (a.shape, dtypes.numpy_dtype(wire))
 
     def drop(self, name: str, *, timeout_s: float | None = None) -> None:
         """Free resident tensor ``name`` (``shared/<name>`` for a shared one).
@@ -484,21 +496,18 @@ class Client:
         Raises:
             KernelError: there is no such resident tensor (``field="resident"``).
         """
-        with self._lock:
-            self._check()
-            self._ask(Manage("drop", name),
-                      time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))
-            self._specs.pop(name, None)
+        self._check()
+        self._ask(Manage("drop", name), time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))
+        self._specs.pop(name, None)
 
     def resident(self, *, timeout_s: float | None = None) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """This client's resident tensors and the shared ones: ``{name: (shape, dtype)}``."""
-        with self._lock:
-            self._check()
-            reply = self._ask(Manage("list"), time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))
-            got = reply.resident if isinstance(reply, Managed) and reply.resident is not None else {}
-            out = {k: (tuple(v["shape"]), dtypes.numpy_dtype(v["dtype"])) for k, v in got.items()}
-            self._specs.update(out)
-            return out
+        self._check()
+        reply = self._ask(Manage("list"), time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))
+        got = reply.resident if isinstance(reply, Managed) and reply.resident is not None else {}
+        out = {k: (tuple(v["shape"]), dtypes.numpy_dtype(v["dtype"])) for k, v in got.items()}
+        self._specs.update(out)
+        return out
 
     def _resident_spec(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         if name not in self._specs:

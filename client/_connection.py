@@ -7,11 +7,21 @@ its routing id. A DEALER receives replies interleaved: DONE for requests in flig
 which the client matches by the ``id`` of the ACQUIRE or MANAGE they answer. The pump also watches the worker's
 pidfd, so a worker that dies fails every waiter at once instead of after its
 timeout.
+
+ZeroMQ sockets are not thread-safe: every send and receive happens under
+:attr:`Connection.lock`. Waiting is done outside it, on the socket's file
+descriptor (``zmq.FD``) with ``select.poll``, so one thread can wait for answers
+while others send. That descriptor only says "look at ``zmq.EVENTS``", and any
+operation on the socket may consume its signal; so a send that finds a frame
+queued wakes the waiter through an eventfd (:meth:`Connection.wake`), and no wait
+lasts longer than :data:`_MAX_WAIT_MS`.
 """
 
 from __future__ import annotations
 
 import os
+import select
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,8 +31,8 @@ import zmq
 from shmrpc.schema import messages as m
 from shmrpc.schema.control import ErrorReply
 from shmrpc.schema.errors import (
+    ClientClosedError,
     RequestError,
-    Timeout,
     WorkerGoneError,
     from_wire,
 )
@@ -35,6 +45,7 @@ from ._lane import ClientLane
 __all__ = ["Connection"]
 
 _POLLIN = int(zmq.POLLIN)
+_MAX_WAIT_MS = 100  # the longest sleep on the fd: a lost edge costs at most this, never a hang
 
 
 class Connection:
@@ -68,10 +79,15 @@ class Connection:
         self.sock.setsockopt(zmq.LINGER, 0)
         # The worker acts only for routing ids it issued: nobody else's frames can speak in this session's name.
         self.sock.setsockopt(zmq.ROUTING_ID, str(self.welcome["token"]).encode())
-        self._poller = zmq.Poller()
-        self._poller.register(self.sock, zmq.POLLIN)
-        if self.lane is not None:  # a lane's answer wakes a pump waiting on ZeroMQ too
-            self._poller.register(self.lane.fd, zmq.POLLIN)
+        self.lock = threading.RLock()
+        self.closed = False
+        self.sleepers = 0  # threads in poll() on the fd now (a hint: a missed wake-up costs _MAX_WAIT_MS)
+        self.watched = False  # an event loop watches the fd (AsyncClient): always wake it
+        self._fd = int(self.sock.getsockopt(zmq.FD))
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._ospoll = select.poll()
+        self._ospoll.register(self._fd, select.POLLIN)
+        self._ospoll.register(self._wake_fd, select.POLLIN)
         try:
             self.sock.connect(endpoint(name, worker_uid))
             self._watch_worker()
@@ -87,67 +103,126 @@ class Connection:
         if self.pidfd is not None:
             if process_start_ticks(self.worker_pid) != self.welcome.get("worker_start_ticks"):
                 raise WorkerGoneError(f"worker {self.name!r} exited during the handshake")
-            self._poller.register(self.pidfd, zmq.POLLIN)
+            self._ospoll.register(self.pidfd, select.POLLIN)
 
     def send(self, frame: bytes) -> None:
-        """Send one frame (never blocks for long: the worker's queue is large)."""
+        """Send one frame (never blocks for long: the worker's queue is large); any thread."""
         if self.gone:
             raise WorkerGoneError(self.gone)
-        self.sock.send(frame, copy=True)
+        with self.lock:
+            if self.closed:
+                raise ClientClosedError("the Client is closed")
+            self.sock.send(frame, copy=True)
+            # the send may have eaten the fd's signal: make sure a thread sleeping on the fd looks
+            # (a lone caller is not asleep: it looks at the socket before it sleeps)
+            queued = (self.sleepers or self.watched) and int(self.sock.getsockopt(zmq.EVENTS)) & _POLLIN
+        if queued:
+            self.wake()
 
-    def pump(self, deadline: float | None, on_done: Callable[[int, int, int, int], None],
-             on_control: Callable[[bytes], None], until: Callable[[], bool]) -> None:
-        """Receive and route replies until ``until()`` is true.
+    def wake(self) -> None:
+        """Make a thread sleeping in :meth:`drain` look at the socket now."""
+        try:
+            os.eventfd_write(self._wake_fd, 1)
+        except OSError:
+            pass
+
+    def _recv_all(self) -> list[bytes]:
+        if self.closed:
+            raise ClientClosedError("the Client is closed")
+        sock, frames = self.sock, []
+        while int(sock.getsockopt(zmq.EVENTS)) & _POLLIN:
+            try:
+                frames.append(sock.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        return frames
+
+    def _exited(self) -> WorkerGoneError:
+        self.gone = f"worker {self.name!r} (pid {self.worker_pid}) exited"
+        return WorkerGoneError(self.gone)
+
+    def drain_now(self, route: Callable[[list[bytes]], Any], limit: int) -> tuple[Any, bool]:
+        """Receive up to ``limit`` queued frames (never waiting) and hand them to ``route``; for an event loop's
+        reader, which routes in small batches so that no turn of the loop runs long.
+
+        Returns:
+            (what ``route`` returned or ``[]``, whether more frames are queued).
+        """
+        try:
+            os.eventfd_read(self._wake_fd)
+        except OSError:
+            pass
+        with self.lock:
+            if self.closed:
+                return [], False
+            sock, frames = self.sock, list[bytes]()
+            while len(frames) < limit and int(sock.getsockopt(zmq.EVENTS)) & _POLLIN:
+                try:
+                    frames.append(sock.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+            more = len(frames) == limit and bool(int(sock.getsockopt(zmq.EVENTS)) & _POLLIN)
+            return (route(frames) if frames else []), more
+
+    @property
+    def watch_fds(self) -> tuple[int, int, int | None]:
+        """(the socket's fd, the wake eventfd, the worker's pidfd or None): what an event loop watches."""
+        return self._fd, self._wake_fd, self.pidfd
+
+    def exited(self) -> WorkerGoneError:
+        """Record that the worker exited (its pidfd became readable); returns the error waiters raise."""
+        return self._exited()
+
+    def drain(self, wait_s: float, route: Callable[[list[bytes]], Any]) -> Any:
+        """Receive what is queued and hand it to ``route`` (called holding :attr:`lock`); when nothing is
+        queued, spin (``spin_us``) then sleep up to ``wait_s`` (< 0: no limit) for the socket or the worker.
+
+        Returns:
+            What ``route`` returned, or ``[]`` when nothing came.
 
         Raises:
-            Timeout: ``deadline`` (time.monotonic) passed first.
             WorkerGoneError: the worker process exited.
+            ClientClosedError: the connection was closed meanwhile.
         """
-        sock, pidfd, lane = self.sock, self.pidfd, self.lane
-        while not until():
-            if self.gone:
-                raise WorkerGoneError(self.gone)
-            if lane is not None and lane.busy:  # the request in the lane may have been answered meanwhile
-                rid = lane.busy
-                done = lane.answer()
-                if done is not None:
-                    on_done(*lane_done(done, rid))
-                    continue
-            ready = int(sock.getsockopt(zmq.EVENTS)) & _POLLIN
-            if not ready and self.spin_s:
-                end = time.perf_counter() + self.spin_s  # spin_us: no sleep while the answer is near
-                while not ready and time.perf_counter() < end:
-                    ready = int(sock.getsockopt(zmq.EVENTS)) & _POLLIN
-            if not ready:  # nothing queued: wait for the socket or the pidfd
-                wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000) + 1)
-                events = dict(self._poller.poll(wait_ms))
-                if pidfd is not None and pidfd in events:
-                    self.gone = f"worker {self.name!r} (pid {self.worker_pid}) exited"
-                    raise WorkerGoneError(self.gone)
-                if lane is not None and lane.fd in events:
-                    try:
-                        os.eventfd_read(lane.fd)
-                    except BlockingIOError:
-                        pass
-                if sock not in events:
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise Timeout(f"no answer from worker {self.name!r} in time")
-                    continue
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                continue
-            if frame[:1] == m.DONE:
-                on_done(*m.unpack_done(frame))
-            else:
-                on_control(frame)
+        if self.gone:
+            raise WorkerGoneError(self.gone)
+        # NOTE: order is important here: count this thread as asleep *before* looking at the socket, so a
+        # send by another thread from then on wakes it if it ate the fd's signal (see send)
+        self.sleepers += 1
+        try:
+            with self.lock:
+                frames = self._recv_all()
+                if frames:
+                    return route(frames)
+            if self.spin_s:  # spin_us: no sleep while the answer is near
+                end = time.perf_counter() + self.spin_s
+                while time.perf_counter() < end:
+                    with self.lock:
+                        frames = self._recv_all()
+                        if frames:
+                            return route(frames)
+            wait_ms = _MAX_WAIT_MS if wait_s < 0 else min(_MAX_WAIT_MS, int(wait_s * 1000) + 1)
+            ready = self._ospoll.poll(wait_ms)
+        finally:
+            self.sleepers -= 1
+        for fd, _ in ready:
+            if fd == self.pidfd:
+                raise self._exited()
+            if fd == self._wake_fd:
+                try:
+                    os.eventfd_read(self._wake_fd)
+                except OSError:
+                    pass
+        with self.lock:
+            frames = self._recv_all()
+            return route(frames) if frames else []
 
     def worker_alive(self) -> bool:
         """False once the worker process is known to have exited."""
         if self.gone:
             return False
-        if self.pidfd is not None and self.pidfd in dict(self._poller.poll(0)):
-            self.gone = f"worker {self.name!r} (pid {self.worker_pid}) exited"
+        if self.pidfd is not None and select.select([self.pidfd], [], [], 0)[0]:
+            self._exited()
             return False
         return True
 
@@ -156,19 +231,24 @@ class Connection:
         for fd in self.fds:
             os.close(fd)
         self.fds = []
-        if bye and not self.gone:
-            try:
-                self.sock.send(m.BYE, zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
-        self.sock.close(linger=100 if bye else 0)
-        if self.lane is not None:
-            self.lane.close()
-            self.lane = None
-        self._ctx.term()
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            if bye and not self.gone:
+                try:
+                    self.sock.send(m.BYE, zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+            self.sock.close(linger=100 if bye else 0)
+            self._ctx.term()
+            if self.pidfd is not None:
+                os.close(self.pidfd)
+                self.pidfd = None
+            os.close(self._wake_fd)
+            if self.lane is not None:
+                self.lane.close()
+                self.lane = None
 
 
 def lane_done(frame: bytes, request_id: int) -> tuple[int, int, int, int]:

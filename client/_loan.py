@@ -8,6 +8,7 @@ back to the Client when the loan ends and no view of it is left (see :mod:`._slo
 from __future__ import annotations
 
 import math
+import threading
 import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -24,12 +25,12 @@ from shmrpc.schema.errors import (
     RequestTooLargeError,
     StaleSlotError,
     Timeout,
+    WorkerGoneError,
     from_wire,
 )
 from shmrpc.schema.header import HEADER, HEADER_NBYTES, unpack_from
 from shmrpc.schema.layout import align_up, format_size, tensor_align
 
-from ._connection import lane_done
 from ._pipeline import Pipeline
 from ._slot import _IN_PLACE, _RESPONSE, NO_RESPONSE, _decode, _Slot, forked_since
 
@@ -112,9 +113,9 @@ class Loan:
         self._memo.clear()
 
     def _post(self, op: str | Pipeline, attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...],
-              trace: bytes = b"") -> int:
+              trace: bytes = b"", future: _Answer | None = None) -> int:
         """Write descriptor and header, ring the worker (with a trace context tail when traced); returns the
-        request_id."""
+        request_id. ``future`` is finished by whichever thread routes the answer."""
         c, s, mv = self._c, self._s, self._live()
         if s.in_flight is not None:
             raise InvalidRequestError("this loan already has a request in flight", field="slot")
@@ -130,16 +131,22 @@ class Loan:
         HEADER.pack_into(mv, 0, rid, op_code, len(payload), flags, s.generation)
         s.in_flight, s.status = rid, None
         lane = c._t.lane
-        if lane is not None and not lane.busy and not c._inflight and not trace:
-            # the lane: this is the only request in flight (the worker answers in the page, see schema/lane.py)
-            c._inflight[rid] = s
-            lane.ring(m.pack_call(s.region, s.index, rid, s.generation), rid)
+        if future is not None:
+            future._rid = rid
+        # the lane: only a request whose own caller waits for it (no receiver thread routes answers), and the
+        # only one in flight; the worker answers in the page (schema/lane.py)
+        if (lane is not None and not trace and (future is None or not c._inflight.receiving)
+                and c._lane_ring(lane, rid, s, future)):
             return rid
-        c._inflight[rid] = s
+        if future is None:
+            c._inflight.add(rid, s)
+        else:
+            future._rid = rid
+            c._inflight.add(rid, s, future._finish, future._deadline)
         try:
             c._t.send(m.pack_call(s.region, s.index, rid, s.generation) + trace)
         except BaseException:
-            c._inflight.pop(rid, None)
+            c._inflight.discard(rid)
             s.in_flight = None
             raise
         return rid
@@ -148,10 +155,9 @@ class Loan:
         s, c = self._s, self._c
         lane = c._t.lane
         if lane is not None and lane.busy == rid:
-            done = lane.wait(deadline, c._t.pidfd, c.name)
-            c._on_done(*lane_done(done, rid))
+            c._lane_wait(lane, rid, deadline)
             return
-        c._pump(deadline, lambda: s.in_flight != rid)
+        c._inflight.wait(lambda: s.in_flight != rid, deadline)
 
     def _response(self, rid: int) -> dict[str, np.ndarray]:
         s, mv = self._s, self._live()
@@ -192,12 +198,11 @@ class Loan:
             InvalidRequestError, KernelError, Timeout, WorkerGoneError (see :meth:`Client.call`).
         """
         c = self._c
-        with c._lock:
-            c._check()
-            deadline = time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s)
-            rid = self._post(op, attrs, in_place, keep)
-            self._wait(rid, deadline)
-            return self._response(rid)
+        c._check()
+        deadline = time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s)
+        rid = self._post(op, attrs, in_place, keep)
+        self._wait(rid, deadline)
+        return self._response(rid)
 
     def release(self) -> None:
         """Give the slot back (it stays reserved while views of it are alive). Idempotent."""
@@ -207,57 +212,97 @@ class Loan:
         self._done = True
         if forked_since(c._fork_gen) or c._closed:
             return
-        with c._lock:
-            c._release(self._s)
+        c._slots.release(self._s)
 
 
-class CallFuture(Future):  # type: ignore[type-arg]
-    """The result of :meth:`Client.submit`: ``result(timeout)`` waits for the worker's answer."""
+class _Answer(Future):  # type: ignore[type-arg]
+    """A future finished by the thread that routes its request's answer (see :mod:`._inflight`)."""
 
-    def __init__(self, client: Client, loan: Loan, rid: int, deadline: float, copy: bool) -> None:
+    def __init__(self, client: Client, loan: Loan, deadline: float) -> None:
         super().__init__()
-        self._c, self._loan, self._rid, self._deadline, self._copy = client, loan, rid, deadline, copy
+        self._c, self._loan, self._deadline = client, loan, deadline
+        self._rid = -1  # set by Loan._post before the doorbell
+        self._finishing = threading.Lock()
         self.set_running_or_notify_cancel()
 
-    def _settle(self, deadline: float) -> None:
+    def _no_answer(self) -> BaseException:
         c = self._c
-        with c._lock:
+        if c._closed:
+            return ClientClosedError("the Client was closed before the answer came")
+        if c._t.gone:
+            return WorkerGoneError(c._t.gone)
+        return Timeout(f"no answer from worker {c.name!r} in time")
+
+    def _outcome(self) -> Any:
+        """The value once the answer came (override); raise its error."""
+        return None
+
+    def _finish(self) -> None:
+        """Complete this future from the answer in the slot, or with why none came; idempotent, any thread."""
+        with self._finishing:
             if self.done():
                 return
-            c._check()
             try:
-                self._loan._wait(self._rid, deadline)
-                out = self._loan._response(self._rid)
-                if self._copy:
-                    out = {k: v.copy() for k, v in out.items()}
-            except Timeout as e:
-                if deadline < self._deadline:
-                    raise  # only the caller's shorter wait ran out; the request still runs
-                self._loan.release()
-                self.set_exception(e)
-                return
+                if self._loan._s.in_flight == self._rid:
+                    raise self._no_answer()
+                out = self._outcome()
             except BaseException as e:  # noqa: BLE001
-                self._loan.release()
+                self._done_with_slot()
                 self.set_exception(e)
                 return
-            self._loan.release()
+            self._done_with_slot()
             self.set_result(out)
+
+    def _done_with_slot(self) -> None:
+        pass
+
+    def _await(self, timeout: float | None) -> None:
+        """Wait (pumping when nobody else does) until the answer came or the patience ran out, then finish."""
+        if self.done():
+            return
+        deadline = self._deadline if timeout is None else min(self._deadline, time.monotonic() + timeout)
+        c, s, rid = self._c, self._loan._s, self._rid
+        c._check()
+        try:
+            lane = c._t.lane
+            if lane is not None and lane.busy == rid:
+                c._lane_wait(lane, rid, deadline)
+            else:
+                c._inflight.wait(lambda: self.done() or s.in_flight != rid, deadline)
+        except Timeout:
+            if deadline < self._deadline:
+                raise  # only the caller's shorter wait ran out; the request still runs
+            c._inflight.forget_future(rid)
+        except WorkerGoneError:
+            pass  # finished below with it
+        self._finish()
+
+
+class CallFuture(_Answer):
+    """The result of :meth:`Client.submit`.
+
+    It completes by itself when the worker's answer arrives (so ``concurrent.futures.wait``,
+    ``as_completed``, ``add_done_callback`` and ``asyncio.wrap_future`` work); ``result(timeout)``
+    waits for it.
+    """
+
+    def __init__(self, client: Client, loan: Loan, deadline: float, copy: bool) -> None:
+        super().__init__(client, loan, deadline)
+        self._copy = copy
+
+    def _outcome(self) -> Any:
+        out = self._loan._response(self._rid)
+        return {k: v.copy() for k, v in out.items()} if self._copy else out
+
+    def _done_with_slot(self) -> None:
+        self._loan.release()
 
     def result(self, timeout: float | None = None) -> Any:
         """The outputs ``{name: array}``; raises the request's error. ``timeout`` defaults to the call's."""
-        deadline = self._deadline if timeout is None else min(self._deadline, time.monotonic() + timeout)
-        if not self.done():
-            self._settle(deadline)
+        self._await(timeout)
         return super().result(timeout=0)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The request's error, or None."""
-        try:
-            self.result(timeout)
-        except Timeout:
-            if not self.done():
-                raise
-        except BaseException:  # noqa: BLE001
-            pass
+        self._await(timeout)
         return super().exception(timeout=0)
-

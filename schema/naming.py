@@ -31,6 +31,8 @@ __all__ = [
     "NAME_RE",
     "REGION_PREFIX",
     "validate_name",
+    "device_worker_name",
+    "device_workers",
     "runtime_dir",
     "socket_path",
     "attach_path",
@@ -95,3 +97,26 @@ def region_prefix(name: str) -> str:
 def new_region_name(name: str, index: int) -> str:
     """A fresh, unguessable POSIX shm name for region ``index`` of worker ``name``."""
     return f"/{region_prefix(name)}{index}.{secrets.token_hex(8)}"
+
+
+def device_worker_name(prefix: str, device: int) -> str:
+    """The name of the worker a supervisor (``shmrpc serve --devices``) runs for ``device``: ``<prefix>-<device>``.
+
+    A client :class:`~shmrpc.client.Pool` finds the workers of ``prefix`` by this pattern.
+    """
+    return validate_name(f"{prefix}-{int(device)}")
+
+
+def device_workers(prefix: str, worker_uid: int | None = None) -> list[str]:
+    """The names of ``prefix``'s per-device workers whose sockets exist now, in device order."""
+    validate_name(prefix)
+    found = []
+    try:
+        entries = list(runtime_dir(worker_uid).iterdir())
+    except OSError:
+        return []
+    for p in entries:
+        stem, dot, ext = p.name.rpartition(".")
+        if dot and ext == "sock" and stem.startswith(prefix + "-") and stem[len(prefix) + 1:].isdigit():
+            found.append((int(stem[len(prefix) + 1:]), stem))
+    return [n for _, n in sorted(found)]

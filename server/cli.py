@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 from typing import NoReturn
 
@@ -76,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="slots of each class leased to a client that asks for none, e.g. 4,2,0,0,0 (default)")
     s.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
                    help="auto: CuPy when it imports and sees a GPU, else NumPy (default %(default)s)")
+    s.add_argument("--device", type=int, default=None,
+                   help="bind the worker to this one GPU (CUDA_VISIBLE_DEVICES is set to it before CuPy starts)")
+    s.add_argument("--devices", default=None, metavar="all|0,1,..",
+                   help="run a supervisor: one worker per device, named <name>-<device>, each restarted when it "
+                        "dies; clients spread calls over them with shmrpc.client.Pool(<name>)")
     s.add_argument("--no-mlock", action="store_true", help="do not mlock the region (no RLIMIT_MEMLOCK needed)")
     s.add_argument("--isolation", choices=("client", "shared"), default="client",
                    help="client: leased slots in a region per client, unlinked once mapped (default); "
@@ -182,8 +188,44 @@ def _timeout(text: str) -> float:
     return value
 
 
+def _supervise(args: argparse.Namespace, argv: list[str]) -> int:
+    """``serve --devices``: the other arguments go to every worker unchanged (server/_supervisor.py)."""
+    from ._supervisor import Supervisor, parse_devices
+
+    if args.device is not None:
+        raise UsageError("shmrpc serve: --device and --devices exclude each other (see shmrpc serve --help)")
+    try:
+        devices = parse_devices(args.devices)
+    except ValueError as e:
+        raise UsageError(f"shmrpc serve: {e}") from None
+    rest, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if i == 0 and a == "serve":
+            continue
+        if a in ("--devices", "--name"):
+            skip = True
+            continue
+        if a.startswith(("--devices=", "--name=")):
+            continue
+        rest.append(a)
+    sup = Supervisor(args.name, devices, rest)
+    signal.signal(signal.SIGTERM, sup.stop)
+    signal.signal(signal.SIGINT, sup.stop)
+    return sup.run()
+
+
 def _serve(args: argparse.Namespace) -> int:
     from shmrpc.schema.layout import parse_size
+
+    if args.device is not None:
+        if args.device < 0:
+            print("shmrpc serve: --device must be >= 0", file=sys.stderr)
+            return EXIT_USAGE
+        # before anything imports CuPy: the worker then sees this one GPU, as its device 0
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(args.device)
 
     from ._http import read_token
     from ._logs import setup_logging
@@ -322,6 +364,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "serve" and args.devices is not None:
+        return _supervise(args, argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "status":

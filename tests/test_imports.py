@@ -20,6 +20,7 @@ FORBIDDEN = {
     "client": ("shmrpc.server", "shmrpc.kernels"),
     "kernels": ("shmrpc.schema", "shmrpc.client", "shmrpc.server", "flatbuffers", "zmq"),
     "server": ("shmrpc.client",),
+    "rayext": ("shmrpc.server", "shmrpc.kernels"),  # shmrpc.ray: a client side; it starts workers as processes
 }
 #: (file, module) pairs allowed although FORBIDDEN says otherwise, each with its reason.
 EXEMPT: dict[tuple[str, str], str] = {}

@@ -19,6 +19,9 @@
 #   sweep   1, 2, 4, 8, 16 client processes of 64 B vector_add on the NumPy worker, loan and blocking lane,
 #           next to pyzmq and to each process running the op itself (own); sweepgpu: the same with 64 B
 #           scale on the CuPy worker (own: a CUDA context and CuPy in every client process)
+#   pool    1 worker vs 2 workers (`serve --devices`, one GPU each), 8 client processes through
+#           shmrpc.client.Pool sending gemm against a resident weight (bench/pool.py); then
+#           `shmrpc bench async` and `shmrpc bench threads` on this host's cores (NumPy worker)
 # Usage: bash bench/gpu/run.sh [STAGE ...]   (default: suite gpu lat bw; one device call holds at
 # most 10 minutes, so run `suite lat`, `bw gpu` and `spin` as separate calls; `suite probe` fits one).
 # Prepare on the dev machine first:  ../shared/tools/gpu-wheels.sh [the bench extra, pinned] &&
@@ -106,7 +109,17 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
         --backend "${b%%:*}" --op "${b##*:}" --dtype float32 -q --out "$OUT/bench-sweep-${b%%:*}.json" \
         --plots "/tmp/plots-sweep-${b%%:*}" 2>&1 | tail -24
       plot "/tmp/plots-sweep-${b%%:*}" lat-scaling.png "bench-sweep-${b%%:*}-scaling.png" ;;
-    *) echo "unknown stage $stage (suite, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu)" ;;
+    pool)
+      echo "== bench/pool.py (1 vs 2 GPU workers through Pool)"
+      timeout 120 python3 bench/pool.py --backend cupy --workers 1,2 --clients 8 --window 2 --seconds 8 \
+        --m 1024 --k 8192 --n 8192 --dtype float16 --slots 64K:16,1M:16,80M:8,288M:1 \
+        --out "$OUT/pool-gpu.json" 2>&1 | tail -8
+      echo "== shmrpc bench async / threads (NumPy worker, this host's cores)"
+      timeout 60 $BENCH async --sizes 64 --iters 2000 --in-flight 1000 --total 20000 --backend numpy \
+        --out "$OUT/bench-async-gpuhost.json" 2>&1 | tail -6
+      timeout 40 $BENCH threads --threads 1,2,4,8 --sizes 64 --duration-s 2 --backend numpy \
+        --out "$OUT/bench-threads-gpuhost.json" 2>&1 | tail -8 ;;
+    *) echo "unknown stage $stage (suite, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu, pool)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"

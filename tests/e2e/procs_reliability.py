@@ -37,7 +37,7 @@ def _chain(n: int) -> Pipeline:
 def main(point: str, name: str) -> None:
     """Run to ``point`` and wait to be killed."""
     c = Client(name, timeout_s=60)
-    sizes = sorted(s.nbytes for s in c._free)  # the lease, smallest first
+    sizes = sorted(s.nbytes for s in c._slots.free)  # the lease, smallest first
     n = len(sizes)
     desc = c.geometry.desc_nbytes
     if point == "before":

@@ -258,7 +258,7 @@ def test_private_region_is_sized_to_the_lease_asked_for(spawn_worker: Callable[.
         assert regions[small.client_id] == page + 2 * (64 << 10)
         assert regions[big.client_id] == page + 4 * (64 << 10) + (1 << 20) + (4 << 20)
         assert regions[greedy.client_id] == regions[big.client_id]  # capped at --lease-max
-        assert sorted(s.nbytes for s in small._free) == [64 << 10] * 2
+        assert sorted(s.nbytes for s in small._slots.free) == [64 << 10] * 2
         x = np.arange(300_000, dtype=np.float32)  # 1.2 MB: borrowed from the pool by the small client
         np.testing.assert_array_equal(small.call("echo", x=x)["out"], x)
     for bad in ("4", [-1], [1.5], [True], [[1]], {"0": 1}):

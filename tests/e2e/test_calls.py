@@ -136,7 +136,7 @@ def test_worker_answers_the_documented_call_with_the_documented_bytes(worker: Wo
         mv[16:16 + len(desc)] = desc
         mv[:16] = g["request-header"]  # NOTE: order is important here: the header last, then the doorbell
         s.in_flight = h.request_id
-        c._inflight[h.request_id] = s
+        c._inflight.add(h.request_id, s)
         c._t.send(m.pack_call(s.region, s.index, h.request_id, h.generation))
         c._pump(time.monotonic() + 10, lambda: s.in_flight is None)
         assert s.status == 0

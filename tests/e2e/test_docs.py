@@ -63,12 +63,30 @@ def test_every_block_names_its_language() -> None:
 
 @pytest.mark.parametrize("code", [c for _, lang, c, _ in BLOCKS if lang == "python"], ids=_ids("python"))
 def test_python_block_runs(code: str, spawn_worker: Callable[..., WorkerProc], tmp_path: Path) -> None:
+    if "import ray" in code:
+        pytest.importorskip("ray", reason="Ray is not installed (pip install 'shmrpc[ray]' to run this block)")
     if 'Client("demo"' in code:
         w = spawn_worker(slots="64K:16,1M:4,16M:2", lease="4,1,1")
         code = code.replace('Client("demo"', f'Client("{w.name}"')
+    supervisor = None
+    if 'Pool("demo"' in code:  # a supervisor of two NumPy workers, <name>-0 and <name>-1
+        prefix = f"d{tmp_path.name[-8:]}".replace("_", "")
+        supervisor = subprocess.Popen([sys.executable, "-m", "shmrpc.server", "serve", "--name", prefix, "--devices",
+                                       "0,1", "--slots", "64K:16,1M:4", "--backend", "numpy", "--no-mlock"],
+                                      stdout=subprocess.PIPE, text=True)
+        assert supervisor.stdout is not None
+        for line in supervisor.stdout:
+            if line.startswith("shmrpc supervisor"):
+                break
+        code = code.replace('Pool("demo"', f'Pool("{prefix}"').replace('"demo-1"', f'"{prefix}-1"')
     script = tmp_path / "block.py"
     script.write_text(code)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50, cwd=tmp_path)
+    try:
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50, cwd=tmp_path)
+    finally:
+        if supervisor is not None:
+            supervisor.terminate()
+            supervisor.communicate(timeout=30)
     assert out.returncode == 0, out.stderr
     if "with c.loan(1 << 20) as req:" in code:  # the README's client screenful prints these
         lines = out.stdout.splitlines()

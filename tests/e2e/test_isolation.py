@@ -42,7 +42,7 @@ def test_private_region_has_no_name_and_is_no_one_elses(worker: WorkerProc) -> N
         assert not [f for f in os.listdir("/dev/shm") if f.startswith(region_prefix(worker.name))]
         # b knows nothing of a's region and cannot ring a's slots
         assert index not in b._regions
-        slot = a._free[0]
+        slot = a._slots.free[0]
         with pytest.raises(StaleSlotError):
             raw_call(b, call=(slot.region, slot.index, 777, slot.generation))
         state = _status(worker.name)

@@ -35,7 +35,7 @@ def _ring(c: Client, loan: object, payload: bytes, rid: int, edit_header: object
     mv[16:16 + len(payload)] = payload
     HEADER.pack_into(mv, 0, *h)
     s.in_flight = rid
-    c._inflight[rid] = s
+    c._inflight.add(rid, s)
     c._t.send(m.pack_call(s.region, s.index, rid, s.generation))
     loan._wait(rid, time.monotonic() + 10)  # type: ignore[attr-defined]
     loan._outputs = ("out",)  # type: ignore[attr-defined]

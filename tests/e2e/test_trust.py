@@ -311,7 +311,7 @@ def test_frames_from_a_stranger_cannot_act_in_a_session(worker: WorkerProc) -> N
         s.setsockopt(zmq.LINGER, 0)
         s.connect(endpoint(worker.name))
         with Client(worker.name, timeout_s=10) as c:
-            slot = c._free[0]
+            slot = c._slots.free[0]
             s.send(m.pack_json(m.HELLO, hello_body()))  # HELLO on ZeroMQ: pointed to the attach socket
             assert s.poll(5000)
             body = m.unpack_json(s.recv())

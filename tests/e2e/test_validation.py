@@ -142,7 +142,7 @@ def test_ringing_twice_refuses_the_second_doorbell(worker: WorkerProc) -> None:
         rid = req._post(slow, {}, False, ())
         s = req._s
         probe = type(s)(s.region, s.index, s.nbytes, s.generation, False, in_flight=4242)
-        c._inflight[4242] = probe
+        c._inflight.add(4242, probe)
         c._t.send(m.pack_call(s.region, s.index, 4242, s.generation))
         c._pump(time.monotonic() + 10, lambda: probe.in_flight is None)
         assert probe.status == NO_RESPONSE | BusyError.code

@@ -44,7 +44,7 @@ def raw_call(c: Client, payload: bytes | None = None, *, header: Callable[[Heade
         HEADER.pack_into(mv, 0, *(header(h) if header else h))
         region, slot, _, gen = call or (s.region, s.index, rid, s.generation)
         s.in_flight = rid
-        c._inflight[rid] = s
+        c._inflight.add(rid, s)
         c._t.send(m.pack_call(region, slot, rid, gen))
         loan._wait(rid, time.monotonic() + 10)
         loan._response(rid)

@@ -1,0 +1,268 @@
+"""``shmrpc bench async`` and ``shmrpc bench threads``: the client's concurrency, measured.
+
+* ``async``: :class:`~shmrpc.client.AsyncClient` next to ``zmq.asyncio`` (DEALER to
+  the zmq peer's ROUTER echo): one await at a time (round trip percentiles),
+  then ``--in-flight`` requests at once (calls/s) while a ticker task measures the
+  event loop's lag (how late a 1 ms sleep wakes); the blocking ``Client.call`` is
+  the reference line.
+* ``threads``: N threads calling through one shared ``Client`` vs N threads with a
+  ``Client`` each (calls/s over ``--duration-s``), and the ratio.
+
+Both start their own worker (``--name`` uses a running one) and print a table; the
+JSON document has the date, command, machine facts and every point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import threading
+import time
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+
+from ._shm import WorkerProcess, plan_slots
+from ._transport import TransportUnavailable
+
+__all__ = ["run_async", "run_threads", "async_table", "threads_table"]
+
+_ID = struct.Struct("<I")
+
+
+def _percentiles_us(samples_s: list[float]) -> dict[str, float]:
+    a = np.asarray(samples_s) * 1e6
+    return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)), "max": float(a.max())}
+
+
+async def _ticker(stop: asyncio.Event, lags: list[float], period_s: float = 0.001) -> None:
+    """How late a ``period_s`` sleep wakes: the loop's lag while the load runs."""
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        await asyncio.sleep(period_s)
+        lags.append(max(0.0, time.perf_counter() - t0 - period_s))
+
+
+async def _loaded(call: Any, in_flight: int, total: int) -> dict[str, Any]:
+    """``in_flight`` tasks each awaiting one call after another until ``total`` calls are done (so
+    ``in_flight`` requests stay in flight), timed from when all of them have started; the ticker runs meanwhile.
+    """
+    stop, lags = asyncio.Event(), []  # type: ignore[var-annotated]
+    left = [total]
+    started = asyncio.Event()
+    running = [0]
+
+    async def worker() -> None:
+        running[0] += 1
+        if running[0] == in_flight:
+            started.set()
+        while left[0] > 0:
+            left[0] -= 1
+            await call()
+
+    tasks = [asyncio.ensure_future(worker()) for _ in range(in_flight)]
+    await started.wait()
+    tick = asyncio.ensure_future(_ticker(stop, lags))
+    t0 = time.perf_counter()
+    done0 = left[0]
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - t0
+    stop.set()
+    await tick
+    calls = max(0, done0) + in_flight
+    return {"calls": calls, "elapsed_s": elapsed, "calls_per_s": calls / elapsed,
+            "loop_lag_us": _percentiles_us(lags or [0.0]), "in_flight": in_flight}
+
+
+async def _shmrpc_async(name: str, nbytes: int, iters: int, in_flight: int, total: int,
+                        route_batch: int = 0) -> dict[str, Any]:
+    from shmrpc.client import AsyncClient
+
+    x = np.zeros(nbytes, np.uint8)
+    async with await AsyncClient.connect(name, timeout_s=120.0, connect_timeout_s=20.0) as c:
+        if route_batch:
+            c.route_batch = route_batch
+        for _ in range(50):
+            await c.call("echo", x=x)
+        rtts = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            await c.call("echo", x=x)
+            rtts.append(time.perf_counter() - t0)
+
+        async def call() -> None:
+            await c.call("echo", x=x)
+
+        loaded = await _loaded(call, in_flight, total)
+    return {"transport": "shmrpc-async", "nbytes": nbytes, "rtt_us": _percentiles_us(rtts), **loaded}
+
+
+async def _zmq_async(address: str, nbytes: int, iters: int, in_flight: int, total: int) -> dict[str, Any]:
+    import zmq
+    import zmq.asyncio
+
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"ipc://{address}")
+    body = bytes(max(0, nbytes - _ID.size))
+    waiting: dict[int, asyncio.Future[bytes]] = {}
+    loop = asyncio.get_running_loop()
+
+    async def reader() -> None:
+        while True:
+            frame = await sock.recv()
+            fut = waiting.pop(_ID.unpack_from(frame)[0], None)
+            if fut is not None and not fut.done():
+                fut.set_result(frame)
+
+    next_id = iter(range(1, 1 << 31))
+
+    async def call() -> bytes:
+        rid = next(next_id)
+        fut: asyncio.Future[bytes] = loop.create_future()
+        waiting[rid] = fut
+        await sock.send(_ID.pack(rid) + body)
+        return await fut
+
+    task = asyncio.ensure_future(reader())
+    try:
+        for _ in range(50):
+            await call()
+        rtts = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            await call()
+            rtts.append(time.perf_counter() - t0)
+
+        loaded = await _loaded(call, in_flight, total)
+    finally:
+        task.cancel()
+        sock.close()
+        ctx.term()
+    return {"transport": "zmq.asyncio", "nbytes": nbytes, "rtt_us": _percentiles_us(rtts), **loaded}
+
+
+def _blocking(name: str, nbytes: int, iters: int) -> dict[str, Any]:
+    from shmrpc.client import Client
+
+    x = np.zeros(nbytes, np.uint8)
+    with Client(name, timeout_s=120.0, connect_timeout_s=20.0) as c:
+        for _ in range(50):
+            c.call("echo", x=x)
+        rtts = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            c.call("echo", x=x)
+            rtts.append(time.perf_counter() - t0)
+    return {"transport": "shmrpc-call", "nbytes": nbytes, "rtt_us": _percentiles_us(rtts)}
+
+
+def run_async(sizes: list[int], iters: int, in_flight: int, total: int, name: str | None = None,
+              backend: str = "numpy", peers: bool = True) -> dict[str, Any]:
+    """The ``async`` mode's document (results: one row per transport and size)."""
+    from ._peers import start_peer_server
+
+    rows: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    with ExitStack() as stack:
+        worker_facts: dict[str, Any] = {"name": name, "started_by_bench": False}
+        if name is None:
+            plan = plan_slots(sizes, min(in_flight, 1024), 1)
+            w = stack.enter_context(WorkerProcess(plan, backend))
+            w.wait_ready()
+            name = w.name
+            worker_facts = {"name": name, "started_by_bench": True, "slots": plan.slots, "lease": plan.lease}
+        zmq_address = None
+        if peers:
+            try:
+                zmq_address = stack.enter_context(start_peer_server("zmq")).address
+            except TransportUnavailable as e:
+                skipped["zmq.asyncio"] = str(e)
+        for n in sizes:
+            rows.append(_blocking(name, n, iters))
+            rows.append(asyncio.run(_shmrpc_async(name, n, iters, in_flight, total)))
+            if zmq_address is not None:
+                rows.append(asyncio.run(_zmq_async(zmq_address, n, iters, in_flight, total)))
+    return {"mode": "async", "worker": worker_facts, "skipped": skipped, "results": rows,
+            "config": {"sizes": sizes, "iters": iters, "in_flight": in_flight, "total": total}}
+
+
+def _hammer(clients: list[Any], n_threads: int, duration_s: float, x: np.ndarray) -> float:
+    """Calls/s of ``n_threads`` threads, thread i calling through ``clients[i % len(clients)]``."""
+    start, stop = threading.Barrier(n_threads + 1), threading.Event()
+    counts = [0] * n_threads
+
+    def run(i: int) -> None:
+        c = clients[i % len(clients)]
+        start.wait()
+        k = 0
+        while not stop.is_set():
+            c.call("echo", x=x)
+            k += 1
+        counts[i] = k
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    time.sleep(duration_s)
+    stop.set()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+def run_threads(threads: list[int], nbytes: int, duration_s: float, name: str | None = None,
+                backend: str = "numpy") -> dict[str, Any]:
+    """The ``threads`` mode's document: one shared Client vs a Client per thread, per thread count."""
+    from shmrpc.client import Client
+
+    rows = []
+    x = np.zeros(nbytes, np.uint8)
+    with ExitStack() as stack:
+        worker_facts: dict[str, Any] = {"name": name, "started_by_bench": False}
+        if name is None:
+            plan = plan_slots([nbytes], 8, max(threads) + 1)
+            w = stack.enter_context(WorkerProcess(plan, backend))
+            w.wait_ready()
+            name = w.name
+            worker_facts = {"name": name, "started_by_bench": True, "slots": plan.slots, "lease": plan.lease}
+        for n in threads:
+            with Client(name, timeout_s=120.0, connect_timeout_s=20.0) as shared:
+                _hammer([shared], 1, 0.2, x)  # warm
+                one = _hammer([shared], n, duration_s, x)
+            own = [stack.enter_context(Client(name, timeout_s=120.0, connect_timeout_s=20.0)) for _ in range(n)]
+            _hammer(own, n, 0.2, x)
+            each = _hammer(own, n, duration_s, x)
+            for c in own:
+                c.close()
+            rows.append({"threads": n, "nbytes": nbytes, "shared_client_calls_per_s": one,
+                         "client_per_thread_calls_per_s": each, "ratio": one / each})
+    return {"mode": "threads", "worker": worker_facts, "results": rows,
+            "config": {"threads": threads, "nbytes": nbytes, "duration_s": duration_s}}
+
+
+def async_table(doc: dict[str, Any]) -> str:
+    """The async mode's table."""
+    head = (f"{'size':>6}  {'transport':<14} {'rtt p50 µs':>11} {'rtt p99 µs':>11} {'calls/s':>10} "
+            f"{'in flight':>9} {'loop lag p99 µs':>16} {'lag max µs':>11}")
+    lines = [head, "-" * len(head)]
+    for r in doc["results"]:
+        lag = r.get("loop_lag_us", {})
+        lines.append(f"{r['nbytes']:>6}  {r['transport']:<14} {r['rtt_us']['p50']:>11.1f} {r['rtt_us']['p99']:>11.1f} "
+                     f"{r.get('calls_per_s', float('nan')):>10.0f} {r.get('in_flight', ''):>9} "
+                     f"{lag.get('p99', float('nan')):>16.1f} {lag.get('max', float('nan')):>11.1f}")
+    return "\n".join(lines)
+
+
+def threads_table(doc: dict[str, Any]) -> str:
+    """The threads mode's table."""
+    head = f"{'threads':>7} {'size':>6} {'one shared Client':>18} {'a Client each':>14} {'ratio':>6}"
+    lines = [head, "-" * len(head)]
+    for r in doc["results"]:
+        lines.append(f"{r['threads']:>7} {r['nbytes']:>6} {r['shared_client_calls_per_s']:>16.0f}/s "
+                     f"{r['client_per_thread_calls_per_s']:>12.0f}/s {r['ratio']:>6.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,227 @@
+"""AsyncClient: the Client's calls as coroutines, on the running event loop, never blocking it.
+
+The event loop receives the answers itself: readers on the ZeroMQ socket's fd,
+the connection's wake eventfd and the worker's pidfd route each frame through the
+Client's in-flight table (:mod:`._inflight`) the moment it arrives, which finishes
+the request's future on the loop thread (no thread hand-off); a timer every
+:data:`_EXPIRE_S` fails the requests past their deadline with ``Timeout``. What
+the loop does per call is bounded and short: copy the inputs into a free slot of
+the client's own, ring the worker, and later read the answer. Whatever may wait
+(connecting, a slot that is not free, an ACQUIRE for a larger slot, closing) runs
+in the loop's default executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from typing import Any
+
+import numpy as np
+
+from shmrpc.schema.errors import ClientClosedError
+
+from ._client import Client, _NoSlot
+from ._loan import Loan, _Answer
+from ._pipeline import Pipeline
+
+__all__ = ["AsyncClient", "AsyncLoan"]
+
+_EXPIRE_S = 0.02  # how often the loop looks for requests past their deadline
+_ROUTE_BATCH = 4  # answers routed per turn of the loop: each wakes a task, so a turn stays short under load
+
+
+class AsyncClient:
+    """A connection to a shmrpc worker for asyncio code; same arguments and errors as :class:`Client`.
+
+    Create it with ``await AsyncClient.connect(name, ...)`` (the handshake runs off the loop) and
+    use it as an async context manager. Every method that talks to the worker is a coroutine or
+    returns an awaitable; none blocks the loop.
+
+    Raises:
+        The same errors as :class:`Client`, from the awaited call: ``Timeout`` when ``timeout_s``
+        passes, ``WorkerGoneError`` when the worker dies, ``ForkedClientError`` in a forked child,
+        ``InvalidRequestError`` / ``KernelError`` for a bad request.
+
+    Example::
+
+        async with await AsyncClient.connect("demo") as c:
+            out = (await c.call("scale", x=np.arange(4.0), a=2.0, b=1.0))["out"]
+            outs = await asyncio.gather(*(c.submit("vector_add", x=a, y=b) for a, b in pairs))
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.client = client  # the blocking Client underneath (same connection)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tick: asyncio.TimerHandle | None = None
+        self._watched: list[int] = []
+        self._pump_soon: asyncio.Handle | None = None
+        self.route_batch = _ROUTE_BATCH
+
+    def _on_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, watching this client's fds (attached on first use, again on a new loop)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return loop
+        self.client._check()
+        self._detach()
+        sock_fd, wake_fd, pidfd = self.client._t.watch_fds
+        loop.add_reader(sock_fd, self._pump)
+        loop.add_reader(wake_fd, self._pump)
+        self._watched = [sock_fd, wake_fd]
+        if pidfd is not None:
+            loop.add_reader(pidfd, self._worker_exited)
+            self._watched.append(pidfd)
+        self._loop = loop
+        self.client._t.watched = True
+        self._tick = loop.call_later(_EXPIRE_S, self._expire)
+        self._pump()  # anything that came before the readers did
+        return loop
+
+    def _pump(self) -> None:
+        if self._pump_soon is not None:
+            return  # a pump is already due this turn or the next
+        self._pump_later()
+
+    def _pump_later(self) -> None:
+        self._pump_soon = None
+        if self.client._inflight.pump_now(self.route_batch) and self._loop is not None:
+            # more queued: route it on the next turn, after the tasks just woken
+            self._pump_soon = self._loop.call_soon(self._pump_later)
+
+    def _worker_exited(self) -> None:
+        loop = self._loop
+        pidfd = self.client._t.watch_fds[2]
+        if loop is not None and pidfd is not None:
+            loop.remove_reader(pidfd)  # readable for good: watched once
+            self._watched.remove(pidfd)
+        self.client._inflight.worker_exited()
+
+    def _expire(self) -> None:
+        self.client._inflight.expire()
+        if self._loop is not None:
+            self._tick = self._loop.call_later(_EXPIRE_S, self._expire)
+
+    def _detach(self) -> None:
+        loop, self._loop = self._loop, None
+        for h in (self._tick, self._pump_soon):
+            if h is not None:
+                h.cancel()
+        self._tick = self._pump_soon = None
+        if loop is not None and not loop.is_closed():
+            for fd in self._watched:
+                loop.remove_reader(fd)
+        self._watched = []
+
+    @classmethod
+    async def connect(cls, name: str, **kwargs: Any) -> AsyncClient:
+        """Connect to worker ``name`` (keyword arguments as :class:`Client`) without blocking the loop."""
+        loop = asyncio.get_running_loop()
+        client = await loop.run_in_executor(None, functools.partial(Client, name, **kwargs))
+        self = cls(client)
+        self._on_loop()
+        return self
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """End the lease (BYE) and unmap, off the loop; idempotent."""
+        self._detach()
+        await asyncio.get_running_loop().run_in_executor(None, self.client.close)
+
+    @property
+    def op_table(self) -> dict[str, Any]:
+        """The worker's ops (as :attr:`Client.op_table`)."""
+        return self.client.op_table
+
+    def submit(self, op: str | Pipeline, *, timeout_s: float | None = None, out_nbytes: int | None = None,
+               in_place: bool = False, keep: tuple[str, ...] = (), copy: bool = True,
+               **kwargs: Any) -> asyncio.Future[dict[str, np.ndarray]]:
+        """Send ``op`` now and return an awaitable of its outputs (see :meth:`Client.call` for arguments).
+
+        The inputs are copied into a slot before this returns when one of the client's own slots is
+        free; otherwise the wait for a slot happens off the loop and the request goes out from there.
+        """
+        c = self.client
+        loop = self._on_loop()
+        try:
+            fut = c._submit(op, timeout_s, out_nbytes, in_place, keep, copy, True, kwargs)
+        except _NoSlot:
+            blocking = functools.partial(c._submit, op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs)
+            return asyncio.ensure_future(self._later(loop, blocking))
+        return asyncio.wrap_future(fut, loop=loop)
+
+    @staticmethod
+    async def _later(loop: asyncio.AbstractEventLoop, blocking: Any) -> dict[str, np.ndarray]:
+        fut = await loop.run_in_executor(None, blocking)
+        return await asyncio.wrap_future(fut, loop=loop)
+
+    async def call(self, op: str | Pipeline, *, timeout_s: float | None = None, out_nbytes: int | None = None,
+                   in_place: bool = False, keep: tuple[str, ...] = (), copy: bool = True,
+                   **kwargs: Any) -> dict[str, np.ndarray]:
+        """Run ``op`` on arrays and return ``{output name: array}`` (see :meth:`Client.call`)."""
+        return await self.submit(op, timeout_s=timeout_s, out_nbytes=out_nbytes, in_place=in_place, keep=keep,
+                                 copy=copy, **kwargs)
+
+    def loan(self, nbytes: int | None = None, *, timeout_s: float | None = None) -> AsyncLoan:
+        """A slot for the zero-copy path, as ``async with c.loan(n) as req`` (see :meth:`Client.loan`)."""
+        return AsyncLoan(self, nbytes, timeout_s)
+
+    async def put(self, name: str, array: Any, *, shared: bool = False, timeout_s: float | None = None) -> None:
+        """Upload a resident tensor (see :meth:`Client.put`), off the loop."""
+        await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(self.client.put, name, array, shared=shared, timeout_s=timeout_s))
+
+    async def drop(self, name: str, *, timeout_s: float | None = None) -> None:
+        """Free a resident tensor (see :meth:`Client.drop`), off the loop."""
+        await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(self.client.drop, name, timeout_s=timeout_s))
+
+
+class AsyncLoan:
+    """``async with client.loan(nbytes) as req``: :meth:`array` as :meth:`Loan.array`, ``await req.send(op)``."""
+
+    def __init__(self, owner: AsyncClient, nbytes: int | None, timeout_s: float | None) -> None:
+        self._owner, self._nbytes, self._timeout_s = owner, nbytes, timeout_s
+        self._loan: Loan | None = None
+
+    async def __aenter__(self) -> AsyncLoan:
+        c = self._owner.client
+        self._loan = await self._owner._on_loop().run_in_executor(
+            None, functools.partial(c.loan, self._nbytes, timeout_s=self._timeout_s))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._loan is not None:
+            self._loan.release()
+
+    def _live(self) -> Loan:
+        if self._loan is None:
+            raise ClientClosedError("use the loan inside 'async with'")
+        return self._loan
+
+    @property
+    def nbytes(self) -> int:
+        """The slot's size."""
+        return self._live().nbytes
+
+    def array(self, name: str, shape: tuple[int, ...] | int, dtype: Any) -> np.ndarray:
+        """A writable view of a new input tensor in the slot (see :meth:`Loan.array`)."""
+        return self._live().array(name, shape, dtype)
+
+    async def send(self, op: str | Pipeline, *, timeout_s: float | None = None, in_place: bool = False,
+                   keep: tuple[str, ...] = (), **attrs: Any) -> dict[str, np.ndarray]:
+        """Run ``op`` on this loan's tensors; outputs are views into the slot (see :meth:`Loan.send`)."""
+        loan = self._live()
+        c = self._owner.client
+        self._owner._on_loop()
+        deadline = time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s)
+        answered = _Answer(c, loan, deadline)
+        rid = loan._post(op, attrs, in_place, keep, future=answered)
+        await asyncio.wrap_future(answered)
+        return loan._response(rid)

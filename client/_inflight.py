@@ -1,0 +1,271 @@
+"""The requests in flight of one Client, and the one receive path every waiter shares.
+
+Whoever waits for an answer pumps the socket for everybody (the *leader*); other
+waiting threads sleep on one condition until a routed frame or a leadership
+hand-off wakes them (the *followers*)::
+
+    thread waits ──▶ lead lock free? ──yes──▶ lead: poll the socket's fd, drain, route ──▶ own answer? ──▶ return
+                         │                            ▲                                    │ no  (lead released,
+                         no                           └────────────────────────────────────┘      followers woken)
+                         ▼
+                     sleep on the condition ◀── woken by every routed batch and every leader leaving
+
+A lone caller therefore pumps its own answer on its own thread (no hand-off, the
+fast path). A background *receiver* thread (started by :meth:`Inflight.start_receiver`,
+which ``Client.submit`` and the async client do) is one more waiter that never
+stops, so futures complete when their answer arrives even when nobody asks for
+their result.
+
+Routing a DONE marks its slot answered; a future registered with the request is
+then finished on the thread that routed it, after every lock is released.
+
+Locks, always taken in this order: the Connection's socket lock, then the
+condition's lock. Nobody waits on the condition while holding the socket lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from shmrpc.schema import messages as m
+from shmrpc.schema.errors import Timeout, WorkerGoneError
+
+from ._connection import Connection
+from ._slot import _Slot
+
+__all__ = ["Inflight"]
+
+_RECEIVER_SLICE_S = 0.05  # how often the receiver thread looks at futures' deadlines and at close()
+
+
+class _Entry:
+    """One request in flight: its slot, and the callback that finishes its future (if any)."""
+
+    __slots__ = ("slot", "finish", "deadline")
+
+    def __init__(self, slot: _Slot, finish: Callable[[], None] | None, deadline: float | None) -> None:
+        self.slot, self.finish, self.deadline = slot, finish, deadline
+
+
+class Inflight:
+    """Request ids in flight → slots; the leader/follower pump; the optional receiver thread.
+
+    The small interface that loans, futures, the sync and the async clients use:
+    :meth:`add`, :meth:`discard`, :meth:`wait`, :meth:`start_receiver`, :meth:`close`.
+    """
+
+    def __init__(self, conn: Connection, on_control: Callable[[bytes], None]) -> None:
+        self._conn = conn
+        self._on_control = on_control
+        self._cond = threading.Condition(threading.Lock())
+        self._table: dict[int, _Entry] = {}
+        self._lead = threading.Lock()  # held by the thread that pumps for everybody
+        self._followers = 0  # threads waiting on the condition
+        self._receiver: threading.Thread | None = None
+        self._stop = False
+
+    # ------------------------------------------------------------ the table
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __contains__(self, rid: int) -> bool:
+        return rid in self._table
+
+    def slots(self) -> list[_Slot]:
+        """The slots of the requests in flight (a snapshot)."""
+        with self._cond:
+            return [e.slot for e in self._table.values()]
+
+    def add(self, rid: int, slot: _Slot, finish: Callable[[], None] | None = None,
+            deadline: float | None = None) -> None:
+        """Expect a DONE for ``rid`` in ``slot``; ``finish`` runs (on the routing thread) once it came."""
+        with self._cond:
+            self._table[rid] = _Entry(slot, finish, deadline)
+
+    def discard(self, rid: int) -> None:
+        """Stop expecting ``rid`` (its CALL was never sent)."""
+        with self._cond:
+            self._table.pop(rid, None)
+
+    def forget_future(self, rid: int) -> None:
+        """The future of ``rid`` finished without its answer (timed out): a late DONE only frees the slot."""
+        with self._cond:
+            e = self._table.get(rid)
+            if e is not None:
+                e.finish = None
+
+    # ------------------------------------------------------------ routing
+
+    def _route(self, frames: list[bytes]) -> list[Callable[[], None]]:
+        """Route drained frames (called holding the socket lock); returns the futures' finishers to run."""
+        finishers = []
+        with self._cond:
+            for frame in frames:
+                if frame[:1] == m.DONE:
+                    _, _, rid, status = m.unpack_done(frame)
+                    e = self._table.pop(rid, None)
+                    if e is not None:
+                        e.slot.status = status
+                        e.slot.in_flight = None
+                        if e.finish is not None:
+                            finishers.append(e.finish)
+                else:
+                    self._on_control(frame)
+            if self._followers:
+                self._cond.notify_all()
+        return finishers
+
+    def _fail_all(self) -> list[Callable[[], None]]:
+        """The worker is gone: every registered future finishes (with WorkerGoneError); waiters are woken."""
+        with self._cond:
+            finishers = [e.finish for e in self._table.values() if e.finish is not None]
+            for e in self._table.values():
+                e.finish = None
+            self._cond.notify_all()
+        return finishers
+
+    def _expire(self, now: float) -> list[Callable[[], None]]:
+        """Futures past their deadline finish (with Timeout); their slots stay in flight until the DONE."""
+        out = []
+        with self._cond:
+            for e in self._table.values():
+                if e.finish is not None and e.deadline is not None and now >= e.deadline:
+                    out.append(e.finish)
+                    e.finish = None
+        return out
+
+    def pump_once(self, wait_s: float) -> None:
+        """Drain and route what is queued; when nothing is, wait up to ``wait_s`` for the socket or the worker.
+
+        Raises:
+            WorkerGoneError: the worker process exited (every future is finished with it first).
+        """
+        try:
+            finishers = self._conn.drain(wait_s, self._route)
+        except WorkerGoneError:
+            for fin in self._fail_all():
+                fin()
+            raise
+        for fin in finishers:
+            fin()
+
+    def complete(self, region: int, index: int, rid: int, status: int) -> None:
+        """Route a DONE that came another way than the socket (a lane's page), as if it had been received."""
+        for fin in self._route([m.pack_done(region, index, rid, status)]):
+            fin()
+
+    def pump_now(self, limit: int = 1 << 30) -> bool:
+        """Route up to ``limit`` queued frames, never waiting (an event loop's reader on the socket's fd calls
+        this); returns whether more are queued (the caller calls again soon: the fd will not say so)."""
+        finishers, more = self._conn.drain_now(self._route, limit)
+        for fin in finishers:
+            fin()
+        return more
+
+    def worker_exited(self) -> None:
+        """The worker's pidfd became readable: every future finishes with WorkerGoneError, waiters wake."""
+        self._conn.exited()
+        for fin in self._fail_all():
+            fin()
+
+    def expire(self) -> None:
+        """Finish the futures past their deadline with Timeout (an event loop calls this periodically)."""
+        for fin in self._expire(time.monotonic()):
+            fin()
+
+    # ------------------------------------------------------------ waiting
+
+    def wait(self, until: Callable[[], bool], deadline: float | None) -> None:
+        """Return once ``until()`` is true, pumping for everybody while no other thread does.
+
+        ``until`` is called with and without the condition's lock held: it must take no lock.
+
+        Raises:
+            Timeout: ``deadline`` (time.monotonic) passed first.
+            WorkerGoneError: the worker process exited.
+        """
+        cond, lead = self._cond, self._lead
+        while True:
+            if until():
+                return
+            if lead.acquire(blocking=False):  # the leader: keeps the lead until its own answer is here
+                try:
+                    while not until():
+                        self.pump_once(self._left(deadline))
+                finally:
+                    lead.release()
+                    if self._followers:
+                        with cond:
+                            cond.notify_all()  # a follower may take the lead
+                return
+            left = self._left(deadline)
+            with cond:
+                self._followers += 1
+                try:
+                    # checked under the lock routing notifies under: no wake-up is lost
+                    if not until() and lead.locked():
+                        cond.wait(None if left < 0 else left)
+                finally:
+                    self._followers -= 1
+
+    def _left(self, deadline: float | None) -> float:
+        """Seconds to ``deadline`` (-1: none). Raises WorkerGoneError or Timeout when it is time to stop."""
+        conn = self._conn
+        if conn.gone:
+            raise WorkerGoneError(conn.gone)
+        if deadline is None:
+            return -1.0
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Timeout(f"no answer from worker {conn.name!r} in time")
+        return left
+
+    # ------------------------------------------------------------ the receiver thread
+
+    @property
+    def receiving(self) -> bool:
+        """True while the background receiver thread runs."""
+        return self._receiver is not None
+
+    def start_receiver(self) -> None:
+        """Start the background receiver thread (idempotent): futures then finish without a waiter."""
+        with self._cond:
+            if self._receiver is not None or self._stop:
+                return
+            t = threading.Thread(target=self._receive, name=f"shmrpc-receiver-{self._conn.name}", daemon=True)
+            self._receiver = t
+        t.start()
+
+    def _receive(self) -> None:
+        while not self._stop:
+            try:
+                self.wait(lambda: self._stop, time.monotonic() + _RECEIVER_SLICE_S)
+            except Timeout:
+                pass
+            except WorkerGoneError:
+                return
+            except Exception:  # noqa: BLE001 - the socket closed under us at close(): the thread ends
+                if self._stop:
+                    return
+                raise
+            for fin in self._expire(time.monotonic()):
+                fin()
+
+    def close(self) -> None:
+        """Stop the receiver thread (it notices within one slice) and wait for it."""
+        with self._cond:
+            self._stop = True
+            t = self._receiver
+            self._cond.notify_all()
+        if t is not None and t is not threading.current_thread():
+            self._conn.wake()
+            t.join(timeout=5.0)
+
+    def snapshot(self) -> dict[str, Any]:
+        """For tests and debugging: ids in flight and whether the receiver runs."""
+        with self._cond:
+            return {"in_flight": sorted(self._table), "receiving": self._receiver is not None}

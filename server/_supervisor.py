@@ -1,0 +1,151 @@
+"""``shmrpc serve --devices all|0,1,..``: one worker per device under one name prefix, restarted when it dies.
+
+Each worker is ``shmrpc serve --name <prefix>-<device> --device <device>`` with the
+supervisor's other arguments, a child process of the supervisor. A worker that
+exits while the supervisor runs is started again (after ``restart_delay_s``,
+doubling up to 10 s while it keeps dying within a minute of its start); its
+successor removes the dead one's sockets (the lock file says it is dead) and
+clients of a :class:`~shmrpc.client.Pool` find it again by name.
+
+SIGTERM or SIGINT to the supervisor: SIGTERM to every worker (each drains and
+exits), then the supervisor exits 0 once all have, or kills what remains after
+``stop_timeout_s``.
+
+Lines on stdout: one ``shmrpc supervisor <prefix> ready (workers ...)`` once every
+worker printed its own ready line, then one per restart.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from shmrpc.schema.naming import device_worker_name
+
+__all__ = ["Supervisor", "visible_devices", "parse_devices"]
+
+_MAX_DELAY_S = 10.0
+
+
+def visible_devices() -> list[int]:
+    """The CUDA devices this process sees (``CUDA_VISIBLE_DEVICES`` respected); [] without CuPy or a GPU."""
+    try:
+        import cupy
+
+        return list(range(cupy.cuda.runtime.getDeviceCount()))
+    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: none visible
+        return []
+
+
+def parse_devices(text: str) -> list[int]:
+    """``all`` (every visible GPU) or a comma-separated list of device ordinals.
+
+    Raises:
+        ValueError: an ordinal is not a non-negative integer, is repeated, or ``all`` finds no GPU.
+    """
+    if text.strip() == "all":
+        found = visible_devices()
+        if not found:
+            raise ValueError("--devices all: no GPU is visible (CuPy missing or no device); name devices, e.g. 0,1")
+        return found
+    try:
+        devs = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--devices takes 'all' or ordinals like 0,1, got {text!r}") from None
+    if not devs or min(devs) < 0 or len(set(devs)) != len(devs):
+        raise ValueError(f"--devices takes 'all' or distinct ordinals >= 0, got {text!r}")
+    return devs
+
+
+@dataclass
+class _Child:
+    device: int
+    name: str
+    proc: subprocess.Popen | None = None  # type: ignore[type-arg]
+    started_at: float = 0.0
+    delay_s: float = 0.0
+    restarts: int = 0
+    ready: threading.Event = field(default_factory=threading.Event)
+
+
+class Supervisor:
+    """Runs and restarts one worker per device; ``worker_args`` are the other ``serve`` arguments."""
+
+    def __init__(self, prefix: str, devices: list[int], worker_args: list[str], *, restart_delay_s: float = 0.5,
+                 stop_timeout_s: float = 30.0) -> None:
+        self.prefix = prefix
+        self.children = [_Child(d, device_worker_name(prefix, d)) for d in devices]
+        self.worker_args = worker_args
+        self.restart_delay_s = restart_delay_s
+        self.stop_timeout_s = stop_timeout_s
+        self._stop = threading.Event()
+
+    def _start(self, ch: _Child) -> None:
+        argv = [sys.executable, "-m", "shmrpc.server", "serve", "--name", ch.name, "--device", str(ch.device),
+                *self.worker_args]
+        ch.ready.clear()
+        ch.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        ch.started_at = time.monotonic()
+        threading.Thread(target=self._relay, args=(ch, ch.proc), daemon=True).start()
+
+    def _relay(self, ch: _Child, proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
+        """Pass the worker's stdout through, prefixed; note its ready line."""
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if " ready " in line:
+                ch.ready.set()
+            print(f"[{ch.name}] {line}", end="", flush=True)
+
+    def stop(self, *_: object) -> None:
+        """Ask the loop to stop (a signal handler)."""
+        self._stop.set()
+
+    def run(self, ready_timeout_s: float = 120.0) -> int:
+        """Start every worker, print the ready line, restart the dead until stopped; returns the exit status."""
+        for ch in self.children:
+            self._start(ch)
+        deadline = time.monotonic() + ready_timeout_s
+        for ch in self.children:
+            while not ch.ready.wait(0.1):
+                if self._stop.is_set() or time.monotonic() > deadline or (ch.proc and ch.proc.poll() is not None):
+                    if not self._stop.is_set():
+                        print(f"shmrpc serve: worker {ch.name} did not start", file=sys.stderr, flush=True)
+                    self._shutdown()
+                    return 1
+        names = ", ".join(f"{ch.name} (device {ch.device}, pid {ch.proc.pid if ch.proc else '?'})"
+                          for ch in self.children)
+        print(f"shmrpc supervisor {self.prefix} ready (pid {os.getpid()}; workers {names})", flush=True)
+        while not self._stop.wait(0.1):
+            now = time.monotonic()
+            for ch in self.children:
+                if ch.proc is None or ch.proc.poll() is None:
+                    continue
+                rc = ch.proc.returncode
+                quick = now - ch.started_at < 60.0
+                ch.delay_s = min(_MAX_DELAY_S, ch.delay_s * 2 if quick and ch.delay_s else self.restart_delay_s)
+                print(f"shmrpc supervisor: worker {ch.name} exited ({rc}); restarting in {ch.delay_s:.1f} s",
+                      flush=True)
+                ch.proc = None
+                if self._stop.wait(ch.delay_s):
+                    break
+                ch.restarts += 1
+                self._start(ch)
+        return self._shutdown()
+
+    def _shutdown(self) -> int:
+        live = [ch.proc for ch in self.children if ch.proc is not None and ch.proc.poll() is None]
+        for p in live:
+            p.send_signal(signal.SIGTERM)
+        end = time.monotonic() + self.stop_timeout_s
+        for p in live:
+            try:
+                p.wait(max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        return 0

@@ -1,0 +1,134 @@
+"""One Client shared by threads, and futures that complete by themselves (real worker processes)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+from wire import wait_for_state
+
+from shmrpc.client import CallFuture, Client, ClientClosedError, Pipeline, Timeout, WorkerGoneError
+from shmrpc.schema.naming import attach_path, socket_path
+
+if TYPE_CHECKING:
+    from conftest import WorkerProc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+
+def _slow(n: int = 20) -> Pipeline:
+    p = Pipeline()
+    for _ in range(n):
+        p = p.then("scale", a=1.0)
+    return p
+
+
+def _in_flight(name: str) -> None:
+    wait_for_state(name, lambda st: st["in_flight"] >= 1, "a request in flight")
+
+
+def test_futures_complete_without_result_being_asked(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=20) as c:
+        futs = [c.submit("vector_add", x=np.full(8, float(i)), y=np.ones(8)) for i in range(12)]
+        done, not_done = cf.wait(futs, timeout=20)
+        assert not not_done
+        for i, f in enumerate(futs):
+            assert f.done() and f.exception(0) is None
+            np.testing.assert_array_equal(f.result(0)["out"], i + 1.0)
+        seen = [f for f in cf.as_completed(c.submit("echo", x=np.arange(3.0)) for _ in range(5))]
+        assert len(seen) == 5
+        called = threading.Event()
+        c.submit("echo", x=np.ones(2)).add_done_callback(lambda f: called.set())
+        assert called.wait(20)
+        assert c._inflight.snapshot()["receiving"]
+
+
+def test_threads_share_one_client_and_each_gets_its_own_answer(worker: WorkerProc) -> None:
+    errors: list[BaseException] = []
+
+    with Client(worker.name, timeout_s=30) as c:
+        def run(k: int) -> None:
+            try:
+                for i in range(60):
+                    x = np.full(16, float(k * 1000 + i))
+                    out = c.call("vector_add", x=x, y=np.ones(16))["out"]
+                    np.testing.assert_array_equal(out, x + 1)
+                with c.loan(1024) as req:
+                    a = req.array("x", 4, "float64")
+                    a[:] = k
+                    b = req.array("y", 4, "float64")
+                    b[:] = 1
+                    np.testing.assert_array_equal(req.send("vector_add")["out"], k + 1)
+                    del a, b
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert len(c._inflight) == 0
+        assert not c._inflight.snapshot()["receiving"]  # call() alone never starts the receiver thread
+
+
+def test_one_thread_waits_on_a_slow_call_while_another_is_answered(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=60) as c:
+        slow = c.submit(_slow(), x=np.ones(3_500_000))
+        _in_flight(worker.name)
+        box: list[object] = []
+        waiter = threading.Thread(target=lambda: box.append(slow.result()))
+        waiter.start()
+        for _ in range(5):  # the waiter pumps or the receiver does: this thread is never stuck behind it
+            np.testing.assert_array_equal(c.call("echo", x=np.ones(3))["out"], 1.0)
+        waiter.join(60)
+        np.testing.assert_array_equal(box[0]["19.out"], 1.0)  # type: ignore[index]
+
+
+def test_an_unwaited_future_times_out_by_itself(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=60) as c:
+        fut = c.submit(_slow(25), x=np.ones(3_500_000), timeout_s=0.05)
+        done, _ = cf.wait([fut], timeout=30)
+        assert done
+        assert isinstance(fut.exception(0), Timeout)
+        np.testing.assert_array_equal(c.call("echo", x=np.ones(2))["out"], 1.0)
+
+
+def test_futures_fail_with_worker_gone_when_it_dies(spawn_worker: Callable[..., WorkerProc]) -> None:
+    w = spawn_worker()
+    c = Client(w.name, timeout_s=60)
+    try:
+        fut = c.submit(_slow(), x=np.ones(3_500_000))
+        _in_flight(w.name)
+        os.kill(w.pid, signal.SIGKILL)
+        done, _ = cf.wait([fut], timeout=30)
+        assert done
+        assert isinstance(fut.exception(0), WorkerGoneError)
+        with pytest.raises(WorkerGoneError):
+            c.call("echo", x=np.ones(4))
+    finally:
+        c.close()
+        w.proc.wait(10)
+    _remove_sockets(w.name)
+
+
+def _remove_sockets(name: str) -> None:
+    """A SIGKILLed worker leaves its sockets for a successor to remove; this test has none."""
+    for p in (socket_path(name), attach_path(name)):
+        p.unlink(missing_ok=True)
+
+
+def test_close_finishes_pending_futures(worker: WorkerProc) -> None:
+    c = Client(worker.name, timeout_s=60)
+    fut: CallFuture = c.submit(_slow(), x=np.ones(3_500_000))
+    _in_flight(worker.name)
+    c.close()
+    assert fut.done()
+    assert isinstance(fut.exception(0), ClientClosedError)

@@ -1,0 +1,114 @@
+"""``shmrpc serve --devices`` (a supervisor of one worker per device) and the client's Pool, with NumPy workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from wire import wait_for_state
+
+from shmrpc.client import Client, Pipeline, Pool, Resident, WorkerGoneError
+from shmrpc.schema.naming import device_worker_name, device_workers, socket_path
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+SLOTS, LEASE = "64K:16,1M:4,4M:2,64M:1", "4,1,0,0"  # as tests/e2e/conftest.py: one worker per device
+
+
+class _Supervisor:
+    def __init__(self, prefix: str, devices: str) -> None:
+        self.prefix = prefix
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shmrpc.server", "serve", "--name", prefix, "--devices", devices, "--slots", SLOTS,
+             "--lease", LEASE, "--backend", "numpy", "--no-mlock", "--log-level", "WARNING"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:  # the workers' ready lines, then the supervisor's
+            if line.startswith(f"shmrpc supervisor {prefix} ready"):
+                break
+        else:
+            pytest.fail(f"supervisor did not start: {self.proc.communicate(timeout=10)}")
+
+    def worker_pid(self, device: int) -> int:
+        return int(wait_for_state(device_worker_name(self.prefix, device), lambda st: True, "state")["pid"])
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.communicate(timeout=60)
+        return self.proc.returncode
+
+
+@pytest.fixture
+def supervisor(worker_name: str) -> Iterator[_Supervisor]:
+    s = _Supervisor(worker_name, "0,1")
+    yield s
+    assert s.stop() == 0
+    assert device_workers(worker_name) == []  # both workers exited cleanly: no sockets left
+
+
+def _slow(n: int = 20) -> Pipeline:
+    p = Pipeline()
+    for _ in range(n):
+        p = p.then("scale", a=1.0)
+    return p
+
+
+def test_supervisor_names_one_worker_per_device(supervisor: _Supervisor) -> None:
+    assert device_workers(supervisor.prefix) == [f"{supervisor.prefix}-0", f"{supervisor.prefix}-1"]
+    for d in (0, 1):
+        with Client(device_worker_name(supervisor.prefix, d), timeout_s=10) as c:
+            np.testing.assert_array_equal(c.call("echo", x=np.arange(3.0))["out"], np.arange(3.0))
+
+
+def test_pool_spreads_calls_and_places_residents(supervisor: _Supervisor) -> None:
+    with Pool(supervisor.prefix, timeout_s=30) as pool:
+        assert sorted(pool.live) == [f"{supervisor.prefix}-0", f"{supervisor.prefix}-1"]
+        futs = [pool.submit("vector_add", x=np.full(4, float(i)), y=np.ones(4)) for i in range(40)]
+        for i, f in enumerate(futs):
+            np.testing.assert_array_equal(f.result()["out"], i + 1.0)
+        calls = [s["calls"] for s in pool.stats().values()]
+        assert min(calls) >= 5, pool.stats()  # both workers took a share
+        pool.put("bias", np.full(4, 10.0))  # on every worker
+        for _ in range(6):
+            np.testing.assert_array_equal(pool.call("vector_add", x=np.ones(4), y=Resident("bias"))["out"], 11.0)
+        one = f"{supervisor.prefix}-1"
+        pool.put("only", np.full(4, 5.0), worker=one)  # on one named worker: calls using it go there
+        before = pool.stats()[one]["calls"]
+        for _ in range(5):
+            np.testing.assert_array_equal(pool.call("vector_add", x=np.ones(4), y=Resident("only"))["out"], 6.0)
+        assert pool.stats()[one]["calls"] == before + 5
+        pool.drop("only")
+        pool.drop("bias")
+
+
+def test_pool_survives_a_worker_death_and_the_worker_rejoins(supervisor: _Supervisor) -> None:
+    with Pool(supervisor.prefix, timeout_s=60, rejoin_s=0.2) as pool:
+        pool.put("bias", np.full(4, 1.0))
+        victim = f"{supervisor.prefix}-0"
+        pid = supervisor.worker_pid(0)
+        c0 = pool._members[victim].client
+        assert c0 is not None
+        pending = c0.submit(_slow(), x=np.ones(3_500_000))
+        wait_for_state(victim, lambda st: st["in_flight"] >= 1, "a request in flight")
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerGoneError):
+            pending.result()
+        for _ in range(10):  # new calls go to the other worker
+            np.testing.assert_array_equal(pool.call("vector_add", x=np.ones(4), y=Resident("bias"))["out"], 2.0)
+        assert victim not in pool.live
+        deadline = time.monotonic() + 60  # the supervisor restarts it; the pool finds it again
+        while victim not in pool.live:
+            assert time.monotonic() < deadline, "the restarted worker never rejoined the pool"
+            pool.call("echo", x=np.ones(2))
+            time.sleep(0.05)
+        assert socket_path(victim).exists()
+        with Client(victim, timeout_s=10) as c:
+            assert "bias" not in c.resident()  # its residents are the pool client's, not this one's
+        np.testing.assert_array_equal(  # the rejoined worker got the resident tensor again
+            pool._members[victim].client.call("vector_add", x=np.ones(4), y=Resident("bias"))["out"], 2.0)  # type: ignore[union-attr]
