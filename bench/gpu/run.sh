@@ -71,7 +71,9 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
   for stage in $stages; do
     case $stage in
     suite)
-      echo "== pytest"; timeout 200 python3 -m pytest -q --timeout 120 -p no:cacheprovider -rs tests 2>&1 | tail -25 ;;
+      echo "== pytest (whole log: \$OUT/pytest-gpu.log)"
+      timeout 330 python3 -m pytest -q --timeout 120 -p no:cacheprovider -rfEs tests > "$OUT/pytest-gpu.log" 2>&1
+      grep -E '^(FAILED|ERROR)' "$OUT/pytest-gpu.log" | head -30; tail -3 "$OUT/pytest-gpu.log" ;;
     gpu)
       echo "== bench/gpu_e2e.py"; timeout 150 python3 bench/gpu_e2e.py --seconds 3 --out "$OUT/gpu-e2e.json" 2>&1 | tail -8
       echo "== bench/gpu_kernels.py"; timeout 100 python3 bench/gpu_kernels.py --out "$OUT/gpu-kernels.json" 2>&1 | tail -20
