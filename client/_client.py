@@ -183,6 +183,7 @@ class Client:
             self._t.send, linger_s)
         self._inflight = Inflight(self._t, self._on_control)
         self._lane_lock = threading.Lock()
+        self._borrow_gate = threading.BoundedSemaphore(2)  # threads waiting at the worker for a borrowed slot
         self._control: dict[int | None, ControlMessage] = {}  # replies by the id of the request they answer
         self._asking: set[int] = set()  # ids of ACQUIRE/MANAGE still waited for
         self._ctl_id = itertools.count(1)
@@ -302,6 +303,15 @@ class Client:
             n_busy = len(self._inflight)
             own_busy = any(s.nbytes >= nbytes for s in self._inflight.slots())
             wait_s = max(0.0, deadline - time.monotonic()) if self.on_busy == "wait" else 0.0
+            gated = False
+            if wait_s > 0 and not own_busy:
+                # a few threads at a time wait at the worker (it bounds the ACQUIREs waiting per client:
+                # --client-max-waiters); the others look at the free list again until it is their turn
+                gated = self._borrow_gate.acquire(timeout=min(0.05, wait_s))
+                if not gated:
+                    if time.monotonic() >= deadline:
+                        raise Timeout(f"no slot of {format_size(nbytes)} became free in time")
+                    continue
             try:
                 s = self._acquire(nbytes, 0.0 if own_busy else wait_s, deadline)
             except BusyError:
@@ -309,6 +319,9 @@ class Client:
                     raise
                 self._pump(deadline, lambda n=n_busy: len(self._inflight) < n)  # returns at once if one finished
                 continue
+            finally:
+                if gated:
+                    self._borrow_gate.release()
             return self._slots.adopt(s)
 
     def _ask(self, msg: Acquire | Manage, deadline: float) -> ControlMessage:

@@ -83,7 +83,7 @@ def test_gpu_input_without_a_gpu_library_is_a_clear_error(client: Client, monkey
 def test_bfloat16_by_wire_name(client: Client) -> None:
     bits = np.array([0x3F80, 0x4000, 0xC040], np.uint16)  # 1.0, 2.0, -3.0 in bfloat16
     with client.loan(4096) as req:
-        req.array("x", 3, "bfloat16")[...] = bits
+        req.array("x", 3, "bfloat16").view(np.uint16)[...] = bits  # bits, also where ml_dtypes makes a bfloat16 view
         out = req.send("scale", a=2.0)["out"]
         np.testing.assert_array_equal(out.view(np.uint16), [0x4000, 0x4080, 0xC0C0])  # 2.0, 4.0, -6.0
 
@@ -150,9 +150,10 @@ def test_gpu_arrays_are_copied_device_to_slot(client: Client, monkeypatch: pytes
         calls.append(kw.get("out") is not None)
         return real_get(self, *args, **kw)
 
+    want = cp.asnumpy(x + y)  # before the spy: asnumpy calls get() too
     monkeypatch.setattr(cp.ndarray, "get", spy)
     out = client.call("vector_add", x=x, y=CudaInterfaceOnly(y))["out"]
-    np.testing.assert_array_equal(out, cp.asnumpy(x + y))
+    np.testing.assert_array_equal(out, want)
     assert calls == [True, True]  # each input: one get(out=slot view), no intermediate host array
     t = x[:, ::2]  # not contiguous on the device
     np.testing.assert_array_equal(client.call("echo", x=t)["out"], cp.asnumpy(t))
