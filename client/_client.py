@@ -499,8 +499,9 @@ class Client:
             y = c.call("gemm", x=x, w=Resident("w"))["out"]
         """
         full = f"shared/{name}" if shared else name
-        a, wire = as_input("x", array)
-        self.call(Pipeline(outputs=()).then("echo", outputs={"out": full}), x=a, keep=(full,), timeout_s=timeout_s)
+        a, wire = as_input("x", array)  # shape and wire dtype; call() converts the input itself (a GPU array once)
+        self.call(Pipeline(outputs=()).then("echo", outputs={"out": full}), x=array, keep=(full,),
+                  timeout_s=timeout_s)
         self._specs[full] = (a.shape, dtypes.numpy_dtype(wire))
 
     def drop(self, name: str, *, timeout_s: float | None = None) -> None:
