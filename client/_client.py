@@ -250,6 +250,58 @@ class Client:
             return
         self._control[rid] = msg
 
+    # ---- the interface loans and futures use (they reach no other member of the client) ----
+
+    def _next_rid(self) -> int:
+        """A fresh request id."""
+        return next(self._rid) & 0xFFFFFFFF
+
+    def _ring(self, s: _Slot, rid: int, trace: bytes, future: Any) -> None:
+        """Ring the worker for request ``rid``, written in ``s``: through the lane when it may carry it (a
+        request whose own caller waits, no receiver thread, nothing else in flight), else over ZeroMQ, with a
+        trace context tail when traced. ``future`` (if any) is finished by whichever thread routes the answer."""
+        lane = self._t.lane
+        if (lane is not None and not trace and (future is None or not self._inflight.receiving)
+                and self._lane_ring(lane, rid, s, future)):
+            return
+        if future is None:
+            self._inflight.add(rid, s)
+        else:
+            self._inflight.add(rid, s, future._finish, future._deadline)
+        try:
+            self._t.send(m.pack_call(s.region, s.index, rid, s.generation) + trace)
+        except BaseException:
+            self._inflight.discard(rid)
+            s.in_flight = None
+            raise
+
+    def _await_answer(self, rid: int, until: Any, deadline: float) -> None:
+        """Return once ``until()`` (the answer to ``rid`` came): from the lane's page, or pumping the socket for
+        every waiter while no other thread does. Raises Timeout or WorkerGoneError."""
+        lane = self._t.lane
+        if lane is not None and lane.busy == rid:
+            self._lane_wait(lane, rid, deadline)
+        else:
+            self._inflight.wait(until, deadline)
+
+    def _forget_future(self, rid: int) -> None:
+        """The future of ``rid`` gave up waiting: a late DONE only frees its slot."""
+        self._inflight.forget_future(rid)
+
+    def _no_answer_error(self) -> BaseException:
+        """Why a request got no answer: the client closed, the worker gone, or time ran out."""
+        if self._closed:
+            return ClientClosedError("the Client was closed before the answer came")
+        if self._t.gone:
+            return WorkerGoneError(self._t.gone)
+        return Timeout(f"no answer from worker {self.name!r} in time")
+
+    def _give_back_slot(self, s: _Slot) -> None:
+        """A loan is done with ``s`` (nothing to do after a fork or close: the slots are not ours then)."""
+        if forked_since(self._fork_gen) or self._closed:
+            return
+        self._slots.release(s)
+
     def _lane_ring(self, lane: ClientLane, rid: int, s: _Slot, future: Any = None) -> bool:
         """Ring request ``rid`` (in ``s``) through the lane when it is free and nothing else is in flight;
         False: the caller rings over ZeroMQ. The lane's waiter reads its answer in the page (:meth:`_lane_wait`)."""

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shmrpc.schema import dtypes
-from shmrpc.schema import messages as m
 from shmrpc.schema.descriptor import TensorRef
 from shmrpc.schema.errors import (
     ClientClosedError,
@@ -32,7 +31,7 @@ from shmrpc.schema.header import HEADER, HEADER_NBYTES, unpack_from
 from shmrpc.schema.layout import align_up, format_size, tensor_align
 
 from ._pipeline import Pipeline
-from ._slot import _IN_PLACE, _RESPONSE, NO_RESPONSE, _decode, _Slot, forked_since
+from ._slot import _IN_PLACE, _RESPONSE, NO_RESPONSE, _decode, _Slot
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -125,39 +124,19 @@ class Loan:
             hit = self._memo[key] = c._describe(op, tuple(self._tensors), attrs, _IN_PLACE if in_place else 0,
                                                 tuple(keep))
         payload, op_code, flags, self._outputs = hit
-        rid = next(c._rid) & 0xFFFFFFFF
+        rid = c._next_rid()
         mv[HEADER_NBYTES:HEADER_NBYTES + len(payload)] = payload
         # NOTE: order is important here: header after descriptor, CALL after header (the publication point).
         HEADER.pack_into(mv, 0, rid, op_code, len(payload), flags, s.generation)
         s.in_flight, s.status = rid, None
-        lane = c._t.lane
         if future is not None:
             future._rid = rid
-        # the lane: only a request whose own caller waits for it (no receiver thread routes answers), and the
-        # only one in flight; the worker answers in the page (schema/lane.py)
-        if (lane is not None and not trace and (future is None or not c._inflight.receiving)
-                and c._lane_ring(lane, rid, s, future)):
-            return rid
-        if future is None:
-            c._inflight.add(rid, s)
-        else:
-            future._rid = rid
-            c._inflight.add(rid, s, future._finish, future._deadline)
-        try:
-            c._t.send(m.pack_call(s.region, s.index, rid, s.generation) + trace)
-        except BaseException:
-            c._inflight.discard(rid)
-            s.in_flight = None
-            raise
+        c._ring(s, rid, trace, future)
         return rid
 
     def _wait(self, rid: int, deadline: float) -> None:
-        s, c = self._s, self._c
-        lane = c._t.lane
-        if lane is not None and lane.busy == rid:
-            c._lane_wait(lane, rid, deadline)
-            return
-        c._inflight.wait(lambda: s.in_flight != rid, deadline)
+        s = self._s
+        self._c._await_answer(rid, lambda: s.in_flight != rid, deadline)
 
     def _response(self, rid: int) -> dict[str, np.ndarray]:
         s, mv = self._s, self._live()
@@ -208,11 +187,8 @@ class Loan:
         """Give the slot back (it stays reserved while views of it are alive). Idempotent."""
         if self._done and self._s.mv is None:
             return
-        c = self._c
         self._done = True
-        if forked_since(c._fork_gen) or c._closed:
-            return
-        c._slots.release(self._s)
+        self._c._give_back_slot(self._s)
 
 
 class _Answer(Future):  # type: ignore[type-arg]
@@ -226,12 +202,7 @@ class _Answer(Future):  # type: ignore[type-arg]
         self.set_running_or_notify_cancel()
 
     def _no_answer(self) -> BaseException:
-        c = self._c
-        if c._closed:
-            return ClientClosedError("the Client was closed before the answer came")
-        if c._t.gone:
-            return WorkerGoneError(c._t.gone)
-        return Timeout(f"no answer from worker {c.name!r} in time")
+        return self._c._no_answer_error()
 
     def _outcome(self) -> Any:
         """The value once the answer came (override); raise its error."""
@@ -264,15 +235,11 @@ class _Answer(Future):  # type: ignore[type-arg]
         c, s, rid = self._c, self._loan._s, self._rid
         c._check()
         try:
-            lane = c._t.lane
-            if lane is not None and lane.busy == rid:
-                c._lane_wait(lane, rid, deadline)
-            else:
-                c._inflight.wait(lambda: self.done() or s.in_flight != rid, deadline)
+            c._await_answer(rid, lambda: self.done() or s.in_flight != rid, deadline)
         except Timeout:
             if deadline < self._deadline:
                 raise  # only the caller's shorter wait ran out; the request still runs
-            c._inflight.forget_future(rid)
+            c._forget_future(rid)
         except WorkerGoneError:
             pass  # finished below with it
         self._finish()
