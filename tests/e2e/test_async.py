@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
-from wire import wait_for_state
+from wire import slow_pipeline, wait_for_state
 
 from shmrpc.client import (
     AsyncClient,
@@ -19,7 +19,6 @@ from shmrpc.client import (
     ForkedClientError,
     InvalidRequestError,
     KernelError,
-    Pipeline,
     Timeout,
     WorkerGoneError,
 )
@@ -30,12 +29,6 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
-
-def _slow(n: int = 20) -> Pipeline:
-    p = Pipeline()
-    for _ in range(n):
-        p = p.then("scale", a=1.0)
-    return p
 
 
 def test_call_submit_and_loan(worker: WorkerProc) -> None:
@@ -81,7 +74,7 @@ def test_timeout(worker: WorkerProc) -> None:
     async def main() -> None:
         async with await AsyncClient.connect(worker.name, timeout_s=30) as c:
             with pytest.raises(Timeout) as e:
-                await c.call(_slow(25), x=np.ones(3_500_000), timeout_s=0.05)
+                await c.call(slow_pipeline(25), x=np.ones(3_500_000), timeout_s=0.05)
             assert isinstance(e.value, TimeoutError)
             np.testing.assert_array_equal((await c.call("echo", x=np.ones(2)))["out"], 1.0)
 
@@ -94,7 +87,7 @@ def test_worker_gone(spawn_worker: Callable[..., WorkerProc]) -> None:
     async def main() -> None:
         c = await AsyncClient.connect(w.name, timeout_s=60)
         try:
-            pending = c.submit(_slow(), x=np.ones(3_500_000))
+            pending = c.submit(slow_pipeline(), x=np.ones(3_500_000))
             await asyncio.get_running_loop().run_in_executor(
                 None, wait_for_state, w.name, lambda st: st["in_flight"] >= 1, "a request in flight")
             os.kill(w.pid, signal.SIGKILL)

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
-from wire import wait_for_state
+from wire import slow_pipeline, wait_in_flight
 
-from shmrpc.client import CallFuture, Client, ClientClosedError, Pipeline, Timeout, WorkerGoneError
+from shmrpc.client import CallFuture, Client, ClientClosedError, Timeout, WorkerGoneError
 from shmrpc.schema.naming import attach_path, socket_path
 
 if TYPE_CHECKING:
@@ -22,15 +22,6 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 
-def _slow(n: int = 20) -> Pipeline:
-    p = Pipeline()
-    for _ in range(n):
-        p = p.then("scale", a=1.0)
-    return p
-
-
-def _in_flight(name: str) -> None:
-    wait_for_state(name, lambda st: st["in_flight"] >= 1, "a request in flight")
 
 
 def test_futures_complete_without_result_being_asked(worker: WorkerProc) -> None:
@@ -81,8 +72,8 @@ def test_threads_share_one_client_and_each_gets_its_own_answer(worker: WorkerPro
 
 def test_one_thread_waits_on_a_slow_call_while_another_is_answered(worker: WorkerProc) -> None:
     with Client(worker.name, timeout_s=60) as c:
-        slow = c.submit(_slow(), x=np.ones(3_500_000))
-        _in_flight(worker.name)
+        slow = c.submit(slow_pipeline(), x=np.ones(3_500_000))
+        wait_in_flight(worker.name)
         box: list[object] = []
         waiter = threading.Thread(target=lambda: box.append(slow.result()))
         waiter.start()
@@ -94,7 +85,7 @@ def test_one_thread_waits_on_a_slow_call_while_another_is_answered(worker: Worke
 
 def test_an_unwaited_future_times_out_by_itself(worker: WorkerProc) -> None:
     with Client(worker.name, timeout_s=60) as c:
-        fut = c.submit(_slow(25), x=np.ones(3_500_000), timeout_s=0.05)
+        fut = c.submit(slow_pipeline(25), x=np.ones(3_500_000), timeout_s=0.05)
         done, _ = cf.wait([fut], timeout=30)
         assert done
         assert isinstance(fut.exception(0), Timeout)
@@ -105,8 +96,8 @@ def test_futures_fail_with_worker_gone_when_it_dies(spawn_worker: Callable[..., 
     w = spawn_worker()
     c = Client(w.name, timeout_s=60)
     try:
-        fut = c.submit(_slow(), x=np.ones(3_500_000))
-        _in_flight(w.name)
+        fut = c.submit(slow_pipeline(), x=np.ones(3_500_000))
+        wait_in_flight(w.name)
         os.kill(w.pid, signal.SIGKILL)
         done, _ = cf.wait([fut], timeout=30)
         assert done
@@ -127,8 +118,8 @@ def _remove_sockets(name: str) -> None:
 
 def test_close_finishes_pending_futures(worker: WorkerProc) -> None:
     c = Client(worker.name, timeout_s=60)
-    fut: CallFuture = c.submit(_slow(), x=np.ones(3_500_000))
-    _in_flight(worker.name)
+    fut: CallFuture = c.submit(slow_pipeline(), x=np.ones(3_500_000))
+    wait_in_flight(worker.name)
     c.close()
     assert fut.done()
     assert isinstance(fut.exception(0), ClientClosedError)

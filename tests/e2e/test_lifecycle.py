@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
-from wire import attach_hello, hello_body, wait_for_state
+from wire import attach_hello, hello_body, slow_pipeline, wait_in_flight
 
 from shmrpc.client import (
     Client,
     ConnectError,
     ForkedClientError,
     KernelError,
-    Pipeline,
     ProtocolMismatchError,
     Timeout,
     WorkerGoneError,
@@ -47,22 +46,12 @@ def _regions(name: str) -> list[str]:
     return [f for f in os.listdir("/dev/shm") if f.startswith(region_prefix(name))]
 
 
-def _slow(n: int = 20) -> Pipeline:
-    p = Pipeline()
-    for _ in range(n):
-        p = p.then("scale", a=1.0)
-    return p
-
-
-def _in_flight(name: str) -> None:
-    """Barrier: the worker reports a request in flight (so the next step acts on a running request)."""
-    wait_for_state(name, lambda st: st["in_flight"] >= 1, "a request in flight")
 
 
 def test_sigterm_drains_in_flight_then_cleans_up(worker: WorkerProc) -> None:
     with Client(worker.name, timeout_s=60) as c:
-        fut = c.submit(_slow(), x=np.ones(3_500_000))  # 28 MB through 20 steps: runs in the executor
-        _in_flight(worker.name)
+        fut = c.submit(slow_pipeline(), x=np.ones(3_500_000))  # 28 MB through 20 steps: runs in the executor
+        wait_in_flight(worker.name)
         worker.proc.send_signal(signal.SIGTERM)
         np.testing.assert_array_equal(fut.result()["19.out"], 1.0)  # answered, not dropped
     assert worker.proc.wait(20) == 0
@@ -98,8 +87,8 @@ def test_worker_killed_pending_call_fails_fast_then_restart_cleans(spawn_worker:
                                                                    worker_name: str) -> None:
     w = spawn_worker()
     c = Client(w.name, timeout_s=TIMEOUT_S)
-    fut = c.submit(_slow(), x=np.ones(3_500_000))  # 28 MB through 20 steps
-    _in_flight(w.name)
+    fut = c.submit(slow_pipeline(), x=np.ones(3_500_000))  # 28 MB through 20 steps
+    wait_in_flight(w.name)
     os.kill(w.pid, signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(WorkerGoneError):
@@ -154,8 +143,8 @@ def test_forked_child_is_told_to_reconnect(worker: WorkerProc) -> None:
 
 def test_timeout_is_a_timeout_error(worker: WorkerProc) -> None:
     with Client(worker.name, timeout_s=10) as c:
-        fut = c.submit(_slow(), x=np.ones(3_500_000))
-        _in_flight(worker.name)
+        fut = c.submit(slow_pipeline(), x=np.ones(3_500_000))
+        wait_in_flight(worker.name)
         with pytest.raises(Timeout) as e:  # what the call raised is both shmrpc's Timeout and a TimeoutError
             fut.result(timeout=0.001)
         assert isinstance(e.value, TimeoutError)

@@ -103,3 +103,18 @@ def attach_hello(name: str, hello: dict[str, Any] | bytes, timeout_s: float = 5.
     for fd in fds:
         os.close(fd)
     return reply, m.unpack_json(reply)
+
+
+def slow_pipeline(n: int = 20) -> Any:
+    """A pipeline of ``n`` identity steps: a request that stays in flight long enough to act on it."""
+    from shmrpc.client import Pipeline
+
+    p = Pipeline()
+    for _ in range(n):
+        p = p.then("scale", a=1.0)
+    return p
+
+
+def wait_in_flight(name: str) -> None:
+    """Barrier: the worker reports a request in flight (so the next step acts on a running request)."""
+    wait_for_state(name, lambda st: st["in_flight"] >= 1, "a request in flight")
