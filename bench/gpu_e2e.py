@@ -1,4 +1,4 @@
-"""GPU worker benchmarks through the real request path (issue: the GPU worker), each next to its ceiling.
+"""GPU worker benchmarks through the real request path, each next to its ceiling.
 
 1. 256 MiB in + 256 MiB out through the GPU (`scale`, out of place), client-observed round trip, GB/s
    both ways; ceiling: two-stream duplex copy between a pinned host buffer and the device, same run.

@@ -1,6 +1,6 @@
 """Round-trip latency of ``echo`` at 64 B, 4 KiB, 1 MiB and 64 MiB: shmrpc next to bare pyzmq ping-pong.
 
-The request-path issue's yardstick. shmrpc is measured on its zero-copy path
+The request path's yardstick. shmrpc is measured on its zero-copy path
 (payload already in a loaned slot, ``send`` timed) and through ``Client.call``
 (copy in and out); the baseline is a pyzmq DEALER/ROUTER ping-pong over
 ``ipc://`` carrying the same payload through the socket (``copy=False``). The

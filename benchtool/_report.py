@@ -191,7 +191,7 @@ def _verdict(goal: str, ok: bool | None, detail: str, **figures: Any) -> dict[st
 
 
 def verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The three goals of the issue, judged from this run's latency p50s (``N/A`` where a figure is missing).
+    """The three latency goals of `shmrpc bench`, judged from this run's latency p50s (``N/A`` where a figure is missing).
 
     1. 64 B round trip p50 within 1.2x the zmq peer's.
     2. From 1 MiB up, shmrpc's p50 at least 10x shorter than every peer's.
