@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -57,6 +59,7 @@ class AsyncClient:
         self._tick: asyncio.TimerHandle | None = None
         self._watched: list[int] = []
         self._pump_soon: asyncio.Handle | None = None
+        self._loop_thread = 0  # the ident of the thread running self._loop
         self.route_batch = _ROUTE_BATCH
 
     def _on_loop(self) -> asyncio.AbstractEventLoop:
@@ -74,6 +77,7 @@ class AsyncClient:
             loop.add_reader(pidfd, self._worker_exited)
             self._watched.append(pidfd)
         self._loop = loop
+        self._loop_thread = threading.get_ident()
         self.client._t.watched = True
         self._tick = loop.call_later(_EXPIRE_S, self._expire)
         self._pump()  # anything that came before the readers did
@@ -154,12 +158,29 @@ class AsyncClient:
         except _NoSlot:
             blocking = functools.partial(c._submit, op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs)
             return asyncio.ensure_future(self._later(loop, blocking))
-        return asyncio.wrap_future(fut, loop=loop)
+        return self._bridge(fut, loop)
 
-    @staticmethod
-    async def _later(loop: asyncio.AbstractEventLoop, blocking: Any) -> dict[str, np.ndarray]:
+    def _bridge(self, fut: Future[Any], loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:
+        """An asyncio future that finishes with ``fut``: directly when ``fut`` finishes on the loop's thread
+        (the loop routes the answers itself), through ``call_soon_threadsafe`` only from another thread.
+
+        ``asyncio.wrap_future`` would always take the thread-safe hop: a write to the loop's self-pipe and one
+        more turn of the loop per answer."""
+        afut = loop.create_future()
+        me = self._loop_thread
+
+        def done(f: Future[Any]) -> None:
+            if threading.get_ident() == me:
+                _copy_state(afut, f)
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(_copy_state, afut, f)
+
+        fut.add_done_callback(done)
+        return afut
+
+    async def _later(self, loop: asyncio.AbstractEventLoop, blocking: Any) -> dict[str, np.ndarray]:
         fut = await loop.run_in_executor(None, blocking)
-        return await asyncio.wrap_future(fut, loop=loop)
+        return await self._bridge(fut, loop)
 
     async def call(self, op: str | Pipeline, *, timeout_s: float | None = None, out_nbytes: int | None = None,
                    in_place: bool = False, keep: tuple[str, ...] = (), copy: bool = True,
@@ -181,6 +202,17 @@ class AsyncClient:
         """Free a resident tensor (see :meth:`Client.drop`), off the loop."""
         await asyncio.get_running_loop().run_in_executor(
             None, functools.partial(self.client.drop, name, timeout_s=timeout_s))
+
+
+def _copy_state(afut: asyncio.Future[Any], f: Future[Any]) -> None:
+    """Finish ``afut`` as ``f`` finished (``f`` is done; ``afut`` may have been cancelled meanwhile)."""
+    if afut.done():
+        return
+    e = Future.exception(f, 0)
+    if e is not None:
+        afut.set_exception(e)
+    else:
+        afut.set_result(Future.result(f, 0))
 
 
 class AsyncLoan:
@@ -223,5 +255,5 @@ class AsyncLoan:
         deadline = time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s)
         answered = _Answer(c, loan, deadline)
         rid = loan._post(op, attrs, in_place, keep, future=answered)
-        await asyncio.wrap_future(answered)
+        await self._owner._bridge(answered, asyncio.get_running_loop())
         return loan._response(rid)
