@@ -22,6 +22,8 @@
 #   pool    1 worker vs 2 workers (`serve --devices`, one GPU each), 8 client processes through
 #           shmrpc.client.Pool sending gemm against a resident weight (bench/pool.py); then
 #           `shmrpc bench async` and `shmrpc bench threads` on this host's cores (NumPy worker)
+#   loop    the async and threads runs alone (NumPy worker, this host's cores, about 60 s), then
+#           bench/async_loop_ab.py: the loop's lag and calls/s, wrap_future vs direct finish, interleaved
 # Usage: bash bench/gpu/run.sh [STAGE ...]   (default: suite gpu lat bw; one device call holds at
 # most 10 minutes, so run `suite lat`, `bw gpu` and `spin` as separate calls; `suite probe` fits one).
 # Prepare on the dev machine first:  ../shared/tools/gpu-wheels.sh [the bench extra, pinned] &&
@@ -121,7 +123,16 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
         --out "$OUT/bench-async-gpuhost.json" 2>&1 | tail -6
       timeout 40 $BENCH threads --threads 1,2,4,8 --sizes 64 --duration-s 2 --backend numpy \
         --out "$OUT/bench-threads-gpuhost.json" 2>&1 | tail -8 ;;
-    *) echo "unknown stage $stage (suite, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu, pool)" ;;
+    loop)
+      echo "== shmrpc bench async / threads (NumPy worker, this host's cores)"
+      timeout 40 $BENCH async --sizes 64 --iters 2000 --in-flight 1000 --total 20000 --backend numpy \
+        --out "$OUT/bench-async-gpuhost-loop.json" 2>&1 | tail -6
+      timeout 40 $BENCH threads --threads 1,2,4,8 --sizes 64 --duration-s 2 --backend numpy \
+        --out "$OUT/bench-threads-gpuhost-loop.json" 2>&1 | tail -8
+      echo "== bench/async_loop_ab.py (wrap_future vs direct finish, 3 rounds)"
+      timeout 60 python3 bench/async_loop_ab.py --rounds 3 --out "$OUT/bench-async-gpuhost-loop-ab.json" \
+        2>&1 | tail -16 ;;
+    *) echo "unknown stage $stage (suite, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu, pool, loop)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"
