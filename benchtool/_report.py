@@ -54,7 +54,7 @@ def machine_facts() -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             continue
     gpus = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[1]  # benchtool/ sits at the top of the checkout
     # SHMRPC_COMMIT first: a copy of the tree (the GPU machine's) has no .git, or one of another commit.
     commit = os.environ.get("SHMRPC_COMMIT") or _run(["git", "-C", str(repo), "rev-parse", "HEAD"])
     dirty = _run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"])
