@@ -31,7 +31,7 @@ from ._pipeline import Pipeline
 __all__ = ["AsyncClient", "AsyncLoan"]
 
 _EXPIRE_S = 0.02  # how often the loop looks for requests past their deadline
-_ROUTE_BATCH = 4  # answers routed per turn of the loop: each wakes a task, so a turn stays short under load
+_ROUTE_BATCH = 2  # answers routed per turn of the loop: each wakes a task, so a turn stays short under load (2: lag p50 0.53 ms, p99 0.81 ms with 1 000 in flight on the GPU host, ~10 % fewer calls/s than 4; bench/results/bench-async-gpuhost-loop-ab-2026-11-30-e346be2.json)
 
 
 class AsyncClient:
