@@ -15,7 +15,12 @@ from shmrpc.bench._runner import make_transport, open_servers
 
 
 def _bench_regions() -> set[str]:
-    return {e for e in os.listdir("/dev/shm") if e.startswith("shmrpc.bench-")}
+    """Named regions of bench workers this process started (``bench-<our pid>-``): never another suite's.
+
+    Regions are nameless memfds, so this finds a regression to named ones; what a subprocess's worker
+    leaves (its sockets) is caught by the suite's leak check of this run's runtime directory.
+    """
+    return {e for e in os.listdir("/dev/shm") if e.startswith(f"shmrpc.bench-{os.getpid()}-")}
 
 
 @pytest.fixture
