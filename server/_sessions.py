@@ -104,6 +104,8 @@ class Sessions:
         self.by_pidfd: dict[int, ClientSession] = {}
         self.region_owner: dict[int, int] = {}  # private region index -> client id
         self._next_client = 1
+        self._start_ticks = process_start_ticks(os.getpid())
+        self._op_table: tuple[int, dict[str, Any]] = (-1, {})  # (ops registered, the WELCOME's table) when built
 
     def close(self) -> None:
         """Forget every session (the worker is closing): close their pidfds."""
@@ -212,15 +214,23 @@ class Sessions:
             client_id=client.id,
             token=client.identity.decode(),
             worker_pid=os.getpid(),
-            worker_start_ticks=process_start_ticks(os.getpid()),
+            worker_start_ticks=self._start_ticks,
             backend=self.backend.name,
             regions=[{"index": r.index, "name": r.name, "nbytes": r.nbytes, "geometry": r.geometry.to_json()}
                      for r in regions],
             geometry=self.config.geometry.to_json(),
             lease=[[s.region, s.index, s.generation] for s in slots],
-            op_table=build_op_table(parse_op_table(kernels.op_table()).values()),
+            op_table=self._welcome_op_table(),
             lane=True if lane else None,
         ).encode()
+
+    def _welcome_op_table(self) -> dict[str, Any]:
+        """The op table as WELCOME carries it, checked through the schema's entry format; built again only
+        when ops were registered since (users' ops load at start, so in practice once)."""
+        n = len(kernels.REGISTRY)
+        if self._op_table[0] != n:
+            self._op_table = (n, build_op_table(parse_op_table(kernels.op_table()).values()))
+        return self._op_table[1]
 
     def _new_private_region(self, client: int, geometry: Geometry) -> Region:
         """Create, pin and record the region holding ``client``'s leased slots (a memfd: it has no name)."""
