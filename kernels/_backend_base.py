@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -210,6 +210,23 @@ class Backend:
     def run(self, plan: Plan, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
             keep_as: Mapping[str, str] | None = None) -> dict[str, float]:
         raise NotImplementedError
+
+    def run_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
+                  ) -> list[dict[str, float] | Exception]:
+        """Run ``plan`` over several requests: ``items`` is one (inputs, outputs) pair of views per request.
+
+        Returns, per item in order, its stage seconds or the exception its run raised (an
+        :class:`OpError` naming op, step and tensor, as :meth:`run` would raise it). Here: one
+        :meth:`run` per item; a backend may run a :func:`~shmrpc.kernels._batch.batchable` plan
+        as one batch, falling back to this when the joint run fails, so one bad request fails alone.
+        """
+        results: list[dict[str, float] | Exception] = []
+        for ins, outs in items:
+            try:
+                results.append(self.run(plan, ins, outs) or {})
+            except Exception as e:  # noqa: BLE001 - each request's own error, returned to its caller
+                results.append(e)
+        return results
 
     def register_host(self, address: int, nbytes: int) -> None:
         """Pin host memory [address, address+nbytes) for DMA (no-op on NumPy)."""

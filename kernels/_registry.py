@@ -131,7 +131,9 @@ class OpSpec:
     ``inplace``/``alias``/``elementwise`` are what the backends may assume; ``mutates``
     names resident inputs the op updates in place (a session's KV cache); ``tolerances``
     maps dtype -> (rtol, atol); ``example`` gives small input specs for warmup and tests;
-    ``cost`` estimates FLOPs (None: the generic rule of :mod:`shmrpc.kernels._cost`).
+    ``cost`` estimates FLOPs (None: the generic rule of :mod:`shmrpc.kernels._cost`);
+    ``batch``: the implementations accept one extra leading (batch) axis on every tensor
+    that is not resident, and return their outputs with it (see :mod:`shmrpc.kernels._batch`).
     ``code`` 0 asks :func:`~shmrpc.kernels.api.register_op` to derive one from the name.
     """
 
@@ -153,6 +155,7 @@ class OpSpec:
     mutates: tuple[str, ...] = ()
     budget_s: float = 0.0
     module: str = ""
+    batch: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))

@@ -51,6 +51,10 @@ cost            ``cost(in_specs, out_specs, attrs) -> FLOPs``; None: the generic
                 user op without one never runs on the worker's loop thread
 budget_s        a request of this op whose run takes longer is counted in the worker's
                 ``shmrpc_over_budget_total{op}`` (0: the worker's ``--op-budget``)
+batch           the implementations also accept every non-resident input with one more
+                leading axis (a batch of requests of the same plan) and return every
+                output with it; the worker may then serve concurrent requests of one
+                plan with one call (:mod:`shmrpc.kernels._batch`). Default False
 doc             one line for the op table
 ==============  =====================================================================
 
