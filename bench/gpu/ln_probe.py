@@ -139,6 +139,31 @@ def main() -> int:
         line = {"variant": name, "us": t * 1e6, "of_ceiling": moved / t / 1e9 / ceiling, "max_abs_diff_vs_product": diff}
         res["variants"].append(line)  # type: ignore[union-attr]
         print(f"{name:36s} {t * 1e6:7.1f} us  {line['of_ceiling']:.1%}  diff {diff:.3g}")
+    # softmax: the product kernel itself, launched with each block size its template allows
+    from shmrpc.kernels._cuda import get_function
+    from shmrpc.kernels.norm import _sm_names
+
+    sm_call = OpCall(cp, {"x": x}, {"x": ts}, {"out": ts}, {}, {})
+    t_sm = timed(lambda: REGISTRY["softmax"].cupy(sm_call))
+    sm_ref = REGISTRY["softmax"].cupy(sm_call)["out"]
+    print(f"softmax product kernel {t_sm * 1e6:.1f} us = {moved / t_sm / 1e9 / ceiling:.1%}")
+    res["softmax_product_us"] = t_sm * 1e6
+    res["softmax_variants"] = []
+    for bl in blocks:
+        nch = slots // bl
+        if nch not in (1, 2, 4, 8):
+            continue
+        fn = get_function("softmax.cu", _sm_names("F16", v), f"softmax_rows<F16,{v},{nch}>")
+        out = cp.empty_like(x)
+
+        def sm_launch(fn: object = fn, bl: int = bl, out: object = out) -> None:
+            fn((rows,), (bl,), (x, out, np.int32(d)))  # type: ignore[operator]
+
+        t = timed(sm_launch)
+        diff = float(cp.max(cp.abs(out.astype(cp.float32) - sm_ref.astype(cp.float32))))
+        res["softmax_variants"].append({"block": bl, "nch": nch, "us": t * 1e6,  # type: ignore[union-attr]
+                                        "of_ceiling": moved / t / 1e9 / ceiling, "max_abs_diff_vs_product": diff})
+        print(f"softmax_rows<F16,{v},{nch}> block {bl:4d} {t * 1e6:7.1f} us  {moved / t / 1e9 / ceiling:.1%}  diff {diff:.3g}")
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
     return 0
