@@ -80,6 +80,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       echo "== bench/gpu_e2e.py"; timeout 150 python3 bench/gpu_e2e.py --seconds 3 --out "$OUT/gpu-e2e.json" 2>&1 | tail -8
       echo "== bench/gpu_kernels.py"; timeout 100 python3 bench/gpu_kernels.py --out "$OUT/gpu-kernels.json" 2>&1 | tail -20
       echo "== bench/gpu/tiny_probe.py"; timeout 60 python3 bench/gpu/tiny_probe.py 2>&1 | tail -14
+      echo "== bench/gpu/ln_probe.py"; timeout 60 python3 bench/gpu/ln_probe.py --out "$OUT/ln-probe.json" 2>&1 | tail -16
       echo "== bench/gpu_kernels.py, SHMRPC_W4A16_H2=1 (float16 partial sums, opt-in)"
       SHMRPC_W4A16_H2=1 timeout 100 python3 bench/gpu_kernels.py --out "$OUT/gpu-kernels-h2.json" 2>&1 \
         | grep -E "w4a16 M=|ceiling" ;;
