@@ -8,7 +8,10 @@ arrays. Resident tensors are private copies (``put`` copies; kept outputs are co
 
 Batches (:meth:`NumpyBackend.run_batch`): a batchable plan over B requests stacks each
 request input into one (B, ...) array (a copy), runs every step once and copies each
-request's slice into its output view; see ``BATCH_JOINT`` for when.
+request's slice into its output view, when ``BATCH_JOINT`` is set. It is off by default: on
+this path's own benchmark (``bench/gpu/tiny_probe.py --batch``, 8 gemm 16x256x256 requests)
+the joint run was no faster than one run per request (NumPy's matmul loops over the stack);
+the tests turn it on to check every ``batch=True`` op's claim without a GPU.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from ._registry import OpCall, TensorSpec
 __all__ = ["NumpyBackend", "BATCH_JOINT"]
 
 #: Run batchable plans jointly in :meth:`NumpyBackend.run_batch` (False: request by request).
-BATCH_JOINT = True
+BATCH_JOINT = False
 
 
 def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
