@@ -5,8 +5,13 @@
 2. The same with the region not registered (`--no-register`): what pinning buys.
 3. Tiny request (64 B in, 64 B out, `scale` on the GPU): p50/p99 vs a bare pyzmq DEALER/ROUTER ping-pong.
 4. Requests per second from 8 client processes sending small `gemm` calls, against 1 client.
+5. With ``--chunk-sweep 2M,4M,8M,16M``: section 1 once per chunk size (and per pipeline of
+   ``--pipelines stages,streams``, streams of ``--chunk-streams``), each through a worker
+   started with SHMRPC_CHUNK_BYTES / SHMRPC_CHUNK_PIPELINE / SHMRPC_CHUNK_STREAMS set, each
+   next to the duplex ceiling measured just before it.
 
     python bench/gpu_e2e.py --out bench/results/gpu-e2e-DATE.json
+    python bench/gpu_e2e.py --only sweep --chunk-sweep 2M,4M,8M,16M --out bench/results/gpu-chunks-DATE.json
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ from shmrpc.client import Client
 SLOTS = "64K:64,1M:16,16M:8,80M:4,520M:1"
 
 
-def start(name: str, *extra: str) -> subprocess.Popen:  # type: ignore[type-arg]
-    p = subprocess.Popen([sys.executable, "-m", "shmrpc.server", "serve", "--name", name, "--slots", SLOTS,
-                          "--backend", "cupy", "--log-level", "WARNING", *extra], stdout=subprocess.PIPE, text=True)
+def start(name: str, *extra: str, env: dict[str, str] | None = None, slots: str = SLOTS) -> subprocess.Popen:  # type: ignore[type-arg]
+    p = subprocess.Popen([sys.executable, "-m", "shmrpc.server", "serve", "--name", name, "--slots", slots,
+                          "--backend", "cupy", "--log-level", "WARNING", *extra], stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, **(env or {})})
     line = p.stdout.readline() if p.stdout else ""
     if "ready" not in line:
         raise SystemExit(f"worker did not start: {line}")
@@ -166,13 +172,41 @@ def rps(name: str, procs: int, seconds: float) -> float:
     return total / seconds
 
 
+def chunk_sweep(sizes: list[str], pipelines: list[str], streams: int, reps: int) -> list[dict[str, object]]:
+    """Section 1 through one worker per (pipeline, chunk size), each next to a duplex ceiling measured just before."""
+    rows: list[dict[str, object]] = []
+    for pipeline in pipelines:
+        for size in sizes:
+            ceiling = duplex_ceiling()["duplex_gbps"]
+            env = {"SHMRPC_CHUNK_BYTES": size, "SHMRPC_CHUNK_PIPELINE": pipeline, "SHMRPC_CHUNK_STREAMS": str(streams)}
+            name = f"gpu-{uuid.uuid4().hex[:6]}"
+            w = start(name, env=env, slots="64K:4,520M:1")
+            try:
+                r = big(name, reps)
+            finally:
+                stop(w)
+            row = {"pipeline": pipeline, "chunk": size, "streams": streams, "gbps_both_ways": r["gbps_both_ways"],
+                   "median_s": r["median_s"], "correct": r["correct"], "duplex_ceiling_gbps": ceiling,
+                   "ratio": r["gbps_both_ways"] / ceiling}
+            rows.append(row)
+            print(f"| {pipeline} | {size} | {streams} | {r['gbps_both_ways']:.1f} GB/s | {ceiling:.1f} GB/s | "
+                  f"{row['ratio']:.2f} | {r['correct']} |", flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--tiny", type=int, default=3000)
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--chunk-sweep", default="", help="chunk sizes, e.g. 2M,4M,8M,16M (section 5)")
+    ap.add_argument("--pipelines", default="stages,streams", help="chunk pipelines of the sweep")
+    ap.add_argument("--chunk-streams", type=int, default=4, help="streams of the 'streams' pipeline in the sweep")
+    ap.add_argument("--only", default="", help="sections to run, of big,tiny,rps,pageable,sweep (default: all but "
+                                               "sweep, plus sweep when --chunk-sweep is given)")
     args = ap.parse_args()
+    only = set(filter(None, args.only.split(","))) or {"big", "tiny", "rps", "pageable"} | ({"sweep"} if args.chunk_sweep else set())
     res: dict[str, object] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                               "command": " ".join(sys.argv), "python": platform.python_version(),
                               "cpu_count": os.cpu_count()}
@@ -185,35 +219,52 @@ def main() -> int:
     except OSError:
         pass
     res["ceiling"] = duplex_ceiling()
-    name = f"gpu-{uuid.uuid4().hex[:6]}"
-    w = start(name)
-    try:
-        res["pinned_256MiB"] = big(name, args.reps)
-        res["tiny_64B"] = tiny(name, args.tiny)
-        res["rps_gemm_1_client"] = rps(name, 1, args.seconds)
-        res["rps_gemm_8_clients"] = rps(name, 8, args.seconds)
-    finally:
-        stop(w)
-    res["bare_zmq_64B"] = bare_zmq(args.tiny)
-    name2 = f"gpu-{uuid.uuid4().hex[:6]}"
-    w = start(name2, "--no-register")
-    try:
-        res["pageable_256MiB"] = big(name2, max(5, args.reps // 4))
-    finally:
-        stop(w)
+    if only & {"big", "tiny", "rps"}:
+        name = f"gpu-{uuid.uuid4().hex[:6]}"
+        w = start(name)
+        try:
+            if "big" in only:
+                res["pinned_256MiB"] = big(name, args.reps)
+            if "tiny" in only:
+                res["tiny_64B"] = tiny(name, args.tiny)
+            if "rps" in only:
+                res["rps_gemm_1_client"] = rps(name, 1, args.seconds)
+                res["rps_gemm_8_clients"] = rps(name, 8, args.seconds)
+        finally:
+            stop(w)
+    if "tiny" in only:
+        res["bare_zmq_64B"] = bare_zmq(args.tiny)
+    if "pageable" in only:
+        name2 = f"gpu-{uuid.uuid4().hex[:6]}"
+        w = start(name2, "--no-register")
+        try:
+            res["pageable_256MiB"] = big(name2, max(5, args.reps // 4))
+        finally:
+            stop(w)
+    if "sweep" in only and args.chunk_sweep:
+        print("\n| pipeline | chunk | streams | 256 MiB in+out | duplex ceiling (just before) | ratio | correct |\n"
+              "|---|---|---|---|---|---|---|", flush=True)
+        res["chunk_sweep"] = chunk_sweep(args.chunk_sweep.split(","), args.pipelines.split(","), args.chunk_streams,
+                                         args.reps)
+        res["ceiling_after"] = duplex_ceiling()
     with open(args.out, "w") as f:
         json.dump(res, f, indent=2)
-    c, p, u = res["ceiling"], res["pinned_256MiB"], res["pageable_256MiB"]
+    c = res["ceiling"]
     print("\n| figure | measured | ceiling / baseline | ratio |\n|---|---|---|---|")
-    print(f"| 256 MiB in+out, pinned | {p['gbps_both_ways']:.1f} GB/s | duplex copy {c['duplex_gbps']:.1f} GB/s | "  # type: ignore[index]
-          f"{p['gbps_both_ways'] / c['duplex_gbps']:.2f} |")  # type: ignore[index]
-    print(f"| 256 MiB in+out, not registered | {u['gbps_both_ways']:.1f} GB/s | pinned {p['gbps_both_ways']:.1f} GB/s | "  # type: ignore[index]
-          f"{u['gbps_both_ways'] / p['gbps_both_ways']:.2f} |")  # type: ignore[index]
-    t, z = res["tiny_64B"], res["bare_zmq_64B"]
-    print(f"| 64 B scale p50 / p99 | {t['p50_us']:.1f} / {t['p99_us']:.1f} us | bare zmq {z['p50_us']:.1f} / "  # type: ignore[index]
-          f"{z['p99_us']:.1f} us | +{t['p50_us'] - z['p50_us']:.1f} us |")  # type: ignore[index]
-    print(f"| gemm 16x256x256 fp16 req/s | 8 procs {res['rps_gemm_8_clients']:.0f} | 1 proc {res['rps_gemm_1_client']:.0f} | "
-          f"{res['rps_gemm_8_clients'] / res['rps_gemm_1_client']:.2f}x |")  # type: ignore[operator]
+    p, u = res.get("pinned_256MiB"), res.get("pageable_256MiB")
+    if p:
+        print(f"| 256 MiB in+out, pinned | {p['gbps_both_ways']:.1f} GB/s | duplex copy {c['duplex_gbps']:.1f} GB/s | "  # type: ignore[index]
+              f"{p['gbps_both_ways'] / c['duplex_gbps']:.2f} |")  # type: ignore[index]
+    if p and u:
+        print(f"| 256 MiB in+out, not registered | {u['gbps_both_ways']:.1f} GB/s | pinned {p['gbps_both_ways']:.1f} GB/s | "  # type: ignore[index]
+              f"{u['gbps_both_ways'] / p['gbps_both_ways']:.2f} |")  # type: ignore[index]
+    t, z = res.get("tiny_64B"), res.get("bare_zmq_64B")
+    if t and z:
+        print(f"| 64 B scale p50 / p99 | {t['p50_us']:.1f} / {t['p99_us']:.1f} us | bare zmq {z['p50_us']:.1f} / "  # type: ignore[index]
+              f"{z['p99_us']:.1f} us | +{t['p50_us'] - z['p50_us']:.1f} us |")  # type: ignore[index]
+    if "rps_gemm_8_clients" in res:
+        print(f"| gemm 16x256x256 fp16 req/s | 8 procs {res['rps_gemm_8_clients']:.0f} | 1 proc {res['rps_gemm_1_client']:.0f} | "
+              f"{res['rps_gemm_8_clients'] / res['rps_gemm_1_client']:.2f}x |")  # type: ignore[operator]
     return 0
 
 

@@ -79,6 +79,7 @@ class GraphCache:
         self._failed: dict[int, Plan] = {}
         self.captures = 0
         self.launches = 0
+        self.last_error = ""  # why the last capture failed
 
     def eligible(self, plan: Plan) -> bool:
         """Whether ``plan`` may ever be captured (ops, no keep, no mutation, capture never failed)."""
@@ -133,9 +134,8 @@ class GraphCache:
                     used = self._issue(plan, host_in, host_out, resident, stream, workspace)
                 finally:
                     graph = stream.end_capture()
-                graph.upload(stream)
-                stream.synchronize()
-            except Exception:  # noqa: BLE001 - not capturable (an op synchronizes, ...): plain path from now on
+            except Exception as e:  # noqa: BLE001 - not capturable (an op synchronizes, ...): plain path from now on
+                self.last_error = f"{type(e).__name__}: {e}"
                 with self._lock:
                     if len(self._failed) > 4 * max(1, self.limit):
                         self._failed.clear()
@@ -143,6 +143,9 @@ class GraphCache:
                 return True
             finally:
                 self._tls.capturing = False
+        upload = getattr(graph, "upload", None)
+        if upload is not None:
+            upload(stream)  # the graph's resources now, not at its first launch
         self._store(key, _Graph(graph, stream, (plan, pool, used, workspace, dict(resident))))
         self.captures += 1
         return True
