@@ -10,6 +10,12 @@
    started with SHMRPC_CHUNK_BYTES / SHMRPC_CHUNK_PIPELINE / SHMRPC_CHUNK_STREAMS set, each
    next to the duplex ceiling measured just before it.
 
+6. ``--only copies``: in this process, no worker: the duplex copy and ``backend.run`` of the
+   256 MiB ``scale`` on three kinds of page-locked host memory (cudaHostAlloc; a memfd mapping,
+   as the worker's region, and an anonymous mapping, both cudaHostRegister'ed), the run once
+   per pipeline and chunk size of ``--chunk-sweep``: what the backend reaches on the very
+   memory it copies, without the request path.
+
     python bench/gpu_e2e.py --out bench/results/gpu-e2e-DATE.json
     python bench/gpu_e2e.py --only sweep --chunk-sweep 2M,4M,8M,16M --out bench/results/gpu-chunks-DATE.json
 """
@@ -194,6 +200,98 @@ def chunk_sweep(sizes: list[str], pipelines: list[str], streams: int, reps: int)
     return rows
 
 
+def _host_memory(kind: str, n: int) -> tuple[np.ndarray, object]:
+    """``n`` page-locked bytes of ``kind`` ("hostalloc", "memfd", "anon"), prefaulted; returns (array, keepalive)."""
+    import mmap
+
+    import cupy as cp
+
+    if kind == "hostalloc":
+        mem = cp.cuda.alloc_pinned_memory(n)
+        a = np.frombuffer(mem, np.uint8, n)
+        a[:] = 1
+        return a, mem
+    if kind == "memfd":
+        fd = os.memfd_create("shmrpc-bench", os.MFD_CLOEXEC)
+        os.ftruncate(fd, n)
+        mm = mmap.mmap(fd, n)
+        os.close(fd)
+    else:
+        mm = mmap.mmap(-1, n)
+        if hasattr(mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+            mm.madvise(mmap.MADV_HUGEPAGE)
+    a = np.frombuffer(mm, np.uint8, n)
+    a[:] = 1
+    cp.cuda.runtime.hostRegister(a.ctypes.data, n, 1)
+    return a, mm
+
+
+def _duplex(a_in: np.ndarray, a_out: np.ndarray) -> float:
+    """GB/s of one H2D and one D2H of the same size at once, on two streams (median of 8)."""
+    import cupy as cp
+
+    n = a_in.nbytes
+    d_in, d_out = cp.empty(n, cp.uint8), cp.ones(n, cp.uint8)
+    s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    rt = cp.cuda.runtime
+    times = []
+    for _ in range(10):
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        rt.memcpyAsync(d_in.data.ptr, a_in.ctypes.data, n, rt.memcpyHostToDevice, s1.ptr)
+        rt.memcpyAsync(a_out.ctypes.data, d_out.data.ptr, n, rt.memcpyDeviceToHost, s2.ptr)
+        s1.synchronize()
+        s2.synchronize()
+        times.append(time.perf_counter() - t0)
+    return 2 * n / float(np.median(times[2:])) / 1e9
+
+
+def copies(sizes: list[str], pipelines: list[str], reps: int) -> list[dict[str, object]]:
+    """Section 6: duplex copy and backend.run of the 256 MiB scale per memory kind and chunk setting, in process."""
+    import cupy as cp
+
+    from shmrpc import kernels
+    from shmrpc.kernels import _cuda_chunks
+
+    n = 256 << 20
+    rows: list[dict[str, object]] = []
+    for path in ("/sys/kernel/mm/transparent_hugepage/enabled", "/sys/kernel/mm/transparent_hugepage/shmem_enabled"):
+        try:
+            print(path.rsplit("/", 1)[1], open(path).read().strip())
+        except OSError:
+            pass
+    be = kernels.select_backend("cupy")
+    plan = be.plan([kernels.StepSpec("scale", {"x": "x"}, {"out": "out"}, {"a": 2.0, "b": 1.0})],
+                   {"x": kernels.TensorSpec((n // 4,), "float32")}, ["out"])
+    print("| memory | pipeline | chunk | backend.run in+out | duplex copy (same memory, just before) | ratio |\n"
+          "|---|---|---|---|---|---|", flush=True)
+    for kind in ("hostalloc", "memfd", "anon"):
+        a_in, keep_in = _host_memory(kind, n)
+        a_out, keep_out = _host_memory(kind, n)
+        x, o = a_in.view(np.float32), a_out.view(np.float32)
+        for pipeline in pipelines:
+            for size in sizes:
+                ceiling = _duplex(a_in, a_out)
+                _cuda_chunks.CHUNK_PIPELINE, _cuda_chunks.CHUNK_BYTES = pipeline, _cuda_chunks.parse_bytes(size)
+                be.run(plan, {"x": x}, {"out": o})
+                ts = []
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    be.run(plan, {"x": x}, {"out": o})
+                    ts.append(time.perf_counter() - t0)
+                gbps = 2 * n / float(np.median(ts)) / 1e9
+                rows.append({"memory": kind, "pipeline": pipeline, "chunk": size, "gbps_both_ways": gbps,
+                             "duplex_gbps": ceiling, "ratio": gbps / ceiling})
+                print(f"| {kind} | {pipeline} | {size} | {gbps:.1f} GB/s | {ceiling:.1f} GB/s | {gbps / ceiling:.2f} |",
+                      flush=True)
+        if kind != "hostalloc":
+            cp.cuda.runtime.hostUnregister(a_in.ctypes.data)
+            cp.cuda.runtime.hostUnregister(a_out.ctypes.data)
+        del x, o, a_in, a_out, keep_in, keep_out
+    be.close()
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", required=True)
@@ -203,8 +301,8 @@ def main() -> int:
     ap.add_argument("--chunk-sweep", default="", help="chunk sizes, e.g. 2M,4M,8M,16M (section 5)")
     ap.add_argument("--pipelines", default="stages,streams", help="chunk pipelines of the sweep")
     ap.add_argument("--chunk-streams", type=int, default=4, help="streams of the 'streams' pipeline in the sweep")
-    ap.add_argument("--only", default="", help="sections to run, of big,tiny,rps,pageable,sweep (default: all but "
-                                               "sweep, plus sweep when --chunk-sweep is given)")
+    ap.add_argument("--only", default="", help="sections to run, of big,tiny,rps,pageable,sweep,copies (default: "
+                                               "big,tiny,rps,pageable, plus sweep when --chunk-sweep is given)")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(","))) or {"big", "tiny", "rps", "pageable"} | ({"sweep"} if args.chunk_sweep else set())
     res: dict[str, object] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -247,6 +345,8 @@ def main() -> int:
         res["chunk_sweep"] = chunk_sweep(args.chunk_sweep.split(","), args.pipelines.split(","), args.chunk_streams,
                                          args.reps)
         res["ceiling_after"] = duplex_ceiling()
+    if "copies" in only:
+        res["copies_in_process"] = copies((args.chunk_sweep or "4M").split(","), args.pipelines.split(","), args.reps)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=2)
     c = res["ceiling"]
