@@ -5,16 +5,19 @@
 2. The same with the region not registered (`--no-register`): what pinning buys.
 3. Tiny request (64 B in, 64 B out, `scale` on the GPU): p50/p99 vs a bare pyzmq DEALER/ROUTER ping-pong.
 4. Requests per second from 8 client processes sending small `gemm` calls, against 1 client.
-5. With ``--chunk-sweep 2M,4M,8M,16M``: section 1 once per chunk size (and per pipeline of
+5. With ``--chunk-sweep 2M,8M,16M/1M``: section 1 once per chunk setting ("16M/1M": chunks of
+   16 MiB ramping from 1 MiB at both ends; "8M": all chunks 8 MiB, no ramp) (and per pipeline of
    ``--pipelines stages,streams``, streams of ``--chunk-streams``), each through a worker
-   started with SHMRPC_CHUNK_BYTES / SHMRPC_CHUNK_PIPELINE / SHMRPC_CHUNK_STREAMS set, each
-   next to the duplex ceiling measured just before it.
+   started with SHMRPC_CHUNK_BYTES / SHMRPC_CHUNK_MIN_BYTES / SHMRPC_CHUNK_PIPELINE /
+   SHMRPC_CHUNK_STREAMS set, each next to the duplex ceiling measured just before it, and
+   the worker's own mean time per request (its status counters) beside the client's.
 
 6. ``--only copies``: in this process, no worker: the duplex copy and ``backend.run`` of the
    256 MiB ``scale`` on three kinds of page-locked host memory (cudaHostAlloc; a memfd mapping,
    as the worker's region, and an anonymous mapping, both cudaHostRegister'ed), the run once
-   per pipeline and chunk size of ``--chunk-sweep``: what the backend reaches on the very
-   memory it copies, without the request path.
+   per pipeline and chunk setting of ``--chunk-sweep``: what the backend reaches on the very
+   memory it copies, without the request path; last, the default setting again while another
+   Python thread of the process spins (what a busy loop thread costs the run through the GIL).
 
     python bench/gpu_e2e.py --out bench/results/gpu-e2e-DATE.json
     python bench/gpu_e2e.py --only sweep --chunk-sweep 2M,4M,8M,16M --out bench/results/gpu-chunks-DATE.json
@@ -72,7 +75,15 @@ def big(name: str, reps: int) -> dict[str, float]:
             times.append(time.perf_counter() - t0)
         del x
     med = float(np.median(times))
-    return {"median_s": med, "gbps_both_ways": 2 * (256 << 20) / med / 1e9, "correct": ok, "reps": reps}
+    res = {"median_s": med, "gbps_both_ways": 2 * (256 << 20) / med / 1e9, "correct": ok, "reps": reps}
+    st = subprocess.run([sys.executable, "-m", "shmrpc.server", "status", "--name", name, "--json"],
+                        capture_output=True, text=True)
+    try:
+        d = json.loads(st.stdout)["counters"]["duration"]["scale"]
+        res["worker_mean_s"] = d["sum_s"] / d["count"]  # the priming request included
+    except (ValueError, KeyError, ZeroDivisionError):
+        pass
+    return res
 
 
 def duplex_ceiling() -> dict[str, float]:
@@ -184,7 +195,9 @@ def chunk_sweep(sizes: list[str], pipelines: list[str], streams: int, reps: int)
     for pipeline in pipelines:
         for size in sizes:
             ceiling = duplex_ceiling()["duplex_gbps"]
-            env = {"SHMRPC_CHUNK_BYTES": size, "SHMRPC_CHUNK_PIPELINE": pipeline, "SHMRPC_CHUNK_STREAMS": str(streams)}
+            chunk, _, first = size.partition("/")
+            env = {"SHMRPC_CHUNK_BYTES": chunk, "SHMRPC_CHUNK_MIN_BYTES": first or chunk, "SHMRPC_CHUNK_PIPELINE": pipeline,
+                   "SHMRPC_CHUNK_STREAMS": str(streams)}
             name = f"gpu-{uuid.uuid4().hex[:6]}"
             w = start(name, env=env, slots="64K:4,520M:1")
             try:
@@ -193,10 +206,12 @@ def chunk_sweep(sizes: list[str], pipelines: list[str], streams: int, reps: int)
                 stop(w)
             row = {"pipeline": pipeline, "chunk": size, "streams": streams, "gbps_both_ways": r["gbps_both_ways"],
                    "median_s": r["median_s"], "correct": r["correct"], "duplex_ceiling_gbps": ceiling,
-                   "ratio": r["gbps_both_ways"] / ceiling}
+                   "ratio": r["gbps_both_ways"] / ceiling, "worker_mean_s": r.get("worker_mean_s")}
             rows.append(row)
+            wm = r.get("worker_mean_s")
             print(f"| {pipeline} | {size} | {streams} | {r['gbps_both_ways']:.1f} GB/s | {ceiling:.1f} GB/s | "
-                  f"{row['ratio']:.2f} | {r['correct']} |", flush=True)
+                  f"{row['ratio']:.2f} | {r['median_s'] * 1e3:.2f} / {wm * 1e3 if wm else float('nan'):.2f} ms | "
+                  f"{r['correct']} |", flush=True)
     return rows
 
 
@@ -246,7 +261,15 @@ def _duplex(a_in: np.ndarray, a_out: np.ndarray) -> float:
     return 2 * n / float(np.median(times[2:])) / 1e9
 
 
-def copies(sizes: list[str], pipelines: list[str], reps: int) -> list[dict[str, object]]:
+def _spin(stop: threading.Event) -> None:
+    """Pure Python work until ``stop``: a thread that wants the GIL all the time."""
+    x = 0
+    while not stop.is_set():
+        for i in range(1000):
+            x += i
+
+
+def copies(sizes: list[str], pipelines: list[str], reps: int, memories: list[str]) -> list[dict[str, object]]:
     """Section 6: duplex copy and backend.run of the 256 MiB scale per memory kind and chunk setting, in process."""
     import cupy as cp
 
@@ -254,6 +277,7 @@ def copies(sizes: list[str], pipelines: list[str], reps: int) -> list[dict[str, 
     from shmrpc.kernels import _cuda_chunks
 
     n = 256 << 20
+    defaults = (_cuda_chunks.CHUNK_PIPELINE, f"{_cuda_chunks.CHUNK_BYTES >> 20}M/{_cuda_chunks.CHUNK_MIN_BYTES >> 20}M")
     rows: list[dict[str, object]] = []
     for path in ("/sys/kernel/mm/transparent_hugepage/enabled", "/sys/kernel/mm/transparent_hugepage/shmem_enabled"):
         try:
@@ -265,25 +289,37 @@ def copies(sizes: list[str], pipelines: list[str], reps: int) -> list[dict[str, 
                    {"x": kernels.TensorSpec((n // 4,), "float32")}, ["out"])
     print("| memory | pipeline | chunk | backend.run in+out | duplex copy (same memory, just before) | ratio |\n"
           "|---|---|---|---|---|---|", flush=True)
-    for kind in ("hostalloc", "memfd", "anon"):
+    for kind in memories:
         a_in, keep_in = _host_memory(kind, n)
         a_out, keep_out = _host_memory(kind, n)
         x, o = a_in.view(np.float32), a_out.view(np.float32)
-        for pipeline in pipelines:
-            for size in sizes:
-                ceiling = _duplex(a_in, a_out)
-                _cuda_chunks.CHUNK_PIPELINE, _cuda_chunks.CHUNK_BYTES = pipeline, _cuda_chunks.parse_bytes(size)
+        settings = [(p, sz, False) for p in pipelines for sz in sizes]
+        if kind == "memfd":
+            settings.append((defaults[0], defaults[1], True))
+        for pipeline, size, spin in settings:
+            ceiling = _duplex(a_in, a_out)
+            chunk, _, first = size.partition("/")
+            _cuda_chunks.CHUNK_PIPELINE, _cuda_chunks.CHUNK_BYTES = pipeline, _cuda_chunks.parse_bytes(chunk)
+            _cuda_chunks.CHUNK_MIN_BYTES = _cuda_chunks.parse_bytes(first or chunk)
+            be.run(plan, {"x": x}, {"out": o})
+            stop = threading.Event()
+            spinner = threading.Thread(target=_spin, args=(stop,), daemon=True)
+            if spin:
+                spinner.start()
+            ts = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
                 be.run(plan, {"x": x}, {"out": o})
-                ts = []
-                for _ in range(reps):
-                    t0 = time.perf_counter()
-                    be.run(plan, {"x": x}, {"out": o})
-                    ts.append(time.perf_counter() - t0)
-                gbps = 2 * n / float(np.median(ts)) / 1e9
-                rows.append({"memory": kind, "pipeline": pipeline, "chunk": size, "gbps_both_ways": gbps,
-                             "duplex_gbps": ceiling, "ratio": gbps / ceiling})
-                print(f"| {kind} | {pipeline} | {size} | {gbps:.1f} GB/s | {ceiling:.1f} GB/s | {gbps / ceiling:.2f} |",
-                      flush=True)
+                ts.append(time.perf_counter() - t0)
+            stop.set()
+            if spin:
+                spinner.join()
+            gbps = 2 * n / float(np.median(ts)) / 1e9
+            label = f"{size}{' + a spinning thread' if spin else ''}"
+            rows.append({"memory": kind, "pipeline": pipeline, "chunk": size, "spinning_thread": spin,
+                         "gbps_both_ways": gbps, "duplex_gbps": ceiling, "ratio": gbps / ceiling})
+            print(f"| {kind} | {pipeline} | {label} | {gbps:.1f} GB/s | {ceiling:.1f} GB/s | {gbps / ceiling:.2f} |",
+                  flush=True)
         if kind != "hostalloc":
             cp.cuda.runtime.hostUnregister(a_in.ctypes.data)
             cp.cuda.runtime.hostUnregister(a_out.ctypes.data)
@@ -301,6 +337,7 @@ def main() -> int:
     ap.add_argument("--chunk-sweep", default="", help="chunk sizes, e.g. 2M,4M,8M,16M (section 5)")
     ap.add_argument("--pipelines", default="stages,streams", help="chunk pipelines of the sweep")
     ap.add_argument("--chunk-streams", type=int, default=4, help="streams of the 'streams' pipeline in the sweep")
+    ap.add_argument("--memories", default="hostalloc,memfd,anon", help="host memory kinds of --only copies")
     ap.add_argument("--only", default="", help="sections to run, of big,tiny,rps,pageable,sweep,copies (default: "
                                                "big,tiny,rps,pageable, plus sweep when --chunk-sweep is given)")
     args = ap.parse_args()
@@ -340,13 +377,14 @@ def main() -> int:
         finally:
             stop(w)
     if "sweep" in only and args.chunk_sweep:
-        print("\n| pipeline | chunk | streams | 256 MiB in+out | duplex ceiling (just before) | ratio | correct |\n"
-              "|---|---|---|---|---|---|---|", flush=True)
+        print("\n| pipeline | chunk | streams | 256 MiB in+out | duplex ceiling (just before) | ratio | "
+              "client / worker per request | correct |\n|---|---|---|---|---|---|---|---|", flush=True)
         res["chunk_sweep"] = chunk_sweep(args.chunk_sweep.split(","), args.pipelines.split(","), args.chunk_streams,
                                          args.reps)
         res["ceiling_after"] = duplex_ceiling()
     if "copies" in only:
-        res["copies_in_process"] = copies((args.chunk_sweep or "4M").split(","), args.pipelines.split(","), args.reps)
+        res["copies_in_process"] = copies((args.chunk_sweep or "16M/1M").split(","), args.pipelines.split(","), args.reps,
+                                          args.memories.split(","))
     with open(args.out, "w") as f:
         json.dump(res, f, indent=2)
     c = res["ceiling"]

@@ -2,12 +2,17 @@
 
 Settings, read once at import from the environment (the worker's, before it starts)::
 
-    SHMRPC_CHUNK_BYTES            bytes of the widest tensor per chunk        (default 4M)
+    SHMRPC_CHUNK_BYTES            bytes of the widest tensor per chunk        (default 16M)
+    SHMRPC_CHUNK_MIN_BYTES        first and last chunks, doubling up to       (default 1M)
+                                  SHMRPC_CHUNK_BYTES (equal to it: no ramp)
     SHMRPC_CHUNK_STREAMS          streams of the "streams" pipeline (>= 1)     (default 4)
-    SHMRPC_CHUNK_PIPELINE         "streams" or "stages"                       (default "stages")
+    SHMRPC_CHUNK_PIPELINE         "stages" or "streams"                       (default "stages")
     SHMRPC_CHUNK_THRESHOLD_BYTES  chunk requests moving more than this        (default 32M)
 
-Sizes take a K/M/G suffix (powers of 1024). Two pipelines::
+Sizes take a K/M/G suffix (powers of 1024). Chunks ramp: 1M, 2M, 4M, 8M, then 16M ones, then
+8M, 4M, 2M, 1M (:func:`chunk_ranges`), so the pipeline fills and drains on small chunks (the
+copy out of the first chunk starts early, the last copy out is short) while the middle pays
+the per-chunk Python and launch cost few times. Two pipelines::
 
     streams   chunk i on stream i % N: H2D(i), kernels(i), D2H(i) in that stream's order; the
               H2D of chunk i+N waits behind the D2H of chunk i on the same stream
@@ -30,7 +35,8 @@ from ._errors import OpError
 from ._plan import Plan
 from ._registry import TensorSpec
 
-__all__ = ["CHUNK_BYTES", "CHUNK_STREAMS", "CHUNK_PIPELINE", "CHUNK_THRESHOLD_BYTES", "parse_bytes", "run_chunked"]
+__all__ = ["CHUNK_BYTES", "CHUNK_MIN_BYTES", "CHUNK_STREAMS", "CHUNK_PIPELINE", "CHUNK_THRESHOLD_BYTES", "chunk_ranges",
+           "parse_bytes", "run_chunked"]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -63,7 +69,8 @@ def _env_int(name: str, default: int, size: bool = False) -> int:
     return n
 
 
-CHUNK_BYTES = _env_int("SHMRPC_CHUNK_BYTES", 4 << 20, size=True)
+CHUNK_BYTES = _env_int("SHMRPC_CHUNK_BYTES", 16 << 20, size=True)
+CHUNK_MIN_BYTES = _env_int("SHMRPC_CHUNK_MIN_BYTES", 1 << 20, size=True)
 CHUNK_STREAMS = _env_int("SHMRPC_CHUNK_STREAMS", 4)
 CHUNK_THRESHOLD_BYTES = _env_int("SHMRPC_CHUNK_THRESHOLD_BYTES", 32 << 20, size=True)
 CHUNK_PIPELINE = os.environ.get("SHMRPC_CHUNK_PIPELINE", "") or "stages"
@@ -73,6 +80,28 @@ if CHUNK_PIPELINE not in ("streams", "stages"):
 Step = Callable[[Any, dict[str, Any], Mapping[str, TensorSpec], Mapping[str, TensorSpec]], dict[str, Any]]
 
 
+def chunk_ranges(n: int, chunk: int, first: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges covering ``range(n)``: ``first``, 2*``first``, ... below ``chunk``, then
+    chunks of about ``chunk``, then the ramp mirrored; no ramp where it would not fit twice."""
+    chunk, first = max(1, chunk), max(1, min(first, chunk))
+    ramp = []
+    c = first
+    while c < chunk:
+        ramp.append(c)
+        c *= 2
+    if 2 * sum(ramp) >= n:
+        ramp = []
+    middle = n - 2 * sum(ramp)
+    k = max(1, -(-middle // chunk))
+    sizes = [*ramp, *(middle // k + (1 if i < middle % k else 0) for i in range(k)), *reversed(ramp)]
+    out, a = [], 0
+    for sz in sizes:
+        if sz:
+            out.append((a, a + sz))
+            a += sz
+    return out
+
+
 def _copy(cp: Any, dst: int, src: int, nbytes: int, kind: int, stream: Any) -> None:
     if nbytes:
         cp.cuda.runtime.memcpyAsync(dst, src, nbytes, kind, stream.ptr)
@@ -80,7 +109,7 @@ def _copy(cp: Any, dst: int, src: int, nbytes: int, kind: int, stream: Any) -> N
 
 def run_chunked(cp: Any, streams: list[Any], plan: Plan, host_in: Mapping[str, np.ndarray],
                 host_out: Mapping[str, np.ndarray], resident: Mapping[str, Any], step: Step,
-                chunk_bytes: int = 0, n_streams: int = 0, pipeline: str = "") -> dict[str, float]:
+                chunk_bytes: int = 0, n_streams: int = 0, pipeline: str = "", first_bytes: int = 0) -> dict[str, float]:
     """Run an elementwise ``plan`` over contiguous views in chunks; returns stage seconds.
 
     ``streams``: at least max(3, n_streams) streams owned by this run; ``step(st, ins, in_specs,
@@ -89,6 +118,7 @@ def run_chunked(cp: Any, streams: list[Any], plan: Plan, host_in: Mapping[str, n
     Returns also "chunks". Errors propagate after every stream has drained.
     """
     chunk_bytes = chunk_bytes or CHUNK_BYTES
+    first_bytes = first_bytes or CHUNK_MIN_BYTES
     n_streams = n_streams or CHUNK_STREAMS
     pipeline = pipeline or CHUNK_PIPELINE
     n = next(iter(plan.tensors.values())).size
@@ -123,7 +153,7 @@ def run_chunked(cp: Any, streams: list[Any], plan: Plan, host_in: Mapping[str, n
             env["#d2h." + k] = d
             _copy(cp, h[start:].ctypes.data, d.data.ptr, d.nbytes, d2h, s)
 
-    ranges = [(a, min(n, a + chunk)) for a in range(0, n, chunk)]
+    ranges = chunk_ranges(n, chunk, max(1, first_bytes // widest))
     used = streams[: max(3, n_streams)] if pipeline == "stages" else streams[:n_streams]
     try:
         if pipeline == "stages":

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from shmrpc.kernels import REGISTRY, StepSpec, TensorSpec, select_backend
-from shmrpc.kernels._cuda_chunks import parse_bytes
+from shmrpc.kernels._cuda_chunks import chunk_ranges, parse_bytes
 
 
 @pytest.fixture
@@ -52,6 +52,17 @@ def test_parse_bytes() -> None:
     for bad in ("", "x", "-1M", "0"):
         with pytest.raises(ValueError, match="size|> 0"):
             parse_bytes(bad, "SHMRPC_CHUNK_BYTES")
+
+
+@pytest.mark.parametrize(("n", "chunk", "first"), [(1000, 100, 10), (1000, 100, 100), (5, 100, 10), (150, 100, 10),
+                                                    (64 << 20, 4 << 20, 1 << 18), (12345, 1000, 1), (7, 1, 1)])
+def test_chunk_ranges_cover_everything_once_and_ramp(n: int, chunk: int, first: int) -> None:
+    r = chunk_ranges(n, chunk, first)
+    assert r[0][0] == 0 and r[-1][1] == n and all(a[1] == b[0] for a, b in zip(r, r[1:]))
+    sizes = [b - a for a, b in r]
+    assert all(s > 0 for s in sizes) and max(sizes) <= chunk + 1
+    if n > 4 * chunk and first < chunk:
+        assert sizes[0] == first and sizes[-1] == first and sizes[1] == 2 * first  # the ramp both ends
 
 
 @pytest.mark.gpu
@@ -188,14 +199,15 @@ def test_small_runs_report_total_and_sampled_stage_timings(gpu: Any) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("pipeline", ["streams", "stages"])
-@pytest.mark.parametrize("chunk", [256 << 10, 1 << 20])
+@pytest.mark.parametrize(("chunk", "first"), [(256 << 10, 256 << 10), (1 << 20, 1 << 20), (1 << 20, 64 << 10)])
 def test_chunk_pipelines_in_place_and_out_of_place(gpu: Any, monkeypatch: pytest.MonkeyPatch, pipeline: str,
-                                                   chunk: int) -> None:
+                                                   chunk: int, first: int) -> None:
     from shmrpc.kernels import _backend_cupy, _cuda_chunks
 
     monkeypatch.setattr(_backend_cupy, "CHUNK_THRESHOLD_BYTES", 1 << 20)
     monkeypatch.setattr(_cuda_chunks, "CHUNK_BYTES", chunk)
     monkeypatch.setattr(_cuda_chunks, "CHUNK_PIPELINE", pipeline)
+    monkeypatch.setattr(_cuda_chunks, "CHUNK_MIN_BYTES", first)
     n = (3 << 20) // 4 + 13  # ~3 MiB of float32, not a multiple of the chunk
     steps = [StepSpec("scale", {"x": "x"}, {"out": "t"}, {"a": 3.0}), StepSpec("vector_add", {"x": "t", "y": "y"}, {"out": "o"})]
     plan = gpu.plan(steps, {"x": x_spec(n), "y": x_spec(n)}, ["o"])
@@ -204,7 +216,7 @@ def test_chunk_pipelines_in_place_and_out_of_place(gpu: Any, monkeypatch: pytest
     want = 3 * x + 2
     o = np.empty(n, np.float32)
     times = gpu.run(plan, {"x": x, "y": y}, {"o": o})
-    assert times["chunks"] == -(-n * 4 // chunk) and {"h2d", "kernel", "d2h"} <= set(times)
+    assert times["chunks"] == len(chunk_ranges(n, chunk // 4, first // 4)) and {"h2d", "kernel", "d2h"} <= set(times)
     np.testing.assert_array_equal(o, want)
     gpu.run(plan, {"x": x, "y": y}, {"o": x})  # output over input x
     np.testing.assert_array_equal(x, want)
