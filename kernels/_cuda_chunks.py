@@ -2,17 +2,19 @@
 
 Settings, read once at import from the environment (the worker's, before it starts)::
 
-    SHMRPC_CHUNK_BYTES            bytes of the widest tensor per chunk        (default 16M)
-    SHMRPC_CHUNK_MIN_BYTES        first and last chunks, doubling up to       (default 1M)
-                                  SHMRPC_CHUNK_BYTES (equal to it: no ramp)
-    SHMRPC_CHUNK_STREAMS          streams of the "streams" pipeline (>= 1)     (default 4)
+    SHMRPC_CHUNK_BYTES            bytes of the widest tensor per chunk        (default 8M)
+    SHMRPC_CHUNK_MIN_BYTES        first and last chunks, doubling up to       (default: no ramp)
+                                  SHMRPC_CHUNK_BYTES
     SHMRPC_CHUNK_PIPELINE         "stages" or "streams"                       (default "stages")
+    SHMRPC_CHUNK_STREAMS          streams of the "streams" pipeline (>= 1)     (default 4)
     SHMRPC_CHUNK_THRESHOLD_BYTES  chunk requests moving more than this        (default 32M)
 
-Sizes take a K/M/G suffix (powers of 1024). Chunks ramp: 1M, 2M, 4M, 8M, then 16M ones, then
-8M, 4M, 2M, 1M (:func:`chunk_ranges`), so the pipeline fills and drains on small chunks (the
-copy out of the first chunk starts early, the last copy out is short) while the middle pays
-the per-chunk Python and launch cost few times. Two pipelines::
+Sizes take a K/M/G suffix (powers of 1024). The defaults are the best of the sweeps recorded
+in ``bench/results/gpu-copies-2026-11-30-59425a9.json`` and ``gpu-chunks-2026-11-30-045ac74.json``
+(256 MiB in + 256 MiB out, in process: "stages" 8M reached 0.91-0.93 of the duplex copy on the
+same memory; 2M 0.83-0.86 (Python issue per chunk), 32M 0.83-0.88 (pipeline fill and drain);
+"streams" at most 0.89; a ramp from 1M (e.g. 1M, 2M, 4M, then 8M chunks, then 4M, 2M, 1M,
+:func:`chunk_ranges`) measured no better: 0.89 at 8M, 0.85 at 16M). Two pipelines::
 
     streams   chunk i on stream i % N: H2D(i), kernels(i), D2H(i) in that stream's order; the
               H2D of chunk i+N waits behind the D2H of chunk i on the same stream
@@ -69,8 +71,8 @@ def _env_int(name: str, default: int, size: bool = False) -> int:
     return n
 
 
-CHUNK_BYTES = _env_int("SHMRPC_CHUNK_BYTES", 16 << 20, size=True)
-CHUNK_MIN_BYTES = _env_int("SHMRPC_CHUNK_MIN_BYTES", 1 << 20, size=True)
+CHUNK_BYTES = _env_int("SHMRPC_CHUNK_BYTES", 8 << 20, size=True)
+CHUNK_MIN_BYTES = _env_int("SHMRPC_CHUNK_MIN_BYTES", CHUNK_BYTES, size=True)
 CHUNK_STREAMS = _env_int("SHMRPC_CHUNK_STREAMS", 4)
 CHUNK_THRESHOLD_BYTES = _env_int("SHMRPC_CHUNK_THRESHOLD_BYTES", 32 << 20, size=True)
 CHUNK_PIPELINE = os.environ.get("SHMRPC_CHUNK_PIPELINE", "") or "stages"
