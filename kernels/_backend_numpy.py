@@ -8,10 +8,12 @@ arrays. Resident tensors are private copies (``put`` copies; kept outputs are co
 
 Batches (:meth:`NumpyBackend.run_batch`): a batchable plan over B requests stacks each
 request input into one (B, ...) array (a copy), runs every step once and copies each
-request's slice into its output view, when ``BATCH_JOINT`` is set. It is off by default: on
-this path's own benchmark (``bench/gpu/tiny_probe.py --batch``, 8 gemm 16x256x256 requests)
-the joint run was no faster than one run per request (NumPy's matmul loops over the stack);
-the tests turn it on to check every ``batch=True`` op's claim without a GPU.
+request's slice into its output view, when ``BATCH_JOINT`` is set. It is off by default: in
+``bench/gpu/tiny_probe.py --batch`` (gemm 16x256x256 float16, x and w per request; GPU host's
+16 cores, bench/results/gpu-batch-2026-11-30-*.json) the joint run was no faster than one run
+per request (B=8: 6825 vs 6676 requests/s in one run, 3772 vs 4883 in the other; NumPy's
+matmul loops over the stack anyway). The tests turn it on to check every ``batch=True`` op's
+claim without a GPU.
 """
 
 from __future__ import annotations
