@@ -5,8 +5,22 @@
 2. The same with the region not registered (`--no-register`): what pinning buys.
 3. Tiny request (64 B in, 64 B out, `scale` on the GPU): p50/p99 vs a bare pyzmq DEALER/ROUTER ping-pong.
 4. Requests per second from 8 client processes sending small `gemm` calls, against 1 client.
+5. With ``--chunk-sweep 2M,8M,16M/1M``: section 1 once per chunk setting ("16M/1M": chunks of
+   16 MiB ramping from 1 MiB at both ends; "8M": all chunks 8 MiB, no ramp) (and per pipeline of
+   ``--pipelines stages,streams``, streams of ``--chunk-streams``), each through a worker
+   started with SHMRPC_CHUNK_BYTES / SHMRPC_CHUNK_MIN_BYTES / SHMRPC_CHUNK_PIPELINE /
+   SHMRPC_CHUNK_STREAMS set, each next to the duplex ceiling measured just before it, and
+   the worker's own mean time per request (its status counters) beside the client's.
+
+6. ``--only copies``: in this process, no worker: the duplex copy and ``backend.run`` of the
+   256 MiB ``scale`` on three kinds of page-locked host memory (cudaHostAlloc; a memfd mapping,
+   as the worker's region, and an anonymous mapping, both cudaHostRegister'ed), the run once
+   per pipeline and chunk setting of ``--chunk-sweep``: what the backend reaches on the very
+   memory it copies, without the request path; last, the default setting again while another
+   Python thread of the process spins (what a busy loop thread costs the run through the GIL).
 
     python bench/gpu_e2e.py --out bench/results/gpu-e2e-DATE.json
+    python bench/gpu_e2e.py --only sweep --chunk-sweep 2M,4M,8M,16M --out bench/results/gpu-chunks-DATE.json
 """
 
 from __future__ import annotations
@@ -31,9 +45,10 @@ from shmrpc.client import Client
 SLOTS = "64K:64,1M:16,16M:8,80M:4,520M:1"
 
 
-def start(name: str, *extra: str) -> subprocess.Popen:  # type: ignore[type-arg]
-    p = subprocess.Popen([sys.executable, "-m", "shmrpc.server", "serve", "--name", name, "--slots", SLOTS,
-                          "--backend", "cupy", "--log-level", "WARNING", *extra], stdout=subprocess.PIPE, text=True)
+def start(name: str, *extra: str, env: dict[str, str] | None = None, slots: str = SLOTS) -> subprocess.Popen:  # type: ignore[type-arg]
+    p = subprocess.Popen([sys.executable, "-m", "shmrpc.server", "serve", "--name", name, "--slots", slots,
+                          "--backend", "cupy", "--log-level", "WARNING", *extra], stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, **(env or {})})
     line = p.stdout.readline() if p.stdout else ""
     if "ready" not in line:
         raise SystemExit(f"worker did not start: {line}")
@@ -60,7 +75,15 @@ def big(name: str, reps: int) -> dict[str, float]:
             times.append(time.perf_counter() - t0)
         del x
     med = float(np.median(times))
-    return {"median_s": med, "gbps_both_ways": 2 * (256 << 20) / med / 1e9, "correct": ok, "reps": reps}
+    res = {"median_s": med, "gbps_both_ways": 2 * (256 << 20) / med / 1e9, "correct": ok, "reps": reps}
+    st = subprocess.run([sys.executable, "-m", "shmrpc.server", "status", "--name", name, "--json"],
+                        capture_output=True, text=True)
+    try:
+        d = json.loads(st.stdout)["counters"]["duration"]["scale"]
+        res["worker_mean_s"] = d["sum_s"] / d["count"]  # the priming request included
+    except (ValueError, KeyError, ZeroDivisionError):
+        pass
+    return res
 
 
 def duplex_ceiling() -> dict[str, float]:
@@ -166,13 +189,159 @@ def rps(name: str, procs: int, seconds: float) -> float:
     return total / seconds
 
 
+def chunk_sweep(sizes: list[str], pipelines: list[str], streams: int, reps: int) -> list[dict[str, object]]:
+    """Section 1 through one worker per (pipeline, chunk size), each next to a duplex ceiling measured just before."""
+    rows: list[dict[str, object]] = []
+    for pipeline in pipelines:
+        for size in sizes:
+            ceiling = duplex_ceiling()["duplex_gbps"]
+            chunk, _, first = size.partition("/")
+            env = {"SHMRPC_CHUNK_BYTES": chunk, "SHMRPC_CHUNK_MIN_BYTES": first or chunk, "SHMRPC_CHUNK_PIPELINE": pipeline,
+                   "SHMRPC_CHUNK_STREAMS": str(streams)}
+            name = f"gpu-{uuid.uuid4().hex[:6]}"
+            w = start(name, env=env, slots="64K:4,520M:1")
+            try:
+                r = big(name, reps)
+            finally:
+                stop(w)
+            row = {"pipeline": pipeline, "chunk": size, "streams": streams, "gbps_both_ways": r["gbps_both_ways"],
+                   "median_s": r["median_s"], "correct": r["correct"], "duplex_ceiling_gbps": ceiling,
+                   "ratio": r["gbps_both_ways"] / ceiling, "worker_mean_s": r.get("worker_mean_s")}
+            rows.append(row)
+            wm = r.get("worker_mean_s")
+            print(f"| {pipeline} | {size} | {streams} | {r['gbps_both_ways']:.1f} GB/s | {ceiling:.1f} GB/s | "
+                  f"{row['ratio']:.2f} | {r['median_s'] * 1e3:.2f} / {wm * 1e3 if wm else float('nan'):.2f} ms | "
+                  f"{r['correct']} |", flush=True)
+    return rows
+
+
+def _host_memory(kind: str, n: int) -> tuple[np.ndarray, object]:
+    """``n`` page-locked bytes of ``kind`` ("hostalloc", "memfd", "anon"), prefaulted; returns (array, keepalive)."""
+    import mmap
+
+    import cupy as cp
+
+    if kind == "hostalloc":
+        mem = cp.cuda.alloc_pinned_memory(n)
+        a = np.frombuffer(mem, np.uint8, n)
+        a[:] = 1
+        return a, mem
+    if kind == "memfd":
+        fd = os.memfd_create("shmrpc-bench", os.MFD_CLOEXEC)
+        os.ftruncate(fd, n)
+        mm = mmap.mmap(fd, n)
+        os.close(fd)
+    else:
+        mm = mmap.mmap(-1, n)
+        if hasattr(mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+            mm.madvise(mmap.MADV_HUGEPAGE)
+    a = np.frombuffer(mm, np.uint8, n)
+    a[:] = 1
+    cp.cuda.runtime.hostRegister(a.ctypes.data, n, 1)
+    return a, mm
+
+
+def _duplex(a_in: np.ndarray, a_out: np.ndarray) -> float:
+    """GB/s of one H2D and one D2H of the same size at once, on two streams (median of 8)."""
+    import cupy as cp
+
+    n = a_in.nbytes
+    d_in, d_out = cp.empty(n, cp.uint8), cp.ones(n, cp.uint8)
+    s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    rt = cp.cuda.runtime
+    times = []
+    for _ in range(10):
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        rt.memcpyAsync(d_in.data.ptr, a_in.ctypes.data, n, rt.memcpyHostToDevice, s1.ptr)
+        rt.memcpyAsync(a_out.ctypes.data, d_out.data.ptr, n, rt.memcpyDeviceToHost, s2.ptr)
+        s1.synchronize()
+        s2.synchronize()
+        times.append(time.perf_counter() - t0)
+    return 2 * n / float(np.median(times[2:])) / 1e9
+
+
+def _spin(stop: threading.Event) -> None:
+    """Pure Python work until ``stop``: a thread that wants the GIL all the time."""
+    x = 0
+    while not stop.is_set():
+        for i in range(1000):
+            x += i
+
+
+def copies(sizes: list[str], pipelines: list[str], reps: int, memories: list[str]) -> list[dict[str, object]]:
+    """Section 6: duplex copy and backend.run of the 256 MiB scale per memory kind and chunk setting, in process."""
+    import cupy as cp
+
+    from shmrpc import kernels
+    from shmrpc.kernels import _cuda_chunks
+
+    n = 256 << 20
+    defaults = (_cuda_chunks.CHUNK_PIPELINE, f"{_cuda_chunks.CHUNK_BYTES >> 20}M/{_cuda_chunks.CHUNK_MIN_BYTES >> 20}M")
+    rows: list[dict[str, object]] = []
+    for path in ("/sys/kernel/mm/transparent_hugepage/enabled", "/sys/kernel/mm/transparent_hugepage/shmem_enabled"):
+        try:
+            print(path.rsplit("/", 1)[1], open(path).read().strip())
+        except OSError:
+            pass
+    be = kernels.select_backend("cupy")
+    plan = be.plan([kernels.StepSpec("scale", {"x": "x"}, {"out": "out"}, {"a": 2.0, "b": 1.0})],
+                   {"x": kernels.TensorSpec((n // 4,), "float32")}, ["out"])
+    print("| memory | pipeline | chunk | backend.run in+out | duplex copy (same memory, just before) | ratio |\n"
+          "|---|---|---|---|---|---|", flush=True)
+    for kind in memories:
+        a_in, keep_in = _host_memory(kind, n)
+        a_out, keep_out = _host_memory(kind, n)
+        x, o = a_in.view(np.float32), a_out.view(np.float32)
+        settings = [(p, sz, False) for p in pipelines for sz in sizes]
+        if kind == "memfd":
+            settings.append((defaults[0], defaults[1], True))
+        for pipeline, size, spin in settings:
+            ceiling = _duplex(a_in, a_out)
+            chunk, _, first = size.partition("/")
+            _cuda_chunks.CHUNK_PIPELINE, _cuda_chunks.CHUNK_BYTES = pipeline, _cuda_chunks.parse_bytes(chunk)
+            _cuda_chunks.CHUNK_MIN_BYTES = _cuda_chunks.parse_bytes(first or chunk)
+            be.run(plan, {"x": x}, {"out": o})
+            stop = threading.Event()
+            spinner = threading.Thread(target=_spin, args=(stop,), daemon=True)
+            if spin:
+                spinner.start()
+            ts = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                be.run(plan, {"x": x}, {"out": o})
+                ts.append(time.perf_counter() - t0)
+            stop.set()
+            if spin:
+                spinner.join()
+            gbps = 2 * n / float(np.median(ts)) / 1e9
+            label = f"{size}{' + a spinning thread' if spin else ''}"
+            rows.append({"memory": kind, "pipeline": pipeline, "chunk": size, "spinning_thread": spin,
+                         "gbps_both_ways": gbps, "duplex_gbps": ceiling, "ratio": gbps / ceiling})
+            print(f"| {kind} | {pipeline} | {label} | {gbps:.1f} GB/s | {ceiling:.1f} GB/s | {gbps / ceiling:.2f} |",
+                  flush=True)
+        if kind != "hostalloc":
+            cp.cuda.runtime.hostUnregister(a_in.ctypes.data)
+            cp.cuda.runtime.hostUnregister(a_out.ctypes.data)
+        del x, o, a_in, a_out, keep_in, keep_out
+    be.close()
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--tiny", type=int, default=3000)
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--chunk-sweep", default="", help="chunk sizes, e.g. 2M,4M,8M,16M (section 5)")
+    ap.add_argument("--pipelines", default="stages,streams", help="chunk pipelines of the sweep")
+    ap.add_argument("--chunk-streams", type=int, default=4, help="streams of the 'streams' pipeline in the sweep")
+    ap.add_argument("--memories", default="hostalloc,memfd,anon", help="host memory kinds of --only copies")
+    ap.add_argument("--only", default="", help="sections to run, of big,tiny,rps,pageable,sweep,copies (default: "
+                                               "big,tiny,rps,pageable, plus sweep when --chunk-sweep is given)")
     args = ap.parse_args()
+    only = set(filter(None, args.only.split(","))) or {"big", "tiny", "rps", "pageable"} | ({"sweep"} if args.chunk_sweep else set())
     res: dict[str, object] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                               "command": " ".join(sys.argv), "python": platform.python_version(),
                               "cpu_count": os.cpu_count()}
@@ -185,35 +354,55 @@ def main() -> int:
     except OSError:
         pass
     res["ceiling"] = duplex_ceiling()
-    name = f"gpu-{uuid.uuid4().hex[:6]}"
-    w = start(name)
-    try:
-        res["pinned_256MiB"] = big(name, args.reps)
-        res["tiny_64B"] = tiny(name, args.tiny)
-        res["rps_gemm_1_client"] = rps(name, 1, args.seconds)
-        res["rps_gemm_8_clients"] = rps(name, 8, args.seconds)
-    finally:
-        stop(w)
-    res["bare_zmq_64B"] = bare_zmq(args.tiny)
-    name2 = f"gpu-{uuid.uuid4().hex[:6]}"
-    w = start(name2, "--no-register")
-    try:
-        res["pageable_256MiB"] = big(name2, max(5, args.reps // 4))
-    finally:
-        stop(w)
+    if only & {"big", "tiny", "rps"}:
+        name = f"gpu-{uuid.uuid4().hex[:6]}"
+        w = start(name)
+        try:
+            if "big" in only:
+                res["pinned_256MiB"] = big(name, args.reps)
+            if "tiny" in only:
+                res["tiny_64B"] = tiny(name, args.tiny)
+            if "rps" in only:
+                res["rps_gemm_1_client"] = rps(name, 1, args.seconds)
+                res["rps_gemm_8_clients"] = rps(name, 8, args.seconds)
+        finally:
+            stop(w)
+    if "tiny" in only:
+        res["bare_zmq_64B"] = bare_zmq(args.tiny)
+    if "pageable" in only:
+        name2 = f"gpu-{uuid.uuid4().hex[:6]}"
+        w = start(name2, "--no-register")
+        try:
+            res["pageable_256MiB"] = big(name2, max(5, args.reps // 4))
+        finally:
+            stop(w)
+    if "sweep" in only and args.chunk_sweep:
+        print("\n| pipeline | chunk | streams | 256 MiB in+out | duplex ceiling (just before) | ratio | "
+              "client / worker per request | correct |\n|---|---|---|---|---|---|---|---|", flush=True)
+        res["chunk_sweep"] = chunk_sweep(args.chunk_sweep.split(","), args.pipelines.split(","), args.chunk_streams,
+                                         args.reps)
+        res["ceiling_after"] = duplex_ceiling()
+    if "copies" in only:
+        res["copies_in_process"] = copies((args.chunk_sweep or "16M/1M").split(","), args.pipelines.split(","), args.reps,
+                                          args.memories.split(","))
     with open(args.out, "w") as f:
         json.dump(res, f, indent=2)
-    c, p, u = res["ceiling"], res["pinned_256MiB"], res["pageable_256MiB"]
+    c = res["ceiling"]
     print("\n| figure | measured | ceiling / baseline | ratio |\n|---|---|---|---|")
-    print(f"| 256 MiB in+out, pinned | {p['gbps_both_ways']:.1f} GB/s | duplex copy {c['duplex_gbps']:.1f} GB/s | "  # type: ignore[index]
-          f"{p['gbps_both_ways'] / c['duplex_gbps']:.2f} |")  # type: ignore[index]
-    print(f"| 256 MiB in+out, not registered | {u['gbps_both_ways']:.1f} GB/s | pinned {p['gbps_both_ways']:.1f} GB/s | "  # type: ignore[index]
-          f"{u['gbps_both_ways'] / p['gbps_both_ways']:.2f} |")  # type: ignore[index]
-    t, z = res["tiny_64B"], res["bare_zmq_64B"]
-    print(f"| 64 B scale p50 / p99 | {t['p50_us']:.1f} / {t['p99_us']:.1f} us | bare zmq {z['p50_us']:.1f} / "  # type: ignore[index]
-          f"{z['p99_us']:.1f} us | +{t['p50_us'] - z['p50_us']:.1f} us |")  # type: ignore[index]
-    print(f"| gemm 16x256x256 fp16 req/s | 8 procs {res['rps_gemm_8_clients']:.0f} | 1 proc {res['rps_gemm_1_client']:.0f} | "
-          f"{res['rps_gemm_8_clients'] / res['rps_gemm_1_client']:.2f}x |")  # type: ignore[operator]
+    p, u = res.get("pinned_256MiB"), res.get("pageable_256MiB")
+    if p:
+        print(f"| 256 MiB in+out, pinned | {p['gbps_both_ways']:.1f} GB/s | duplex copy {c['duplex_gbps']:.1f} GB/s | "  # type: ignore[index]
+              f"{p['gbps_both_ways'] / c['duplex_gbps']:.2f} |")  # type: ignore[index]
+    if p and u:
+        print(f"| 256 MiB in+out, not registered | {u['gbps_both_ways']:.1f} GB/s | pinned {p['gbps_both_ways']:.1f} GB/s | "  # type: ignore[index]
+              f"{u['gbps_both_ways'] / p['gbps_both_ways']:.2f} |")  # type: ignore[index]
+    t, z = res.get("tiny_64B"), res.get("bare_zmq_64B")
+    if t and z:
+        print(f"| 64 B scale p50 / p99 | {t['p50_us']:.1f} / {t['p99_us']:.1f} us | bare zmq {z['p50_us']:.1f} / "  # type: ignore[index]
+              f"{z['p99_us']:.1f} us | +{t['p50_us'] - z['p50_us']:.1f} us |")  # type: ignore[index]
+    if "rps_gemm_8_clients" in res:
+        print(f"| gemm 16x256x256 fp16 req/s | 8 procs {res['rps_gemm_8_clients']:.0f} | 1 proc {res['rps_gemm_1_client']:.0f} | "
+              f"{res['rps_gemm_8_clients'] / res['rps_gemm_1_client']:.2f}x |")  # type: ignore[operator]
     return 0
 
 

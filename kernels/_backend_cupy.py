@@ -3,49 +3,78 @@ pipeline on the device, requested outputs copied device->host straight into thei
 
 Copies, and why: one H2D per request input (the GPU cannot compute on host pages at full
 speed: 47 GB/s mapped vs 4 TB/s HBM) and one D2H per requested output; intermediates and
-resident tensors never leave the device. Copies are ``cudaMemcpyAsync`` on the run's own
-stream from/into the caller's views, which are DMA from pinned pages once
-``register_host`` has pinned the region. Elementwise-only pipelines moving more than
-``CHUNK_THRESHOLD_BYTES`` are split into chunks over three streams so the H2D of chunk
-i+1, the kernels of chunk i and the D2H of chunk i-1 overlap.
+resident tensors never leave the device. Copies are ``cudaMemcpyAsync`` from/into the
+caller's views, DMA from pinned pages once ``register_host`` has pinned the region.
 
-Streams come from a pool: one stream set (three non-blocking streams and a workspace) per
-concurrent run, so ``run`` is thread-safe. ``inject_fault = "cuda_error"`` makes the next
-run fail as a CUDA error would, after which streams and workspaces are rebuilt. A real
-sticky CUDA error (illegal address) leaves the CUDA context unusable: the worker must
-restart; it raises ``KernelFatalError`` (a ``KernelRuntimeError``) then.
+Three paths for one request (:meth:`CupyBackend.run`)::
+
+    small (plan tensors <= GRAPH_MAX_BYTES), seen before at the same host addresses
+        -> a CUDA graph (:mod:`._cuda_graph`): one launch, one synchronize
+    other requests
+        -> one stream of a stream set: H2D into device buffers kept per (stream set, plan)
+           for small plans, the steps, D2H, one synchronize
+    elementwise-only, moving more than CHUNK_THRESHOLD_BYTES
+        -> chunks over streams (:mod:`._cuda_chunks`, tunable through SHMRPC_CHUNK_*)
+
+Stage timings (CUDA events, read after the synchronize) are taken only for requests moving
+more than ``TIMED_MIN_BYTES`` and for one small request in ``STAGE_SAMPLE_EVERY``; the
+others return ``{"total"}`` (and ``"graph": 1.0`` when a graph served them).
+
+Batches (:meth:`CupyBackend.run_batch`): a batchable plan over B requests copies each
+request's inputs into its slice of one (B, ...) device buffer, runs every step once,
+copies each request's slice of the outputs back, and synchronizes once.
+
+Streams come from a pool: one stream set (streams and a workspace) per concurrent run, so
+``run`` is thread-safe. ``inject_fault = "cuda_error"`` makes the next run fail as a CUDA
+error would, after which streams, workspaces and graphs are rebuilt. A real sticky CUDA
+error (illegal address) leaves the CUDA context unusable: the worker must restart; it
+raises ``KernelFatalError`` (a ``KernelRuntimeError``) then.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from . import _cuda_chunks
 from ._backend_base import Backend, check_result
+from ._batch import BatchPlan, batch_plan, batchable
+from ._cuda_chunks import CHUNK_BYTES, CHUNK_STREAMS, CHUNK_THRESHOLD_BYTES
+from ._cuda_graph import GraphCache
+from ._dtypes import storage_dtype
 from ._errors import BackendUnavailable, KernelFatalError, KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan
 from ._registry import OpCall, TensorSpec
 
-__all__ = ["CupyBackend", "CHUNK_THRESHOLD_BYTES", "CHUNK_BYTES"]
+__all__ = ["CupyBackend", "CHUNK_THRESHOLD_BYTES", "CHUNK_BYTES", "CHUNK_STREAMS", "TIMED_MIN_BYTES",
+           "STAGE_SAMPLE_EVERY", "GRAPH_MAX_BYTES", "GRAPH_CACHE"]
 
-CHUNK_THRESHOLD_BYTES = 32 << 20
-CHUNK_BYTES = 16 << 20
-_N_STREAMS = 3
+#: Requests moving more bytes than this get CUDA-event stage timings ("h2d", "kernel", "d2h").
+TIMED_MIN_BYTES = 1 << 20
+#: One small request in this many is timed by events too (so the stage histograms stay fed).
+STAGE_SAMPLE_EVERY = 64
+#: Plans whose tensors total at most this many bytes keep device buffers and may become graphs.
+GRAPH_MAX_BYTES = 4 << 20
+#: Graphs kept per backend (``SHMRPC_CUDA_GRAPHS=0`` turns graphs off).
+GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_GRAPHS", "") or 64)
+_BUFS_PER_SET = 32
 _HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable
 _STICKY = {700, 701, 702, 709, 710, 711, 712, 713, 714, 715, 716, 717, 718, 719}  # illegal address, launch failure, ...
 
 
 class _StreamSet:
-    """Streams and scratch owned by one run at a time."""
+    """Streams, events, device buffers and scratch owned by one run at a time."""
 
     def __init__(self, cupy: Any, generation: int) -> None:
-        self.streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(_N_STREAMS)]
+        self.streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(max(3, CHUNK_STREAMS))]
         self.events = [cupy.cuda.Event() for _ in range(4)]  # reused: a stream set serves one run at a time
         self.workspace: dict[str, Any] = {}
+        self.bufs: dict[int, tuple[Plan, dict[str, Any]]] = {}  # id(plan) -> (plan, input name -> device buffer)
         self.generation = generation
 
 
@@ -73,6 +102,10 @@ class CupyBackend(Backend):
         self._stream_sets_lock = threading.Lock()
         self._generation = 0
         self._registered: dict[int, int] = {}
+        self._tls = threading.local()
+        self._graphs = GraphCache(cupy, self._issue, GRAPH_CACHE, 2, self._tls)
+        self._small_runs = 0
+        self._batch_plans: dict[tuple[int, int], tuple[Plan, BatchPlan]] = {}
 
     # -- errors --------------------------------------------------------------------
     def _wrap(self, e: BaseException, op: str, step: int) -> OpError:
@@ -87,16 +120,18 @@ class CupyBackend(Backend):
             status = int(getattr(e, "status", -1))
             if status == 2:  # cudaErrorMemoryAllocation
                 return KernelResourceError(f"out of device memory: {e}", op=op, step=step, field="memory")
-            self._reset()
+            if not getattr(self._tls, "capturing", False):  # a refused capture is no device error
+                self._reset()
             cls = KernelFatalError if status in _STICKY else KernelRuntimeError
             return cls(f"CUDA error {status}: {e}", op=op, step=step)
         return KernelRuntimeError(f"op {op!r} failed: {type(e).__name__}: {e}", op=op, step=step)
 
     def _reset(self) -> None:
-        """Forget streams and workspaces (after a CUDA error); the next run builds fresh ones."""
+        """Forget streams, workspaces and graphs (after a CUDA error); the next run builds fresh ones."""
         with self._stream_sets_lock:
             self._generation += 1
             self._stream_sets.clear()
+        self._graphs.clear()
         try:
             with self._dev:
                 self.xp.cuda.runtime.deviceSynchronize()
@@ -116,9 +151,10 @@ class CupyBackend(Backend):
                 self._stream_sets.append(sset)
 
     # -- copies --------------------------------------------------------------------
-    def _h2d(self, host: np.ndarray, stream: Any) -> Any:
+    def _h2d(self, host: np.ndarray, stream: Any, dev: Any = None) -> Any:
         cp = self.xp
-        dev = cp.empty(host.shape, dtype=host.dtype)
+        if dev is None:
+            dev = cp.empty(host.shape, dtype=host.dtype)
         if host.nbytes:
             src = host if host.flags.c_contiguous else np.ascontiguousarray(host)  # a host copy only for strided views
             cp.cuda.runtime.memcpyAsync(dev.data.ptr, src.ctypes.data, src.nbytes, cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
@@ -126,10 +162,11 @@ class CupyBackend(Backend):
                 stream.synchronize()  # src is a temporary
         return dev
 
-    def _d2h(self, dev: Any, host: np.ndarray, stream: Any) -> None:
+    def _d2h(self, dev: Any, host: np.ndarray, stream: Any) -> Any:
+        """Copy ``dev`` into ``host``; returns the device array the copy reads (keep it until the sync)."""
         cp = self.xp
         if not host.nbytes:
-            return
+            return dev
         dev = cp.ascontiguousarray(dev)
         if host.flags.c_contiguous:
             cp.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data.ptr, host.nbytes, cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
@@ -138,6 +175,7 @@ class CupyBackend(Backend):
             cp.cuda.runtime.memcpyAsync(tmp.ctypes.data, dev.data.ptr, tmp.nbytes, cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
             stream.synchronize()
             np.copyto(host, tmp)
+        return dev
 
     def _to_resident(self, arr: np.ndarray, spec: TensorSpec) -> Any:
         with self._dev:
@@ -155,8 +193,10 @@ class CupyBackend(Backend):
             keep_as: Mapping[str, str] | None = None) -> dict[str, float]:
         """Run ``plan``: H2D of request inputs, the steps on device, D2H into ``outputs``.
 
-        Returns seconds {"h2d", "kernel", "d2h", "total"} (CUDA events; in chunked runs the
-        stage figures are sums over chunks and overlap, "total" is wall time).
+        Returns seconds: always "total" (wall time of the call); "h2d", "kernel", "d2h" (CUDA
+        events) for requests moving more than TIMED_MIN_BYTES and one small request in
+        STAGE_SAMPLE_EVERY; "graph": 1.0 when a CUDA graph served the request; "chunks" for
+        chunked runs (their stage figures overlap: see :mod:`._cuda_chunks`).
         Raises KernelInputError, KernelRuntimeError (op/step set), KernelResourceError.
         """
         t0 = time.perf_counter()
@@ -166,13 +206,33 @@ class CupyBackend(Backend):
             raise fault
         host_in, host_out = self._host_io(plan, inputs, outputs)
         resident = self._lookup_resident(plan)
+        moved = sum(h.nbytes for h in host_in.values()) + sum(h.nbytes for h in host_out.values())
+        small = moved <= TIMED_MIN_BYTES and _plan_bytes(plan) <= GRAPH_MAX_BYTES
+        timed = not small
+        if small:
+            self._small_runs += 1
+            timed = self._small_runs % STAGE_SAMPLE_EVERY == 0
         with self._dev:
+            if small and not timed and self._graphs.eligible(plan):
+                try:
+                    if self._graphs.run(plan, host_in, host_out, resident):
+                        return {"total": time.perf_counter() - t0, "graph": 1.0}
+                except OpError:
+                    raise
+                except Exception as e:
+                    raise self._wrap(e, "", -1) from e
             sset = self._acquire()
             try:
-                if self._chunkable(plan, host_in, host_out):
-                    times = self._run_chunked(sset, plan, host_in, host_out, resident)
+                if self._chunkable(plan, host_in, host_out, moved):
+                    try:
+                        times = _cuda_chunks.run_chunked(self.xp, sset.streams, plan, host_in, host_out, resident,
+                                                         lambda st, i, si, so: self._step(st, i, si, so, sset.workspace))
+                    except OpError:
+                        raise
+                    except Exception as e:
+                        raise self._wrap(e, "", -1) from e
                 else:
-                    times = self._run_whole(sset, plan, host_in, host_out, resident, keep_as)
+                    times = self._run_whole(sset, plan, host_in, host_out, resident, keep_as, timed, small)
             except BaseException:
                 self._release(sset)
                 raise
@@ -181,10 +241,10 @@ class CupyBackend(Backend):
         return times
 
     def _step(self, st: Any, ins: dict[str, Any], in_specs: Mapping[str, TensorSpec], out_specs: Mapping[str, TensorSpec],
-              sset: _StreamSet) -> dict[str, Any]:
+              workspace: dict[str, Any]) -> dict[str, Any]:
         impl = st.op.cupy
         assert impl is not None  # plan() refuses ops without one
-        call = OpCall(self.xp, ins, in_specs, out_specs, st.attrs, {}, sset.workspace)
+        call = OpCall(self.xp, ins, in_specs, out_specs, st.attrs, {}, workspace)
         try:
             res = impl(call)
             check_result(st, res, out_specs)
@@ -192,86 +252,151 @@ class CupyBackend(Backend):
         except Exception as e:
             raise self._wrap(e, st.op.name, st.index) from e
 
+    def _issue(self, plan: Plan, host_in: Mapping[str, np.ndarray], host_out: Mapping[str, np.ndarray],
+               resident: Mapping[str, Any], s: Any, workspace: dict[str, Any],
+               bufs: dict[str, Any] | None = None, ev: list[Any] | None = None) -> dict[str, Any]:
+        """Enqueue one whole run on stream ``s`` (no synchronize); returns every device array it uses.
+
+        ``bufs``: device buffers to copy the inputs into (kept by the caller); ``ev``: four
+        events to record around the stages.
+        """
+        with s:
+            if ev is not None:
+                ev[0].record(s)
+            env: dict[str, Any] = {n: self._h2d(h, s, bufs.get(n) if bufs else None) for n, h in host_in.items()}
+            env.update(resident)
+            if ev is not None:
+                ev[1].record(s)
+            for st in plan.steps:
+                res = self._step(st, {p: env[n] for p, n in st.inputs.items()}, st.in_specs, st.out_specs, workspace)
+                for p, n in st.outputs.items():
+                    env[n] = res[p]
+            if ev is not None:
+                ev[2].record(s)
+            for n, h in host_out.items():
+                env["#d2h." + n] = self._d2h(env[n], h, s)
+            if ev is not None:
+                ev[3].record(s)
+        return env
+
     def _run_whole(self, sset: _StreamSet, plan: Plan, host_in: dict[str, np.ndarray], host_out: dict[str, np.ndarray],
-                   resident: dict[str, Any], keep_as: Mapping[str, str] | None) -> dict[str, float]:
+                   resident: dict[str, Any], keep_as: Mapping[str, str] | None, timed: bool, small: bool) -> dict[str, float]:
         cp = self.xp
         s = sset.streams[0]
-        ev = sset.events
+        bufs = self._bufs(sset, plan, host_in) if small and not plan.keep else None
+        ev = sset.events if timed else None
         try:
-            with s:
-                ev[0].record(s)
-                env: dict[str, Any] = {n: self._h2d(h, s) for n, h in host_in.items()}
-                env.update(resident)
-                ev[1].record(s)
-                for st in plan.steps:
-                    res = self._step(st, {p: env[n] for p, n in st.inputs.items()}, st.in_specs, st.out_specs, sset)
-                    for p, n in st.outputs.items():
-                        env[n] = res[p]
-                ev[2].record(s)
-                for n, h in host_out.items():
-                    self._d2h(env[n], h, s)
-                ev[3].record(s)
-                s.synchronize()
+            env = self._issue(plan, host_in, host_out, resident, s, sset.workspace, bufs, ev)
+            s.synchronize()
             self._keep(plan, env, keep_as)
         except OpError:
+            s.synchronize()
             raise
         except Exception as e:
             raise self._wrap(e, "", -1) from e
+        if ev is None:
+            return {}
         ms = [cp.cuda.get_elapsed_time(ev[i], ev[i + 1]) / 1e3 for i in range(3)]
         return {"h2d": ms[0], "kernel": ms[1], "d2h": ms[2]}
 
-    def _chunkable(self, plan: Plan, host_in: dict[str, np.ndarray], host_out: dict[str, np.ndarray]) -> bool:
-        moved = sum(h.nbytes for h in host_in.values()) + sum(h.nbytes for h in host_out.values())
+    def _bufs(self, sset: _StreamSet, plan: Plan, host_in: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        """Device buffers for ``plan``'s inputs, made on its first run in this stream set and reused after."""
+        entry = sset.bufs.get(id(plan))
+        if entry is not None and entry[0] is plan:
+            return entry[1]
+        if len(sset.bufs) >= _BUFS_PER_SET:
+            sset.bufs.pop(next(iter(sset.bufs)))
+        bufs = {n: self.xp.empty(h.shape, dtype=h.dtype) for n, h in host_in.items()}
+        sset.bufs[id(plan)] = (plan, bufs)
+        return bufs
+
+    def _chunkable(self, plan: Plan, host_in: dict[str, np.ndarray], host_out: dict[str, np.ndarray], moved: int) -> bool:
         if moved <= CHUNK_THRESHOLD_BYTES or not plan.elementwise or plan.keep:
             return False
         shapes = {s.shape for s in plan.tensors.values()}
         views = list(host_in.values()) + list(host_out.values())
-        return len(shapes) == 1 and moved > CHUNK_THRESHOLD_BYTES and all(v.flags.c_contiguous for v in views)
+        return len(shapes) == 1 and all(v.flags.c_contiguous for v in views)
 
-    def _run_chunked(self, sset: _StreamSet, plan: Plan, host_in: dict[str, np.ndarray], host_out: dict[str, np.ndarray],
-                     resident: dict[str, Any]) -> dict[str, float]:
-        cp = self.xp
-        n = next(iter(plan.tensors.values())).size
-        widest = max(np.dtype(a.dtype).itemsize for a in [*host_in.values(), *host_out.values(), *resident.values()])
-        chunk = max(1, CHUNK_BYTES // widest)
-        flat_in = {k: v.reshape(-1) for k, v in host_in.items()}
-        flat_out = {k: v.reshape(-1) for k, v in host_out.items()}
-        flat_res = {k: v.reshape(-1) for k, v in resident.items()}
-        marks: list[list[Any]] = []
+    # -- batches -------------------------------------------------------------------
+    def run_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
+                  ) -> list[dict[str, float] | Exception]:
+        """Run ``plan`` over several requests; see :meth:`Backend.run_batch`.
+
+        A :func:`~shmrpc.kernels._batch.batchable` plan over two requests or more runs once:
+        each request's inputs are copied into its slice of one (B, ...) device buffer, every
+        step runs once with (B, ...) specs, each request's output slice is copied into its
+        view, one synchronize. Each item then gets ``{"total": seconds of the joint run,
+        "batch": B}``. A bad view, an op error or a device error in the joint run makes every
+        request run alone (its own result or error), unless copies out had begun: then every
+        request gets the joint run's error.
+        """
+        if len(items) < 2 or self.inject_fault or not batchable(plan):
+            return super().run_batch(plan, items)
+        t0 = time.perf_counter()
         try:
-            for ci, start in enumerate(range(0, n, chunk)):
-                stop = min(n, start + chunk)
-                s = sset.streams[ci % _N_STREAMS]
-                ev = [cp.cuda.Event() for _ in range(4)]
-                with s:
-                    ev[0].record(s)
-                    env: dict[str, Any] = {k: self._h2d(v[start:stop], s) for k, v in flat_in.items()}
-                    env.update({k: v[start:stop] for k, v in flat_res.items()})
-                    ev[1].record(s)
-                    for st in plan.steps:
-                        in_specs = {p: TensorSpec((stop - start,), sp.dtype) for p, sp in st.in_specs.items()}
-                        out_specs = {p: TensorSpec((stop - start,), sp.dtype) for p, sp in st.out_specs.items()}
-                        res = self._step(st, {p: env[k] for p, k in st.inputs.items()}, in_specs, out_specs, sset)
-                        for p, k in st.outputs.items():
-                            env[k] = res[p]
-                    ev[2].record(s)
-                    for k, h in flat_out.items():
-                        self._d2h(env[k], h[start:stop], s)
-                    ev[3].record(s)
-                marks.append(ev)  # device buffers go back to the pool of stream s: stream order keeps reuse safe
-            for s in sset.streams:
-                s.synchronize()
+            checked = [self._host_io(plan, ins, outs) for ins, outs in items]
+            resident = self._lookup_resident(plan)
         except OpError:
-            for s in sset.streams:
-                s.synchronize()
-            raise
-        except Exception as e:
-            raise self._wrap(e, "", -1) from e
-        tot = [0.0, 0.0, 0.0]
-        for ev in marks:
-            for i in range(3):
-                tot[i] += cp.cuda.get_elapsed_time(ev[i], ev[i + 1]) / 1e3
-        return {"h2d": tot[0], "kernel": tot[1], "d2h": tot[2], "chunks": float(len(marks))}
+            return super().run_batch(plan, items)
+        if not all(v.flags.c_contiguous for hi, ho in checked for v in (*hi.values(), *ho.values())):
+            return super().run_batch(plan, items)
+        bp = self._batch_plan(plan, len(items))
+        copying_out = [False]
+        with self._dev:
+            sset = self._acquire()
+            try:
+                self._run_joint(sset, plan, bp, checked, resident, copying_out)
+            except Exception as e:  # noqa: BLE001 - the batch failed as a whole
+                self._release(sset)
+                if not copying_out[0]:
+                    return super().run_batch(plan, items)
+                err = e if isinstance(e, OpError) else self._wrap(e, "", -1)
+                return [err for _ in items]
+            self._release(sset)
+        dt = time.perf_counter() - t0
+        return [{"total": dt, "batch": float(len(items))} for _ in items]
+
+    def _batch_plan(self, plan: Plan, size: int) -> BatchPlan:
+        entry = self._batch_plans.get((id(plan), size))
+        if entry is not None and entry[0] is plan:
+            return entry[1]
+        if len(self._batch_plans) > 256:
+            self._batch_plans.clear()
+        bp = batch_plan(plan, size)
+        self._batch_plans[(id(plan), size)] = (plan, bp)
+        return bp
+
+    def _run_joint(self, sset: _StreamSet, plan: Plan, bp: BatchPlan,
+                   checked: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]], resident: Mapping[str, Any],
+                   copying_out: list[bool]) -> None:
+        cp = self.xp
+        rt = cp.cuda.runtime
+        s = sset.streams[0]
+        with s:
+            env: dict[str, Any] = {}
+            for name, spec in plan.inputs.items():
+                if name in plan.resident:
+                    continue
+                dev = cp.empty((bp.size, *spec.shape), dtype=storage_dtype(spec.dtype))
+                per, base = spec.nbytes, dev.data.ptr
+                if per:
+                    for b, (host_in, _) in enumerate(checked):
+                        rt.memcpyAsync(base + b * per, host_in[name].ctypes.data, per, rt.memcpyHostToDevice, s.ptr)
+                env[name] = dev
+            env.update(resident)
+            for st, (in_specs, out_specs) in zip(plan.steps, bp.steps):
+                res = self._step(st, {p: env[n] for p, n in st.inputs.items()}, in_specs, out_specs, sset.workspace)
+                for p, n in st.outputs.items():
+                    env[n] = res[p]
+            outs = {n: cp.ascontiguousarray(env[n]) for n in plan.outputs}
+            copying_out[0] = True
+            for name, spec in plan.outputs.items():
+                per, base = spec.nbytes, outs[name].data.ptr
+                step_b = per if name in bp.batched else 0
+                if per:
+                    for b, (_, host_out) in enumerate(checked):
+                        rt.memcpyAsync(host_out[name].ctypes.data, base + b * step_b, per, rt.memcpyDeviceToHost, s.ptr)
+            s.synchronize()
 
     # -- host memory, warmup, memory, close ----------------------------------------
     def register_host(self, address: int, nbytes: int) -> None:
@@ -287,6 +412,7 @@ class CupyBackend(Backend):
     def unregister_host(self, address: int | None = None) -> None:
         """cudaHostUnregister ``address`` (None: every range registered here)."""
         addrs = list(self._registered) if address is None else [address]
+        self._graphs.clear()  # their copies were made for pinned pages
         with self._dev:
             for a in addrs:
                 if self._registered.pop(a, None) is not None:
@@ -324,8 +450,14 @@ class CupyBackend(Backend):
         if self.closed:
             return
         super().close()
+        self._graphs.clear()
         self.unregister_host()
         with self._stream_sets_lock:
             self._stream_sets.clear()
         with self._dev:
             self.xp.get_default_memory_pool().free_all_blocks()
+
+
+def _plan_bytes(plan: Plan) -> int:
+    """Bytes of every tensor of ``plan`` (inputs, intermediates, outputs)."""
+    return sum(t.nbytes for t in plan.tensors.values())

@@ -5,22 +5,35 @@ output writes straight into its view (``out=``) unless that view overlaps memory
 step (or this step, for ops that are not in place) still reads, in which case it computes
 into a fresh array that is copied into the view at the end. Intermediates are ordinary
 arrays. Resident tensors are private copies (``put`` copies; kept outputs are copied).
+
+Batches (:meth:`NumpyBackend.run_batch`): a batchable plan over B requests stacks each
+request input into one (B, ...) array (a copy), runs every step once and copies each
+request's slice into its output view, when ``BATCH_JOINT`` is set. It is off by default: in
+``bench/gpu/tiny_probe.py --batch`` (gemm 16x256x256 float16, x and w per request; GPU host's
+16 cores, bench/results/gpu-batch-2026-11-30-*.json) the joint run was no faster than one run
+per request (B=8: 6825 vs 6676 requests/s in one run, 3772 vs 4883 in the other; NumPy's
+matmul loops over the stack anyway). The tests turn it on to check every ``batch=True`` op's
+claim without a GPU.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ._backend_base import Backend, check_result
+from ._batch import batch_plan, batchable
 from ._errors import KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan, ResolvedStep
 from ._registry import OpCall, TensorSpec
 
-__all__ = ["NumpyBackend"]
+__all__ = ["NumpyBackend", "BATCH_JOINT"]
+
+#: Run batchable plans jointly in :meth:`NumpyBackend.run_batch` (False: request by request).
+BATCH_JOINT = False
 
 
 def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
@@ -93,3 +106,37 @@ class NumpyBackend(Backend):
         self._keep(plan, env, keep_as)
         dt = time.perf_counter() - t0
         return {"h2d": 0.0, "kernel": dt, "d2h": 0.0, "total": dt}
+
+    def run_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
+                  ) -> list[dict[str, float] | Exception]:
+        """Run ``plan`` over several requests; see :meth:`Backend.run_batch`.
+
+        A :func:`~shmrpc.kernels._batch.batchable` plan over two requests or more (and
+        ``BATCH_JOINT``) runs once on stacked inputs; each item then gets
+        ``{"total": seconds of the joint run, "batch": B}``. If a view is wrong or the joint
+        run raises, every request runs alone, so each gets its own result or error.
+        """
+        if len(items) < 2 or not BATCH_JOINT or self.inject_fault or not batchable(plan):
+            return super().run_batch(plan, items)
+        t0 = time.perf_counter()
+        try:
+            checked = [self._host_io(plan, ins, outs) for ins, outs in items]
+            bp = batch_plan(plan, len(items))
+            env: dict[str, Any] = {n: np.stack([c[0][n] for c in checked]) for n in plan.inputs if n not in plan.resident}
+            env.update(self._lookup_resident(plan))
+            for st, (in_specs, out_specs) in zip(plan.steps, bp.steps):
+                impl = st.op.numpy
+                assert impl is not None  # plan() refuses ops without one
+                res = impl(OpCall(np, {p: env[n] for p, n in st.inputs.items()}, in_specs, out_specs, st.attrs, {}))
+                check_result(st, res, out_specs)
+                for p, n in st.outputs.items():
+                    env[n] = res[p]
+        except Exception:  # noqa: BLE001 - one request's bad input or an op's error: each request alone
+            return super().run_batch(plan, items)
+        # NOTE: outputs are written only now, after every step ran: an output view over its own
+        # request's input (in place) is read before it is written, and a failed batch wrote nothing.
+        for b, (_, host_out) in enumerate(checked):
+            for n, view in host_out.items():
+                np.copyto(view, env[n][b] if n in bp.batched else env[n])
+        dt = time.perf_counter() - t0
+        return [{"total": dt, "batch": float(len(items))} for _ in items]

@@ -5,6 +5,11 @@ float16/bfloat16 are widened to float32, multiplied (float32 accumulation), roun
 CuPy: float16/float32/float64 through ``cupy.matmul`` (cuBLAS; for float16 CuPy calls
 cublasGemmEx with float32 compute unless its compute-type setting was changed); bfloat16
 has no CuPy dtype, so it is widened to float32 with bit shifts, multiplied, rounded back.
+
+Batches (``batch=True``): every non-resident tensor may carry one more leading axis, x
+(B, M, K), w (B, K, N) or a resident (K, N), bias (B, N) or a resident (N,); ``matmul``
+broadcasts the leading axis (cuBLAS strided-batched on CuPy) and a batched bias is added
+per request.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ def _gemm_impl(call: OpCall, *, cublas_fp16: bool) -> dict[str, Any]:
     xp, dt, d = call.xp, call.in_specs["x"].dtype, call.dest("out")
     x, w = call.inputs["x"], call.inputs["w"]
     bias = call.inputs.get("bias")
+    if bias is not None and bias.ndim == 2:  # a batch of per-request biases (B, N): one row per request's (M, N)
+        bias = bias.reshape(bias.shape[0], 1, bias.shape[1])
     if dt in ("float32", "float64") or (dt == "float16" and cublas_fp16 and bias is None):
         r = xp.matmul(x, w, out=d)
         if bias is not None:
@@ -76,7 +83,7 @@ _DOC = ("x (M, K), w (K, N) of one dtype (float16/bfloat16/float32/float64) -> o
 GEMM = register_op(OpSpec(
     name="gemm", code=10, inputs=("x", "w"), outputs=("out",), attrs={}, infer=_infer_gemm,
     numpy=_gemm_numpy, cupy=_gemm_cupy, tolerances=TOL_MATMUL, doc="out = x @ w. " + _DOC + ".", cost=_gemm_flops,
-    example={"x": TensorSpec((4, 32), "float16"), "w": TensorSpec((32, 16), "float16")},
+    example={"x": TensorSpec((4, 32), "float16"), "w": TensorSpec((32, 16), "float16")}, batch=True,
 ))
 
 GEMM_BIAS = register_op(OpSpec(
@@ -84,5 +91,5 @@ GEMM_BIAS = register_op(OpSpec(
     numpy=_gemm_numpy, cupy=_gemm_cupy, tolerances=TOL_MATMUL, cost=_gemm_flops,
     doc="out = x @ w + bias. " + _DOC + "; bias (N,) of the same dtype, added before rounding.",
     example={"x": TensorSpec((4, 32), "float16"), "w": TensorSpec((32, 16), "float16"),
-             "bias": TensorSpec((16,), "float16")},
+             "bias": TensorSpec((16,), "float16")}, batch=True,
 ))

@@ -8,6 +8,10 @@ CuPy arrays. softmax on CuPy runs ``cuda/softmax.cu`` for float16/bfloat16/float
 16384 elements (32768 for 16-bit dtypes whose D is a multiple of 8) are held in registers
 (one read, one write); longer rows take an online max/sum pass then a write pass (two reads).
 float64 and non-contiguous inputs run the array code.
+
+Batches (``batch=True``): x may carry a leading request axis (rows of all requests are rows
+of one launch); gamma/beta sent per request arrive as (B, D) and are applied per request
+(NumPy: broadcast; CuPy: one launch per request); resident gamma/beta stay (D,).
 """
 
 from __future__ import annotations
@@ -59,10 +63,19 @@ def _infer_ln(inputs: Mapping[str, TensorSpec], attrs: Mapping[str, Any]) -> dic
     return {"out": x}
 
 
+def _per_request(p: Any, out_ndim: int) -> Any:
+    """gamma/beta of a batch, (B, D), shaped to broadcast against the batch's (B, ..., D); (D,) as it is."""
+    return p if p.ndim == 1 else p.reshape(p.shape[0], *([1] * (out_ndim - 2)), p.shape[1])
+
+
 def _ln_numpy(call: OpCall, gelu: bool) -> dict[str, Any]:
     xp, dt = call.xp, call.in_specs["x"].dtype
-    f = layernorm_float(xp, to_float(xp, call.inputs["x"], dt), to_float(xp, call.inputs["gamma"], dt),
-                        to_float(xp, call.inputs["beta"], dt), call.attrs["eps"])
+    nd = len(call.out_specs["out"].shape)
+    f = to_float(xp, call.inputs["x"], dt)
+    if f.ndim < nd:  # a resident x under per-request gamma/beta: the same rows for every request
+        f = xp.broadcast_to(f, call.out_specs["out"].shape)
+    f = layernorm_float(xp, f, _per_request(to_float(xp, call.inputs["gamma"], dt), nd),
+                        _per_request(to_float(xp, call.inputs["beta"], dt), nd), call.attrs["eps"])
     if gelu:
         f = gelu_float(xp, f)
     return {"out": from_float(xp, f, dt, call.dest("out"))}
@@ -79,6 +92,8 @@ def _ln_cupy(call: OpCall, gelu: bool) -> dict[str, Any]:
     from ._cuda import get_function
 
     x, gamma, beta = call.inputs["x"], call.inputs["gamma"], call.inputs["beta"]
+    if gamma.ndim > 1 or beta.ndim > 1:
+        return _ln_cupy_per_request(call, gelu)
     dt = call.in_specs["x"].dtype
     d = x.shape[-1]
     rows = x.size // d if d else 0
@@ -104,6 +119,29 @@ def _ln_cupy(call: OpCall, gelu: bool) -> dict[str, Any]:
     return {"out": out}
 
 
+def _ln_cupy_per_request(call: OpCall, gelu: bool) -> dict[str, Any]:
+    """A batch with per-request gamma/beta (B, D): one launch per request, into one (B, ..., D) output."""
+    import cupy
+
+    x, gamma, beta = call.inputs["x"], call.inputs["gamma"], call.inputs["beta"]
+    shape = call.out_specs["out"].shape
+    n = shape[0]
+    x_batched = x.ndim == len(shape)
+    out = cupy.empty(shape, dtype=x.dtype)
+    item = TensorSpec(shape[1:], call.out_specs["out"].dtype)
+    pspec = TensorSpec((shape[-1],), item.dtype)
+    for b in range(n):
+        ins = {"x": x[b] if x_batched else x, "gamma": gamma[b] if gamma.ndim > 1 else gamma,
+               "beta": beta[b] if beta.ndim > 1 else beta}
+        ob = out[b]
+        sub = OpCall(call.xp, ins, {"x": item, "gamma": pspec, "beta": pspec}, {"out": item}, call.attrs, {"out": ob},
+                     call.workspace)
+        r = _ln_cupy(sub, gelu)["out"]
+        if r is not ob:
+            ob[...] = r
+    return {"out": out}
+
+
 def _ln_warm(kt: str, dt: str) -> None:
     """Compile the layernorm module of one dtype (``warmup``)."""
     from ._cuda import get_function
@@ -120,7 +158,7 @@ _LN_DOC = ("x (..., D) float16/bfloat16/float32/float64, gamma (D,), beta (D,) o
 LAYERNORM = register_op(OpSpec(
     name="layernorm", code=11, inputs=("x", "gamma", "beta"), outputs=("out",), attrs={"eps": AttrSpec("float", 1e-5)},
     infer=_infer_ln, numpy=lambda c: _ln_numpy(c, False), cupy=lambda c: _ln_cupy(c, False),
-    tolerances=TOL_REDUCTION, doc="out = layernorm(x). " + _LN_DOC, example=_LN_EX,
+    tolerances=TOL_REDUCTION, doc="out = layernorm(x). " + _LN_DOC, example=_LN_EX, batch=True,
 ))
 
 LAYERNORM_GELU = register_op(OpSpec(
@@ -128,7 +166,7 @@ LAYERNORM_GELU = register_op(OpSpec(
     infer=_infer_ln, numpy=lambda c: _ln_numpy(c, True), cupy=lambda c: _ln_cupy(c, True),
     tolerances=TOL_REDUCTION,
     doc="out = gelu_tanh(layernorm(x)), fused (no rounding in between; on CuPy one kernel, one read and one "
-        "write per element). " + _LN_DOC, example=_LN_EX,
+        "write per element). " + _LN_DOC, example=_LN_EX, batch=True,
 ))
 
 
@@ -191,5 +229,5 @@ SOFTMAX = register_op(OpSpec(
         "float32 accumulation (float64 for float64), rounded once. CuPy: one fused kernel per row "
         "(float16/bfloat16/float32; row in registers up to D = 16384, 32768 for 16-bit D % 8 == 0; longer rows "
         "an online max/sum pass and a write pass); float64 or non-contiguous x: array code.",
-    example={"x": TensorSpec((4, 64), "float16")},
+    example={"x": TensorSpec((4, 64), "float16")}, batch=True,
 ))

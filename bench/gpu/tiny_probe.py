@@ -1,6 +1,11 @@
 """Where the time of a tiny GPU request goes: each layer timed alone on the GPU machine.
 
-    python bench/gpu/tiny_probe.py
+    python bench/gpu/tiny_probe.py              the layers, backend.run with and without CUDA graphs, workers
+    python bench/gpu/tiny_probe.py --profile    cProfile of tiny CuPy backend runs
+    python bench/gpu/tiny_probe.py --batch [--out FILE.json]
+        in-process requests/s of gemm 16x256x256 float16 (x and w sent per request) through
+        Backend.run one request at a time vs Backend.run_batch over B requests, on NumPy (always)
+        and CuPy (when it sees a GPU); views in page-locked memory on CuPy, as the worker's are
 """
 
 from __future__ import annotations
@@ -55,14 +60,17 @@ def main() -> None:
 
     print("raw memcpy + kernel + memcpy + sync  ", pct(timed(raw)))
     print("raw, 100 us idle between             ", pct(timed(raw, gap_s=100e-6)))
-    for kind in ("cupy", "numpy"):
+    for kind, graphs in (("cupy", True), ("cupy", False), ("numpy", False)):
         be = kernels.select_backend(kind)
         be.warmup()
+        if kind == "cupy" and not graphs:
+            be._graphs.limit = 0  # type: ignore[attr-defined]  # the plain path: device buffers, no events
+        label = f"{kind} {'graph' if graphs else 'plain' if kind == 'cupy' else ''}"
         plan = be.plan([kernels.StepSpec("scale", {"x": "x"}, {"out": "out"}, {"a": 2.0})],
                        {"x": kernels.TensorSpec((16,), "float32")}, ["out"])
-        print(f"backend.run {kind:5s}                    ", pct(timed(lambda be=be, plan=plan: be.run(plan, {"x": h}, {"out": o}))))
-        print(f"backend.run {kind:5s}, 100 us idle between", pct(timed(lambda be=be, plan=plan: be.run(plan, {"x": h}, {"out": o}),
-                                                                        gap_s=100e-6)))
+        print(f"backend.run {label:11s}              ", pct(timed(lambda be=be, plan=plan: be.run(plan, {"x": h}, {"out": o}))))
+        print(f"backend.run {label:11s}, 100 us idle ", pct(timed(lambda be=be, plan=plan: be.run(plan, {"x": h}, {"out": o}),
+                                                                   gap_s=100e-6)))
         be.close()
     from shmrpc.client import Client
 
@@ -111,5 +119,87 @@ def profile_backend() -> None:
     pstats.Stats(pr).sort_stats("tottime").print_stats(25)
 
 
+def _gemm_views(buf: np.ndarray, count: int, m: int, k: int, n: int, rng: np.random.Generator) -> list:  # type: ignore[type-arg]
+    """``count`` (inputs, outputs) view pairs of gemm (x (m, k), w (k, n) -> o (m, n)) at 4 KiB-aligned offsets of ``buf``."""
+    items, off = [], 0
+    for _ in range(count):
+        views = []
+        for shape in ((m, k), (k, n), (m, n)):
+            views.append(np.frombuffer(buf, np.float16, shape[0] * shape[1], off).reshape(shape))
+            off += -(-views[-1].nbytes // 4096) * 4096
+        x, w, o = views
+        x[:] = rng.standard_normal(x.shape)
+        w[:] = rng.standard_normal(w.shape) * 0.05
+        items.append(({"x": x, "w": w}, {"o": o}))
+    return items
+
+
+def batch(out_path: str | None) -> None:
+    """Requests/s of gemm 16x256x256 float16 through run (one by one) and run_batch (B at once), in process."""
+    from shmrpc import kernels
+
+    kinds = ["numpy"]
+    try:
+        import cupy as cp
+
+        if cp.cuda.runtime.getDeviceCount() > 0:
+            kinds.append("cupy")
+    except Exception:  # noqa: BLE001 - NumPy only on a machine without CuPy
+        cp = None
+    from shmrpc.kernels import _backend_numpy
+
+    rng = np.random.default_rng(0)
+    results: list[dict[str, object]] = []
+    m, k, n = 16, 256, 256
+    for kind in kinds:
+        be = kernels.select_backend(kind)
+        plan = be.plan([kernels.StepSpec("gemm", {"x": "x", "w": "w"}, {"out": "o"})],
+                       {"x": kernels.TensorSpec((m, k), "float16"), "w": kernels.TensorSpec((k, n), "float16")}, ["o"])
+        per = 2 * (m * k + k * n + m * n)
+        nmax = 32
+        if kind == "cupy":
+            mem = cp.cuda.alloc_pinned_memory(nmax * (per + 3 * 4096))
+            buf = np.frombuffer(mem, np.uint8)
+        else:
+            buf = np.empty(nmax * (per + 3 * 4096), np.uint8)
+        items = _gemm_views(buf, nmax, m, k, n, rng)
+        for size in (1, 8, 16, 32):
+            modes = [("run", False)] + ([("run_batch", True)] if size > 1 else [])
+            for mode, joint in modes:
+                _backend_numpy.BATCH_JOINT = joint
+                group = items[:size]
+
+                def once(group: list = group, mode: str = mode, be: object = be, plan: object = plan) -> None:  # type: ignore[type-arg]
+                    if mode == "run":
+                        for ins, outs in group:
+                            be.run(plan, ins, outs)  # type: ignore[attr-defined]
+                    else:
+                        be.run_batch(plan, group)  # type: ignore[attr-defined]
+
+                ts = timed(once, n=300 if kind == "cupy" else 30)
+                med = float(np.median(ts))
+                row = {"backend": kind, "mode": mode, "batch": size, "median_s": med, "requests_per_s": size / med}
+                results.append(row)
+                print(f"{kind:5s} {mode:9s} B={size:2d}  {med * 1e6:9.1f} us per call  {size / med:10.0f} requests/s")
+        be.close()
+    _backend_numpy.BATCH_JOINT = False
+    if out_path:
+        import datetime
+        import os
+        import platform
+
+        doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "command": " ".join(sys.argv),
+               "commit": os.environ.get("SHMRPC_COMMIT", "unknown"), "python": platform.python_version(),
+               "cpu_count": os.cpu_count(), "what": "gemm 16x256x256 float16, x and w per request, in process",
+               "results": results}
+        with open(out_path, "w") as f:
+            json.dump(doc, f, indent=2)
+
+
 if __name__ == "__main__":
-    profile_backend() if "--profile" in sys.argv else main()
+    if "--profile" in sys.argv:
+        profile_backend()
+    elif "--batch" in sys.argv:
+        batch(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)
+    else:
+        main()

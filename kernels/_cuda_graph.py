@@ -1,0 +1,191 @@
+"""CUDA graphs for small requests that repeat: H2D + kernels + D2H captured once, launched after.
+
+The worker answers a primed request from the same slot views every time, so a small plan
+that repeats does so at the same host addresses. The second time a key is seen::
+
+    key = (plan, host input addresses, host output addresses, resident device addresses)
+
+    seen once      plain run (the backend's own path)
+    seen twice     warm run on a private stream and memory pool (this request's result,
+                   kernels compiled), then capture of the same work on that stream
+    afterwards     graph.launch(stream); stream.synchronize()   one launch, one sync
+
+A graph copies from exactly the key's input addresses and into exactly its output addresses
+(the views of the request it serves), so it never writes a host range that is not that
+request's outputs. Every device array it touches stays alive with it: the private pool
+(temporaries freed during capture return there, and nothing else allocates from it), the
+arrays of the captured run, the resident arrays it reads. Graphs are dropped when the
+backend resets (a CUDA error), when host memory is unregistered, on close, and the oldest
+when the cache is full. A capture that fails (an op that synchronizes, an unpinned view)
+is remembered, and that plan (or key) runs the plain path from then on.
+
+Only plans of the built-in ops in :data:`GRAPH_OPS` are captured: their CuPy code launches
+kernels and nothing else. cuBLAS (``gemm``) keeps its workspace with a per-thread handle,
+which a graph launched from another thread would outlive, so it is left out.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ._plan import Plan
+
+__all__ = ["GraphCache", "GRAPH_OPS"]
+
+#: Ops whose CuPy implementations may be captured (kernels only: no sync, no library handle).
+GRAPH_OPS = frozenset({"echo", "vector_add", "scale", "gelu", "layernorm", "layernorm_gelu", "softmax"})
+_HOST = 1  # cudaMemoryTypeHost: pinned or registered host memory
+
+Issue = Callable[[Plan, Mapping[str, np.ndarray], Mapping[str, np.ndarray], Mapping[str, Any], Any, dict[str, Any]],
+                 dict[str, Any]]
+
+
+class _Graph:
+    """One captured request: the executable graph, its stream, and everything it must keep alive."""
+
+    __slots__ = ("graph", "stream", "lock", "hold")
+
+    def __init__(self, graph: Any, stream: Any, hold: tuple[Any, ...]) -> None:
+        self.graph = graph
+        self.stream = stream
+        self.lock = threading.Lock()
+        self.hold = hold
+
+
+_NONE = object()  # a key whose capture was refused (unpinned views): plain path
+
+
+class GraphCache:
+    """Graphs by key, at most ``limit``; ``after``: captured on the ``after``-th sight of a key.
+
+    ``issue(plan, host_in, host_out, resident, stream, workspace)`` enqueues one whole run
+    (H2D, steps, D2H) on ``stream`` and returns the device arrays it used.
+    """
+
+    def __init__(self, cupy: Any, issue: Issue, limit: int, after: int, capturing: threading.local) -> None:
+        self._cp = cupy
+        self._issue = issue
+        self.limit = limit
+        self.after = max(2, after)
+        self._tls = capturing
+        self._lock = threading.Lock()
+        self._graphs: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._seen: dict[tuple[Any, ...], int] = {}
+        self._failed: dict[int, Plan] = {}
+        self.captures = 0
+        self.launches = 0
+        self.last_error = ""  # why the last capture failed
+
+    def eligible(self, plan: Plan) -> bool:
+        """Whether ``plan`` may ever be captured (ops, no keep, no mutation, capture never failed)."""
+        return (self.limit > 0 and not plan.keep and id(plan) not in self._failed
+                and all(st.op.name in GRAPH_OPS and st.op.builtin and not st.op.mutates for st in plan.steps))
+
+    def run(self, plan: Plan, host_in: Mapping[str, np.ndarray], host_out: Mapping[str, np.ndarray],
+            resident: Mapping[str, Any]) -> bool:
+        """Serve this request by a graph (or by the warm run of a capture); False: run the plain path."""
+        views = [*host_in.values(), *host_out.values()]
+        if not all(v.flags.c_contiguous for v in views):
+            return False
+        key = (id(plan), *(v.ctypes.data for v in views), *(r.data.ptr for r in resident.values()))
+        with self._lock:
+            g = self._graphs.get(key)
+            if g is None:
+                n = self._seen.get(key, 0) + 1
+                if len(self._seen) > 16 * max(1, self.limit):
+                    self._seen.clear()
+                self._seen[key] = n
+                if n < self.after:
+                    return False
+            elif g is not _NONE:
+                self._graphs.move_to_end(key)
+        if g is _NONE:
+            return False
+        if g is None:
+            return self._capture(key, plan, host_in, host_out, resident, views)
+        with g.lock:
+            g.graph.launch(g.stream)
+            g.stream.synchronize()
+        self.launches += 1
+        return True
+
+    def _capture(self, key: tuple[Any, ...], plan: Plan, host_in: Mapping[str, np.ndarray],
+                 host_out: Mapping[str, np.ndarray], resident: Mapping[str, Any], views: list[np.ndarray]) -> bool:
+        cp = self._cp
+        if not all(v.nbytes == 0 or _pinned(cp, v.ctypes.data) for v in views):
+            self._store(key, _NONE)  # a graph copies by DMA only from pinned pages
+            return False
+        pool = cp.cuda.MemoryPool()
+        stream = cp.cuda.Stream(non_blocking=True)
+        workspace: dict[str, Any] = {}
+        with cp.cuda.using_allocator(pool.malloc):
+            # warm: this request's own result, kernels compiled, the private pool filled
+            self._issue(plan, host_in, host_out, resident, stream, workspace)
+            stream.synchronize()
+            self._tls.capturing = True
+            try:
+                stream.begin_capture()
+                try:
+                    used = self._issue(plan, host_in, host_out, resident, stream, workspace)
+                finally:
+                    graph = stream.end_capture()
+            except Exception as e:  # noqa: BLE001 - not capturable (an op synchronizes, ...): plain path from now on
+                self.last_error = f"{type(e).__name__}: {e}"
+                with self._lock:
+                    if len(self._failed) > 4 * max(1, self.limit):
+                        self._failed.clear()
+                    self._failed[id(plan)] = plan
+                return True
+            finally:
+                self._tls.capturing = False
+        upload = getattr(graph, "upload", None)
+        if upload is not None:
+            upload(stream)  # the graph's resources now, not at its first launch
+        self._store(key, _Graph(graph, stream, (plan, pool, used, workspace, dict(resident))))
+        self.captures += 1
+        return True
+
+    def _store(self, key: tuple[Any, ...], g: Any) -> None:
+        with self._lock:
+            self._graphs[key] = g
+            self._seen.pop(key, None)
+            while len(self._graphs) > self.limit:
+                _, old = self._graphs.popitem(last=False)
+                _retire(old)
+
+    def clear(self) -> None:
+        """Drop every graph (after each one's last launch finished) and the counts."""
+        with self._lock:
+            graphs = list(self._graphs.values())
+            self._graphs.clear()
+            self._seen.clear()
+            self._failed.clear()
+        for g in graphs:
+            _retire(g)
+
+    def __len__(self) -> int:
+        return sum(1 for g in self._graphs.values() if g is not _NONE)
+
+
+def _pinned(cp: Any, address: int) -> bool:
+    try:
+        return int(cp.cuda.runtime.pointerGetAttributes(address).type) == _HOST
+    except Exception:  # noqa: BLE001 - older drivers refuse pageable addresses: not pinned
+        return False
+
+
+def _retire(g: Any) -> None:
+    if g is _NONE:
+        return
+    with g.lock:  # a launch in flight finishes (and syncs) first
+        try:
+            g.stream.synchronize()
+        except Exception:  # noqa: BLE001 - after a sticky error there is nothing left to wait for
+            pass
+        g.graph = None
+        g.hold = ()
