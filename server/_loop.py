@@ -375,13 +375,14 @@ class Worker:
         for _ in range(256):  # bounded, so completions and pidfds get their turn
             if not _RAW_GET(sock, _EVENTS) & _POLLIN:  # cheaper than catching zmq.Again
                 return
-            identity = _RAW_RECV(sock, _NOBLOCK)  # a ROUTER message: the peer's routing id, then its frames
-            n = 0
-            frame = b""
-            while _RAW_GET(sock, _RCVMORE):
-                frame = _RAW_RECV(sock, _NOBLOCK)
-                n += 1
-            if n != 1:  # every message is one frame: say so rather than ignore it
+            # a ROUTER message: the peer's routing id, then its frames (libzmq never delivers a routing id alone)
+            identity = _RAW_RECV(sock, _NOBLOCK)
+            frame = _RAW_RECV(sock, _NOBLOCK)
+            if _RAW_GET(sock, _RCVMORE):  # every message is one frame: say so rather than ignore it
+                n = 1
+                while _RAW_GET(sock, _RCVMORE):
+                    _RAW_RECV(sock, _NOBLOCK)
+                    n += 1
                 self._refuse(identity, "bad_message", f"a message is one frame, this one had {n}", "frames")
                 continue
             try:
