@@ -16,6 +16,8 @@ Life of a CALL on the loop thread::
       -> header copied out and checked                              else error response in the slot
       -> descriptor copied out, parsed, validated, planned, costed (cached)  over --request-memory-limit: error
       -> run inline (little estimated work) or in the executor -> outputs written
+         (a batchable plan: parked until the end of the loop's turn, then run in one batch with the turn's other
+         requests of that plan, inline or as one executor task: see _batch.py; a lone one runs as above)
       -> response descriptor, then header           # NOTE: order is important here
       -> DONE(region, slot, rid, status)            # the publication point back to the client
 """
