@@ -4,6 +4,10 @@ Each implementation is written once against ``call.xp`` (NumPy or CuPy): the Num
 and the CuPy version are the same function, run on different arrays. Arithmetic on
 float16/bfloat16 runs in float32 and is rounded once at the end; float32/float64 run
 in their own dtype and write straight into the destination (``out=``) when there is one.
+
+All four are ``batch=True``: each implementation is shape-agnostic (NumPy/CuPy ufuncs,
+``copyto``, the bfloat16 conversions and the fused CuPy ``axpb`` kernel work elementwise over
+any shape), so a stack of B requests with one more leading axis runs unchanged.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ def _echo(call: OpCall) -> dict[str, Any]:
 
 ECHO = register_op(OpSpec(
     name="echo", code=1, inputs=("x",), outputs=("out",), attrs={}, infer=_same_as_x,
-    numpy=_echo, cupy=_echo, inplace=True, alias=True, elementwise=True,
+    numpy=_echo, cupy=_echo, inplace=True, alias=True, elementwise=True, batch=True,
     tolerances={n: (0.0, 0.0) for n in DTYPE_NAMES},
     doc="out = x (any dtype, any shape). Alias: output 0 is input 0; a copy happens only when the "
         "caller gives a distinct destination.",
@@ -64,7 +68,7 @@ def _vector_add(call: OpCall) -> dict[str, Any]:
 
 VECTOR_ADD = register_op(OpSpec(
     name="vector_add", code=2, inputs=("x", "y"), outputs=("out",), attrs={}, infer=_infer_vector_add,
-    numpy=_vector_add, cupy=_vector_add, inplace=True, elementwise=True, tolerances=TOL_ELEMENTWISE,
+    numpy=_vector_add, cupy=_vector_add, inplace=True, elementwise=True, batch=True, tolerances=TOL_ELEMENTWISE,
     doc="out = x + y, elementwise. x and y: same shape (no broadcasting) and dtype, any dtype but bool; "
         "integers wrap around; bfloat16 adds in float32 and rounds to nearest even. In place allowed (out over x).",
     example={"x": _EX, "y": _EX},
@@ -106,7 +110,7 @@ def _scale(call: OpCall) -> dict[str, Any]:
 SCALE = register_op(OpSpec(
     name="scale", code=3, inputs=("x",), outputs=("out",),
     attrs={"a": AttrSpec("float", 1.0), "b": AttrSpec("float", 0.0)}, infer=_infer_scale,
-    numpy=_scale, cupy=_scale, inplace=True, elementwise=True, tolerances=TOL_ELEMENTWISE,
+    numpy=_scale, cupy=_scale, inplace=True, elementwise=True, batch=True, tolerances=TOL_ELEMENTWISE,
     doc="out = a*x + b (attrs a=1.0, b=0.0). Float dtypes only. float32/float64 compute in their dtype "
         "(a*x rounded, then +b rounded); float16/bfloat16 compute in float32 and round once. In place allowed.",
     example={"x": _EX},
@@ -140,7 +144,7 @@ def _gelu(call: OpCall) -> dict[str, Any]:
 
 GELU = register_op(OpSpec(
     name="gelu", code=12, inputs=("x",), outputs=("out",), attrs={}, infer=_infer_gelu,
-    numpy=_gelu, cupy=_gelu, inplace=True, elementwise=True, tolerances=TOL_ELEMENTWISE,
+    numpy=_gelu, cupy=_gelu, inplace=True, elementwise=True, batch=True, tolerances=TOL_ELEMENTWISE,
     doc="out = 0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x**3))) (the tanh approximation), any float dtype; "
         "float16/bfloat16 compute in float32 and round once.",
     example={"x": _EX},

@@ -19,6 +19,7 @@ import numpy as np
 
 from shmrpc import kernels
 from shmrpc.kernels import Backend, Plan
+from shmrpc.kernels._batch import batchable
 from shmrpc.schema import dtypes
 from shmrpc.schema.descriptor import RequestDesc, ResponseDesc, TensorRef, decode_request, encode_response
 from shmrpc.schema.errors import (
@@ -57,6 +58,7 @@ class Prepared:
     nbytes_out: int
     response: bytes  # the success response descriptor, encoded once
     inline: bool = True  # little estimated work: run on the loop thread, not in the executor
+    batch: bool = False  # the plan may run as one batch with other requests of an equal plan (kernels' batchable)
 
 
 def resident_name(client: int, name: str) -> str:
@@ -84,23 +86,26 @@ def error_response(err: RequestError) -> ResponseDesc:
     return ResponseDesc(err.code, err.message[:_MAX_MESSAGE], err.op, err.step, err.tensor, err.field)
 
 
-def check_header(h: Header, request_id: int, generation: int, desc_nbytes: int) -> None:
-    """Check the header the client wrote against its doorbell.
+def check_header(h: Header | tuple[int, int, int, int, int], request_id: int, generation: int,
+                 desc_nbytes: int) -> None:
+    """Check the header the client wrote (a :class:`Header`, or the plain tuple ``HEADER.unpack_from`` gives)
+    against its doorbell.
 
     Raises:
         InvalidRequestError / StaleSlotError naming the header field.
     """
-    if h.request_id != request_id:
+    h_rid, _, payload_length, flags, h_gen = h
+    if h_rid != request_id:
         raise InvalidRequestError(
-            f"header request_id {h.request_id} differs from the doorbell's {request_id}", field="request_id"
+            f"header request_id {h_rid} differs from the doorbell's {request_id}", field="request_id"
         )
-    if h.flags & ~_REQUEST_MASK:
-        raise InvalidRequestError(f"header flags 0x{h.flags:04x} set bits a request may not set", field="flags")
-    if h.generation != generation:
-        raise StaleSlotError(f"header generation {h.generation} is not the slot's ({generation})", field="generation")
-    if h.payload_length == 0 or h.payload_length > desc_nbytes - HEADER_NBYTES:
+    if flags & ~_REQUEST_MASK:
+        raise InvalidRequestError(f"header flags 0x{flags:04x} set bits a request may not set", field="flags")
+    if h_gen != generation:
+        raise StaleSlotError(f"header generation {h_gen} is not the slot's ({generation})", field="generation")
+    if payload_length == 0 or payload_length > desc_nbytes - HEADER_NBYTES:
         raise InvalidRequestError(
-            f"payload_length {h.payload_length} is outside 1..{desc_nbytes - HEADER_NBYTES}", field="payload_length"
+            f"payload_length {payload_length} is outside 1..{desc_nbytes - HEADER_NBYTES}", field="payload_length"
         )
 
 
@@ -237,7 +242,8 @@ class Dispatcher:
             )
         label = "pipeline" if len(steps) > 1 else ("put" if desc.keep and first == "echo" else first)
         return Prepared(desc, None if alias_only else plan, in_slot, outputs, resident, keep_as, label,
-                        nbytes_in, nbytes_out, response, inline or alias_only)
+                        nbytes_in, nbytes_out, response, inline or alias_only,
+                        batch=not alias_only and not keep_as and batchable(plan))
 
     def _place(self, desc: RequestDesc, plan: Plan | None, inputs: tuple[TensorRef, ...], flags: int, slot_nbytes: int,
                alias_only: bool) -> tuple[tuple[TensorRef, ...], bool]:
@@ -300,6 +306,35 @@ class Dispatcher:
             raise
         except Exception as e:  # noqa: BLE001 - a backend bug must not take the worker down
             raise InternalError(f"the backend failed: {type(e).__name__}: {e}", op=prep.desc.steps[0].op) from e
+
+
+    def run_batch(self, plan: Plan, items: list[tuple[Prepared, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]]
+                  ) -> list[dict[str, float] | RequestError]:
+        """Run several requests of one batchable ``plan`` with one ``backend.run_batch``; ``items``: each request's
+        :class:`Prepared` and its views. Returns per request, in order, its stage seconds or its own
+        RequestError (as :meth:`run` would raise it); one request's failure is not the others'."""
+        try:
+            results = self.backend.run_batch(plan, [views for _, views in items])
+            if len(results) != len(items):
+                raise RuntimeError(f"run_batch answered {len(results)} of {len(items)} requests")
+        except Exception as e:  # noqa: BLE001 - a backend bug must not take the worker down
+            err = InternalError(f"the backend failed: {type(e).__name__}: {e}", op=items[0][0].desc.steps[0].op)
+            return [err] * len(items)
+        out: list[dict[str, float] | RequestError] = []
+        for (prep, _), r in zip(items, results):
+            if not isinstance(r, BaseException):
+                out.append(r or {})
+                continue
+            op = prep.desc.steps[0].op
+            if isinstance(r, (kernels.KernelInputError, kernels.KernelRuntimeError)):
+                if isinstance(r, kernels.KernelFatalError):
+                    self.fatal = str(r)
+                out.append(kernel_error(r, op))
+            elif isinstance(r, RequestError):
+                out.append(r)
+            else:
+                out.append(InternalError(f"the backend failed: {type(r).__name__}: {r}", op=op))
+        return out
 
 
 def _view(slot: memoryview, t: TensorRef) -> np.ndarray:

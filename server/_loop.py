@@ -16,6 +16,8 @@ Life of a CALL on the loop thread::
       -> header copied out and checked                              else error response in the slot
       -> descriptor copied out, parsed, validated, planned, costed (cached)  over --request-memory-limit: error
       -> run inline (little estimated work) or in the executor -> outputs written
+         (a batchable plan: parked until the end of the loop's turn, then run in one batch with the turn's other
+         requests of that plan, inline or as one executor task: see _batch.py; a lone one runs as above)
       -> response descriptor, then header           # NOTE: order is important here
       -> DONE(region, slot, rid, status)            # the publication point back to the client
 """
@@ -39,12 +41,13 @@ from shmrpc.schema import messages as m
 from shmrpc.schema.control import ErrorReply, State
 from shmrpc.schema.descriptor import encode_response
 from shmrpc.schema.errors import WIRE_CODES, BusyError, InternalError, InvalidRequestError, RequestError, StaleSlotError
-from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag, Header, unpack_from
+from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag
 from shmrpc.schema.messages import NO_RESPONSE
 from shmrpc.schema.naming import attach_path, endpoint, socket_path
 
 from . import checks
 from ._attach import AttachListener, set_dumpable
+from ._batch import Pending, group_by_plan
 from ._dispatch import Dispatcher, Prepared, check_header, error_response
 from ._lanes import Lanes
 from ._lease import Leases, Slot
@@ -66,6 +69,17 @@ log = logging.getLogger("shmrpc.server")
 _OK_FLAGS = int(Flag.RESPONSE)
 _ERROR_FLAGS = int(Flag.RESPONSE | Flag.ERROR)
 _POLLIN = int(zmq.POLLIN)  # a plain int: `int & IntFlag` goes through the enum machinery
+# The hot path calls libzmq through pyzmq's Cython socket with plain ints: the sugar layer's send/recv_multipart
+# build enum flags (`NOBLOCK | SNDMORE`) and lists per message, and its getsockopt(EVENTS) wraps the answer in an enum.
+_ZMQ_SOCKET: Any = zmq.Socket.__mro__[1]  # zmq.backend's Socket (send, recv, get)
+_RAW_SEND, _RAW_RECV, _RAW_GET = _ZMQ_SOCKET.send, _ZMQ_SOCKET.recv, _ZMQ_SOCKET.get
+_NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_SNDMORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+_EVENTS = int(zmq.EVENTS)
+_RCVMORE = int(zmq.RCVMORE)
+_HEADER_UNPACK = HEADER.unpack_from
+_HEADER_PACK = HEADER.pack_into
+_pack_done = m.pack_done
 _RCVHWM = 256  # messages queued per peer before libzmq stops reading from it (with MAXMSGSIZE: 16 MiB)
 _CALL_NBYTES = m.CALL_STRUCT.size
 _TRACED_CALL_NBYTES = m.CALL_STRUCT.size + m.TRACE_STRUCT.size
@@ -83,8 +97,10 @@ class Worker:
         self._sock: zmq.Socket | None = None
         self._attach: AttachListener | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._done: collections.deque[tuple[bytes, Slot, Header, int, float, dict[str, float], Prepared | None,
-                                            int]] = collections.deque()
+        self._done: collections.deque[tuple[bytes, Slot, tuple[int, int, int], int, float, dict[str, float],
+                                            Prepared | None, int]] = collections.deque()
+        self._pending: list[Pending] = []  # batchable requests of this turn of the loop (see _batch.py)
+        self._max_batch = config.max_batch
         self._lanes: Lanes | None = None
         self._wake_r, self._wake_w = -1, -1
         self._views: dict[tuple[int, int], memoryview] = {}  # (region, slot) -> the slot's bytes, made once
@@ -94,6 +110,8 @@ class Worker:
         self._stopping = threading.Event()
         self._started = 0.0
         self.metrics = Metrics()
+        self._inflight = self.metrics.inflight  # a plain number the loop bumps per request
+        self._desc_nbytes = config.geometry.desc_nbytes
         self.observe = Observer(config, self.metrics, log, tracer_provider)
         self.ready = threading.Event()
         self._loop_tick = 0.0  # monotonic time of the loop's last periodic check, for /healthz
@@ -292,6 +310,8 @@ class Worker:
                 lanes.clear_doorbell()  # NOTE: before the scan: a request posted after it rings again
                 for lane, seq, frame in lanes.scan():
                     self._on_call(lane.identity, frame, stopping, seq)
+            if self._pending:  # the turn's batchable requests: one run per plan (see _batch.py)
+                self._run_pending()
             if self._wake_r in events:
                 try:
                     os.read(self._wake_r, 4096)
@@ -355,14 +375,18 @@ class Worker:
         sock = self._sock
         assert sock is not None
         for _ in range(256):  # bounded, so completions and pidfds get their turn
-            if not int(sock.getsockopt(zmq.EVENTS)) & _POLLIN:  # cheaper than catching zmq.Again
+            if not _RAW_GET(sock, _EVENTS) & _POLLIN:  # cheaper than catching zmq.Again
                 return
-            frames = sock.recv_multipart(zmq.NOBLOCK)
-            if len(frames) != 2:  # every message is one frame: say so rather than ignore it
-                self._refuse(frames[0], "bad_message", f"a message is one frame, this one had {len(frames) - 1}",
-                             "frames")
+            # a ROUTER message: the peer's routing id, then its frames (libzmq never delivers a routing id alone)
+            identity = _RAW_RECV(sock, _NOBLOCK)
+            frame = _RAW_RECV(sock, _NOBLOCK)
+            if _RAW_GET(sock, _RCVMORE):  # every message is one frame: say so rather than ignore it
+                n = 1
+                while _RAW_GET(sock, _RCVMORE):
+                    _RAW_RECV(sock, _NOBLOCK)
+                    n += 1
+                self._refuse(identity, "bad_message", f"a message is one frame, this one had {n}", "frames")
                 continue
-            identity, frame = frames
             try:
                 self._handle(identity, frame, stopping)
             except Exception as e:  # noqa: BLE001 - nothing a peer sends may stop the loop, and every message gets an answer
@@ -373,7 +397,8 @@ class Worker:
     def _send(self, identity: bytes, frame: bytes) -> None:
         try:
             assert self._sock is not None
-            self._sock.send_multipart([identity, frame], zmq.NOBLOCK)
+            _RAW_SEND(self._sock, identity, _NOBLOCK_SNDMORE)
+            _RAW_SEND(self._sock, frame, _NOBLOCK)
         except (zmq.Again, zmq.ZMQError) as e:  # peer gone (ROUTER_MANDATORY) or its queue full
             log.debug("could not send to a client: %s", e)
 
@@ -449,19 +474,18 @@ class Worker:
         view = self._views.get(key)
         if view is None:
             view = self._views[key] = self.regions[region].slot_view(index)
-        hdr = Header(rid, 0, 0, 0, gen)
-        prep: Prepared | None = None
+        hdr = (rid, 0, gen)  # the response header's (request_id, op_code, generation)
         try:
-            h = unpack_from(view)
-            hdr = Header(rid, h.op_code, 0, 0, gen)
-            check_header(h, rid, gen, self.dispatch.desc_nbytes)
+            h = _HEADER_UNPACK(view)  # (request_id, op_code, payload_length, flags, generation), copied out
+            hdr = (rid, h[1], gen)
+            check_header(h, rid, gen, self._desc_nbytes)
             # a private copy: everything below reads these bytes, never the slot's again
-            payload = bytes(view[HEADER_NBYTES:HEADER_NBYTES + h.payload_length])
-            primed = self._primed.get(key, payload, h.op_code, h.flags, c.id)
+            payload = bytes(view[HEADER_NBYTES:HEADER_NBYTES + h[2]])
+            primed = self._primed.get(key, payload, h[1], h[3], c.id)
             if primed is None:  # not the bytes validated last in this slot: decode, validate, plan
                 self._primed.forget(key)
-                prep = self.dispatch.prepare(payload, h.op_code, h.flags, s.nbytes, c.id)
-                primed = Primed(payload, h.op_code, h.flags, c.id, prep, self.dispatch.views(prep, view))
+                prep = self.dispatch.prepare(payload, h[1], h[3], s.nbytes, c.id)
+                primed = Primed(payload, h[1], h[3], c.id, prep, self.dispatch.views(prep, view))
                 self._primed.put(key, primed)
             prep = primed.prep
             if prep.keep_as:
@@ -471,8 +495,10 @@ class Worker:
         except Exception as e:  # noqa: BLE001
             log.exception("validation failed unexpectedly")
             return self._finish(identity, s, view, hdr, InternalError(f"validation failed: {e}"), t0, {}, None, lane)
-        self.metrics.inflight.inc()
-        if prep.plan is None or prep.inline:
+        self._inflight.value += 1
+        if prep.batch and self._max_batch > 1:  # run at the end of this turn, with others of its plan if any came
+            self._pending.append(Pending(identity, s, view, hdr, primed, t0, lane))
+        elif prep.plan is None or prep.inline:
             self._complete(identity, s, view, hdr, primed, t0, lane)
             if self.dispatch.fatal:
                 self._drain_done()
@@ -481,7 +507,64 @@ class Worker:
             self._executor.submit(self._run_async, identity, s, view, hdr, primed, t0, lane)
         return None
 
-    def _execute(self, view: memoryview, hdr: Header, primed: Primed) -> tuple[int, dict[str, float]]:
+    def _run_pending(self) -> None:
+        """The end of a turn: run the parked batchable requests, one batch per plan (see :mod:`._batch`)."""
+        pending, self._pending = self._pending, []
+        groups = [pending] if len(pending) == 1 else group_by_plan(pending, self._max_batch)
+        for group in groups:
+            p = group[0]
+            inline = p.primed.prep.inline
+            if len(group) == 1:  # a lone request: exactly the path it would take unbatched
+                if inline:
+                    self._complete(p.identity, p.slot, p.view, p.hdr, p.primed, p.t0, p.lane)
+                else:
+                    assert self._executor is not None
+                    self._executor.submit(self._run_async, p.identity, p.slot, p.view, p.hdr, p.primed, p.t0, p.lane)
+                continue
+            self.metrics.observe_batch(p.primed.prep.op, len(group))
+            if inline:
+                for q, status, stages in self._execute_batch(group):
+                    self._done_sent(q.identity, q.slot, q.hdr, status, q.t0, stages, q.primed.prep, lane=q.lane)
+            else:
+                assert self._executor is not None
+                self._executor.submit(self._run_batch_async, group)
+        if self.dispatch.fatal:
+            self._drain_done()
+
+    def _execute_batch(self, group: list[Pending]) -> list[tuple[Pending, int, dict[str, float]]]:
+        """Run one batch and write every request's response (or its own error) into its slot."""
+        plan = group[0].primed.prep.plan
+        assert plan is not None
+        results = self.dispatch.run_batch(plan, [(p.primed.prep, p.primed.views) for p in group])
+        out: list[tuple[Pending, int, dict[str, float]]] = []
+        for p, r in zip(group, results):
+            stages: dict[str, float] = {}
+            if isinstance(r, RequestError):
+                status, payload = r.code, encode_response(error_response(r))
+            else:
+                status, stages, payload = 0, r, p.primed.prep.response
+            _write_response(p.view, p.hdr, payload, status)
+            out.append((p, status, stages))
+        return out
+
+    def _run_batch_async(self, group: list[Pending]) -> None:
+        t_start = time.perf_counter()
+        done: list[tuple[Pending, int, dict[str, float]]]
+        try:
+            done = self._execute_batch(group)
+        except BaseException:  # noqa: BLE001 - always answer
+            log.exception("batch failed unexpectedly")
+            err = encode_response(error_response(InternalError("the request failed")))
+            done = []
+            for p in group:
+                _write_response(p.view, p.hdr, err, InternalError.code)
+                done.append((p, InternalError.code, {}))
+        for p, status, stages in done:
+            self._done.append((p.identity, p.slot, p.hdr, status, p.t0, dict(stages, queue=t_start - p.t0),
+                               p.primed.prep, p.lane))
+        os.write(self._wake_w, b"x")
+
+    def _execute(self, view: memoryview, hdr: tuple[int, int, int], primed: Primed) -> tuple[int, dict[str, float]]:
         """Run ``primed``'s request and write its response into the slot; returns (status, stage seconds)."""
         prep = primed.prep
         try:
@@ -496,13 +579,13 @@ class Worker:
         _write_response(view, hdr, payload, status)
         return status, stages
 
-    def _complete(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, primed: Primed, t0: float,
-                  lane: int) -> None:
+    def _complete(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], primed: Primed,
+                  t0: float, lane: int) -> None:
         status, stages = self._execute(view, hdr, primed)
         self._done_sent(identity, s, hdr, status, t0, stages, primed.prep, lane=lane)
 
-    def _run_async(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, primed: Primed, t0: float,
-                   lane: int) -> None:
+    def _run_async(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], primed: Primed,
+                   t0: float, lane: int) -> None:
         prep = primed.prep
         q = time.perf_counter() - t0
         try:
@@ -525,29 +608,34 @@ class Worker:
             log.critical("unrecoverable backend error, stopping: %s", self.dispatch.fatal)
             self.stop()
 
-    def _finish(self, identity: bytes, s: Slot, view: memoryview, hdr: Header, err: RequestError, t0: float,
-                stages: dict[str, float], prep: Prepared | None, lane: int) -> None:
+    def _finish(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], err: RequestError,
+                t0: float, stages: dict[str, float], prep: Prepared | None, lane: int) -> None:
         self._primed.forget((s.region, s.index))
         _write_response(view, hdr, encode_response(error_response(err)), err.code)
-        self.metrics.inflight.inc()
-        self._done_sent(identity, s, hdr, err.code, t0, stages, prep, self.observe.op_of(err, hdr.op_code), lane)
+        self._inflight.value += 1
+        self._done_sent(identity, s, hdr, err.code, t0, stages, prep, self.observe.op_of(err, hdr[1]), lane)
 
-    def _done_sent(self, identity: bytes, s: Slot, hdr: Header, status: int, t0: float,
+    def _done_sent(self, identity: bytes, s: Slot, hdr: tuple[int, int, int], status: int, t0: float,
                    stages: dict[str, float], prep: Prepared | None, op: str = "unknown", lane: int = 0) -> None:
         if prep is not None:
             op = prep.op
         if status:  # before DONE: after it the slot is the client's again
             c = self.sessions.clients.get(identity)
             self.observe.failed(c.pid if c else 0, op, _status_name(status), self._views.get((s.region, s.index)),
-                                self.dispatch.desc_nbytes)
+                                self._desc_nbytes)
+            self.metrics.observe(op, _status_name(status), time.perf_counter() - t0, 0, 0, stages)
+        else:
+            self.metrics.observe(op, "ok", time.perf_counter() - t0, prep.nbytes_in if prep else 0,
+                                 prep.nbytes_out if prep else 0, stages)
         traced = self.observe.end_trace(s.region, s.index, t0) if self.observe.traces else None
         # Counted before DONE goes out, so a client that has its answer finds it in a scrape.
-        self.metrics.inflight.dec()
-        self.metrics.observe(op, "ok" if status == 0 else _status_name(status), time.perf_counter() - t0,
-                             prep.nbytes_in if prep and status == 0 else 0,
-                             prep.nbytes_out if prep and status == 0 else 0, stages)
+        self._inflight.value -= 1
         if s.owner is not None and not s.freeing:
-            self._reply(identity, m.pack_done(s.region, s.index, hdr.request_id, status), lane)
+            done = _pack_done(s.region, s.index, hdr[0], status)
+            if lane:
+                self._reply(identity, done, lane)
+            else:
+                self._send(identity, done)
         self.leases.end(s)
         if traced is not None:
             c = self.sessions.clients.get(identity)
@@ -558,12 +646,12 @@ class Worker:
             self.sessions.serve_pending()
 
 
-def _write_response(view: memoryview, hdr: Header, payload: bytes, status: int) -> None:
-    """Response descriptor first, then the header."""
+def _write_response(view: memoryview, hdr: tuple[int, int, int], payload: bytes, status: int) -> None:
+    """Response descriptor first, then the header (``hdr``: request_id, op_code, generation)."""
     n = len(payload)
     view[HEADER_NBYTES:HEADER_NBYTES + n] = payload
     # NOTE: order is important here: the header goes last, after the descriptor it describes.
-    HEADER.pack_into(view, 0, hdr.request_id, hdr.op_code, n, _ERROR_FLAGS if status else _OK_FLAGS, hdr.generation)
+    _HEADER_PACK(view, 0, hdr[0], hdr[1], n, _ERROR_FLAGS if status else _OK_FLAGS, hdr[2])
 
 
 def _status_name(status: int) -> str:

@@ -81,6 +81,9 @@ class WorkerConfig:
             a busy core while it spins.
         lanes: grant a lane (``shmrpc.schema.lane``: a shared page and eventfds beside ZeroMQ) to a
             client whose HELLO asks for one.
+        max_batch: most requests of one plan that the loop serves with one batched run when they arrive
+            in the same turn of the loop (dynamic batching, no waiting: see ``server/_batch.py``); 1 turns
+            batching off.
     """
 
     name: str
@@ -114,6 +117,7 @@ class WorkerConfig:
     inject_fault: str | None = None
     metrics_token: str | None = None
     otel: bool = False
+    max_batch: int = 64
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -146,6 +150,8 @@ class WorkerConfig:
             raise ValueError("--threads must be >= 1")
         if not 0 <= self.spin_us <= 1_000_000:
             raise ValueError(f"--spin-us must be 0..1000000, got {self.spin_us}")
+        if not 1 <= self.max_batch <= 4096:
+            raise ValueError(f"--max-batch must be 1..4096 (1: no batching), got {self.max_batch}")
 
     def private_geometry(self, lease: tuple[int, ...] | None = None) -> Geometry | None:
         """The geometry of a client's own region: ``lease[c]`` slots of each class (default: ``self.lease``;

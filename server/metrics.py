@@ -12,6 +12,8 @@ shmrpc_bytes_out_total                 counter    (tensor bytes written to slots
 shmrpc_slots_leased                    gauge
 shmrpc_clients_connected               gauge
 shmrpc_requests_in_flight              gauge
+shmrpc_batch_size                      histogram  op (requests served by one batched run; a request
+                                                  served alone is not a batch and not counted here)
 shmrpc_gpu_memory_bytes                gauge      (device memory the backend holds)
 shmrpc_resident_bytes                  gauge      (named resident tensors)
 shmrpc_resident_limit_bytes            gauge      (``--resident-limit``)
@@ -37,12 +39,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, PlatformCollector, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from ._http import HealthFn, MetricsServer
 
-__all__ = ["Metrics", "DURATION_BUCKETS_S", "STAGES"]
+__all__ = ["Metrics", "DURATION_BUCKETS_S", "BATCH_BUCKETS", "STAGES"]
 
 #: 10 µs to 10 s, about three buckets per decade.
 DURATION_BUCKETS_S: tuple[float, ...] = (
@@ -63,26 +65,64 @@ _GAUGES = {
 }
 
 
+#: Batch sizes (requests served by one batched run), powers of two up to the largest ``--max-batch``.
+BATCH_BUCKETS: tuple[float, ...] = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+_STAGE_SET = frozenset(STAGES)
+
+
 class _Hist:
     """A histogram as plain numbers: a count per bucket (the last one is +Inf) and the sum."""
 
-    __slots__ = ("counts", "sum")
+    __slots__ = ("counts", "sum", "bounds")
 
-    def __init__(self) -> None:
-        self.counts = [0] * (len(DURATION_BUCKETS_S) + 1)
+    def __init__(self, bounds: tuple[float, ...] = DURATION_BUCKETS_S) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect_left(DURATION_BUCKETS_S, value)] += 1  # bucket le=b holds values <= b
+        self.counts[bisect_left(self.bounds, value)] += 1  # bucket le=b holds values <= b
         self.sum += value
 
     def cumulative(self) -> list[tuple[str, float]]:
         counts, total = list(self.counts), 0
         out: list[tuple[str, float]] = []
-        for bound, n in zip((*DURATION_BUCKETS_S, float("inf")), counts):
+        for bound, n in zip((*self.bounds, float("inf")), counts):
             total += n
             out.append((floatToGoString(bound), total))
         return out
+
+
+class _OpStats:
+    """One op label's numbers: answers by status, the duration histogram, stage histograms, over-budget runs."""
+
+    __slots__ = ("status", "duration", "stage", "over", "budget_s")
+
+    def __init__(self, budget_s: float) -> None:
+        self.status: dict[str, int] = {}
+        self.duration = _Hist()
+        self.stage: dict[str, _Hist] = {}
+        self.over = 0
+        self.budget_s = budget_s
+
+
+class _Level:
+    """A gauge kept as a plain number by the loop thread (``inc``/``dec``/``set``), exported when scraped."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, n: float = 1) -> None:
+        self.value += n
+
+    def dec(self, n: float = 1) -> None:
+        self.value -= n
+
+    def set(self, v: float) -> None:
+        self.value = v
 
 
 class _RequestStats:
@@ -90,43 +130,59 @@ class _RequestStats:
     when scraped.
 
     Only the worker's loop thread records (it answers every request), so an observation takes no
-    lock: prometheus_client's own Counter and Histogram lock on every call, which cost more per
-    tiny request than the rest of the bookkeeping. A scrape copies each dict and list in one C-level
-    call under the GIL, so it sees whole observations (at worst one request behind).
+    lock: prometheus_client's own Counter, Gauge and Histogram lock on every call, which cost more per
+    tiny request than the rest of the bookkeeping. Each op label has one :class:`_OpStats`, found with
+    one dict lookup per request. A scrape copies each dict and list in one C-level call under the GIL,
+    so it sees whole observations (at worst one request behind).
     """
 
     def __init__(self) -> None:
-        self.requests: dict[tuple[str, str], int] = {}
-        self.duration: dict[str, _Hist] = {}
-        self.stage: dict[tuple[str, str], _Hist] = {}
+        self.ops: dict[str, _OpStats] = {}
+        self.batches: dict[str, _Hist] = {}  # op label -> sizes of the batched runs
+        self.inflight = _Level()
         self.bytes_in = 0
         self.bytes_out = 0
-        self.over_budget: dict[str, int] = {}
         self.budgets: dict[str, float] = {}  # op label -> seconds; others get default_budget_s (0: no budget)
         self.default_budget_s = 0.0
 
+    def op(self, op: str) -> _OpStats:
+        o = self.ops.get(op)
+        if o is None:
+            o = self.ops[op] = _OpStats(self.budgets.get(op, self.default_budget_s))
+        return o
+
     def collect(self) -> Iterator[Metric]:
+        ops = list(self.ops.items())
         req = CounterMetricFamily("shmrpc_requests", "Requests answered, by op and status.", labels=["op", "status"])
-        for (op, status), n in list(self.requests.items()):
-            req.add_metric([op, status], n)
+        for op, o in ops:
+            for status, n in list(o.status.items()):
+                req.add_metric([op, status], n)
         yield req
         dur = HistogramMetricFamily("shmrpc_request_duration_seconds", "Time from CALL received to DONE sent.",
                                     labels=["op"])
-        for op, h in list(self.duration.items()):
-            dur.add_metric([op], h.cumulative(), h.sum)
+        for op, o in ops:
+            dur.add_metric([op], o.duration.cumulative(), o.duration.sum)
         yield dur
         stage = HistogramMetricFamily("shmrpc_stage_seconds", "Time spent per stage of a request.",
                                       labels=["op", "stage"])
-        for (op, name), h in list(self.stage.items()):
-            stage.add_metric([op, name], h.cumulative(), h.sum)
+        for op, o in ops:
+            for name, h in list(o.stage.items()):
+                stage.add_metric([op, name], h.cumulative(), h.sum)
         yield stage
         over = CounterMetricFamily("shmrpc_over_budget", "Requests whose run took longer than their op's time budget "
                                    "(the op's budget_s, else --op-budget), by op.", labels=["op"])
-        for op, n in list(self.over_budget.items()):
-            over.add_metric([op], n)
+        for op, o in ops:
+            if o.over:
+                over.add_metric([op], o.over)
         yield over
+        batch = HistogramMetricFamily("shmrpc_batch_size", "Requests served by one batched run (dynamic batching; "
+                                      "a request served alone is not counted), by op.", labels=["op"])
+        for op, h in list(self.batches.items()):
+            batch.add_metric([op], h.cumulative(), h.sum)
+        yield batch
         yield CounterMetricFamily("shmrpc_bytes_in", "Tensor bytes read from slots.", value=self.bytes_in)
         yield CounterMetricFamily("shmrpc_bytes_out", "Tensor bytes written to slots.", value=self.bytes_out)
+        yield GaugeMetricFamily(*_GAUGES["inflight"], value=self.inflight.value)
 
 
 class Metrics:
@@ -149,7 +205,7 @@ class Metrics:
         r.register(self._stats)  # type: ignore[arg-type]
         self.slots_leased = Gauge(*_GAUGES["slots_leased"], registry=r)
         self.clients = Gauge(*_GAUGES["clients"], registry=r)
-        self.inflight = Gauge(*_GAUGES["inflight"], registry=r)
+        self.inflight = self._stats.inflight  # plain number: inc/dec per request on the loop thread
         self.gpu_memory = Gauge(*_GAUGES["gpu_memory"], registry=r)
         self.resident = Gauge(*_GAUGES["resident"], registry=r)
         self.resident_limit = Gauge(*_GAUGES["resident_limit"], registry=r)
@@ -169,8 +225,11 @@ class Metrics:
 
     def set_budgets(self, default_s: float, per_op: dict[str, float]) -> None:
         """Time budgets of a request's run by op label (``default_s`` for the others; 0: none)."""
-        self._stats.default_budget_s = default_s
-        self._stats.budgets = dict(per_op)
+        st = self._stats
+        st.default_budget_s = default_s
+        st.budgets = dict(per_op)
+        for op, o in st.ops.items():
+            o.budget_s = st.budgets.get(op, default_s)
 
     def observe(self, op: str, status: str, seconds: float, nbytes_in: int, nbytes_out: int,
                 stages: dict[str, float] | None = None) -> None:
@@ -185,24 +244,32 @@ class Metrics:
             stages: seconds per stage (see :data:`STAGES`).
         """
         st = self._stats
-        key = (op, status)
-        st.requests[key] = st.requests.get(key, 0) + 1
-        h = st.duration.get(op)
-        if h is None:
-            h = st.duration[op] = _Hist()
-        h.observe(seconds)
+        o = st.ops.get(op)
+        if o is None:
+            o = st.op(op)
+        c = o.status
+        c[status] = c.get(status, 0) + 1
+        o.duration.observe(seconds)
         st.bytes_in += nbytes_in
         st.bytes_out += nbytes_out
-        budget = st.budgets.get(op, st.default_budget_s)
-        if budget and (stages or {}).get("total", seconds) > budget:
-            st.over_budget[op] = st.over_budget.get(op, 0) + 1
         if stages:
+            if o.budget_s and stages.get("total", seconds) > o.budget_s:
+                o.over += 1
             for stage, stage_s in stages.items():
-                if stage_s > 0 and stage in STAGES:
-                    h = st.stage.get((op, stage))
+                if stage_s > 0 and stage in _STAGE_SET:
+                    h = o.stage.get(stage)
                     if h is None:
-                        h = st.stage[(op, stage)] = _Hist()
+                        h = o.stage[stage] = _Hist()
                     h.observe(stage_s)
+        elif o.budget_s and seconds > o.budget_s:
+            o.over += 1
+
+    def observe_batch(self, op: str, size: int) -> None:
+        """Record one batched run of ``size`` requests of op label ``op`` (loop thread only)."""
+        h = self._stats.batches.get(op)
+        if h is None:
+            h = self._stats.batches[op] = _Hist(BATCH_BUCKETS)
+        h.observe(size)
 
     def serve(self, port: int = 0, addr: str = "127.0.0.1", token: str | None = None,
               health: HealthFn | None = None) -> None:

@@ -1,0 +1,262 @@
+"""Dynamic batching on a real worker: requests of one batchable plan that queue up while the loop is busy run
+as one batch, each answered in its own slot with its own result or its own typed error.
+
+Batches are made to form deterministically: the worker is stopped (SIGSTOP), several requests are sent (from
+several slots of one client over ZeroMQ, or from several client processes over their lanes), the test waits
+until every doorbell is where the worker will find it in one turn (the worker's socket buffer, or the lanes'
+pages), then continues the worker (SIGCONT). ``shmrpc_batch_size{op}`` tells which batches ran.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sockq import wait_unread
+
+from shmrpc.client import Client, KernelError
+from shmrpc.schema import messages as m
+
+from .conftest import WorkerProc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+#: One CALL on the wire: ZMTP's flags and length bytes, then the frame.
+_CALL_WIRE_NBYTES = 2 + m.CALL_STRUCT.size
+
+USER_OPS = '''
+from shmrpc.kernels.api import OpSpec, register_op
+
+
+def _rule(i, a):
+    return {"out": i["x"]}
+
+
+def _impl(call):
+    x = call.inputs["x"]
+    if (x == 13.0).any():  # the marked input
+        raise ValueError("13 is not allowed here")
+    return {"out": call.xp.multiply(x, 2, out=call.dest("out"))}
+
+
+register_op(OpSpec("t_bdouble", inputs=("x",), outputs=("out",), infer=_rule, numpy=_impl, batch=True,
+                   elementwise=True, inplace=True))
+register_op(OpSpec("t_double_alone", inputs=("x",), outputs=("out",), infer=_rule, numpy=_impl,
+                   elementwise=True, inplace=True))
+'''
+
+
+def _metrics_url(w: WorkerProc) -> str:
+    for part in w.ready_line.split():
+        if part.startswith("http://"):
+            return part.rstrip(")")
+    raise AssertionError(w.ready_line)
+
+
+def _samples(w: WorkerProc) -> dict[str, float]:
+    with urllib.request.urlopen(_metrics_url(w), timeout=10) as resp:
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def _batches(w: WorkerProc, op: str) -> tuple[int, int]:
+    """(batches run, requests in them) for ``op``, from the worker's metrics."""
+    s = _samples(w)
+    return int(s.get(f'shmrpc_batch_size_count{{op="{op}"}}', 0)), int(s.get(f'shmrpc_batch_size_sum{{op="{op}"}}', 0))
+
+
+def _answered(w: WorkerProc, op: str, status: str = "ok") -> int:
+    return int(_samples(w).get(f'shmrpc_requests_total{{op="{op}",status="{status}"}}', 0))
+
+
+@contextmanager
+def _stopped(w: WorkerProc) -> Iterator[None]:
+    """The worker stopped (SIGSTOP) for the block, continued after it, even when the block fails."""
+    os.kill(w.pid, signal.SIGSTOP)
+    try:
+        _wait_stopped(w.pid)
+        yield
+    finally:
+        os.kill(w.pid, signal.SIGCONT)
+
+
+def _wait_stopped(pid: int, timeout_s: float = 10.0) -> None:
+    """Return once every thread of ``pid`` is stopped (a signal is delivered after ``kill`` returns)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                continue  # a thread that just exited
+        if states and all(st in "tT" for st in states):
+            return
+        assert time.monotonic() < deadline, f"worker {pid} did not stop: {states}"
+        time.sleep(0.001)
+
+
+def _user_ops_env(tmp_path: Path, mod: str) -> dict[str, str]:
+    (tmp_path / f"{mod}.py").write_text(textwrap.dedent(USER_OPS))
+    old = os.environ.get("PYTHONPATH", "")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *([old] if old else [])]))
+
+
+def _submit_stopped(w: WorkerProc, c: Client, op: str, xs: list[np.ndarray], **kw: object) -> list[dict]:
+    """Send one request per array while the worker is stopped, continue it once all wait in its socket."""
+    c.call("echo", x=np.zeros(1, np.float32))  # the ZeroMQ handshake is done (libzmq holds messages until then)
+    with _stopped(w):
+        futs = [c.submit(op, x=x, in_place=True, **kw) for x in xs]  # type: ignore[arg-type]
+        wait_unread(len(xs) * _CALL_WIRE_NBYTES)
+    outs = []
+    for f in futs:
+        try:
+            outs.append(f.result(timeout=30))
+        except Exception as e:  # noqa: BLE001 - the caller checks which failed
+            outs.append({"error": e})
+    return outs
+
+
+@pytest.mark.parametrize("extra", [(), ("--inline-max", "0")], ids=["inline", "executor"])
+def test_requests_queued_together_run_as_one_batch(spawn_worker: Callable[..., WorkerProc],
+                                                   extra: tuple[str, ...]) -> None:
+    w = spawn_worker("--metrics-port", "0", *extra, lease="8,1,0,0")
+    rng = np.random.default_rng(12)
+    xs = [rng.standard_normal(16).astype(np.float32) for _ in range(6)]
+    with Client(w.name, timeout_s=30) as c:
+        c.call("scale", x=xs[0], a=3.0, b=1.0, in_place=True)  # served alone: not a batch
+        assert _batches(w, "scale") == (0, 0)
+        outs = _submit_stopped(w, c, "scale", xs, a=3.0, b=1.0)
+        for x, out in zip(xs, outs):
+            np.testing.assert_allclose(out["out"], 3.0 * x + 1.0, rtol=1e-6)
+        assert _batches(w, "scale") == (1, 6)
+        assert _answered(w, "scale") == 7
+        # the next lone request is served alone again
+        np.testing.assert_allclose(c.call("scale", x=xs[1], a=2.0, in_place=True)["out"], 2.0 * xs[1], rtol=1e-6)
+        assert _batches(w, "scale") == (1, 6)
+
+
+def test_one_batch_per_plan_and_at_most_max_batch(spawn_worker: Callable[..., WorkerProc]) -> None:
+    w = spawn_worker("--metrics-port", "0", "--max-batch", "3", lease="8,1,0,0")
+    rng = np.random.default_rng(3)
+    small = [rng.standard_normal(16).astype(np.float32) for _ in range(4)]
+    wide = [rng.standard_normal(32).astype(np.float32) for _ in range(2)]
+    with Client(w.name, timeout_s=30) as c:
+        # arrival order: s w s s w s  ->  plan (16,): batch of 3, then a lone one; plan (32,): batch of 2
+        xs = [small[0], wide[0], small[1], small[2], wide[1], small[3]]
+        outs = _submit_stopped(w, c, "gelu", xs)
+        for x, out in zip(xs, outs):
+            ref = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+            np.testing.assert_allclose(out["out"], ref, rtol=1e-5, atol=1e-6)
+        assert _batches(w, "gelu") == (2, 5)
+        assert _answered(w, "gelu") == 6
+
+
+def test_max_batch_1_never_batches(spawn_worker: Callable[..., WorkerProc]) -> None:
+    w = spawn_worker("--metrics-port", "0", "--max-batch", "1", lease="8,1,0,0")
+    xs = [np.full(16, i, np.float32) for i in range(5)]
+    with Client(w.name, timeout_s=30) as c:
+        outs = _submit_stopped(w, c, "vector_add", xs, y=np.ones(16, np.float32))
+        for x, out in zip(xs, outs):
+            np.testing.assert_array_equal(out["out"], x + 1)
+        assert _batches(w, "vector_add") == (0, 0)
+        assert _answered(w, "vector_add") == 5
+
+
+def test_a_bad_request_in_a_batch_fails_alone(spawn_worker: Callable[..., WorkerProc], tmp_path: Path,
+                                              worker_name: str) -> None:
+    mod = "batchops_" + worker_name.replace("-", "_")
+    w = spawn_worker("--metrics-port", "0", "--ops", mod, lease="8,1,0,0", env=_user_ops_env(tmp_path, mod))
+    xs = [np.arange(16, dtype=np.float32) + 20 * (i + 1) for i in range(5)]
+    xs[2][5] = 13.0  # the marked input: this request's op raises
+    with Client(w.name, timeout_s=30) as c:
+        outs = _submit_stopped(w, c, "t_bdouble", xs)
+        for i, (x, out) in enumerate(zip(xs, outs)):
+            if i == 2:
+                err = out["error"]
+                assert isinstance(err, KernelError) and "13 is not allowed" in str(err)
+                assert (err.op, err.step) == ("t_bdouble", 0)
+            else:
+                assert "out" in out, out
+                np.testing.assert_array_equal(out["out"], 2 * x)
+        assert _batches(w, "t_bdouble") == (1, 5)
+        assert _answered(w, "t_bdouble") == 4 and _answered(w, "t_bdouble", "KernelError") == 1
+        # an op that does not say batch=True never batches
+        outs = _submit_stopped(w, c, "t_double_alone", xs[:2] + xs[3:])
+        for x, out in zip(xs[:2] + xs[3:], outs):
+            np.testing.assert_array_equal(out["out"], 2 * x)
+        assert _batches(w, "t_double_alone") == (0, 0)
+        assert _answered(w, "t_double_alone") == 4
+    assert w.proc.poll() is None
+
+
+LANE_CLIENT = '''
+import sys
+import numpy as np
+from shmrpc.client import Client
+from shmrpc.client._lane import ClientLane
+
+name, k = sys.argv[1], int(sys.argv[2])
+c = Client(name, timeout_s=30, lane="block")
+assert c._t.lane is not None, "no lane granted"
+ring = ClientLane.ring
+
+
+def rung(self, frame, request_id):  # the doorbell is in the lane's page: say so (the test waits for it)
+    ring(self, frame, request_id)
+    print("rung", flush=True)
+
+
+ClientLane.ring = rung
+x = np.full(16, k, np.float32)
+print("ready", flush=True)
+sys.stdin.readline()
+out = c.call("vector_add", x=x, y=np.ones(16, np.float32), in_place=True)["out"]
+print("out", " ".join(str(v) for v in out.tolist()), flush=True)
+c.close()
+'''
+
+
+def test_lane_requests_of_several_clients_batch_too(spawn_worker: Callable[..., WorkerProc]) -> None:
+    w = spawn_worker("--metrics-port", "0")
+    procs = [subprocess.Popen([sys.executable, "-c", LANE_CLIENT, w.name, str(k)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for k in range(4)]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        with _stopped(w):
+            for p in procs:
+                assert p.stdin is not None
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            for p in procs:  # each doorbell is in its lane's page before the worker continues
+                assert p.stdout is not None and p.stdout.readline().strip() == "rung"
+        for k, p in enumerate(procs):
+            out, _ = p.communicate(timeout=60)
+            assert p.returncode == 0
+            values = re.findall(r"^out (.*)$", out, re.M)
+            assert values and [float(v) for v in values[0].split()] == [k + 1.0] * 16
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate(timeout=10)
+    assert _batches(w, "vector_add") == (1, 4)
+    assert _answered(w, "vector_add") == 4

@@ -1,0 +1,133 @@
+"""The worker's hot path in pieces: grouping a turn's requests by plan, a batch's per-request results and errors,
+the header check on plain tuples, and the plain-number metrics (in-flight gauge, batch sizes) as scraped."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shmrpc import kernels
+from shmrpc.kernels import StepSpec, TensorSpec
+from shmrpc.schema.errors import InternalError, InvalidRequestError, KernelError, StaleSlotError
+from shmrpc.schema.header import HEADER, Header
+from shmrpc.server._batch import Pending, group_by_plan
+from shmrpc.server._dispatch import Dispatcher, check_header
+from shmrpc.server.metrics import Metrics
+
+
+def _plan(backend: Any, n: int = 4, a: float = 2.0) -> kernels.Plan:
+    return backend.plan([StepSpec("scale", {"x": "x"}, {"out": "out"}, {"a": a})],
+                        {"x": TensorSpec((n,), "float32")}, ["out"])
+
+
+def _pending(plan: kernels.Plan, tag: int) -> Pending:
+    prep = SimpleNamespace(plan=plan, desc=SimpleNamespace(steps=[SimpleNamespace(op="scale")]))
+    return Pending(b"id", SimpleNamespace(tag=tag), memoryview(b""), (tag, 0, 1), SimpleNamespace(prep=prep),  # type: ignore[arg-type]
+                   0.0, 0)
+
+
+def test_requests_group_by_equal_plans_in_arrival_order_and_up_to_max_batch() -> None:
+    with kernels.select_backend("numpy") as be:
+        p4, p4_again, p8, p4_other_attr = _plan(be), _plan(be), _plan(be, 8), _plan(be, a=3.0)
+        assert p4 is not p4_again and p4 == p4_again  # two clients' requests: two plan objects, one plan
+        items = [_pending(p, i) for i, p in enumerate([p4, p8, p4_again, p4_other_attr, p4, p4, p8])]
+        groups = group_by_plan(items, max_batch=3)
+        assert [[p.slot.tag for p in g] for g in groups] == [[0, 2, 4], [1, 6], [3], [5]]  # type: ignore[attr-defined]
+        assert [[p.slot.tag for p in g] for g in group_by_plan(items, 64)] == [[0, 2, 4, 5], [1, 6], [3]]  # type: ignore[attr-defined]
+        assert all(len(g) == 1 for g in group_by_plan(items, 1))
+        assert group_by_plan([], 64) == []
+
+
+class _Scripted(kernels.Backend):
+    """A backend whose run_batch answers what the test says."""
+
+    name = "numpy"
+
+    def __init__(self, answer: Any) -> None:
+        super().__init__()
+        self.answer = answer
+
+    def run_batch(self, plan: Any, items: Any) -> Any:
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+def test_a_batch_returns_each_requests_own_result_or_typed_error() -> None:
+    with kernels.select_backend("numpy") as np_be:
+        plan = _plan(np_be)
+    items: list[Any] = [(_pending(plan, i).primed.prep, ({}, {})) for i in range(4)]
+    d = Dispatcher(_Scripted([{"kernel": 1e-6}, kernels.KernelRuntimeError("boom", op="scale", step=0, tensor="x"),
+                              ValueError("a bug"), {}]), desc_nbytes=1024)
+    ok, kerr, bug, empty = d.run_batch(plan, items)
+    assert ok == {"kernel": 1e-6} and empty == {}
+    assert isinstance(kerr, KernelError) and (kerr.op, kerr.step, kerr.tensor) == ("scale", 0, "x")
+    assert isinstance(bug, InternalError) and "a bug" in bug.message
+    assert not d.fatal
+    d = Dispatcher(_Scripted([kernels.KernelFatalError("sticky", op="scale"), {}, {}, {}]), desc_nbytes=1024)
+    first = d.run_batch(plan, items)[0]
+    assert isinstance(first, KernelError) and d.fatal.startswith("sticky")
+    broken: Any
+    for broken in (RuntimeError("backend bug"), [{}]):  # raises, or answers for fewer requests than it got
+        d = Dispatcher(_Scripted(broken), desc_nbytes=1024)
+        assert all(isinstance(r, InternalError) for r in d.run_batch(plan, items))
+
+
+def test_the_default_run_batch_computes_each_request() -> None:
+    with kernels.select_backend("numpy") as be:
+        plan = _plan(be)
+        d = Dispatcher(be, desc_nbytes=1024)
+        xs = [np.arange(4, dtype=np.float32) + i for i in range(3)]
+        outs = [np.zeros(4, np.float32) for _ in xs]
+        prep = _pending(plan, 0).primed.prep
+        res = d.run_batch(plan, [(prep, ({"x": x}, {"out": o})) for x, o in zip(xs, outs)])
+        assert all(isinstance(r, dict) for r in res)
+        for x, o in zip(xs, outs):
+            np.testing.assert_array_equal(o, 2 * x)
+
+
+def test_check_header_takes_the_plain_tuple_and_the_named_one() -> None:
+    raw = HEADER.unpack_from(HEADER.pack(7, 2, 100, 0, 3))
+    for h in (raw, Header(*raw)):
+        check_header(h, 7, 3, 1024)
+        with pytest.raises(InvalidRequestError) as e:
+            check_header(h, 8, 3, 1024)
+        assert e.value.field == "request_id"
+        with pytest.raises(StaleSlotError) as e2:
+            check_header(h, 7, 4, 1024)
+        assert e2.value.field == "generation"
+    with pytest.raises(InvalidRequestError) as e3:
+        check_header(HEADER.unpack_from(HEADER.pack(7, 2, 0, 0, 3)), 7, 3, 1024)
+    assert e3.value.field == "payload_length"
+
+
+def _families(m: Metrics) -> dict[str, float]:
+    return {f"{s.name}{sorted(s.labels.items())}": s.value for fam in m.registry.collect() for s in fam.samples}
+
+
+def test_in_flight_and_batch_sizes_are_exported() -> None:
+    m = Metrics()
+    m.inflight.inc()
+    m.inflight.inc()
+    m.inflight.dec()
+    m.observe_batch("scale", 6)
+    m.observe_batch("scale", 2)
+    got = _families(m)
+    assert got["shmrpc_requests_in_flight[]"] == 1
+    assert got["shmrpc_batch_size_count[('op', 'scale')]"] == 2
+    assert got["shmrpc_batch_size_sum[('op', 'scale')]"] == 8
+    assert got["shmrpc_batch_size_bucket[('le', '2.0'), ('op', 'scale')]"] == 1
+    assert got["shmrpc_batch_size_bucket[('le', '8.0'), ('op', 'scale')]"] == 2
+    assert m.snapshot()["inflight"] == 1
+
+
+def test_budgets_set_after_requests_apply_to_their_ops() -> None:
+    m = Metrics()
+    m.observe("scale", "ok", 0.5, 0, 0)
+    m.set_budgets(0.1, {})
+    m.observe("scale", "ok", 0.5, 0, 0, {"kernel": 0.4, "total": 0.45})
+    m.observe("scale", "ok", 0.05, 0, 0)
+    assert m.snapshot()["over_budget"] == {"scale": 1}
