@@ -17,7 +17,7 @@ from ._stats import parse_sizes, size_sweep
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
-_ALL_PEERS = "zmq,pipe,grpc,iox2,iox2-spin"
+_ALL_PEERS = "zmq,pipe,grpc,iox2,iox2-spin,ucx"
 _EPILOG = """\
 examples:
   shmrpc bench lat --peers                         # 64 B .. 256 MiB, shmrpc next to zmq, pipe, gRPC

@@ -28,6 +28,7 @@ import numpy as np
 
 from ._iox2 import Iox2SpinTransport, Iox2Transport, iox2_server, iox2_spin_server
 from ._transport import ServerProcess, Transport, TransportUnavailable, payload_of, touch
+from ._ucx import UcxTransport, ucx_server
 
 __all__ = ["ZmqTransport", "PipeTransport", "GrpcTransport", "PEERS", "start_peer_server"]
 
@@ -226,6 +227,7 @@ PEERS: dict[str, tuple[type[Transport], Any, str, str]] = {
     "grpc": (GrpcTransport, _grpc_server, "grpc.sock", "grpc"),
     "iox2": (Iox2Transport, iox2_server, "iox2", "iceoryx2"),
     "iox2-spin": (Iox2SpinTransport, iox2_spin_server, "iox2", "iceoryx2"),
+    "ucx": (UcxTransport, ucx_server, "ucx.addr", "ucxx"),
 }
 
 

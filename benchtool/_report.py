@@ -21,7 +21,7 @@ __all__ = ["machine_facts", "latency_table", "bandwidth_table", "scaling_table",
            "write_json", "default_out_path", "finish_document", "now_iso"]
 
 _PACKAGES = ("shmrpc", "numpy", "pyzmq", "grpcio", "cupy", "cupy-cuda12x", "cupy-cuda13x", "matplotlib")
-_PEER_KEYS = ("zmq", "pipe", "grpc", "iox2", "iox2-spin")
+_PEER_KEYS = ("zmq", "pipe", "grpc", "iox2", "iox2-spin", "ucx")
 
 
 def _cpu_model() -> str:
@@ -201,6 +201,34 @@ def _verdict(goal: str, ok: bool | None, detail: str, **figures: Any) -> dict[st
 
 
 def verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The goals this run has figures for: :func:`latency_verdicts`, then :func:`scaling_verdicts`."""
+    return latency_verdicts(doc) + scaling_verdicts(doc)
+
+
+#: Issue #12: small same-shape requests from this many client processes together ...
+SWEEP_CLIENTS = 8
+#: ... reach at least this many requests/s in total.
+SWEEP_REQUESTS_PER_S = 40_000
+
+
+def scaling_verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """With a client sweep: 8 client processes of the smallest request together reach 40 000 requests/s on the
+    best shmrpc path (``N/A`` without an 8-client shmrpc point)."""
+    pts = [p for p in doc.get("scaling") or [] if "calls_per_s" in p]
+    if doc["mode"] != "lat" or not pts:
+        return []
+    n = min(p["nbytes"] for p in pts)
+    goal = f"{SWEEP_CLIENTS} client processes >= {SWEEP_REQUESTS_PER_S} requests/s in total ({size_label(n)} requests)"
+    shm = [p for p in pts if p["transport"].startswith("shmrpc") and p["clients"] == SWEEP_CLIENTS and p["nbytes"] == n]
+    if not shm:
+        return [_verdict(goal, None, f"needs a shmrpc point with {SWEEP_CLIENTS} clients")]
+    best = max(shm, key=lambda p: p["calls_per_s"])
+    return [_verdict(goal, best["calls_per_s"] >= SWEEP_REQUESTS_PER_S,
+                     f"best {best['transport']} {best['calls_per_s']:.0f} requests/s",
+                     requests_per_s=best["calls_per_s"])]
+
+
+def latency_verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """The three latency goals of `shmrpc bench`, judged from this run's latency p50s (``N/A`` where a figure is missing).
 
     1. 64 B round trip p50 within 1.2x the zmq peer's.

@@ -19,7 +19,8 @@
 #   sweep   1, 2, 4, 8, 16 client processes of 64 B vector_add on the NumPy worker: loan, call() and blocking
 #           lane, next to pyzmq and to each process running the op itself (own); sweepgpu: the same with
 #           gemm x=16x256 @ w=256x256 float16 on the CuPy worker, x and w sent with every request (own: a CUDA
-#           context and CuPy in every client process, inputs from host memory, the result back to host)
+#           context and CuPy in every client process, inputs from host memory, the result back to host); the
+#           UCX peer (ucx) too where its wheels were prepared (the ucx extra), else it is skipped with the reason
 #   pool    1 worker vs 2 workers (`serve --devices`, one GPU each), 8 client processes through
 #           shmrpc.client.Pool sending gemm against a resident weight (bench/pool.py); then
 #           `shmrpc bench async` and `shmrpc bench threads` on this host's cores (NumPy worker)
@@ -116,7 +117,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
         args=(--backend cupy --op gemm --shape x=16x256 --shape w=256x256 --dtype float16)
       fi
       echo "== shmrpc bench lat --clients 1,2,4,8,16 ($what)"
-      timeout 115 $BENCH lat --transports shmrpc,shmrpc-call,shmrpc-lane,zmq,own --clients 1,2,4,8,16 \
+      timeout 115 $BENCH lat --transports shmrpc,shmrpc-call,shmrpc-lane,zmq,own,ucx --clients 1,2,4,8,16 \
         --iters 1000 --warmup 50 "${args[@]}" -q --out "$OUT/$name.json" --plots "/tmp/plots-$name" 2>&1 | tail -34
       plot "/tmp/plots-$name" lat-scaling.png "$name-scaling.png" ;;
     pool)

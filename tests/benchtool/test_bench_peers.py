@@ -26,11 +26,13 @@ def test_peer_round_trips_the_payload(key: str) -> None:
             t.end_size()
 
 
-@pytest.mark.timeout(60)
-def test_clients_mode_against_one_zmq_server() -> None:
-    cfg = RunConfig(iters=20, warmup=2, transports=["zmq"])
-    with start_peer_server("zmq") as server:
-        point = run_clients("zmq", server.address, cfg, 2, 64)
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("key", ["zmq", "ucx"])
+def test_clients_mode_against_one_server(key: str) -> None:
+    pytest.importorskip(PEERS[key][3])
+    cfg = RunConfig(iters=20, warmup=2, transports=[key])
+    with start_peer_server(key) as server:
+        point = run_clients(key, server.address, cfg, 2, 64)
     assert "error" not in point, point
     assert point["clients"] == 2 and point["nbytes"] == 64
     assert len(point["per_client_p99_us"]) == 2
