@@ -488,6 +488,8 @@ class Client:
                 if not v.flags.c_contiguous:
                     return None
                 arrays[k] = v
+            elif type(v) in _SCALARS and not pipeline and k not in params:
+                attrs[k] = v
             elif pipeline or k in params or isinstance(v, Resident) or is_array_like(v):
                 return None
             else:
@@ -710,6 +712,9 @@ class Client:
             self._desc_cache.clear()
         self._desc_cache[key] = hit
         return hit
+
+
+_SCALARS = (int, float, bool, str)  # attribute values the steady path takes without asking is_array_like
 
 
 def _cannot_travel(dt: np.dtype) -> bool:

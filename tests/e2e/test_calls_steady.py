@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
-from shmrpc.client import Client, InvalidRequestError, Resident
+from shmrpc.client import Client, InvalidRequestError, Pipeline, Resident
 from shmrpc.client._callplan import read_outputs, signature
 from shmrpc.schema.descriptor import ResponseDesc, TensorRef
 from shmrpc.schema.errors import RequestError
@@ -38,6 +38,8 @@ def test_a_repeated_signature_carries_each_calls_own_values(worker: WorkerProc) 
 def test_attribute_types_are_part_of_the_signature(worker: WorkerProc) -> None:
     # 1 == 1.0 == True in Python, but they travel as different attribute types: each gets its own plan
     assert signature("scale", (), {"a": 1}, False, (), None) != signature("scale", (), {"a": True}, False, (), None)
+    assert Pipeline().then("scale", a=1) != Pipeline().then("scale", a=True)
+    assert Pipeline().then("scale", a=2.0) == Pipeline().then("scale", a=2.0)
     x = np.arange(4, dtype=np.float32)
     results = []
     for a in (1, 1.0, True):
