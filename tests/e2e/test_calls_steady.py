@@ -103,3 +103,28 @@ def test_a_response_is_checked_against_the_slot_and_the_outputs_asked() -> None:
         with pytest.raises(RequestError) as ei:
             read_outputs(resp, asked, 8192)
         assert ei.value.field == field
+
+
+def test_a_response_rewritten_in_the_slot_is_checked_again(worker: WorkerProc) -> None:
+    """A response already checked once is remembered by its bytes: other bytes in the slot (a process writing
+    there after the DONE) are a new key, checked in full, and a bad one is a RequestError naming the field."""
+    from shmrpc.schema.descriptor import decode_response, encode_response
+    from shmrpc.schema.header import HEADER, HEADER_NBYTES, unpack_from
+
+    with Client(worker.name, timeout_s=10) as c, c.loan(4096) as req:
+        req.array("x", 64, np.float32)[...] = 1.0
+        for _ in range(2):  # the second time from the remembered check
+            np.testing.assert_array_equal(req.send("echo")["out"], 1.0)
+        mv = req._s.mv
+        h = unpack_from(mv)
+        good = decode_response(bytes(mv[HEADER_NBYTES:HEADER_NBYTES + h.payload_length]))
+        t = good.outputs[0]
+        for bad, field in ((t._replace(shape=(65,)), "shape"), (t._replace(offset=len(mv) - 8), "offset"),
+                           (t._replace(name="tuo"), "outputs")):
+            payload = encode_response(ResponseDesc(outputs=(bad,)))
+            mv[HEADER_NBYTES:HEADER_NBYTES + len(payload)] = payload
+            HEADER.pack_into(mv, 0, *h._replace(payload_length=len(payload)))
+            with pytest.raises(RequestError) as e:
+                req._response(h.request_id)
+            assert e.value.field == field
+        np.testing.assert_array_equal(req.send("echo")["out"], 1.0)  # the worker rewrites it: all well again
