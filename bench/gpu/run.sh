@@ -118,7 +118,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       fi
       echo "== shmrpc bench lat --clients 1,2,4,8,16 ($what)"
       timeout 115 $BENCH lat --transports shmrpc,shmrpc-call,shmrpc-lane,zmq,own,ucx --clients 1,2,4,8,16 \
-        --iters 1000 --warmup 50 "${args[@]}" -q --out "$OUT/$name.json" --plots "/tmp/plots-$name" 2>&1 | tail -34
+        --iters 1000 --warmup 50 "${args[@]}" -q --out "$OUT/$name.json" --plots "/tmp/plots-$name" 2>&1 | tail -60
       plot "/tmp/plots-$name" lat-scaling.png "$name-scaling.png" ;;
     pool)
       echo "== bench/pool.py (1 vs 2 GPU workers through Pool)"
