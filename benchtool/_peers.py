@@ -242,5 +242,6 @@ def start_peer_server(key: str) -> ServerProcess:
 
     _, target, sock_name, module = PEERS[key]
     if importlib.util.find_spec(module) is None:
-        raise TransportUnavailable(f"{module} is not installed (pip install 'shmrpc[bench]'); the {key} peer is skipped")
+        extra = "ucx" if module == "ucxx" else "bench"  # UCX is an extra of its own (about 250 MB)
+        raise TransportUnavailable(f"{module} is not installed (pip install 'shmrpc[{extra}]'); the {key} peer is skipped")
     return ServerProcess(target, sock_name)

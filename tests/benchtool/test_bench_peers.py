@@ -37,3 +37,14 @@ def test_clients_mode_against_one_server(key: str) -> None:
     assert point["clients"] == 2 and point["nbytes"] == 64
     assert len(point["per_client_p99_us"]) == 2
     assert point["calls_per_s"] > 0
+
+
+def test_a_missing_ucx_is_a_skip_with_its_extra_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from shmrpc.bench._transport import TransportUnavailable
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ucxx" else real(name, *a))
+    with pytest.raises(TransportUnavailable, match=r"shmrpc\[ucx\]"):
+        start_peer_server("ucx")
