@@ -12,11 +12,12 @@ from typing import Any, NoReturn
 from shmrpc.schema.layout import parse_size
 
 from ._runner import SHM_KEYS, TRANSPORT_CLASSES, RunConfig
+from ._shapes import check_shapes, shapes_nbytes
 from ._stats import parse_sizes, size_sweep
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
-_ALL_PEERS = "zmq,pipe,grpc,iox2,iox2-spin"
+_ALL_PEERS = "zmq,pipe,grpc,iox2,iox2-spin,ucx"
 _EPILOG = """\
 examples:
   shmrpc bench lat --peers                         # 64 B .. 256 MiB, shmrpc next to zmq, pipe, gRPC
@@ -24,6 +25,7 @@ examples:
   shmrpc bench bw --window 8 --max-size 64M --peers zmq
   shmrpc bench lat --clients 1,2,4,8 --sizes 64,4K  # N client processes against one worker
   shmrpc bench lat --op scale --attr a=2 --dtype float32 --name my-worker
+  shmrpc bench lat --op gemm --shape x=16x256 --shape w=256x256 --dtype float16 --clients 1,2,4,8,16
   shmrpc bench async --sizes 64 --in-flight 1000    # AsyncClient next to zmq.asyncio, with the loop's lag
   shmrpc bench threads --threads 1,2,4 --sizes 64   # threads sharing one Client vs a Client each
 """
@@ -61,6 +63,20 @@ def _attr(text: str) -> tuple[str, Any]:
         return key, json.loads(value)
     except ValueError:
         return key, value
+
+
+def _shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """``NAME=16x256`` -> ``("NAME", (16, 256))``; every dimension a whole number >= 1."""
+    name, sep, dims = text.partition("=")
+    name = name.strip()
+    try:
+        shape = tuple(int(d) for d in dims.lower().split("x")) if dims.strip() else ()
+    except ValueError:
+        shape = ()
+    if not sep or not name.isidentifier() or not shape or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"--shape takes NAME=DIMxDIM..., e.g. x=16x256 (an input name, then "
+                                         f"dimensions >= 1 joined by 'x'), got {text!r}")
+    return name, shape
 
 
 class UsageError(Exception):
@@ -104,6 +120,10 @@ def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     w.add_argument("--op", default="echo", help="the op (default echo); each of its inputs gets the payload")
     w.add_argument("--in-place", action="store_true",
                    help="the loan asks for the output over its first input (ops declared in place, e.g. vector_add)")
+    w.add_argument("--shape", type=_shape, action="append", default=[], metavar="NAME=DIMxDIM",
+                   help="send input NAME of --op with this shape (repeat for every input, e.g. --op gemm "
+                   "--shape x=16x256 --shape w=256x256 --dtype float16); replaces --sizes: the size is then the "
+                   "request's bytes, which the peers move too")
     w.add_argument("--attr", type=_attr, action="append", default=[], help="op attribute KEY=VALUE (JSON value)")
     w.add_argument("--dtype", default="uint8", help="dtype of x (default uint8)")
     w.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto", help="for the worker it starts")
@@ -132,7 +152,16 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     Raises:
         ValueError: an argument is out of range or names an unknown transport.
     """
-    sizes = args.sizes or size_sweep(args.min_size, args.max_size)
+    shapes = dict(args.shape)
+    if len(shapes) != len(args.shape):
+        raise ValueError("--shape names an input twice")
+    if shapes:
+        if args.sizes:
+            raise ValueError("--shape and --sizes exclude each other: with shapes the size is the request's bytes")
+        check_shapes(args.op, shapes, args.dtype, dict(args.attr))
+        sizes = [shapes_nbytes(shapes, args.dtype)]
+    else:
+        sizes = args.sizes or size_sweep(args.min_size, args.max_size)
     if args.transports:
         keys = [k.strip() for k in args.transports.split(",") if k.strip()]
     else:
@@ -154,7 +183,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      clients=args.clients, clients_max_nbytes=args.clients_max_size, transports=list(dict.fromkeys(keys)),
                      name=args.name, worker_args=args.worker_args, spin_us=args.spin_us,
                      bytes_budget=args.bytes_budget, in_place=args.in_place,
-                     connect_iters=args.connect_iters)
+                     connect_iters=args.connect_iters, shapes=shapes)
 
 
 def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ._shapes import shaped_payload
 from ._transport import Transport, TransportUnavailable, payload_of
 
 __all__ = ["OwnBackendTransport"]
@@ -25,8 +26,9 @@ class OwnBackendTransport(Transport):
     label = "own backend, no server"
 
     def __init__(self, address: str, op: str = "echo", attrs: dict[str, Any] | None = None, dtype: str = "uint8",
-                 backend: str = "auto") -> None:
+                 backend: str = "auto", shapes: dict[str, tuple[int, ...]] | None = None) -> None:
         super().__init__(address)
+        self.shapes = dict(shapes or {})
         from shmrpc import kernels
 
         spec = kernels.REGISTRY.get(op)
@@ -45,13 +47,17 @@ class OwnBackendTransport(Transport):
     def prepare(self, nbytes: int) -> None:
         k = self._kernels
         self.nbytes = nbytes
-        arr = payload_of(nbytes, self.dtype)
-        self._ins = {p: arr.copy() for p in self.inputs}
+        if self.shapes:  # --shape: the same tensors the shmrpc paths send, as host arrays
+            self._ins = {p: shaped_payload(self.shapes[p], self.dtype) for p in self.inputs}
+        else:
+            arr = payload_of(nbytes, self.dtype)
+            self._ins = {p: arr.copy() for p in self.inputs}
         step = k.StepSpec(self.op, {p: p for p in self.inputs}, {self._out_param: "out"}, self.attrs)
-        specs = {p: k.TensorSpec(arr.shape, self.dtype) for p in self.inputs}
+        specs = {p: k.TensorSpec(a.shape, self.dtype) for p, a in self._ins.items()}
         self._plan = self._backend.plan([step], specs, ["out"])
         out = self._plan.outputs["out"]
-        self._out = np.empty(out.shape, dtype=arr.dtype if out.dtype == self.dtype else np.dtype(out.dtype))
+        dt = np.dtype(self.dtype)
+        self._out = np.empty(out.shape, dtype=dt if out.dtype == self.dtype else np.dtype(out.dtype))
 
     def roundtrip(self) -> Any:
         self._backend.run(self._plan, self._ins, {"out": self._out})

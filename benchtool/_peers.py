@@ -28,6 +28,7 @@ import numpy as np
 
 from ._iox2 import Iox2SpinTransport, Iox2Transport, iox2_server, iox2_spin_server
 from ._transport import ServerProcess, Transport, TransportUnavailable, payload_of, touch
+from ._ucx import UcxTransport, ucx_server
 
 __all__ = ["ZmqTransport", "PipeTransport", "GrpcTransport", "PEERS", "start_peer_server"]
 
@@ -226,6 +227,7 @@ PEERS: dict[str, tuple[type[Transport], Any, str, str]] = {
     "grpc": (GrpcTransport, _grpc_server, "grpc.sock", "grpc"),
     "iox2": (Iox2Transport, iox2_server, "iox2", "iceoryx2"),
     "iox2-spin": (Iox2SpinTransport, iox2_spin_server, "iox2", "iceoryx2"),
+    "ucx": (UcxTransport, ucx_server, "ucx.addr", "ucxx"),
 }
 
 
@@ -240,5 +242,6 @@ def start_peer_server(key: str) -> ServerProcess:
 
     _, target, sock_name, module = PEERS[key]
     if importlib.util.find_spec(module) is None:
-        raise TransportUnavailable(f"{module} is not installed (pip install 'shmrpc[bench]'); the {key} peer is skipped")
+        extra = "ucx" if module == "ucxx" else "bench"  # UCX is an extra of its own (about 250 MB)
+        raise TransportUnavailable(f"{module} is not installed (pip install 'shmrpc[{extra}]'); the {key} peer is skipped")
     return ServerProcess(target, sock_name)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ._report import spin_note
+from ._report import shapes_note, spin_note
 from ._stats import size_label
 
 __all__ = ["write_plots"]
@@ -47,7 +47,7 @@ def _size_axis(ax: Any, sizes: list[int]) -> None:
 
 def _title(doc: dict[str, Any], what: str) -> str:
     m = doc.get("machine", {})
-    return f"{what} — op {doc['config']['op']}{spin_note(doc)}, {m.get('cpu_model', '')}".strip(", ")
+    return f"{what} — op {doc['config']['op']}{shapes_note(doc)}{spin_note(doc)}, {m.get('cpu_model', '')}".strip(", ")
 
 
 def _save(plt: Any, fig: Any, path: Path) -> Path:
@@ -118,7 +118,7 @@ def _scaling(doc: dict[str, Any], path: Path) -> Path | None:
         ax.minorticks_off()
         ax.set_xlabel("client processes")
         ax.grid(True, alpha=0.3)
-    ax1.set_ylabel("aggregate calls/s")
+    ax1.set_ylabel("aggregate requests/s (all clients)")
     ax2.set_ylabel("p99 of the worst client (µs)")
     ax2.set_yscale("log")
     ax1.legend(fontsize=7)

@@ -21,7 +21,7 @@ __all__ = ["machine_facts", "latency_table", "bandwidth_table", "scaling_table",
            "write_json", "default_out_path", "finish_document", "now_iso"]
 
 _PACKAGES = ("shmrpc", "numpy", "pyzmq", "grpcio", "cupy", "cupy-cuda12x", "cupy-cuda13x", "matplotlib")
-_PEER_KEYS = ("zmq", "pipe", "grpc", "iox2", "iox2-spin")
+_PEER_KEYS = ("zmq", "pipe", "grpc", "iox2", "iox2-spin", "ucx")
 
 
 def _cpu_model() -> str:
@@ -123,6 +123,15 @@ def spin_note(doc: dict[str, Any]) -> str:
     return f", shmrpc spinning {spin} µs" if spin else ""
 
 
+def shapes_note(doc: dict[str, Any]) -> str:
+    """``", request x=16x256, w=256x256 float16"`` when the run sent shaped tensors (``--shape``), else empty."""
+    shapes = doc["config"].get("shapes") or {}
+    if not shapes:
+        return ""
+    return ", request " + ", ".join(f"{n}={'x'.join(map(str, s))}" for n, s in shapes.items()) + \
+        f" {doc['config'].get('dtype', '')}"
+
+
 def _rows(doc: dict[str, Any], kind: str, lines: list[str]) -> Iterator[tuple[int, str, dict[str, Any]]]:
     """(size, label, point) in table order; a failed point gets its error line in ``lines`` instead."""
     pts = _points(doc, kind)
@@ -143,7 +152,7 @@ def latency_table(doc: dict[str, Any]) -> str:
     base = {n: p["p50_us"] for (key, n), p in _points(doc, "latency").items() if key == "shmrpc" and "p50_us" in p}
     head = f"{'size':>6}  {'transport':<30} {'iters':>6} {'min':>9} {'p50':>9} {'p90':>9} {'p99':>9} " \
            f"{'p99.9':>9} {'max':>9} {'mean':>9} {'stdev':>8} {'p50/shm':>8}"
-    lines = [f"round trip latency (µs){spin_note(doc)}", head, "-" * len(head)]
+    lines = [f"round trip latency (µs){spin_note(doc)}{shapes_note(doc)}", head, "-" * len(head)]
     for n, label, p in _rows(doc, "latency", lines):
         ratio = f"{p['p50_us'] / base[n]:8.2f}" if base.get(n) else f"{'':>8}"
         lines.append(f"{size_label(n):>6}  {label:<30} {p['iterations']:6d} {p['t_min_us']:9.1f} "
@@ -167,8 +176,9 @@ def scaling_table(doc: dict[str, Any]) -> str:
     """Several client processes against one server: aggregate calls/s and each client's p99."""
     if not doc.get("scaling"):
         return ""
-    head = f"{'transport':<30} {'clients':>7} {'size':>6} {'calls/s':>10} {'p50':>9} {'p99 worst client':>17}"
-    lines = [f"scaling with client processes (latency loop in each; µs){spin_note(doc)}", head, "-" * len(head)]
+    head = f"{'transport':<30} {'clients':>7} {'size':>6} {'requests/s':>10} {'p50':>9} {'p99 worst client':>17}"
+    lines = [f"scaling with client processes (latency loop in each; requests/s of all together; µs)"
+             f"{spin_note(doc)}{shapes_note(doc)}", head, "-" * len(head)]
     for p in doc["scaling"]:
         label = doc["transports"].get(p["transport"], {}).get("label", p["transport"])
         if "error" in p:
@@ -191,6 +201,34 @@ def _verdict(goal: str, ok: bool | None, detail: str, **figures: Any) -> dict[st
 
 
 def verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The goals this run has figures for: :func:`latency_verdicts`, then :func:`scaling_verdicts`."""
+    return latency_verdicts(doc) + scaling_verdicts(doc)
+
+
+#: Issue #12: small same-shape requests from this many client processes together ...
+SWEEP_CLIENTS = 8
+#: ... reach at least this many requests/s in total.
+SWEEP_REQUESTS_PER_S = 40_000
+
+
+def scaling_verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """With a client sweep: 8 client processes of the smallest request together reach 40 000 requests/s on the
+    best shmrpc path (``N/A`` without an 8-client shmrpc point)."""
+    pts = [p for p in doc.get("scaling") or [] if "calls_per_s" in p]
+    if doc["mode"] != "lat" or not pts:
+        return []
+    n = min(p["nbytes"] for p in pts)
+    goal = f"{SWEEP_CLIENTS} client processes >= {SWEEP_REQUESTS_PER_S} requests/s in total ({size_label(n)} requests)"
+    shm = [p for p in pts if p["transport"].startswith("shmrpc") and p["clients"] == SWEEP_CLIENTS and p["nbytes"] == n]
+    if not shm:
+        return [_verdict(goal, None, f"needs a shmrpc point with {SWEEP_CLIENTS} clients")]
+    best = max(shm, key=lambda p: p["calls_per_s"])
+    return [_verdict(goal, best["calls_per_s"] >= SWEEP_REQUESTS_PER_S,
+                     f"best {best['transport']} {best['calls_per_s']:.0f} requests/s",
+                     requests_per_s=best["calls_per_s"])]
+
+
+def latency_verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """The three latency goals of `shmrpc bench`, judged from this run's latency p50s (``N/A`` where a figure is missing).
 
     1. 64 B round trip p50 within 1.2x the zmq peer's.

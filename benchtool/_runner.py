@@ -79,6 +79,9 @@ class RunConfig:
     in_place: bool = False  # the loan sends with in_place=True (the output over the first input)
     bytes_budget: int = 2 << 30
     min_iters: int = 5
+    #: input name -> shape (``--shape``): every shmrpc path and ``own`` send tensors of these shapes; ``sizes`` is then
+    #: their bytes together, which the peers move
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def scaling_sizes(self) -> list[int]:
         """The sizes the multi-client mode runs: those up to ``clients_max_nbytes`` (the smallest if none)."""
@@ -101,9 +104,10 @@ def make_transport(key: str, address: str, cfg: RunConfig) -> Transport:
     cls = TRANSPORT_CLASSES[key]
     if key in SHM_KEYS:
         return cls(address, op=cfg.op, attrs=cfg.attrs, dtype=cfg.dtype, spin_us=cfg.spin_us,  # type: ignore[call-arg]
-                   in_place=cfg.in_place)
+                   in_place=cfg.in_place, shapes=cfg.shapes)
     if key == "own":
-        return OwnBackendTransport(address, op=cfg.op, attrs=cfg.attrs, dtype=cfg.dtype, backend=cfg.backend)
+        return OwnBackendTransport(address, op=cfg.op, attrs=cfg.attrs, dtype=cfg.dtype, backend=cfg.backend,
+                                   shapes=cfg.shapes)
     return cls(address)
 
 
@@ -126,6 +130,8 @@ def open_servers(cfg: RunConfig, log: Callable[[str], None] = print) -> Iterator
             servers.plan = plan
             try:
                 extra = f"{cfg.worker_args} --spin-us {cfg.spin_us}" if cfg.spin_us else cfg.worker_args
+                if n_clients > 8 and "--max-clients-per-uid" not in extra:  # the sweep's processes, this one, spares
+                    extra += f" --max-clients-per-uid {n_clients + 4}"
                 worker = stack.enter_context(WorkerProcess(plan, cfg.backend, extra))
                 worker.wait_ready()
                 servers.addresses.update({k: worker.name for k in shm})

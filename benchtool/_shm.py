@@ -30,6 +30,7 @@ import numpy as np
 from shmrpc.schema.layout import DESC_NBYTES, PAGE, align_up, tensor_align
 from shmrpc.schema.naming import socket_path
 
+from ._shapes import shaped_payload
 from ._transport import Transport, TransportUnavailable, payload_of
 
 __all__ = ["SlotPlan", "plan_slots", "WorkerProcess", "ShmLoanTransport", "ShmCallTransport", "request_nbytes"]
@@ -219,8 +220,10 @@ class _ShmBase(Transport):
     lane: ClassVar[str | None] = None
 
     def __init__(self, address: str, op: str = "echo", attrs: dict[str, Any] | None = None,
-                 dtype: str = "uint8", spin_us: int = 0, in_place: bool = False) -> None:
+                 dtype: str = "uint8", spin_us: int = 0, in_place: bool = False,
+                 shapes: dict[str, tuple[int, ...]] | None = None) -> None:
         super().__init__(address)
+        self.shapes = dict(shapes or {})
         self.in_place = in_place
         self.op_name = op
         self.attrs = dict(attrs or {})
@@ -236,6 +239,29 @@ class _ShmBase(Transport):
         # every tensor input of the op gets the same payload (vector_add: x and y)
         entry = table.get(op)
         self.inputs: tuple[str, ...] = tuple(entry.inputs) if entry is not None and entry.inputs else ("x",)
+        if self.shapes:  # --shape: those inputs, each of its shape (the worker checks the names against the op)
+            self.inputs = tuple(self.shapes)
+
+    def tensor_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(input name, shape) of each input of a request of ``nbytes``: the --shape ones, or 1-D of nbytes each."""
+        if self.shapes:
+            return list(self.shapes.items())
+        return [(name, (self.nbytes // np.dtype(self.dtype).itemsize,)) for name in self.inputs]
+
+    def inputs_now(self) -> dict[str, np.ndarray]:
+        """The request's input arrays (made once per size, outside the timed loop)."""
+        if self.shapes:
+            return {name: shaped_payload(shape, self.dtype) for name, shape in self.shapes.items()}
+        arr = payload_of(self.nbytes, self.dtype)
+        return dict.fromkeys(self.inputs, arr)
+
+    def loan_nbytes(self) -> int:
+        """What ``Client.loan`` is asked for: the inputs, room for outputs as large as all of them, alignment."""
+        if not self.shapes:
+            return _loan_nbytes(self.nbytes, len(self.inputs) + 1)
+        item = np.dtype(self.dtype).itemsize
+        sizes = [int(np.prod(s)) * item for s in self.shapes.values()]
+        return sum(align_up(n, tensor_align(n)) + tensor_align(n) for n in [*sizes, sum(sizes)])
 
     def reply_bytes(self, reply: Any) -> bytes:
         out = reply["out"] if isinstance(reply, dict) else reply
@@ -263,14 +289,13 @@ class ShmLoanTransport(_ShmBase):
         self._resend = True
 
     def _open_loan(self) -> Any:
-        loan = self._client.loan(_loan_nbytes(self.nbytes, len(self.inputs) + 1))
+        loan = self._client.loan(self.loan_nbytes())
         req = loan.__enter__()
         return loan, req
 
     def _fill(self, req: Any) -> None:
-        n = self.nbytes // np.dtype(self.dtype).itemsize
-        for name in self.inputs:
-            req.array(name, (n,), self.dtype)[...] = payload_of(self.nbytes, self.dtype)
+        for name, arr in self.inputs_now().items():
+            req.array(name, arr.shape, self.dtype)[...] = arr
 
     def prepare(self, nbytes: int) -> None:
         self.end_size()
@@ -290,9 +315,9 @@ class ShmLoanTransport(_ShmBase):
     def roundtrip(self) -> Any:
         if self._resend:
             return self._req.send(self.op_name, in_place=self.in_place, **self.attrs)
-        with self._client.loan(_loan_nbytes(self.nbytes, len(self.inputs) + 1)) as req:
-            for name in self.inputs:
-                req.array(name, (self.nbytes // np.dtype(self.dtype).itemsize,), self.dtype)
+        with self._client.loan(self.loan_nbytes()) as req:
+            for name, shape in self.tensor_shapes():
+                req.array(name, shape, self.dtype)
             return _copy_reply(req.send(self.op_name, in_place=self.in_place, **self.attrs))
 
     def end_size(self) -> None:
@@ -319,23 +344,23 @@ class ShmCallTransport(_ShmBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._payload = payload_of(0, self.dtype)
+        self._kwargs: dict[str, Any] = {}
 
     def prepare(self, nbytes: int) -> None:
         self.nbytes = nbytes
-        self._payload = payload_of(nbytes, self.dtype)
+        self._kwargs = {**self.inputs_now(), **self.attrs}
 
     def roundtrip(self) -> Any:
-        return self._client.call(self.op_name, **dict.fromkeys(self.inputs, self._payload), **self.attrs)
+        return self._client.call(self.op_name, **self._kwargs)
 
     def start(self) -> Any:
-        return self._client.submit(self.op_name, **dict.fromkeys(self.inputs, self._payload), **self.attrs)
+        return self._client.submit(self.op_name, **self._kwargs)
 
     def finish(self, handle: Any) -> Any:
         return handle.result(60.0)
 
     def end_size(self) -> None:
-        self._payload = payload_of(0, self.dtype)
+        self._kwargs = {}
         self.nbytes = 0
 
 

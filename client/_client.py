@@ -56,6 +56,7 @@ from shmrpc.schema.layout import Geometry, align_up, format_size, tensor_align
 from shmrpc.schema.optable import OpEntry, parse_op_table
 
 from ._attach import set_dumpable
+from ._callplan import CallPlan, OutputCheck, bounded_put, plan_inputs, signature
 from ._connection import Connection, control_error, lane_done
 from ._inflight import Inflight
 from ._interop import DeviceInput, as_input, is_array_like
@@ -69,7 +70,7 @@ from ._trace import ClientTracing
 __all__ = ["Client", "Loan", "CallFuture", "Resident"]  # Loan, CallFuture, Resident re-exported
 
 from ._loan import CallFuture, Loan
-from ._slot import _KEEP, Resident, _Slot, fork_generation, forked_since
+from ._slot import _IN_PLACE, _KEEP, Resident, _Slot, fork_generation, forked_since
 
 
 class _NoSlot(Exception):
@@ -189,6 +190,9 @@ class Client:
         self._ctl_id = itertools.count(1)
         self._rid = itertools.count(1)
         self._desc_cache: dict[Any, tuple[bytes, int, int, tuple[str, ...]]] = {}
+        self._plans: dict[Any, CallPlan] = {}  # call() signatures -> slot layout and descriptor (_callplan)
+        self._params: dict[str, frozenset[str]] = {}  # op -> its input names (which keywords are tensors)
+        self._out_checks: dict[Any, OutputCheck] = {}  # responses already checked, by their bytes (Loan._response)
         self._specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         self._sizer = OutputSizer(lambda msg: self._ask(msg, time.monotonic() + self.timeout_s))
 
@@ -456,8 +460,97 @@ class Client:
             InvalidRequestError (with ``field``), KernelError (with ``op``, ``step``, ``tensor``),
             BusyError, Timeout, WorkerGoneError.
         """
+        if self._tracing is None:
+            plain = self._plain_inputs(op, kwargs)
+            if plain is not None:
+                return self._call_now(op, plain[0], plain[1], copy, timeout_s, out_nbytes, in_place, keep)
         fut = self._submit(op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs)
         return fut.result()
+
+    def _plain_inputs(self, op: str | Pipeline, kwargs: dict[str, Any]
+                      ) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+        """(C-contiguous NumPy inputs, attributes) of a call that the steady path serves, or None: a resident
+        reference, an input of another library, or one NumPy would first convert, goes the general way."""
+        if isinstance(op, str):
+            params = self._params.get(op)
+            if params is None:
+                entry = self.op_table.get(op)
+                if entry is None:
+                    return None  # the general path raises the right error
+                params = self._params[op] = frozenset(entry.inputs)
+            pipeline = False
+        else:
+            params, pipeline = frozenset(), True
+        arrays: dict[str, np.ndarray] = {}
+        attrs: dict[str, Any] = {}
+        for k, v in kwargs.items():
+            if type(v) is np.ndarray:
+                if not v.flags.c_contiguous:
+                    return None
+                arrays[k] = v
+            elif type(v) in _SCALARS and not pipeline and k not in params:
+                attrs[k] = v
+            elif pipeline or k in params or isinstance(v, Resident) or is_array_like(v):
+                return None
+            else:
+                attrs[k] = v
+        return arrays, attrs
+
+    def _call_now(self, op: str | Pipeline, arrays: dict[str, np.ndarray], attrs: dict[str, Any], copy: bool,
+                  timeout_s: float | None, out_nbytes: int | None, in_place: bool, keep: tuple[str, ...]
+                  ) -> dict[str, np.ndarray]:
+        """``call()`` of host arrays, in this thread: the plan of its signature (made once), inputs copied into
+        the slot, the descriptor bytes written, ring, wait, the response checked, outputs copied out."""
+        self._check()
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        try:
+            inputs = tuple((k, a.shape, dtypes.name_of_numpy(a.dtype)) for k, a in arrays.items())
+        except KeyError:
+            bad = next(k for k, a in arrays.items() if _cannot_travel(a.dtype))
+            raise InvalidRequestError(f"array {bad!r} has dtype {arrays[bad].dtype}, which cannot travel",
+                                      tensor=bad, field="dtype") from None
+        key = signature(op, inputs, attrs, in_place, keep, out_nbytes)
+        plan = self._plans.get(key) if key is not None else None
+        if plan is None:
+            plan, sure = self._plan_call(op, inputs, attrs, in_place, keep, out_nbytes)
+            if key is not None and sure:
+                bounded_put(self._plans, key, plan)
+        loan = Loan(self, self._take(plan.need, deadline))
+        try:
+            mv = loan._live()
+            for a, (off, nbytes) in zip(arrays.values(), plan.writes):
+                if nbytes:
+                    mv[off:off + nbytes] = a.reshape(-1).view(np.uint8).data  # the one copy in, bytes as they are
+            loan._tensors, loan._cursor = list(plan.tensors), plan.cursor
+            rid = loan._publish(plan.desc)
+            loan._wait(rid, deadline)
+            out = loan._response(rid)
+            if copy:  # the views go before the loan ends, so the slot is free again at once (not parked)
+                out = {k: v.copy() for k, v in out.items()}
+            return out
+        finally:
+            loan.release()
+
+    def _plan_call(self, op: str | Pipeline, inputs: tuple[tuple[str, tuple[int, ...], str], ...],
+                   attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...], out_nbytes: int | None
+                   ) -> tuple[CallPlan, bool]:
+        """The first call of a signature: the outputs' size (asked of the worker), the layout, the descriptor;
+        and whether to keep the plan (not when the worker refused to size it: that call fails, and the next one
+        asks again, as the general path does)."""
+        writes, tensors, cursor = plan_inputs(inputs, self.geometry.desc_nbytes)
+        need = self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for _, n in writes)
+        entry = self.op_table.get(op) if isinstance(op, str) else None
+        if out_nbytes is None:
+            alias = entry is not None and entry.alias
+            specs = {n: (shape, wire) for n, shape, wire in inputs}
+            asked = 0 if in_place or alias else self._sizer.out_nbytes(self.op_table, op, specs, (), attrs, keep)
+            sure = asked is not None
+            out_nbytes = sum(n for _, n in writes) if asked is None else asked
+        else:
+            sure = True
+        need = max(need + out_nbytes, self.geometry.desc_nbytes + 64)
+        desc = self._describe(op, tensors, attrs, _IN_PLACE if in_place else 0, keep)
+        return CallPlan(need, writes, tensors, cursor, desc), sure
 
     def submit(self, op: str | Pipeline, *, timeout_s: float | None = None, out_nbytes: int | None = None,
                in_place: bool = False, keep: tuple[str, ...] = (), _copy: bool = True,
@@ -551,9 +644,8 @@ class Client:
             y = c.call("gemm", x=x, w=Resident("w"))["out"]
         """
         full = f"shared/{name}" if shared else name
-        a, wire = as_input("x", array)  # shape and wire dtype; call() converts the input itself (a GPU array once)
-        self.call(Pipeline(outputs=()).then("echo", outputs={"out": full}), x=array, keep=(full,),
-                  timeout_s=timeout_s)
+        a, wire = as_input("x", array)  # converted once (a GPU array stays one); call() takes it as it is
+        self.call(Pipeline(outputs=()).then("echo", outputs={"out": full}), x=a, keep=(full,), timeout_s=timeout_s)
         self._specs[full] = (a.shape, dtypes.numpy_dtype(wire))
 
     def drop(self, name: str, *, timeout_s: float | None = None) -> None:
@@ -604,7 +696,7 @@ class Client:
     def _describe(self, op: str | Pipeline, tensors: tuple[TensorRef, ...], attrs: dict[str, Any], flags: int,
                   keep: tuple[str, ...]) -> tuple[bytes, int, int, tuple[str, ...]]:
         """(descriptor bytes, op_code, flags, output names), cached: building FlatBuffers is the slow part of a call."""
-        key = (op, tensors, tuple(sorted(attrs.items())), flags, keep)
+        key = (op, tensors, tuple(sorted((k, type(v), v) for k, v in attrs.items())), flags, keep)
         hit = self._desc_cache.get(key)
         if hit is not None:
             return hit
@@ -621,3 +713,13 @@ class Client:
         self._desc_cache[key] = hit
         return hit
 
+
+_SCALARS = (int, float, bool, str)  # attribute values the steady path takes without asking is_array_like
+
+
+def _cannot_travel(dt: np.dtype) -> bool:
+    try:
+        dtypes.name_of_numpy(dt)
+    except KeyError:
+        return True
+    return False

@@ -68,6 +68,8 @@ def as_input(name: str, value: Any) -> tuple[np.ndarray | DeviceInput, str]:
     Raises:
         InvalidRequestError: the dtype cannot travel, or a GPU array with no CuPy or PyTorch here to copy it.
     """
+    if isinstance(value, DeviceInput):  # converted before (Client.put): not again
+        return value, value.wire
     if _is_torch(value):
         return _from_torch(name, value)
     if isinstance(value, np.ndarray):

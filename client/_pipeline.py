@@ -48,11 +48,16 @@ class Pipeline:
                                       tuple(sorted(attrs.items()))),)
         return p
 
+    def _key(self) -> Any:
+        # attribute values with their types: a=1 and a=True are equal in Python, not on the wire
+        return (tuple((s.op, s.inputs, s.outputs, tuple((k, type(v), v) for k, v in s.attrs)) for s in self.steps),
+                self.outputs)
+
     def __hash__(self) -> int:
-        return hash((self.steps, self.outputs))
+        return hash(self._key())
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Pipeline) and (self.steps, self.outputs) == (other.steps, other.outputs)
+        return isinstance(other, Pipeline) and self._key() == other._key()
 
 
 def _attrs(spec: OpEntry, op: str, step: int, given: dict[str, Any]) -> tuple[tuple[str, Any], ...]:

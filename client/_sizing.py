@@ -50,7 +50,7 @@ class OutputSizer:
         """
         if isinstance(op, Pipeline) and op.outputs == ():
             return 0  # everything is kept on the worker (Client.put): nothing comes back
-        key = (op, tuple(inputs.items()), resident, tuple(sorted(attrs.items(), key=lambda kv: kv[0])), keep)
+        key = (op, tuple(inputs.items()), resident, tuple(sorted(((k, type(v), v) for k, v in attrs.items()), key=lambda kv: kv[0])), keep)
         hit = self._cache.get(key)
         if hit is not None:
             return hit

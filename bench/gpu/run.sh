@@ -16,9 +16,11 @@
 #           with and without lanes, next to pyzmq and iceoryx2 (blocking and spinning), connect time;
 #           then the same with worker and clients spinning 200 µs
 #   smallgpu  64 B float32 scale on the CuPy worker, loan, call() and lanes next to pyzmq and iceoryx2
-#   sweep   1, 2, 4, 8, 16 client processes of 64 B vector_add on the NumPy worker, loan and blocking lane,
-#           next to pyzmq and to each process running the op itself (own); sweepgpu: the same with 64 B
-#           scale on the CuPy worker (own: a CUDA context and CuPy in every client process)
+#   sweep   1, 2, 4, 8, 16 client processes of 64 B vector_add on the NumPy worker: loan, call() and blocking
+#           lane, next to pyzmq and to each process running the op itself (own); sweepgpu: the same with
+#           gemm x=16x256 @ w=256x256 float16 on the CuPy worker, x and w sent with every request (own: a CUDA
+#           context and CuPy in every client process, inputs from host memory, the result back to host); the
+#           UCX peer (ucx) too where its wheels were prepared (the ucx extra), else it is skipped with the reason
 #   pool    1 worker vs 2 workers (`serve --devices`, one GPU each), 8 client processes through
 #           shmrpc.client.Pool sending gemm against a resident weight (bench/pool.py); then
 #           `shmrpc bench async` and `shmrpc bench threads` on this host's cores (NumPy worker)
@@ -107,13 +109,18 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       small bench-small-cpu-spin --backend numpy --op vector_add --dtype float32 --in-place --spin-us 200 ;;
     smallgpu)
       small bench-small-gpu --backend cupy --op scale --attr a=2 --attr b=1 --dtype float32 ;;
-    sweep|sweepgpu)
-      b=numpy:vector_add; [ "$stage" = sweepgpu ] && b=cupy:scale
-      echo "== shmrpc bench lat --clients 1,2,4,8,16 (${b%%:*} worker, ${b##*:})"
-      timeout 90 $BENCH lat --transports shmrpc,shmrpc-lane,zmq,own --sizes 64 --clients 1,2,4,8,16 --iters 2000 \
-        --backend "${b%%:*}" --op "${b##*:}" --dtype float32 -q --out "$OUT/bench-sweep-${b%%:*}.json" \
-        --plots "/tmp/plots-sweep-${b%%:*}" 2>&1 | tail -24
-      plot "/tmp/plots-sweep-${b%%:*}" lat-scaling.png "bench-sweep-${b%%:*}-scaling.png" ;;
+    sweep|sweepgpu)  # issue #12: requests/s of 1..16 client processes; each stage well under 120 s
+      if [ "$stage" = sweep ]; then
+        what="numpy worker, 64 B vector_add"; args=(--backend numpy --op vector_add --dtype float32 --sizes 64)
+        name=bench-sweep-numpy
+      else  # x and w both sent with every request, as in bench/gpu_e2e.py's small-gemm row
+        what="cupy worker, gemm x=16x256 w=256x256 float16"; name=bench-sweep-gemm-gpu
+        args=(--backend cupy --op gemm --shape x=16x256 --shape w=256x256 --dtype float16)
+      fi
+      echo "== shmrpc bench lat --clients 1,2,4,8,16 ($what)"
+      timeout 115 $BENCH lat --transports shmrpc,shmrpc-call,shmrpc-lane,zmq,own,ucx --clients 1,2,4,8,16 \
+        --iters 1000 --warmup 50 "${args[@]}" -q --out "$OUT/$name.json" --plots "/tmp/plots-$name" 2>&1 | tail -60
+      plot "/tmp/plots-$name" lat-scaling.png "$name-scaling.png" ;;
     pool)
       echo "== bench/pool.py (1 vs 2 GPU workers through Pool)"
       timeout 120 python3 bench/pool.py --backend cupy --workers 1,2 --clients 8 --window 2 --seconds 8 \

@@ -26,12 +26,25 @@ def test_peer_round_trips_the_payload(key: str) -> None:
             t.end_size()
 
 
-@pytest.mark.timeout(60)
-def test_clients_mode_against_one_zmq_server() -> None:
-    cfg = RunConfig(iters=20, warmup=2, transports=["zmq"])
-    with start_peer_server("zmq") as server:
-        point = run_clients("zmq", server.address, cfg, 2, 64)
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("key", ["zmq", "ucx"])
+def test_clients_mode_against_one_server(key: str) -> None:
+    pytest.importorskip(PEERS[key][3])
+    cfg = RunConfig(iters=20, warmup=2, transports=[key])
+    with start_peer_server(key) as server:
+        point = run_clients(key, server.address, cfg, 2, 64)
     assert "error" not in point, point
     assert point["clients"] == 2 and point["nbytes"] == 64
     assert len(point["per_client_p99_us"]) == 2
     assert point["calls_per_s"] > 0
+
+
+def test_a_missing_ucx_is_a_skip_with_its_extra_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from shmrpc.bench._transport import TransportUnavailable
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ucxx" else real(name, *a))
+    with pytest.raises(TransportUnavailable, match=r"shmrpc\[ucx\]"):
+        start_peer_server("ucx")

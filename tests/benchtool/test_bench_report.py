@@ -80,7 +80,7 @@ def test_bandwidth_document_with_clients(stub_shmrpc: type, tmp_path: Path) -> N
     for p in scaling:
         assert "error" not in p, p
         assert p["nbytes"] == 64 and len(p["per_client_p99_us"]) == p["clients"] and p["calls_per_s"] > 0
-    assert "GB/s both" in bandwidth_table(doc) and "calls/s" in scaling_table(doc)
+    assert "GB/s both" in bandwidth_table(doc) and "requests/s" in scaling_table(doc)
     pngs = write_plots(doc, tmp_path)
     assert sorted(p.name for p in pngs) == ["bw-bandwidth.png", "bw-scaling.png"]
     assert all(p.read_bytes()[:8] == PNG_MAGIC for p in pngs)
@@ -130,3 +130,20 @@ def test_commit_from_env_first_then_git(monkeypatch: pytest.MonkeyPatch) -> None
     assert _report.machine_facts()["git_commit"] == "feedbeef"
     git["head"] = None
     assert _report.machine_facts()["git_commit"] is None
+
+
+def test_the_sweep_verdict_reads_8_clients_of_the_smallest_request() -> None:
+    from shmrpc.bench._report import scaling_verdicts
+
+    def pt(key: str, clients: int, rate: float, nbytes: int = 64) -> dict[str, object]:
+        return {"transport": key, "clients": clients, "nbytes": nbytes, "calls_per_s": rate}
+
+    doc = {"mode": "lat", "scaling": [pt("shmrpc", 8, 30_000), pt("shmrpc-lane", 8, 41_000), pt("zmq", 8, 90_000),
+                                      pt("shmrpc", 8, 99_000, nbytes=4096), pt("shmrpc", 4, 50_000)]}
+    (v,) = scaling_verdicts(doc)
+    assert v["status"] == "PASS" and "shmrpc-lane 41000" in v["detail"] and v["requests_per_s"] == 41_000
+    doc["scaling"] = [pt("shmrpc", 8, 30_000), pt("zmq", 8, 90_000)]
+    assert scaling_verdicts(doc)[0]["status"] == "MISS"  # a peer's figure never passes it
+    doc["scaling"] = [pt("shmrpc", 4, 30_000)]
+    assert scaling_verdicts(doc)[0]["status"] == "N/A"
+    assert scaling_verdicts({"mode": "lat", "scaling": []}) == []

@@ -1,0 +1,118 @@
+"""The steady path of ``Client.call``: what a repeated call signature needs, worked out once.
+
+A call's signature is everything that decides the slot's layout and the descriptor: the op (or
+pipeline), each input's name, shape and wire dtype, the attributes with their types, ``in_place``,
+``keep`` and ``out_nbytes``. The first call of a signature builds a :class:`CallPlan` (slot bytes,
+every input's offset, the descriptor bytes); later calls look the plan up by the *whole* signature
+(a dictionary key compared field by field, never a flag or a counter) and only copy their bytes
+into the slot. The response is still checked every time (see :func:`read_outputs`).
+
+Nothing here does I/O; ``Client._call_now`` (the caller) takes the slot, rings and waits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shmrpc.schema import dtypes
+from shmrpc.schema.descriptor import ResponseDesc, TensorRef
+from shmrpc.schema.errors import RequestError
+from shmrpc.schema.layout import align_up, tensor_align
+
+__all__ = ["CallPlan", "signature", "plan_inputs", "OutputCheck", "read_outputs"]
+
+_MAX_PLANS = 1024
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """One call signature's slot layout and descriptor.
+
+    Attributes:
+        need: slot bytes (descriptor area, inputs, room for the outputs).
+        writes: (offset, nbytes) of each input in the slot, in the order of the signature.
+        tensors: the descriptor's input tensors (what a Loan would record).
+        cursor: the slot offset after the last input (a Loan's cursor).
+        desc: (descriptor bytes, op_code, header flags, output names), as ``Client._describe`` returns.
+    """
+
+    need: int
+    writes: tuple[tuple[int, int], ...]
+    tensors: tuple[TensorRef, ...]
+    cursor: int
+    desc: tuple[bytes, int, int, tuple[str, ...]]
+
+
+def signature(op: Any, inputs: tuple[tuple[str, tuple[int, ...], str], ...], attrs: dict[str, Any],
+              in_place: bool, keep: tuple[str, ...], out_nbytes: int | None) -> Any:
+    """The plan cache's key; None when an attribute cannot be hashed (that call takes the general path).
+
+    Attribute values carry their type: ``a=1``, ``a=1.0`` and ``a=True`` compare equal in Python but
+    are encoded differently on the wire.
+    """
+    key = (op, inputs, tuple((k, type(v), v) for k, v in attrs.items()), in_place, keep, out_nbytes)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def plan_inputs(inputs: tuple[tuple[str, tuple[int, ...], str], ...], desc_nbytes: int
+                ) -> tuple[tuple[tuple[int, int], ...], tuple[TensorRef, ...], int]:
+    """Offsets of ``inputs`` (name, shape, wire dtype) placed as ``Loan.array`` places them, one after another
+    from the end of the descriptor area; returns (writes, tensors, cursor)."""
+    cursor = desc_nbytes
+    writes, tensors = [], []
+    for name, shape, wire in inputs:
+        nbytes = math.prod(shape) * dtypes.itemsize(wire)
+        off = align_up(cursor, tensor_align(nbytes))
+        writes.append((off, nbytes))
+        tensors.append(TensorRef(name, wire, shape, off, nbytes))
+        cursor = off + nbytes
+    return tuple(writes), tuple(tensors), cursor
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """A response descriptor checked against the slot and the outputs asked for: (name, dtype, count, offset,
+    shape) per output, ready to view."""
+
+    outputs: tuple[tuple[str, np.dtype, int, int, tuple[int, ...]], ...]
+
+
+def read_outputs(resp: ResponseDesc, asked: tuple[str, ...], slot_nbytes: int) -> OutputCheck:
+    """Check a (successful) response's outputs: the names asked for in order, each inside the slot, each
+    shape and dtype making its byte count.
+
+    Raises:
+        RequestError: naming the field that is wrong (``outputs``, ``offset``, ``shape``, ``dtype``).
+    """
+    if tuple(t.name for t in resp.outputs) != asked:  # the slot is shared: never trust what is read back
+        raise RequestError(f"the response names outputs {[t.name for t in resp.outputs]}, not the "
+                           f"{list(asked)} asked for", field="outputs")
+    outs = []
+    for t in resp.outputs:
+        if t.offset < 0 or t.offset + t.nbytes > slot_nbytes:
+            raise RequestError(f"output {t.name!r} lies outside the slot", tensor=t.name, field="offset")
+        try:
+            dt = dtypes.numpy_dtype(t.dtype)
+        except (KeyError, ValueError, TypeError):
+            raise RequestError(f"output {t.name!r} has an unknown dtype {t.dtype!r}", tensor=t.name,
+                               field="dtype") from None
+        if any(d < 0 for d in t.shape) or math.prod(t.shape) * dt.itemsize != t.nbytes:
+            raise RequestError(f"output {t.name!r}: shape {t.shape} of {t.dtype} does not make {t.nbytes} bytes",
+                               tensor=t.name, field="shape")
+        outs.append((t.name, dt, t.nbytes // dt.itemsize, t.offset, tuple(t.shape)))
+    return OutputCheck(tuple(outs))
+
+
+def bounded_put(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    """``cache[key] = value``, emptying the cache first when it is full (signatures of a steady stream are few)."""
+    if len(cache) >= _MAX_PLANS:
+        cache.clear()
+    cache[key] = value

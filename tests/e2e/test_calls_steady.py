@@ -1,0 +1,130 @@
+"""``Client.call``'s steady path (a plan per call signature): results stay right whatever changes between calls."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+
+from shmrpc.client import Client, InvalidRequestError, Pipeline, Resident
+from shmrpc.client._callplan import read_outputs, signature
+from shmrpc.schema.descriptor import ResponseDesc, TensorRef
+from shmrpc.schema.errors import RequestError
+
+if TYPE_CHECKING:
+    from conftest import WorkerProc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+
+def test_a_repeated_signature_carries_each_calls_own_values(worker: WorkerProc) -> None:
+    rng = np.random.default_rng(12)
+    with Client(worker.name, timeout_s=10) as c:
+        for _ in range(5):  # same op, shapes, dtypes: one plan, new bytes every time
+            x, y = rng.standard_normal((2, 16)).astype(np.float32)
+            np.testing.assert_array_equal(c.call("vector_add", x=x, y=y)["out"], x + y)
+        for shape, dt in (((3, 5), np.float32), ((16,), np.float64), ((7,), np.int32), ((0,), np.float32)):
+            x = rng.integers(-9, 9, shape).astype(dt)
+            np.testing.assert_array_equal(c.call("vector_add", x=x, y=x)["out"], x + x)
+        x = np.arange(8, dtype=np.float32)
+        for a, b in ((2.0, 1.0), (0.5, 0.0), (2.0, 1.0)):
+            np.testing.assert_allclose(c.call("scale", x=x, a=a, b=b)["out"], a * x + b)
+        out = c.call("vector_add", x=x, y=x, in_place=True)["out"]
+        np.testing.assert_array_equal(out, 2 * x)
+        np.testing.assert_array_equal(x, np.arange(8, dtype=np.float32))  # the caller's array is never written
+
+
+def test_attribute_types_are_part_of_the_signature(worker: WorkerProc) -> None:
+    # 1 == 1.0 == True in Python, but they travel as different attribute types: each gets its own plan
+    assert signature("scale", (), {"a": 1}, False, (), None) != signature("scale", (), {"a": True}, False, (), None)
+    assert Pipeline().then("scale", a=1) != Pipeline().then("scale", a=True)
+    assert Pipeline().then("scale", a=2.0) == Pipeline().then("scale", a=2.0)
+    x = np.arange(4, dtype=np.float32)
+    results = []
+    for a in (1, 1.0, True):
+        with Client(worker.name, timeout_s=10) as fresh:
+            try:
+                results.append(("ok", fresh.call("scale", x=x, a=a)["out"].tolist()))
+            except RequestError as e:
+                results.append(("error", e.field))
+    with Client(worker.name, timeout_s=10) as c:  # one client, all three in a row: what fresh clients get
+        for a, want in zip((1, 1.0, True, 1), results + results[:1]):
+            try:
+                got = ("ok", c.call("scale", x=x, a=a)["out"].tolist())
+            except RequestError as e:
+                got = ("error", e.field)
+            assert got == want, a
+
+
+def test_inputs_the_steady_path_does_not_take_still_work(worker: WorkerProc) -> None:
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    with Client(worker.name, timeout_s=10) as c:
+        strided = base[:, ::2]  # not contiguous: converted first
+        np.testing.assert_array_equal(c.call("vector_add", x=strided, y=strided)["out"], 2 * strided)
+        np.testing.assert_array_equal(c.call("echo", x=[1.0, 2.0, 3.0])["out"], np.array([1.0, 2.0, 3.0]))
+        fortran = np.asfortranarray(base)
+        np.testing.assert_array_equal(c.call("echo", x=fortran)["out"], base)
+        np.testing.assert_allclose(c.call("scale", x=base, a=3.0)["out"], 3 * base)
+        c.put("w", [[1.0, 2.0], [3.0, 4.0]])  # converted once, then uploaded
+        np.testing.assert_array_equal(c.call("vector_add", x=np.ones((2, 2)), y=Resident("w"))["out"],
+                                      np.array([[2.0, 3.0], [4.0, 5.0]]))
+        with pytest.raises(InvalidRequestError) as ei:
+            c.call("echo", x=np.array([object()], dtype=object))
+        assert ei.value.field == "dtype" and ei.value.tensor == "x"
+        np.testing.assert_array_equal(c.call("echo", x=base)["out"], base)  # the client goes on
+
+
+def test_views_keep_their_slot_and_copies_do_not(worker: WorkerProc) -> None:
+    x = np.arange(16, dtype=np.float32)
+    with Client(worker.name, timeout_s=10) as c:
+        views = [c.call("scale", x=x, a=float(i), copy=False)["out"] for i in range(3)]
+        for i, v in enumerate(views):  # three live views: three slots, none overwritten by a later call
+            np.testing.assert_array_equal(v, i * x)
+        free_with_views = len(c._slots.free)
+        del views, v  # the slots go back at the next take
+        np.testing.assert_array_equal(c.call("scale", x=x, a=5.0)["out"], 5 * x)
+        assert len(c._slots.free) >= free_with_views + 3
+
+
+def _resp(*outs: TensorRef) -> ResponseDesc:
+    return ResponseDesc(outputs=tuple(outs))
+
+
+def test_a_response_is_checked_against_the_slot_and_the_outputs_asked() -> None:
+    good = TensorRef("out", "float32", (4,), 4096, 16)
+    assert read_outputs(_resp(good), ("out",), 8192).outputs[0][1:] == (np.dtype(np.float32), 4, 4096, (4,))
+    cases = {
+        "outputs": (_resp(good._replace(name="other")), ("out",)),
+        "offset": (_resp(good._replace(offset=8190)), ("out",)),
+        "shape": (_resp(good._replace(shape=(5,))), ("out",)),
+    }
+    for field, (resp, asked) in cases.items():
+        with pytest.raises(RequestError) as ei:
+            read_outputs(resp, asked, 8192)
+        assert ei.value.field == field
+
+
+def test_a_response_rewritten_in_the_slot_is_checked_again(worker: WorkerProc) -> None:
+    """A response already checked once is remembered by its bytes: other bytes in the slot (a process writing
+    there after the DONE) are a new key, checked in full, and a bad one is a RequestError naming the field."""
+    from shmrpc.schema.descriptor import decode_response, encode_response
+    from shmrpc.schema.header import HEADER, HEADER_NBYTES, unpack_from
+
+    with Client(worker.name, timeout_s=10) as c, c.loan(4096) as req:
+        req.array("x", 64, np.float32)[...] = 1.0
+        for _ in range(2):  # the second time from the remembered check
+            np.testing.assert_array_equal(req.send("echo")["out"], 1.0)
+        mv = req._s.mv
+        h = unpack_from(mv)
+        good = decode_response(bytes(mv[HEADER_NBYTES:HEADER_NBYTES + h.payload_length]))
+        t = good.outputs[0]
+        for bad, field in ((t._replace(shape=(65,)), "shape"), (t._replace(offset=len(mv) - 8), "offset"),
+                           (t._replace(name="tuo"), "outputs")):
+            payload = encode_response(ResponseDesc(outputs=(bad,)))
+            mv[HEADER_NBYTES:HEADER_NBYTES + len(payload)] = payload
+            HEADER.pack_into(mv, 0, *h._replace(payload_length=len(payload)))
+            with pytest.raises(RequestError) as e:
+                req._response(h.request_id)
+            assert e.value.field == field
+        np.testing.assert_array_equal(req.send("echo")["out"], 1.0)  # the worker rewrites it: all well again
