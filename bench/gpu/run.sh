@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in stages: install offline, then
-#   suite   the whole test suite (CuPy tests included)
+#   suite   the whole test suite (CuPy tests included); gputests: only the tests marked gpu (the CuPy paths)
+#   kernels the kernel benchmarks and the layernorm/softmax block probe (a part of gpu)
 #   gpu     the GPU request-path benchmarks, the kernel benchmarks, the tiny-request probe,
 #           the opt-in float16 w4a16 kernel
 #   lat     `shmrpc bench lat --peers` on the CuPy worker, and the client sweep 1, 2, 4, 8
@@ -78,6 +79,13 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       echo "== pytest (whole log: \$OUT/pytest-gpu.log)"
       timeout 330 python3 -m pytest -q --timeout 120 -p no:cacheprovider -rfEs tests > "$OUT/pytest-gpu.log" 2>&1
       grep -E '^(FAILED|ERROR)' "$OUT/pytest-gpu.log" | head -30; tail -3 "$OUT/pytest-gpu.log" ;;
+    gputests)
+      echo "== pytest -m gpu (whole log: \$OUT/pytest-gpu-marked.log)"
+      timeout 240 python3 -m pytest -q -m gpu --timeout 120 -p no:cacheprovider -rfEs tests > "$OUT/pytest-gpu-marked.log" 2>&1
+      grep -E '^(FAILED|ERROR)' "$OUT/pytest-gpu-marked.log" | head -30; tail -3 "$OUT/pytest-gpu-marked.log" ;;
+    kernels)
+      echo "== bench/gpu_kernels.py"; timeout 100 python3 bench/gpu_kernels.py --out "$OUT/gpu-kernels.json" 2>&1 | tail -20
+      echo "== bench/gpu/ln_probe.py"; timeout 60 python3 bench/gpu/ln_probe.py --out "$OUT/ln-probe.json" 2>&1 | tail -16 ;;
     gpu)
       echo "== bench/gpu_e2e.py"; timeout 150 python3 bench/gpu_e2e.py --seconds 3 --out "$OUT/gpu-e2e.json" 2>&1 | tail -8
       echo "== bench/gpu_kernels.py"; timeout 100 python3 bench/gpu_kernels.py --out "$OUT/gpu-kernels.json" 2>&1 | tail -20
@@ -109,7 +117,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       small bench-small-cpu-spin --backend numpy --op vector_add --dtype float32 --in-place --spin-us 200 ;;
     smallgpu)
       small bench-small-gpu --backend cupy --op scale --attr a=2 --attr b=1 --dtype float32 ;;
-    sweep|sweepgpu)  # issue #12: requests/s of 1..16 client processes; each stage well under 120 s
+    sweep|sweepgpu)  # issue #12: requests/s of 1..16 client processes; each stage under 170 s
       if [ "$stage" = sweep ]; then
         what="numpy worker, 64 B vector_add"; args=(--backend numpy --op vector_add --dtype float32 --sizes 64)
         name=bench-sweep-numpy
@@ -118,7 +126,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
         args=(--backend cupy --op gemm --shape x=16x256 --shape w=256x256 --dtype float16)
       fi
       echo "== shmrpc bench lat --clients 1,2,4,8,16 ($what)"
-      timeout 115 $BENCH lat --transports shmrpc,shmrpc-call,shmrpc-lane,zmq,own,ucx --clients 1,2,4,8,16 \
+      timeout 170 $BENCH lat --transports shmrpc,shmrpc-call,shmrpc-lane,zmq,own,ucx --clients 1,2,4,8,16 \
         --iters 1000 --warmup 50 "${args[@]}" -q --out "$OUT/$name.json" --plots "/tmp/plots-$name" 2>&1 | tail -60
       plot "/tmp/plots-$name" lat-scaling.png "$name-scaling.png" ;;
     pool)
@@ -140,7 +148,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       echo "== bench/async_loop_ab.py (wrap_future vs direct finish, 3 rounds)"
       timeout 60 python3 bench/async_loop_ab.py --rounds 3 --out "$OUT/bench-async-gpuhost-loop-ab.json" \
         2>&1 | tail -16 ;;
-    *) echo "unknown stage $stage (suite, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu, pool, loop)" ;;
+    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu, pool, loop)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"
