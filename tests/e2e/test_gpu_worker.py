@@ -122,6 +122,7 @@ def test_batched_gemm_and_repeated_small_calls_on_a_cupy_worker(spawn_worker: Ca
     ws = [rng.standard_normal((256, 256)).astype(np.float16) for _ in range(6)]
     with Client(w.name, timeout_s=60) as c:
         c.call("echo", x=np.zeros(1, np.float32))
+        c.call("gemm", x=xs[0], w=ws[0])  # the output size of this signature is known (no plan query while stopped)
         with _stopped(w):
             futs = [c.submit("gemm", x=x, w=wt) for x, wt in zip(xs, ws)]
             wait_unread(len(xs) * _CALL_WIRE_NBYTES)
