@@ -81,9 +81,13 @@ def _ln_numpy(call: OpCall, gelu: bool) -> dict[str, Any]:
     return {"out": from_float(xp, f, dt, call.dest("out"))}
 
 
-def _ln_names(kt: str, vec: int) -> tuple[str, ...]:
-    return tuple(f"ln_rows<{kt},{v},{n},{g}>" for v, nchs in ((vec, _VEC_NCH), (1, _SCALAR_NCH))
-                 for n in nchs for g in ("true", "false"))
+_LN_BLOCKS = (32, 64, 128, 256, 512)  # the block sizes the layernorm kernel is built for (threads, compile-time)
+
+
+def _ln_names(kt: str, v: int, block: int) -> tuple[str, ...]:
+    """The kernels of one layernorm module: one (dtype, vector width, block size), every chunk count, GELU or not."""
+    return tuple(f"ln_rows<{kt},{v},{n},{block},{g}>" for n in (_VEC_NCH if v > 1 else _SCALAR_NCH)
+                 for g in ("true", "false"))
 
 
 def _ln_cupy(call: OpCall, gelu: bool) -> dict[str, Any]:
@@ -109,12 +113,13 @@ def _ln_cupy(call: OpCall, gelu: bool) -> dict[str, Any]:
     if dt not in _KT or rows == 0 or not contiguous or nch is None or rows >= 2**31:
         return _ln_numpy(call, gelu)
     threads = -(-slots // nch)
-    block = max(32, (threads + 31) // 32 * 32)
+    block = next(b for b in _LN_BLOCKS if b >= threads)  # threads <= _BLOCK: one always fits
     out = call.dest("out")
     if out is None or not out.flags.c_contiguous or out.data.ptr % 16:
         out = cupy.empty(x.shape, dtype=x.dtype)
     kt = _KT[dt]
-    fn = get_function("layernorm_gelu.cu", _ln_names(kt, vec), f"ln_rows<{kt},{v},{nch},{'true' if gelu else 'false'}>")
+    fn = get_function("layernorm_gelu.cu", _ln_names(kt, v, block),
+                      f"ln_rows<{kt},{v},{nch},{block},{'true' if gelu else 'false'}>")
     fn((rows,), (block,), (x, gamma, beta, out, np.int32(d), np.float32(call.attrs["eps"])))
     return {"out": out}
 
@@ -143,11 +148,13 @@ def _ln_cupy_per_request(call: OpCall, gelu: bool) -> dict[str, Any]:
 
 
 def _ln_warm(kt: str, dt: str) -> None:
-    """Compile the layernorm module of one dtype (``warmup``)."""
+    """Compile the layernorm modules of one dtype that rows of 1024 to 16384 16-byte-aligned elements use
+    (``warmup``); other shapes compile theirs on first use (then from CuPy's disk cache)."""
     from ._cuda import get_function
 
-    names = _ln_names(kt, 16 // itemsize(dt))
-    get_function("layernorm_gelu.cu", names, names[0])
+    for block in (128, 256, 512):
+        names = _ln_names(kt, 16 // itemsize(dt), block)
+        get_function("layernorm_gelu.cu", names, names[0])
 
 
 _LN_EX = {"x": TensorSpec((4, 64), "float16"), "gamma": TensorSpec((64,), "float16"), "beta": TensorSpec((64,), "float16")}

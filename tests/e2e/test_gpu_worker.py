@@ -118,8 +118,9 @@ def test_batched_gemm_and_repeated_small_calls_on_a_cupy_worker(spawn_worker: Ca
 
     w = spawn_worker("--backend", "cupy", "--metrics-port", "0", slots="64K:16,1M:4", lease="8,1")
     rng = np.random.default_rng(7)
-    xs = [rng.standard_normal((16, 256)).astype(np.float16) for _ in range(6)]
-    ws = [rng.standard_normal((256, 256)).astype(np.float16) for _ in range(6)]
+    # x and w of a request fit one 64 KiB slot: the lease's 8 of them hold all six while the worker is stopped
+    xs = [rng.standard_normal((16, 64)).astype(np.float16) for _ in range(6)]
+    ws = [rng.standard_normal((64, 64)).astype(np.float16) for _ in range(6)]
     with Client(w.name, timeout_s=60) as c:
         c.call("echo", x=np.zeros(1, np.float32))
         c.call("gemm", x=xs[0], w=ws[0])  # the output size of this signature is known (no plan query while stopped)
