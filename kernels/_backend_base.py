@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -13,7 +13,10 @@ from ._errors import KernelFatalError, KernelInputError, KernelResourceError, Ke
 from ._plan import Plan, ResolvedStep, build_plan
 from ._registry import REGISTRY, StepSpec, TensorSpec
 
-__all__ = ["Backend", "check_host", "check_result", "example_array"]
+__all__ = ["Backend", "BoundRun", "check_host", "check_result", "example_array"]
+
+#: A run of one plan over fixed views: ``bound()`` -> stage seconds, raising what ``Backend.run`` raises.
+BoundRun = Callable[[], dict[str, float]]
 
 
 def check_host(arr: Any, spec: TensorSpec, name: str, role: str) -> np.ndarray:
@@ -210,6 +213,19 @@ class Backend:
     def run(self, plan: Plan, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
             keep_as: Mapping[str, str] | None = None) -> dict[str, float]:
         raise NotImplementedError
+
+    def bind(self, plan: Plan, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
+             keep_as: Mapping[str, str] | None = None) -> BoundRun:
+        """``plan`` over these very views, as a callable: each call is one :meth:`run` and returns its stage seconds.
+
+        A backend may do once here what does not change between runs over the same views (checks of the
+        views, where each step writes); what can change (injected faults, resident tensors, what an op
+        returns, ``closed``) is still checked per call, with the errors :meth:`run` raises. Here: a closure
+        calling :meth:`run`.
+        """
+        def bound() -> dict[str, float]:
+            return self.run(plan, inputs, outputs, keep_as)
+        return bound
 
     def run_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
                   ) -> list[dict[str, float] | Exception]:

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from ._backend_base import Backend, check_result
+from ._backend_base import Backend, BoundRun, check_result
 from ._batch import batch_plan, batchable
-from ._errors import KernelResourceError, KernelRuntimeError, OpError
+from ._errors import KernelInputError, KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan, ResolvedStep
 from ._registry import OpCall, TensorSpec
 
@@ -76,16 +76,70 @@ class NumpyBackend(Backend):
         if fault is not None:
             raise fault
         host_in, host_out = self._host_io(plan, inputs, outputs)
-        env: dict[str, Any] = dict(host_in)
-        env.update(self._lookup_resident(plan))
+        self._steps(plan, host_in, host_out, [None] * len(plan.steps), keep_as)
+        dt = time.perf_counter() - t0
+        return {"h2d": 0.0, "kernel": dt, "d2h": 0.0, "total": dt}
+
+    def bind(self, plan: Plan, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
+             keep_as: Mapping[str, str] | None = None) -> BoundRun:
+        """``plan`` over these views as a callable (see :meth:`Backend.bind`); each call equals one :meth:`run`.
+
+        Done once here: the checks of the views (type, shape, dtype; storage-dtype views) and, for every
+        step that reads no tensor an earlier step made (a single-op plan: its one step), where it writes
+        (its output views or fresh arrays). Per call: the injected fault, the resident tensors' lookup
+        (a replaced one is used, a dropped one is a KernelInputError), the check of what each op
+        returned, ``keep_as``. Views that fail the checks give a callable that is :meth:`run` itself,
+        so each call raises what :meth:`run` raises.
+        """
+        try:
+            host_in, host_out = self._host_io(plan, inputs, outputs)
+        except KernelInputError:
+            return super().bind(plan, inputs, outputs, keep_as)
+        made: set[str] = set()  # names an earlier step wrote (intermediates, or an input rebound in place)
+        fixed: list[dict[str, Any] | None] = []
         for st in plan.steps:
+            later_names = [n for n, last in plan.last_use.items() if last > st.index]
+            if any(n in made for n in st.inputs.values()) or any(n in made for n in later_names):
+                fixed.append(None)  # an intermediate may be a view of anything: decide per run
+            else:
+                # resident tensors are the backend's private copies: they share no memory with a view
+                ins = {p: host_in[n] for p, n in st.inputs.items() if n in host_in}
+                later = [host_in[n] for n in later_names if n in host_in]
+                dests: dict[str, Any] = {}
+                for p, n in st.outputs.items():
+                    view = host_out.get(n)
+                    if view is not None and _can_write(view, st, ins, later):
+                        dests[p] = view
+                fixed.append(dests)
+            made.update(st.outputs.values())
+
+        def bound() -> dict[str, float]:
+            t0 = time.perf_counter()
+            fault = self._consume_injected_fault(plan)
+            if fault is not None:
+                raise fault
+            self._steps(plan, host_in, host_out, fixed, keep_as)
+            dt = time.perf_counter() - t0
+            return {"h2d": 0.0, "kernel": dt, "d2h": 0.0, "total": dt}
+        return bound
+
+    def _steps(self, plan: Plan, host_in: Mapping[str, np.ndarray], host_out: Mapping[str, np.ndarray],
+               fixed: Sequence[dict[str, Any] | None], keep_as: Mapping[str, str] | None) -> None:
+        """Run every step over checked views; ``fixed[i]``: step i's destinations decided already, or None."""
+        env: dict[str, Any] = dict(host_in)
+        if plan.resident:
+            env.update(self._lookup_resident(plan))
+        for st, known in zip(plan.steps, fixed):
             ins = {p: env[n] for p, n in st.inputs.items()}
-            later = [env[n] for n, last in plan.last_use.items() if last > st.index and n in env]
-            dests: dict[str, Any] = {}
-            for p, n in st.outputs.items():
-                view = host_out.get(n)
-                if view is not None and _can_write(view, st, ins, later):
-                    dests[p] = view
+            if known is None:
+                later = [env[n] for n, last in plan.last_use.items() if last > st.index and n in env]
+                dests: dict[str, Any] = {}
+                for p, n in st.outputs.items():
+                    view = host_out.get(n)
+                    if view is not None and _can_write(view, st, ins, later):
+                        dests[p] = view
+            else:
+                dests = dict(known)  # an op may change its call's dicts: each run gets its own
             call = OpCall(np, ins, st.in_specs, st.out_specs, st.attrs, dests)
             impl = st.op.numpy
             assert impl is not None  # plan() refuses ops without one
@@ -104,8 +158,6 @@ class NumpyBackend(Backend):
             if env[name] is not view:
                 np.copyto(view, env[name])
         self._keep(plan, env, keep_as)
-        dt = time.perf_counter() - t0
-        return {"h2d": 0.0, "kernel": dt, "d2h": 0.0, "total": dt}
 
     def run_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
                   ) -> list[dict[str, float] | Exception]:

@@ -19,6 +19,7 @@ import numpy as np
 
 from shmrpc import kernels
 from shmrpc.kernels import Backend, Plan
+from shmrpc.kernels._backend_base import BoundRun
 from shmrpc.kernels._batch import batchable
 from shmrpc.schema import dtypes
 from shmrpc.schema.descriptor import RequestDesc, ResponseDesc, TensorRef, decode_request, encode_response
@@ -293,11 +294,28 @@ class Dispatcher:
         Raises:
             RequestError: a KernelError / ResourceError with the op's location, or InternalError.
         """
-        if prep.plan is None:
+        plan = prep.plan
+        if plan is None:
             return {}
         ins, outs = self.views(prep, slot) if views is None else views
+        return self.run_bound(prep, lambda: self.backend.run(plan, ins, outs, keep_as=prep.keep_as))
+
+    def bind(self, prep: Prepared, views: tuple[dict[str, np.ndarray], dict[str, np.ndarray]]) -> BoundRun | None:
+        """The backend's bound run of ``prep`` over ``views`` (:meth:`Backend.bind`); None when there is nothing to run."""
+        if prep.plan is None:
+            return None
+        return self.backend.bind(prep.plan, views[0], views[1], keep_as=prep.keep_as)
+
+    def run_bound(self, prep: Prepared, bound: BoundRun | None) -> dict[str, float]:
+        """Call ``bound`` (:meth:`bind`'s, or any run of ``prep``) with :meth:`run`'s error mapping.
+
+        Raises:
+            RequestError: a KernelError / ResourceError with the op's location, or InternalError.
+        """
+        if bound is None:
+            return {}
         try:
-            return self.backend.run(prep.plan, ins, outs, keep_as=prep.keep_as) or {}
+            return bound() or {}
         except (kernels.KernelInputError, kernels.KernelRuntimeError) as e:
             if isinstance(e, kernels.KernelFatalError):
                 self.fatal = str(e)  # a sticky CUDA error: this process cannot use the GPU any more

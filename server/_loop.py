@@ -485,7 +485,8 @@ class Worker:
             if primed is None:  # not the bytes validated last in this slot: decode, validate, plan
                 self._primed.forget(key)
                 prep = self.dispatch.prepare(payload, h[1], h[3], s.nbytes, c.id)
-                primed = Primed(payload, h[1], h[3], c.id, prep, self.dispatch.views(prep, view))
+                views = self.dispatch.views(prep, view)
+                primed = Primed(payload, h[1], h[3], c.id, prep, views, self.dispatch.bind(prep, views))
                 self._primed.put(key, primed)
             prep = primed.prep
             if prep.keep_as:
@@ -568,7 +569,7 @@ class Worker:
         """Run ``primed``'s request and write its response into the slot; returns (status, stage seconds)."""
         prep = primed.prep
         try:
-            stages = self.dispatch.run(prep, view, primed.views)
+            stages = self.dispatch.run_bound(prep, primed.bound)
             status, payload = 0, prep.response
         except RequestError as e:
             stages, status, payload = {}, e.code, encode_response(error_response(e))

@@ -4,7 +4,9 @@ A client that sends the same op over the same tensors from one slot (a loan sent
 in a loop, ``Client.call`` with arrays of one shape) writes the same descriptor
 bytes every time. The loop keeps, per slot, the descriptor bytes of the last
 request it validated there, with the :class:`~._dispatch.Prepared` request and
-the NumPy views over the slot that go with it. A request is served from this
+the NumPy views over the slot that go with it, and the backend's bound run of the
+plan over those views (``Backend.bind``: the views' checks and where each step
+writes, done once). A request is served from this
 entry only when its copied-out descriptor bytes, header op code and flags, and
 the slot's owner are equal to the entry's: the bytes are compared, never a flag
 trusted, so a writer that changes one byte between two requests gets a full
@@ -23,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shmrpc.kernels._backend_base import BoundRun
+
 from ._dispatch import Prepared
 
 __all__ = ["Primed", "PrimedSlots"]
@@ -38,6 +42,7 @@ class Primed:
     client: int
     prep: Prepared
     views: tuple[dict[str, np.ndarray], dict[str, np.ndarray]]
+    bound: BoundRun | None = None  # the backend's bound run over ``views`` (None: nothing to run)
 
 
 class PrimedSlots:

@@ -131,3 +131,71 @@ def test_budgets_set_after_requests_apply_to_their_ops() -> None:
     m.observe("scale", "ok", 0.5, 0, 0, {"kernel": 0.4, "total": 0.45})
     m.observe("scale", "ok", 0.05, 0, 0)
     assert m.snapshot()["over_budget"] == {"scale": 1}
+
+
+def test_a_bound_run_is_made_once_and_its_errors_map_as_runs_do() -> None:
+    with kernels.select_backend("numpy") as be:
+        plan = _plan(be)
+        d = Dispatcher(be, desc_nbytes=1024)
+        prep: Any = _pending(plan, 0).primed.prep
+        prep.keep_as = {}
+        x, out = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+        bound = d.bind(prep, ({"x": x}, {"out": out}))
+        assert bound is not None
+        assert d.run_bound(prep, bound)["total"] >= 0.0
+        np.testing.assert_array_equal(out, 2 * np.arange(4))
+        x += 1  # the slot's contents change between two requests; the views do not
+        d.run_bound(prep, bound)
+        np.testing.assert_array_equal(out, 2 * np.arange(1, 5))
+        assert d.bind(SimpleNamespace(plan=None), ({}, {})) is None  # type: ignore[arg-type]
+        assert d.run_bound(prep, None) == {}
+
+    def raising(e: Exception) -> Any:
+        def bound() -> dict[str, float]:
+            raise e
+        return bound
+
+    d = Dispatcher(_Scripted([]), desc_nbytes=1024)
+    for exc, cls in ((kernels.KernelRuntimeError("boom", op="scale", step=0, tensor="x"), KernelError),
+                     (kernels.KernelInputError("gone", tensor="w", field="resident"), KernelError),
+                     (ValueError("a bug"), InternalError)):
+        with pytest.raises(cls) as ei:
+            d.run_bound(prep, raising(exc))
+        assert ei.value.op == "scale"
+    assert not d.fatal
+    with pytest.raises(KernelError):
+        d.run_bound(prep, raising(kernels.KernelFatalError("sticky", op="scale")))
+    assert d.fatal.startswith("sticky")
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_serving_repeated_requests_uses_the_resident_of_the_time(worker_name: str) -> None:
+    """Real worker process: the same request again (a primed slot, a bound run) sees a replaced or dropped resident."""
+    import signal
+    import subprocess
+    import sys
+
+    from shmrpc.client import Client, Resident
+    from shmrpc.schema.errors import RequestError
+
+    args = [sys.executable, "-m", "shmrpc.server", "serve", "--name", worker_name, "--slots", "64K:4", "--lease", "1",
+            "--backend", "numpy", "--no-mlock", "--log-level", "WARNING"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and "ready" in proc.stdout.readline()
+        x = np.arange(4, dtype=np.float32)
+        with Client(worker_name, timeout_s=10) as c:  # one slot leased: every call goes through the same slot
+            c.put("w", np.full(4, 1.0, np.float32))
+            for _ in range(3):
+                np.testing.assert_array_equal(c.call("vector_add", x=x, y=Resident("w"))["out"], x + 1.0)
+            c.put("w", np.full(4, 10.0, np.float32))
+            for _ in range(2):
+                np.testing.assert_array_equal(c.call("vector_add", x=x, y=Resident("w"))["out"], x + 10.0)
+            c.drop("w")
+            with pytest.raises(RequestError):
+                c.call("vector_add", x=x, y=Resident("w"))
+            np.testing.assert_array_equal(c.call("vector_add", x=x, y=x)["out"], 2 * x)  # the worker goes on
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
