@@ -155,7 +155,16 @@ class Inflight:
 
     def complete(self, region: int, index: int, rid: int, status: int) -> None:
         """Route a DONE that came another way than the socket (a lane's page), as if it had been received."""
-        for fin in self._route([m.pack_done(region, index, rid, status)]):
+        with self._cond:
+            e = self._table.pop(rid, None)
+            fin = None
+            if e is not None:
+                e.slot.status = status
+                e.slot.in_flight = None
+                fin = e.finish
+            if self._followers:
+                self._cond.notify_all()
+        if fin is not None:
             fin()
 
     def pump_now(self, limit: int = 1 << 30) -> bool:

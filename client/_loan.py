@@ -55,6 +55,7 @@ class Loan:
         self._done = False
         self._memo: dict[Any, tuple[bytes, int, int, tuple[str, ...]]] = {}  # descriptors, by (op, attrs, ...)
         self._outputs: tuple[str, ...] = ()  # what the request in flight asked for, in order
+        self._out_views: tuple[Any, Any, dict[str, np.ndarray]] | None = None  # (check, buffer, its views)
 
     @property
     def nbytes(self) -> int:
@@ -121,7 +122,7 @@ class Loan:
         if s.in_flight is not None:
             raise InvalidRequestError("this loan already has a request in flight", field="slot")
         # attribute values with their types: a=1, a=1.0 and a=True are equal keys but different descriptors
-        key = (op, tuple((k, type(v), v) for k, v in attrs.items()), in_place, tuple(keep))
+        key = (op, tuple((k, type(v), v) for k, v in attrs.items()) if attrs else (), in_place, tuple(keep))
         hit = self._memo.get(key)
         if hit is None:
             hit = self._memo[key] = c._describe(op, tuple(self._tensors), attrs, _IN_PLACE if in_place else 0,
@@ -173,8 +174,13 @@ class Loan:
             check = read_outputs(resp, self._outputs, len(mv))
             bounded_put(checks, key, check)
         buf = s.buf
-        return {name: np.frombuffer(buf, dtype=dt, count=count, offset=off).reshape(shape)
-                for name, dt, count, off, shape in check.outputs}
+        made = self._out_views
+        if made is None or made[0] is not check or made[1] is not buf:
+            # the views of one check over one buffer are always the same: made once, handed out as fresh views
+            made = self._out_views = (check, buf, {
+                name: np.frombuffer(buf, dtype=dt, count=count, offset=off).reshape(shape)
+                for name, dt, count, off, shape in check.outputs})
+        return {name: a.view() for name, a in made[2].items()}
 
     def send(self, op: str | Pipeline, *, timeout_s: float | None = None, in_place: bool = False,
              keep: tuple[str, ...] = (), **attrs: Any) -> dict[str, np.ndarray]:
@@ -195,6 +201,7 @@ class Loan:
         if self._done and self._s.mv is None:
             return
         self._done = True
+        self._out_views = None  # they hold the slot's buffer: the slot is free once the caller's views are gone
         self._c._give_back_slot(self._s)
 
 

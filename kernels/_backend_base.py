@@ -65,6 +65,9 @@ class Backend:
 
     name: str = ""
     xp: Any = None
+    #: True: :meth:`run_batch` runs the items of a batchable plan as one (the worker then parks a turn's
+    #: requests of one plan to run them together); False: item by item, and the worker runs each as it comes.
+    joins_batches: bool = False
 
     def __init__(self, resident_limit_bytes: int | None = None) -> None:
         self._lock = threading.RLock()

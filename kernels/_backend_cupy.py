@@ -82,6 +82,7 @@ class CupyBackend(Backend):
     """GPU backend (CuPy). ``select_backend("cupy", device=0)`` makes one."""
 
     name = "cupy"
+    joins_batches = True
 
     def __init__(self, resident_limit_bytes: int | None = None, device: int = 0) -> None:
         try:

@@ -18,6 +18,7 @@ claim without a GPU.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -32,8 +33,9 @@ from ._registry import OpCall, TensorSpec
 
 __all__ = ["NumpyBackend", "BATCH_JOINT"]
 
-#: Run batchable plans jointly in :meth:`NumpyBackend.run_batch` (False: request by request).
-BATCH_JOINT = False
+#: Run batchable plans jointly in :meth:`NumpyBackend.run_batch` (False: request by request); the
+#: environment's ``SHMRPC_NUMPY_BATCH_JOINT=1`` turns it on at import (the batching tests' workers).
+BATCH_JOINT = os.environ.get("SHMRPC_NUMPY_BATCH_JOINT", "") == "1"
 
 
 def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
@@ -55,6 +57,10 @@ class NumpyBackend(Backend):
     """Host backend: every op's NumPy twin. ``select_backend("numpy")`` makes one."""
 
     name = "numpy"
+
+    @property
+    def joins_batches(self) -> bool:  # type: ignore[override]
+        return BATCH_JOINT
     xp = np
 
     def _to_resident(self, arr: np.ndarray, spec: TensorSpec) -> np.ndarray:

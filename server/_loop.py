@@ -28,6 +28,7 @@ import collections
 import logging
 import os
 import signal
+import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -52,7 +53,7 @@ from ._dispatch import Dispatcher, Prepared, check_header, error_response
 from ._lanes import Lanes
 from ._lease import Leases, Slot
 from ._observe import Observer
-from ._primed import Primed, PrimedSlots
+from ._primed import Express, Primed, PrimedSlots
 from ._sessions import Sessions, _refusal
 from ._shared import SharedOwners
 from ._waiters import Waiters
@@ -82,6 +83,7 @@ _HEADER_PACK = HEADER.pack_into
 _pack_done = m.pack_done
 _RCVHWM = 256  # messages queued per peer before libzmq stops reading from it (with MAXMSGSIZE: 16 MiB)
 _CALL_NBYTES = m.CALL_STRUCT.size
+_CALL_RID_GEN = struct.Struct("<II").unpack_from  # a CALL frame's request_id and generation, at offset 8
 _TRACED_CALL_NBYTES = m.CALL_STRUCT.size + m.TRACE_STRUCT.size
 
 
@@ -101,10 +103,12 @@ class Worker:
                                             Prepared | None, int]] = collections.deque()
         self._pending: list[Pending] = []  # batchable requests of this turn of the loop (see _batch.py)
         self._max_batch = config.max_batch
+        self._joins = False  # park batchable requests for one joint run (--max-batch > 1 and a backend that joins)
         self._lanes: Lanes | None = None
         self._wake_r, self._wake_w = -1, -1
         self._views: dict[tuple[int, int], memoryview] = {}  # (region, slot) -> the slot's bytes, made once
         self._primed = PrimedSlots()  # (region, slot) -> the last request validated there, with its views
+        self._express = self._primed.express  # CALL frame bytes [2:8] -> a slot armed for the express path
         self.shared = SharedOwners()
         self.sessions: Sessions  # the control plane, made by start() once the backend and leases exist
         self._stopping = threading.Event()
@@ -139,6 +143,7 @@ class Worker:
             if cfg.register_host:
                 self.backend.register_host(self.regions[0].address, self.regions[0].nbytes)
             self.backend.warmup()
+            self._joins = self._max_batch > 1 and self.backend.joins_batches
             # Fault injection for tests only (never a real GPU reset): the next request fails as if CUDA had.
             self.backend.inject_fault = cfg.inject_fault
             self.leases = Leases([self.regions[0].geometry], cfg.lease, self._zero,
@@ -449,6 +454,10 @@ class Worker:
         self._send(identity, done)
 
     def _on_call(self, identity: bytes, frame: bytes, stopping: bool, lane: int = 0) -> None:
+        ex = self._express.get(frame[2:8])
+        if (ex is not None and ex.identity == identity and len(frame) == _CALL_NBYTES and not stopping
+                and self._serve_express(ex, frame, lane)):
+            return None
         tail = b""
         if len(frame) == _TRACED_CALL_NBYTES:  # a traced call: the client's trace context follows the CALL
             frame, tail = frame[:_CALL_NBYTES], frame[_CALL_NBYTES:]
@@ -497,7 +506,11 @@ class Worker:
             log.exception("validation failed unexpectedly")
             return self._finish(identity, s, view, hdr, InternalError(f"validation failed: {e}"), t0, {}, None, lane)
         self._inflight.value += 1
-        if prep.batch and self._max_batch > 1:  # run at the end of this turn, with others of its plan if any came
+        parked = prep.batch and self._joins
+        if (parked or prep.plan is None or prep.inline) and not tail and not self.observe.traces:
+            # the slot's next requests may take the express path (parked, or run inline, as this one)
+            self._primed.arm(Express(identity, c, c.id, s, view, primed, (h[1], h[2], h[3]), HEADER_NBYTES + h[2]))
+        if parked:  # run at the end of this turn, with others of its plan if any came
             self._pending.append(Pending(identity, s, view, hdr, primed, t0, lane))
         elif prep.plan is None or prep.inline:
             self._complete(identity, s, view, hdr, primed, t0, lane)
@@ -507,6 +520,61 @@ class Worker:
             assert self._executor is not None
             self._executor.submit(self._run_async, identity, s, view, hdr, primed, t0, lane)
         return None
+
+    def _serve_express(self, ex: Express, frame: bytes, lane: int) -> bool:
+        """Serve a CALL straight from its slot's :class:`Express` entry; False: it is not what the entry holds,
+        the full path takes it (and replaces or drops the entry).
+
+        The checks are those of the full path, against values that passed them before: the sender's session
+        is still the one of its token and holds the slot's lease at this generation with nothing in flight
+        (``Leases.begin``), the header names this request and generation with the op code, descriptor length
+        and flags validated last (``check_header``), and the descriptor bytes in the slot equal the validated
+        ones (``PrimedSlots.get``, compared on a private copy).
+        """
+        s = ex.slot
+        rid, gen = _CALL_RID_GEN(frame, 8)
+        if (s.generation != gen or s.owner != ex.client or s.in_flight or s.freeing
+                or self.sessions.clients.get(ex.identity) is not ex.session):
+            return False
+        view = ex.view
+        h = _HEADER_UNPACK(view)
+        if h[0] != rid or h[4] != gen or h[1:4] != ex.head or bytes(view[HEADER_NBYTES:ex.end]) != ex.primed.payload:
+            return False
+        t0 = time.perf_counter()
+        s.in_flight = True
+        self._primed.hits += 1
+        self._inflight.value += 1
+        primed = ex.primed
+        prep = primed.prep
+        if prep.batch and self._joins:  # parked for the end of the turn, as the full path parks it
+            self._pending.append(Pending(ex.identity, s, view, (rid, h[1], gen), primed, t0, lane))
+            return True
+        try:
+            stages = self.dispatch.run_bound(prep, primed.bound)
+        except Exception as e:  # noqa: BLE001 - answered as the full path answers it
+            hdr = (rid, h[1], gen)
+            status, err_payload = self._failure(prep, e)
+            _write_response(view, hdr, err_payload, status)
+            self._done_sent(ex.identity, s, hdr, status, t0, {}, prep, lane=lane)
+            if self.dispatch.fatal:
+                self._drain_done()
+            return True
+        # the success half of _execute and _done_sent, inline: response, metrics, DONE, lease end
+        payload = prep.response
+        n = len(payload)
+        view[HEADER_NBYTES:HEADER_NBYTES + n] = payload
+        # NOTE: order is important here: the header goes last, after the descriptor it describes.
+        _HEADER_PACK(view, 0, rid, h[1], n, _OK_FLAGS, gen)
+        self.metrics.observe(prep.op, "ok", time.perf_counter() - t0, prep.nbytes_in, prep.nbytes_out, stages)
+        self._inflight.value -= 1
+        done = _pack_done(s.region, s.index, rid, 0)
+        if lane:
+            self._reply(ex.identity, done, lane)
+        else:
+            self._send(ex.identity, done)
+        s.in_flight = False
+        s.last_owner = s.owner
+        return True
 
     def _run_pending(self) -> None:
         """The end of a turn: run the parked batchable requests, one batch per plan (see :mod:`._batch`)."""
@@ -571,14 +639,20 @@ class Worker:
         try:
             stages = self.dispatch.run_bound(prep, primed.bound)
             status, payload = 0, prep.response
-        except RequestError as e:
-            stages, status, payload = {}, e.code, encode_response(error_response(e))
         except Exception as e:  # noqa: BLE001 - a bug must still be answered, or the slot would stay in flight
-            log.exception("request failed unexpectedly")
-            err = InternalError(f"the request failed: {type(e).__name__}: {e}", op=prep.desc.steps[0].op)
-            stages, status, payload = {}, err.code, encode_response(error_response(err))
+            stages = {}
+            status, payload = self._failure(prep, e)
         _write_response(view, hdr, payload, status)
         return status, stages
+
+    @staticmethod
+    def _failure(prep: Prepared, e: Exception) -> tuple[int, bytes]:
+        """(status, error response descriptor) of a run of ``prep`` that raised ``e``."""
+        if isinstance(e, RequestError):
+            return e.code, encode_response(error_response(e))
+        log.error("request failed unexpectedly", exc_info=e)
+        err = InternalError(f"the request failed: {type(e).__name__}: {e}", op=prep.desc.steps[0].op)
+        return err.code, encode_response(error_response(err))
 
     def _complete(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], primed: Primed,
                   t0: float, lane: int) -> None:

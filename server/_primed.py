@@ -21,6 +21,7 @@ the worker's own mapping of the slot, so they hold the region's mapping open:
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,8 +29,9 @@ import numpy as np
 from shmrpc.kernels._backend_base import BoundRun
 
 from ._dispatch import Prepared
+from ._lease import Slot
 
-__all__ = ["Primed", "PrimedSlots"]
+__all__ = ["Express", "Primed", "PrimedSlots"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +47,37 @@ class Primed:
     bound: BoundRun | None = None  # the backend's bound run over ``views`` (None: nothing to run)
 
 
+@dataclass(frozen=True, slots=True)
+class Express:
+    """A slot whose last request was served on the loop thread (run inline, or parked for a batch) from its
+    :class:`Primed` entry, armed for the express path.
+
+    The loop looks it up by the CALL frame's region and slot bytes (``frame[2:8]``) before anything else
+    and serves the request straight from it when the doorbell's sender, the slot's lease and generation,
+    the header and the descriptor bytes in the slot are what they were (``Worker._express``): the same
+    checks as the full path, against values that passed them before, with no copy of the descriptor.
+    """
+
+    identity: bytes  # the session token the request came from
+    session: object  # that session (the loop checks it is still the one of that token)
+    client: int
+    slot: Slot
+    view: memoryview  # the slot's bytes (the worker's own mapping)
+    primed: Primed
+    head: tuple[int, int, int]  # (op_code, payload_length, flags) the header must carry
+    end: int  # HEADER_NBYTES + payload_length
+
+
 class PrimedSlots:
-    """``(region, slot) -> Primed``; one entry per slot, replaced by the next different request."""
+    """``(region, slot) -> Primed``; one entry per slot, replaced by the next different request.
+
+    ``express`` holds the slots armed for the express path (:class:`Express`), keyed by the CALL frame's
+    region and slot bytes; an entry goes whenever its slot's :class:`Primed` entry goes or is replaced.
+    """
 
     def __init__(self) -> None:
         self._by_slot: dict[tuple[int, int], Primed] = {}
+        self.express: dict[bytes, Express] = {}
         self.hits = 0  # requests served from an entry (read by tests and the bench tool)
 
     def get(self, key: tuple[int, int], payload: bytes, op_code: int, flags: int, client: int) -> Primed | None:
@@ -62,18 +90,36 @@ class PrimedSlots:
 
     def put(self, key: tuple[int, int], primed: Primed) -> None:
         self._by_slot[key] = primed
+        self.express.pop(_frame_key(key), None)
+
+    def arm(self, ex: Express) -> None:
+        """Serve the next requests of ``ex``'s slot by the express path while they stay the same."""
+        if self._by_slot.get((ex.slot.region, ex.slot.index)) is ex.primed:
+            self.express[_frame_key((ex.slot.region, ex.slot.index))] = ex
 
     def forget(self, key: tuple[int, int]) -> None:
         """Drop slot ``key``'s entry (its request failed validation, or the slot changed hands)."""
         self._by_slot.pop(key, None)
+        self.express.pop(_frame_key(key), None)
 
     def drop_region(self, region: int) -> None:
         """Drop every entry of ``region`` (before its mapping closes: the views hold it open)."""
         for key in [k for k in self._by_slot if k[0] == region]:
             del self._by_slot[key]
+        for fk in [k for k, ex in self.express.items() if ex.slot.region == region]:
+            del self.express[fk]
 
     def clear(self) -> None:
         self._by_slot.clear()
+        self.express.clear()
 
     def __len__(self) -> int:
         return len(self._by_slot)
+
+
+_KEY = struct.Struct("<HI")
+
+
+def _frame_key(key: tuple[int, int]) -> bytes:
+    """The bytes a CALL frame carries at [2:8] for slot ``key`` (region u16, slot u32; schema.messages)."""
+    return _KEY.pack(*key)

@@ -25,6 +25,9 @@
 #   pool    1 worker vs 2 workers (`serve --devices`, one GPU each), 8 client processes through
 #           shmrpc.client.Pool sending gemm against a resident weight (bench/pool.py); then
 #           `shmrpc bench async` and `shmrpc bench threads` on this host's cores (NumPy worker)
+#   ab      the tree sent against a base tree (the wheel in .whl/base/, installed beside it), interleaved twice:
+#           64 B in-place vector_add on the NumPy worker, loan and lanes next to zmq, and 8 and 16 client
+#           processes (loan and blocking lane) -> $OUT/ab-{base,new}-rN.json, $OUT/ab-clients-{base,new}-rN.json
 #   loop    the async and threads runs alone (NumPy worker, this host's cores, about 60 s), then
 #           bench/async_loop_ab.py: the loop's lag and calls/s, wrap_future vs direct finish, interleaved
 # Usage: bash bench/gpu/run.sh [STAGE ...]   (default: suite gpu lat bw; one device call holds at
@@ -139,6 +142,24 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
         --out "$OUT/bench-async-gpuhost.json" 2>&1 | tail -6
       timeout 40 $BENCH threads --threads 1,2,4,8 --sizes 64 --duration-s 2 --backend numpy \
         --out "$OUT/bench-threads-gpuhost.json" 2>&1 | tail -8 ;;
+    ab)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-base \
+        .whl/base/*.whl || exit 1
+      for r in 1 2; do
+        for tree in base new; do
+          site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base
+          echo "== round $r, $tree: 64 B vector_add in place (NumPy worker), lanes next to zmq; 8 and 16 clients"
+          PYTHONPATH=$site timeout 60 $BENCH lat --lanes --peers zmq --sizes 64 --iters 3000 --backend numpy \
+            --op vector_add --dtype float32 --in-place -q --out "$OUT/ab-$tree-r$r.json" 2>&1 | grep -E "^ +64B"
+          PYTHONPATH=$site timeout 60 $BENCH lat --transports shmrpc,shmrpc-lane --clients 8,16 --iters 3000 \
+            --backend numpy --op vector_add --dtype float32 --sizes 64 -q --out "$OUT/ab-clients-$tree-r$r.json" \
+            2>&1 | grep -E "^shmrpc"
+        done
+      done
+      echo "== new, the worker spinning 50 µs after each wake-up (--worker-args '--spin-us 50'), clients blocking"
+      timeout 60 $BENCH lat --transports shmrpc,shmrpc-lane --clients 1,2,4,8,16 --iters 3000 --backend numpy \
+        --op vector_add --dtype float32 --sizes 64 --worker-args "--spin-us 50" -q \
+        --out "$OUT/ab-clients-new-wspin50.json" 2>&1 | grep -E "^shmrpc" ;;
     loop)
       echo "== shmrpc bench async / threads (NumPy worker, this host's cores)"
       timeout 40 $BENCH async --sizes 64 --iters 2000 --in-flight 1000 --total 20000 --backend numpy \
@@ -148,7 +169,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       echo "== bench/async_loop_ab.py (wrap_future vs direct finish, 3 rounds)"
       timeout 60 python3 bench/async_loop_ab.py --rounds 3 --out "$OUT/bench-async-gpuhost-loop-ab.json" \
         2>&1 | tail -16 ;;
-    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu, pool, loop)" ;;
+    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu, pool, ab, loop)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"

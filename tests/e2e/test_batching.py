@@ -113,10 +113,16 @@ def _wait_stopped(pid: int, timeout_s: float = 10.0) -> None:
         time.sleep(0.001)
 
 
+def _joint() -> dict[str, str]:
+    """The environment of a worker whose NumPy backend joins batches: it runs a batch item by item unless
+    asked (kernels/_backend_numpy.py), and a worker parks requests for a batch only when its backend joins."""
+    return dict(os.environ, SHMRPC_NUMPY_BATCH_JOINT="1")
+
+
 def _user_ops_env(tmp_path: Path, mod: str) -> dict[str, str]:
     (tmp_path / f"{mod}.py").write_text(textwrap.dedent(USER_OPS))
     old = os.environ.get("PYTHONPATH", "")
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *([old] if old else [])]))
+    return dict(_joint(), PYTHONPATH=os.pathsep.join([str(tmp_path), *([old] if old else [])]))
 
 
 def _submit_stopped(w: WorkerProc, c: Client, op: str, xs: list[np.ndarray], **kw: object) -> list[dict]:
@@ -137,7 +143,7 @@ def _submit_stopped(w: WorkerProc, c: Client, op: str, xs: list[np.ndarray], **k
 @pytest.mark.parametrize("extra", [(), ("--inline-max", "0")], ids=["inline", "executor"])
 def test_requests_queued_together_run_as_one_batch(spawn_worker: Callable[..., WorkerProc],
                                                    extra: tuple[str, ...]) -> None:
-    w = spawn_worker("--metrics-port", "0", *extra, lease="8,1,0,0")
+    w = spawn_worker("--metrics-port", "0", *extra, lease="8,1,0,0", env=_joint())
     rng = np.random.default_rng(12)
     xs = [rng.standard_normal(16).astype(np.float32) for _ in range(6)]
     with Client(w.name, timeout_s=30) as c:
@@ -154,7 +160,7 @@ def test_requests_queued_together_run_as_one_batch(spawn_worker: Callable[..., W
 
 
 def test_one_batch_per_plan_and_at_most_max_batch(spawn_worker: Callable[..., WorkerProc]) -> None:
-    w = spawn_worker("--metrics-port", "0", "--max-batch", "3", lease="8,1,0,0")
+    w = spawn_worker("--metrics-port", "0", "--max-batch", "3", lease="8,1,0,0", env=_joint())
     rng = np.random.default_rng(3)
     small = [rng.standard_normal(16).astype(np.float32) for _ in range(4)]
     wide = [rng.standard_normal(32).astype(np.float32) for _ in range(2)]
@@ -170,13 +176,25 @@ def test_one_batch_per_plan_and_at_most_max_batch(spawn_worker: Callable[..., Wo
 
 
 def test_max_batch_1_never_batches(spawn_worker: Callable[..., WorkerProc]) -> None:
-    w = spawn_worker("--metrics-port", "0", "--max-batch", "1", lease="8,1,0,0")
+    w = spawn_worker("--metrics-port", "0", "--max-batch", "1", lease="8,1,0,0", env=_joint())
     xs = [np.full(16, i, np.float32) for i in range(5)]
     with Client(w.name, timeout_s=30) as c:
         outs = _submit_stopped(w, c, "vector_add", xs, y=np.ones(16, np.float32))
         for x, out in zip(xs, outs):
             np.testing.assert_array_equal(out["out"], x + 1)
         assert _batches(w, "vector_add") == (0, 0)
+        assert _answered(w, "vector_add") == 5
+
+
+def test_a_backend_that_does_not_join_runs_each_request_as_it_comes(spawn_worker: Callable[..., WorkerProc]
+                                                                    ) -> None:
+    w = spawn_worker("--metrics-port", "0", lease="8,1,0,0")  # the NumPy backend's default: item by item
+    xs = [np.full(16, i, np.float32) for i in range(5)]
+    with Client(w.name, timeout_s=30) as c:
+        outs = _submit_stopped(w, c, "vector_add", xs, y=np.ones(16, np.float32))
+        for x, out in zip(xs, outs):
+            np.testing.assert_array_equal(out["out"], x + 1)
+        assert _batches(w, "vector_add") == (0, 0)  # queued together, yet never parked for a batch
         assert _answered(w, "vector_add") == 5
 
 
@@ -235,7 +253,7 @@ c.close()
 
 
 def test_lane_requests_of_several_clients_batch_too(spawn_worker: Callable[..., WorkerProc]) -> None:
-    w = spawn_worker("--metrics-port", "0")
+    w = spawn_worker("--metrics-port", "0", env=_joint())
     procs = [subprocess.Popen([sys.executable, "-c", LANE_CLIENT, w.name, str(k)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True) for k in range(4)]
     try:
