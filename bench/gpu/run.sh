@@ -147,7 +147,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
         .whl/base/*.whl || exit 1
       for r in 1 2; do
         for tree in base new; do
-          site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base
+          site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
           echo "== round $r, $tree: 64 B vector_add in place (NumPy worker), lanes next to zmq; 8 and 16 clients"
           PYTHONPATH=$site timeout 60 $BENCH lat --lanes --peers zmq --sizes 64 --iters 3000 --backend numpy \
             --op vector_add --dtype float32 --in-place -q --out "$OUT/ab-$tree-r$r.json" 2>&1 | grep -E "^ +64B"
