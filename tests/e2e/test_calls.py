@@ -76,6 +76,23 @@ def test_loan_outputs_are_views_and_resend_works(worker: WorkerProc) -> None:
         del x, y, out
 
 
+def test_each_send_hands_out_its_own_views_of_the_outputs(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=10) as c:
+        free = len(c._slots.free)
+        with c.loan(8192) as req:
+            req.array("x", 16, np.float32)[...] = 1
+            req.array("y", 16, np.float32)[...] = 2
+            a = req.send("vector_add")["out"]
+            a.shape = (4, 4)  # the caller's own view: changing it changes no later answer
+            b = req.send("vector_add")["out"]
+            assert a is not b and b.shape == (16,) and np.shares_memory(a, b)
+            np.testing.assert_array_equal(b, 3)
+        assert len(c._slots.free) == free - 1, "the loan's views are alive: its slot stays taken"
+        del a, b
+        c.call("echo", x=np.zeros(1, np.float32))  # the next take finds the slot back
+        assert len(c._slots.free) == free
+
+
 def test_view_cannot_outlive_its_slot(worker: WorkerProc) -> None:
     with Client(worker.name, timeout_s=10) as c:
         kept = c.call("echo", x=np.full(16, 7.0), copy=False)["out"]
