@@ -199,3 +199,22 @@ def test_a_worker_serving_repeated_requests_uses_the_resident_of_the_time(worker
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
+
+
+def test_equal_batchable_plans_of_several_clients_are_one_object() -> None:
+    from shmrpc.schema.descriptor import RequestDesc, StepDesc, TensorRef, encode_request
+
+    def desc(n: int, resident: str = "") -> bytes:
+        x = TensorRef("x", "float32", (n,), 1024, 4 * n)
+        y = TensorRef("y", "float32", (n,), 0, 0, resident) if resident else TensorRef("y", "float32", (n,), 2048, 4 * n)
+        return encode_request(RequestDesc((StepDesc("vector_add", 0, (("x", "x"), ("y", "y")), (("out", "out"),), ()),),
+                                          (x, y), ("out",)))
+
+    d = Dispatcher(kernels.select_backend("numpy"), desc_nbytes=1024)
+    a, b = d.prepare(desc(16), 0, 0, 4096, client=1), d.prepare(desc(16), 0, 0, 4096, client=2)
+    assert a is not b and a.batch and a.plan is b.plan  # two clients, one plan object: grouped by identity
+    c = d.prepare(desc(32), 0, 0, 4096, client=2)
+    assert c.plan is not a.plan and c.plan != a.plan
+    # a client's own resident tensor is in its plan: another client's equal-looking request never shares it
+    r1, r2 = d.prepare(desc(16, "w"), 0, 0, 4096, client=1), d.prepare(desc(16, "w"), 0, 0, 4096, client=2)
+    assert r1.plan is not None and r2.plan is not None and r1.plan != r2.plan and r1.plan is not r2.plan
