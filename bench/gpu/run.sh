@@ -13,7 +13,7 @@
 #   model   the example decoder layer (examples/decoder_layer.py): served by a CuPy worker that loads
 #           the users' ops (--ops decoder_ops), 2 processes x 2 sessions, every step checked against
 #           NumPy, next to the same layer run in process with CuPy (no RPC) -> $OUT/model-gpu.json
-#   small   small requests at the floor (NumPy worker): 64 B and 1 MiB in-place vector_add, loan and call(),
+#   small   the floors of a Python round trip on this host (bench/gpu/floor_probe.py), then small requests (NumPy worker): 64 B and 1 MiB in-place vector_add, loan and call(),
 #           with and without lanes, next to pyzmq and iceoryx2 (blocking and spinning), connect time;
 #           then the same with worker and clients spinning 200 µs
 #   smallgpu  64 B float32 scale on the CuPy worker, loan, call() and lanes next to pyzmq and iceoryx2
@@ -116,6 +116,8 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
         --d 2048 --heads 16 --f 8192 --max-tokens 128 --tokens 96 --procs 2 --sessions 2 \
         --out "$OUT/model-gpu.json" 2>&1 | tail -6 ;;
     small)
+      echo "== bench/gpu/floor_probe.py (Python's floors between two processes on this host)"
+      timeout 60 python3 bench/gpu/floor_probe.py --out "$OUT/floor-probe.json" 2>&1 | tail -7
       small bench-small-cpu --backend numpy --op vector_add --dtype float32 --in-place
       small bench-small-cpu-spin --backend numpy --op vector_add --dtype float32 --in-place --spin-us 200 ;;
     smallgpu)

@@ -1,0 +1,151 @@
+"""The floors a Python round trip between two processes sits on, on this host (issue #12's lanes).
+
+    python bench/gpu/floor_probe.py [--iters 20000] [--out FILE.json]
+
+Measures, between two processes of this interpreter (a fork), with no shmrpc code at all:
+
+* ``spin``: a seq word in a shared page, each side spinning on the other's (``ctypes.c_uint64``
+  loads and stores, as the lanes do): the floor of a spinning lane in Python;
+* ``eventfd``: each side blocking in ``select.poll`` on its eventfd, the other writing it (the
+  lanes' blocking wake-up, one each way): the floor of a blocking lane in Python;
+* and, in one process, the cost of the calls a lane round trip makes: ``eventfd_write`` with no
+  waiter, ``zmq.Poller.poll(0)`` over the worker loop's kind of poll set, ``select.poll(0)``.
+
+Prints a table of p50 / p99 in µs and writes JSON (date, host, command) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import mmap
+import os
+import platform
+import select
+import sys
+import time
+from typing import Any
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e6
+
+
+def spin(iters: int) -> list[float]:
+    page = mmap.mmap(-1, 4096)
+    ping, pong = ctypes.c_uint64.from_buffer(page, 0), ctypes.c_uint64.from_buffer(page, 128)
+    pid = os.fork()
+    if pid == 0:
+        seen = 0
+        while seen < iters + 100:
+            v = ping.value
+            if v != seen:
+                seen = v
+                pong.value = v
+        os._exit(0)
+    out = []
+    for i in range(1, iters + 101):
+        t0 = time.perf_counter()
+        ping.value = i
+        while pong.value != i:
+            pass
+        if i > 100:
+            out.append(time.perf_counter() - t0)
+    os.waitpid(pid, 0)
+    del ping, pong
+    page.close()
+    return out
+
+
+def eventfd(iters: int) -> list[float]:
+    a, b = os.eventfd(0, os.EFD_NONBLOCK), os.eventfd(0, os.EFD_NONBLOCK)
+    pid = os.fork()
+    if pid == 0:
+        p = select.poll()
+        p.register(a, select.POLLIN)
+        for _ in range(iters + 100):
+            p.poll()
+            os.eventfd_read(a)
+            os.eventfd_write(b, 1)
+        os._exit(0)
+    p = select.poll()
+    p.register(b, select.POLLIN)
+    out = []
+    for i in range(iters + 100):
+        t0 = time.perf_counter()
+        os.eventfd_write(a, 1)
+        p.poll()
+        os.eventfd_read(b)
+        if i >= 100:
+            out.append(time.perf_counter() - t0)
+    os.waitpid(pid, 0)
+    for fd in (a, b):
+        os.close(fd)
+    return out
+
+
+def calls(iters: int) -> dict[str, list[float]]:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(f"ipc://@floor-probe-{os.getpid()}")
+    fds = [os.eventfd(0, os.EFD_NONBLOCK) for _ in range(3)]
+    zp = zmq.Poller()
+    zp.register(sock, zmq.POLLIN)
+    for fd in fds:
+        zp.register(fd, zmq.POLLIN)
+    sp = select.poll()
+    for fd in fds:
+        sp.register(fd, select.POLLIN)
+    nowaiter = os.eventfd(0, os.EFD_NONBLOCK)
+    res: dict[str, list[float]] = {"eventfd_write, no waiter": [], "zmq.Poller.poll(0), socket + 3 fds": [],
+                                   "select.poll(0), 3 fds": []}
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        os.eventfd_write(nowaiter, 1)
+        t1 = time.perf_counter()
+        zp.poll(0)
+        t2 = time.perf_counter()
+        sp.poll(0)
+        t3 = time.perf_counter()
+        res["eventfd_write, no waiter"].append(t1 - t0)
+        res["zmq.Poller.poll(0), socket + 3 fds"].append(t2 - t1)
+        res["select.poll(0), 3 fds"].append(t3 - t2)
+    sock.close(0)
+    ctx.term()
+    for fd in [*fds, nowaiter]:
+        os.close(fd)
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iters", type=int, default=20000)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    rows: dict[str, list[float]] = {"round trip, spinning on a shared seq word": spin(args.iters),
+                                    "round trip, blocking on eventfds": eventfd(args.iters)}
+    rows.update(calls(args.iters))
+    table: dict[str, dict[str, float]] = {}
+    print(f"{'what':<44} {'p50 µs':>8} {'p99 µs':>8}")
+    for k, v in rows.items():
+        table[k] = {"p50_us": round(_pct(v, 0.5), 2), "p99_us": round(_pct(v, 0.99), 2)}
+        print(f"{k:<44} {table[k]['p50_us']:8.2f} {table[k]['p99_us']:8.2f}")
+    if args.out:
+        doc: dict[str, Any] = {"mode": "floor-probe", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                               "commit": os.environ.get("SHMRPC_COMMIT", "unknown"), "iters": args.iters,
+                               "host": {"cores": os.cpu_count(), "python": platform.python_version(),
+                                        "os": platform.platform()},
+                               "command": " ".join(["python", "bench/gpu/floor_probe.py", *sys.argv[1:]]),
+                               "results": table}
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"JSON: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
