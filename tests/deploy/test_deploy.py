@@ -31,6 +31,7 @@ def exported_metrics() -> set[str]:
     """Every sample name a worker's registry exposes (histograms with their _bucket/_count/_sum)."""
     m = Metrics()
     m.observe("matmul", "ok", 0.001, 10, 10, {"queue": 1e-5, "h2d": 1e-5, "kernel": 1e-4, "d2h": 1e-5})
+    m.observe_batch("matmul", 4)
     m.set_build_info("0", "numpy", "cpu")
     names = set()
     for family in m.registry.collect():
@@ -70,7 +71,8 @@ def test_dashboard_queries_name_only_exported_metrics() -> None:
     used = set().union(*(metric_names(e) for e in exprs))
     assert used <= exported, sorted(used - exported)
     for wanted in ("shmrpc_requests_total", "shmrpc_request_duration_seconds_bucket", "shmrpc_slots_leased",
-                   "shmrpc_clients_connected", "shmrpc_resident_bytes", "shmrpc_gpu_memory_bytes"):
+                   "shmrpc_clients_connected", "shmrpc_resident_bytes", "shmrpc_gpu_memory_bytes",
+                   "shmrpc_batch_size_count"):
         assert wanted in used, wanted
 
 
