@@ -33,7 +33,7 @@ def main() -> int:
     name = f"prof-{os.getpid()}-{secrets.token_hex(3)}"
     wprof = os.path.join(args.out, "worker.prof")
     worker = subprocess.Popen([sys.executable, "-m", "cProfile", "-o", wprof, "-m", "shmrpc.server", "serve",
-                               "--name", name, "--backend", "numpy", "--no-mlock", "--log-level", "WARNING"])
+                               "--name", name, "--backend", "numpy", "--no-mlock", "--log-level", "WARNING", *(["--spin-us", "200"] if args.lane == "spin" else [])])
     from shmrpc.client import Client
     try:
         deadline = time.monotonic() + 30
