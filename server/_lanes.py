@@ -86,15 +86,27 @@ class Lanes:
     def __init__(self) -> None:
         self.doorbell_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self.by_identity: dict[bytes, Lane] = {}
+        self._all: tuple[Lane, ...] = ()  # by_identity's lanes, for the scans
 
     def open(self, identity: bytes) -> Lane:
         lane = self.by_identity[identity] = Lane(identity, self.doorbell_fd)
+        self._all = tuple(self.by_identity.values())
         return lane
 
     def drop(self, identity: bytes) -> None:
         lane = self.by_identity.pop(identity, None)
         if lane is not None:
+            self._all = tuple(self.by_identity.values())
             lane.close()
+
+    def ready(self) -> bool:
+        """Whether a lane's call_seq changed since its last take: a request to scan for, found without a system
+        call (the spinning loop reads this between its polls; the doorbell eventfd is cleared by the next poll
+        that sees it, and every request posted after a scan rings it again, so none is missed)."""
+        for lane in self._all:
+            if lane._call_seq.value != lane.seen:
+                return True
+        return False
 
     def clear_doorbell(self) -> None:
         try:
@@ -104,7 +116,7 @@ class Lanes:
 
     def scan(self) -> Iterator[tuple[Lane, int, bytes]]:
         """Each lane with a new request, its call_seq and a private copy of its CALL frame."""
-        for lane in list(self.by_identity.values()):
+        for lane in self._all:
             got = lane.take()
             if got is not None:
                 yield lane, got[0], got[1]

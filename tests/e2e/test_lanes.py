@@ -152,3 +152,36 @@ def test_several_clients_ring_their_lanes_at_once(worker: WorkerProc, mode: str)
     for p in procs:
         out, err = p.communicate(timeout=50)
         assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
+
+
+def test_a_spinning_worker_serves_lanes_zeromq_and_a_dying_client(spawn_worker: Callable[..., WorkerProc]) -> None:
+    # the spinning loop reads the lanes' seq words between its polls: ZeroMQ calls, other lanes and a client
+    # that dies must still be seen while it spins on them
+    w = spawn_worker("--spin-us", "300")
+    procs = [subprocess.Popen([sys.executable, "-c", _BUSY_CHILD, w.name, str(20261201 + k), mode, "400"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k, mode in enumerate(("block", "spin"))]
+    rng = np.random.default_rng(5)
+    with Client(w.name, timeout_s=30) as c:  # no lane: every call over ZeroMQ, beside the lanes' traffic
+        for _ in range(100):
+            a = rng.standard_normal(8)
+            np.testing.assert_allclose(c.call("scale", x=a, a=3.0)["out"], 3 * a)
+        for p in procs:
+            out, err = p.communicate(timeout=50)
+            assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
+        victim = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+            import sys, time
+            import numpy as np
+            from shmrpc.client import Client
+            c = Client(sys.argv[1], lane="spin")
+            c.call("echo", x=np.zeros(4))
+            print("ready", flush=True)
+            time.sleep(60)
+            """), w.name], stdout=subprocess.PIPE, text=True)
+        assert victim.stdout is not None and victim.stdout.readline().strip() == "ready"
+        wait_for_state(w.name, lambda st: len(st["clients"]) == 2, "two clients")
+        victim.kill()
+        victim.communicate(timeout=10)  # also closes its pipe
+        # its pidfd was seen by the spinning loop
+        wait_for_state(w.name, lambda st: len(st["clients"]) == 1, "the killed client's session ended")
+        np.testing.assert_allclose(c.call("scale", x=np.ones(3), a=2.0)["out"], 2.0)
