@@ -27,7 +27,7 @@ from shmrpc.schema.errors import (
     WorkerGoneError,
     from_wire,
 )
-from shmrpc.schema.header import HEADER, HEADER_NBYTES, unpack_from
+from shmrpc.schema.header import HEADER, HEADER_NBYTES
 from shmrpc.schema.layout import align_up, format_size, tensor_align
 
 from ._callplan import bounded_put, read_outputs
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from ._client import Client
 
 __all__ = ["Loan", "CallFuture"]
+
+_HEADER_UNPACK = HEADER.unpack_from
 
 
 class Loan:
@@ -157,10 +159,10 @@ class Loan:
             if isinstance(err, StaleSlotError):
                 self._done = True  # the slot is no longer ours: never write to it again
             raise err
-        h = unpack_from(mv)
-        if not h.flags & _RESPONSE or h.request_id != rid or h.payload_length > len(mv) - HEADER_NBYTES:
+        h_rid, _, h_len, h_flags, _ = _HEADER_UNPACK(mv)  # a plain tuple: no Header built per response
+        if not h_flags & _RESPONSE or h_rid != rid or h_len > len(mv) - HEADER_NBYTES:
             raise RequestError("the worker's response header is malformed", field="header")
-        payload = bytes(mv[HEADER_NBYTES:HEADER_NBYTES + h.payload_length])
+        payload = bytes(mv[HEADER_NBYTES:HEADER_NBYTES + h_len])
         # the check of a response is a function of its bytes, the outputs asked for and the slot's size: a
         # response byte-identical to one checked before needs no second look (the key compares them all)
         key = (payload, self._outputs, len(mv))
