@@ -19,7 +19,13 @@
    memory it copies, without the request path; last, the default setting again while another
    Python thread of the process spins (what a busy loop thread costs the run through the GIL).
 
+7. ``--only graphs``: section 1 through workers with chunk graphs off (``SHMRPC_CUDA_LARGE_GRAPHS=0``)
+   and on (the default), interleaved ``--rounds`` times, each next to the duplex ceiling measured just
+   before it and the worker's own mean per request; ``--only gemmab``: section 4's 8 client processes
+   through workers with CUDA graphs off (``SHMRPC_CUDA_GRAPHS=0``) and on, interleaved.
+
     python bench/gpu_e2e.py --out bench/results/gpu-e2e-DATE.json
+    python bench/gpu_e2e.py --only graphs,gemmab --rounds 2 --reps 12 --seconds 4 --out bench/results/gpu-graphs-e2e-DATE.json
     python bench/gpu_e2e.py --only sweep --chunk-sweep 2M,4M,8M,16M --out bench/results/gpu-chunks-DATE.json
 """
 
@@ -215,6 +221,51 @@ def chunk_sweep(sizes: list[str], pipelines: list[str], streams: int, reps: int)
     return rows
 
 
+def graphs_ab(reps: int, rounds: int) -> list[dict[str, object]]:
+    """Section 7: the 256 MiB request through a worker with chunk graphs off and on, interleaved."""
+    rows: list[dict[str, object]] = []
+    for r in range(rounds):
+        for label, env in (("plain", {"SHMRPC_CUDA_LARGE_GRAPHS": "0"}), ("graph", {})):
+            ceiling = duplex_ceiling()["duplex_gbps"]
+            name = f"gpu-{uuid.uuid4().hex[:6]}"
+            w = start(name, env=env, slots="64K:4,520M:1")
+            try:
+                res = big(name, reps)
+            finally:
+                stop(w)
+            row = {"round": r, "path": label, "env": env, "duplex_ceiling_gbps": ceiling, **res,
+                   "ratio": res["gbps_both_ways"] / ceiling}
+            rows.append(row)
+            wm = res.get("worker_mean_s")
+            print(f"| {r + 1} | {label} | {res['gbps_both_ways']:.1f} GB/s | {ceiling:.1f} GB/s | {row['ratio']:.2f} | "
+                  f"{res['median_s'] * 1e3:.2f} / {wm * 1e3 if wm else float('nan'):.2f} ms | {res['correct']} |", flush=True)
+    return rows
+
+
+def gemm_ab(seconds: float, rounds: int) -> list[dict[str, object]]:
+    """Section 7: 8 client processes of gemm 16x256x256 float16 through workers with CUDA graphs off and on."""
+    rows: list[dict[str, object]] = []
+    for r in range(rounds):
+        for label, env in (("plain", {"SHMRPC_CUDA_GRAPHS": "0"}), ("graph", {})):
+            name = f"gpu-{uuid.uuid4().hex[:6]}"
+            w = start(name, env=env)
+            try:
+                total = rps(name, 8, seconds)
+                st = subprocess.run([sys.executable, "-m", "shmrpc.server", "status", "--name", name, "--json"],
+                                    capture_output=True, text=True)
+                try:
+                    d = json.loads(st.stdout)["counters"]["duration"]["gemm"]
+                    wmean = d["sum_s"] / d["count"]
+                except (ValueError, KeyError, ZeroDivisionError):
+                    wmean = None
+            finally:
+                stop(w)
+            rows.append({"round": r, "path": label, "env": env, "requests_per_s_8_clients": total, "worker_mean_s": wmean})
+            print(f"| {r + 1} | {label} | {total:.0f} requests/s | worker mean "
+                  f"{wmean * 1e6 if wmean else float('nan'):.1f} us |", flush=True)
+    return rows
+
+
 def _host_memory(kind: str, n: int) -> tuple[np.ndarray, object]:
     """``n`` page-locked bytes of ``kind`` ("hostalloc", "memfd", "anon"), prefaulted; returns (array, keepalive)."""
     import mmap
@@ -338,7 +389,8 @@ def main() -> int:
     ap.add_argument("--pipelines", default="stages,streams", help="chunk pipelines of the sweep")
     ap.add_argument("--chunk-streams", type=int, default=4, help="streams of the 'streams' pipeline in the sweep")
     ap.add_argument("--memories", default="hostalloc,memfd,anon", help="host memory kinds of --only copies")
-    ap.add_argument("--only", default="", help="sections to run, of big,tiny,rps,pageable,sweep,copies (default: "
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of --only graphs / gemmab")
+    ap.add_argument("--only", default="", help="sections to run, of big,tiny,rps,pageable,sweep,copies,graphs,gemmab (default: "
                                                "big,tiny,rps,pageable, plus sweep when --chunk-sweep is given)")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(","))) or {"big", "tiny", "rps", "pageable"} | ({"sweep"} if args.chunk_sweep else set())
@@ -382,6 +434,14 @@ def main() -> int:
         res["chunk_sweep"] = chunk_sweep(args.chunk_sweep.split(","), args.pipelines.split(","), args.chunk_streams,
                                          args.reps)
         res["ceiling_after"] = duplex_ceiling()
+    if "graphs" in only:
+        print("\n| round | chunk path | 256 MiB in+out | duplex ceiling (just before) | ratio | client / worker per request "
+              "| correct |\n|---|---|---|---|---|---|---|", flush=True)
+        res["graphs_through_worker"] = graphs_ab(args.reps, args.rounds)
+    if "gemmab" in only:
+        print("\n| round | CUDA graphs | gemm, 8 client processes | worker's own mean per request |\n|---|---|---|---|",
+              flush=True)
+        res["gemm_8_clients_graphs"] = gemm_ab(args.seconds, args.rounds)
     if "copies" in only:
         res["copies_in_process"] = copies((args.chunk_sweep or "16M/1M").split(","), args.pipelines.split(","), args.reps,
                                           args.memories.split(","))
