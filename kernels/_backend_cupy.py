@@ -36,6 +36,7 @@ raises ``KernelFatalError`` (a ``KernelRuntimeError``) then.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -55,7 +56,8 @@ from ._plan import Plan
 from ._registry import OpCall, TensorSpec
 
 __all__ = ["CupyBackend", "CHUNK_THRESHOLD_BYTES", "CHUNK_BYTES", "CHUNK_STREAMS", "TIMED_MIN_BYTES",
-           "STAGE_SAMPLE_EVERY", "GRAPH_MAX_BYTES", "GRAPH_CACHE", "LARGE_GRAPH_CACHE"]
+           "STAGE_SAMPLE_EVERY", "GRAPH_MAX_BYTES", "GRAPH_CACHE", "LARGE_GRAPH_CACHE",
+           "BATCH_GRAPH_CACHE"]
 
 #: Requests moving more bytes than this get CUDA-event stage timings ("h2d", "kernel", "d2h").
 TIMED_MIN_BYTES = 1 << 20
@@ -68,7 +70,11 @@ GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_GRAPHS", "") or 64)
 #: Graphs of whole chunked runs kept (each holds about the bytes its request moves on the device;
 #: ``SHMRPC_CUDA_LARGE_GRAPHS=0`` turns them off).
 LARGE_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_LARGE_GRAPHS", "") or (2 if GRAPH_CACHE else 0))
+#: Graphs of batches kept (one per set of requests' slots: 8 clients make up to 255 sets; each a few MiB
+#: of device memory for gemm 16x256x256; ``SHMRPC_CUDA_BATCH_GRAPHS=0`` turns them off).
+BATCH_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_BATCH_GRAPHS", "") or (256 if GRAPH_CACHE else 0))
 _BUFS_PER_SET = 32
+log = logging.getLogger("shmrpc.kernels")
 _HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable
 _STICKY = {700, 701, 702, 709, 710, 711, 712, 713, 714, 715, 716, 717, 718, 719}  # illegal address, launch failure, ...
 
@@ -110,7 +116,7 @@ class CupyBackend(Backend):
         self._registered: dict[int, int] = {}
         self._tls = threading.local()
         self._graphs = GraphCache(cupy, self._issue, GRAPH_CACHE, 2, self._tls)
-        self._batch_graphs = BatchGraphs(cupy, self._step, GRAPH_CACHE, 2, self._tls)
+        self._batch_graphs = BatchGraphs(cupy, self._step, BATCH_GRAPH_CACHE, 2, self._tls)
         self._chunk_graphs = ChunkGraphs(cupy, LARGE_GRAPH_CACHE, 2, self._tls)
         self._small_runs = 0
         self._batch_plans: dict[tuple[int, int], tuple[Plan, BatchPlan]] = {}
@@ -461,6 +467,10 @@ class CupyBackend(Backend):
         """Drop residents, unregister host memory, free streams and the pool's cached blocks."""
         if self.closed:
             return
+        g, b, c = self._graphs, self._batch_graphs, self._chunk_graphs
+        log.info("CUDA graphs at close: requests %d captured / %d launched, batches %d / %d (%d held, last refusal %r), "
+                 "chunked runs %d / %d", g.captures, g.launches, b.captures, b.launches, len(b), b.last_error,
+                 c.captures, c.launches)
         super().close()
         self._graphs.clear()
         self._chunk_graphs.clear()

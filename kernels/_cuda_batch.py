@@ -18,7 +18,9 @@ The joint run (:func:`issue_joint`), enqueued on one stream::
     afterwards     graph.launch(stream); event.synchronize()     one launch, one synchronize
 
 The worker's clients reuse their slots, so the same requests' views come back at the same host
-addresses and a key repeats. A graph copies from exactly its key's input addresses and into
+addresses and a key repeats; requests are taken in the order of their addresses, so the same
+requests arriving in another order are the same key. A capture spreads the requests' copies over
+:data:`COPY_LANES` branches of the graph (independent nodes the copy engines may run at once). A graph copies from exactly its key's input addresses and into
 exactly its output addresses, so it writes no host range but its requests' outputs; it keeps
 every device array it uses alive (its private pool, the captured run's arrays, the residents it
 reads). Views must be page-locked, and no output may overlap any view of the batch (in-place
@@ -53,6 +55,8 @@ Views = Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
 Step = Callable[[Any, dict[str, Any], Mapping[str, TensorSpec], Mapping[str, TensorSpec], dict[str, Any], Any],
                 dict[str, Any]]
 
+#: Copies of a captured batch are spread over this many branches of the graph (requests round robin).
+COPY_LANES = 4
 _ADDR: dict[int, tuple[Any, int]] = {}
 _NONE = object()  # a key that may not be captured (unpinned or overlapping views): plain path
 
@@ -73,16 +77,22 @@ def address(v: np.ndarray) -> int:
 
 def issue_joint(cp: Any, step: Step, xp: Any, plan: Plan, bp: BatchPlan,
                 checked: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]],
-                resident: Mapping[str, Any], stream: Any, workspace: dict[str, Any], copying_out: list[bool]
-                ) -> dict[str, Any]:
+                resident: Mapping[str, Any], stream: Any, workspace: dict[str, Any], copying_out: list[bool],
+                copy_streams: Sequence[Any] = ()) -> dict[str, Any]:
     """Enqueue the joint run of ``checked`` (contiguous views) on ``stream``; no synchronize.
 
-    Returns every device array it used; sets ``copying_out[0]`` when copies into the views begin.
+    ``copy_streams``: request b's copies go on ``copy_streams[b % len]`` (forked from ``stream`` by an
+    event, joined back before the steps and at the end), so that in a graph they are independent
+    nodes the copy engines may run at once; else all on ``stream``. Returns every device array it
+    used; sets ``copying_out[0]`` when copies into the views begin.
     """
     rt = cp.cuda.runtime
-    h2d, d2h, sp = rt.memcpyHostToDevice, rt.memcpyDeviceToHost, stream.ptr
+    h2d, d2h = rt.memcpyHostToDevice, rt.memcpyDeviceToHost
+    lanes = list(copy_streams) or [stream]
+    ptrs = [s.ptr for s in lanes]
     env: dict[str, Any] = {}
     with stream:
+        _fork(stream, copy_streams)
         for name, spec in plan.inputs.items():
             if name in plan.resident:
                 continue
@@ -90,8 +100,9 @@ def issue_joint(cp: Any, step: Step, xp: Any, plan: Plan, bp: BatchPlan,
             per, base = spec.nbytes, dev.data.ptr
             if per:
                 for b, (host_in, _) in enumerate(checked):
-                    rt.memcpyAsync(base + b * per, address(host_in[name]), per, h2d, sp)
+                    rt.memcpyAsync(base + b * per, address(host_in[name]), per, h2d, ptrs[b % len(ptrs)])
             env[name] = dev
+        _join(stream, copy_streams)
         env.update(resident)
         for st, (in_specs, out_specs) in zip(plan.steps, bp.steps):
             res = step(st, {p: env[n] for p, n in st.inputs.items()}, in_specs, out_specs, workspace, xp)
@@ -100,13 +111,27 @@ def issue_joint(cp: Any, step: Step, xp: Any, plan: Plan, bp: BatchPlan,
         outs = {n: cp.ascontiguousarray(env[n]) for n in plan.outputs}
         env.update({"#d2h." + n: a for n, a in outs.items()})
         copying_out[0] = True
+        _fork(stream, copy_streams)
         for name, spec in plan.outputs.items():
             per, base = spec.nbytes, outs[name].data.ptr
             step_b = per if name in bp.batched else 0
             if per:
                 for b, (_, host_out) in enumerate(checked):
-                    rt.memcpyAsync(address(host_out[name]), base + b * step_b, per, d2h, sp)
+                    rt.memcpyAsync(address(host_out[name]), base + b * step_b, per, d2h, ptrs[b % len(ptrs)])
+        _join(stream, copy_streams)
     return env
+
+
+def _fork(stream: Any, others: Sequence[Any]) -> None:
+    if others:
+        ev = stream.record()
+        for s in others:
+            s.wait_event(ev)
+
+
+def _join(stream: Any, others: Sequence[Any]) -> None:
+    for s in others:
+        stream.wait_event(s.record())
 
 
 class _Graph:
@@ -136,6 +161,7 @@ class BatchGraphs:
         self._capture_lock = threading.Lock()
         self._launch_lock = threading.Lock()
         self._stream: Any = None
+        self._copy_streams: list[Any] = []
         self._blas: CapturableBlas | None = None
         self._xp: CaptureXp | None = None
         self._graphs: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
@@ -158,11 +184,13 @@ class BatchGraphs:
         Raises what the plain joint run raises (its warm run is that run); a graph's launch failing
         raises the CUDA error with ``copying_out[0]`` set.
         """
-        addrs: list[int] = []
-        for hi, ho in checked:
-            addrs.extend(address(v) for v in hi.values())
-            addrs.extend(address(v) for v in ho.values())
-        key = (id(plan), len(checked), *addrs, *(r.data.ptr for r in resident.values()))
+        per_item = [(*(address(v) for v in hi.values()), *(address(v) for v in ho.values())) for hi, ho in checked]
+        order = sorted(range(len(checked)), key=per_item.__getitem__)
+        if order != list(range(len(checked))):
+            # NOTE: each request's copies follow its own addresses, so one graph serves the same requests in
+            # any order of arrival: the key and the run take them sorted by address
+            checked = [checked[b] for b in order]
+        key = (id(plan), len(checked), *(a for b in order for a in per_item[b]), *(r.data.ptr for r in resident.values()))
         with self._lock:
             g = self._graphs.get(key)
             if g is None:
@@ -240,7 +268,7 @@ class BatchGraphs:
             try:
                 stream.begin_capture()
                 try:
-                    used = self._issue(xp, plan, bp, checked, resident, stream, ws, [False])
+                    used = self._issue(xp, plan, bp, checked, resident, stream, ws, [False], self._lanes(len(checked)))
                 finally:
                     graph = stream.end_capture()
             except Exception as e:  # noqa: BLE001 - an op that synchronizes, a product CuPy must issue: plain path
@@ -257,8 +285,14 @@ class BatchGraphs:
         return True
 
     def _issue(self, xp: Any, plan: Plan, bp: BatchPlan, checked: Views, resident: Mapping[str, Any], stream: Any,
-               workspace: dict[str, Any], copying_out: list[bool]) -> dict[str, Any]:
-        return issue_joint(self._cp, self._step, xp, plan, bp, checked, resident, stream, workspace, copying_out)
+               workspace: dict[str, Any], copying_out: list[bool], lanes: Sequence[Any] = ()) -> dict[str, Any]:
+        return issue_joint(self._cp, self._step, xp, plan, bp, checked, resident, stream, workspace, copying_out, lanes)
+
+    def _lanes(self, size: int) -> list[Any]:
+        """Streams for the copies of a capture (under the capture lock): at most COPY_LANES, one per request."""
+        while len(self._copy_streams) < min(size, COPY_LANES):
+            self._copy_streams.append(self._cp.cuda.Stream(non_blocking=True))
+        return self._copy_streams[:min(size, COPY_LANES)] if size > 1 else []
 
     def _refuse(self, plan: Plan, outs: list[np.ndarray], want: list[np.ndarray], why: str) -> bool:
         for v, w in zip(outs, want):
@@ -303,6 +337,7 @@ class BatchGraphs:
                 self._blas.close()
                 self._blas, self._xp = None, None
             self._stream = None
+            self._copy_streams = []
 
     def __len__(self) -> int:
         return sum(1 for g in self._graphs.values() if g is not _NONE)

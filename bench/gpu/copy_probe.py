@@ -14,7 +14,10 @@ each with the chunk pipeline issued from Python (plain) and as one CUDA graph (g
 sight of the same views captures it), modes interleaved per round; medians of the rounds' medians.
 Every mode's output is checked against 2*x + 1 in full once.
 
-    python bench/gpu/copy_probe.py [--rounds 3] [--reps 8] [--out FILE.json]
+With ``--chunk-sweep 2M,4M``: the graph path also with those chunk sizes (caller and executor+poll):
+a graph issues no Python per chunk, so smaller chunks may fill and drain the pipeline faster.
+
+    python bench/gpu/copy_probe.py [--rounds 3] [--reps 8] [--chunk-sweep 2M,4M] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -114,11 +117,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--chunk-sweep", default="", help="more chunk sizes for the graph path, e.g. 2M,4M")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     import cupy as cp
 
     from shmrpc import kernels
+    from shmrpc.kernels import _cuda_chunks
 
     a_in, keep_in = registered(cp, N_BYTES)
     a_out, keep_out = registered(cp, N_BYTES)
@@ -128,12 +133,14 @@ def main() -> int:
     want = 2 * x + 1
     be = kernels.select_backend("cupy")
     graphs = be._chunk_graphs  # type: ignore[attr-defined]
-    limit = graphs.limit or 2
+    limit = max(graphs.limit, 8)  # one graph per chunk setting of the sweep
     plan = be.plan([kernels.StepSpec("scale", {"x": "x"}, {"out": "out"}, {"a": 2.0, "b": 1.0})],
                    {"x": kernels.TensorSpec((x.size,), "float32")}, ["out"])
     loops = {"caller": None, "executor+poll": Loop(1000, False), "executor+poll0": Loop(0, False),
              "executor+python": Loop(1, True)}
-    modes = [(where, path) for where in loops for path in ("plain", "graph")]
+    default_chunk = f"{_cuda_chunks.CHUNK_BYTES >> 20}M"
+    modes = [(where, path, default_chunk) for where in loops for path in ("plain", "graph")]
+    modes += [(where, "graph", c) for c in filter(None, args.chunk_sweep.split(",")) for where in ("caller", "executor+poll")]
     checked: dict[str, bool] = {}
     meds: dict[str, list[float]] = {}
     stages: dict[str, dict[str, float]] = {}
@@ -144,11 +151,12 @@ def main() -> int:
 
     for r in range(args.rounds):
         ceilings.append(duplex(cp, a_in, a_out, d_in, d_out))
-        for where, path in modes:
+        for where, path, chunk in modes:
             graphs.limit = limit if path == "graph" else 0
+            _cuda_chunks.CHUNK_BYTES = _cuda_chunks.CHUNK_MIN_BYTES = _cuda_chunks.parse_bytes(chunk)
             loop = loops[where]
             call = run_once if loop is None else (lambda lp=loop: lp.call(run_once))
-            label = f"{where} {path}"
+            label = f"{where} {path} {chunk}"
             for _ in range(2):  # the plain run once; a graph's first and second sight (captured there)
                 call()
             if label not in checked:
@@ -167,17 +175,18 @@ def main() -> int:
             f"{k} {2 * N_BYTES / v[-1] / 1e9:.1f}" for k, v in meds.items()), flush=True)
     ceiling = float(np.median(ceilings))
     rows = []
-    print("\n| where the run is | path | 256 MiB in+out | ms per request | duplex (same memory, same rounds) | ratio | "
-          "output checked |\n|---|---|---|---|---|---|---|")
+    print("\n| where the run is | path | chunk | 256 MiB in+out | ms per request | duplex (same memory, same rounds) | "
+          "ratio | output checked |\n|---|---|---|---|---|---|---|---|")
     for label, v in meds.items():
         med = float(np.median(v))
         gbps = 2 * N_BYTES / med / 1e9
-        where, path = label.rsplit(" ", 1)
-        rows.append({"where": where, "path": path, "median_s": med, "round_medians_s": v, "gbps_both_ways": gbps,
+        where, path, chunk = label.rsplit(" ", 2)
+        rows.append({"where": where, "path": path, "chunk": chunk, "median_s": med, "round_medians_s": v, "gbps_both_ways": gbps,
                      "ratio": gbps / ceiling, "checked": checked[label], "stages_plain": stages.get(label)})
-        print(f"| {where} | {path} | {gbps:.1f} GB/s | {med * 1e3:.2f} | {ceiling:.1f} GB/s | {gbps / ceiling:.2f} | "
+        print(f"| {where} | {path} | {chunk} | {gbps:.1f} GB/s | {med * 1e3:.2f} | {ceiling:.1f} GB/s | {gbps / ceiling:.2f} | "
               f"{checked[label]} |")
-    print(f"chunk graphs: {graphs.captures} captures, {graphs.launches} launches, last error {graphs.last_error!r}")
+    graphs.limit = limit
+    print(f"chunk graphs: {len(graphs)} held, {graphs.captures} captures, {graphs.launches} launches, last error {graphs.last_error!r}")
     for lp in loops.values():
         if lp is not None:
             lp.close()

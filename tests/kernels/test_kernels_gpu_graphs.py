@@ -144,6 +144,12 @@ def test_a_batch_graph_writes_only_its_requests_outputs(gpu: Any, cp: Any) -> No
         res = gpu.run_batch(plan, b)
     assert len(gpu._batch_graphs) == 2 and res[0].get("graph") == 1.0  # type: ignore[union-attr]
     assert all((o["o"] == 0).all() for _, o in a) and host.untouched()
+    got = [o["o"].copy() for _, o in b]
+    for _, o in b:
+        o["o"][:] = 0
+    res = gpu.run_batch(plan, [b[2], b[0], b[3], b[1]])  # the same requests in another order: the same graph
+    assert len(gpu._batch_graphs) == 2 and res[0].get("graph") == 1.0  # type: ignore[union-attr]
+    assert all(o["o"].tobytes() == g.tobytes() for (_, o), g in zip(b, got))
     for (ins, _), f in zip(a, first):
         want = (ins["x"].astype(np.float32) @ ins["w"].astype(np.float32)).astype(np.float16)
         np.testing.assert_allclose(f.astype(np.float32), want.astype(np.float32), rtol=2e-2, atol=2e-2)
