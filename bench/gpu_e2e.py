@@ -22,7 +22,8 @@
 7. ``--only graphs``: section 1 through workers with chunk graphs off (``SHMRPC_CUDA_LARGE_GRAPHS=0``)
    and on (the default), interleaved ``--rounds`` times, each next to the duplex ceiling measured just
    before it and the worker's own mean per request; ``--only gemmab``: section 4's 8 client processes
-   through workers with CUDA graphs off (``SHMRPC_CUDA_GRAPHS=0``) and on, interleaved.
+   through workers with CUDA graphs off (``SHMRPC_CUDA_GRAPHS=0``) and on, interleaved, with clients
+   sending through ``Client.call`` and through one kept slot each (``--gemm-clients call,loan``).
 
     python bench/gpu_e2e.py --out bench/results/gpu-e2e-DATE.json
     python bench/gpu_e2e.py --only graphs,gemmab --rounds 2 --reps 12 --seconds 4 --out bench/results/gpu-graphs-e2e-DATE.json
@@ -179,26 +180,42 @@ def bare_zmq(n: int) -> dict[str, float]:
             "note": "server in a thread of the same process (the bench harness's peer uses a process)"}
 
 
-def _gemm_client(name: str, seconds: float, q: object) -> None:
+def _gemm_client(name: str, seconds: float, q: object, loan: bool = False) -> None:
+    """One client process sending gemm 16x256 @ 256x256 float16 (x and w with every request) until ``seconds``
+    pass: through ``Client.call`` (copies into a slot of its lease), or with ``loan`` through one slot it keeps
+    (x and w written into it before every send: the same slot, so the same host addresses, every time)."""
     rng = np.random.default_rng(os.getpid())
     x = rng.standard_normal((16, 256)).astype(np.float16)
     w = rng.standard_normal((256, 256)).astype(np.float16)
     n = 0
     with Client(name, timeout_s=30) as c:
-        c.call("gemm", x=x, w=w)
-        t_end = time.perf_counter() + seconds
-        while time.perf_counter() < t_end:
+        if loan:
+            with c.loan(1 << 20) as req:
+                xa, wa = req.array("x", x.shape, np.float16), req.array("w", w.shape, np.float16)
+                xa[:] = x
+                wa[:] = w
+                req.send("gemm")
+                t_end = time.perf_counter() + seconds
+                while time.perf_counter() < t_end:
+                    xa[:] = x
+                    wa[:] = w
+                    req.send("gemm")
+                    n += 1
+        else:
             c.call("gemm", x=x, w=w)
-            n += 1
+            t_end = time.perf_counter() + seconds
+            while time.perf_counter() < t_end:
+                c.call("gemm", x=x, w=w)
+                n += 1
     q.put(n)  # type: ignore[attr-defined]
 
 
-def rps(name: str, procs: int, seconds: float) -> float:
+def rps(name: str, procs: int, seconds: float, loan: bool = False) -> float:
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    ps = [ctx.Process(target=_gemm_client, args=(name, seconds, q)) for _ in range(procs)]
+    ps = [ctx.Process(target=_gemm_client, args=(name, seconds, q, loan)) for _ in range(procs)]
     for p in ps:
         p.start()
     total = sum(q.get(timeout=seconds + 120) for _ in ps)
@@ -254,27 +271,25 @@ def graphs_ab(reps: int, rounds: int) -> list[dict[str, object]]:
     return rows
 
 
-def gemm_ab(seconds: float, rounds: int) -> list[dict[str, object]]:
-    """Section 7: 8 client processes of gemm 16x256x256 float16 through workers with CUDA graphs off and on."""
+def gemm_ab(seconds: float, rounds: int, modes: list[str]) -> list[dict[str, object]]:
+    """Section 7: 8 client processes of gemm 16x256x256 float16 through workers with CUDA graphs off and on,
+    per client mode ("call": Client.call; "loan": one kept slot each)."""
     rows: list[dict[str, object]] = []
     for r in range(rounds):
-        for label, env in (("plain", {"SHMRPC_CUDA_GRAPHS": "0"}), ("graph", {})):
-            name = f"gpu-{uuid.uuid4().hex[:6]}"
-            w = start(name, "--log-level", "INFO", env=env)  # the backend logs its graph counts at close
-            try:
-                total = rps(name, 8, seconds)
-                st = subprocess.run([sys.executable, "-m", "shmrpc.server", "status", "--name", name, "--json"],
-                                    capture_output=True, text=True)
+        for mode in modes:
+            for label, env in (("plain", {"SHMRPC_CUDA_GRAPHS": "0"}), ("graph", {})):
+                name = f"gpu-{uuid.uuid4().hex[:6]}"
+                w = start(name, "--log-level", "INFO", env=env)  # the backend logs its graph counts at close
                 try:
-                    d = json.loads(st.stdout)["counters"]["duration"]["gemm"]
-                    wmean = d["sum_s"] / d["count"]
-                except (ValueError, KeyError, ZeroDivisionError):
-                    wmean = None
-            finally:
-                stop(w)
-            rows.append({"round": r, "path": label, "env": env, "requests_per_s_8_clients": total, "worker_mean_s": wmean})
-            print(f"| {r + 1} | {label} | {total:.0f} requests/s | worker mean "
-                  f"{wmean * 1e6 if wmean else float('nan'):.1f} us |", flush=True)
+                    total = rps(name, 8, seconds, loan=mode == "loan")
+                    wd = _worker_duration(name, "gemm")
+                finally:
+                    stop(w)
+                wmean = wd[1] / wd[0] if wd and wd[0] else None
+                rows.append({"round": r, "clients": mode, "path": label, "env": env, "requests_per_s_8_clients": total,
+                             "worker_mean_s": wmean})
+                print(f"| {r + 1} | {mode} | {label} | {total:.0f} requests/s | "
+                      f"{wmean * 1e6 if wmean else float('nan'):.1f} us |", flush=True)
     return rows
 
 
@@ -402,6 +417,7 @@ def main() -> int:
     ap.add_argument("--chunk-streams", type=int, default=4, help="streams of the 'streams' pipeline in the sweep")
     ap.add_argument("--memories", default="hostalloc,memfd,anon", help="host memory kinds of --only copies")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of --only graphs / gemmab")
+    ap.add_argument("--gemm-clients", default="call,loan", help="client modes of --only gemmab: call, loan")
     ap.add_argument("--only", default="", help="sections to run, of big,tiny,rps,pageable,sweep,copies,graphs,gemmab (default: "
                                                "big,tiny,rps,pageable, plus sweep when --chunk-sweep is given)")
     args = ap.parse_args()
@@ -451,9 +467,9 @@ def main() -> int:
               "| correct |\n|---|---|---|---|---|---|---|", flush=True)
         res["graphs_through_worker"] = graphs_ab(args.reps, args.rounds)
     if "gemmab" in only:
-        print("\n| round | CUDA graphs | gemm, 8 client processes | worker's own mean per request |\n|---|---|---|---|",
-              flush=True)
-        res["gemm_8_clients_graphs"] = gemm_ab(args.seconds, args.rounds)
+        print("\n| round | clients | CUDA graphs | gemm, 8 client processes | worker's own mean per request |\n"
+              "|---|---|---|---|---|", flush=True)
+        res["gemm_8_clients_graphs"] = gemm_ab(args.seconds, args.rounds, args.gemm_clients.split(","))
     if "copies" in only:
         res["copies_in_process"] = copies((args.chunk_sweep or "16M/1M").split(","), args.pipelines.split(","), args.reps,
                                           args.memories.split(","))

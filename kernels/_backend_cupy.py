@@ -116,7 +116,7 @@ class CupyBackend(Backend):
         self._registered: dict[int, int] = {}
         self._tls = threading.local()
         self._graphs = GraphCache(cupy, self._issue, GRAPH_CACHE, 2, self._tls)
-        self._batch_graphs = BatchGraphs(cupy, self._step, BATCH_GRAPH_CACHE, 2, self._tls)
+        self._batch_graphs = BatchGraphs(cupy, self._step, BATCH_GRAPH_CACHE, 3, self._tls)
         self._chunk_graphs = ChunkGraphs(cupy, LARGE_GRAPH_CACHE, 2, self._tls)
         self._small_runs = 0
         self._batch_plans: dict[tuple[int, int], tuple[Plan, BatchPlan]] = {}

@@ -10,8 +10,8 @@ The joint run (:func:`issue_joint`), enqueued on one stream::
 
     key = (plan, B, every host address of every request's views, resident device addresses)
 
-    seen once      plain joint run
-    seen twice     plain joint run on a private stream and memory pool (this batch's result);
+    seen once, twice    plain joint run
+    third sight    plain joint run on a private stream and memory pool (this batch's result);
                    plans with a cuBLAS product (gemm, gemm_bias): the same run again through
                    :class:`._cuda_blas.CaptureXp`, whose bits must equal the plain run's;
                    then capture; then one launch of the graph, whose bits must equal too
@@ -26,7 +26,9 @@ every device array it uses alive (its private pool, the captured run's arrays, t
 reads). Views must be page-locked, and no output may overlap any view of the batch (in-place
 batches run the plain path: the check launches the graph over the same inputs once more). A
 capture that fails or a graph whose bits differ is remembered: that plan runs the plain path
-from then on. Graphs are dropped with the backend's (reset, unregister, close) and the oldest
+from then on; so does a plan whose batches seldom repeat (after PAYBACK_MIN_CAPTURES captures,
+fewer than PAYBACK_LAUNCHES launches per capture: requests spread over many slots, in ever
+other sets, as ``Client.call`` from 8 processes makes them, would pay captures and win nothing). Graphs are dropped with the backend's (reset, unregister, close) and the oldest
 when ``limit`` are held. Graphs run on one stream of this cache, one after another, so the
 cuBLAS workspace they share is never used by two at once.
 """
@@ -57,6 +59,10 @@ Step = Callable[[Any, dict[str, Any], Mapping[str, TensorSpec], Mapping[str, Ten
 
 #: Copies of a captured batch are spread over this many branches of the graph (requests round robin).
 COPY_LANES = 4
+#: A capture costs about four joint runs and an instantiation, a launch saves part of one: once a plan has
+#: this many captures and fewer than PAYBACK_LAUNCHES launches per capture, it runs the plain path.
+PAYBACK_MIN_CAPTURES = 16
+PAYBACK_LAUNCHES = 16
 _ADDR: dict[int, tuple[Any, int]] = {}
 _NONE = object()  # a key that may not be captured (unpinned or overlapping views): plain path
 
@@ -167,6 +173,7 @@ class BatchGraphs:
         self._graphs: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._seen: dict[tuple[Any, ...], int] = {}
         self._failed: dict[int, Plan] = {}
+        self._uses: dict[int, tuple[Plan, list[int]]] = {}  # id(plan) -> (plan, [captures, launches])
         self.captures = 0
         self.launches = 0
         self.last_error = ""  # why the last capture was refused
@@ -204,14 +211,25 @@ class BatchGraphs:
                 self._graphs.move_to_end(key)
         if g is _NONE:
             return None
+        entry = self._uses.get(id(plan))
+        if entry is None or entry[0] is not plan:
+            entry = self._uses[id(plan)] = (plan, [0, 0])
+        uses = entry[1]
         if g is None:
+            if uses[0] >= PAYBACK_MIN_CAPTURES and uses[1] < PAYBACK_LAUNCHES * uses[0]:
+                self._fail(plan, f"its batches seldom come back on the same slots ({uses[0]} captures, {uses[1]} "
+                                 "launches): the plain joint path")
+                return None
             with self._capture_lock:
-                return self._capture(key, plan, bp, checked, resident, copying_out)
+                done = self._capture(key, plan, bp, checked, resident, copying_out)
+            uses[0] += done is True
+            return done
         copying_out[0] = True
         if not self._launch(g):
             copying_out[0] = False
             return None  # dropped meanwhile (a reset): the plain path
         self.launches += 1
+        uses[1] += 1
         return True
 
     def _launch(self, g: _Graph) -> bool:
@@ -230,6 +248,8 @@ class BatchGraphs:
             if len(self._failed) > 4 * max(1, self.limit):
                 self._failed.clear()
             self._failed[id(plan)] = plan
+            if len(self._uses) > 4 * max(1, self.limit):
+                self._uses.clear()
 
     def _capture(self, key: tuple[Any, ...], plan: Plan, bp: BatchPlan, checked: Views, resident: Mapping[str, Any],
                  copying_out: list[bool]) -> bool | None:
@@ -326,6 +346,7 @@ class BatchGraphs:
             self._graphs.clear()
             self._seen.clear()
             self._failed.clear()
+            self._uses.clear()
         for g in graphs:
             self._retire(g)
 
