@@ -250,11 +250,16 @@ def chunk_sweep(sizes: list[str], pipelines: list[str], streams: int, reps: int)
     return rows
 
 
-def graphs_ab(reps: int, rounds: int) -> list[dict[str, object]]:
-    """Section 7: the 256 MiB request through a worker with chunk graphs off and on, interleaved."""
+def graphs_ab(reps: int, rounds: int, graph_chunks: list[str]) -> list[dict[str, object]]:
+    """Section 7: the 256 MiB request through a worker with chunk graphs off and on (the default chunks, and
+    each setting of ``graph_chunks``: "8M/1M" = 8 MiB chunks ramping from 1 MiB at both ends), interleaved."""
     rows: list[dict[str, object]] = []
+    variants: list[tuple[str, dict[str, str]]] = [("plain", {"SHMRPC_CUDA_LARGE_GRAPHS": "0"}), ("graph", {})]
+    for size in graph_chunks:
+        chunk, _, first = size.partition("/")
+        variants.append((f"graph {size}", {"SHMRPC_CHUNK_BYTES": chunk, "SHMRPC_CHUNK_MIN_BYTES": first or chunk}))
     for r in range(rounds):
-        for label, env in (("plain", {"SHMRPC_CUDA_LARGE_GRAPHS": "0"}), ("graph", {})):
+        for label, env in variants:
             ceiling = duplex_ceiling()["duplex_gbps"]
             name = f"gpu-{uuid.uuid4().hex[:6]}"
             w = start(name, env=env, slots="64K:4,520M:1")
@@ -418,6 +423,8 @@ def main() -> int:
     ap.add_argument("--memories", default="hostalloc,memfd,anon", help="host memory kinds of --only copies")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of --only graphs / gemmab")
     ap.add_argument("--gemm-clients", default="call,loan", help="client modes of --only gemmab: call, loan")
+    ap.add_argument("--graph-chunks", default="", help="more chunk settings for the graph workers of --only graphs, "
+                                                        "e.g. 8M/1M,16M/1M")
     ap.add_argument("--only", default="", help="sections to run, of big,tiny,rps,pageable,sweep,copies,graphs,gemmab (default: "
                                                "big,tiny,rps,pageable, plus sweep when --chunk-sweep is given)")
     args = ap.parse_args()
@@ -465,7 +472,7 @@ def main() -> int:
     if "graphs" in only:
         print("\n| round | chunk path | 256 MiB in+out | duplex ceiling (just before) | ratio | client / worker per request "
               "| correct |\n|---|---|---|---|---|---|---|", flush=True)
-        res["graphs_through_worker"] = graphs_ab(args.reps, args.rounds)
+        res["graphs_through_worker"] = graphs_ab(args.reps, args.rounds, list(filter(None, args.graph_chunks.split(","))))
     if "gemmab" in only:
         print("\n| round | clients | CUDA graphs | gemm, 8 client processes | worker's own mean per request |\n"
               "|---|---|---|---|---|", flush=True)

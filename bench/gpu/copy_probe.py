@@ -14,8 +14,9 @@ each with the chunk pipeline issued from Python (plain) and as one CUDA graph (g
 sight of the same views captures it), modes interleaved per round; medians of the rounds' medians.
 Every mode's output is checked against 2*x + 1 in full once.
 
-With ``--chunk-sweep 2M,4M``: the graph path also with those chunk sizes (caller and executor+poll):
-a graph issues no Python per chunk, so smaller chunks may fill and drain the pipeline faster.
+With ``--chunk-sweep 2M,4M,8M/1M``: the graph path also with those chunk settings (caller and
+executor+poll; "8M/1M": 8 MiB chunks ramping from 1 MiB at both ends): a graph issues no Python
+per chunk, so smaller (first and last) chunks may fill and drain the pipeline faster.
 
     python bench/gpu/copy_probe.py [--rounds 3] [--reps 8] [--chunk-sweep 2M,4M] [--out FILE.json]
 """
@@ -117,7 +118,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=8)
-    ap.add_argument("--chunk-sweep", default="", help="more chunk sizes for the graph path, e.g. 2M,4M")
+    ap.add_argument("--chunk-sweep", default="", help="more chunk settings for the graph path, e.g. 2M,8M/1M")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     import cupy as cp
@@ -153,7 +154,9 @@ def main() -> int:
         ceilings.append(duplex(cp, a_in, a_out, d_in, d_out))
         for where, path, chunk in modes:
             graphs.limit = limit if path == "graph" else 0
-            _cuda_chunks.CHUNK_BYTES = _cuda_chunks.CHUNK_MIN_BYTES = _cuda_chunks.parse_bytes(chunk)
+            size, _, first = chunk.partition("/")
+            _cuda_chunks.CHUNK_BYTES = _cuda_chunks.parse_bytes(size)
+            _cuda_chunks.CHUNK_MIN_BYTES = _cuda_chunks.parse_bytes(first or size)
             loop = loops[where]
             call = run_once if loop is None else (lambda lp=loop: lp.call(run_once))
             label = f"{where} {path} {chunk}"
