@@ -70,8 +70,8 @@ GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_GRAPHS", "") or 64)
 #: Graphs of whole chunked runs kept (each holds about the bytes its request moves on the device;
 #: ``SHMRPC_CUDA_LARGE_GRAPHS=0`` turns them off).
 LARGE_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_LARGE_GRAPHS", "") or (2 if GRAPH_CACHE else 0))
-#: Graphs of batches kept (one per set of requests' slots: 8 clients make up to 255 sets; each a few MiB
-#: of device memory for gemm 16x256x256; ``SHMRPC_CUDA_BATCH_GRAPHS=0`` turns them off).
+#: Graphs of batches kept (one per set of requests' slots: 8 clients of one slot each make up to 255 sets;
+#: each graph a few MiB of device memory for gemm 16x256x256; ``SHMRPC_CUDA_BATCH_GRAPHS=0`` turns them off).
 BATCH_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_BATCH_GRAPHS", "") or (256 if GRAPH_CACHE else 0))
 _BUFS_PER_SET = 32
 log = logging.getLogger("shmrpc.kernels")

@@ -19,6 +19,10 @@ backend resets (a CUDA error), when host memory is unregistered, on close, and t
 when the cache is full. A capture that fails (an op that synchronizes, an unpinned view)
 is remembered, and that plan (or key) runs the plain path from then on.
 
+:class:`ChunkGraphs` does the same for whole chunked runs of large elementwise requests (the
+chunk pipeline of :mod:`._cuda_chunks` captured over its streams); batches are captured in
+:mod:`._cuda_batch`.
+
 Only plans of the built-in ops in :data:`GRAPH_OPS` are captured: their CuPy code launches
 kernels and nothing else. cuBLAS (``gemm``) keeps its workspace with a per-thread handle,
 which a graph launched from another thread would outlive, so it is left out.
