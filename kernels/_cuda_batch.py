@@ -264,7 +264,11 @@ class BatchGraphs:
         if self._stream is None:
             self._stream = cp.cuda.Stream(non_blocking=True)
         if uses_blas and self._blas is None:
-            self._blas = CapturableBlas(cp)  # outside any private pool: it lives as long as this cache
+            try:
+                self._blas = CapturableBlas(cp)  # outside any private pool: it lives as long as this cache
+            except Exception as e:  # noqa: BLE001 - no cuBLAS of our own (library, symbols): plain path
+                self._fail(plan, f"no cuBLAS handle for captures: {type(e).__name__}: {e}")
+                return None
             self._xp = CaptureXp(cp, self._blas)
         xp = self._xp if uses_blas else cp
         pool = cp.cuda.MemoryPool()
