@@ -19,7 +19,14 @@
    memory it copies, without the request path; last, the default setting again while another
    Python thread of the process spins (what a busy loop thread costs the run through the GIL).
 
+7. ``--only graphs``: section 1 through workers with chunk graphs off (``SHMRPC_CUDA_LARGE_GRAPHS=0``)
+   and on (the default), interleaved ``--rounds`` times, each next to the duplex ceiling measured just
+   before it and the worker's own mean per request; ``--only gemmab``: section 4's 8 client processes
+   through workers with CUDA graphs off (``SHMRPC_CUDA_GRAPHS=0``) and on, interleaved, with clients
+   sending through ``Client.call`` and through one kept slot each (``--gemm-clients call,loan``).
+
     python bench/gpu_e2e.py --out bench/results/gpu-e2e-DATE.json
+    python bench/gpu_e2e.py --only graphs,gemmab --rounds 2 --reps 12 --seconds 4 --out bench/results/gpu-graphs-e2e-DATE.json
     python bench/gpu_e2e.py --only sweep --chunk-sweep 2M,4M,8M,16M --out bench/results/gpu-chunks-DATE.json
 """
 
@@ -60,6 +67,17 @@ def stop(p: subprocess.Popen) -> None:  # type: ignore[type-arg]
     p.communicate(timeout=60)
 
 
+def _worker_duration(name: str, op: str) -> tuple[int, float] | None:
+    """(count, sum_s) of the worker's duration counter for ``op`` (``shmrpc status``), or None."""
+    st = subprocess.run([sys.executable, "-m", "shmrpc.server", "status", "--name", name, "--json"],
+                        capture_output=True, text=True)
+    try:
+        d = json.loads(st.stdout)["counters"]["duration"][op]
+        return int(d["count"]), float(d["sum_s"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def big(name: str, reps: int) -> dict[str, float]:
     n = (256 << 20) // 4
     with Client(name, timeout_s=60) as c, c.loan(512 << 20) as req:
@@ -68,21 +86,22 @@ def big(name: str, reps: int) -> dict[str, float]:
         out = req.send("scale", a=2.0, b=1.0)["out"]
         ok = bool(np.allclose(out[:1 << 20], 2 * x[:1 << 20] + 1, rtol=1e-6))
         del out
+        for _ in range(2):  # a repeated request: the chunk graph is captured on its second sight
+            req.send("scale", a=2.0, b=1.0)
+        before = _worker_duration(name, "scale")
         times = []
         for _ in range(reps):
             t0 = time.perf_counter()
             req.send("scale", a=2.0, b=1.0)
             times.append(time.perf_counter() - t0)
-        del x
+        after = _worker_duration(name, "scale")
+        last = req.send("scale", a=2.0, b=1.0)["out"]
+        ok = ok and bool(np.array_equal(last, 2 * x + 1))
+        del last, x
     med = float(np.median(times))
     res = {"median_s": med, "gbps_both_ways": 2 * (256 << 20) / med / 1e9, "correct": ok, "reps": reps}
-    st = subprocess.run([sys.executable, "-m", "shmrpc.server", "status", "--name", name, "--json"],
-                        capture_output=True, text=True)
-    try:
-        d = json.loads(st.stdout)["counters"]["duration"]["scale"]
-        res["worker_mean_s"] = d["sum_s"] / d["count"]  # the priming request included
-    except (ValueError, KeyError, ZeroDivisionError):
-        pass
+    if before and after and after[0] > before[0]:
+        res["worker_mean_s"] = (after[1] - before[1]) / (after[0] - before[0])  # the timed requests only
     return res
 
 
@@ -161,26 +180,42 @@ def bare_zmq(n: int) -> dict[str, float]:
             "note": "server in a thread of the same process (the bench harness's peer uses a process)"}
 
 
-def _gemm_client(name: str, seconds: float, q: object) -> None:
+def _gemm_client(name: str, seconds: float, q: object, loan: bool = False) -> None:
+    """One client process sending gemm 16x256 @ 256x256 float16 (x and w with every request) until ``seconds``
+    pass: through ``Client.call`` (copies into a slot of its lease), or with ``loan`` through one slot it keeps
+    (x and w written into it before every send: the same slot, so the same host addresses, every time)."""
     rng = np.random.default_rng(os.getpid())
     x = rng.standard_normal((16, 256)).astype(np.float16)
     w = rng.standard_normal((256, 256)).astype(np.float16)
     n = 0
     with Client(name, timeout_s=30) as c:
-        c.call("gemm", x=x, w=w)
-        t_end = time.perf_counter() + seconds
-        while time.perf_counter() < t_end:
+        if loan:
+            with c.loan(1 << 20) as req:
+                xa, wa = req.array("x", x.shape, np.float16), req.array("w", w.shape, np.float16)
+                xa[:] = x
+                wa[:] = w
+                req.send("gemm")
+                t_end = time.perf_counter() + seconds
+                while time.perf_counter() < t_end:
+                    xa[:] = x
+                    wa[:] = w
+                    req.send("gemm")
+                    n += 1
+        else:
             c.call("gemm", x=x, w=w)
-            n += 1
+            t_end = time.perf_counter() + seconds
+            while time.perf_counter() < t_end:
+                c.call("gemm", x=x, w=w)
+                n += 1
     q.put(n)  # type: ignore[attr-defined]
 
 
-def rps(name: str, procs: int, seconds: float) -> float:
+def rps(name: str, procs: int, seconds: float, loan: bool = False) -> float:
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    ps = [ctx.Process(target=_gemm_client, args=(name, seconds, q)) for _ in range(procs)]
+    ps = [ctx.Process(target=_gemm_client, args=(name, seconds, q, loan)) for _ in range(procs)]
     for p in ps:
         p.start()
     total = sum(q.get(timeout=seconds + 120) for _ in ps)
@@ -212,6 +247,54 @@ def chunk_sweep(sizes: list[str], pipelines: list[str], streams: int, reps: int)
             print(f"| {pipeline} | {size} | {streams} | {r['gbps_both_ways']:.1f} GB/s | {ceiling:.1f} GB/s | "
                   f"{row['ratio']:.2f} | {r['median_s'] * 1e3:.2f} / {wm * 1e3 if wm else float('nan'):.2f} ms | "
                   f"{r['correct']} |", flush=True)
+    return rows
+
+
+def graphs_ab(reps: int, rounds: int, graph_chunks: list[str]) -> list[dict[str, object]]:
+    """Section 7: the 256 MiB request through a worker with chunk graphs off and on (the default chunks, and
+    each setting of ``graph_chunks``: "8M/1M" = 8 MiB chunks ramping from 1 MiB at both ends), interleaved."""
+    rows: list[dict[str, object]] = []
+    variants: list[tuple[str, dict[str, str]]] = [("plain", {"SHMRPC_CUDA_LARGE_GRAPHS": "0"}), ("graph", {})]
+    for size in graph_chunks:
+        chunk, _, first = size.partition("/")
+        variants.append((f"graph {size}", {"SHMRPC_CHUNK_BYTES": chunk, "SHMRPC_CHUNK_MIN_BYTES": first or chunk}))
+    for r in range(rounds):
+        for label, env in variants:
+            ceiling = duplex_ceiling()["duplex_gbps"]
+            name = f"gpu-{uuid.uuid4().hex[:6]}"
+            w = start(name, env=env, slots="64K:4,520M:1")
+            try:
+                res = big(name, reps)
+            finally:
+                stop(w)
+            row = {"round": r, "path": label, "env": env, "duplex_ceiling_gbps": ceiling, **res,
+                   "ratio": res["gbps_both_ways"] / ceiling}
+            rows.append(row)
+            wm = res.get("worker_mean_s")
+            print(f"| {r + 1} | {label} | {res['gbps_both_ways']:.1f} GB/s | {ceiling:.1f} GB/s | {row['ratio']:.2f} | "
+                  f"{res['median_s'] * 1e3:.2f} / {wm * 1e3 if wm else float('nan'):.2f} ms | {res['correct']} |", flush=True)
+    return rows
+
+
+def gemm_ab(seconds: float, rounds: int, modes: list[str]) -> list[dict[str, object]]:
+    """Section 7: 8 client processes of gemm 16x256x256 float16 through workers with CUDA graphs off and on,
+    per client mode ("call": Client.call; "loan": one kept slot each)."""
+    rows: list[dict[str, object]] = []
+    for r in range(rounds):
+        for mode in modes:
+            for label, env in (("plain", {"SHMRPC_CUDA_GRAPHS": "0"}), ("graph", {})):
+                name = f"gpu-{uuid.uuid4().hex[:6]}"
+                w = start(name, "--log-level", "INFO", env=env)  # the backend logs its graph counts at close
+                try:
+                    total = rps(name, 8, seconds, loan=mode == "loan")
+                    wd = _worker_duration(name, "gemm")
+                finally:
+                    stop(w)
+                wmean = wd[1] / wd[0] if wd and wd[0] else None
+                rows.append({"round": r, "clients": mode, "path": label, "env": env, "requests_per_s_8_clients": total,
+                             "worker_mean_s": wmean})
+                print(f"| {r + 1} | {mode} | {label} | {total:.0f} requests/s | "
+                      f"{wmean * 1e6 if wmean else float('nan'):.1f} us |", flush=True)
     return rows
 
 
@@ -338,7 +421,11 @@ def main() -> int:
     ap.add_argument("--pipelines", default="stages,streams", help="chunk pipelines of the sweep")
     ap.add_argument("--chunk-streams", type=int, default=4, help="streams of the 'streams' pipeline in the sweep")
     ap.add_argument("--memories", default="hostalloc,memfd,anon", help="host memory kinds of --only copies")
-    ap.add_argument("--only", default="", help="sections to run, of big,tiny,rps,pageable,sweep,copies (default: "
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of --only graphs / gemmab")
+    ap.add_argument("--gemm-clients", default="call,loan", help="client modes of --only gemmab: call, loan")
+    ap.add_argument("--graph-chunks", default="", help="more chunk settings for the graph workers of --only graphs, "
+                                                        "e.g. 8M/1M,16M/1M")
+    ap.add_argument("--only", default="", help="sections to run, of big,tiny,rps,pageable,sweep,copies,graphs,gemmab (default: "
                                                "big,tiny,rps,pageable, plus sweep when --chunk-sweep is given)")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(","))) or {"big", "tiny", "rps", "pageable"} | ({"sweep"} if args.chunk_sweep else set())
@@ -382,6 +469,14 @@ def main() -> int:
         res["chunk_sweep"] = chunk_sweep(args.chunk_sweep.split(","), args.pipelines.split(","), args.chunk_streams,
                                          args.reps)
         res["ceiling_after"] = duplex_ceiling()
+    if "graphs" in only:
+        print("\n| round | chunk path | 256 MiB in+out | duplex ceiling (just before) | ratio | client / worker per request "
+              "| correct |\n|---|---|---|---|---|---|---|", flush=True)
+        res["graphs_through_worker"] = graphs_ab(args.reps, args.rounds, list(filter(None, args.graph_chunks.split(","))))
+    if "gemmab" in only:
+        print("\n| round | clients | CUDA graphs | gemm, 8 client processes | worker's own mean per request |\n"
+              "|---|---|---|---|---|", flush=True)
+        res["gemm_8_clients_graphs"] = gemm_ab(args.seconds, args.rounds, args.gemm_clients.split(","))
     if "copies" in only:
         res["copies_in_process"] = copies((args.chunk_sweep or "16M/1M").split(","), args.pipelines.split(","), args.reps,
                                           args.memories.split(","))

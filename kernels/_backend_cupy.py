@@ -22,7 +22,10 @@ others return ``{"total"}`` (and ``"graph": 1.0`` when a graph served them).
 
 Batches (:meth:`CupyBackend.run_batch`): a batchable plan over B requests copies each
 request's inputs into its slice of one (B, ...) device buffer, runs every step once,
-copies each request's slice of the outputs back, and synchronizes once.
+copies each request's slice of the outputs back, and synchronizes once; a small batch seen
+before at the same host addresses is one CUDA graph (:mod:`._cuda_batch`, cuBLAS products
+through :mod:`._cuda_blas`). A chunked request seen before at the same host addresses is one
+CUDA graph of its whole chunk pipeline (``ChunkGraphs`` in :mod:`._cuda_graph`).
 
 Streams come from a pool: one stream set (streams and a workspace) per concurrent run, so
 ``run`` is thread-safe. ``inject_fault = "cuda_error"`` makes the next run fail as a CUDA
@@ -33,6 +36,7 @@ raises ``KernelFatalError`` (a ``KernelRuntimeError``) then.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -44,15 +48,16 @@ import numpy as np
 from . import _cuda_chunks
 from ._backend_base import Backend, check_result
 from ._batch import BatchPlan, batch_plan, batchable
+from ._cuda_batch import BatchGraphs, issue_joint
 from ._cuda_chunks import CHUNK_BYTES, CHUNK_STREAMS, CHUNK_THRESHOLD_BYTES
-from ._cuda_graph import GraphCache
-from ._dtypes import storage_dtype
+from ._cuda_graph import ChunkGraphs, GraphCache
 from ._errors import BackendUnavailable, KernelFatalError, KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan
 from ._registry import OpCall, TensorSpec
 
 __all__ = ["CupyBackend", "CHUNK_THRESHOLD_BYTES", "CHUNK_BYTES", "CHUNK_STREAMS", "TIMED_MIN_BYTES",
-           "STAGE_SAMPLE_EVERY", "GRAPH_MAX_BYTES", "GRAPH_CACHE"]
+           "STAGE_SAMPLE_EVERY", "GRAPH_MAX_BYTES", "GRAPH_CACHE", "LARGE_GRAPH_CACHE",
+           "BATCH_GRAPH_CACHE"]
 
 #: Requests moving more bytes than this get CUDA-event stage timings ("h2d", "kernel", "d2h").
 TIMED_MIN_BYTES = 1 << 20
@@ -60,9 +65,16 @@ TIMED_MIN_BYTES = 1 << 20
 STAGE_SAMPLE_EVERY = 64
 #: Plans whose tensors total at most this many bytes keep device buffers and may become graphs.
 GRAPH_MAX_BYTES = 4 << 20
-#: Graphs kept per backend (``SHMRPC_CUDA_GRAPHS=0`` turns graphs off).
+#: Graphs kept per backend, of single small requests and of batches each (``SHMRPC_CUDA_GRAPHS=0`` turns graphs off).
 GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_GRAPHS", "") or 64)
+#: Graphs of whole chunked runs kept (each holds about the bytes its request moves on the device;
+#: ``SHMRPC_CUDA_LARGE_GRAPHS=0`` turns them off).
+LARGE_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_LARGE_GRAPHS", "") or (2 if GRAPH_CACHE else 0))
+#: Graphs of batches kept (one per set of requests' slots: 8 clients of one slot each make up to 255 sets;
+#: each graph a few MiB of device memory for gemm 16x256x256; ``SHMRPC_CUDA_BATCH_GRAPHS=0`` turns them off).
+BATCH_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_BATCH_GRAPHS", "") or (256 if GRAPH_CACHE else 0))
 _BUFS_PER_SET = 32
+log = logging.getLogger("shmrpc.kernels")
 _HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable
 _STICKY = {700, 701, 702, 709, 710, 711, 712, 713, 714, 715, 716, 717, 718, 719}  # illegal address, launch failure, ...
 
@@ -105,6 +117,8 @@ class CupyBackend(Backend):
         self._registered: dict[int, int] = {}
         self._tls = threading.local()
         self._graphs = GraphCache(cupy, self._issue, GRAPH_CACHE, 2, self._tls)
+        self._batch_graphs = BatchGraphs(cupy, self._step, BATCH_GRAPH_CACHE, 3, self._tls)
+        self._chunk_graphs = ChunkGraphs(cupy, LARGE_GRAPH_CACHE, 2, self._tls)
         self._small_runs = 0
         self._batch_plans: dict[tuple[int, int], tuple[Plan, BatchPlan]] = {}
 
@@ -133,6 +147,8 @@ class CupyBackend(Backend):
             self._generation += 1
             self._stream_sets.clear()
         self._graphs.clear()
+        self._batch_graphs.clear()
+        self._chunk_graphs.clear()
         try:
             with self._dev:
                 self.xp.cuda.runtime.deviceSynchronize()
@@ -222,12 +238,24 @@ class CupyBackend(Backend):
                     raise
                 except Exception as e:
                     raise self._wrap(e, "", -1) from e
+            chunkable = self._chunkable(plan, host_in, host_out, moved)
+            if chunkable and self._chunk_graphs.eligible(plan):
+                try:
+                    graphed = self._chunk_graphs.run(plan, host_in, host_out, resident, _chunk_settings(),
+                                                     max(3, _cuda_chunks.CHUNK_STREAMS),
+                                                     self._chunked(plan, host_in, host_out, resident))
+                except OpError:
+                    raise
+                except Exception as e:
+                    raise self._wrap(e, "", -1) from e
+                if graphed is not None:
+                    graphed["total"] = time.perf_counter() - t0
+                    return graphed
             sset = self._acquire()
             try:
-                if self._chunkable(plan, host_in, host_out, moved):
+                if chunkable:
                     try:
-                        times = _cuda_chunks.run_chunked(self.xp, sset.streams, plan, host_in, host_out, resident,
-                                                         lambda st, i, si, so: self._step(st, i, si, so, sset.workspace))
+                        times = self._chunked(plan, host_in, host_out, resident)(sset.streams, sset.workspace, False, [])
                     except OpError:
                         raise
                     except Exception as e:
@@ -241,11 +269,20 @@ class CupyBackend(Backend):
         times["total"] = time.perf_counter() - t0
         return times
 
+    def _chunked(self, plan: Plan, host_in: Mapping[str, np.ndarray], host_out: Mapping[str, np.ndarray],
+                 resident: Mapping[str, Any]) -> Any:
+        """``chunked(streams, workspace, capture, hold)``: this request's chunked run (see :mod:`._cuda_chunks`)."""
+        def chunked(streams: list[Any], workspace: dict[str, Any], capture: bool, hold: list[Any]) -> dict[str, float]:
+            return _cuda_chunks.run_chunked(self.xp, streams, plan, host_in, host_out, resident,
+                                            lambda st, i, si, so: self._step(st, i, si, so, workspace),
+                                            capture=capture, hold=hold)
+        return chunked
+
     def _step(self, st: Any, ins: dict[str, Any], in_specs: Mapping[str, TensorSpec], out_specs: Mapping[str, TensorSpec],
-              workspace: dict[str, Any]) -> dict[str, Any]:
+              workspace: dict[str, Any], xp: Any = None) -> dict[str, Any]:
         impl = st.op.cupy
         assert impl is not None  # plan() refuses ops without one
-        call = OpCall(self.xp, ins, in_specs, out_specs, st.attrs, {}, workspace)
+        call = OpCall(self.xp if xp is None else xp, ins, in_specs, out_specs, st.attrs, {}, workspace)
         try:
             res = impl(call)
             check_result(st, res, out_specs)
@@ -326,10 +363,12 @@ class CupyBackend(Backend):
         A :func:`~shmrpc.kernels._batch.batchable` plan over two requests or more runs once:
         each request's inputs are copied into its slice of one (B, ...) device buffer, every
         step runs once with (B, ...) specs, each request's output slice is copied into its
-        view, one synchronize. Each item then gets ``{"total": seconds of the joint run,
-        "batch": B}``. A bad view, an op error or a device error in the joint run makes every
-        request run alone (its own result or error), unless copies out had begun: then every
-        request gets the joint run's error.
+        view, one synchronize. A small plan (<= GRAPH_MAX_BYTES per request) whose batch comes
+        back at the same host addresses is served by a CUDA graph of that run from its second
+        sight (:mod:`._cuda_batch`): one launch, one synchronize. Each item then gets
+        ``{"total": seconds of the joint run, "batch": B}`` (and ``"graph": 1.0``). A bad view, an
+        op error or a device error in the joint run makes every request run alone (its own
+        result or error), unless copies out had begun: then every request gets the joint run's error.
         """
         if len(items) < 2 or self.inject_fault or not batchable(plan):
             return super().run_batch(plan, items)
@@ -343,10 +382,16 @@ class CupyBackend(Backend):
             return super().run_batch(plan, items)
         bp = self._batch_plan(plan, len(items))
         copying_out = [False]
+        graphed: bool | None = None
         with self._dev:
             sset = self._acquire()
             try:
-                self._run_joint(sset, plan, bp, checked, resident, copying_out)
+                if _plan_bytes(plan) <= GRAPH_MAX_BYTES and self._batch_graphs.eligible(plan):
+                    graphed = self._batch_graphs.run(plan, bp, checked, resident, copying_out)
+                if graphed is None:
+                    s = sset.streams[0]
+                    issue_joint(self.xp, self._step, None, plan, bp, checked, resident, s, sset.workspace, copying_out)
+                    s.synchronize()
             except Exception as e:  # noqa: BLE001 - the batch failed as a whole
                 self._release(sset)
                 if not copying_out[0]:
@@ -355,7 +400,10 @@ class CupyBackend(Backend):
                 return [err for _ in items]
             self._release(sset)
         dt = time.perf_counter() - t0
-        return [{"total": dt, "batch": float(len(items))} for _ in items]
+        done = {"total": dt, "batch": float(len(items))}
+        if graphed is True:
+            done["graph"] = 1.0
+        return [dict(done) for _ in items]
 
     def _batch_plan(self, plan: Plan, size: int) -> BatchPlan:
         entry = self._batch_plans.get((id(plan), size))
@@ -366,38 +414,6 @@ class CupyBackend(Backend):
         bp = batch_plan(plan, size)
         self._batch_plans[(id(plan), size)] = (plan, bp)
         return bp
-
-    def _run_joint(self, sset: _StreamSet, plan: Plan, bp: BatchPlan,
-                   checked: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]], resident: Mapping[str, Any],
-                   copying_out: list[bool]) -> None:
-        cp = self.xp
-        rt = cp.cuda.runtime
-        s = sset.streams[0]
-        with s:
-            env: dict[str, Any] = {}
-            for name, spec in plan.inputs.items():
-                if name in plan.resident:
-                    continue
-                dev = cp.empty((bp.size, *spec.shape), dtype=storage_dtype(spec.dtype))
-                per, base = spec.nbytes, dev.data.ptr
-                if per:
-                    for b, (host_in, _) in enumerate(checked):
-                        rt.memcpyAsync(base + b * per, host_in[name].ctypes.data, per, rt.memcpyHostToDevice, s.ptr)
-                env[name] = dev
-            env.update(resident)
-            for st, (in_specs, out_specs) in zip(plan.steps, bp.steps):
-                res = self._step(st, {p: env[n] for p, n in st.inputs.items()}, in_specs, out_specs, sset.workspace)
-                for p, n in st.outputs.items():
-                    env[n] = res[p]
-            outs = {n: cp.ascontiguousarray(env[n]) for n in plan.outputs}
-            copying_out[0] = True
-            for name, spec in plan.outputs.items():
-                per, base = spec.nbytes, outs[name].data.ptr
-                step_b = per if name in bp.batched else 0
-                if per:
-                    for b, (_, host_out) in enumerate(checked):
-                        rt.memcpyAsync(host_out[name].ctypes.data, base + b * step_b, per, rt.memcpyDeviceToHost, s.ptr)
-            s.synchronize()
 
     # -- host memory, warmup, memory, close ----------------------------------------
     def register_host(self, address: int, nbytes: int) -> None:
@@ -414,6 +430,8 @@ class CupyBackend(Backend):
         """cudaHostUnregister ``address`` (None: every range registered here)."""
         addrs = list(self._registered) if address is None else [address]
         self._graphs.clear()  # their copies were made for pinned pages
+        self._batch_graphs.clear()
+        self._chunk_graphs.clear()
         with self._dev:
             for a in addrs:
                 if self._registered.pop(a, None) is not None:
@@ -450,8 +468,15 @@ class CupyBackend(Backend):
         """Drop residents, unregister host memory, free streams and the pool's cached blocks."""
         if self.closed:
             return
+        g, b, c = self._graphs, self._batch_graphs, self._chunk_graphs
+        log.info("CUDA graphs at close: requests %d captured / %d launched, batches %d / %d (%d held, last refusal %r), "
+                 "chunked runs %d / %d", g.captures, g.launches, b.captures, b.launches, len(b), b.last_error,
+                 c.captures, c.launches)
         super().close()
         self._graphs.clear()
+        self._chunk_graphs.clear()
+        with self._dev:
+            self._batch_graphs.close()
         self.unregister_host()
         with self._stream_sets_lock:
             self._stream_sets.clear()
@@ -462,3 +487,9 @@ class CupyBackend(Backend):
 def _plan_bytes(plan: Plan) -> int:
     """Bytes of every tensor of ``plan`` (inputs, intermediates, outputs)."""
     return sum(t.nbytes for t in plan.tensors.values())
+
+
+def _chunk_settings() -> tuple[Any, ...]:
+    """The chunk pipeline's settings now (benchmarks change them in process): part of a chunk graph's key."""
+    c = _cuda_chunks
+    return (c.CHUNK_PIPELINE, c.CHUNK_BYTES, c.CHUNK_MIN_BYTES, c.CHUNK_STREAMS)

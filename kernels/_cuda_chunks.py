@@ -111,13 +111,19 @@ def _copy(cp: Any, dst: int, src: int, nbytes: int, kind: int, stream: Any) -> N
 
 def run_chunked(cp: Any, streams: list[Any], plan: Plan, host_in: Mapping[str, np.ndarray],
                 host_out: Mapping[str, np.ndarray], resident: Mapping[str, Any], step: Step,
-                chunk_bytes: int = 0, n_streams: int = 0, pipeline: str = "", first_bytes: int = 0) -> dict[str, float]:
+                chunk_bytes: int = 0, n_streams: int = 0, pipeline: str = "", first_bytes: int = 0,
+                capture: bool = False, hold: list[Any] | None = None) -> dict[str, float]:
     """Run an elementwise ``plan`` over contiguous views in chunks; returns stage seconds.
 
     ``streams``: at least max(3, n_streams) streams owned by this run; ``step(st, ins, in_specs,
     out_specs)`` runs one step on the current stream. Stage figures: "streams" sums per-chunk
     spans; "stages" gives each stage's span from its first to its last chunk (they overlap).
     Returns also "chunks". Errors propagate after every stream has drained.
+
+    ``capture``: ``streams[0]`` is capturing a graph; the run only enqueues (no synchronize, no
+    timing): the other streams first wait on an event of ``streams[0]`` (so the capture takes
+    them in) and ``streams[0]`` waits on each of them at the end (so it joins them); the device
+    arrays of every chunk are appended to ``hold`` (the graph must keep them). Returns "chunks".
     """
     chunk_bytes = chunk_bytes or CHUNK_BYTES
     first_bytes = first_bytes or CHUNK_MIN_BYTES
@@ -130,7 +136,7 @@ def run_chunked(cp: Any, streams: list[Any], plan: Plan, host_in: Mapping[str, n
     flat_out = {k: v.reshape(-1) for k, v in host_out.items()}
     flat_res = {k: v.reshape(-1) for k, v in resident.items()}
     h2d, d2h = cp.cuda.runtime.memcpyHostToDevice, cp.cuda.runtime.memcpyDeviceToHost
-    hold: list[dict[str, Any]] = []
+    hold = [] if hold is None else hold
 
     def chunk_steps(start: int, stop: int, env: dict[str, Any]) -> None:
         env.update({k: v[start:stop] for k, v in flat_res.items()})
@@ -157,6 +163,10 @@ def run_chunked(cp: Any, streams: list[Any], plan: Plan, host_in: Mapping[str, n
 
     ranges = chunk_ranges(n, chunk, max(1, first_bytes // widest))
     used = streams[: max(3, n_streams)] if pipeline == "stages" else streams[:n_streams]
+    if capture:
+        fork = used[0].record()
+        for s in used[1:]:
+            s.wait_event(fork)
     try:
         if pipeline == "stages":
             s_in, s_k, s_out = used[0], used[1], used[2]
@@ -175,6 +185,8 @@ def run_chunked(cp: Any, streams: list[Any], plan: Plan, host_in: Mapping[str, n
                 with s_out:
                     d2h_chunk(start, stop, env, s_out)
                 hold.append(env)
+            if capture:
+                return _join(used, len(ranges))
             t_end = s_out.record()
             t_end.synchronize()
             for s in used:
@@ -194,6 +206,10 @@ def run_chunked(cp: Any, streams: list[Any], plan: Plan, host_in: Mapping[str, n
                     d2h_chunk(start, stop, env, s)
                     ev.append(s.record())
                 marks.append(ev)  # env's blocks go back to stream s's pool: stream order keeps their reuse safe
+                if capture:
+                    hold.append(env)
+            if capture:
+                return _join(used, len(ranges))
             for s in used:
                 s.synchronize()
             tot = [0.0, 0.0, 0.0]
@@ -202,8 +218,16 @@ def run_chunked(cp: Any, streams: list[Any], plan: Plan, host_in: Mapping[str, n
                     tot[i] += cp.cuda.get_elapsed_time(ev[i], ev[i + 1]) / 1e3
             times = {"h2d": tot[0], "kernel": tot[1], "d2h": tot[2]}
     except OpError:
-        for s in used:
-            s.synchronize()
+        if not capture:  # a capturing stream may not be synchronized: the caller ends the capture
+            for s in used:
+                s.synchronize()
         raise
     times["chunks"] = float(len(ranges))
     return times
+
+
+def _join(used: list[Any], n_chunks: int) -> dict[str, float]:
+    """The end of a captured run: ``used[0]`` waits on every other stream (a capture must join them)."""
+    for s in used[1:]:
+        used[0].wait_event(s.record())
+    return {"chunks": float(n_chunks)}

@@ -19,6 +19,10 @@ backend resets (a CUDA error), when host memory is unregistered, on close, and t
 when the cache is full. A capture that fails (an op that synchronizes, an unpinned view)
 is remembered, and that plan (or key) runs the plain path from then on.
 
+:class:`ChunkGraphs` does the same for whole chunked runs of large elementwise requests (the
+chunk pipeline of :mod:`._cuda_chunks` captured over its streams); batches are captured in
+:mod:`._cuda_batch`.
+
 Only plans of the built-in ops in :data:`GRAPH_OPS` are captured: their CuPy code launches
 kernels and nothing else. cuBLAS (``gemm``) keeps its workspace with a per-thread handle,
 which a graph launched from another thread would outlive, so it is left out.
@@ -35,7 +39,7 @@ import numpy as np
 
 from ._plan import Plan
 
-__all__ = ["GraphCache", "GRAPH_OPS"]
+__all__ = ["GraphCache", "ChunkGraphs", "GRAPH_OPS", "pinned"]
 
 #: Ops whose CuPy implementations may be captured (kernels only: no sync, no library handle).
 GRAPH_OPS = frozenset({"echo", "vector_add", "scale", "gelu", "layernorm", "layernorm_gelu", "softmax"})
@@ -117,7 +121,7 @@ class GraphCache:
     def _capture(self, key: tuple[Any, ...], plan: Plan, host_in: Mapping[str, np.ndarray],
                  host_out: Mapping[str, np.ndarray], resident: Mapping[str, Any], views: list[np.ndarray]) -> bool:
         cp = self._cp
-        if not all(v.nbytes == 0 or _pinned(cp, v.ctypes.data) for v in views):
+        if not all(v.nbytes == 0 or pinned(cp, v.ctypes.data) for v in views):
             self._store(key, _NONE)  # a graph copies by DMA only from pinned pages
             return False
         pool = cp.cuda.MemoryPool()
@@ -172,7 +176,135 @@ class GraphCache:
         return sum(1 for g in self._graphs.values() if g is not _NONE)
 
 
-def _pinned(cp: Any, address: int) -> bool:
+#: ``chunked(streams, workspace, capture, hold)``: the chunked run of one request on ``streams``; with
+#: ``capture`` it enqueues only (no synchronize, no timing) and appends the arrays it uses to ``hold``.
+Chunked = Callable[[list[Any], dict[str, Any], bool, list[Any]], dict[str, float]]
+
+
+class ChunkGraphs:
+    """Graphs of whole chunked runs (large elementwise requests) by key, at most ``limit``.
+
+    Key: (plan, host input and output addresses, resident device addresses, chunk settings). Seen
+    once: the plain chunked run; seen twice: the chunked run on private streams and a private pool
+    (this request's result), then the same run captured (multi-stream: the other streams wait on
+    an event of the first, which waits on theirs at the end); after: ``graph.launch``, one
+    synchronize, no Python per chunk (so no thread waiting for the GIL slows the copies). A graph
+    holds every chunk's device buffers (about the bytes the request moves, in and out) for as long
+    as it is kept; out of device memory at capture, that key runs the plain path.
+    """
+
+    def __init__(self, cupy: Any, limit: int, after: int, capturing: threading.local) -> None:
+        self._cp = cupy
+        self.limit = limit
+        self.after = max(2, after)
+        self._tls = capturing
+        self._lock = threading.Lock()
+        self._graphs: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._seen: dict[tuple[Any, ...], int] = {}
+        self._failed: dict[int, Plan] = {}
+        self.captures = 0
+        self.launches = 0
+        self.last_error = ""
+
+    def eligible(self, plan: Plan) -> bool:
+        """Whether ``plan`` may ever be captured (kernel-only ops, no keep, no mutation, no failed capture)."""
+        return (self.limit > 0 and not plan.keep and id(plan) not in self._failed
+                and all(st.op.name in GRAPH_OPS and st.op.builtin and not st.op.mutates for st in plan.steps))
+
+    def run(self, plan: Plan, host_in: Mapping[str, np.ndarray], host_out: Mapping[str, np.ndarray],
+            resident: Mapping[str, Any], settings: tuple[Any, ...], n_streams: int, chunked: Chunked
+            ) -> dict[str, float] | None:
+        """Stage seconds of this request served by a graph (or by the capture's warm run); None: run the plain path."""
+        views = [*host_in.values(), *host_out.values()]
+        key = (id(plan), *(v.ctypes.data for v in views), *(r.data.ptr for r in resident.values()), *settings)
+        with self._lock:
+            g = self._graphs.get(key)
+            if g is None:
+                n = self._seen.get(key, 0) + 1
+                if len(self._seen) > 16 * max(1, self.limit):
+                    self._seen.clear()
+                self._seen[key] = n
+                if n < self.after:
+                    return None
+            elif g is not _NONE:
+                self._graphs.move_to_end(key)
+        if g is _NONE:
+            return None
+        if g is None:
+            return self._capture(key, plan, views, n_streams, chunked)
+        with g.lock:
+            if g.graph is None:
+                return None  # dropped meanwhile (a reset): the plain path
+            g.graph.launch(g.stream)
+            g.stream.synchronize()
+            chunks = float(g.hold[0])
+        self.launches += 1
+        return {"graph": 1.0, "chunks": chunks}
+
+    def _capture(self, key: tuple[Any, ...], plan: Plan, views: list[np.ndarray], n_streams: int,
+                 chunked: Chunked) -> dict[str, float] | None:
+        cp = self._cp
+        if not all(v.nbytes == 0 or pinned(cp, v.ctypes.data) for v in views):
+            self._store(key, _NONE)
+            return None
+        pool = cp.cuda.MemoryPool()
+        streams = [cp.cuda.Stream(non_blocking=True) for _ in range(n_streams)]
+        workspace: dict[str, Any] = {}
+        with cp.cuda.using_allocator(pool.malloc):
+            try:
+                times = chunked(streams, workspace, False, [])  # warm: this request's result, the pool filled
+            except cp.cuda.memory.OutOfMemoryError:
+                for s in streams:
+                    s.synchronize()
+                pool.free_all_blocks()
+                self._store(key, _NONE)
+                return None
+            hold: list[Any] = []
+            self._tls.capturing = True
+            try:
+                streams[0].begin_capture()
+                try:
+                    chunked(streams, workspace, True, hold)
+                finally:
+                    graph = streams[0].end_capture()
+            except Exception as e:  # noqa: BLE001 - not capturable: the plain path from now on
+                self.last_error = f"{type(e).__name__}: {e}"
+                with self._lock:
+                    self._failed[id(plan)] = plan
+                return times
+            finally:
+                self._tls.capturing = False
+        upload = getattr(graph, "upload", None)
+        if upload is not None:
+            upload(streams[0])
+        self._store(key, _Graph(graph, streams[0], (times.get("chunks", 0.0), plan, pool, hold, streams, workspace)))
+        self.captures += 1
+        return times
+
+    def _store(self, key: tuple[Any, ...], g: Any) -> None:
+        with self._lock:
+            self._graphs[key] = g
+            self._seen.pop(key, None)
+            while len(self._graphs) > self.limit:
+                _, old = self._graphs.popitem(last=False)
+                _retire(old)
+
+    def clear(self) -> None:
+        """Drop every graph (after each one's last launch finished) and the counts."""
+        with self._lock:
+            graphs = list(self._graphs.values())
+            self._graphs.clear()
+            self._seen.clear()
+            self._failed.clear()
+        for g in graphs:
+            _retire(g)
+
+    def __len__(self) -> int:
+        return sum(1 for g in self._graphs.values() if g is not _NONE)
+
+
+def pinned(cp: Any, address: int) -> bool:
+    """Whether host ``address`` is page-locked (pinned or registered) memory."""
     try:
         return int(cp.cuda.runtime.pointerGetAttributes(address).type) == _HOST
     except Exception:  # noqa: BLE001 - older drivers refuse pageable addresses: not pinned

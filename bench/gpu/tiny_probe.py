@@ -4,8 +4,9 @@
     python bench/gpu/tiny_probe.py --profile    cProfile of tiny CuPy backend runs
     python bench/gpu/tiny_probe.py --batch [--out FILE.json]
         in-process requests/s of gemm 16x256x256 float16 (x and w sent per request) through
-        Backend.run one request at a time vs Backend.run_batch over B requests, on NumPy (always)
-        and CuPy (when it sees a GPU); views in page-locked memory on CuPy, as the worker's are
+        Backend.run one request at a time vs Backend.run_batch over B requests (plain joint run, and
+        on CuPy its CUDA graphs), B = 1, 2, 4, 8, 16, on NumPy (always) and CuPy (when it sees a GPU);
+        views in page-locked memory on CuPy, as the worker's are; first checks graph == plain bit for bit
 """
 
 from __future__ import annotations
@@ -134,8 +135,9 @@ def _gemm_views(buf: np.ndarray, count: int, m: int, k: int, n: int, rng: np.ran
     return items
 
 
-def batch(out_path: str | None) -> None:
-    """Requests/s of gemm 16x256x256 float16 through run (one by one) and run_batch (B at once), in process."""
+def batch(out_path: str | None, rounds: int = 3) -> None:
+    """Requests/s of gemm 16x256x256 float16 in process: run (one by one), run_batch plain and run_batch with
+    CUDA graphs (CuPy), at B = 1, 2, 4, 8, 16; modes interleaved per round, medians of the rounds' medians."""
     from shmrpc import kernels
 
     kinds = ["numpy"]
@@ -150,37 +152,75 @@ def batch(out_path: str | None) -> None:
 
     rng = np.random.default_rng(0)
     results: list[dict[str, object]] = []
+    checks: list[dict[str, object]] = []
     m, k, n = 16, 256, 256
+    sizes = (1, 2, 4, 8, 16)
     for kind in kinds:
         be = kernels.select_backend(kind)
         plan = be.plan([kernels.StepSpec("gemm", {"x": "x", "w": "w"}, {"out": "o"})],
                        {"x": kernels.TensorSpec((m, k), "float16"), "w": kernels.TensorSpec((k, n), "float16")}, ["o"])
         per = 2 * (m * k + k * n + m * n)
-        nmax = 32
+        nmax = max(sizes)
         if kind == "cupy":
             mem = cp.cuda.alloc_pinned_memory(nmax * (per + 3 * 4096))
             buf = np.frombuffer(mem, np.uint8)
         else:
             buf = np.empty(nmax * (per + 3 * 4096), np.uint8)
         items = _gemm_views(buf, nmax, m, k, n, rng)
-        for size in (1, 8, 16, 32):
-            modes = [("run", False)] + ([("run_batch", True)] if size > 1 else [])
-            for mode, joint in modes:
-                _backend_numpy.BATCH_JOINT = joint
+        graphs = getattr(be, "_batch_graphs", None)
+        limit = graphs.limit if graphs is not None else 0
+        modes = ["run", "run_batch plain"] + (["run_batch graph"] if graphs is not None and limit else [])
+        if kind == "numpy":
+            modes = ["run", "run_batch plain"]
+
+        def once(group: list, mode: str, be: object = be, plan: object = plan, graphs: object = graphs,  # type: ignore[type-arg]
+                 limit: int = limit) -> None:
+            if mode == "run":
+                for ins, outs in group:
+                    be.run(plan, ins, outs)  # type: ignore[attr-defined]
+            else:
+                if graphs is not None:
+                    graphs.limit = limit if mode == "run_batch graph" else 0  # type: ignore[attr-defined]
+                be.run_batch(plan, group)  # type: ignore[attr-defined]
+
+        if graphs is not None:  # correctness first: graph vs plain joint run, bit for bit, at every B
+            for size in sizes[1:]:
                 group = items[:size]
-
-                def once(group: list = group, mode: str = mode, be: object = be, plan: object = plan) -> None:  # type: ignore[type-arg]
-                    if mode == "run":
-                        for ins, outs in group:
-                            be.run(plan, ins, outs)  # type: ignore[attr-defined]
-                    else:
-                        be.run_batch(plan, group)  # type: ignore[attr-defined]
-
-                ts = timed(once, n=300 if kind == "cupy" else 30)
-                med = float(np.median(ts))
-                row = {"backend": kind, "mode": mode, "batch": size, "median_s": med, "requests_per_s": size / med}
-                results.append(row)
-                print(f"{kind:5s} {mode:9s} B={size:2d}  {med * 1e6:9.1f} us per call  {size / med:10.0f} requests/s")
+                once(group, "run_batch plain")
+                want = [o["o"].copy() for _, o in group]
+                for _ in range(3):
+                    once(group, "run_batch graph")
+                same = all(o["o"].tobytes() == w.tobytes() for (_, o), w in zip(group, want))
+                checks.append({"batch": size, "bit_equal": same})
+                print(f"check B={size:2d}: graph output == plain joint output, bit for bit: {same}")
+            print(f"batch graphs: {len(graphs)} held, {graphs.captures} captures, last error {graphs.last_error!r}")
+        meds: dict[tuple[str, int], list[float]] = {}
+        for _ in range(rounds):
+            for size in sizes:
+                for mode in modes:
+                    if mode != "run" and size == 1:
+                        continue  # run_batch of one request is run
+                    _backend_numpy.BATCH_JOINT = mode != "run"
+                    ts = timed(lambda g=items[:size], md=mode: once(g, md), n=300 if kind == "cupy" else 20)
+                    meds.setdefault((mode, size), []).append(float(np.median(ts)))
+        print(f"| {kind} requests/s | " + " | ".join(f"B={sz}" for sz in sizes) + " |")
+        print("|---|" + "---|" * len(sizes))
+        for mode in modes:
+            cells = []
+            for size in sizes:
+                r = meds.get((mode, size))
+                if r is None:
+                    cells.append("—")
+                    continue
+                med = float(np.median(r))
+                results.append({"backend": kind, "mode": mode, "batch": size, "median_s": med, "requests_per_s": size / med,
+                                "round_medians_s": r})
+                cells.append(f"{size / med:,.0f}".replace(",", " "))
+            print(f"| {mode} | " + " | ".join(cells) + " |")
+        if graphs is not None:
+            graphs.limit = limit
+            print(f"batch graphs: {len(graphs)} held, {graphs.captures} captures, {graphs.launches} launches, "
+                  f"last error {graphs.last_error!r}")
         be.close()
     _backend_numpy.BATCH_JOINT = False
     if out_path:
@@ -188,10 +228,18 @@ def batch(out_path: str | None) -> None:
         import os
         import platform
 
+        gpu = ""
+        try:
+            gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True).stdout.strip()
+        except OSError:
+            pass
         doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "command": " ".join(sys.argv),
                "commit": os.environ.get("SHMRPC_COMMIT", "unknown"), "python": platform.python_version(),
-               "cpu_count": os.cpu_count(), "what": "gemm 16x256x256 float16, x and w per request, in process",
-               "results": results}
+               "cpu_count": os.cpu_count(), "gpu": gpu, "cupy": getattr(cp, "__version__", None),
+               "what": "gemm 16x256x256 float16, x and w per request, in process, views in page-locked memory (CuPy); "
+                       f"{rounds} rounds, modes interleaved, median of the rounds' medians of 300 calls",
+               "checks": checks, "results": results}
         with open(out_path, "w") as f:
             json.dump(doc, f, indent=2)
 

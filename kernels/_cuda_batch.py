@@ -1,0 +1,377 @@
+"""Batches on the CuPy backend: the joint run of B requests of one plan, and CUDA graphs of it.
+
+The joint run (:func:`issue_joint`), enqueued on one stream::
+
+    H2D   request b's input n  -> slice b of one (B, *shape) device buffer per input     B x inputs copies
+    steps every step once, with (B, *shape) specs (:func:`._batch.batch_plan`)
+    D2H   slice b of each output -> request b's output view                          B x outputs copies
+
+:class:`BatchGraphs` captures that run as one CUDA graph per key::
+
+    key = (plan, B, every host address of every request's views, resident device addresses)
+
+    seen once, twice    plain joint run
+    third sight    plain joint run on a private stream and memory pool (this batch's result);
+                   plans with a cuBLAS product (gemm, gemm_bias): the same run again through
+                   :class:`._cuda_blas.CaptureXp`, whose bits must equal the plain run's;
+                   then capture; then one launch of the graph, whose bits must equal too
+    afterwards     graph.launch(stream); event.synchronize()     one launch, one synchronize
+
+The worker's clients reuse their slots, so the same requests' views come back at the same host
+addresses and a key repeats; requests are taken in the order of their addresses, so the same
+requests arriving in another order are the same key. A capture spreads the requests' copies over
+:data:`COPY_LANES` branches of the graph (independent nodes the copy engines may run at once). A graph copies from exactly its key's input addresses and into
+exactly its output addresses, so it writes no host range but its requests' outputs; it keeps
+every device array it uses alive (its private pool, the captured run's arrays, the residents it
+reads). Views must be page-locked, and no output may overlap any view of the batch (in-place
+batches run the plain path: the check launches the graph over the same inputs once more). A
+capture that fails or a graph whose bits differ is remembered: that plan runs the plain path
+from then on; so does a plan whose batches seldom repeat (after PAYBACK_MIN_CAPTURES captures,
+fewer than PAYBACK_LAUNCHES launches per capture: requests spread over many slots, in ever
+other sets, as ``Client.call`` from 8 processes makes them, would pay captures and win nothing). Graphs are dropped with the backend's (reset, unregister, close) and the oldest
+when ``limit`` are held. Graphs run on one stream of this cache, one after another, so the
+cuBLAS workspace they share is never used by two at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._batch import BatchPlan
+from ._cuda_blas import BLAS_OPS, CapturableBlas, CaptureXp
+from ._cuda_graph import GRAPH_OPS, pinned
+from ._dtypes import storage_dtype
+from ._plan import Plan
+from ._registry import TensorSpec
+
+__all__ = ["BatchGraphs", "issue_joint", "address"]
+
+Views = Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
+#: ``step(st, ins, in_specs, out_specs, workspace, xp)``: one step on the current stream, ``xp`` its array module.
+Step = Callable[[Any, dict[str, Any], Mapping[str, TensorSpec], Mapping[str, TensorSpec], dict[str, Any], Any],
+                dict[str, Any]]
+
+#: Copies of a captured batch are spread over this many branches of the graph (requests round robin).
+COPY_LANES = 4
+#: A capture costs about four joint runs and an instantiation, a launch saves part of one: once a plan has
+#: this many captures and fewer than PAYBACK_LAUNCHES launches per capture, it runs the plain path.
+PAYBACK_MIN_CAPTURES = 16
+PAYBACK_LAUNCHES = 16
+_ADDR: dict[int, tuple[Any, int]] = {}
+_NONE = object()  # a key that may not be captured (unpinned or overlapping views): plain path
+
+
+def address(v: np.ndarray) -> int:
+    """``v.ctypes.data``, remembered per view object (a view's data pointer never changes; an array
+    owning its data might be resized, so only views are remembered)."""
+    e = _ADDR.get(id(v))
+    if e is not None and e[0]() is v:
+        return e[1]
+    a = int(v.ctypes.data)
+    if not v.flags.owndata:
+        if len(_ADDR) > 4096:
+            _ADDR.clear()
+        _ADDR[id(v)] = (weakref.ref(v), a)
+    return a
+
+
+def issue_joint(cp: Any, step: Step, xp: Any, plan: Plan, bp: BatchPlan,
+                checked: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]],
+                resident: Mapping[str, Any], stream: Any, workspace: dict[str, Any], copying_out: list[bool],
+                copy_streams: Sequence[Any] = ()) -> dict[str, Any]:
+    """Enqueue the joint run of ``checked`` (contiguous views) on ``stream``; no synchronize.
+
+    ``copy_streams``: request b's copies go on ``copy_streams[b % len]`` (forked from ``stream`` by an
+    event, joined back before the steps and at the end), so that in a graph they are independent
+    nodes the copy engines may run at once; else all on ``stream``. Returns every device array it
+    used; sets ``copying_out[0]`` when copies into the views begin.
+    """
+    rt = cp.cuda.runtime
+    h2d, d2h = rt.memcpyHostToDevice, rt.memcpyDeviceToHost
+    lanes = list(copy_streams) or [stream]
+    ptrs = [s.ptr for s in lanes]
+    env: dict[str, Any] = {}
+    with stream:
+        _fork(stream, copy_streams)
+        for name, spec in plan.inputs.items():
+            if name in plan.resident:
+                continue
+            dev = cp.empty((bp.size, *spec.shape), dtype=storage_dtype(spec.dtype))
+            per, base = spec.nbytes, dev.data.ptr
+            if per:
+                for b, (host_in, _) in enumerate(checked):
+                    rt.memcpyAsync(base + b * per, address(host_in[name]), per, h2d, ptrs[b % len(ptrs)])
+            env[name] = dev
+        _join(stream, copy_streams)
+        env.update(resident)
+        for st, (in_specs, out_specs) in zip(plan.steps, bp.steps):
+            res = step(st, {p: env[n] for p, n in st.inputs.items()}, in_specs, out_specs, workspace, xp)
+            for p, n in st.outputs.items():
+                env[n] = res[p]
+        outs = {n: cp.ascontiguousarray(env[n]) for n in plan.outputs}
+        env.update({"#d2h." + n: a for n, a in outs.items()})
+        copying_out[0] = True
+        _fork(stream, copy_streams)
+        for name, spec in plan.outputs.items():
+            per, base = spec.nbytes, outs[name].data.ptr
+            step_b = per if name in bp.batched else 0
+            if per:
+                for b, (_, host_out) in enumerate(checked):
+                    rt.memcpyAsync(address(host_out[name]), base + b * step_b, per, d2h, ptrs[b % len(ptrs)])
+        _join(stream, copy_streams)
+    return env
+
+
+def _fork(stream: Any, others: Sequence[Any]) -> None:
+    if others:
+        ev = stream.record()
+        for s in others:
+            s.wait_event(ev)
+
+
+def _join(stream: Any, others: Sequence[Any]) -> None:
+    for s in others:
+        stream.wait_event(s.record())
+
+
+class _Graph:
+    __slots__ = ("graph", "event", "lock", "hold")
+
+    def __init__(self, graph: Any, event: Any, hold: tuple[Any, ...]) -> None:
+        self.graph = graph
+        self.event = event
+        self.lock = threading.Lock()
+        self.hold = hold
+
+
+class BatchGraphs:
+    """Graphs of joint runs by key, at most ``limit``; captured on the ``after``-th sight of a key.
+
+    ``step`` runs one step (see :data:`Step`); ``capturing`` is the backend's thread-local whose
+    ``capturing`` attribute is set while a capture is under way (a refused capture is no device error).
+    """
+
+    def __init__(self, cupy: Any, step: Step, limit: int, after: int, capturing: threading.local) -> None:
+        self._cp = cupy
+        self._step = step
+        self.limit = limit
+        self.after = max(2, after)
+        self._tls = capturing
+        self._lock = threading.Lock()
+        self._capture_lock = threading.Lock()
+        self._launch_lock = threading.Lock()
+        self._stream: Any = None
+        self._copy_streams: list[Any] = []
+        self._blas: CapturableBlas | None = None
+        self._xp: CaptureXp | None = None
+        self._graphs: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._seen: dict[tuple[Any, ...], int] = {}
+        self._failed: dict[int, Plan] = {}
+        self._uses: dict[int, tuple[Plan, list[int]]] = {}  # id(plan) -> (plan, [captures, launches])
+        self.captures = 0
+        self.launches = 0
+        self.last_error = ""  # why the last capture was refused
+
+    def eligible(self, plan: Plan) -> bool:
+        """Whether ``plan`` may ever be captured as a batch (its ops, no capture of it failed)."""
+        return (self.limit > 0 and id(plan) not in self._failed
+                and all(st.op.builtin and (st.op.name in GRAPH_OPS or st.op.name in BLAS_OPS) for st in plan.steps))
+
+    def run(self, plan: Plan, bp: BatchPlan, checked: Views, resident: Mapping[str, Any], copying_out: list[bool]
+            ) -> bool | None:
+        """Serve this batch: True by a graph (launched, or captured after the warm run); False by the
+        plain joint run of a capture that was refused; None: not served, run the plain joint path.
+
+        Raises what the plain joint run raises (its warm run is that run); a graph's launch failing
+        raises the CUDA error with ``copying_out[0]`` set.
+        """
+        per_item = [(*(address(v) for v in hi.values()), *(address(v) for v in ho.values())) for hi, ho in checked]
+        order = sorted(range(len(checked)), key=per_item.__getitem__)
+        if order != list(range(len(checked))):
+            # NOTE: each request's copies follow its own addresses, so one graph serves the same requests in
+            # any order of arrival: the key and the run take them sorted by address
+            checked = [checked[b] for b in order]
+        key = (id(plan), len(checked), *(a for b in order for a in per_item[b]), *(r.data.ptr for r in resident.values()))
+        with self._lock:
+            g = self._graphs.get(key)
+            if g is None:
+                n = self._seen.get(key, 0) + 1
+                if len(self._seen) > 16 * max(1, self.limit):
+                    self._seen.clear()
+                self._seen[key] = n
+                if n < self.after:
+                    return None
+            elif g is not _NONE:
+                self._graphs.move_to_end(key)
+        if g is _NONE:
+            return None
+        entry = self._uses.get(id(plan))
+        if entry is None or entry[0] is not plan:
+            entry = self._uses[id(plan)] = (plan, [0, 0])
+        uses = entry[1]
+        if g is None:
+            if uses[0] >= PAYBACK_MIN_CAPTURES and uses[1] < PAYBACK_LAUNCHES * uses[0]:
+                self._fail(plan, f"its batches seldom come back on the same slots ({uses[0]} captures, {uses[1]} "
+                                 "launches): the plain joint path")
+                return None
+            with self._capture_lock:
+                done = self._capture(key, plan, bp, checked, resident, copying_out)
+            uses[0] += done is True
+            return done
+        copying_out[0] = True
+        if not self._launch(g):
+            copying_out[0] = False
+            return None  # dropped meanwhile (a reset): the plain path
+        self.launches += 1
+        uses[1] += 1
+        return True
+
+    def _launch(self, g: _Graph) -> bool:
+        with g.lock:
+            if g.graph is None:
+                return False
+            with self._launch_lock:
+                g.graph.launch(self._stream)
+                g.event.record(self._stream)
+            g.event.synchronize()
+        return True
+
+    def _fail(self, plan: Plan, why: str) -> None:
+        self.last_error = why
+        with self._lock:
+            if len(self._failed) > 4 * max(1, self.limit):
+                self._failed.clear()
+            self._failed[id(plan)] = plan
+            if len(self._uses) > 4 * max(1, self.limit):
+                self._uses.clear()
+
+    def _capture(self, key: tuple[Any, ...], plan: Plan, bp: BatchPlan, checked: Views, resident: Mapping[str, Any],
+                 copying_out: list[bool]) -> bool | None:
+        cp = self._cp
+        ins = [v for hi, _ in checked for v in hi.values()]
+        outs = [v for _, ho in checked for v in ho.values()]
+        spans = [(address(v), address(v) + v.nbytes) for v in ins + outs if v.nbytes]
+        if not all(pinned(cp, a) for a, _ in spans) or _overlap(spans):
+            self._store(key, _NONE)  # DMA in a graph needs pinned pages; the check below re-reads the inputs
+            return None
+        uses_blas = any(st.op.name in BLAS_OPS for st in plan.steps)
+        if self._stream is None:
+            self._stream = cp.cuda.Stream(non_blocking=True)
+        if uses_blas and self._blas is None:
+            try:
+                self._blas = CapturableBlas(cp)  # outside any private pool: it lives as long as this cache
+            except Exception as e:  # noqa: BLE001 - no cuBLAS of our own (library, symbols): plain path
+                self._fail(plan, f"no cuBLAS handle for captures: {type(e).__name__}: {e}")
+                return None
+            self._xp = CaptureXp(cp, self._blas)
+        xp = self._xp if uses_blas else cp
+        pool = cp.cuda.MemoryPool()
+        stream = cp.cuda.Stream(non_blocking=True)
+        ws: dict[str, Any] = {}
+        with cp.cuda.using_allocator(pool.malloc):
+            # warm: the plain joint run, this batch's result; kernels compiled, the private pool filled
+            self._issue(cp, plan, bp, checked, resident, stream, ws, copying_out)
+            stream.synchronize()
+            want = [np.array(v, copy=True) for v in outs]
+            if uses_blas:
+                try:
+                    with self._launch_lock:  # NOTE: on the graphs' stream: the cuBLAS workspace is theirs too
+                        self._issue(xp, plan, bp, checked, resident, self._stream, ws, [False])
+                        self._stream.synchronize()
+                except Exception as e:  # noqa: BLE001 - not capturable this way: plain path from now on
+                    return self._refuse(plan, outs, want, f"{type(e).__name__}: {e}")
+                if not _same(outs, want):
+                    return self._refuse(plan, outs, want, "cuBLAS called directly gave other bits than cupy.matmul")
+            self._tls.capturing = True
+            try:
+                stream.begin_capture()
+                try:
+                    used = self._issue(xp, plan, bp, checked, resident, stream, ws, [False], self._lanes(len(checked)))
+                finally:
+                    graph = stream.end_capture()
+            except Exception as e:  # noqa: BLE001 - an op that synchronizes, a product CuPy must issue: plain path
+                return self._refuse(plan, outs, want, f"{type(e).__name__}: {e}")
+            finally:
+                self._tls.capturing = False
+        graph.upload(self._stream)
+        g = _Graph(graph, cp.cuda.Event(disable_timing=True), (plan, pool, used, ws, dict(resident)))
+        self._launch(g)
+        if not _same(outs, want):
+            return self._refuse(plan, outs, want, "the graph gave other bits than the plain joint run")
+        self._store(key, g)
+        self.captures += 1
+        return True
+
+    def _issue(self, xp: Any, plan: Plan, bp: BatchPlan, checked: Views, resident: Mapping[str, Any], stream: Any,
+               workspace: dict[str, Any], copying_out: list[bool], lanes: Sequence[Any] = ()) -> dict[str, Any]:
+        return issue_joint(self._cp, self._step, xp, plan, bp, checked, resident, stream, workspace, copying_out, lanes)
+
+    def _lanes(self, size: int) -> list[Any]:
+        """Streams for the copies of a capture (under the capture lock): at most COPY_LANES, one per request."""
+        while len(self._copy_streams) < min(size, COPY_LANES):
+            self._copy_streams.append(self._cp.cuda.Stream(non_blocking=True))
+        return self._copy_streams[:min(size, COPY_LANES)] if size > 1 else []
+
+    def _refuse(self, plan: Plan, outs: list[np.ndarray], want: list[np.ndarray], why: str) -> bool:
+        for v, w in zip(outs, want):
+            np.copyto(v, w)  # the plain run's result stands
+        self._fail(plan, why)
+        return False
+
+    def _store(self, key: tuple[Any, ...], g: Any) -> None:
+        with self._lock:
+            self._graphs[key] = g
+            self._seen.pop(key, None)
+            while len(self._graphs) > self.limit:
+                _, old = self._graphs.popitem(last=False)
+                self._retire(old)
+
+    def _retire(self, g: Any) -> None:
+        if g is _NONE:
+            return
+        with g.lock:  # a launch in flight finishes first
+            try:
+                g.event.synchronize()
+            except Exception:  # noqa: BLE001 - after a sticky error there is nothing left to wait for
+                pass
+            g.graph = None
+            g.hold = ()
+
+    def clear(self) -> None:
+        """Drop every graph (after each one's last launch finished) and the counts."""
+        with self._lock:
+            graphs = list(self._graphs.values())
+            self._graphs.clear()
+            self._seen.clear()
+            self._failed.clear()
+            self._uses.clear()
+        for g in graphs:
+            self._retire(g)
+
+    def close(self) -> None:
+        """:meth:`clear`, then free the cuBLAS handle and workspace the graphs used."""
+        self.clear()
+        with self._capture_lock:
+            if self._blas is not None:
+                self._blas.close()
+                self._blas, self._xp = None, None
+            self._stream = None
+            self._copy_streams = []
+
+    def __len__(self) -> int:
+        return sum(1 for g in self._graphs.values() if g is not _NONE)
+
+
+def _overlap(spans: list[tuple[int, int]]) -> bool:
+    s = sorted(spans)
+    return any(b[0] < a[1] for a, b in zip(s, s[1:]))
+
+
+def _same(outs: list[np.ndarray], want: list[np.ndarray]) -> bool:
+    return all(np.array_equal(v.reshape(-1).view(np.uint8), w.reshape(-1).view(np.uint8)) for v, w in zip(outs, want))
