@@ -176,16 +176,19 @@ def scaling_table(doc: dict[str, Any]) -> str:
     """Several client processes against one server: aggregate calls/s and each client's p99."""
     if not doc.get("scaling"):
         return ""
-    head = f"{'transport':<30} {'clients':>7} {'size':>6} {'requests/s':>10} {'p50':>9} {'p99 worst client':>17}"
-    lines = [f"scaling with client processes (latency loop in each; requests/s of all together; µs)"
+    head = (f"{'transport':<30} {'clients':>7} {'size':>6} {'requests/s':>10} {'p50':>9} {'p99 worst client':>17}"
+            f" {'batch':>6}")
+    lines = [f"scaling with client processes (latency loop in each; requests/s of all together; µs; batch: the "
+             f"worker's mean requests per batched run)"
              f"{spin_note(doc)}{shapes_note(doc)}", head, "-" * len(head)]
     for p in doc["scaling"]:
         label = doc["transports"].get(p["transport"], {}).get("label", p["transport"])
         if "error" in p:
             lines.append(f"{label:<30} {p['clients']:7d} {size_label(p['nbytes']):>6} error: {p['error']}")
             continue
+        batch = f"{p['worker']['mean_batch']:6.2f}" if p.get("worker", {}).get("batches") else f"{'-':>6}"
         lines.append(f"{label:<30} {p['clients']:7d} {size_label(p['nbytes']):>6} {p['calls_per_s']:10.0f} "
-                     f"{p['p50_us']:9.1f} {max(p['per_client_p99_us']):17.1f}")
+                     f"{p['p50_us']:9.1f} {max(p['per_client_p99_us']):17.1f} {batch}")
     return "\n".join(lines)
 
 

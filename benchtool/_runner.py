@@ -97,6 +97,7 @@ class Servers:
     skipped: dict[str, str] = field(default_factory=dict)
     worker: dict[str, Any] = field(default_factory=dict)
     plan: SlotPlan | None = None
+    metrics_url: str | None = None  # the started worker's /metrics, for the batches of each client point
 
 
 def make_transport(key: str, address: str, cfg: RunConfig) -> Transport:
@@ -135,6 +136,7 @@ def open_servers(cfg: RunConfig, log: Callable[[str], None] = print) -> Iterator
                 worker = stack.enter_context(WorkerProcess(plan, cfg.backend, extra))
                 worker.wait_ready()
                 servers.addresses.update({k: worker.name for k in shm})
+                servers.metrics_url = worker.metrics_url()
                 servers.worker = {"name": worker.name, "started_by_bench": True, "argv": ["python", *worker.argv[1:]],
                                   "slots": plan.slots, "lease": plan.lease, "region_nbytes": plan.region_nbytes,
                                   "mlocked": worker.mlocked}

@@ -21,8 +21,9 @@ from dataclasses import asdict
 from typing import Any
 
 from ._report import now_iso
-from ._runner import RunConfig, make_transport, measure_latency, open_servers, run_clients
+from ._runner import SHM_KEYS, RunConfig, make_transport, measure_latency, open_servers, run_clients
 from ._runner import bandwidth_point as _bandwidth_point
+from ._shm import worker_counts
 from ._stats import iters_for_size, latency_stats, size_label
 from ._transport import Transport, TransportUnavailable
 
@@ -125,11 +126,17 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
                 for n_clients in cfg.clients:
                     for nbytes in cfg.scaling_sizes():
                         bar.set_description(f"{key} x{n_clients} {size_label(nbytes)}")
+                        before = worker_counts(servers.metrics_url) if key in SHM_KEYS else {}
                         try:
                             point = run_clients(key, servers.addresses[key], cfg, n_clients, nbytes)
                         except Exception as exc:
                             point = {"transport": key, "clients": n_clients, "nbytes": nbytes,
                                      "error": f"{type(exc).__name__}: {exc}"}
+                        after = worker_counts(servers.metrics_url) if before else {}
+                        if after:  # what the worker did for this point (warm-up and set-up calls included)
+                            d = {k: after[k] - before[k] for k in after}
+                            d["mean_batch"] = round(d["batched"] / d["batches"], 2) if d["batches"] else 1.0
+                            point["worker"] = d
                         doc["scaling"].append(point)
                         bar.update()
         finally:

@@ -149,6 +149,8 @@ class WorkerProcess:
             self.argv += ["--slots", plan.slots, "--lease", plan.lease]
         if not self.mlocked and "--no-mlock" not in extra_args:
             self.argv.append("--no-mlock")
+        if "--metrics-port" not in extra_args:  # scraped per point of the client sweeps (batches formed)
+            self.argv += ["--metrics-port", "0"]
         self.argv += shlex.split(extra_args)
         self._log = tempfile.NamedTemporaryFile(prefix="shmrpc-bench-worker-", suffix=".log", delete=False)
         self._proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -167,6 +169,13 @@ class WorkerProcess:
                 raise TransportUnavailable(f"the worker made no socket at {path} within {timeout_s} s: "
                                            f"{self.log_tail()}")
             time.sleep(0.02)
+
+    def metrics_url(self) -> str | None:
+        """The worker's /metrics address, from its ready line (None when it serves none)."""
+        for word in self.log_tail(1 << 16).split():
+            if word.startswith("http://") and "/metrics" in word:
+                return word.rstrip(")")
+        return None
 
     def check_alive(self) -> None:
         """Raise :class:`TransportUnavailable` with the log tail when the worker has exited."""
@@ -199,6 +208,29 @@ class WorkerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def worker_counts(url: str | None) -> dict[str, float]:
+    """Requests answered and batches run so far, from a worker's /metrics ({} when it cannot be read):
+    ``requests`` (every op and status), ``batches`` and ``batched`` (requests served in them)."""
+    if not url:
+        return {}
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out = {"requests": 0.0, "batches": 0.0, "batched": 0.0}
+    for line in text.splitlines():
+        if line.startswith("shmrpc_requests_total{"):
+            out["requests"] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("shmrpc_batch_size_count{"):
+            out["batches"] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("shmrpc_batch_size_sum{"):
+            out["batched"] += float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def _client(name: str, spin_us: int = 0, lane: str | None = None) -> Any:
