@@ -292,27 +292,30 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
 # warps per block, blocks per SM aimed at (sets the K split), and S > 0: w4a16_mma_async with S shared-memory
 # stages (cp.async), S = 0: w4a16_mma (register prefetch). Six numbers (MT, NWORD, WK, BPS, S, XSM) name
 # w4a16_wk: WK warps split the chunks of one 32*NWORD-column slab, each warp with its own S-stage cp.async
-# pipeline (XSM = 1: activations staged too; 0: read through L1), BPS blocks per SM aimed at (0: no K split).
+# pipeline (XSM = 1: activations staged too; 0: read through L1), BPS blocks per SM aimed at (0: no K split);
+# MT = 0 there: the operands swapped (weights as the A operand, 8 activation rows as B: M <= 8 per m-block).
 _MMA_VARIANTS = ((1, 4, 4), (1, 2, 4), (1, 1, 4), (1, 1, 8), (2, 2, 4), (2, 1, 4), (4, 1, 4), (4, 1, 2))
 _ASYNC_VARIANTS = ((1, 2, 4, 4), (1, 2, 4, 3), (1, 2, 4, 2), (1, 1, 8, 3), (1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 4), (2, 1, 4, 4), (2, 2, 4, 3),
                    (4, 1, 4, 3), (4, 1, 2, 4))
 # (MT, NWORD, WK, S, XSM) of w4a16_wk built into the module
-_WK_VARIANTS = ((1, 4, 8, 4, 0), (1, 4, 8, 3, 1), (1, 2, 8, 4, 1), (1, 2, 8, 4, 0), (1, 1, 8, 4, 1), (1, 2, 4, 4, 1),
+_WK_VARIANTS = ((0, 4, 8, 4, 0), (0, 4, 8, 3, 1), (0, 2, 8, 4, 0), (0, 2, 8, 4, 1), (0, 4, 4, 4, 0),
+                (1, 4, 8, 4, 0), (1, 4, 8, 3, 1), (1, 2, 8, 4, 1), (1, 2, 8, 4, 0), (1, 1, 8, 4, 1), (1, 2, 4, 4, 1),
                 (2, 2, 8, 3, 1), (2, 2, 4, 3, 1), (4, 2, 4, 2, 1), (4, 2, 2, 3, 1), (4, 1, 4, 2, 1))
 _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
-# Per largest M: the configuration, measured on an H200 (bench/gpu_w4a16_tune.py).
+# Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
+# on an H200 (bench/gpu/w4a16_probe.py, bench/gpu_w4a16_tune.py).
 # M = 1 stays on the float32 CUDA-core kernel (20 us against 24-29 us here at 8192 x 8192).
-_MMA_TABLE: tuple[tuple[int, tuple[int, ...]], ...] = (
-    (16, (1, 2, 4, 2, 3)),
-    (32, (2, 1, 4, 4, 4)),
-    (64, (4, 1, 4, 2, 3)),
+_MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
+    (16, ((1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
+    (32, ((2, 1, 4, 4, 4),)),
+    (64, ((4, 1, 4, 2, 3),)),
 )
 
 
 def _wk_smem(cfg: tuple[int, ...]) -> int:
     """Dynamic shared memory of w4a16_wk (the kernel's layout: WK*S stages, then the block's float32 tile)."""
     mt, nword, wk, _, st, xsm = cfg
-    bc, mr = 32 * nword, 16 * mt
+    bc, mr = 32 * nword, 16 * mt if mt else 8
     return wk * st * (36 * bc + xsm * mr * 144) + mr * (bc + 4) * 4
 
 
@@ -328,16 +331,19 @@ def _mma_cfg(m: int, k: int, n: int, gs: int) -> tuple[int, ...] | None:
         return None
     if m <= 4 and t.h2:
         return None  # the opt-in float16x2 kernel
-    cfg = t.mma_cfg or next(c for mmax, c in _MMA_TABLE if m <= mmax)
-    if len(cfg) == 6:
-        known = (*cfg[:3], *cfg[4:]) in _WK_VARIANTS and _wk_smem(cfg) <= _WK_SMEM_MAX
-    elif len(cfg) == 5:
-        known = (cfg[:3] in _MMA_VARIANTS) if cfg[4] == 0 else ((*cfg[:3], cfg[4]) in _ASYNC_VARIANTS)
-    else:
-        known = False
-    if not known or n % (32 * cfg[1]) or k % 64 or gs % 64:
+    if k % 64 or gs % 64:
         return None
-    return cfg
+    cfgs = (t.mma_cfg,) if t.mma_cfg else next(c for mmax, c in _MMA_TABLE if m <= mmax)
+    return next((c for c in cfgs if _mma_known(c) and n % (32 * c[1]) == 0), None)
+
+
+def _mma_known(cfg: tuple[int, ...]) -> bool:
+    """Whether ``cfg`` names a kernel built into the module (and, for w4a16_wk, one whose shared memory fits)."""
+    if len(cfg) == 6:
+        return (*cfg[:3], *cfg[4:]) in _WK_VARIANTS and _wk_smem(cfg) <= _WK_SMEM_MAX
+    if len(cfg) == 5:
+        return (cfg[:3] in _MMA_VARIANTS) if cfg[4] == 0 else ((*cfg[:3], cfg[4]) in _ASYNC_VARIANTS)
+    return False
 
 
 def w4a16_mma_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) -> tuple[tuple[int, int], int]:

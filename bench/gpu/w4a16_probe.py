@@ -1,6 +1,6 @@
 """Probe: what bounds gemm_w4a16 on the GPU, measured by variants of its kernels in one run.
 
-For M in 1, 16, 64 at K x N = 8192 x 8192 and 4096 x 14336 (group size 128) it times, with CUDA
+For M in 1, 8, 16, 64 at K x N = 8192 x 8192 and 4096 x 14336 (group size 128) it times, with CUDA
 events around batches queued behind a spin kernel (``gpu_kernels._timer``: launch cost hidden,
 median of 5 batches, weight sets rotated so that L2 cannot hold them):
 
@@ -12,7 +12,8 @@ median of 5 batches, weight sets rotated so that L2 cannot hold them):
   the op (``quant.use_tuning(mma_cfg=...)``), so the product's launch code runs;
 - diagnostics: the same source built with ``-DW4_PROBE=1`` (loads only, no dequant or mma),
   ``2`` (math only: no weight loads after the first stages), ``4`` (raw words as B fragments:
-  no dequant); their results are wrong by construction and marked ``diag``.
+  no dequant), ``8`` (no mma: the dequantized words folded into a register), ``6`` (mma only:
+  no weight loads, no dequant); their results are wrong by construction and marked ``diag``.
 
 Every non-diagnostic case is checked against float64 x @ dequant(w) computed on the device:
 max|out - ref| / max|ref|, and the tests' rule (allclose of out / max|ref| with the op's
@@ -48,21 +49,23 @@ _READ = r"""extern "C" __global__ void read16(const uint4* __restrict__ p, long 
   if (acc == 0x9E3779B9u) sink[0] = acc;
 }"""
 
-# w4a16_wk configurations (MT, NWORD, WK, BPS, S, XSM) per M class
+# w4a16_wk configurations (MT, NWORD, WK, BPS, S, XSM) per M class; MT = 0: the operands swapped (M <= 8)
+WK_TR = [(0, 4, 8, 0, 4, 0), (0, 4, 8, 1, 4, 0), (0, 4, 8, 1, 3, 1), (0, 2, 8, 1, 4, 0), (0, 2, 8, 2, 4, 0),
+         (0, 2, 8, 1, 4, 1), (0, 4, 4, 1, 4, 0), (0, 4, 4, 2, 4, 0)]
 WK_SMALL = [(1, 4, 8, 0, 4, 0), (1, 4, 8, 1, 4, 0), (1, 4, 8, 2, 4, 0), (1, 4, 8, 1, 3, 1), (1, 2, 8, 1, 4, 1),
             (1, 2, 8, 2, 4, 1), (1, 2, 8, 1, 4, 0), (1, 2, 8, 2, 4, 0), (1, 1, 8, 1, 4, 1), (1, 1, 8, 2, 4, 1),
             (1, 2, 4, 2, 4, 1), (1, 2, 4, 4, 4, 1)]
 WK_64 = [(4, 2, 4, 1, 2, 1), (4, 2, 4, 2, 2, 1), (4, 2, 2, 2, 3, 1), (4, 2, 2, 4, 3, 1), (4, 1, 4, 2, 2, 1)]
-OLD = {1: (1, 2, 4, 4, 3), 16: (1, 2, 4, 2, 3), 64: (4, 1, 4, 2, 3)}  # the previous table (and M = 1's best)
-DIAG_CFGS = [(1, 2, 8, 2, 4, 1), (1, 4, 8, 1, 4, 0)]
-DIAG_BITS = {1: "loads only", 2: "math only", 4: "no dequant"}
+OLD = {1: (1, 2, 4, 4, 3), 8: (1, 2, 4, 2, 3), 16: (1, 2, 4, 2, 3), 64: (4, 1, 4, 2, 3)}  # the previous table
+DIAG_CFGS = [(1, 4, 8, 1, 3, 1), (1, 4, 8, 1, 4, 0), (0, 4, 8, 1, 4, 0)]
+DIAG_BITS = {1: "loads only", 2: "math only", 4: "no dequant", 8: "no mma", 6: "mma only: no weight loads, no dequant"}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--ms", default="1,16,64")
+    ap.add_argument("--ms", default="1,8,16,64")
     ap.add_argument("--shapes", default="8192x8192,4096x14336", help="KxN,...")
     ap.add_argument("--budget-s", type=float, default=125.0)
     args = ap.parse_args(argv)
@@ -172,12 +175,13 @@ def main(argv: list[str] | None = None) -> int:
                 op_case("float32 CUDA-core kernel", {"mma": False, "h2": False})
                 op_case("float16x2 kernel (opt-in h2)", {"mma": False, "h2": True})
             op_case(f"mma_async {OLD[m]} (previous table)", {"mma_cfg": OLD[m], "mma_m1": True, "h2": False})
-            for cfg in WK_SMALL if m <= 16 else WK_64:
+            for cfg in (WK_TR if m <= 8 else []) + (WK_SMALL if m <= 16 else WK_64):
                 op_case(f"wk {cfg}", {"mma_cfg": cfg, "mma_m1": True, "h2": False})
-            if m <= 16 and k == 8192 and n == 8192:
+            if m in (1, 16) and k == 8192 and n == 8192:
                 for cfg in DIAG_CFGS:
                     for bits in DIAG_BITS:
-                        diag_case(cfg, bits)
+                        if cfg[0] > 0 or m == 1:
+                            diag_case(cfg, bits)
             del calls
         sets.clear()
         w16.clear()

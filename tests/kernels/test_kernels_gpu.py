@@ -134,7 +134,7 @@ def test_softmax_fused_rows_and_online(gpu, rows, d, dt) -> None:
 
 _FORCED = ["", "1,2,4,2,0", "1,1,8,2,4", "2,2,4,2,3", "4,1,4,2,0", "4,1,2,4,4"]
 # w4a16_wk (MT, NWORD, WK, BPS, S, XSM): every built variant, with and without a K split
-_FORCED_WK = ["1,4,8,0,4,0", "1,4,8,2,3,1", "1,2,8,2,4,1", "1,2,8,0,4,0", "1,1,8,2,4,1", "1,2,4,4,4,1",
+_FORCED_WK = ["0,4,8,0,4,0", "0,4,8,1,3,1", "0,2,8,2,4,0", "0,2,8,0,4,1", "0,4,4,2,4,0", "1,4,8,0,4,0", "1,4,8,2,3,1", "1,2,8,2,4,1", "1,2,8,0,4,0", "1,1,8,2,4,1", "1,2,4,4,4,1",
               "2,2,8,1,3,1", "2,2,4,0,3,1", "4,2,4,2,2,1", "4,2,2,0,3,1", "4,1,4,4,2,1"]
 
 
@@ -144,7 +144,7 @@ _FORCED_WK = ["1,4,8,0,4,0", "1,4,8,2,3,1", "1,2,8,2,4,1", "1,2,8,0,4,0", "1,1,8
                                                          (1, 8192, 1024, 128, ""), (7, 4096, 640, 64, ""),
                                                          *((m, 2048, 512, 64, c) for m in (5, 40) for c in _FORCED[1:]),
                                                          *((m, 2048, 512, 64, c) for m in (1, 13, 40) for c in _FORCED_WK),
-                                                         (3, 1536, 1024, 128, _FORCED_WK[0]), (5, 4480, 256, 128, _FORCED_WK[3]),
+                                                         (3, 1536, 1024, 128, _FORCED_WK[0]), (5, 4480, 256, 128, _FORCED_WK[8]), (8, 4480, 256, 128, _FORCED_WK[0]),
                                                          (64, 1024, 256, 64, _FORCED_WK[-2])])
 def test_w4a16_tensor_core_path(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     """The mma kernels against float64 x @ dequant(w), activations with outliers (|x| up to 1e3) and subnormals;

@@ -27,14 +27,15 @@ def test_table_by_m(m) -> None:
     if m == 1 or m > 64:
         assert cfg is None
     else:
-        assert cfg == next(c for mmax, c in _MMA_TABLE if m <= mmax)
-        assert m <= 16 * cfg[0]  # one m-block: the weights are read once
+        assert cfg == next(c for mmax, c in _MMA_TABLE if m <= mmax)[0]
+        assert m <= (16 * cfg[0] or 8)  # one m-block: the weights are read once
 
 
 def test_shapes_it_does_not_take_fall_back() -> None:
     with use_tuning(**vars(W4A16Tuning())):
         assert _mma_cfg(16, 4096 + 32, 1024, 32) is None  # K % 64, group 32
-        assert _mma_cfg(16, 4096, 1024 + 32, 128) is None  # N % 64 with NWORD 2
+        assert _mma_cfg(16, 4096, 1024 + 32, 128) is None  # N % 64: no configuration takes it
+        assert _mma_cfg(16, 4096, 1024 + 64, 128) == _MMA_TABLE[0][1][-1]  # N % 128 != 0: the next one
         assert _mma_cfg(16, 4096, 1024, 128) is not None
         with use_tuning(mma=False):
             assert _mma_cfg(16, 4096, 1024, 128) is None
