@@ -303,9 +303,10 @@ _WK_VARIANTS = ((0, 4, 8, 4, 0), (0, 4, 8, 3, 1), (0, 2, 8, 4, 0), (0, 2, 8, 4, 
                 (2, 2, 8, 3, 1), (2, 2, 4, 3, 1), (4, 2, 4, 2, 1), (4, 2, 2, 3, 1), (4, 1, 4, 2, 1))
 _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
-# on an H200 (bench/gpu/w4a16_probe.py, bench/gpu_w4a16_tune.py).
-# M = 1 stays on the float32 CUDA-core kernel (20 us against 24-29 us here at 8192 x 8192).
+# on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-d19bdf3; bench/gpu_w4a16_tune.py for
+# M 17..64). M = 1 stays on the float32 CUDA-core kernel (20.2 us against 24.4 us for the best w4a16_wk at 8192^2).
 _MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
+    (8, ((0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
     (16, ((1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
     (32, ((2, 1, 4, 4, 4),)),
     (64, ((4, 1, 4, 2, 3),)),

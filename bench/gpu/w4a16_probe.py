@@ -13,7 +13,8 @@ median of 5 batches, weight sets rotated so that L2 cannot hold them):
 - diagnostics: the same source built with ``-DW4_PROBE=1`` (loads only, no dequant or mma),
   ``2`` (math only: no weight loads after the first stages), ``4`` (raw words as B fragments:
   no dequant), ``8`` (no mma: the dequantized words folded into a register), ``6`` (mma only:
-  no weight loads, no dequant); their results are wrong by construction and marked ``diag``.
+  no weight loads, no dequant), ``16`` (no chunk loop: launch and epilogue), ``32`` (no epilogue:
+  the chunk loop only); their results are wrong by construction and marked ``diag``.
 
 Every non-diagnostic case is checked against float64 x @ dequant(w) computed on the device:
 max|out - ref| / max|ref|, and the tests' rule (allclose of out / max|ref| with the op's
@@ -57,8 +58,9 @@ WK_SMALL = [(1, 4, 8, 0, 4, 0), (1, 4, 8, 1, 4, 0), (1, 4, 8, 2, 4, 0), (1, 4, 8
             (1, 2, 4, 2, 4, 1), (1, 2, 4, 4, 4, 1)]
 WK_64 = [(4, 2, 4, 1, 2, 1), (4, 2, 4, 2, 2, 1), (4, 2, 2, 2, 3, 1), (4, 2, 2, 4, 3, 1), (4, 1, 4, 2, 2, 1)]
 OLD = {1: (1, 2, 4, 4, 3), 8: (1, 2, 4, 2, 3), 16: (1, 2, 4, 2, 3), 64: (4, 1, 4, 2, 3)}  # the previous table
-DIAG_CFGS = [(1, 4, 8, 1, 3, 1), (1, 4, 8, 1, 4, 0), (0, 4, 8, 1, 4, 0)]
-DIAG_BITS = {1: "loads only", 2: "math only", 4: "no dequant", 8: "no mma", 6: "mma only: no weight loads, no dequant"}
+DIAG_CFGS = [(1, 4, 8, 1, 3, 1), (0, 4, 8, 1, 3, 1)]
+DIAG_BITS = {1: "loads only", 2: "math only", 4: "no dequant", 8: "no mma", 6: "mma only: no weight loads, no dequant",
+             16: "no chunk loop: launch and epilogue", 32: "no epilogue: the chunk loop only"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -444,7 +444,8 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 // MT = 0) (host: quant.py).
 // W4_PROBE (probe builds only, bench/gpu/w4a16_probe.py): bit 0 no dequant + mma (loads only), bit 1 no
 // weight loads after the first S-1 stages (math only), bit 2 raw words as B fragments (no dequant), bit 3
-// no mma (dequantized words folded into a register instead).
+// no mma (dequantized words folded into a register instead), bit 4 no chunk loop at all (launch, zeroing and
+// the epilogue only), bit 5 no epilogue (the chunk loop only; nothing written).
 #ifndef W4_PROBE
 #define W4_PROBE 0
 #endif
@@ -475,7 +476,7 @@ __global__ void __launch_bounds__(WK * 32) w4a16_wk(
   const int col0 = blockIdx.x * BC;
   const int n_chunks = K >> 6;
   const int c_begin = min((int)blockIdx.y * cpb, n_chunks), c_end = min(c_begin + cpb, n_chunks);
-  const int nloc = c_end - c_begin > warp ? (c_end - c_begin - warp + WK - 1) / WK : 0;
+  const int nloc = (W4_PROBE & 16) ? 0 : c_end - c_begin > warp ? (c_end - c_begin - warp + WK - 1) / WK : 0;
   const int ksplit = gridDim.y;
   unsigned char* wsm = dsm + warp * (S * STAGE);
   float* tile = reinterpret_cast<float*>(dsm + WK * S * STAGE);
@@ -600,6 +601,15 @@ __global__ void __launch_bounds__(WK * 32) w4a16_wk(
     }
     if ((W4_PROBE & 8) && sink == 0x9E3779B9u) acc[0][0][0] = 1.f;
     cp_async_wait<0>();
+    if (W4_PROBE & 32) {
+      float keep = 0.f;
+#pragma unroll
+      for (int mt = 0; mt < MTA; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) keep += acc[mt][nt][0] + acc[mt][nt][1] + acc[mt][nt][2] + acc[mt][nt][3];
+      if (keep == 1234.5f) out[0] = 0;
+      return;
+    }
     // the WK warps' tiles added in warp order in shared memory
     for (int w = 0; w < WK; ++w) {
       if (warp == w && TR) {
