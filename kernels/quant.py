@@ -253,7 +253,7 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
             and all(a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in arrays))
     if not fast:
         return _w4a16_numpy(call)
-    mma = _mma_cfg(m, k, n, gs)
+    mma = _mma_cfg(m, k, n, gs, _smem_optin())
     if mma is not None:
         return {"out": _w4a16_mma(call, m, k, n, gs, mma)}
     if dt == "float16" and m >= _dequant_min_m():
@@ -320,8 +320,9 @@ def _wk_smem(cfg: tuple[int, ...]) -> int:
     return wk * st * (36 * bc + xsm * mr * 144) + mr * (bc + 4) * 4
 
 
-def _mma_cfg(m: int, k: int, n: int, gs: int) -> tuple[int, ...] | None:
-    """The tensor-core configuration for this shape, or None (other paths).
+def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX) -> tuple[int, ...] | None:
+    """The tensor-core configuration for this shape, or None (other paths); ``smem_max``: the dynamic shared
+    memory a block may opt in to on the device (w4a16_wk configurations above it are passed over).
 
     SHMRPC_W4A16_MMA=0 turns the path off; SHMRPC_W4A16_MMA_M1=1 takes it for M = 1 too (measured slower);
     SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S" or "MT,NWORD,WK,BPS,S,XSM" forces one configuration (tuning only)."""
@@ -335,13 +336,13 @@ def _mma_cfg(m: int, k: int, n: int, gs: int) -> tuple[int, ...] | None:
     if k % 64 or gs % 64:
         return None
     cfgs = (t.mma_cfg,) if t.mma_cfg else next(c for mmax, c in _MMA_TABLE if m <= mmax)
-    return next((c for c in cfgs if _mma_known(c) and n % (32 * c[1]) == 0), None)
+    return next((c for c in cfgs if _mma_known(c, smem_max) and n % (32 * c[1]) == 0), None)
 
 
-def _mma_known(cfg: tuple[int, ...]) -> bool:
+def _mma_known(cfg: tuple[int, ...], smem_max: int = _WK_SMEM_MAX) -> bool:
     """Whether ``cfg`` names a kernel built into the module (and, for w4a16_wk, one whose shared memory fits)."""
     if len(cfg) == 6:
-        return (*cfg[:3], *cfg[4:]) in _WK_VARIANTS and _wk_smem(cfg) <= _WK_SMEM_MAX
+        return (*cfg[:3], *cfg[4:]) in _WK_VARIANTS and _wk_smem(cfg) <= min(smem_max, _WK_SMEM_MAX)
     if len(cfg) == 5:
         return (cfg[:3] in _MMA_VARIANTS) if cfg[4] == 0 else ((*cfg[:3], cfg[4]) in _ASYNC_VARIANTS)
     return False
@@ -392,6 +393,18 @@ def _counters(call: OpCall, tiles: int) -> Any:
 
 
 _WK_SMEM_SET: dict[tuple[int, str], int] = {}  # (device, kernel) -> dynamic shared bytes opted in
+_SMEM_OPTIN: dict[int, int] = {}  # device -> dynamic shared memory a block may opt in to
+
+
+def _smem_optin() -> int:
+    """The current device's opt-in shared memory per block (227 KiB on sm_90; 48 KiB when not reported)."""
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    if dev not in _SMEM_OPTIN:
+        props = cupy.cuda.runtime.getDeviceProperties(dev)
+        _SMEM_OPTIN[dev] = int(props.get("sharedMemPerBlockOptin") or (_WK_SMEM_MAX if props.get("major") == 9 else 48 * 1024))
+    return _SMEM_OPTIN[dev]
 
 
 def wk_launch(fn: Any, name: str, grid: tuple[int, int], wk: int, smem: int, args: tuple[Any, ...]) -> None:

@@ -94,3 +94,10 @@ def test_wk_configurations_by_name() -> None:
         assert _mma_cfg(16, 4096, 1024 + 32, 128) is None  # N % 64
     with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=(1, 2, 8, 2, 5, 1)))):
         assert _mma_cfg(16, 4096, 1024, 128) is None  # not built
+
+
+def test_devices_with_less_shared_memory_take_the_next_configuration() -> None:
+    with use_tuning(**vars(W4A16Tuning())):
+        big = _mma_cfg(8, 4096, 1024, 128)
+        assert big is not None and len(big) == 6 and _wk_smem(big) > 99 * 1024
+        assert _mma_cfg(8, 4096, 1024, 128, smem_max=99 * 1024) == _MMA_TABLE[0][1][-1]  # e.g. sm_89: 99 KiB
