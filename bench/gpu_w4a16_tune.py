@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             row: dict[str, Any] = {"M": m, "K": k, "N": n, "cublas_fp16_seconds": t16, "old_path_seconds": t_old,
                                    "old_path_rel_err": e_old, "configs": []}
             for cfg in only or CFGS.get(m, CFGS[64]):
-                with use_tuning(mma_cfg=(*cfg, 0)[:5]):  # as SHMRPC_W4A16_MMA_CFG
+                with use_tuning(mma_cfg=cfg if len(cfg) == 6 else (*cfg, 0)[:5]):  # as SHMRPC_W4A16_MMA_CFG
                     t, e = _timer(cp, once, args.reps), err()
                 row["configs"].append({"cfg": cfg, "seconds": t, "rel_err": e})
             best = min(row["configs"], key=lambda c: c["seconds"])

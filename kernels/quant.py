@@ -31,7 +31,7 @@ from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec
 from .api import register_op
 
 __all__ = ["QUANTIZE_INT4", "GEMM_W4A16", "dequantize_int4", "w4a16_launch_config", "w4a16_mma_launch",
-           "W4A16Tuning", "tuning", "use_tuning"]
+           "w4a16_wk_launch", "W4A16Tuning", "tuning", "use_tuning"]
 
 _FP16_TINY = 2.0**-24  # smallest float16 subnormal: a scale never rounds to 0
 
@@ -134,7 +134,8 @@ class W4A16Tuning:
         prefetch: ``SHMRPC_W4A16_PF=1``: prefetch the next run in the M = 1 kernel (measured slower).
         mma: ``SHMRPC_W4A16_MMA`` (on; ``0`` turns the tensor-core path off).
         mma_m1: ``SHMRPC_W4A16_MMA_M1=1``: the tensor-core path for M = 1 too (measured slower).
-        mma_cfg: ``SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S"``: one forced configuration (tuning only).
+        mma_cfg: ``SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S"`` (w4a16_mma / w4a16_mma_async) or
+            ``"MT,NWORD,WK,BPS,S,XSM"`` (w4a16_wk): one forced configuration (tuning only).
     """
 
     blocks_per_sm: int = 2
@@ -143,7 +144,7 @@ class W4A16Tuning:
     prefetch: bool = False
     mma: bool = True
     mma_m1: bool = False
-    mma_cfg: tuple[int, int, int, int, int] | None = None
+    mma_cfg: tuple[int, ...] | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> W4A16Tuning:
@@ -152,7 +153,7 @@ class W4A16Tuning:
         cfg = None
         if forced:
             v = [int(p) for p in forced.split(",")]
-            cfg = (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
+            cfg = tuple(v) if len(v) == 6 else (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
         return cls(blocks_per_sm=int(env.get("SHMRPC_W4A16_BLOCKS_PER_SM", "2")),
                    dequant_min_m=int(env.get("SHMRPC_W4A16_DEQUANT_MIN_M", "5")),
                    h2=env.get("SHMRPC_W4A16_H2", "0") == "1", prefetch=env.get("SHMRPC_W4A16_PF", "0") == "1",
@@ -252,7 +253,7 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
             and all(a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in arrays))
     if not fast:
         return _w4a16_numpy(call)
-    mma = _mma_cfg(m, k, n, gs)
+    mma = _mma_cfg(m, k, n, gs, _smem_optin())
     if mma is not None:
         return {"out": _w4a16_mma(call, m, k, n, gs, mma)}
     if dt == "float16" and m >= _dequant_min_m():
@@ -289,24 +290,42 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
 # Tensor-core kernels (cuda/w4a16_mma.cu). A configuration is (MT, NWORD, WARPS, BPS, S): 16-row m-tiles,
 # 32-bit weight words per thread per packed row (a warp covers 32*NWORD columns, a block WARPS of those),
 # warps per block, blocks per SM aimed at (sets the K split), and S > 0: w4a16_mma_async with S shared-memory
-# stages (cp.async), S = 0: w4a16_mma (register prefetch).
+# stages (cp.async), S = 0: w4a16_mma (register prefetch). Six numbers (MT, NWORD, WK, BPS, S, XSM) name
+# w4a16_wk: WK warps split the chunks of one 32*NWORD-column slab, each warp with its own S-stage cp.async
+# pipeline (XSM = 1: activations staged too; 0: read through L1), BPS blocks per SM aimed at (0: no K split);
+# MT = 0 there: the operands swapped (weights as the A operand, 8 activation rows as B: M <= 8 per m-block).
 _MMA_VARIANTS = ((1, 4, 4), (1, 2, 4), (1, 1, 4), (1, 1, 8), (2, 2, 4), (2, 1, 4), (4, 1, 4), (4, 1, 2))
 _ASYNC_VARIANTS = ((1, 2, 4, 4), (1, 2, 4, 3), (1, 2, 4, 2), (1, 1, 8, 3), (1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 4), (2, 1, 4, 4), (2, 2, 4, 3),
                    (4, 1, 4, 3), (4, 1, 2, 4))
-# Per largest M: the configuration, measured on an H200 (bench/gpu_w4a16_tune.py).
-# M = 1 stays on the float32 CUDA-core kernel (20 us against 24-29 us here at 8192 x 8192).
-_MMA_TABLE: tuple[tuple[int, tuple[int, int, int, int, int]], ...] = (
-    (16, (1, 2, 4, 2, 3)),
-    (32, (2, 1, 4, 4, 4)),
-    (64, (4, 1, 4, 2, 3)),
+# (MT, NWORD, WK, S, XSM) of w4a16_wk built into the module
+_WK_VARIANTS = ((0, 4, 8, 4, 0), (0, 4, 8, 3, 1), (0, 2, 8, 4, 0), (0, 2, 8, 4, 1), (0, 4, 4, 4, 0),
+                (1, 4, 8, 4, 0), (1, 4, 8, 3, 1), (1, 2, 8, 4, 1), (1, 2, 8, 4, 0), (1, 1, 8, 4, 1), (1, 2, 4, 4, 1),
+                (2, 2, 8, 3, 1), (2, 2, 4, 3, 1), (4, 2, 4, 2, 1), (4, 2, 2, 3, 1), (4, 1, 4, 2, 1))
+_WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
+# Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
+# on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-d19bdf3; bench/gpu_w4a16_tune.py for
+# M 17..64). M = 1 stays on the float32 CUDA-core kernel (20.2 us against 24.4 us for the best w4a16_wk at 8192^2).
+_MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
+    (8, ((0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
+    (16, ((1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
+    (32, ((2, 1, 4, 4, 4),)),
+    (64, ((4, 1, 4, 2, 3),)),
 )
 
 
-def _mma_cfg(m: int, k: int, n: int, gs: int) -> tuple[int, int, int, int, int] | None:
-    """The tensor-core configuration for this shape, or None (other paths).
+def _wk_smem(cfg: tuple[int, ...]) -> int:
+    """Dynamic shared memory of w4a16_wk (the kernel's layout: WK*S stages, then the block's float32 tile)."""
+    mt, nword, wk, _, st, xsm = cfg
+    bc, mr = 32 * nword, 16 * mt if mt else 8
+    return wk * st * (36 * bc + xsm * mr * 144) + mr * (bc + 4) * 4
+
+
+def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX) -> tuple[int, ...] | None:
+    """The tensor-core configuration for this shape, or None (other paths); ``smem_max``: the dynamic shared
+    memory a block may opt in to on the device (w4a16_wk configurations above it are passed over).
 
     SHMRPC_W4A16_MMA=0 turns the path off; SHMRPC_W4A16_MMA_M1=1 takes it for M = 1 too (measured slower);
-    SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S" forces one configuration (tuning only)."""
+    SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S" or "MT,NWORD,WK,BPS,S,XSM" forces one configuration (tuning only)."""
     t = _TUNING
     if not t.mma or m < 1 or m > _MMA_TABLE[-1][0]:
         return None
@@ -314,11 +333,19 @@ def _mma_cfg(m: int, k: int, n: int, gs: int) -> tuple[int, int, int, int, int] 
         return None
     if m <= 4 and t.h2:
         return None  # the opt-in float16x2 kernel
-    cfg = t.mma_cfg or next(c for mmax, c in _MMA_TABLE if m <= mmax)
-    known = (cfg[:3] in _MMA_VARIANTS) if cfg[4] == 0 else ((*cfg[:3], cfg[4]) in _ASYNC_VARIANTS)
-    if not known or n % (32 * cfg[1]) or k % 64 or gs % 64:
+    if k % 64 or gs % 64:
         return None
-    return cfg
+    cfgs = (t.mma_cfg,) if t.mma_cfg else next(c for mmax, c in _MMA_TABLE if m <= mmax)
+    return next((c for c in cfgs if _mma_known(c, smem_max) and n % (32 * c[1]) == 0), None)
+
+
+def _mma_known(cfg: tuple[int, ...], smem_max: int = _WK_SMEM_MAX) -> bool:
+    """Whether ``cfg`` names a kernel built into the module (and, for w4a16_wk, one whose shared memory fits)."""
+    if len(cfg) == 6:
+        return (*cfg[:3], *cfg[4:]) in _WK_VARIANTS and _wk_smem(cfg) <= min(smem_max, _WK_SMEM_MAX)
+    if len(cfg) == 5:
+        return (cfg[:3] in _MMA_VARIANTS) if cfg[4] == 0 else ((*cfg[:3], cfg[4]) in _ASYNC_VARIANTS)
+    return False
 
 
 def w4a16_mma_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) -> tuple[tuple[int, int], int]:
@@ -332,32 +359,93 @@ def w4a16_mma_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) ->
     return (tiles, ksplit), cpb
 
 
+def w4a16_wk_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) -> tuple[tuple[int, int], int, int]:
+    """(grid, chunks per block, dynamic shared bytes) of w4a16_wk: a block = one 32*NWORD-column slab, WK warps."""
+    nword, bps = cfg[1], cfg[3]
+    tiles = n // (32 * nword)
+    chunks = k // 64
+    ksplit = max(1, min(round(bps * n_sm / tiles), chunks)) if bps > 0 else 1
+    cpb = -(-chunks // ksplit)
+    ksplit = -(-chunks // cpb)
+    return (tiles, ksplit), cpb, _wk_smem(cfg)
+
+
+def _wk_name(kt: str, cfg: tuple[int, ...]) -> str:
+    mt, nw, wk, _, st, xsm = cfg
+    return f"w4a16_wk<{kt},{mt},{nw},{wk},{st},{xsm}>"
+
+
 def _mma_names(kt: str) -> tuple[str, ...]:
     return (*(f"w4a16_mma<{kt},{mt},{nw},{wp}>" for mt, nw, wp in _MMA_VARIANTS),
-            *(f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>" for mt, nw, wp, st in _ASYNC_VARIANTS))
+            *(f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>" for mt, nw, wp, st in _ASYNC_VARIANTS),
+            *(_wk_name(kt, (mt, nw, wk, 0, st, xsm)) for mt, nw, wk, st, xsm in _WK_VARIANTS))
 
 
-def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, int, int, int, int]) -> Any:
+def _counters(call: OpCall, tiles: int) -> Any:
+    """The split-K counters of this stream (zeroed once; every launch leaves them zero)."""
+    import cupy
+
+    counters = call.workspace.get("w4a16_counters")
+    if counters is None or counters.size < tiles:
+        counters = cupy.zeros(max(tiles, 1024), dtype=cupy.uint32)
+        call.workspace["w4a16_counters"] = counters
+    return counters
+
+
+_WK_SMEM_SET: dict[tuple[int, str], int] = {}  # (device, kernel) -> dynamic shared bytes opted in
+_SMEM_OPTIN: dict[int, int] = {}  # device -> dynamic shared memory a block may opt in to
+
+
+def _smem_optin() -> int:
+    """The current device's opt-in shared memory per block (227 KiB on sm_90; 48 KiB when not reported)."""
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    if dev not in _SMEM_OPTIN:
+        props = cupy.cuda.runtime.getDeviceProperties(dev)
+        _SMEM_OPTIN[dev] = int(props.get("sharedMemPerBlockOptin") or (_WK_SMEM_MAX if props.get("major") == 9 else 48 * 1024))
+    return _SMEM_OPTIN[dev]
+
+
+def wk_launch(fn: Any, name: str, grid: tuple[int, int], wk: int, smem: int, args: tuple[Any, ...]) -> None:
+    """Launch the w4a16_wk kernel ``fn`` (named ``name``) with ``smem`` bytes of dynamic shared memory."""
+    import cupy
+
+    key = (cupy.cuda.runtime.getDevice(), name)
+    if smem > 48 * 1024 and _WK_SMEM_SET.get(key, 0) < smem:
+        try:
+            fn.max_dynamic_shared_size_bytes = smem
+        except AttributeError:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES on the function itself
+            cupy.cuda.driver.funcSetAttribute(fn.kernel.ptr, 8, smem)
+        _WK_SMEM_SET[key] = smem
+    fn(grid, (32 * wk,), args, shared_mem=smem)
+
+
+def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ...]) -> Any:
     """One launch of a tensor-core kernel; split-K partials summed by the last block of a column tile."""
     import cupy
 
     from ._cuda import get_function, sm_count
 
     x, qw, sc, zr = (call.inputs[p] for p in ("x", "qweight", "scales", "zeros"))
-    (tiles, ksplit), cpb = w4a16_mma_launch(m, k, n, sm_count(), cfg)
+    kt = "F16" if call.in_specs["x"].dtype == "float16" else "BF16"
     out = call.dest("out")
     if out is None or not out.flags.c_contiguous or out.data.ptr % 16:
         out = cupy.empty((m, n), dtype=x.dtype)
+    if len(cfg) == 6:
+        (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, sm_count(), cfg)
+        partial = cupy.empty((ksplit, m, n) if ksplit > 1 else (1,), dtype=cupy.float32)
+        name = _wk_name(kt, cfg)
+        fn = get_function("w4a16_mma.cu", _mma_names(kt), name)
+        wk_launch(fn, name, (tiles, ksplit), cfg[2], smem, (x, qw, sc, zr, partial, _counters(call, tiles), out, np.int32(m),
+                                                      np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)))
+        return out
+    (tiles, ksplit), cpb = w4a16_mma_launch(m, k, n, sm_count(), cfg)
     partial = cupy.empty((ksplit, m, n) if ksplit > 1 else (1,), dtype=cupy.float32)
-    counters = call.workspace.get("w4a16_counters")
-    if counters is None or counters.size < tiles:
-        counters = cupy.zeros(max(tiles, 1024), dtype=cupy.uint32)
-        call.workspace["w4a16_counters"] = counters
-    kt = "F16" if call.in_specs["x"].dtype == "float16" else "BF16"
     mt, nw, wp, _, st = cfg
     name = f"w4a16_mma<{kt},{mt},{nw},{wp}>" if st == 0 else f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>"
     fn = get_function("w4a16_mma.cu", _mma_names(kt), name)
-    fn((tiles, ksplit), (32 * wp,), (x, qw, sc, zr, partial, counters, out,
+    fn((tiles, ksplit), (32 * wp,), (x, qw, sc, zr, partial, _counters(call, tiles), out,
                                       np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)))
     return out
 

@@ -425,3 +425,244 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
 }
+
+// w4a16_wk: the same product with every warp on its own: a block is WK warps over ONE column slab of
+// BC = 32*NWORD columns, and its warps split the block's chunks between them (warp w takes chunks
+// c_begin + w, + WK, ...: at any time the WK warps read neighbouring rows). Each warp runs its own
+// cp.async pipeline of S stages (weights [32 packed rows][BC] with 16-byte pieces swizzled so the
+// fragment reads hit distinct banks, its chunk's scales and zeros, and with XSM the activation chunk
+// [MR rows][72 halves]; without XSM the A fragments are read from global memory through L1), waits
+// with cp.async.wait_group + __syncwarp: no block barrier in the loop. The WK float32 tiles are added
+// in shared memory in warp order (deterministic), then written out (ksplit = gridDim.y == 1) or as
+// partials that the last block of the column tile adds in a fixed order, as in w4a16_mma.
+// MT = 0 (M <= 8 per m-block): the operands swapped, out^T = W^T x^T: the dequantized weights are the A
+// operand (16 columns x 16 k: bytes j0 = 2p & 3 and j0 + 1 of a lane's word are rows g and g + 8 of A-tile
+// p, i.e. the columns g*NT + 2p and g*NT + 2p + 1) and 8 activation rows are B (b0 = x[g][k0+2t..],
+// b1 = x[g][k0+2t+8..], rows >= M zero): one mma per 8 weights per lane instead of one per 4, half the
+// mma.sync of MT = 1 for the same columns.
+// Dynamic shared memory: WK*S*STAGE + MB*(BC+4)*4 bytes, STAGE = 36*BC + XSM*MB*144, MB = 16*MT (8 for
+// MT = 0) (host: quant.py).
+// W4_PROBE (probe builds only, bench/gpu/w4a16_probe.py): bit 0 no dequant + mma (loads only), bit 1 no
+// weight loads after the first S-1 stages (math only), bit 2 raw words as B fragments (no dequant), bit 3
+// no mma (dequantized words folded into a register instead), bit 4 no chunk loop at all (launch, zeroing and
+// the epilogue only), bit 5 no epilogue (the chunk loop only; nothing written).
+#ifndef W4_PROBE
+#define W4_PROBE 0
+#endif
+
+template <int NWORD>
+__device__ __forceinline__ int wk_swz(int row) {  // 16-byte piece of a B-tile row ^ this
+  return NWORD == 4 ? ((row & 3) << 1) : NWORD == 2 ? (((row >> 1) & 1) << 1) : 0;
+}
+__device__ __forceinline__ u32 ld_x32(const u16* p) {
+  u32 r; asm("ld.global.nc.u32 %0, [%1];" : "=r"(r) : "l"(p)); return r;
+}
+
+template <class X, int MT, int NWORD, int WK, int S, int XSM>
+__global__ void __launch_bounds__(WK * 32) w4a16_wk(
+    const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
+    const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
+    unsigned int* __restrict__ counters, u16* __restrict__ out,
+    int M, int K, int N, int group_rows, int cpb) {
+  typedef MmaOps<X> O;
+  constexpr bool TR = MT == 0;
+  constexpr int MTA = TR ? 1 : MT;  // m-tiles held (TR: one 8-row B operand)
+  constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = TR ? 8 : 16 * MT, NP = BC / 16, XS = 72;
+  constexpr int WB = 32 * BC, SZB = 4 * BC, XB = XSM ? MR * XS * 2 : 0, STAGE = WB + SZB + XB;
+  constexpr int OW = BC + 4;
+  extern __shared__ __align__(16) unsigned char dsm[];
+  __shared__ unsigned int is_last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int col0 = blockIdx.x * BC;
+  const int n_chunks = K >> 6;
+  const int c_begin = min((int)blockIdx.y * cpb, n_chunks), c_end = min(c_begin + cpb, n_chunks);
+  const int nloc = (W4_PROBE & 16) ? 0 : c_end - c_begin > warp ? (c_end - c_begin - warp + WK - 1) / WK : 0;
+  const int ksplit = gridDim.y;
+  unsigned char* wsm = dsm + warp * (S * STAGE);
+  float* tile = reinterpret_cast<float*>(dsm + WK * S * STAGE);
+  // lane's B bytes inside a tile row: logical 16-byte piece and offset in it
+  const int bpiece = (g * 4 * NWORD) >> 4, boff = (g * 4 * NWORD) & 15;
+
+  for (int m0 = 0; m0 < M; m0 += MR) {
+    const int mrows = min(MR, M - m0);
+    if (XSM && mrows < MR) {  // rows >= M stay zero: copies only ever write rows < mrows
+      for (int s = 0; s < S; ++s)
+        for (int i = lane; i < (MR - mrows) * (XS / 2); i += 32)
+          reinterpret_cast<u32*>(wsm + s * STAGE + WB + SZB + mrows * XS * 2)[i] = 0u;
+      __syncwarp();
+    }
+    auto issue = [&](int ch, int stage) {
+      unsigned char* st = wsm + stage * STAGE;
+      const int pr = ch * 32;
+#pragma unroll
+      for (int i = 0; i < NP; ++i) {
+        const int p = i * 32 + lane, row = p / NP, c16 = p % NP;
+        cp_async16(st + row * BC + 16 * (c16 ^ wk_swz<NWORD>(row)), qweight + (u64)(pr + row) * N + col0 + 16 * c16, 16);
+      }
+      if (lane < BC / 4) {  // BC/8 pieces of scales, then BC/8 of zeros
+        const int which = lane / (BC / 8), off = lane % (BC / 8);
+        const u16* src = (which ? zeros : scales) + (u64)(pr / group_rows) * N + col0 + 8 * off;
+        cp_async16(st + WB + which * 2 * BC + 16 * off, src, 16);
+      }
+      if (XSM) {
+        for (int p = lane; p < mrows * 8; p += 32)
+          cp_async16(st + WB + SZB + (p >> 3) * (XS * 2) + 16 * (p & 7), x + (u64)(m0 + (p >> 3)) * K + ch * 64 + 8 * (p & 7), 16);
+      }
+    };
+    float acc[MTA][NT][4];  // TR: acc[0][p] for A-tile p < NT/2
+    u32 sink = 0u;           // W4_PROBE bit 3 only
+#pragma unroll
+    for (int mt = 0; mt < MTA; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) {
+      if (s < nloc) issue(c_begin + warp + WK * s, s);
+      cp_async_commit();
+    }
+    for (int i = 0; i < nloc; ++i) {
+      cp_async_wait<S - 2>();
+      __syncwarp();
+      if (i + S - 1 < nloc && !(W4_PROBE & 2)) issue(c_begin + warp + WK * (i + S - 1), (i + S - 1) % S);
+      cp_async_commit();
+      if (W4_PROBE & 1) continue;
+      const int ch = c_begin + warp + WK * i;
+      const unsigned char* st = wsm + (i % S) * STAGE;
+      u32 a[4][MTA][4];  // TR: [stp][0][0] and [stp][0][2] are the B operand (x rows g)
+      if (XSM) {
+        const u32* xw = reinterpret_cast<const u32*>(st + WB + SZB);
+#pragma unroll
+        for (int stp = 0; stp < 4; ++stp)
+#pragma unroll
+          for (int mt = 0; mt < MTA; ++mt) {
+            const int ra = (mt * 16 + g) * (XS / 2) + 8 * stp + t, rb = ra + 8 * (XS / 2);
+            a[stp][mt][0] = xw[ra]; a[stp][mt][2] = xw[ra + 4];
+            if (!TR) { a[stp][mt][1] = xw[rb]; a[stp][mt][3] = xw[rb + 4]; }
+          }
+      } else {
+#pragma unroll
+        for (int stp = 0; stp < 4; ++stp)
+#pragma unroll
+          for (int mt = 0; mt < MTA; ++mt) {
+            const int ra = m0 + mt * 16 + g, rb = ra + 8, k = ch * 64 + 16 * stp + 2 * t;
+            const u16* pa = x + (u64)ra * K + k;
+            const u16* pb = x + (u64)rb * K + k;
+            const bool oka = TR ? g < mrows : ra < M;
+            a[stp][mt][0] = oka ? ld_x32(pa) : 0u; a[stp][mt][2] = oka ? ld_x32(pa + 8) : 0u;
+            if (!TR) { a[stp][mt][1] = rb < M ? ld_x32(pb) : 0u; a[stp][mt][3] = rb < M ? ld_x32(pb + 8) : 0u; }
+          }
+      }
+      const u32* szw = reinterpret_cast<const u32*>(st + WB + g * NT * 2);
+      u32 s2[NT], nz[NT];
+#pragma unroll
+      for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
+#pragma unroll
+      for (int stp = 0; stp < 4; ++stp) {
+        u32 w0[NWORD], w1[NWORD];
+        const int r0 = 8 * stp + t, r1 = r0 + 4;
+        const unsigned char* p0 = st + r0 * BC + 16 * (bpiece ^ wk_swz<NWORD>(r0)) + boff;
+        const unsigned char* p1 = st + r1 * BC + 16 * (bpiece ^ wk_swz<NWORD>(r1)) + boff;
+#pragma unroll
+        for (int w = 0; w < NWORD; ++w) { w0[w] = reinterpret_cast<const u32*>(p0)[w]; w1[w] = reinterpret_cast<const u32*>(p1)[w]; }
+#pragma unroll
+        for (int w = 0; w < NWORD; ++w) {
+          const u32 v0 = w0[w], v0s = v0 >> 4, v1 = w1[w], v1s = v1 >> 4;
+          u32 d0[4], d1[4];  // dequantized pairs of n-tile 4w + j: packed rows r0 (d0) and r1 (d1)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int nt = 4 * w + j;
+            if (W4_PROBE & 4) {
+              d0[j] = v0 ^ (u32)nt; d1[j] = v1 ^ (u32)nt;
+            } else {
+              const u32 sel = (u32)(j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
+              const u32 t0 = (__byte_perm(v0, v0s, sel) & 0x000F000Fu) | O::MAGIC;
+              const u32 t1 = (__byte_perm(v1, v1s, sel) & 0x000F000Fu) | O::MAGIC;
+              d0[j] = O::fma2(O::fma2(t0, O::ONE, nz[nt]), s2[nt], 0x80008000u);
+              d1[j] = O::fma2(O::fma2(t1, O::ONE, nz[nt]), s2[nt], 0x80008000u);
+            }
+          }
+          if (W4_PROBE & 8) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) sink ^= d0[j] ^ d1[j];
+          } else if (TR) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // A-tile p = 2w + h: columns g*NT + 2p (row g), + 1 (row g + 8)
+              const u32 af[4] = {d0[2 * h], d0[2 * h + 1], d1[2 * h], d1[2 * h + 1]};
+              O::mma(acc[0][2 * w + h], af, a[stp][0][0], a[stp][0][2]);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+              for (int mt = 0; mt < MTA; ++mt) O::mma(acc[mt][4 * w + j], a[stp][mt], d0[j], d1[j]);
+          }
+        }
+      }
+    }
+    if ((W4_PROBE & 8) && sink == 0x9E3779B9u) acc[0][0][0] = 1.f;
+    cp_async_wait<0>();
+    if (W4_PROBE & 32) {
+      float keep = 0.f;
+#pragma unroll
+      for (int mt = 0; mt < MTA; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) keep += acc[mt][nt][0] + acc[mt][nt][1] + acc[mt][nt][2] + acc[mt][nt][3];
+      if (keep == 1234.5f) out[0] = 0;
+      return;
+    }
+    // the WK warps' tiles added in warp order in shared memory
+    for (int w = 0; w < WK; ++w) {
+      if (warp == w && TR) {
+#pragma unroll
+        for (int p = 0; p < NT / 2; ++p)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {  // C[row = column g*NT + 2p + (e >> 1)][col = batch row 2t + (e & 1)]
+            float* q = tile + (2 * t + (e & 1)) * OW + g * NT + 2 * p + (e >> 1);
+            *q = w == 0 ? acc[0][p][e] : *q + acc[0][p][e];
+          }
+      } else if (warp == w) {
+#pragma unroll
+        for (int mt = 0; mt < MTA; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float* p = tile + (mt * 16 + g + (e >> 1) * 8) * OW + (2 * t + (e & 1)) * NT + nt;
+              *p = w == 0 ? acc[mt][nt][e] : *p + acc[mt][nt][e];
+            }
+      }
+      __syncthreads();
+    }
+    for (int idx = threadIdx.x; idx < mrows * (BC / 4); idx += WK * 32) {
+      const int r = idx / (BC / 4), c = 4 * (idx % (BC / 4)), m = m0 + r;
+      const float4 v = *reinterpret_cast<const float4*>(tile + r * OW + c);
+      if (ksplit == 1) {
+        *reinterpret_cast<uint2*>(out + (u64)m * N + col0 + c) =
+            make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
+      } else {
+        *reinterpret_cast<float4*>(partial + ((u64)blockIdx.y * M + m) * N + col0 + c) = v;
+      }
+    }
+    __syncthreads();
+  }
+  if (ksplit == 1) return;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = (atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(ksplit - 1));
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < M * (BC / 4); idx += WK * 32) {
+    const int m = idx / (BC / 4), col = col0 + 4 * (idx % (BC / 4));
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (int sp = 0; sp < ksplit; ++sp) {
+      const float* p = partial + ((u64)sp * M + m) * N + col;
+      float4 u; asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(u.x), "=f"(u.y), "=f"(u.z), "=f"(u.w) : "l"(p));
+      v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
+    }
+    *reinterpret_cast<uint2*>(out + (u64)m * N + col) =
+        make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
+}

@@ -9,10 +9,14 @@ from shmrpc.kernels.quant import (
     _ASYNC_VARIANTS,
     _MMA_TABLE,
     _MMA_VARIANTS,
+    _WK_SMEM_MAX,
+    _WK_VARIANTS,
     W4A16Tuning,
     _mma_cfg,
+    _wk_smem,
     use_tuning,
     w4a16_mma_launch,
+    w4a16_wk_launch,
 )
 
 
@@ -23,14 +27,15 @@ def test_table_by_m(m) -> None:
     if m == 1 or m > 64:
         assert cfg is None
     else:
-        assert cfg == next(c for mmax, c in _MMA_TABLE if m <= mmax)
-        assert m <= 16 * cfg[0]  # one m-block: the weights are read once
+        assert cfg == next(c for mmax, c in _MMA_TABLE if m <= mmax)[0]
+        assert m <= (16 * cfg[0] or 8)  # one m-block: the weights are read once
 
 
 def test_shapes_it_does_not_take_fall_back() -> None:
     with use_tuning(**vars(W4A16Tuning())):
         assert _mma_cfg(16, 4096 + 32, 1024, 32) is None  # K % 64, group 32
-        assert _mma_cfg(16, 4096, 1024 + 32, 128) is None  # N % 64 with NWORD 2
+        assert _mma_cfg(16, 4096, 1024 + 32, 128) is None  # N % 64: no configuration takes it
+        assert _mma_cfg(16, 4096, 1024 + 64, 128) == _MMA_TABLE[0][1][-1]  # N % 128 != 0: the next one
         assert _mma_cfg(16, 4096, 1024, 128) is not None
         with use_tuning(mma=False):
             assert _mma_cfg(16, 4096, 1024, 128) is None
@@ -64,3 +69,35 @@ def test_launch_covers_shapes(cfg) -> None:
             chunks = k64 // 64
             assert ksplit * cpb >= chunks > (ksplit - 1) * cpb  # every chunk once, no empty block
             assert ksplit <= 65535
+
+
+@pytest.mark.parametrize("cfg", [(mt, nw, wk, bps, st, xsm) for mt, nw, wk, st, xsm in _WK_VARIANTS for bps in (0, 1, 2, 4)])
+def test_wk_launch_covers_shapes(cfg) -> None:
+    """w4a16_wk: one block per 32*NWORD columns (N divides), every 64-k chunk in exactly one block, shared memory
+    within what a block may opt in to."""
+    assert _wk_smem(cfg) <= _WK_SMEM_MAX
+    for k in range(1024, 28673, 3968):
+        for n in (1024, 4096, 14336, 28672):
+            k64 = k // 64 * 64
+            (tiles, ksplit), cpb, smem = w4a16_wk_launch(16, k64, n, 132, cfg)
+            assert tiles * 32 * cfg[1] == n and smem == _wk_smem(cfg)
+            chunks = k64 // 64
+            assert ksplit * cpb >= chunks > (ksplit - 1) * cpb
+            assert ksplit <= 65535 and (cfg[3] > 0 or ksplit == 1)
+
+
+def test_wk_configurations_by_name() -> None:
+    env = {"SHMRPC_W4A16_MMA_CFG": "1,2,8,2,4,1"}
+    assert W4A16Tuning.from_env(env).mma_cfg == (1, 2, 8, 2, 4, 1)
+    with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=(1, 2, 8, 2, 4, 1)))):
+        assert _mma_cfg(16, 4096, 1024, 128) == (1, 2, 8, 2, 4, 1)
+        assert _mma_cfg(16, 4096, 1024 + 32, 128) is None  # N % 64
+    with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=(1, 2, 8, 2, 5, 1)))):
+        assert _mma_cfg(16, 4096, 1024, 128) is None  # not built
+
+
+def test_devices_with_less_shared_memory_take_the_next_configuration() -> None:
+    with use_tuning(**vars(W4A16Tuning())):
+        big = _mma_cfg(8, 4096, 1024, 128)
+        assert big is not None and len(big) == 6 and _wk_smem(big) > 99 * 1024
+        assert _mma_cfg(8, 4096, 1024, 128, smem_max=99 * 1024) == _MMA_TABLE[0][1][-1]  # e.g. sm_89: 99 KiB

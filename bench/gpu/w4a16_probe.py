@@ -1,0 +1,228 @@
+"""Probe: what bounds gemm_w4a16 on the GPU, measured by variants of its kernels in one run.
+
+For M in 1, 8, 16, 64 at K x N = 8192 x 8192 and 4096 x 14336 (group size 128) it times, with CUDA
+events around batches queued behind a spin kernel (``gpu_kernels._timer``: launch cost hidden,
+median of 5 batches, weight sets rotated so that L2 cannot hold them):
+
+- fp16 cuBLAS (``cupy.matmul``) of the same shape, and a plain 16-byte read of the same bytes
+  (packed weights + scales + zeros): the two references;
+- the op as it is (``product``), the float32 CUDA-core kernel (M = 1), the opt-in float16x2
+  kernel (M = 1), the previous tensor-core table's configuration (``mma``);
+- ``w4a16_wk`` (``kernels/cuda/w4a16_mma.cu``) in configurations (MT, NWORD, WK, BPS, S, XSM), through
+  the op (``quant.use_tuning(mma_cfg=...)``), so the product's launch code runs;
+- diagnostics: the same source built with ``-DW4_PROBE=1`` (loads only, no dequant or mma),
+  ``2`` (math only: no weight loads after the first stages), ``4`` (raw words as B fragments:
+  no dequant), ``8`` (no mma: the dequantized words folded into a register), ``6`` (mma only:
+  no weight loads, no dequant), ``16`` (no chunk loop: launch and epilogue), ``32`` (no epilogue:
+  the chunk loop only); their results are wrong by construction and marked ``diag``.
+
+Every non-diagnostic case is checked against float64 x @ dequant(w) computed on the device:
+max|out - ref| / max|ref|, and the tests' rule (allclose of out / max|ref| with the op's
+float16 tolerance). Prints a table and writes JSON (date, commit from SHMRPC_COMMIT, device,
+command) to ``--out``. Finishes in about 1-2 minutes on an H200 (``--budget-s`` stops adding
+cases past that many seconds; skipped cases are listed).
+
+    python3 bench/gpu/w4a16_probe.py --out bench/results/w4a16-probe-DATE-COMMIT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gpu_kernels import _timer  # noqa: E402
+
+_READ = r"""extern "C" __global__ void read16(const uint4* __restrict__ p, long long n, unsigned int* sink) {
+  unsigned int acc = 0;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    uint4 v; asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p + i));
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9E3779B9u) sink[0] = acc;
+}"""
+
+# w4a16_wk configurations (MT, NWORD, WK, BPS, S, XSM) per M class; MT = 0: the operands swapped (M <= 8)
+WK_TR = [(0, 4, 8, 0, 4, 0), (0, 4, 8, 1, 4, 0), (0, 4, 8, 1, 3, 1), (0, 2, 8, 1, 4, 0), (0, 2, 8, 2, 4, 0),
+         (0, 2, 8, 1, 4, 1), (0, 4, 4, 1, 4, 0), (0, 4, 4, 2, 4, 0)]
+WK_SMALL = [(1, 4, 8, 0, 4, 0), (1, 4, 8, 1, 4, 0), (1, 4, 8, 2, 4, 0), (1, 4, 8, 1, 3, 1), (1, 2, 8, 1, 4, 1),
+            (1, 2, 8, 2, 4, 1), (1, 2, 8, 1, 4, 0), (1, 2, 8, 2, 4, 0), (1, 1, 8, 1, 4, 1), (1, 1, 8, 2, 4, 1),
+            (1, 2, 4, 2, 4, 1), (1, 2, 4, 4, 4, 1)]
+WK_64 = [(4, 2, 4, 1, 2, 1), (4, 2, 4, 2, 2, 1), (4, 2, 2, 2, 3, 1), (4, 2, 2, 4, 3, 1), (4, 1, 4, 2, 2, 1)]
+OLD = {1: (1, 2, 4, 4, 3), 8: (1, 2, 4, 2, 3), 16: (1, 2, 4, 2, 3), 64: (4, 1, 4, 2, 3)}  # the previous table
+DIAG_CFGS = [(1, 4, 8, 1, 3, 1), (0, 4, 8, 1, 3, 1)]
+DIAG_BITS = {1: "loads only", 2: "math only", 4: "no dequant", 8: "no mma", 6: "mma only: no weight loads, no dequant",
+             16: "no chunk loop: launch and epilogue", 32: "no epilogue: the chunk loop only"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--ms", default="1,8,16,64")
+    ap.add_argument("--shapes", default="8192x8192,4096x14336", help="KxN,...")
+    ap.add_argument("--budget-s", type=float, default=125.0)
+    args = ap.parse_args(argv)
+    t_start = time.monotonic()
+    import cupy as cp
+
+    from shmrpc.kernels import REGISTRY, TensorSpec
+    from shmrpc.kernels._cuda import sm_count, source
+    from shmrpc.kernels._registry import OpCall
+    from shmrpc.kernels.quant import _wk_name, dequantize_int4, use_tuning, w4a16_wk_launch, wk_launch
+
+    spec = REGISTRY["gemm_w4a16"]
+    rtol, atol = spec.tolerances["float16"]
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    n_sm = sm_count()
+    res: dict[str, Any] = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "device": name, "sm_count": n_sm,
+        "cupy": cp.__version__, "numpy": np.__version__, "commit": os.environ.get("SHMRPC_COMMIT", "unknown"),
+        "command": " ".join(["python3", "bench/gpu/w4a16_probe.py", *(argv if argv is not None else sys.argv[1:])]),
+        "timer": "CUDA events around batches of --reps calls queued behind a spin kernel, median of 5 batches",
+        "check": f"max|out - ref| / max|ref| against float64 x @ dequant(w); ok = allclose(out/max|ref|, ref/max|ref|, "
+                 f"rtol={rtol}, atol={atol})",
+        "rows": [], "skipped": []}
+    read = cp.RawKernel(_READ, "read16")
+    sink = cp.zeros(1, dtype=cp.uint32)
+    diag_mods: dict[int, Any] = {}
+
+    def diag_fn(bits: int, cfg: tuple[int, ...]) -> Any:
+        if bits not in diag_mods:
+            diag_mods[bits] = cp.RawModule(code=source("w4a16_mma.cu"), options=("-std=c++17", f"-DW4_PROBE={bits}"),
+                                           name_expressions=[_wk_name("F16", c) for c in DIAG_CFGS])
+        return diag_mods[bits].get_function(_wk_name("F16", cfg))
+
+    l2 = 60 << 20
+    for k, n in (tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")):
+        gs = 128
+        g = k // gs
+        packed = k * n // 2 + 4 * g * n
+        n_sets = max(2, -(-3 * l2 // packed))
+        rs = cp.random.RandomState(0)
+        sets = [(rs.randint(0, 256, (k // 2, n), dtype=cp.uint8), rs.uniform(0.005, 0.02, (g, n)).astype(cp.float16),
+                 rs.randint(0, 16, (g, n)).astype(cp.float16)) for _ in range(n_sets)]
+        w_ref = dequantize_int4(cp, *sets[0]).astype(cp.float64)
+        n16 = max(2, -(-3 * l2 // (k * n * 2)))
+        w16 = [rs.standard_normal((k, n), dtype=cp.float32).astype(cp.float16) for _ in range(n16)]
+        raw = [cp.empty(packed // 16 * 16, dtype=cp.uint8) for _ in range(n_sets)]
+        itr = iter(range(10**9))
+        n_vec = packed // 16
+        t_read = _timer(cp, lambda: read((4 * n_sm,), (512,), (raw[next(itr) % n_sets], np.int64(n_vec), sink)), args.reps)  # noqa: B023
+        for m in (int(v) for v in args.ms.split(",")):
+            x = (rs.standard_normal((m, k)) / np.sqrt(k)).astype(cp.float16)
+            want = x.astype(cp.float64) @ w_ref
+            wmax = float(cp.abs(want).max())
+            in_specs = {"x": TensorSpec((m, k), "float16"), "qweight": TensorSpec((k // 2, n), "uint8"),
+                        "scales": TensorSpec((g, n), "float16"), "zeros": TensorSpec((g, n), "float16")}
+            calls = [OpCall(cp, {"x": x, "qweight": q, "scales": s, "zeros": z}, in_specs,
+                            {"out": TensorSpec((m, n), "float16")}, {}, {}, {}) for q, s, z in sets]
+            it16 = iter(range(10**9))
+            t16 = _timer(cp, lambda x=x, it16=it16: cp.matmul(x, w16[next(it16) % n16]), args.reps)  # noqa: B023
+            base = {"K": k, "N": n, "M": m, "cublas_fp16_seconds": t16, "read_seconds": t_read, "bytes_read": packed}
+
+            def check(got: Any, want: Any = want, wmax: float = wmax) -> tuple[float, bool]:
+                d = got.astype(cp.float64)
+                err = float(cp.abs(d - want).max()) / wmax
+                ok = bool(cp.allclose(d / wmax, want / wmax, rtol=rtol, atol=atol))
+                return err, ok
+
+            def op_case(label: str, tuning: dict[str, Any], calls: list[Any] = calls, base: dict[str, Any] = base) -> None:
+                if time.monotonic() - t_start > args.budget_s:
+                    res["skipped"].append({**base, "case": label})
+                    return
+                it = iter(range(10**9))
+                with use_tuning(**tuning):
+                    t = _timer(cp, lambda: spec.cupy(calls[next(it) % len(calls)])["out"], args.reps)  # noqa: B023
+                    err, ok = check(spec.cupy(calls[0])["out"])
+                row = {**base, "case": label, "seconds": t, "rel_err": err, "ok": ok, "diag": False}
+                res["rows"].append(row)
+                _print(row)
+
+            def diag_case(cfg: tuple[int, ...], bits: int, m: int = m, k: int = k, n: int = n, gs: int = gs,
+                          calls: list[Any] = calls, base: dict[str, Any] = base) -> None:
+                if time.monotonic() - t_start > args.budget_s:
+                    res["skipped"].append({**base, "case": f"wk {cfg} probe={bits}"})
+                    return
+                fn = diag_fn(bits, cfg)
+                (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, n_sm, cfg)
+                partial = cp.empty((ksplit, m, n) if ksplit > 1 else (1,), dtype=cp.float32)
+                counters = cp.zeros(max(tiles, 1024), dtype=cp.uint32)
+                out = cp.empty((m, n), dtype=cp.float16)
+                it = iter(range(10**9))
+
+                def once() -> None:
+                    c = calls[next(it) % len(calls)].inputs
+                    wk_launch(fn, f"probe{bits}:{_wk_name('F16', cfg)}", (tiles, ksplit), cfg[2], smem,
+                              (c["x"], c["qweight"], c["scales"], c["zeros"], partial, counters, out, np.int32(m),
+                               np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)))
+
+                t = _timer(cp, once, args.reps)
+                row = {**base, "case": f"wk {cfg} probe={bits} ({DIAG_BITS[bits]})", "seconds": t, "rel_err": None,
+                       "ok": None, "diag": True}
+                res["rows"].append(row)
+                _print(row)
+
+            op_case("product (the op as it is)", {})
+            if m == 1:
+                op_case("float32 CUDA-core kernel", {"mma": False, "h2": False})
+                op_case("float16x2 kernel (opt-in h2)", {"mma": False, "h2": True})
+            op_case(f"mma_async {OLD[m]} (previous table)", {"mma_cfg": OLD[m], "mma_m1": True, "h2": False})
+            for cfg in (WK_TR if m <= 8 else []) + (WK_SMALL if m <= 16 else WK_64):
+                op_case(f"wk {cfg}", {"mma_cfg": cfg, "mma_m1": True, "h2": False})
+            if m in (1, 16) and k == 8192 and n == 8192:
+                for cfg in DIAG_CFGS:
+                    for bits in DIAG_BITS:
+                        if cfg[0] > 0 or m == 1:
+                            diag_case(cfg, bits)
+            del calls
+        sets.clear()
+        w16.clear()
+        raw.clear()
+        del w_ref
+        cp.get_default_memory_pool().free_all_blocks()
+    res["wall_seconds"] = time.monotonic() - t_start
+    _summary(res)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"wrote {args.out} ({res['wall_seconds']:.0f} s)")
+    return 0
+
+
+def _print(row: dict[str, Any]) -> None:
+    t = row["seconds"]
+    gbs = row["bytes_read"] / t / 1e9
+    chk = "diag" if row["diag"] else f"{row['rel_err']:.1e} {'ok' if row['ok'] else 'FAIL'}"
+    print(f"M={row['M']:<3} {row['K']}x{row['N']:<6} {t * 1e6:7.1f} us  {gbs:6.0f} GB/s  read x{t / row['read_seconds']:4.2f}  "
+          f"cuBLAS/this {row['cublas_fp16_seconds'] / t:5.2f}x  {chk:14s} {row['case']}", flush=True)
+
+
+def _summary(res: dict[str, Any]) -> None:
+    best: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for r in res["rows"]:
+        key = (r["K"], r["N"], r["M"])
+        if not r["diag"] and r["ok"] and (key not in best or r["seconds"] < best[key]["seconds"]):
+            best[key] = r
+    res["best"] = list(best.values())
+    print("\nbest correct case per shape:")
+    print("| M | K x N | best (µs) | case | plain read (µs) | fp16 cuBLAS (µs) | cuBLAS / best | product (µs) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (k, n, m), r in sorted(best.items()):
+        prod = next((p["seconds"] for p in res["rows"] if (p["K"], p["N"], p["M"]) == (k, n, m)
+                     and p["case"].startswith("product")), float("nan"))
+        print(f"| {m} | {k}x{n} | {r['seconds'] * 1e6:.1f} | {r['case']} | {r['read_seconds'] * 1e6:.1f} | "
+              f"{r['cublas_fp16_seconds'] * 1e6:.1f} | {r['cublas_fp16_seconds'] / r['seconds']:.2f}x | {prod * 1e6:.1f} |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
