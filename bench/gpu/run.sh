@@ -28,6 +28,9 @@
 #   ab      the tree sent against a base tree (the wheel in .whl/base/, installed beside it), interleaved twice:
 #           64 B in-place vector_add on the NumPy worker, loan and lanes next to zmq, and 8 and 16 client
 #           processes (loan and blocking lane) -> $OUT/ab-{base,new}-rN.json, $OUT/ab-clients-{base,new}-rN.json
+#   w4a16   bench/gpu/w4a16_probe.py: gemm_w4a16's kernels and their diagnostic builds next to fp16 cuBLAS (~35 s)
+#   graphs  the CUDA graphs of batches and of chunked runs: bench/gpu/tiny_probe.py --batch (in process), the
+#           256 MiB request through the worker with and without its graph (bench/gpu_e2e.py --only graphs)
 #   loop    the async and threads runs alone (NumPy worker, this host's cores, about 60 s), then
 #           bench/async_loop_ab.py: the loop's lag and calls/s, wrap_future vs direct finish, interleaved
 # Usage: bash bench/gpu/run.sh [STAGE ...]   (default: suite gpu lat bw; one device call holds at
@@ -144,6 +147,16 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
         --out "$OUT/bench-async-gpuhost.json" 2>&1 | tail -6
       timeout 40 $BENCH threads --threads 1,2,4,8 --sizes 64 --duration-s 2 --backend numpy \
         --out "$OUT/bench-threads-gpuhost.json" 2>&1 | tail -8 ;;
+    w4a16)
+      echo "== bench/gpu/w4a16_probe.py"
+      timeout 120 python3 bench/gpu/w4a16_probe.py --out "$OUT/w4a16-probe.json" > "$OUT/w4a16-probe.log" 2>&1
+      grep -A12 "best correct case" "$OUT/w4a16-probe.log" ;;
+    graphs)
+      echo "== bench/gpu/tiny_probe.py --batch"
+      timeout 90 python3 bench/gpu/tiny_probe.py --batch --out "$OUT/gpu-batch-graphs.json" 2>&1 | tail -12
+      echo "== bench/gpu_e2e.py --only graphs (256 MiB in + out through the worker, graph and plain)"
+      timeout 60 python3 bench/gpu_e2e.py --only graphs --rounds 2 --reps 10 --out "$OUT/gpu-graphs-e2e.json" 2>&1 \
+        | tail -10 ;;
     ab)
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-base \
         .whl/base/*.whl || exit 1
@@ -171,7 +184,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       echo "== bench/async_loop_ab.py (wrap_future vs direct finish, 3 rounds)"
       timeout 60 python3 bench/async_loop_ab.py --rounds 3 --out "$OUT/bench-async-gpuhost-loop-ab.json" \
         2>&1 | tail -16 ;;
-    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu, pool, ab, loop)" ;;
+    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu, pool, ab, w4a16, graphs, loop)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"
