@@ -64,16 +64,12 @@ class _Graph:
 _NONE = object()  # a key whose capture was refused (unpinned views): plain path
 
 
-class GraphCache:
-    """Graphs by key, at most ``limit``; ``after``: captured on the ``after``-th sight of a key.
+class _Graphs:
+    """What the graph caches share: graphs by key, at most ``limit``, in use order; the sights of keys not
+    captured yet (a key is captured on its ``after``-th sight); the plans whose capture failed; counts."""
 
-    ``issue(plan, host_in, host_out, resident, stream, workspace)`` enqueues one whole run
-    (H2D, steps, D2H) on ``stream`` and returns the device arrays it used.
-    """
-
-    def __init__(self, cupy: Any, issue: Issue, limit: int, after: int, capturing: threading.local) -> None:
+    def __init__(self, cupy: Any, limit: int, after: int, capturing: threading.local) -> None:
         self._cp = cupy
-        self._issue = issue
         self.limit = limit
         self.after = max(2, after)
         self._tls = capturing
@@ -86,17 +82,13 @@ class GraphCache:
         self.last_error = ""  # why the last capture failed
 
     def eligible(self, plan: Plan) -> bool:
-        """Whether ``plan`` may ever be captured (ops, no keep, no mutation, capture never failed)."""
+        """Whether ``plan`` may ever be captured (kernel-only ops, no keep, no mutation, no failed capture)."""
         return (self.limit > 0 and not plan.keep and id(plan) not in self._failed
                 and all(st.op.name in GRAPH_OPS and st.op.builtin and not st.op.mutates for st in plan.steps))
 
-    def run(self, plan: Plan, host_in: Mapping[str, np.ndarray], host_out: Mapping[str, np.ndarray],
-            resident: Mapping[str, Any]) -> bool:
-        """Serve this request by a graph (or by the warm run of a capture); False: run the plain path."""
-        views = [*host_in.values(), *host_out.values()]
-        if not all(v.flags.c_contiguous for v in views):
-            return False
-        key = (id(plan), *(v.ctypes.data for v in views), *(r.data.ptr for r in resident.values()))
+    def _lookup(self, key: tuple[Any, ...]) -> Any:
+        """The graph of ``key``, or ``_NONE`` (never a graph for this key), or ``None`` (this is its ``after``-th
+        sight: capture it now), or ``False`` (seen fewer times: the plain path)."""
         with self._lock:
             g = self._graphs.get(key)
             if g is None:
@@ -108,7 +100,50 @@ class GraphCache:
                     return False
             elif g is not _NONE:
                 self._graphs.move_to_end(key)
-        if g is _NONE:
+        return g
+
+    def _store(self, key: tuple[Any, ...], g: Any) -> None:
+        with self._lock:
+            self._graphs[key] = g
+            self._seen.pop(key, None)
+            while len(self._graphs) > self.limit:
+                _, old = self._graphs.popitem(last=False)
+                _retire(old)
+
+    def clear(self) -> None:
+        """Drop every graph (after each one's last launch finished) and the counts."""
+        with self._lock:
+            graphs = list(self._graphs.values())
+            self._graphs.clear()
+            self._seen.clear()
+            self._failed.clear()
+        for g in graphs:
+            _retire(g)
+
+    def __len__(self) -> int:
+        return sum(1 for g in self._graphs.values() if g is not _NONE)
+
+
+class GraphCache(_Graphs):
+    """Graphs by key, at most ``limit``; ``after``: captured on the ``after``-th sight of a key.
+
+    ``issue(plan, host_in, host_out, resident, stream, workspace)`` enqueues one whole run
+    (H2D, steps, D2H) on ``stream`` and returns the device arrays it used.
+    """
+
+    def __init__(self, cupy: Any, issue: Issue, limit: int, after: int, capturing: threading.local) -> None:
+        super().__init__(cupy, limit, after, capturing)
+        self._issue = issue
+
+    def run(self, plan: Plan, host_in: Mapping[str, np.ndarray], host_out: Mapping[str, np.ndarray],
+            resident: Mapping[str, Any]) -> bool:
+        """Serve this request by a graph (or by the warm run of a capture); False: run the plain path."""
+        views = [*host_in.values(), *host_out.values()]
+        if not all(v.flags.c_contiguous for v in views):
+            return False
+        key = (id(plan), *(v.ctypes.data for v in views), *(r.data.ptr for r in resident.values()))
+        g = self._lookup(key)
+        if g is False or g is _NONE:
             return False
         if g is None:
             return self._capture(key, plan, host_in, host_out, resident, views)
@@ -154,26 +189,6 @@ class GraphCache:
         self.captures += 1
         return True
 
-    def _store(self, key: tuple[Any, ...], g: Any) -> None:
-        with self._lock:
-            self._graphs[key] = g
-            self._seen.pop(key, None)
-            while len(self._graphs) > self.limit:
-                _, old = self._graphs.popitem(last=False)
-                _retire(old)
-
-    def clear(self) -> None:
-        """Drop every graph (after each one's last launch finished) and the counts."""
-        with self._lock:
-            graphs = list(self._graphs.values())
-            self._graphs.clear()
-            self._seen.clear()
-            self._failed.clear()
-        for g in graphs:
-            _retire(g)
-
-    def __len__(self) -> int:
-        return sum(1 for g in self._graphs.values() if g is not _NONE)
 
 
 #: ``chunked(streams, workspace, capture, hold)``: the chunked run of one request on ``streams``; with
@@ -181,7 +196,7 @@ class GraphCache:
 Chunked = Callable[[list[Any], dict[str, Any], bool, list[Any]], dict[str, float]]
 
 
-class ChunkGraphs:
+class ChunkGraphs(_Graphs):
     """Graphs of whole chunked runs (large elementwise requests) by key, at most ``limit``.
 
     Key: (plan, host input and output addresses, resident device addresses, chunk settings). Seen
@@ -193,42 +208,14 @@ class ChunkGraphs:
     as it is kept; out of device memory at capture, that key runs the plain path.
     """
 
-    def __init__(self, cupy: Any, limit: int, after: int, capturing: threading.local) -> None:
-        self._cp = cupy
-        self.limit = limit
-        self.after = max(2, after)
-        self._tls = capturing
-        self._lock = threading.Lock()
-        self._graphs: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
-        self._seen: dict[tuple[Any, ...], int] = {}
-        self._failed: dict[int, Plan] = {}
-        self.captures = 0
-        self.launches = 0
-        self.last_error = ""
-
-    def eligible(self, plan: Plan) -> bool:
-        """Whether ``plan`` may ever be captured (kernel-only ops, no keep, no mutation, no failed capture)."""
-        return (self.limit > 0 and not plan.keep and id(plan) not in self._failed
-                and all(st.op.name in GRAPH_OPS and st.op.builtin and not st.op.mutates for st in plan.steps))
-
     def run(self, plan: Plan, host_in: Mapping[str, np.ndarray], host_out: Mapping[str, np.ndarray],
             resident: Mapping[str, Any], settings: tuple[Any, ...], n_streams: int, chunked: Chunked
             ) -> dict[str, float] | None:
         """Stage seconds of this request served by a graph (or by the capture's warm run); None: run the plain path."""
         views = [*host_in.values(), *host_out.values()]
         key = (id(plan), *(v.ctypes.data for v in views), *(r.data.ptr for r in resident.values()), *settings)
-        with self._lock:
-            g = self._graphs.get(key)
-            if g is None:
-                n = self._seen.get(key, 0) + 1
-                if len(self._seen) > 16 * max(1, self.limit):
-                    self._seen.clear()
-                self._seen[key] = n
-                if n < self.after:
-                    return None
-            elif g is not _NONE:
-                self._graphs.move_to_end(key)
-        if g is _NONE:
+        g = self._lookup(key)
+        if g is False or g is _NONE:
             return None
         if g is None:
             return self._capture(key, plan, views, n_streams, chunked)
@@ -281,26 +268,6 @@ class ChunkGraphs:
         self.captures += 1
         return times
 
-    def _store(self, key: tuple[Any, ...], g: Any) -> None:
-        with self._lock:
-            self._graphs[key] = g
-            self._seen.pop(key, None)
-            while len(self._graphs) > self.limit:
-                _, old = self._graphs.popitem(last=False)
-                _retire(old)
-
-    def clear(self) -> None:
-        """Drop every graph (after each one's last launch finished) and the counts."""
-        with self._lock:
-            graphs = list(self._graphs.values())
-            self._graphs.clear()
-            self._seen.clear()
-            self._failed.clear()
-        for g in graphs:
-            _retire(g)
-
-    def __len__(self) -> int:
-        return sum(1 for g in self._graphs.values() if g is not _NONE)
 
 
 def pinned(cp: Any, address: int) -> bool:
