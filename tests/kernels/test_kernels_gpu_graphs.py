@@ -6,7 +6,6 @@ need no device run everywhere."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -14,24 +13,6 @@ import pytest
 
 from shmrpc.kernels import StepSpec, TensorSpec, select_backend
 from shmrpc.kernels._cuda_batch import _overlap, address
-
-
-@pytest.fixture
-def cp() -> Any:
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            raise RuntimeError("no CUDA device")
-    except Exception as e:
-        pytest.skip(f"no CuPy/GPU: {type(e).__name__}: {e}")
-    return cupy
-
-
-@pytest.fixture
-def gpu(cp: Any) -> Iterator[Any]:
-    with select_backend("cupy") as be:
-        yield be
 
 
 class Pinned:

@@ -5,7 +5,6 @@ Skipped with the reason where there is no CuPy/GPU; the size parser runs everywh
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -13,24 +12,6 @@ import pytest
 
 from shmrpc.kernels import REGISTRY, StepSpec, TensorSpec, select_backend
 from shmrpc.kernels._cuda_chunks import chunk_ranges, parse_bytes
-
-
-@pytest.fixture
-def cp() -> Any:
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            raise RuntimeError("no CUDA device")
-    except Exception as e:
-        pytest.skip(f"no CuPy/GPU: {type(e).__name__}: {e}")
-    return cupy
-
-
-@pytest.fixture
-def gpu(cp: Any) -> Iterator[Any]:
-    with select_backend("cupy") as be:
-        yield be
 
 
 class Pinned:
