@@ -50,7 +50,7 @@ from ._backend_base import Backend, check_result
 from ._batch import BatchPlan, batch_plan, batchable
 from ._cuda_batch import BatchGraphs, issue_joint
 from ._cuda_chunks import CHUNK_BYTES, CHUNK_STREAMS, CHUNK_THRESHOLD_BYTES
-from ._cuda_gather import GATHER_ON, HostAccess, RowTable, gatherable, issue_gathered
+from ._cuda_gather import GATHER_ON, HostAccess, RowTable, copy_kernel, gatherable, issue_gathered
 from ._cuda_graph import ChunkGraphs, GraphCache
 from ._errors import BackendUnavailable, KernelFatalError, KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan
@@ -479,6 +479,8 @@ class CupyBackend(Backend):
             for kt in ("F16", "BF16"):
                 names = _w4a16_names(kt)
                 get_function("gemm_w4a16.cu", names, names[0])
+            if self.gather_batches:
+                copy_kernel(self.xp)
         super().warmup()
 
     def memory(self) -> dict[str, int]:

@@ -50,7 +50,7 @@ from ._cuda_batch import Step, address
 from ._dtypes import storage_dtype
 from ._plan import Plan
 
-__all__ = ["GATHER_MAX_BYTES", "HostAccess", "RowTable", "issue_gathered", "gatherable"]
+__all__ = ["GATHER_MAX_BYTES", "HostAccess", "RowTable", "issue_gathered", "gatherable", "copy_kernel"]
 
 #: Requests moving at most this many bytes (inputs and outputs) take the gather path; ``SHMRPC_CUDA_GATHER=0`` turns it off.
 GATHER_MAX_BYTES = 4 << 20
@@ -158,13 +158,21 @@ class RowTable:
 
 
 _fn_lock = threading.Lock()
+_fns: dict[int, Any] = {}
 
 
-def _copy_fn() -> Any:
-    from ._cuda import get_function
+def copy_kernel(cp: Any) -> Any:
+    """``copy_rows`` compiled for the current device (once; CuPy keeps the binary in its disk cache)."""
+    dev = cp.cuda.runtime.getDevice()
+    fn = _fns.get(dev)
+    if fn is None:
+        from ._cuda import source
 
-    with _fn_lock:
-        return get_function("copy_rows.cu", ("copy_rows",), "copy_rows")
+        with _fn_lock:
+            fn = _fns.get(dev)
+            if fn is None:
+                fn = _fns[dev] = cp.RawModule(code=source("copy_rows.cu"), options=("-std=c++17",)).get_function("copy_rows")
+    return fn
 
 
 def gatherable(plan: Plan, bp: BatchPlan) -> bool:
@@ -175,7 +183,7 @@ def gatherable(plan: Plan, bp: BatchPlan) -> bool:
 
 def _launch(cp: Any, table: RowTable, row0: int, rows: int, max_bytes: int, stream: Any) -> None:
     if rows and max_bytes:
-        _copy_fn()(((max_bytes + _CHUNK - 1) // _CHUNK, rows), (_THREADS,),
+        copy_kernel(cp)(((max_bytes + _CHUNK - 1) // _CHUNK, rows), (_THREADS,),
                    (np.uint64(table.dev_ptr), np.int32(row0)), stream=stream)
 
 
