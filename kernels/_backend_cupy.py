@@ -75,6 +75,7 @@ LARGE_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_LARGE_GRAPHS", "") or (2 if 
 #: each graph a few MiB of device memory for gemm 16x256x256; ``SHMRPC_CUDA_BATCH_GRAPHS=0`` turns them off).
 BATCH_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_BATCH_GRAPHS", "") or (256 if GRAPH_CACHE else 0))
 _BUFS_PER_SET = 32
+_BATCH_BUFS_PER_SET, _BATCH_BUFS_MAX_BYTES = 8, 64 << 20
 log = logging.getLogger("shmrpc.kernels")
 _HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable
 _STICKY = {700, 701, 702, 709, 710, 711, 712, 713, 714, 715, 716, 717, 718, 719}  # illegal address, launch failure, ...
@@ -89,6 +90,7 @@ class _StreamSet:
         self.workspace: dict[str, Any] = {}
         self.bufs: dict[int, tuple[Plan, dict[str, Any]]] = {}  # id(plan) -> (plan, input name -> device buffer)
         self.table: RowTable | None = None  # rows of the gather/scatter launches of a batch
+        self.batch_bufs: dict[tuple[int, int], tuple[Plan, dict[str, Any]]] = {}  # (id(plan), B) -> stacked inputs
         self.generation = generation
 
 
@@ -404,7 +406,7 @@ class CupyBackend(Backend):
                     if sset.table is None:
                         sset.table = RowTable(self.xp)
                     issue_gathered(self.xp, self._step, plan, bp, checked, resident, s, sset.workspace, copying_out,
-                                   sset.table)
+                                   sset.table, _batch_bufs(sset, plan, len(items)))
                     s.synchronize()
                 elif graphed is None:
                     gather = False
@@ -515,6 +517,18 @@ class CupyBackend(Backend):
 def _plan_bytes(plan: Plan) -> int:
     """Bytes of every tensor of ``plan`` (inputs, intermediates, outputs)."""
     return sum(t.nbytes for t in plan.tensors.values())
+
+
+def _batch_bufs(sset: _StreamSet, plan: Plan, size: int) -> dict[str, Any] | None:
+    """The stacked input buffers of (plan, B) kept in ``sset`` (None: too big to keep, allocate per batch)."""
+    if size * _plan_bytes(plan) > _BATCH_BUFS_MAX_BYTES:
+        return None
+    entry = sset.batch_bufs.get((id(plan), size))
+    if entry is None or entry[0] is not plan:
+        if len(sset.batch_bufs) >= _BATCH_BUFS_PER_SET:
+            sset.batch_bufs.pop(next(iter(sset.batch_bufs)))
+        entry = sset.batch_bufs[(id(plan), size)] = (plan, {})
+    return entry[1]
 
 
 def _chunk_settings() -> tuple[Any, ...]:

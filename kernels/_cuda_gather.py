@@ -190,11 +190,12 @@ def _launch(cp: Any, table: RowTable, row0: int, rows: int, max_bytes: int, stre
 def issue_gathered(cp: Any, step: Step, plan: Plan, bp: BatchPlan,
                    checked: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]],
                    resident: Mapping[str, Any], stream: Any, workspace: dict[str, Any], copying_out: list[bool],
-                   table: RowTable) -> dict[str, Any]:
+                   table: RowTable, bufs: dict[str, Any] | None = None) -> dict[str, Any]:
     """Enqueue the joint run of ``checked`` (contiguous, :meth:`HostAccess.usable` views) on ``stream``
     with one gather and one scatter launch; no synchronize. Returns every device array it used;
     sets ``copying_out[0]`` just before the scatter is launched. The caller synchronizes before the
-    table is filled again (one table per stream set)."""
+    table is filled again (one table per stream set). ``bufs``: the stacked input buffers by name,
+    kept by the caller for this (plan, B) and filled here on first use."""
     size = len(checked)
     env: dict[str, Any] = {}
     srcs: list[int] = []
@@ -204,7 +205,11 @@ def issue_gathered(cp: Any, step: Step, plan: Plan, bp: BatchPlan,
     for name, spec in plan.inputs.items():
         if name in plan.resident:
             continue
-        dev = cp.empty((size, *spec.shape), dtype=storage_dtype(spec.dtype))
+        dev = bufs.get(name) if bufs is not None else None
+        if dev is None:
+            dev = cp.empty((size, *spec.shape), dtype=storage_dtype(spec.dtype))
+            if bufs is not None:
+                bufs[name] = dev
         env[name] = dev
         per, base = spec.nbytes, dev.data.ptr
         if per:

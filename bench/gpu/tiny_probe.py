@@ -2,6 +2,7 @@
 
     python bench/gpu/tiny_probe.py              the layers, backend.run with and without CUDA graphs, workers
     python bench/gpu/tiny_probe.py --profile    cProfile of tiny CuPy backend runs
+    python bench/gpu/tiny_probe.py --profile-batch    cProfile of run_batch (gemm, B=8), memcpy path and gather path
     python bench/gpu/tiny_probe.py --batch [--out FILE.json]
         in-process requests/s of gemm 16x256x256 float16 (x and w sent per request) through
         Backend.run one request at a time vs Backend.run_batch over B requests (plain joint run, and
@@ -267,8 +268,41 @@ def batch(out_path: str | None, rounds: int = 3) -> None:
             json.dump(doc, f, indent=2)
 
 
+def profile_batch(size: int = 8, calls: int = 2000) -> None:
+    """cProfile of ``calls`` run_batch calls of gemm 16x256x256 float16 over ``size`` page-locked requests,
+    plain joint run (memcpy per tensor) and gather/scatter launches: where the Python time of a batch goes."""
+    import cProfile
+    import pstats
+
+    import cupy as cp
+
+    from shmrpc import kernels
+
+    be = kernels.select_backend("cupy")
+    be.warmup()
+    be._batch_graphs.limit = 0  # type: ignore[attr-defined]
+    m, k, n = 16, 256, 256
+    plan = be.plan([kernels.StepSpec("gemm", {"x": "x", "w": "w"}, {"out": "o"})],
+                   {"x": kernels.TensorSpec((m, k), "float16"), "w": kernels.TensorSpec((k, n), "float16")}, ["o"])
+    mem = cp.cuda.alloc_pinned_memory(size * (2 * (m * k + k * n + m * n) + 3 * 4096))
+    items = _gemm_views(np.frombuffer(mem, np.uint8), size, m, k, n, np.random.default_rng(0))
+    for gather in (False, True):
+        be.gather_batches = gather  # type: ignore[attr-defined]
+        ts = timed(lambda: be.run_batch(plan, items), 500)
+        print(f"run_batch B={size} {'gather' if gather else 'plain '}: {pct(ts)}")
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(calls):
+            be.run_batch(plan, items)
+        pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(18)
+    be.close()
+
+
 if __name__ == "__main__":
-    if "--profile" in sys.argv:
+    if "--profile-batch" in sys.argv:
+        profile_batch()
+    elif "--profile" in sys.argv:
         profile_backend()
     elif "--batch" in sys.argv:
         batch(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)

@@ -272,7 +272,7 @@ def test_pageable_views_take_the_memcpy_path(gpu: Any, cp: Any) -> None:
 
 
 def test_large_requests_keep_the_memcpy_path(gpu: Any, cp: Any) -> None:
-    plan = gpu.plan([StepSpec("scale", {"x": "x"}, {"out": "o"}, {"a": 2.0})], {"x": TensorSpec((1 << 20) + 3, _F32)},
+    plan = gpu.plan([StepSpec("scale", {"x": "x"}, {"out": "o"}, {"a": 2.0})], {"x": TensorSpec(((1 << 20) + 3,), _F32)},
                     ["o"])  # 8 MiB moved per request: over GATHER_MAX_BYTES
     host = Host(cp, 20 << 20)
     items = _items(host, plan, 2, seed=5)
