@@ -391,9 +391,10 @@ class CupyBackend(Backend):
         if not all(v.flags.c_contiguous for hi, ho in checked for v in (*hi.values(), *ho.values())):
             return super().run_batch(plan, items)
         bp = self._batch_plan(plan, len(items))
-        ha = self._host_access
-        gather = (self.gather_batches and gatherable(plan, bp)
-                  and all(ha.usable(v) for hi, ho in checked for v in (*hi.values(), *ho.values())))
+        addrs = None
+        if self.gather_batches and gatherable(plan, bp):
+            addrs = self._host_access.addresses(checked, [n for n in plan.inputs if n not in plan.resident], list(plan.outputs))
+        gather = addrs is not None
         copying_out = [False]
         graphed: bool | None = None
         with self._dev:
@@ -402,10 +403,10 @@ class CupyBackend(Backend):
             try:
                 if _plan_bytes(plan) <= GRAPH_MAX_BYTES and self._batch_graphs.eligible(plan):
                     graphed = self._batch_graphs.run(plan, bp, checked, resident, copying_out)
-                if graphed is None and gather:
+                if graphed is None and addrs is not None:
                     if sset.table is None:
                         sset.table = RowTable(self.xp)
-                    issue_gathered(self.xp, self._step, plan, bp, checked, resident, s, sset.workspace, copying_out,
+                    issue_gathered(self.xp, self._step, plan, bp, addrs, resident, s, sset.workspace, copying_out,
                                    sset.table, _batch_bufs(sset, plan, len(items)))
                     s.synchronize()
                 elif graphed is None:

@@ -113,13 +113,33 @@ class HostAccess:
                 del self._starts[i], self._ends[i]
             self._views.clear()
 
+    def addresses(self, checked: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]],
+                  inputs: Sequence[str], outputs: Sequence[str]) -> tuple[list[list[int]], list[list[int]]] | None:
+        """Host addresses of the views (per input name, per output name: one per request), or None if a
+        kernel may not use one of them (see :meth:`usable`)."""
+        starts, ends, find = self._starts, self._ends, bisect.bisect
+        cols: tuple[list[list[int]], list[list[int]]] = ([], [])
+        for side, names in ((0, inputs), (1, outputs)):
+            for name in names:
+                col = []
+                for item in checked:
+                    v = item[side][name]
+                    a = address(v)
+                    i = find(starts, a) - 1
+                    if not (i >= 0 and a + v.nbytes <= ends[i]) and not self._usable_unregistered(v, a):
+                        return None
+                    col.append(a)
+                cols[side].append(col)
+        return cols
+
     def usable(self, v: np.ndarray) -> bool:
         """Whether a kernel may read and write every byte of contiguous view ``v`` at its host address."""
         a, n = address(v), v.nbytes
-        starts = self._starts
-        i = bisect.bisect(starts, a) - 1
-        if i >= 0 and a + n <= self._ends[i]:
-            return True
+        i = bisect.bisect(self._starts, a) - 1
+        return (i >= 0 and a + n <= self._ends[i]) or self._usable_unregistered(v, a)
+
+    def _usable_unregistered(self, v: np.ndarray, a: int) -> bool:
+        n = v.nbytes
         e = self._views.get(id(v))
         if e is not None and e[0]() is v:
             return bool(e[1])
@@ -139,7 +159,9 @@ class RowTable:
         self._cp = cp
         self.rows = 0
         self.tab = np.empty((0, 4), np.uint64)
+        self.flat = self.tab.reshape(-1)
         self.dev_ptr = 0
+        self.arg = np.uint64(0)
         self._mem: Any = None
         self.reserve(rows)
 
@@ -152,8 +174,9 @@ class RowTable:
         dev = _device_address(self._cp, ptr)
         if dev is None:
             raise RuntimeError("the copy table's page-locked memory has no device address")
-        self._mem, self.rows, self.dev_ptr = mem, rows, dev
+        self._mem, self.rows, self.dev_ptr, self.arg = mem, rows, dev, np.uint64(dev)
         self.tab = np.frombuffer(mem, np.uint64, rows * 4).reshape(rows, 4)
+        self.flat = self.tab.reshape(-1)
         self.tab[:] = 0
 
 
@@ -171,7 +194,8 @@ def copy_kernel(cp: Any) -> Any:
         with _fn_lock:
             fn = _fns.get(dev)
             if fn is None:
-                fn = _fns[dev] = cp.RawModule(code=source("copy_rows.cu"), options=("-std=c++17",)).get_function("copy_rows")
+                raw = cp.RawModule(code=source("copy_rows.cu"), options=("-std=c++17",)).get_function("copy_rows")
+                fn = _fns[dev] = getattr(raw, "kernel", raw)  # the compiled Function: one call layer less per launch
     return fn
 
 
@@ -183,47 +207,41 @@ def gatherable(plan: Plan, bp: BatchPlan) -> bool:
 
 def _launch(cp: Any, table: RowTable, row0: int, rows: int, max_bytes: int, stream: Any) -> None:
     if rows and max_bytes:
-        copy_kernel(cp)(((max_bytes + _CHUNK - 1) // _CHUNK, rows), (_THREADS,),
-                   (np.uint64(table.dev_ptr), np.int32(row0)), stream=stream)
+        copy_kernel(cp)(((max_bytes + _CHUNK - 1) // _CHUNK, rows), (_THREADS,), (table.arg, np.int32(row0)),
+                        stream=stream)
 
 
-def issue_gathered(cp: Any, step: Step, plan: Plan, bp: BatchPlan,
-                   checked: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]],
+def issue_gathered(cp: Any, step: Step, plan: Plan, bp: BatchPlan, addrs: tuple[list[list[int]], list[list[int]]],
                    resident: Mapping[str, Any], stream: Any, workspace: dict[str, Any], copying_out: list[bool],
                    table: RowTable, bufs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Enqueue the joint run of ``checked`` (contiguous, :meth:`HostAccess.usable` views) on ``stream``
-    with one gather and one scatter launch; no synchronize. Returns every device array it used;
-    sets ``copying_out[0]`` just before the scatter is launched. The caller synchronizes before the
-    table is filled again (one table per stream set). ``bufs``: the stacked input buffers by name,
-    kept by the caller for this (plan, B) and filled here on first use."""
-    size = len(checked)
+    """Enqueue the joint run of one batch on ``stream`` with one gather and one scatter launch; no
+    synchronize. ``addrs``: from :meth:`HostAccess.addresses` over the request inputs (plan order, residents
+    left out) and the outputs. Returns every device array it used; sets ``copying_out[0]`` just before the
+    scatter is launched. The caller synchronizes before the table is filled again (one table per stream
+    set). ``bufs``: the stacked input buffers by name, kept by the caller for this (plan, B) and filled here
+    on first use."""
+    size = bp.size
     env: dict[str, Any] = {}
-    srcs: list[int] = []
-    dsts: list[int] = []
-    lens: list[int] = []
+    rows: list[int] = []
     biggest = 0
-    for name, spec in plan.inputs.items():
-        if name in plan.resident:
-            continue
+    for col, name in zip(addrs[0], [n for n in plan.inputs if n not in plan.resident]):
+        spec = plan.inputs[name]
         dev = bufs.get(name) if bufs is not None else None
         if dev is None:
             dev = cp.empty((size, *spec.shape), dtype=storage_dtype(spec.dtype))
             if bufs is not None:
                 bufs[name] = dev
         env[name] = dev
-        per, base = spec.nbytes, dev.data.ptr
+        per, d = spec.nbytes, dev.data.ptr
         if per:
             biggest = max(biggest, per)
-            srcs.extend(address(hi[name]) for hi, _ in checked)
-            dsts.extend(range(base, base + size * per, per))
-            lens.extend([per] * size)
-    n_in = len(srcs)
+            for a in col:
+                rows += (a, d, per, 0)
+                d += per
+    n_in = len(rows) // 4
     table.reserve(n_in + size * len(plan.outputs))
-    tab = table.tab
     if n_in:
-        tab[:n_in, 0] = srcs
-        tab[:n_in, 1] = dsts
-        tab[:n_in, 2] = lens
+        table.flat[:4 * n_in] = rows
     with stream:
         _launch(cp, table, 0, n_in, biggest, stream)
         env.update(resident)
@@ -233,22 +251,20 @@ def issue_gathered(cp: Any, step: Step, plan: Plan, bp: BatchPlan,
                 env[n] = res[p]
         outs = {n: cp.ascontiguousarray(env[n]) for n in plan.outputs}
         env.update({"#d2h." + n: a for n, a in outs.items()})
-        srcs, dsts, lens = [], [], []
+        rows = []
         biggest = 0
-        for name, spec in plan.outputs.items():
-            per, base = spec.nbytes, outs[name].data.ptr
+        for col, (name, spec) in zip(addrs[1], plan.outputs.items()):
+            per, d = spec.nbytes, outs[name].data.ptr
             if not per:
                 continue
             step_b = per if name in bp.batched else 0
             biggest = max(biggest, per)
-            srcs.extend(range(base, base + size * step_b, step_b) if step_b else [base] * size)
-            dsts.extend(address(ho[name]) for _, ho in checked)
-            lens.extend([per] * size)
-        n_s = len(srcs)
+            for a in col:
+                rows += (d, a, per, 0)
+                d += step_b
+        n_s = len(rows) // 4
         if n_s:
-            tab[n_in:n_in + n_s, 0] = srcs
-            tab[n_in:n_in + n_s, 1] = dsts
-            tab[n_in:n_in + n_s, 2] = lens
+            table.flat[4 * n_in:4 * (n_in + n_s)] = rows
         copying_out[0] = True
         _launch(cp, table, n_in, n_s, biggest, stream)
     return env
