@@ -24,7 +24,8 @@ Batches (:meth:`CupyBackend.run_batch`): a batchable plan over B requests copies
 request's inputs into its slice of one (B, ...) device buffer, runs every step once,
 copies each request's slice of the outputs back, and synchronizes once; a small batch seen
 before at the same host addresses is one CUDA graph (:mod:`._cuda_batch`, cuBLAS products
-through :mod:`._cuda_blas`). A chunked request seen before at the same host addresses is one
+through :mod:`._cuda_blas`); other batches of >= GATHER_MIN_BATCH small requests over views the
+device may read at their host address copy by one gather and one scatter launch (:mod:`._cuda_gather`). A chunked request seen before at the same host addresses is one
 CUDA graph of its whole chunk pipeline (``ChunkGraphs`` in :mod:`._cuda_graph`).
 
 Streams come from a pool: one stream set (streams and a workspace) per concurrent run, so
@@ -46,11 +47,11 @@ from typing import Any
 import numpy as np
 
 from . import _cuda_chunks
+from . import _cuda_gather as _gather
 from ._backend_base import Backend, check_result
 from ._batch import BatchPlan, batch_plan, batchable
 from ._cuda_batch import BatchGraphs, issue_joint
 from ._cuda_chunks import CHUNK_BYTES, CHUNK_STREAMS, CHUNK_THRESHOLD_BYTES
-from ._cuda_gather import GATHER_ON, HostAccess, RowTable, copy_kernel, gatherable, issue_gathered
 from ._cuda_graph import ChunkGraphs, GraphCache
 from ._errors import BackendUnavailable, KernelFatalError, KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan
@@ -75,7 +76,6 @@ LARGE_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_LARGE_GRAPHS", "") or (2 if 
 #: each graph a few MiB of device memory for gemm 16x256x256; ``SHMRPC_CUDA_BATCH_GRAPHS=0`` turns them off).
 BATCH_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_BATCH_GRAPHS", "") or (256 if GRAPH_CACHE else 0))
 _BUFS_PER_SET = 32
-_BATCH_BUFS_PER_SET, _BATCH_BUFS_MAX_BYTES = 8, 64 << 20
 log = logging.getLogger("shmrpc.kernels")
 _HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable
 _STICKY = {700, 701, 702, 709, 710, 711, 712, 713, 714, 715, 716, 717, 718, 719}  # illegal address, launch failure, ...
@@ -89,7 +89,7 @@ class _StreamSet:
         self.events = [cupy.cuda.Event() for _ in range(4)]  # reused: a stream set serves one run at a time
         self.workspace: dict[str, Any] = {}
         self.bufs: dict[int, tuple[Plan, dict[str, Any]]] = {}  # id(plan) -> (plan, input name -> device buffer)
-        self.table: RowTable | None = None  # rows of the gather/scatter launches of a batch
+        self.table: _gather.RowTable | None = None  # rows of the gather/scatter launches of a batch
         self.batch_bufs: dict[tuple[int, int], tuple[Plan, dict[str, Any]]] = {}  # (id(plan), B) -> stacked inputs
         self.generation = generation
 
@@ -126,9 +126,10 @@ class CupyBackend(Backend):
         self._small_runs = 0
         self._batch_plans: dict[tuple[int, int], tuple[Plan, BatchPlan]] = {}
         with self._dev:
-            self._host_access = HostAccess(cupy, device)
+            self._host_access = _gather.HostAccess(cupy, device)
         #: Batches of small plans over page-locked views copy by one gather and one scatter launch (:mod:`._cuda_gather`).
-        self.gather_batches = GATHER_ON and self._host_access.supported
+        self.gather_batches = _gather.GATHER_ON and self._host_access.supported
+        self.gather_min_batch = _gather.GATHER_MIN_BATCH
 
     # -- errors --------------------------------------------------------------------
     def _wrap(self, e: BaseException, op: str, step: int) -> OpError:
@@ -392,7 +393,7 @@ class CupyBackend(Backend):
             return super().run_batch(plan, items)
         bp = self._batch_plan(plan, len(items))
         addrs = None
-        if self.gather_batches and gatherable(plan, bp):
+        if self.gather_batches and len(items) >= self.gather_min_batch and _gather.gatherable(plan, bp):
             addrs = self._host_access.addresses(checked, [n for n in plan.inputs if n not in plan.resident], list(plan.outputs))
         gather = addrs is not None
         copying_out = [False]
@@ -405,9 +406,10 @@ class CupyBackend(Backend):
                     graphed = self._batch_graphs.run(plan, bp, checked, resident, copying_out)
                 if graphed is None and addrs is not None:
                     if sset.table is None:
-                        sset.table = RowTable(self.xp)
-                    issue_gathered(self.xp, self._step, plan, bp, addrs, resident, s, sset.workspace, copying_out,
-                                   sset.table, _batch_bufs(sset, plan, len(items)))
+                        sset.table = _gather.RowTable(self.xp)
+                    bufs = _gather.stacked_bufs(sset.batch_bufs, plan, len(items), _plan_bytes(plan))
+                    _gather.issue_gathered(self.xp, self._step, plan, bp, addrs, resident, s, sset.workspace, copying_out,
+                                           sset.table, bufs)
                     s.synchronize()
                 elif graphed is None:
                     gather = False
@@ -483,7 +485,7 @@ class CupyBackend(Backend):
                 names = _w4a16_names(kt)
                 get_function("gemm_w4a16.cu", names, names[0])
             if self.gather_batches:
-                copy_kernel(self.xp)
+                _gather.copy_kernel(self.xp)
         super().warmup()
 
     def memory(self) -> dict[str, int]:
@@ -518,18 +520,6 @@ class CupyBackend(Backend):
 def _plan_bytes(plan: Plan) -> int:
     """Bytes of every tensor of ``plan`` (inputs, intermediates, outputs)."""
     return sum(t.nbytes for t in plan.tensors.values())
-
-
-def _batch_bufs(sset: _StreamSet, plan: Plan, size: int) -> dict[str, Any] | None:
-    """The stacked input buffers of (plan, B) kept in ``sset`` (None: too big to keep, allocate per batch)."""
-    if size * _plan_bytes(plan) > _BATCH_BUFS_MAX_BYTES:
-        return None
-    entry = sset.batch_bufs.get((id(plan), size))
-    if entry is None or entry[0] is not plan:
-        if len(sset.batch_bufs) >= _BATCH_BUFS_PER_SET:
-            sset.batch_bufs.pop(next(iter(sset.batch_bufs)))
-        entry = sset.batch_bufs[(id(plan), size)] = (plan, {})
-    return entry[1]
 
 
 def _chunk_settings() -> tuple[Any, ...]:

@@ -31,7 +31,9 @@ What it relies on, checked before use (else the memcpy path runs):
 
 A bad address read by a kernel would be a sticky CUDA error that ends the context, so nothing
 reaches the table that these checks did not pass. Requests moving more than ``GATHER_MAX_BYTES``
-each keep the memcpy path, which moves big blocks at full DMA speed.
+each keep the memcpy path, which moves big blocks at full DMA speed; so do batches of fewer than
+``GATHER_MIN_BATCH`` requests (``SHMRPC_CUDA_GATHER_MIN_BATCH``), where the per-copy calls cost less
+than the launches and the table.
 """
 
 from __future__ import annotations
@@ -50,11 +52,14 @@ from ._cuda_batch import Step, address
 from ._dtypes import storage_dtype
 from ._plan import Plan
 
-__all__ = ["GATHER_MAX_BYTES", "HostAccess", "RowTable", "issue_gathered", "gatherable", "copy_kernel"]
+__all__ = ["GATHER_MAX_BYTES", "GATHER_MIN_BATCH", "HostAccess", "RowTable", "issue_gathered", "gatherable", "copy_kernel", "stacked_bufs"]
 
 #: Requests moving at most this many bytes (inputs and outputs) take the gather path; ``SHMRPC_CUDA_GATHER=0`` turns it off.
 GATHER_MAX_BYTES = 4 << 20
 GATHER_ON = (os.environ.get("SHMRPC_CUDA_GATHER", "") or "1") != "0"
+#: Batches of fewer requests keep the memcpy path: on the H200 the two launches cost more than the copies they
+#: replace below 8 requests (gemm 16x256x256 float16, bench/results/gpu-gather-probe-2026-11-30-*.json).
+GATHER_MIN_BATCH = int(os.environ.get("SHMRPC_CUDA_GATHER_MIN_BATCH", "") or 8)
 _ATTR_UNIFIED = 41  # cudaDevAttrUnifiedAddressing
 _ATTR_HOST_PTR_REGISTERED = 91  # cudaDevAttrCanUseHostPointerForRegisteredMem
 _HOST = 1  # cudaMemoryTypeHost
@@ -197,6 +202,23 @@ def copy_kernel(cp: Any) -> Any:
                 raw = cp.RawModule(code=source("copy_rows.cu"), options=("-std=c++17",)).get_function("copy_rows")
                 fn = _fns[dev] = getattr(raw, "kernel", raw)  # the compiled Function: one call layer less per launch
     return fn
+
+
+_BUFS_KEPT, _BUFS_MAX_BYTES = 8, 64 << 20
+
+
+def stacked_bufs(store: dict[tuple[int, int], tuple[Plan, dict[str, Any]]], plan: Plan, size: int, plan_bytes: int
+                 ) -> dict[str, Any] | None:
+    """The stacked input buffers of (plan, B) kept in ``store`` (one per stream set; at most 8 kept), or None
+    when B requests' tensors exceed 64 MiB (allocated per batch then)."""
+    if size * plan_bytes > _BUFS_MAX_BYTES:
+        return None
+    entry = store.get((id(plan), size))
+    if entry is None or entry[0] is not plan:
+        if len(store) >= _BUFS_KEPT:
+            store.pop(next(iter(store)))
+        entry = store[(id(plan), size)] = (plan, {})
+    return entry[1]
 
 
 def gatherable(plan: Plan, bp: BatchPlan) -> bool:

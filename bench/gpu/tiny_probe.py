@@ -172,6 +172,8 @@ def batch(out_path: str | None, rounds: int = 3) -> None:
         graphs = getattr(be, "_batch_graphs", None)
         limit = graphs.limit if graphs is not None else 0
         can_gather = bool(getattr(be, "gather_batches", False))
+        if can_gather:
+            be.gather_min_batch = 2  # type: ignore[attr-defined]  # measured at every B, whatever the default
         modes = ["run", "run_batch plain"] + (["run_batch gather"] if can_gather else []) + (
             ["run_batch graph"] if graphs is not None and limit else [])
         if kind == "numpy":
@@ -281,6 +283,7 @@ def profile_batch(size: int = 8, calls: int = 2000) -> None:
     be = kernels.select_backend("cupy")
     be.warmup()
     be._batch_graphs.limit = 0  # type: ignore[attr-defined]
+    be.gather_min_batch = 2  # type: ignore[attr-defined]
     m, k, n = 16, 256, 256
     plan = be.plan([kernels.StepSpec("gemm", {"x": "x", "w": "w"}, {"out": "o"})],
                    {"x": kernels.TensorSpec((m, k), "float16"), "w": kernels.TensorSpec((k, n), "float16")}, ["o"])

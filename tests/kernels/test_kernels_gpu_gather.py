@@ -40,6 +40,7 @@ def gpu(cp: Any) -> Iterator[Any]:
         if not be.gather_batches:
             pytest.skip(f"the gather path is off on this device: {be._host_access.why}")
         be._batch_graphs.limit = 0  # graphs would take over repeated batches: the gather path is under test
+        be.gather_min_batch = 2  # every batch size under test takes the gather path
         yield be
 
 
@@ -279,3 +280,17 @@ def test_large_requests_keep_the_memcpy_path(gpu: Any, cp: Any) -> None:
     _served(gpu.run_batch(plan, items), 2, None)
     for ins, outs in items:
         np.testing.assert_array_equal(outs["o"], ins["x"] * np.float32(2.0))
+
+
+def test_batches_under_the_minimum_keep_the_memcpy_path(gpu: Any, cp: Any) -> None:
+    plan = _plan(gpu, CASES[8])
+    host = Host(cp)
+    gpu.gather_min_batch = 8
+    small, big = _items(host, plan, 7, seed=7), _items(host, plan, 8, seed=8)
+    _served(gpu.run_batch(plan, small), 7, None)
+    _served(gpu.run_batch(plan, big), 8, "gather")
+    got = _outputs(small + big)
+    gpu.gather_batches = False
+    _served(gpu.run_batch(plan, small), 7, None)
+    _served(gpu.run_batch(plan, big), 8, None)
+    assert _outputs(small + big) == got
