@@ -85,8 +85,7 @@ class HostAccess:
     def __init__(self, cp: Any, device: int) -> None:
         self._cp = cp
         self._lock = threading.Lock()
-        self._starts: list[int] = []
-        self._ends: list[int] = []
+        self._ranges: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # (starts, ends), replaced whole
         self._views: dict[int, tuple[Any, bool]] = {}
         try:
             rt = cp.cuda.runtime
@@ -102,27 +101,22 @@ class HostAccess:
             and _device_address(self._cp, start + nbytes - 1) == start + nbytes - 1
         if ok:
             with self._lock:
-                i = bisect.bisect(self._starts, start)
-                self._starts.insert(i, start)
-                self._ends.insert(i, start + nbytes)
+                spans = sorted({*zip(*self._ranges), (start, start + nbytes)})
+                self._ranges = (tuple(a for a, _ in spans), tuple(b for _, b in spans))
         return ok
 
     def remove(self, start: int | None = None) -> None:
         """Forget the registered range at ``start`` (None: all), and every view remembered."""
         with self._lock:
-            if start is None:
-                self._starts.clear()
-                self._ends.clear()
-            elif start in self._starts:
-                i = self._starts.index(start)
-                del self._starts[i], self._ends[i]
+            spans = [] if start is None else [(a, b) for a, b in zip(*self._ranges) if a != start]
+            self._ranges = (tuple(a for a, _ in spans), tuple(b for _, b in spans))
             self._views.clear()
 
     def addresses(self, checked: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]],
                   inputs: Sequence[str], outputs: Sequence[str]) -> tuple[list[list[int]], list[list[int]]] | None:
         """Host addresses of the views (per input name, per output name: one per request), or None if a
         kernel may not use one of them (see :meth:`usable`)."""
-        starts, ends, find = self._starts, self._ends, bisect.bisect
+        (starts, ends), find = self._ranges, bisect.bisect  # NOTE: one read: add/remove replace the pair whole
         cols: tuple[list[list[int]], list[list[int]]] = ([], [])
         for side, names in ((0, inputs), (1, outputs)):
             for name in names:
@@ -140,8 +134,9 @@ class HostAccess:
     def usable(self, v: np.ndarray) -> bool:
         """Whether a kernel may read and write every byte of contiguous view ``v`` at its host address."""
         a, n = address(v), v.nbytes
-        i = bisect.bisect(self._starts, a) - 1
-        return (i >= 0 and a + n <= self._ends[i]) or self._usable_unregistered(v, a)
+        starts, ends = self._ranges
+        i = bisect.bisect(starts, a) - 1
+        return (i >= 0 and a + n <= ends[i]) or self._usable_unregistered(v, a)
 
     def _usable_unregistered(self, v: np.ndarray, a: int) -> bool:
         n = v.nbytes

@@ -90,7 +90,7 @@ def test_rows_of_a_gathered_batch(monkeypatch: pytest.MonkeyPatch, size: int) ->
         w[:] = rng.standard_normal(w.shape)
         checked.append(({"x": x, "w": w}, {"h": view((3, 5)), "p": view((3, 5))}))
     access = gather.HostAccess.__new__(gather.HostAccess)  # the buffer stands for a registered range
-    access._starts, access._ends, access._views = [buf.ctypes.data], [buf.ctypes.data + buf.nbytes], {}
+    access._ranges, access._views = ((buf.ctypes.data,), (buf.ctypes.data + buf.nbytes,)), {}
     access.supported, access._lock, access._cp = False, threading.Lock(), None
     addrs = access.addresses(checked, ["x", "w"], ["h", "p"])
     assert addrs is not None
@@ -110,3 +110,39 @@ def test_rows_of_a_gathered_batch(monkeypatch: pytest.MonkeyPatch, size: int) ->
             e = np.exp(h - h.max(-1, keepdims=True))
             np.testing.assert_allclose(outs["h"], h, rtol=1e-4, atol=1e-4)
             np.testing.assert_allclose(outs["p"], e / e.sum(-1, keepdims=True), rtol=1e-4, atol=1e-5)
+
+
+class _FakeRuntime:
+    """Stands in for ``cupy.cuda.runtime``: addresses inside ``pinned`` are page-locked at the same device address."""
+
+    def __init__(self) -> None:
+        self.pinned: list[tuple[int, int]] = []
+
+    def deviceGetAttribute(self, attr: int, device: int) -> int:  # noqa: N802 - CuPy's name
+        return 1
+
+    def pointerGetAttributes(self, a: int) -> Any:  # noqa: N802 - CuPy's name
+        inside = any(lo <= a < hi for lo, hi in self.pinned)
+        return types.SimpleNamespace(type=1 if inside else 0, devicePointer=a if inside else 0)
+
+
+def test_registered_ranges_decide_which_views_a_kernel_may_use() -> None:
+    rt = _FakeRuntime()
+    access = gather.HostAccess(types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=rt)), 0)
+    assert access.supported
+    one, two = np.zeros(8192, np.uint8), np.zeros(8192, np.uint8)
+    v1, v2 = one[100:4196], two[8000:8192]
+    assert not access.usable(v1) and not access.usable(v2)  # nothing registered, nothing page-locked
+    rt.pinned = [(one.ctypes.data, one.ctypes.data + one.nbytes), (two.ctypes.data, two.ctypes.data + two.nbytes)]
+    assert access.add(one.ctypes.data, one.nbytes) and access.add(two.ctypes.data, two.nbytes)
+    assert access.usable(v1) and access.usable(v2)
+    assert access.addresses([({"x": v1}, {"o": v2})], ["x"], ["o"]) == ([[v1.ctypes.data]], [[v2.ctypes.data]])
+    assert not access.usable(np.zeros(16, np.uint8))  # pageable, outside every range
+    rt.pinned = rt.pinned[1:]
+    access.remove(one.ctypes.data)  # unregistered: its views are no longer usable, the other region's still are
+    assert not access.usable(v1) and access.usable(v2)
+    assert access.addresses([({"x": v1}, {"o": v2})], ["x"], ["o"]) is None
+    access.remove()
+    rt.pinned = []
+    assert not access.usable(v2)
+    assert not access.add(one.ctypes.data, one.nbytes)  # not mapped at its own address: refused
