@@ -25,8 +25,9 @@ request's inputs into its slice of one (B, ...) device buffer, runs every step o
 copies each request's slice of the outputs back, and synchronizes once; a small batch seen
 before at the same host addresses is one CUDA graph (:mod:`._cuda_batch`, cuBLAS products
 through :mod:`._cuda_blas`); other batches of >= GATHER_MIN_BATCH small requests over views the
-device may read at their host address copy by one gather and one scatter launch (:mod:`._cuda_gather`). A chunked request seen before at the same host addresses is one
-CUDA graph of its whole chunk pipeline (``ChunkGraphs`` in :mod:`._cuda_graph`).
+device may read at their host address copy by one gather and one scatter launch
+(:mod:`._cuda_gather`). A chunked request seen before at the same host addresses is one CUDA
+graph of its whole chunk pipeline (``ChunkGraphs`` in :mod:`._cuda_graph`).
 
 Streams come from a pool: one stream set (streams and a workspace) per concurrent run, so
 ``run`` is thread-safe. ``inject_fault = "cuda_error"`` makes the next run fail as a CUDA
