@@ -24,8 +24,10 @@ Batches (:meth:`CupyBackend.run_batch`): a batchable plan over B requests copies
 request's inputs into its slice of one (B, ...) device buffer, runs every step once,
 copies each request's slice of the outputs back, and synchronizes once; a small batch seen
 before at the same host addresses is one CUDA graph (:mod:`._cuda_batch`, cuBLAS products
-through :mod:`._cuda_blas`). A chunked request seen before at the same host addresses is one
-CUDA graph of its whole chunk pipeline (``ChunkGraphs`` in :mod:`._cuda_graph`).
+through :mod:`._cuda_blas`); other batches of >= GATHER_MIN_BATCH small requests over views the
+device may read at their host address copy by one gather and one scatter launch
+(:mod:`._cuda_gather`). A chunked request seen before at the same host addresses is one CUDA
+graph of its whole chunk pipeline (``ChunkGraphs`` in :mod:`._cuda_graph`).
 
 Streams come from a pool: one stream set (streams and a workspace) per concurrent run, so
 ``run`` is thread-safe. ``inject_fault = "cuda_error"`` makes the next run fail as a CUDA
@@ -46,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from . import _cuda_chunks
+from . import _cuda_gather as _gather
 from ._backend_base import Backend, check_result
 from ._batch import BatchPlan, batch_plan, batchable
 from ._cuda_batch import BatchGraphs, issue_joint
@@ -87,6 +90,8 @@ class _StreamSet:
         self.events = [cupy.cuda.Event() for _ in range(4)]  # reused: a stream set serves one run at a time
         self.workspace: dict[str, Any] = {}
         self.bufs: dict[int, tuple[Plan, dict[str, Any]]] = {}  # id(plan) -> (plan, input name -> device buffer)
+        self.table: _gather.RowTable | None = None  # rows of the gather/scatter launches of a batch
+        self.batch_bufs: dict[tuple[int, int], tuple[Plan, dict[str, Any]]] = {}  # (id(plan), B) -> stacked inputs
         self.generation = generation
 
 
@@ -121,6 +126,11 @@ class CupyBackend(Backend):
         self._chunk_graphs = ChunkGraphs(cupy, LARGE_GRAPH_CACHE, 2, self._tls)
         self._small_runs = 0
         self._batch_plans: dict[tuple[int, int], tuple[Plan, BatchPlan]] = {}
+        with self._dev:
+            self._host_access = _gather.HostAccess(cupy, device)
+        #: Batches of small plans over page-locked views copy by one gather and one scatter launch (:mod:`._cuda_gather`).
+        self.gather_batches = _gather.GATHER_ON and self._host_access.supported
+        self.gather_min_batch = _gather.GATHER_MIN_BATCH
 
     # -- errors --------------------------------------------------------------------
     def _wrap(self, e: BaseException, op: str, step: int) -> OpError:
@@ -365,8 +375,10 @@ class CupyBackend(Backend):
         step runs once with (B, ...) specs, each request's output slice is copied into its
         view, one synchronize. A small plan (<= GRAPH_MAX_BYTES per request) whose batch comes
         back at the same host addresses is served by a CUDA graph of that run from its second
-        sight (:mod:`._cuda_batch`): one launch, one synchronize. Each item then gets
-        ``{"total": seconds of the joint run, "batch": B}`` (and ``"graph": 1.0``). A bad view, an
+        sight (:mod:`._cuda_batch`): one launch, one synchronize. Other small batches over views a
+        kernel may use at their host address copy by one gather and one scatter launch
+        (:mod:`._cuda_gather`). Each item then gets ``{"total": seconds of the joint run, "batch": B}``
+        (and ``"graph": 1.0`` or ``"gather": 1.0``). A bad view, an
         op error or a device error in the joint run makes every request run alone (its own
         result or error), unless copies out had begun: then every request gets the joint run's error.
         """
@@ -381,18 +393,34 @@ class CupyBackend(Backend):
         if not all(v.flags.c_contiguous for hi, ho in checked for v in (*hi.values(), *ho.values())):
             return super().run_batch(plan, items)
         bp = self._batch_plan(plan, len(items))
+        addrs = None
+        if self.gather_batches and len(items) >= self.gather_min_batch and _gather.gatherable(plan, bp):
+            addrs = self._host_access.addresses(checked, [n for n in plan.inputs if n not in plan.resident], list(plan.outputs))
+        gather = addrs is not None
         copying_out = [False]
         graphed: bool | None = None
         with self._dev:
             sset = self._acquire()
+            s = sset.streams[0]
             try:
                 if _plan_bytes(plan) <= GRAPH_MAX_BYTES and self._batch_graphs.eligible(plan):
                     graphed = self._batch_graphs.run(plan, bp, checked, resident, copying_out)
-                if graphed is None:
-                    s = sset.streams[0]
+                if graphed is None and addrs is not None:
+                    if sset.table is None:
+                        sset.table = _gather.RowTable(self.xp)
+                    bufs = _gather.stacked_bufs(sset.batch_bufs, plan, len(items), _plan_bytes(plan))
+                    _gather.issue_gathered(self.xp, self._step, plan, bp, addrs, resident, s, sset.workspace, copying_out,
+                                           sset.table, bufs)
+                    s.synchronize()
+                elif graphed is None:
+                    gather = False
                     issue_joint(self.xp, self._step, None, plan, bp, checked, resident, s, sset.workspace, copying_out)
                     s.synchronize()
             except Exception as e:  # noqa: BLE001 - the batch failed as a whole
+                try:
+                    s.synchronize()  # NOTE: a launch may still read this stream set's table
+                except Exception:  # noqa: BLE001 - a device error: reported below, the stream set is dropped
+                    pass
                 self._release(sset)
                 if not copying_out[0]:
                     return super().run_batch(plan, items)
@@ -403,6 +431,8 @@ class CupyBackend(Backend):
         done = {"total": dt, "batch": float(len(items))}
         if graphed is True:
             done["graph"] = 1.0
+        elif graphed is None and gather:
+            done["gather"] = 1.0
         return [dict(done) for _ in items]
 
     def _batch_plan(self, plan: Plan, size: int) -> BatchPlan:
@@ -425,10 +455,12 @@ class CupyBackend(Backend):
                 raise KernelRuntimeError(f"cudaHostRegister of {nbytes} bytes failed: {e}; check RLIMIT_MEMLOCK",
                                          field="register_host") from e
         self._registered[address] = nbytes
+        self._host_access.add(address, nbytes)
 
     def unregister_host(self, address: int | None = None) -> None:
         """cudaHostUnregister ``address`` (None: every range registered here)."""
         addrs = list(self._registered) if address is None else [address]
+        self._host_access.remove(address)
         self._graphs.clear()  # their copies were made for pinned pages
         self._batch_graphs.clear()
         self._chunk_graphs.clear()
@@ -453,6 +485,8 @@ class CupyBackend(Backend):
             for kt in ("F16", "BF16"):
                 names = _w4a16_names(kt)
                 get_function("gemm_w4a16.cu", names, names[0])
+            if self.gather_batches:
+                _gather.copy_kernel(self.xp)
         super().warmup()
 
     def memory(self) -> dict[str, int]:

@@ -2,11 +2,13 @@
 
     python bench/gpu/tiny_probe.py              the layers, backend.run with and without CUDA graphs, workers
     python bench/gpu/tiny_probe.py --profile    cProfile of tiny CuPy backend runs
+    python bench/gpu/tiny_probe.py --profile-batch    cProfile of run_batch (gemm, B=8), memcpy path and gather path
     python bench/gpu/tiny_probe.py --batch [--out FILE.json]
         in-process requests/s of gemm 16x256x256 float16 (x and w sent per request) through
         Backend.run one request at a time vs Backend.run_batch over B requests (plain joint run, and
-        on CuPy its CUDA graphs), B = 1, 2, 4, 8, 16, on NumPy (always) and CuPy (when it sees a GPU);
-        views in page-locked memory on CuPy, as the worker's are; first checks graph == plain bit for bit
+        on CuPy the gather/scatter launches and the CUDA graphs), B = 1, 2, 4, 8, 16, on NumPy (always)
+        and CuPy (when it sees a GPU); views in page-locked memory on CuPy, as the worker's are; first
+        checks gather == plain and graph == plain bit for bit (and records whether gather == run)
 """
 
 from __future__ import annotations
@@ -169,30 +171,50 @@ def batch(out_path: str | None, rounds: int = 3) -> None:
         items = _gemm_views(buf, nmax, m, k, n, rng)
         graphs = getattr(be, "_batch_graphs", None)
         limit = graphs.limit if graphs is not None else 0
-        modes = ["run", "run_batch plain"] + (["run_batch graph"] if graphs is not None and limit else [])
+        can_gather = bool(getattr(be, "gather_batches", False))
+        if can_gather:
+            be.gather_min_batch = 2  # type: ignore[attr-defined]  # measured at every B, whatever the default
+        modes = ["run", "run_batch plain"] + (["run_batch gather"] if can_gather else []) + (
+            ["run_batch graph"] if graphs is not None and limit else [])
         if kind == "numpy":
             modes = ["run", "run_batch plain"]
+        elif not can_gather:
+            print(f"gather path unavailable: {be._host_access.why!r}")  # type: ignore[attr-defined]
 
         def once(group: list, mode: str, be: object = be, plan: object = plan, graphs: object = graphs,  # type: ignore[type-arg]
-                 limit: int = limit) -> None:
+                 limit: int = limit, can_gather: bool = can_gather) -> list:  # type: ignore[type-arg]
             if mode == "run":
                 for ins, outs in group:
                     be.run(plan, ins, outs)  # type: ignore[attr-defined]
-            else:
-                if graphs is not None:
-                    graphs.limit = limit if mode == "run_batch graph" else 0  # type: ignore[attr-defined]
-                be.run_batch(plan, group)  # type: ignore[attr-defined]
+                return []
+            if graphs is not None:
+                graphs.limit = limit if mode == "run_batch graph" else 0  # type: ignore[attr-defined]
+                be.gather_batches = can_gather and mode == "run_batch gather"  # type: ignore[attr-defined]
+            return be.run_batch(plan, group)  # type: ignore[attr-defined, no-any-return]
 
-        if graphs is not None:  # correctness first: graph vs plain joint run, bit for bit, at every B
+        if graphs is not None:  # correctness first: gather and graph vs plain joint run, bit for bit, at every B
             for size in sizes[1:]:
                 group = items[:size]
+                once(group, "run")
+                per_req = [o["o"].copy() for _, o in group]
                 once(group, "run_batch plain")
                 want = [o["o"].copy() for _, o in group]
-                for _ in range(3):
-                    once(group, "run_batch graph")
-                same = all(o["o"].tobytes() == w.tobytes() for (_, o), w in zip(group, want))
-                checks.append({"batch": size, "bit_equal": same})
-                print(f"check B={size:2d}: graph output == plain joint output, bit for bit: {same}")
+                row: dict[str, object] = {"batch": size}
+                for mode in modes[2:]:
+                    for _, o in group:
+                        o["o"][:] = 0
+                    res = [once(group, mode) for _ in range(3)][-1]
+                    same = all(o["o"].tobytes() == w.tobytes() for (_, o), w in zip(group, want))
+                    served = sorted({k for r in res if isinstance(r, dict) for k in ("gather", "graph") if k in r})
+                    row[mode.split()[-1] + "_bit_equal_plain"] = same
+                    row[mode.split()[-1] + "_served_by"] = served
+                    print(f"check B={size:2d}: {mode} output == plain joint output, bit for bit: {same} (served by {served})")
+                row["plain_bit_equal_run"] = all(w.tobytes() == p.tobytes() for w, p in zip(want, per_req))
+                row["plain_max_abs_diff_run"] = max(float(np.abs(w.astype(np.float64) - p.astype(np.float64)).max())
+                                                    for w, p in zip(want, per_req))
+                print(f"check B={size:2d}: plain joint output == run one by one, bit for bit: {row['plain_bit_equal_run']} "
+                      f"(max abs diff {row['plain_max_abs_diff_run']})")
+                checks.append(row)
             print(f"batch graphs: {len(graphs)} held, {graphs.captures} captures, last error {graphs.last_error!r}")
         meds: dict[tuple[str, int], list[float]] = {}
         for _ in range(rounds):
@@ -219,6 +241,7 @@ def batch(out_path: str | None, rounds: int = 3) -> None:
             print(f"| {mode} | " + " | ".join(cells) + " |")
         if graphs is not None:
             graphs.limit = limit
+            be.gather_batches = can_gather  # type: ignore[attr-defined]
             print(f"batch graphs: {len(graphs)} held, {graphs.captures} captures, {graphs.launches} launches, "
                   f"last error {graphs.last_error!r}")
         be.close()
@@ -238,14 +261,51 @@ def batch(out_path: str | None, rounds: int = 3) -> None:
                "commit": os.environ.get("SHMRPC_COMMIT", "unknown"), "python": platform.python_version(),
                "cpu_count": os.cpu_count(), "gpu": gpu, "cupy": getattr(cp, "__version__", None),
                "what": "gemm 16x256x256 float16, x and w per request, in process, views in page-locked memory (CuPy); "
+                       "modes: run = Backend.run one by one; run_batch plain = memcpy per tensor per request (graphs, "
+                       "gather off); gather = one gather and one scatter launch (graphs off); graph = batch graphs on "
+                       "(gather off; the same addresses every call); "
                        f"{rounds} rounds, modes interleaved, median of the rounds' medians of 300 calls",
                "checks": checks, "results": results}
         with open(out_path, "w") as f:
             json.dump(doc, f, indent=2)
 
 
+def profile_batch(size: int = 8, calls: int = 2000) -> None:
+    """cProfile of ``calls`` run_batch calls of gemm 16x256x256 float16 over ``size`` page-locked requests,
+    plain joint run (memcpy per tensor) and gather/scatter launches: where the Python time of a batch goes."""
+    import cProfile
+    import pstats
+
+    import cupy as cp
+
+    from shmrpc import kernels
+
+    be = kernels.select_backend("cupy")
+    be.warmup()
+    be._batch_graphs.limit = 0  # type: ignore[attr-defined]
+    be.gather_min_batch = 2  # type: ignore[attr-defined]
+    m, k, n = 16, 256, 256
+    plan = be.plan([kernels.StepSpec("gemm", {"x": "x", "w": "w"}, {"out": "o"})],
+                   {"x": kernels.TensorSpec((m, k), "float16"), "w": kernels.TensorSpec((k, n), "float16")}, ["o"])
+    mem = cp.cuda.alloc_pinned_memory(size * (2 * (m * k + k * n + m * n) + 3 * 4096))
+    items = _gemm_views(np.frombuffer(mem, np.uint8), size, m, k, n, np.random.default_rng(0))
+    for gather in (False, True):
+        be.gather_batches = gather  # type: ignore[attr-defined]
+        ts = timed(lambda: be.run_batch(plan, items), 500)
+        print(f"run_batch B={size} {'gather' if gather else 'plain '}: {pct(ts)}")
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(calls):
+            be.run_batch(plan, items)
+        pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(18)
+    be.close()
+
+
 if __name__ == "__main__":
-    if "--profile" in sys.argv:
+    if "--profile-batch" in sys.argv:
+        profile_batch()
+    elif "--profile" in sys.argv:
         profile_backend()
     elif "--batch" in sys.argv:
         batch(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)

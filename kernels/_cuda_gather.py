@@ -1,0 +1,287 @@
+"""Batches in a constant number of CUDA calls: a gather launch, the steps, a scatter launch.
+
+The plain joint run (:func:`._cuda_batch.issue_joint`) issues one ``cudaMemcpyAsync`` per
+request per tensor; its cost grows with B in Python and driver calls. Here the GPU itself copies
+straight from and to the requests' page-locked host views (unified addressing: a registered
+host page has the same address on the device), driven by a table of rows::
+
+    table (page-locked host memory of the backend, one per stream set, filled with NumPy)
+    row = (src u64, dst u64, nbytes u64, 0)
+      rows [0, G)       request b's input n  -> slice b of the (B, *shape) device buffer of n
+      rows [G, G + S)   slice b of output n  -> request b's output view   (filled after the steps)
+
+    fill gather rows, copy_rows<<<(chunks, G)>>>(table, 0)      one launch
+    every step once, on the stacked arrays (the same calls as the plain joint run)
+    fill scatter rows, copy_rows<<<(chunks, S)>>>(table, G)     one launch
+    one synchronize
+
+``kernels/cuda/copy_rows.cu``: 16-byte loads and stores where both ends are 16-byte aligned,
+4-byte words where 4-aligned, else bytes. The steps are the plain joint run's, on the same data,
+so results are the same bits.
+
+What it relies on, checked before use (else the memcpy path runs):
+
+- the device: ``cudaDevAttrUnifiedAddressing`` and ``cudaDevAttrCanUseHostPointerForRegisteredMem``
+  (checked once per backend);
+- every view: inside a range registered by the backend (:meth:`HostAccess.add`, checked with
+  ``cudaPointerGetAttributes`` that the device address equals the host address), or else both its
+  first and last byte page-locked at the same device address (remembered per view object, which
+  keeps its memory alive);
+- the table: its device address equals its host address (else the device address is passed).
+
+A bad address read by a kernel would be a sticky CUDA error that ends the context, so nothing
+reaches the table that these checks did not pass. Requests moving more than ``GATHER_MAX_BYTES``
+each keep the memcpy path, which moves big blocks at full DMA speed; so do batches of fewer than
+``GATHER_MIN_BATCH`` requests (``SHMRPC_CUDA_GATHER_MIN_BATCH``), where the per-copy calls cost less
+than the launches and the table.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._batch import BatchPlan
+from ._cuda_batch import Step, address
+from ._dtypes import storage_dtype
+from ._plan import Plan
+
+__all__ = ["GATHER_MAX_BYTES", "GATHER_MIN_BATCH", "HostAccess", "RowTable", "issue_gathered", "gatherable", "copy_kernel", "stacked_bufs"]
+
+#: Requests moving at most this many bytes (inputs and outputs) take the gather path; ``SHMRPC_CUDA_GATHER=0`` turns it off.
+GATHER_MAX_BYTES = 4 << 20
+GATHER_ON = (os.environ.get("SHMRPC_CUDA_GATHER", "") or "1") != "0"
+#: Batches of fewer requests keep the memcpy path: on the H200 the two launches cost more than the copies they
+#: replace below 8 requests (gemm 16x256x256 float16, bench/results/gpu-gather-probe-2026-11-30-*.json).
+GATHER_MIN_BATCH = int(os.environ.get("SHMRPC_CUDA_GATHER_MIN_BATCH", "") or 8)
+_ATTR_UNIFIED = 41  # cudaDevAttrUnifiedAddressing
+_ATTR_HOST_PTR_REGISTERED = 91  # cudaDevAttrCanUseHostPointerForRegisteredMem
+_HOST = 1  # cudaMemoryTypeHost
+_THREADS = 256
+_CHUNK = _THREADS * 16 * 4  # COPY_CHUNK in copy_rows.cu
+_MAX_ROWS = 65535  # gridDim.y
+
+
+def _device_address(cp: Any, a: int) -> int | None:
+    """The device address of page-locked host address ``a`` (None: not page-locked / not mapped)."""
+    try:
+        at = cp.cuda.runtime.pointerGetAttributes(a)
+    except Exception:  # noqa: BLE001 - pageable memory on older drivers: not usable
+        return None
+    if int(at.type) != _HOST or not at.devicePointer:
+        return None
+    return int(at.devicePointer)
+
+
+class HostAccess:
+    """Which host views a kernel may read and write at their own address (see the module doc)."""
+
+    def __init__(self, cp: Any, device: int) -> None:
+        self._cp = cp
+        self._lock = threading.Lock()
+        self._ranges: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # (starts, ends), replaced whole
+        self._views: dict[int, tuple[Any, bool]] = {}
+        try:
+            rt = cp.cuda.runtime
+            self.supported = bool(rt.deviceGetAttribute(_ATTR_UNIFIED, device)) and bool(
+                rt.deviceGetAttribute(_ATTR_HOST_PTR_REGISTERED, device))
+            self.why = "" if self.supported else "the device cannot use host pointers of registered memory"
+        except Exception as e:  # noqa: BLE001 - an old runtime without the attribute: the memcpy path
+            self.supported, self.why = False, f"device attributes unreadable: {type(e).__name__}: {e}"
+
+    def add(self, start: int, nbytes: int) -> bool:
+        """Note a range the backend registered; True if kernels may use its host addresses."""
+        ok = self.supported and nbytes > 0 and _device_address(self._cp, start) == start \
+            and _device_address(self._cp, start + nbytes - 1) == start + nbytes - 1
+        if ok:
+            with self._lock:
+                spans = sorted({*zip(*self._ranges), (start, start + nbytes)})
+                self._ranges = (tuple(a for a, _ in spans), tuple(b for _, b in spans))
+        return ok
+
+    def remove(self, start: int | None = None) -> None:
+        """Forget the registered range at ``start`` (None: all), and every view remembered."""
+        with self._lock:
+            spans = [] if start is None else [(a, b) for a, b in zip(*self._ranges) if a != start]
+            self._ranges = (tuple(a for a, _ in spans), tuple(b for _, b in spans))
+            self._views.clear()
+
+    def addresses(self, checked: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]],
+                  inputs: Sequence[str], outputs: Sequence[str]) -> tuple[list[list[int]], list[list[int]]] | None:
+        """Host addresses of the views (per input name, per output name: one per request), or None if a
+        kernel may not use one of them (see :meth:`usable`)."""
+        (starts, ends), find = self._ranges, bisect.bisect  # NOTE: one read: add/remove replace the pair whole
+        cols: tuple[list[list[int]], list[list[int]]] = ([], [])
+        for side, names in ((0, inputs), (1, outputs)):
+            for name in names:
+                col = []
+                for item in checked:
+                    v = item[side][name]
+                    a = address(v)
+                    i = find(starts, a) - 1
+                    if not (i >= 0 and a + v.nbytes <= ends[i]) and not self._usable_unregistered(v, a):
+                        return None
+                    col.append(a)
+                cols[side].append(col)
+        return cols
+
+    def usable(self, v: np.ndarray) -> bool:
+        """Whether a kernel may read and write every byte of contiguous view ``v`` at its host address."""
+        a, n = address(v), v.nbytes
+        starts, ends = self._ranges
+        i = bisect.bisect(starts, a) - 1
+        return (i >= 0 and a + n <= ends[i]) or self._usable_unregistered(v, a)
+
+    def _usable_unregistered(self, v: np.ndarray, a: int) -> bool:
+        n = v.nbytes
+        e = self._views.get(id(v))
+        if e is not None and e[0]() is v:
+            return bool(e[1])
+        ok = self.supported and _device_address(self._cp, a) == a and _device_address(self._cp, a + max(n, 1) - 1) == a + max(n, 1) - 1
+        if not v.flags.owndata:  # a view keeps its memory alive while it lives: remember it by the object
+            with self._lock:
+                if len(self._views) > 4096:
+                    self._views.clear()
+                self._views[id(v)] = (weakref.ref(v), ok)
+        return ok
+
+
+class RowTable:
+    """Page-locked rows of (src, dst, nbytes, 0) u64 the copy kernel reads; grows on demand."""
+
+    def __init__(self, cp: Any, rows: int = 64) -> None:
+        self._cp = cp
+        self.rows = 0
+        self.tab = np.empty((0, 4), np.uint64)
+        self.flat = self.tab.reshape(-1)
+        self.dev_ptr = 0
+        self.arg = np.uint64(0)
+        self._mem: Any = None
+        self.reserve(rows)
+
+    def reserve(self, rows: int) -> None:
+        if rows <= self.rows:
+            return
+        rows = max(rows, 2 * self.rows)
+        mem = self._cp.cuda.alloc_pinned_memory(rows * 32)
+        ptr = int(mem.ptr)
+        dev = _device_address(self._cp, ptr)
+        if dev is None:
+            raise RuntimeError("the copy table's page-locked memory has no device address")
+        self._mem, self.rows, self.dev_ptr, self.arg = mem, rows, dev, np.uint64(dev)
+        self.tab = np.frombuffer(mem, np.uint64, rows * 4).reshape(rows, 4)
+        self.flat = self.tab.reshape(-1)
+        self.tab[:] = 0
+
+
+_fn_lock = threading.Lock()
+_fns: dict[int, Any] = {}
+
+
+def copy_kernel(cp: Any) -> Any:
+    """``copy_rows`` compiled for the current device (once; CuPy keeps the binary in its disk cache)."""
+    dev = cp.cuda.runtime.getDevice()
+    fn = _fns.get(dev)
+    if fn is None:
+        from ._cuda import source
+
+        with _fn_lock:
+            fn = _fns.get(dev)
+            if fn is None:
+                raw = cp.RawModule(code=source("copy_rows.cu"), options=("-std=c++17",)).get_function("copy_rows")
+                fn = _fns[dev] = getattr(raw, "kernel", raw)  # the compiled Function: one call layer less per launch
+    return fn
+
+
+_BUFS_KEPT, _BUFS_MAX_BYTES = 8, 64 << 20
+
+
+def stacked_bufs(store: dict[tuple[int, int], tuple[Plan, dict[str, Any]]], plan: Plan, size: int, plan_bytes: int
+                 ) -> dict[str, Any] | None:
+    """The stacked input buffers of (plan, B) kept in ``store`` (one per stream set; at most 8 kept), or None
+    when B requests' tensors exceed 64 MiB (allocated per batch then)."""
+    if size * plan_bytes > _BUFS_MAX_BYTES:
+        return None
+    entry = store.get((id(plan), size))
+    if entry is None or entry[0] is not plan:
+        if len(store) >= _BUFS_KEPT:
+            store.pop(next(iter(store)))
+        entry = store[(id(plan), size)] = (plan, {})
+    return entry[1]
+
+
+def gatherable(plan: Plan, bp: BatchPlan) -> bool:
+    """Whether the plan's tensors per request are small enough, and the rows fit one launch."""
+    moved = sum(s.nbytes for n, s in plan.inputs.items() if n not in plan.resident) + sum(s.nbytes for s in plan.outputs.values())
+    return moved <= GATHER_MAX_BYTES and bp.size * max(len(plan.inputs), len(plan.outputs), 1) <= _MAX_ROWS
+
+
+def _launch(cp: Any, table: RowTable, row0: int, rows: int, max_bytes: int, stream: Any) -> None:
+    if rows and max_bytes:
+        copy_kernel(cp)(((max_bytes + _CHUNK - 1) // _CHUNK, rows), (_THREADS,), (table.arg, np.int32(row0)),
+                        stream=stream)
+
+
+def issue_gathered(cp: Any, step: Step, plan: Plan, bp: BatchPlan, addrs: tuple[list[list[int]], list[list[int]]],
+                   resident: Mapping[str, Any], stream: Any, workspace: dict[str, Any], copying_out: list[bool],
+                   table: RowTable, bufs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Enqueue the joint run of one batch on ``stream`` with one gather and one scatter launch; no
+    synchronize. ``addrs``: from :meth:`HostAccess.addresses` over the request inputs (plan order, residents
+    left out) and the outputs. Returns every device array it used; sets ``copying_out[0]`` just before the
+    scatter is launched. The caller synchronizes before the table is filled again (one table per stream
+    set). ``bufs``: the stacked input buffers by name, kept by the caller for this (plan, B) and filled here
+    on first use."""
+    size = bp.size
+    env: dict[str, Any] = {}
+    rows: list[int] = []
+    biggest = 0
+    for col, name in zip(addrs[0], [n for n in plan.inputs if n not in plan.resident]):
+        spec = plan.inputs[name]
+        dev = bufs.get(name) if bufs is not None else None
+        if dev is None:
+            dev = cp.empty((size, *spec.shape), dtype=storage_dtype(spec.dtype))
+            if bufs is not None:
+                bufs[name] = dev
+        env[name] = dev
+        per, d = spec.nbytes, dev.data.ptr
+        if per:
+            biggest = max(biggest, per)
+            for a in col:
+                rows += (a, d, per, 0)
+                d += per
+    n_in = len(rows) // 4
+    table.reserve(n_in + size * len(plan.outputs))
+    if n_in:
+        table.flat[:4 * n_in] = rows
+    with stream:
+        _launch(cp, table, 0, n_in, biggest, stream)
+        env.update(resident)
+        for st, (in_specs, out_specs) in zip(plan.steps, bp.steps):
+            res = step(st, {p: env[n] for p, n in st.inputs.items()}, in_specs, out_specs, workspace, None)
+            for p, n in st.outputs.items():
+                env[n] = res[p]
+        outs = {n: cp.ascontiguousarray(env[n]) for n in plan.outputs}
+        env.update({"#d2h." + n: a for n, a in outs.items()})
+        rows = []
+        biggest = 0
+        for col, (name, spec) in zip(addrs[1], plan.outputs.items()):
+            per, d = spec.nbytes, outs[name].data.ptr
+            if not per:
+                continue
+            step_b = per if name in bp.batched else 0
+            biggest = max(biggest, per)
+            for a in col:
+                rows += (d, a, per, 0)
+                d += step_b
+        n_s = len(rows) // 4
+        if n_s:
+            table.flat[4 * n_in:4 * (n_in + n_s)] = rows
+        copying_out[0] = True
+        _launch(cp, table, n_in, n_s, biggest, stream)
+    return env

@@ -1,0 +1,148 @@
+"""The rows a gathered batch hands its copy launches (:func:`shmrpc.kernels._cuda_gather.issue_gathered`),
+checked without a GPU: NumPy stands in for CuPy and each launch is carried out on the host by copying
+its table rows, so a wrong source, destination, length or row offset shows as a wrong result."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import types
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shmrpc.kernels import StepSpec, TensorSpec, select_backend
+from shmrpc.kernels import _cuda_gather as gather
+from shmrpc.kernels._batch import batch_plan
+from shmrpc.kernels._registry import OpCall
+
+
+class _Dev(np.ndarray):
+    """A host array posing as a device array (``.data.ptr``)."""
+
+    @property
+    def data(self) -> Any:  # type: ignore[override]
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
+
+class _FakeCp:
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> _Dev:
+        return np.empty(shape, dtype).view(_Dev)
+
+    def ascontiguousarray(self, a: Any) -> _Dev:
+        return np.ascontiguousarray(a).view(_Dev)
+
+
+class _HostTable(gather.RowTable):
+    def __init__(self) -> None:  # no page-locked memory: plain host rows
+        self.rows = 0
+        self.reserve(2)
+
+    def reserve(self, rows: int) -> None:
+        if rows > self.rows:
+            self.rows = max(rows, 2 * self.rows)
+            self.tab = np.zeros((self.rows, 4), np.uint64)
+            self.flat = self.tab.reshape(-1)
+            self.arg = np.uint64(self.tab.ctypes.data)
+
+
+class _NoStream:
+    def __enter__(self) -> _NoStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _host_launch(cp: Any, table: gather.RowTable, row0: int, rows: int, max_bytes: int, stream: Any) -> None:
+    for r in range(row0, row0 + rows):
+        src, dst, n, _ = (int(x) for x in table.tab[r])
+        assert 0 < n <= max_bytes
+        ctypes.memmove(dst, src, n)
+
+
+def _step(st: Any, ins: dict[str, Any], in_specs: Any, out_specs: Any, ws: dict[str, Any], xp: Any) -> dict[str, Any]:
+    call = OpCall(np, {k: np.asarray(v) for k, v in ins.items()}, in_specs, out_specs, st.attrs, {}, ws)
+    return {k: np.ascontiguousarray(v).view(_Dev) for k, v in st.op.numpy(call).items()}
+
+
+@pytest.mark.parametrize("size", [2, 3, 8, 17])
+def test_rows_of_a_gathered_batch(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
+    monkeypatch.setattr(gather, "_launch", _host_launch)
+    be = select_backend("numpy")
+    plan = be.plan([StepSpec("gemm", {"x": "x", "w": "w"}, {"out": "h"}), StepSpec("softmax", {"x": "h"}, {"out": "p"})],
+                   {"x": TensorSpec((3, 37), "float32"), "w": TensorSpec((37, 5), "float32")}, ["h", "p"])
+    buf = np.zeros(1 << 20, np.uint8)
+    rng = np.random.default_rng(size)
+    off = 4  # views 4 bytes past a 64-byte boundary, sizes no multiple of 16
+    checked = []
+
+    def view(shape: tuple[int, int]) -> np.ndarray:
+        nonlocal off
+        v = np.frombuffer(buf, np.float32, shape[0] * shape[1], off).reshape(shape)
+        off += v.nbytes + 68
+        return v
+
+    for _ in range(size):
+        x, w = view((3, 37)), view((37, 5))
+        x[:] = rng.standard_normal(x.shape)
+        w[:] = rng.standard_normal(w.shape)
+        checked.append(({"x": x, "w": w}, {"h": view((3, 5)), "p": view((3, 5))}))
+    access = gather.HostAccess.__new__(gather.HostAccess)  # the buffer stands for a registered range
+    access._ranges, access._views = ((buf.ctypes.data,), (buf.ctypes.data + buf.nbytes,)), {}
+    access.supported, access._lock, access._cp = False, threading.Lock(), None
+    addrs = access.addresses(checked, ["x", "w"], ["h", "p"])
+    assert addrs is not None
+    outside = ({"x": checked[0][0]["x"], "w": checked[0][0]["w"]}, {"h": np.zeros((3, 5), np.float32), "p": checked[0][1]["p"]})
+    assert access.addresses([checked[0], outside], ["x", "w"], ["h", "p"]) is None  # not registered: the memcpy path
+    table, bufs = _HostTable(), {}  # type: ignore[var-annotated]
+    for _ in range(2):  # the second batch reuses the stacked buffers and the table
+        for _, outs in checked:
+            outs["h"][:] = 0
+            outs["p"][:] = 0
+        copying_out = [False]
+        gather.issue_gathered(_FakeCp(), _step, plan, batch_plan(plan, size), addrs, {}, _NoStream(), {}, copying_out,
+                              table, bufs)
+        assert copying_out[0] and set(bufs) == {"x", "w"}
+        for ins, outs in checked:
+            h = ins["x"].astype(np.float64) @ ins["w"]
+            e = np.exp(h - h.max(-1, keepdims=True))
+            np.testing.assert_allclose(outs["h"], h, rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(outs["p"], e / e.sum(-1, keepdims=True), rtol=1e-4, atol=1e-5)
+
+
+class _FakeRuntime:
+    """Stands in for ``cupy.cuda.runtime``: addresses inside ``pinned`` are page-locked at the same device address."""
+
+    def __init__(self) -> None:
+        self.pinned: list[tuple[int, int]] = []
+
+    def deviceGetAttribute(self, attr: int, device: int) -> int:  # noqa: N802 - CuPy's name
+        return 1
+
+    def pointerGetAttributes(self, a: int) -> Any:  # noqa: N802 - CuPy's name
+        inside = any(lo <= a < hi for lo, hi in self.pinned)
+        return types.SimpleNamespace(type=1 if inside else 0, devicePointer=a if inside else 0)
+
+
+def test_registered_ranges_decide_which_views_a_kernel_may_use() -> None:
+    rt = _FakeRuntime()
+    access = gather.HostAccess(types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=rt)), 0)
+    assert access.supported
+    one, two = np.zeros(8192, np.uint8), np.zeros(8192, np.uint8)
+    v1, v2 = one[100:4196], two[8000:8192]
+    assert not access.usable(v1) and not access.usable(v2)  # nothing registered, nothing page-locked
+    rt.pinned = [(one.ctypes.data, one.ctypes.data + one.nbytes), (two.ctypes.data, two.ctypes.data + two.nbytes)]
+    assert access.add(one.ctypes.data, one.nbytes) and access.add(two.ctypes.data, two.nbytes)
+    assert access.usable(v1) and access.usable(v2)
+    assert access.addresses([({"x": v1}, {"o": v2})], ["x"], ["o"]) == ([[v1.ctypes.data]], [[v2.ctypes.data]])
+    assert not access.usable(np.zeros(16, np.uint8))  # pageable, outside every range
+    rt.pinned = rt.pinned[1:]
+    access.remove(one.ctypes.data)  # unregistered: its views are no longer usable, the other region's still are
+    assert not access.usable(v1) and access.usable(v2)
+    assert access.addresses([({"x": v1}, {"o": v2})], ["x"], ["o"]) is None
+    access.remove()
+    rt.pinned = []
+    assert not access.usable(v2)
+    assert not access.add(one.ctypes.data, one.nbytes)  # not mapped at its own address: refused
