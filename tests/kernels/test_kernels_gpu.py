@@ -12,17 +12,6 @@ from shmrpc.kernels import KernelRuntimeError, StepSpec, TensorSpec, select_back
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture
-def gpu():
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            raise RuntimeError("no CUDA device")
-    except Exception as e:
-        pytest.skip(f"no CuPy/GPU: {type(e).__name__}: {e}")
-    with select_backend("cupy") as be:
-        yield be
 
 
 def _both(gpu, steps, specs, ins, outs_names):

@@ -23,19 +23,7 @@ _F16, _BF16, _F32 = "float16", "bfloat16", "float32"
 
 
 @pytest.fixture
-def cp() -> Any:
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            raise RuntimeError("no CUDA device")
-    except Exception as e:
-        pytest.skip(f"no CuPy/GPU: {type(e).__name__}: {e}")
-    return cupy
-
-
-@pytest.fixture
-def gpu(cp: Any) -> Iterator[Any]:
+def gpu(cp: Any) -> Iterator[Any]:  # conftest's cp: skipped with the reason where there is no CuPy/GPU
     with select_backend("cupy") as be:
         if not be.gather_batches:
             pytest.skip(f"the gather path is off on this device: {be._host_access.why}")
