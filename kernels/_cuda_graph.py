@@ -61,10 +61,11 @@ class _Graph:
         self.hold = hold
 
 
-_NONE = object()  # a key whose capture was refused (unpinned views): plain path
+NONE = object()  # a key whose capture was refused (unpinned or overlapping views): plain path
+_NONE = NONE
 
 
-class _Graphs:
+class Graphs:
     """What the graph caches share: graphs by key, at most ``limit``, in use order; the sights of keys not
     captured yet (a key is captured on its ``after``-th sight); the plans whose capture failed; counts."""
 
@@ -108,7 +109,11 @@ class _Graphs:
             self._seen.pop(key, None)
             while len(self._graphs) > self.limit:
                 _, old = self._graphs.popitem(last=False)
-                _retire(old)
+                self._retire(old)
+
+    @staticmethod
+    def _retire(g: Any) -> None:
+        _retire(g)
 
     def clear(self) -> None:
         """Drop every graph (after each one's last launch finished) and the counts."""
@@ -118,13 +123,13 @@ class _Graphs:
             self._seen.clear()
             self._failed.clear()
         for g in graphs:
-            _retire(g)
+            self._retire(g)
 
     def __len__(self) -> int:
         return sum(1 for g in self._graphs.values() if g is not _NONE)
 
 
-class GraphCache(_Graphs):
+class GraphCache(Graphs):
     """Graphs by key, at most ``limit``; ``after``: captured on the ``after``-th sight of a key.
 
     ``issue(plan, host_in, host_out, resident, stream, workspace)`` enqueues one whole run
@@ -196,7 +201,7 @@ class GraphCache(_Graphs):
 Chunked = Callable[[list[Any], dict[str, Any], bool, list[Any]], dict[str, float]]
 
 
-class ChunkGraphs(_Graphs):
+class ChunkGraphs(Graphs):
     """Graphs of whole chunked runs (large elementwise requests) by key, at most ``limit``.
 
     Key: (plan, host input and output addresses, resident device addresses, chunk settings). Seen
