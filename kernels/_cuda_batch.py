@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -44,7 +45,7 @@ import numpy as np
 
 from ._batch import BatchPlan
 from ._cuda_blas import BLAS_OPS, CapturableBlas, CaptureXp
-from ._cuda_graph import GRAPH_OPS, NONE, Graphs, pinned
+from ._cuda_graph import GRAPH_OPS, pinned
 from ._dtypes import storage_dtype
 from ._plan import Plan
 from ._registry import TensorSpec
@@ -63,7 +64,7 @@ COPY_LANES = 4
 PAYBACK_MIN_CAPTURES = 16
 PAYBACK_LAUNCHES = 16
 _ADDR: dict[int, tuple[Any, int]] = {}
-_NONE = NONE  # a key that may not be captured (unpinned or overlapping views): plain path
+_NONE = object()  # a key that may not be captured (unpinned or overlapping views): plain path
 
 
 def address(v: np.ndarray) -> int:
@@ -108,7 +109,13 @@ def issue_joint(cp: Any, step: Step, xp: Any, plan: Plan, bp: BatchPlan,
                     rt.memcpyAsync(base + b * per, address(host_in[name]), per, h2d, ptrs[b % len(ptrs)])
             env[name] = dev
         _join(stream, copy_streams)
-        outs = run_steps(cp, step, xp, plan, bp, env, resident, workspace)
+        env.update(resident)
+        for st, (in_specs, out_specs) in zip(plan.steps, bp.steps):
+            res = step(st, {p: env[n] for p, n in st.inputs.items()}, in_specs, out_specs, workspace, xp)
+            for p, n in st.outputs.items():
+                env[n] = res[p]
+        outs = {n: cp.ascontiguousarray(env[n]) for n in plan.outputs}
+        env.update({"#d2h." + n: a for n, a in outs.items()})
         copying_out[0] = True
         _fork(stream, copy_streams)
         for name, spec in plan.outputs.items():
@@ -119,20 +126,6 @@ def issue_joint(cp: Any, step: Step, xp: Any, plan: Plan, bp: BatchPlan,
                     rt.memcpyAsync(address(host_out[name]), base + b * step_b, per, d2h, ptrs[b % len(ptrs)])
         _join(stream, copy_streams)
     return env
-
-
-def run_steps(cp: Any, step: Step, xp: Any, plan: Plan, bp: BatchPlan, env: dict[str, Any],
-              resident: Mapping[str, Any], workspace: dict[str, Any]) -> dict[str, Any]:
-    """The batched plan's steps over the stacked inputs in ``env`` (which gets every result); returns each output
-    made contiguous, also kept in ``env`` (as ``#d2h.<name>``) so that it lives as long as the run's arrays."""
-    env.update(resident)
-    for st, (in_specs, out_specs) in zip(plan.steps, bp.steps):
-        res = step(st, {p: env[n] for p, n in st.inputs.items()}, in_specs, out_specs, workspace, xp)
-        for p, n in st.outputs.items():
-            env[n] = res[p]
-    outs = {n: cp.ascontiguousarray(env[n]) for n in plan.outputs}
-    env.update({"#d2h." + n: a for n, a in outs.items()})
-    return outs
 
 
 def _fork(stream: Any, others: Sequence[Any]) -> None:
@@ -157,7 +150,7 @@ class _Graph:
         self.hold = hold
 
 
-class BatchGraphs(Graphs):
+class BatchGraphs:
     """Graphs of joint runs by key, at most ``limit``; captured on the ``after``-th sight of a key.
 
     ``step`` runs one step (see :data:`Step`); ``capturing`` is the backend's thread-local whose
@@ -165,15 +158,25 @@ class BatchGraphs(Graphs):
     """
 
     def __init__(self, cupy: Any, step: Step, limit: int, after: int, capturing: threading.local) -> None:
-        super().__init__(cupy, limit, after, capturing)
+        self._cp = cupy
         self._step = step
+        self.limit = limit
+        self.after = max(2, after)
+        self._tls = capturing
+        self._lock = threading.Lock()
         self._capture_lock = threading.Lock()
         self._launch_lock = threading.Lock()
         self._stream: Any = None
         self._copy_streams: list[Any] = []
         self._blas: CapturableBlas | None = None
         self._xp: CaptureXp | None = None
+        self._graphs: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._seen: dict[tuple[Any, ...], int] = {}
+        self._failed: dict[int, Plan] = {}
         self._uses: dict[int, tuple[Plan, list[int]]] = {}  # id(plan) -> (plan, [captures, launches])
+        self.captures = 0
+        self.launches = 0
+        self.last_error = ""  # why the last capture was refused
 
     def eligible(self, plan: Plan) -> bool:
         """Whether ``plan`` may ever be captured as a batch (its ops, no capture of it failed)."""
@@ -195,8 +198,18 @@ class BatchGraphs(Graphs):
             # any order of arrival: the key and the run take them sorted by address
             checked = [checked[b] for b in order]
         key = (id(plan), len(checked), *(a for b in order for a in per_item[b]), *(r.data.ptr for r in resident.values()))
-        g = self._lookup(key)
-        if g is False or g is _NONE:
+        with self._lock:
+            g = self._graphs.get(key)
+            if g is None:
+                n = self._seen.get(key, 0) + 1
+                if len(self._seen) > 16 * max(1, self.limit):
+                    self._seen.clear()
+                self._seen[key] = n
+                if n < self.after:
+                    return None
+            elif g is not _NONE:
+                self._graphs.move_to_end(key)
+        if g is _NONE:
             return None
         entry = self._uses.get(id(plan))
         if entry is None or entry[0] is not plan:
@@ -311,8 +324,15 @@ class BatchGraphs(Graphs):
         self._fail(plan, why)
         return False
 
-    @staticmethod
-    def _retire(g: Any) -> None:
+    def _store(self, key: tuple[Any, ...], g: Any) -> None:
+        with self._lock:
+            self._graphs[key] = g
+            self._seen.pop(key, None)
+            while len(self._graphs) > self.limit:
+                _, old = self._graphs.popitem(last=False)
+                self._retire(old)
+
+    def _retire(self, g: Any) -> None:
         if g is _NONE:
             return
         with g.lock:  # a launch in flight finishes first
@@ -325,9 +345,14 @@ class BatchGraphs(Graphs):
 
     def clear(self) -> None:
         """Drop every graph (after each one's last launch finished) and the counts."""
-        super().clear()
         with self._lock:
+            graphs = list(self._graphs.values())
+            self._graphs.clear()
+            self._seen.clear()
+            self._failed.clear()
             self._uses.clear()
+        for g in graphs:
+            self._retire(g)
 
     def close(self) -> None:
         """:meth:`clear`, then free the cuBLAS handle and workspace the graphs used."""
@@ -338,6 +363,9 @@ class BatchGraphs(Graphs):
                 self._blas, self._xp = None, None
             self._stream = None
             self._copy_streams = []
+
+    def __len__(self) -> int:
+        return sum(1 for g in self._graphs.values() if g is not _NONE)
 
 
 def _overlap(spans: list[tuple[int, int]]) -> bool:

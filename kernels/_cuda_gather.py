@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from ._batch import BatchPlan
-from ._cuda_batch import Step, address, run_steps
+from ._cuda_batch import Step, address
 from ._dtypes import storage_dtype
 from ._plan import Plan
 
@@ -261,7 +261,13 @@ def issue_gathered(cp: Any, step: Step, plan: Plan, bp: BatchPlan, addrs: tuple[
         table.flat[:4 * n_in] = rows
     with stream:
         _launch(cp, table, 0, n_in, biggest, stream)
-        outs = run_steps(cp, step, None, plan, bp, env, resident, workspace)
+        env.update(resident)
+        for st, (in_specs, out_specs) in zip(plan.steps, bp.steps):
+            res = step(st, {p: env[n] for p, n in st.inputs.items()}, in_specs, out_specs, workspace, None)
+            for p, n in st.outputs.items():
+                env[n] = res[p]
+        outs = {n: cp.ascontiguousarray(env[n]) for n in plan.outputs}
+        env.update({"#d2h." + n: a for n, a in outs.items()})
         rows = []
         biggest = 0
         for col, (name, spec) in zip(addrs[1], plan.outputs.items()):

@@ -61,11 +61,10 @@ class _Graph:
         self.hold = hold
 
 
-NONE = object()  # a key whose capture was refused (unpinned or overlapping views): plain path
-_NONE = NONE
+_NONE = object()  # a key whose capture was refused (unpinned views): plain path
 
 
-class Graphs:
+class _Graphs:
     """What the graph caches share: graphs by key, at most ``limit``, in use order; the sights of keys not
     captured yet (a key is captured on its ``after``-th sight); the plans whose capture failed; counts."""
 
@@ -109,11 +108,7 @@ class Graphs:
             self._seen.pop(key, None)
             while len(self._graphs) > self.limit:
                 _, old = self._graphs.popitem(last=False)
-                self._retire(old)
-
-    @staticmethod
-    def _retire(g: Any) -> None:
-        _retire(g)
+                _retire(old)
 
     def clear(self) -> None:
         """Drop every graph (after each one's last launch finished) and the counts."""
@@ -123,13 +118,13 @@ class Graphs:
             self._seen.clear()
             self._failed.clear()
         for g in graphs:
-            self._retire(g)
+            _retire(g)
 
     def __len__(self) -> int:
         return sum(1 for g in self._graphs.values() if g is not _NONE)
 
 
-class GraphCache(Graphs):
+class GraphCache(_Graphs):
     """Graphs by key, at most ``limit``; ``after``: captured on the ``after``-th sight of a key.
 
     ``issue(plan, host_in, host_out, resident, stream, workspace)`` enqueues one whole run
@@ -201,7 +196,7 @@ class GraphCache(Graphs):
 Chunked = Callable[[list[Any], dict[str, Any], bool, list[Any]], dict[str, float]]
 
 
-class ChunkGraphs(Graphs):
+class ChunkGraphs(_Graphs):
     """Graphs of whole chunked runs (large elementwise requests) by key, at most ``limit``.
 
     Key: (plan, host input and output addresses, resident device addresses, chunk settings). Seen
