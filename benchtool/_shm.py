@@ -156,14 +156,15 @@ class WorkerProcess:
         self._proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        """Wait until the worker's socket exists (clients then finish the handshake themselves).
+        """Wait until the worker's socket exists and it said it is ready (clients then finish the handshake).
 
         Raises:
             TransportUnavailable: the worker exited, or no socket appeared within ``timeout_s``.
         """
         path = socket_path(self.name)
         deadline = time.monotonic() + timeout_s
-        while not path.exists():
+        # its ready line too: it names the /metrics address (printed once the worker serves)
+        while not path.exists() or " ready (pid " not in self.log_tail(1 << 16):
             self.check_alive()
             if time.monotonic() > deadline:
                 raise TransportUnavailable(f"the worker made no socket at {path} within {timeout_s} s: "

@@ -64,6 +64,14 @@ def test_cli_latency_with_clients(tmp_path: Path, no_leak: object, capsys: pytes
     assert sorted((p["transport"], p["nbytes"]) for p in doc["scaling"]) == sorted(
         (k, n) for k in ("shmrpc", "shmrpc-call", "zmq") for n in (64, 4096))
     assert all("error" not in p and len(p["per_client_p99_us"]) == 2 for p in doc["scaling"])
+    # what the worker did per point, from its /metrics: at least every timed call (a NumPy worker runs a batch
+    # item by item, so it parks none: no batches), and nothing for the peer
+    for p in doc["scaling"]:
+        if p["transport"] == "zmq":
+            assert "worker" not in p
+        else:
+            assert p["worker"]["requests"] >= 2 * p["iters_per_client"], p
+            assert p["worker"]["batches"] == 0 and p["worker"]["mean_batch"] == 1.0
     assert "PASS" in capsys.readouterr().out or "MISS" in out.read_text()
 
 
