@@ -107,12 +107,9 @@ class Inflight:
             for frame in frames:
                 if frame[:1] == m.DONE:
                     _, _, rid, status = m.unpack_done(frame)
-                    e = self._table.pop(rid, None)
-                    if e is not None:
-                        e.slot.status = status
-                        e.slot.in_flight = None
-                        if e.finish is not None:
-                            finishers.append(e.finish)
+                    fin = self._answered(rid, status)
+                    if fin is not None:
+                        finishers.append(fin)
                 else:
                     self._on_control(frame)
             if self._followers:
@@ -156,16 +153,21 @@ class Inflight:
     def complete(self, region: int, index: int, rid: int, status: int) -> None:
         """Route a DONE that came another way than the socket (a lane's page), as if it had been received."""
         with self._cond:
-            e = self._table.pop(rid, None)
-            fin = None
-            if e is not None:
-                e.slot.status = status
-                e.slot.in_flight = None
-                fin = e.finish
+            fin = self._answered(rid, status)
             if self._followers:
                 self._cond.notify_all()
         if fin is not None:
             fin()
+
+    def _answered(self, rid: int, status: int) -> Callable[[], None] | None:
+        """The DONE of ``rid`` came (call holding the condition's lock): its slot is free with ``status``;
+        returns its future's finisher, if any."""
+        e = self._table.pop(rid, None)
+        if e is None:
+            return None
+        e.slot.status = status
+        e.slot.in_flight = None
+        return e.finish
 
     def pump_now(self, limit: int = 1 << 30) -> bool:
         """Route up to ``limit`` queued frames, never waiting (an event loop's reader on the socket's fd calls

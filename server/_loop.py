@@ -525,7 +525,7 @@ class Worker:
         parked = prep.batch and self._joins
         if (parked or prep.plan is None or prep.inline) and not tail and not self.observe.traces:
             # the slot's next requests may take the express path (parked, or run inline, as this one)
-            self._primed.arm(Express(identity, c, c.id, s, view, primed, (h[1], h[2], h[3]), HEADER_NBYTES + h[2]))
+            self._primed.arm(Express(identity, c, s, view, primed, (h[1], h[2], h[3]), HEADER_NBYTES + h[2]))
         if parked:  # run at the end of this turn, with others of its plan if any came
             self._pending.append(Pending(identity, s, view, hdr, primed, t0, lane))
         elif prep.plan is None or prep.inline:
@@ -549,7 +549,7 @@ class Worker:
         """
         s = ex.slot
         rid, gen = _CALL_RID_GEN(frame, 8)
-        if (s.generation != gen or s.owner != ex.client or s.in_flight or s.freeing
+        if (s.generation != gen or s.owner != ex.session.id or s.in_flight or s.freeing
                 or self.sessions.clients.get(ex.identity) is not ex.session):
             return False
         view = ex.view

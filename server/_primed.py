@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from shmrpc.kernels._backend_base import BoundRun
 
 from ._dispatch import Prepared
 from ._lease import Slot
+
+if TYPE_CHECKING:
+    from ._sessions import ClientSession
 
 __all__ = ["Express", "Primed", "PrimedSlots"]
 
@@ -54,18 +58,18 @@ class Express:
 
     The loop looks it up by the CALL frame's region and slot bytes (``frame[2:8]``) before anything else
     and serves the request straight from it when the doorbell's sender, the slot's lease and generation,
-    the header and the descriptor bytes in the slot are what they were (``Worker._express``): the same
-    checks as the full path, against values that passed them before, with no copy of the descriptor.
+    the header and the descriptor bytes in the slot are what they were (``Worker._serve_express``): the
+    same checks as the full path, against values that passed them before; the descriptor is compared on
+    a private copy, as :meth:`PrimedSlots.get` does, but not decoded.
     """
 
     identity: bytes  # the session token the request came from
-    session: object  # that session (the loop checks it is still the one of that token)
-    client: int
+    session: ClientSession  # that session (the loop checks it is still the one of that token)
     slot: Slot
     view: memoryview  # the slot's bytes (the worker's own mapping)
     primed: Primed
-    head: tuple[int, int, int]  # (op_code, payload_length, flags) the header must carry
-    end: int  # HEADER_NBYTES + payload_length
+    head: tuple[int, int, int]  # (op_code, payload_length, flags) the header must carry: primed's, as one tuple
+    end: int  # HEADER_NBYTES + payload_length: where the descriptor ends in the slot
 
 
 class PrimedSlots:
