@@ -123,6 +123,8 @@ class CupyBackend(Backend):
         self._tls = threading.local()
         self._graphs = GraphCache(cupy, self._issue, GRAPH_CACHE, 2, self._tls)
         self._batch_graphs = BatchGraphs(cupy, self._step, BATCH_GRAPH_CACHE, 3, self._tls)
+        self._gather_graphs = _gather.GatherGraphs(cupy, self._step, _gather.GATHER_GRAPHS if GRAPH_CACHE else 0, 2,
+                                                   self._tls, self._batch_graphs._sh)
         self._chunk_graphs = ChunkGraphs(cupy, LARGE_GRAPH_CACHE, 2, self._tls)
         self._small_runs = 0
         self._batch_plans: dict[tuple[int, int], tuple[Plan, BatchPlan]] = {}
@@ -157,6 +159,7 @@ class CupyBackend(Backend):
             self._generation += 1
             self._stream_sets.clear()
         self._graphs.clear()
+        self._gather_graphs.clear()
         self._batch_graphs.clear()
         self._chunk_graphs.clear()
         try:
@@ -394,18 +397,25 @@ class CupyBackend(Backend):
             return super().run_batch(plan, items)
         bp = self._batch_plan(plan, len(items))
         addrs = None
-        if self.gather_batches and len(items) >= self.gather_min_batch and _gather.gatherable(plan, bp):
+        gg = self._gather_graphs
+        graphs = _plan_bytes(plan) <= GRAPH_MAX_BYTES
+        if self.gather_batches and (len(items) >= self.gather_min_batch or graphs and gg.eligible(plan)) \
+                and _gather.gatherable(plan, bp):
             addrs = self._host_access.addresses(checked, [n for n in plan.inputs if n not in plan.resident], list(plan.outputs))
-        gather = addrs is not None
+        gather = addrs is not None and len(items) >= self.gather_min_batch
         copying_out = [False]
         graphed: bool | None = None
         with self._dev:
             sset = self._acquire()
             s = sset.streams[0]
             try:
-                if _plan_bytes(plan) <= GRAPH_MAX_BYTES and self._batch_graphs.eligible(plan):
+                if addrs is not None and graphs and gg.eligible(plan):
+                    graphed = gg.run(plan, bp, addrs, checked, resident, copying_out)
+                    gather = gather or graphed is not None
+                elif graphs and self._batch_graphs.eligible(plan):
                     graphed = self._batch_graphs.run(plan, bp, checked, resident, copying_out)
-                if graphed is None and addrs is not None:
+                    gather = gather and graphed is None
+                if graphed is None and gather and addrs is not None:
                     if sset.table is None:
                         sset.table = _gather.RowTable(self.xp)
                     bufs = _gather.stacked_bufs(sset.batch_bufs, plan, len(items), _plan_bytes(plan))
@@ -431,7 +441,7 @@ class CupyBackend(Backend):
         done = {"total": dt, "batch": float(len(items))}
         if graphed is True:
             done["graph"] = 1.0
-        elif graphed is None and gather:
+        if gather:
             done["gather"] = 1.0
         return [dict(done) for _ in items]
 
@@ -462,6 +472,7 @@ class CupyBackend(Backend):
         addrs = list(self._registered) if address is None else [address]
         self._host_access.remove(address)
         self._graphs.clear()  # their copies were made for pinned pages
+        self._gather_graphs.clear()
         self._batch_graphs.clear()
         self._chunk_graphs.clear()
         with self._dev:
@@ -502,14 +513,16 @@ class CupyBackend(Backend):
         """Drop residents, unregister host memory, free streams and the pool's cached blocks."""
         if self.closed:
             return
-        g, b, c = self._graphs, self._batch_graphs, self._chunk_graphs
-        log.info("CUDA graphs at close: requests %d captured / %d launched, batches %d / %d (%d held, last refusal %r), "
-                 "chunked runs %d / %d", g.captures, g.launches, b.captures, b.launches, len(b), b.last_error,
+        g, b, c, h = self._graphs, self._batch_graphs, self._chunk_graphs, self._gather_graphs
+        log.info("CUDA graphs at close: requests %d captured / %d launched, batches by slots %d / %d (%d held, last "
+                 "refusal %r), gathered batches %d / %d (%d held, last refusal %r), chunked runs %d / %d", g.captures,
+                 g.launches, b.captures, b.launches, len(b), b.last_error, h.captures, h.launches, len(h), h.last_error,
                  c.captures, c.launches)
         super().close()
         self._graphs.clear()
         self._chunk_graphs.clear()
         with self._dev:
+            self._gather_graphs.clear()
             self._batch_graphs.close()
         self.unregister_host()
         with self._stream_sets_lock:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -45,17 +44,20 @@ import numpy as np
 
 from ._batch import BatchPlan
 from ._cuda_blas import BLAS_OPS, CapturableBlas, CaptureXp
-from ._cuda_graph import GRAPH_OPS, pinned
+from ._cuda_graph import _NONE, GRAPH_OPS, _Graphs, pinned
 from ._dtypes import storage_dtype
 from ._plan import Plan
 from ._registry import TensorSpec
 
-__all__ = ["BatchGraphs", "issue_joint", "address"]
+__all__ = ["BatchGraphs", "Shared", "issue_joint", "address"]
 
 Views = Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
 #: ``step(st, ins, in_specs, out_specs, workspace, xp)``: one step on the current stream, ``xp`` its array module.
 Step = Callable[[Any, dict[str, Any], Mapping[str, TensorSpec], Mapping[str, TensorSpec], dict[str, Any], Any],
                 dict[str, Any]]
+#: ``issue(xp, stream, workspace, copying_out, capture)``: enqueue one batch's whole run on ``stream``; returns
+#: every device array it used.
+Issue = Callable[[Any, Any, dict[str, Any], list[bool], bool], dict[str, Any]]
 
 #: Copies of a captured batch are spread over this many branches of the graph (requests round robin).
 COPY_LANES = 4
@@ -64,7 +66,6 @@ COPY_LANES = 4
 PAYBACK_MIN_CAPTURES = 16
 PAYBACK_LAUNCHES = 16
 _ADDR: dict[int, tuple[Any, int]] = {}
-_NONE = object()  # a key that may not be captured (unpinned or overlapping views): plain path
 
 
 def address(v: np.ndarray) -> int:
@@ -141,47 +142,160 @@ def _join(stream: Any, others: Sequence[Any]) -> None:
 
 
 class _Graph:
-    __slots__ = ("graph", "event", "lock", "hold")
+    __slots__ = ("graph", "event", "lock", "hold", "fill")
 
-    def __init__(self, graph: Any, event: Any, hold: tuple[Any, ...]) -> None:
+    def __init__(self, graph: Any, event: Any, hold: tuple[Any, ...], fill: Callable[[Any], None] | None = None) -> None:
         self.graph = graph
         self.event = event
         self.lock = threading.Lock()
         self.hold = hold
+        self.fill = fill  # writes a batch's rows into the graph's own table before a launch (gather graphs)
+
+    def sync(self) -> None:
+        self.event.synchronize()
 
 
-class BatchGraphs:
-    """Graphs of joint runs by key, at most ``limit``; captured on the ``after``-th sight of a key.
+class Shared:
+    """What every batch graph of a backend shares: the one stream they are launched on, one after another
+    (``launch_lock``), the lock of captures, and the cuBLAS handle and workspace of their products."""
+
+    def __init__(self, cupy: Any) -> None:
+        self.cp = cupy
+        self.launch_lock = threading.Lock()
+        self.capture_lock = threading.Lock()
+        self.stream: Any = None
+        self.copy_streams: list[Any] = []
+        self.blas: CapturableBlas | None = None
+        self.xp: CaptureXp | None = None
+
+    def capture_xp(self) -> CaptureXp:
+        """The array module whose ``matmul`` a capture may hold (under the capture lock); raises when there is
+        no cuBLAS of our own (library, symbols)."""
+        if self.xp is None:
+            self.blas = CapturableBlas(self.cp)  # outside any private pool: it lives as long as the backend
+            self.xp = CaptureXp(self.cp, self.blas)
+        return self.xp
+
+    def close(self) -> None:
+        with self.capture_lock:
+            if self.blas is not None:
+                self.blas.close()
+            self.blas, self.xp, self.stream, self.copy_streams = None, None, None, []
+
+
+class _BatchCaptures(_Graphs):
+    """What the batch graphs share: the capture of one batch's run as a graph (the warm run, the cuBLAS check,
+    the capture, one launch whose bits must equal the warm run's), and launches on the shared stream.
 
     ``step`` runs one step (see :data:`Step`); ``capturing`` is the backend's thread-local whose
-    ``capturing`` attribute is set while a capture is under way (a refused capture is no device error).
+    ``capturing`` attribute is set while a capture is under way (a refused capture is no device error);
+    ``shared``: the stream, locks and cuBLAS handle of the backend's other batch graphs (None: its own).
     """
 
-    def __init__(self, cupy: Any, step: Step, limit: int, after: int, capturing: threading.local) -> None:
-        self._cp = cupy
+    def __init__(self, cupy: Any, step: Step, limit: int, after: int, capturing: threading.local,
+                 shared: Shared | None = None) -> None:
+        super().__init__(cupy, limit, after, capturing)
         self._step = step
-        self.limit = limit
-        self.after = max(2, after)
-        self._tls = capturing
-        self._lock = threading.Lock()
-        self._capture_lock = threading.Lock()
-        self._launch_lock = threading.Lock()
-        self._stream: Any = None
-        self._copy_streams: list[Any] = []
-        self._blas: CapturableBlas | None = None
-        self._xp: CaptureXp | None = None
-        self._graphs: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
-        self._seen: dict[tuple[Any, ...], int] = {}
-        self._failed: dict[int, Plan] = {}
-        self._uses: dict[int, tuple[Plan, list[int]]] = {}  # id(plan) -> (plan, [captures, launches])
-        self.captures = 0
-        self.launches = 0
-        self.last_error = ""  # why the last capture was refused
+        self._sh = shared if shared is not None else Shared(cupy)
+
 
     def eligible(self, plan: Plan) -> bool:
         """Whether ``plan`` may ever be captured as a batch (its ops, no capture of it failed)."""
         return (self.limit > 0 and id(plan) not in self._failed
                 and all(st.op.builtin and (st.op.name in GRAPH_OPS or st.op.name in BLAS_OPS) for st in plan.steps))
+
+
+    def _launch(self, g: _Graph, rows: Any = None) -> bool:
+        with g.lock:
+            if g.graph is None:
+                return False
+            with self._sh.launch_lock:
+                if g.fill is not None:
+                    g.fill(rows)  # NOTE: the previous launch of g has finished: its table is free
+                g.graph.launch(self._sh.stream)
+                g.event.record(self._sh.stream)
+            g.event.synchronize()
+        return True
+
+
+    def _capture(self, key: tuple[Any, ...], plan: Plan, checked: Views, resident: Mapping[str, Any],
+                 copying_out: list[bool], issue: Issue, fill: Callable[[dict[str, Any]], Any] | None = None,
+                 rows: Any = None) -> bool | None:
+        """Capture ``issue``'s run of this batch as the graph of ``key`` (under the capture lock; see the module
+        doc); ``fill(used)``: the graph's row filler, made from the device arrays of the captured run, called
+        with ``rows`` before each launch."""
+        cp, sh = self._cp, self._sh
+        outs = [v for _, ho in checked for v in ho.values()]
+        uses_blas = any(st.op.name in BLAS_OPS for st in plan.steps)
+        if sh.stream is None:
+            sh.stream = cp.cuda.Stream(non_blocking=True)
+        xp = cp
+        if uses_blas:
+            try:
+                xp = sh.capture_xp()
+            except Exception as e:  # noqa: BLE001 - no cuBLAS of our own (library, symbols): plain path
+                self._fail(plan, f"no cuBLAS handle for captures: {type(e).__name__}: {e}")
+                return None
+        pool = cp.cuda.MemoryPool()
+        stream = cp.cuda.Stream(non_blocking=True)
+        ws: dict[str, Any] = {}
+        with cp.cuda.using_allocator(pool.malloc):
+            # warm: the plain joint run, this batch's result; kernels compiled, the private pool filled
+            issue(cp, stream, ws, copying_out, False)
+            stream.synchronize()
+            want = [np.array(v, copy=True) for v in outs]
+            if uses_blas:
+                try:
+                    with sh.launch_lock:  # NOTE: on the graphs' stream: the cuBLAS workspace is theirs too
+                        issue(xp, sh.stream, ws, [False], False)
+                        sh.stream.synchronize()
+                except Exception as e:  # noqa: BLE001 - not capturable this way: plain path from now on
+                    return self._refuse(plan, outs, want, f"{type(e).__name__}: {e}")
+                if not _same(outs, want):
+                    return self._refuse(plan, outs, want, "cuBLAS called directly gave other bits than cupy.matmul")
+            self._tls.capturing = True
+            try:
+                stream.begin_capture()
+                try:
+                    used = issue(xp, stream, ws, [False], True)
+                finally:
+                    graph = stream.end_capture()
+            except Exception as e:  # noqa: BLE001 - an op that synchronizes, a product CuPy must issue: plain path
+                return self._refuse(plan, outs, want, f"{type(e).__name__}: {e}")
+            finally:
+                self._tls.capturing = False
+        graph.upload(sh.stream)
+        g = _Graph(graph, cp.cuda.Event(disable_timing=True), (plan, pool, used, ws, dict(resident)),
+                   fill(used) if fill is not None else None)
+        self._launch(g, rows)
+        if not _same(outs, want):
+            return self._refuse(plan, outs, want, "the graph gave other bits than the plain joint run")
+        self._store(key, g)
+        self.captures += 1
+        return True
+
+
+    def _refuse(self, plan: Plan, outs: list[np.ndarray], want: list[np.ndarray], why: str) -> bool:
+        for v, w in zip(outs, want):
+            np.copyto(v, w)  # the plain run's result stands
+        self._fail(plan, why)
+        return False
+
+
+    def close(self) -> None:
+        """:meth:`clear`, then free the cuBLAS handle and workspace the graphs used."""
+        self.clear()
+        self._sh.close()
+
+
+class BatchGraphs(_BatchCaptures):
+    """Graphs of joint runs by key (the plan, B and every request's host addresses), at most ``limit``;
+    captured on the ``after``-th sight of a key (see the module doc)."""
+
+    def __init__(self, cupy: Any, step: Step, limit: int, after: int, capturing: threading.local,
+                 shared: Shared | None = None) -> None:
+        super().__init__(cupy, step, limit, after, capturing, shared)
+        self._uses: dict[int, tuple[Plan, list[int]]] = {}  # id(plan) -> (plan, [captures, launches])
 
     def run(self, plan: Plan, bp: BatchPlan, checked: Views, resident: Mapping[str, Any], copying_out: list[bool]
             ) -> bool | None:
@@ -198,18 +312,8 @@ class BatchGraphs:
             # any order of arrival: the key and the run take them sorted by address
             checked = [checked[b] for b in order]
         key = (id(plan), len(checked), *(a for b in order for a in per_item[b]), *(r.data.ptr for r in resident.values()))
-        with self._lock:
-            g = self._graphs.get(key)
-            if g is None:
-                n = self._seen.get(key, 0) + 1
-                if len(self._seen) > 16 * max(1, self.limit):
-                    self._seen.clear()
-                self._seen[key] = n
-                if n < self.after:
-                    return None
-            elif g is not _NONE:
-                self._graphs.move_to_end(key)
-        if g is _NONE:
+        g = self._lookup(key)
+        if g is False or g is _NONE:
             return None
         entry = self._uses.get(id(plan))
         if entry is None or entry[0] is not plan:
@@ -220,8 +324,13 @@ class BatchGraphs:
                 self._fail(plan, f"its batches seldom come back on the same slots ({uses[0]} captures, {uses[1]} "
                                  "launches): the plain joint path")
                 return None
-            with self._capture_lock:
-                done = self._capture(key, plan, bp, checked, resident, copying_out)
+            views = [v for item in checked for side in item for v in side.values() if v.nbytes]
+            spans = [(address(v), address(v) + v.nbytes) for v in views]
+            if not all(pinned(self._cp, a) for a, _ in spans) or _overlap(spans):
+                self._store(key, _NONE)  # DMA in a graph needs pinned pages; the capture's check re-reads the inputs
+                return None
+            with self._sh.capture_lock:
+                done = self._capture(key, plan, checked, resident, copying_out, self._joint(plan, bp, checked, resident))
             uses[0] += done is True
             return done
         copying_out[0] = True
@@ -232,140 +341,32 @@ class BatchGraphs:
         uses[1] += 1
         return True
 
-    def _launch(self, g: _Graph) -> bool:
-        with g.lock:
-            if g.graph is None:
-                return False
-            with self._launch_lock:
-                g.graph.launch(self._stream)
-                g.event.record(self._stream)
-            g.event.synchronize()
-        return True
 
     def _fail(self, plan: Plan, why: str) -> None:
-        self.last_error = why
-        with self._lock:
-            if len(self._failed) > 4 * max(1, self.limit):
-                self._failed.clear()
-            self._failed[id(plan)] = plan
-            if len(self._uses) > 4 * max(1, self.limit):
-                self._uses.clear()
+        super()._fail(plan, why)
+        if len(self._uses) > 4 * max(1, self.limit):
+            self._uses.clear()
 
-    def _capture(self, key: tuple[Any, ...], plan: Plan, bp: BatchPlan, checked: Views, resident: Mapping[str, Any],
-                 copying_out: list[bool]) -> bool | None:
-        cp = self._cp
-        ins = [v for hi, _ in checked for v in hi.values()]
-        outs = [v for _, ho in checked for v in ho.values()]
-        spans = [(address(v), address(v) + v.nbytes) for v in ins + outs if v.nbytes]
-        if not all(pinned(cp, a) for a, _ in spans) or _overlap(spans):
-            self._store(key, _NONE)  # DMA in a graph needs pinned pages; the check below re-reads the inputs
-            return None
-        uses_blas = any(st.op.name in BLAS_OPS for st in plan.steps)
-        if self._stream is None:
-            self._stream = cp.cuda.Stream(non_blocking=True)
-        if uses_blas and self._blas is None:
-            try:
-                self._blas = CapturableBlas(cp)  # outside any private pool: it lives as long as this cache
-            except Exception as e:  # noqa: BLE001 - no cuBLAS of our own (library, symbols): plain path
-                self._fail(plan, f"no cuBLAS handle for captures: {type(e).__name__}: {e}")
-                return None
-            self._xp = CaptureXp(cp, self._blas)
-        xp = self._xp if uses_blas else cp
-        pool = cp.cuda.MemoryPool()
-        stream = cp.cuda.Stream(non_blocking=True)
-        ws: dict[str, Any] = {}
-        with cp.cuda.using_allocator(pool.malloc):
-            # warm: the plain joint run, this batch's result; kernels compiled, the private pool filled
-            self._issue(cp, plan, bp, checked, resident, stream, ws, copying_out)
-            stream.synchronize()
-            want = [np.array(v, copy=True) for v in outs]
-            if uses_blas:
-                try:
-                    with self._launch_lock:  # NOTE: on the graphs' stream: the cuBLAS workspace is theirs too
-                        self._issue(xp, plan, bp, checked, resident, self._stream, ws, [False])
-                        self._stream.synchronize()
-                except Exception as e:  # noqa: BLE001 - not capturable this way: plain path from now on
-                    return self._refuse(plan, outs, want, f"{type(e).__name__}: {e}")
-                if not _same(outs, want):
-                    return self._refuse(plan, outs, want, "cuBLAS called directly gave other bits than cupy.matmul")
-            self._tls.capturing = True
-            try:
-                stream.begin_capture()
-                try:
-                    used = self._issue(xp, plan, bp, checked, resident, stream, ws, [False], self._lanes(len(checked)))
-                finally:
-                    graph = stream.end_capture()
-            except Exception as e:  # noqa: BLE001 - an op that synchronizes, a product CuPy must issue: plain path
-                return self._refuse(plan, outs, want, f"{type(e).__name__}: {e}")
-            finally:
-                self._tls.capturing = False
-        graph.upload(self._stream)
-        g = _Graph(graph, cp.cuda.Event(disable_timing=True), (plan, pool, used, ws, dict(resident)))
-        self._launch(g)
-        if not _same(outs, want):
-            return self._refuse(plan, outs, want, "the graph gave other bits than the plain joint run")
-        self._store(key, g)
-        self.captures += 1
-        return True
 
-    def _issue(self, xp: Any, plan: Plan, bp: BatchPlan, checked: Views, resident: Mapping[str, Any], stream: Any,
-               workspace: dict[str, Any], copying_out: list[bool], lanes: Sequence[Any] = ()) -> dict[str, Any]:
-        return issue_joint(self._cp, self._step, xp, plan, bp, checked, resident, stream, workspace, copying_out, lanes)
+    def _joint(self, plan: Plan, bp: BatchPlan, checked: Views, resident: Mapping[str, Any]) -> Issue:
+        def issue(xp: Any, stream: Any, ws: dict[str, Any], copying_out: list[bool], capture: bool) -> dict[str, Any]:
+            lanes = self._lanes(len(checked)) if capture else ()
+            return issue_joint(self._cp, self._step, xp, plan, bp, checked, resident, stream, ws, copying_out, lanes)
+        return issue
+
 
     def _lanes(self, size: int) -> list[Any]:
         """Streams for the copies of a capture (under the capture lock): at most COPY_LANES, one per request."""
-        while len(self._copy_streams) < min(size, COPY_LANES):
-            self._copy_streams.append(self._cp.cuda.Stream(non_blocking=True))
-        return self._copy_streams[:min(size, COPY_LANES)] if size > 1 else []
+        lanes = self._sh.copy_streams
+        while len(lanes) < min(size, COPY_LANES):
+            lanes.append(self._cp.cuda.Stream(non_blocking=True))
+        return lanes[:min(size, COPY_LANES)] if size > 1 else []
 
-    def _refuse(self, plan: Plan, outs: list[np.ndarray], want: list[np.ndarray], why: str) -> bool:
-        for v, w in zip(outs, want):
-            np.copyto(v, w)  # the plain run's result stands
-        self._fail(plan, why)
-        return False
-
-    def _store(self, key: tuple[Any, ...], g: Any) -> None:
-        with self._lock:
-            self._graphs[key] = g
-            self._seen.pop(key, None)
-            while len(self._graphs) > self.limit:
-                _, old = self._graphs.popitem(last=False)
-                self._retire(old)
-
-    def _retire(self, g: Any) -> None:
-        if g is _NONE:
-            return
-        with g.lock:  # a launch in flight finishes first
-            try:
-                g.event.synchronize()
-            except Exception:  # noqa: BLE001 - after a sticky error there is nothing left to wait for
-                pass
-            g.graph = None
-            g.hold = ()
 
     def clear(self) -> None:
         """Drop every graph (after each one's last launch finished) and the counts."""
-        with self._lock:
-            graphs = list(self._graphs.values())
-            self._graphs.clear()
-            self._seen.clear()
-            self._failed.clear()
-            self._uses.clear()
-        for g in graphs:
-            self._retire(g)
-
-    def close(self) -> None:
-        """:meth:`clear`, then free the cuBLAS handle and workspace the graphs used."""
-        self.clear()
-        with self._capture_lock:
-            if self._blas is not None:
-                self._blas.close()
-                self._blas, self._xp = None, None
-            self._stream = None
-            self._copy_streams = []
-
-    def __len__(self) -> int:
-        return sum(1 for g in self._graphs.values() if g is not _NONE)
+        super().clear()
+        self._uses.clear()
 
 
 def _overlap(spans: list[tuple[int, int]]) -> bool:

@@ -34,6 +34,25 @@ reaches the table that these checks did not pass. Requests moving more than ``GA
 each keep the memcpy path, which moves big blocks at full DMA speed; so do batches of fewer than
 ``GATHER_MIN_BATCH`` requests (``SHMRPC_CUDA_GATHER_MIN_BATCH``), where the per-copy calls cost less
 than the launches and the table.
+
+Graphs of gathered batches (:class:`GatherGraphs`): the copy kernels read the table when they run,
+not when they are launched, and the stacked buffers are fixed per (plan, B); so the whole run
+(gather launch, every step, scatter launch) is captured once per key and serves any B requests of
+that plan, whatever their slots::
+
+    key = (plan, B, resident device addresses)       at most GATHER_GRAPHS, in use order
+    first sight     the gathered run above
+    second sight    capture (the batch graphs' way, :mod:`._cuda_batch`: warm run on a private pool,
+                    cuBLAS products through CaptureXp with their bits compared, one launch whose bits
+                    must equal the warm run's), with a table of the graph's own
+    afterwards      this batch's rows into that table (NumPy), graph.launch, one synchronize
+
+The rows are filled only from :meth:`HostAccess.addresses`, checked for every batch, so a graph
+reads and writes no host address those checks did not pass. A batch of overlapping views (in place)
+is served by an existing graph (every input is gathered before any output is scattered), but a key
+is captured only from a batch whose views do not overlap (the capture's check reads the inputs again).
+The slot-keyed graphs of :mod:`._cuda_batch` remain for devices where kernels may not use host
+addresses.
 """
 
 from __future__ import annotations
@@ -48,11 +67,12 @@ from typing import Any
 import numpy as np
 
 from ._batch import BatchPlan
-from ._cuda_batch import Step, address
+from ._cuda_batch import _NONE, Shared, Step, _BatchCaptures, address
 from ._dtypes import storage_dtype
 from ._plan import Plan
 
-__all__ = ["GATHER_MAX_BYTES", "GATHER_MIN_BATCH", "HostAccess", "RowTable", "issue_gathered", "gatherable", "copy_kernel", "stacked_bufs"]
+__all__ = ["GATHER_MAX_BYTES", "GATHER_MIN_BATCH", "GATHER_GRAPHS", "GatherGraphs", "HostAccess", "RowTable", "issue_gathered",
+           "gatherable", "copy_kernel", "stacked_bufs"]
 
 #: Requests moving at most this many bytes (inputs and outputs) take the gather path; ``SHMRPC_CUDA_GATHER=0`` turns it off.
 GATHER_MAX_BYTES = 4 << 20
@@ -60,6 +80,10 @@ GATHER_ON = (os.environ.get("SHMRPC_CUDA_GATHER", "") or "1") != "0"
 #: Batches of fewer requests keep the memcpy path: on the H200 the two launches cost more than the copies they
 #: replace below 8 requests (gemm 16x256x256 float16, bench/results/gpu-gather-probe-2026-11-30-*.json).
 GATHER_MIN_BATCH = int(os.environ.get("SHMRPC_CUDA_GATHER_MIN_BATCH", "") or 8)
+#: Graphs of gathered batches kept, one per (plan, B, residents) (``SHMRPC_CUDA_GATHER_GRAPHS=0`` turns them off).
+GATHER_GRAPHS = int(os.environ.get("SHMRPC_CUDA_GATHER_GRAPHS", "") or 64)
+#: A (plan, B) whose B requests' tensors exceed this many bytes is not captured (each graph holds its buffers).
+GATHER_GRAPH_MAX_BYTES = 64 << 20
 _ATTR_UNIFIED = 41  # cudaDevAttrUnifiedAddressing
 _ATTR_HOST_PTR_REGISTERED = 91  # cudaDevAttrCanUseHostPointerForRegisteredMem
 _HOST = 1  # cudaMemoryTypeHost
@@ -228,20 +252,43 @@ def _launch(cp: Any, table: RowTable, row0: int, rows: int, max_bytes: int, stre
                         stream=stream)
 
 
+def _rows_in(addrs: Sequence[Sequence[int]], dsts: Sequence[tuple[int, int]]) -> list[int]:
+    """Gather rows: request b's input n (host address ``addrs[n][b]``) -> slice b of device buffer ``dsts[n]``
+    = (address, bytes per request)."""
+    rows: list[int] = []
+    for col, (d, per) in zip(addrs, dsts):
+        if per:
+            for a in col:
+                rows += (a, d, per, 0)
+                d += per
+    return rows
+
+
+def _rows_out(addrs: Sequence[Sequence[int]], srcs: Sequence[tuple[int, int, int]]) -> list[int]:
+    """Scatter rows: slice b of device output ``srcs[n]`` = (address, bytes per request, stride: 0 for an
+    output the batch does not stack) -> request b's view (host address ``addrs[n][b]``)."""
+    rows: list[int] = []
+    for col, (d, per, step) in zip(addrs, srcs):
+        if per:
+            for a in col:
+                rows += (d, a, per, 0)
+                d += step
+    return rows
+
+
 def issue_gathered(cp: Any, step: Step, plan: Plan, bp: BatchPlan, addrs: tuple[list[list[int]], list[list[int]]],
                    resident: Mapping[str, Any], stream: Any, workspace: dict[str, Any], copying_out: list[bool],
-                   table: RowTable, bufs: dict[str, Any] | None = None) -> dict[str, Any]:
+                   table: RowTable, bufs: dict[str, Any] | None = None, xp: Any = None) -> dict[str, Any]:
     """Enqueue the joint run of one batch on ``stream`` with one gather and one scatter launch; no
     synchronize. ``addrs``: from :meth:`HostAccess.addresses` over the request inputs (plan order, residents
     left out) and the outputs. Returns every device array it used; sets ``copying_out[0]`` just before the
     scatter is launched. The caller synchronizes before the table is filled again (one table per stream
     set). ``bufs``: the stacked input buffers by name, kept by the caller for this (plan, B) and filled here
-    on first use."""
+    on first use. ``xp``: the array module of the steps (None: the backend's)."""
     size = bp.size
     env: dict[str, Any] = {}
-    rows: list[int] = []
-    biggest = 0
-    for col, name in zip(addrs[0], [n for n in plan.inputs if n not in plan.resident]):
+    dsts = []
+    for name in [n for n in plan.inputs if n not in plan.resident]:
         spec = plan.inputs[name]
         dev = bufs.get(name) if bufs is not None else None
         if dev is None:
@@ -249,39 +296,83 @@ def issue_gathered(cp: Any, step: Step, plan: Plan, bp: BatchPlan, addrs: tuple[
             if bufs is not None:
                 bufs[name] = dev
         env[name] = dev
-        per, d = spec.nbytes, dev.data.ptr
-        if per:
-            biggest = max(biggest, per)
-            for a in col:
-                rows += (a, d, per, 0)
-                d += per
+        dsts.append((dev.data.ptr, spec.nbytes))
+    rows = _rows_in(addrs[0], dsts)
     n_in = len(rows) // 4
     table.reserve(n_in + size * len(plan.outputs))
     if n_in:
         table.flat[:4 * n_in] = rows
     with stream:
-        _launch(cp, table, 0, n_in, biggest, stream)
+        _launch(cp, table, 0, n_in, max((per for _, per in dsts), default=0), stream)
         env.update(resident)
         for st, (in_specs, out_specs) in zip(plan.steps, bp.steps):
-            res = step(st, {p: env[n] for p, n in st.inputs.items()}, in_specs, out_specs, workspace, None)
+            res = step(st, {p: env[n] for p, n in st.inputs.items()}, in_specs, out_specs, workspace, xp)
             for p, n in st.outputs.items():
                 env[n] = res[p]
         outs = {n: cp.ascontiguousarray(env[n]) for n in plan.outputs}
         env.update({"#d2h." + n: a for n, a in outs.items()})
-        rows = []
-        biggest = 0
-        for col, (name, spec) in zip(addrs[1], plan.outputs.items()):
-            per, d = spec.nbytes, outs[name].data.ptr
-            if not per:
-                continue
-            step_b = per if name in bp.batched else 0
-            biggest = max(biggest, per)
-            for a in col:
-                rows += (d, a, per, 0)
-                d += step_b
+        srcs = out_sources(plan, bp, outs)
+        rows = _rows_out(addrs[1], srcs)
         n_s = len(rows) // 4
         if n_s:
             table.flat[4 * n_in:4 * (n_in + n_s)] = rows
         copying_out[0] = True
-        _launch(cp, table, n_in, n_s, biggest, stream)
+        _launch(cp, table, n_in, n_s, max((per for _, per, _ in srcs), default=0), stream)
     return env
+
+
+def out_sources(plan: Plan, bp: BatchPlan, outs: Mapping[str, Any]) -> list[tuple[int, int, int]]:
+    """(device address, bytes per request, stride) of each output of a joint run (see :func:`_rows_out`)."""
+    return [(outs[n].data.ptr, spec.nbytes, spec.nbytes if n in bp.batched else 0) for n, spec in plan.outputs.items()]
+
+
+class GatherGraphs(_BatchCaptures):
+    """Graphs of gathered batches by (plan, B, residents): see the module doc."""
+
+    def __init__(self, cupy: Any, step: Step, limit: int, after: int, capturing: threading.local, shared: Shared) -> None:
+        super().__init__(cupy, step, limit, after, capturing, shared)
+
+    def run(self, plan: Plan, bp: BatchPlan, addrs: tuple[list[list[int]], list[list[int]]],
+            checked: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]], resident: Mapping[str, Any],
+            copying_out: list[bool]) -> bool | None:
+        """Serve this batch (``addrs``: its views' addresses from :meth:`HostAccess.addresses`): True by a graph
+        (launched, or captured after the warm run); False by the warm run of a refused capture; None: not served.
+        Raises what the gathered run raises; a launch failing raises the CUDA error with ``copying_out[0]`` set."""
+        if bp.size * sum(t.nbytes for t in plan.tensors.values()) > GATHER_GRAPH_MAX_BYTES:
+            return None
+        key = (id(plan), bp.size, *(r.data.ptr for r in resident.values()))
+        g = self._lookup(key)
+        if g is False or g is _NONE:
+            return None
+        if g is None:
+            views = [v for item in checked for side in item for v in side.values() if v.nbytes]
+            spans = sorted((address(v), address(v) + v.nbytes) for v in views)
+            if any(b[0] < a[1] for a, b in zip(spans, spans[1:])):
+                with self._lock:
+                    self._seen[key] = self.after - 1  # in place: captured from a later batch
+                return None
+            table = RowTable(self._cp, bp.size * (len(plan.inputs) + len(plan.outputs)))
+            bufs: dict[str, Any] = {}
+
+            def issue(xp: Any, stream: Any, ws: dict[str, Any], out: list[bool], capture: bool) -> dict[str, Any]:
+                return issue_gathered(self._cp, self._step, plan, bp, addrs, resident, stream, ws, out, table, bufs, xp)
+
+            def fill(used: dict[str, Any]) -> Any:
+                dsts = [(bufs[n].data.ptr, plan.inputs[n].nbytes) for n in plan.inputs if n not in plan.resident]
+                srcs = out_sources(plan, bp, {n: used["#d2h." + n] for n in plan.outputs})
+                n_in = len(_rows_in(addrs[0], dsts)) // 4
+
+                def rows(a: tuple[list[list[int]], list[list[int]]]) -> None:
+                    table.flat[:4 * n_in] = _rows_in(a[0], dsts)
+                    r = _rows_out(a[1], srcs)
+                    table.flat[4 * n_in:4 * n_in + len(r)] = r
+                return rows
+
+            with self._sh.capture_lock:
+                return self._capture(key, plan, checked, resident, copying_out, issue, fill, addrs)
+        copying_out[0] = True
+        if not self._launch(g, addrs):
+            copying_out[0] = False
+            return None  # dropped meanwhile (a reset): the plain path
+        self.launches += 1
+        return True

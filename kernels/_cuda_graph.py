@@ -60,6 +60,9 @@ class _Graph:
         self.lock = threading.Lock()
         self.hold = hold
 
+    def sync(self) -> None:
+        self.stream.synchronize()
+
 
 _NONE = object()  # a key whose capture was refused (unpinned views): plain path
 
@@ -108,7 +111,15 @@ class _Graphs:
             self._seen.pop(key, None)
             while len(self._graphs) > self.limit:
                 _, old = self._graphs.popitem(last=False)
-                _retire(old)
+                self._retire(old)
+
+    def _fail(self, plan: Plan, why: str) -> None:
+        """Remember that ``plan`` is not captured (``why``): the plain path from now on."""
+        self.last_error = why
+        with self._lock:
+            if len(self._failed) > 4 * max(1, self.limit):
+                self._failed.clear()
+            self._failed[id(plan)] = plan
 
     def clear(self) -> None:
         """Drop every graph (after each one's last launch finished) and the counts."""
@@ -118,7 +129,19 @@ class _Graphs:
             self._seen.clear()
             self._failed.clear()
         for g in graphs:
-            _retire(g)
+            self._retire(g)
+
+    @staticmethod
+    def _retire(g: Any) -> None:
+        if g is _NONE:
+            return
+        with g.lock:  # a launch in flight finishes (and syncs) first
+            try:
+                g.sync()
+            except Exception:  # noqa: BLE001 - after a sticky error there is nothing left to wait for
+                pass
+            g.graph = None
+            g.hold = ()
 
     def __len__(self) -> int:
         return sum(1 for g in self._graphs.values() if g is not _NONE)
@@ -174,11 +197,7 @@ class GraphCache(_Graphs):
                 finally:
                     graph = stream.end_capture()
             except Exception as e:  # noqa: BLE001 - not capturable (an op synchronizes, ...): plain path from now on
-                self.last_error = f"{type(e).__name__}: {e}"
-                with self._lock:
-                    if len(self._failed) > 4 * max(1, self.limit):
-                        self._failed.clear()
-                    self._failed[id(plan)] = plan
+                self._fail(plan, f"{type(e).__name__}: {e}")
                 return True
             finally:
                 self._tls.capturing = False
@@ -255,9 +274,7 @@ class ChunkGraphs(_Graphs):
                 finally:
                     graph = streams[0].end_capture()
             except Exception as e:  # noqa: BLE001 - not capturable: the plain path from now on
-                self.last_error = f"{type(e).__name__}: {e}"
-                with self._lock:
-                    self._failed[id(plan)] = plan
+                self._fail(plan, f"{type(e).__name__}: {e}")
                 return times
             finally:
                 self._tls.capturing = False
@@ -276,15 +293,3 @@ def pinned(cp: Any, address: int) -> bool:
         return int(cp.cuda.runtime.pointerGetAttributes(address).type) == _HOST
     except Exception:  # noqa: BLE001 - older drivers refuse pageable addresses: not pinned
         return False
-
-
-def _retire(g: Any) -> None:
-    if g is _NONE:
-        return
-    with g.lock:  # a launch in flight finishes (and syncs) first
-        try:
-            g.stream.synchronize()
-        except Exception:  # noqa: BLE001 - after a sticky error there is nothing left to wait for
-            pass
-        g.graph = None
-        g.hold = ()

@@ -170,26 +170,32 @@ def batch(out_path: str | None, rounds: int = 3) -> None:
             buf = np.empty(nmax * (per + 3 * 4096), np.uint8)
         items = _gemm_views(buf, nmax, m, k, n, rng)
         graphs = getattr(be, "_batch_graphs", None)
+        gg = getattr(be, "_gather_graphs", None)
         limit = graphs.limit if graphs is not None else 0
+        gg_limit = gg.limit if gg is not None else 0
         can_gather = bool(getattr(be, "gather_batches", False))
         if can_gather:
             be.gather_min_batch = 2  # type: ignore[attr-defined]  # measured at every B, whatever the default
         modes = ["run", "run_batch plain"] + (["run_batch gather"] if can_gather else []) + (
-            ["run_batch graph"] if graphs is not None and limit else [])
+            ["run_batch graph"] if graphs is not None and limit else []) + (
+            ["run_batch gather-graph"] if can_gather and gg_limit else [])
         if kind == "numpy":
             modes = ["run", "run_batch plain"]
         elif not can_gather:
             print(f"gather path unavailable: {be._host_access.why!r}")  # type: ignore[attr-defined]
 
         def once(group: list, mode: str, be: object = be, plan: object = plan, graphs: object = graphs,  # type: ignore[type-arg]
-                 limit: int = limit, can_gather: bool = can_gather) -> list:  # type: ignore[type-arg]
+                 limit: int = limit, can_gather: bool = can_gather, gg: object = gg,
+                 gg_limit: int = gg_limit) -> list:  # type: ignore[type-arg]
             if mode == "run":
                 for ins, outs in group:
                     be.run(plan, ins, outs)  # type: ignore[attr-defined]
                 return []
             if graphs is not None:
                 graphs.limit = limit if mode == "run_batch graph" else 0  # type: ignore[attr-defined]
-                be.gather_batches = can_gather and mode == "run_batch gather"  # type: ignore[attr-defined]
+                be.gather_batches = can_gather and mode in ("run_batch gather", "run_batch gather-graph")  # type: ignore[attr-defined]
+            if gg is not None:
+                gg.limit = gg_limit if mode == "run_batch gather-graph" else 0  # type: ignore[attr-defined]
             return be.run_batch(plan, group)  # type: ignore[attr-defined, no-any-return]
 
         if graphs is not None:  # correctness first: gather and graph vs plain joint run, bit for bit, at every B
@@ -216,6 +222,8 @@ def batch(out_path: str | None, rounds: int = 3) -> None:
                       f"(max abs diff {row['plain_max_abs_diff_run']})")
                 checks.append(row)
             print(f"batch graphs: {len(graphs)} held, {graphs.captures} captures, last error {graphs.last_error!r}")
+            if gg is not None:
+                print(f"gather graphs: {len(gg)} held, {gg.captures} captures, last error {gg.last_error!r}")
         meds: dict[tuple[str, int], list[float]] = {}
         for _ in range(rounds):
             for size in sizes:
@@ -244,6 +252,10 @@ def batch(out_path: str | None, rounds: int = 3) -> None:
             be.gather_batches = can_gather  # type: ignore[attr-defined]
             print(f"batch graphs: {len(graphs)} held, {graphs.captures} captures, {graphs.launches} launches, "
                   f"last error {graphs.last_error!r}")
+        if gg is not None:
+            gg.limit = gg_limit
+            print(f"gather graphs: {len(gg)} held, {gg.captures} captures, {gg.launches} launches, "
+                  f"last error {gg.last_error!r}")
         be.close()
     _backend_numpy.BATCH_JOINT = False
     if out_path:
@@ -263,7 +275,8 @@ def batch(out_path: str | None, rounds: int = 3) -> None:
                "what": "gemm 16x256x256 float16, x and w per request, in process, views in page-locked memory (CuPy); "
                        "modes: run = Backend.run one by one; run_batch plain = memcpy per tensor per request (graphs, "
                        "gather off); gather = one gather and one scatter launch (graphs off); graph = batch graphs on "
-                       "(gather off; the same addresses every call); "
+                       "(gather off; the same addresses every call); gather-graph = graphs of gathered batches, one per (plan, B) "
+                       "(slot-keyed graphs off); "
                        f"{rounds} rounds, modes interleaved, median of the rounds' medians of 300 calls",
                "checks": checks, "results": results}
         with open(out_path, "w") as f:
@@ -283,6 +296,7 @@ def profile_batch(size: int = 8, calls: int = 2000) -> None:
     be = kernels.select_backend("cupy")
     be.warmup()
     be._batch_graphs.limit = 0  # type: ignore[attr-defined]
+    be._gather_graphs.limit = 0  # type: ignore[attr-defined]
     be.gather_min_batch = 2  # type: ignore[attr-defined]
     m, k, n = 16, 256, 256
     plan = be.plan([kernels.StepSpec("gemm", {"x": "x", "w": "w"}, {"out": "o"})],

@@ -2,8 +2,10 @@
 the same bits as the plain joint run (memcpy per tensor per request) and the per-request results
 within each op's tolerance, for every ``batch=True`` op at B = 2, 3, 8, 17 with odd sizes and
 unaligned views; in-place batches; a failing request fails alone; views in one registered region
-and across two; pageable views take the memcpy path. GPU tests skip with the reason where there
-is no CuPy/GPU."""
+and across two; pageable views take the memcpy path. Graphs of gathered batches (one per plan
+and B): the same bits as the gathered run for batches on ever other slots, in place once
+captured, a refused capture, dropped on reset, unregister and close. GPU tests skip with the
+reason where there is no CuPy/GPU."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 
 from shmrpc.kernels import REGISTRY, KernelRuntimeError, StepSpec, TensorSpec, select_backend
 from shmrpc.kernels._batch import batchable
+from shmrpc.kernels._cuda_blas import BLAS_OPS
 from shmrpc.kernels._registry import unregister
 from shmrpc.kernels.api import OpCall, OpSpec, register_op, require_float
 
@@ -28,6 +31,7 @@ def gpu(cp: Any) -> Iterator[Any]:  # conftest's cp: skipped with the reason whe
         if not be.gather_batches:
             pytest.skip(f"the gather path is off on this device: {be._host_access.why}")
         be._batch_graphs.limit = 0  # graphs would take over repeated batches: the gather path is under test
+        be._gather_graphs.limit = 0
         be.gather_min_batch = 2  # every batch size under test takes the gather path
         yield be
 
@@ -282,3 +286,135 @@ def test_batches_under_the_minimum_keep_the_memcpy_path(gpu: Any, cp: Any) -> No
     _served(gpu.run_batch(plan, small), 7, None)
     _served(gpu.run_batch(plan, big), 8, None)
     assert _outputs(small + big) == got
+
+
+# -- graphs of gathered batches ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def graphed(cp: Any) -> Iterator[Any]:
+    with select_backend("cupy") as be:
+        if not be.gather_batches or not be._gather_graphs.limit:
+            pytest.skip(f"the gather path or its graphs are off on this device: {be._host_access.why}")
+        be._batch_graphs.limit = 0
+        be.gather_min_batch = 2
+        yield be
+
+
+def _plain(be: Any, plan: Any, items: list[Any]) -> list[dict[str, bytes]]:
+    """The outputs of the plain gathered run of ``items`` (graphs off for that run), restored after."""
+    kept = [{n: v.copy() for n, v in outs.items()} for _, outs in items]
+    limit, be._gather_graphs.limit = be._gather_graphs.limit, 0
+    try:
+        _served(be.run_batch(plan, items), len(items), "gather")
+        got = _outputs(items)
+    finally:
+        be._gather_graphs.limit = limit
+    for (_, outs), k in zip(items, kept):
+        for n, v in outs.items():
+            v[...] = k[n]
+    return got
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{'-'.join(c[3])}" for c in CASES])
+@pytest.mark.parametrize("size", [2, 3, 9])
+def test_a_gather_graph_serves_every_batch_of_its_plan_and_size_bit_for_bit(graphed: Any, cp: Any, case: Any,
+                                                                           size: int) -> None:
+    plan = _plan(graphed, case)
+    host = Host(cp)
+    shifts = (0, 2, 4, 6) if all(s.dtype != _F32 for s in plan.tensors.values()) else (0, 4, 8, 12)
+    gg = graphed._gather_graphs
+    served = []
+    for r in range(4):  # four batches on four other sets of slots
+        items = _items(host, plan, size, seed=10 * size + r, shifts=shifts)
+        want = _plain(graphed, plan, items)
+        res = graphed.run_batch(plan, items)
+        _served(res, size, "gather")
+        served.append(res[0].get("graph", 0.0))
+        assert _outputs(items) == want, f"batch {r}"
+    assert host.untouched()
+    if plan.resident and any(st.op.name in BLAS_OPS for st in plan.steps):  # a broadcast product: refused once
+        assert id(plan) in gg._failed and gg.captures == 0 and served == [0, 0, 0, 0], (gg.last_error, served)
+        return
+    assert gg.last_error == "" and (gg.captures, gg.launches) == (1, 2) and served == [0, 1, 1, 1], (gg.last_error, served)
+    other = _items(host, plan, size + 1, seed=99, shifts=shifts)  # another B: another key, first sight
+    assert "graph" not in graphed.run_batch(plan, other)[0] and len(gg) == 1
+
+
+def test_a_gather_graph_serves_in_place_batches_but_is_captured_from_others(graphed: Any, cp: Any) -> None:
+    plan = graphed.plan([StepSpec("scale", {"x": "x"}, {"out": "o"}, {"a": 3.0})], {"x": TensorSpec((3, 11), _F32)}, ["o"])
+    host = Host(cp)
+    rng = np.random.default_rng(5)
+    gg = graphed._gather_graphs
+
+    def in_place() -> list[Any]:
+        views = [host.view((3, 11), _F32, 4 * (b % 4)) for b in range(4)]
+        for v in views:
+            _fill(rng, v, _F32)
+        before = [v.copy() for v in views]
+        res = graphed.run_batch(plan, [({"x": v}, {"o": v}) for v in views])
+        for v, b in zip(views, before):
+            np.testing.assert_array_equal(v, b * np.float32(3.0))
+        return res
+
+    for _ in range(3):
+        assert "graph" not in in_place()[0]  # never captured from an in-place batch
+    assert gg.captures == 0
+    items = _items(host, plan, 4, seed=6)
+    res = graphed.run_batch(plan, items)
+    assert res[0].get("graph") == 1.0 and gg.captures == 1
+    for ins, outs in items:
+        np.testing.assert_array_equal(outs["o"], ins["x"] * np.float32(3.0))
+    assert in_place()[0].get("graph") == 1.0 and gg.launches == 1
+    assert host.untouched()
+
+
+def test_a_refused_capture_leaves_the_gathered_run(graphed: Any, cp: Any) -> None:
+    """A resident weight makes a broadcast product that only cupy.matmul issues: the capture is refused
+    once, the warm run's result stands, and that plan keeps the gathered run."""
+    w = (np.random.default_rng(2).standard_normal((64, 32)) * 0.1).astype(np.float16)
+    spec = graphed.put("w", w, "float16")
+    plan = graphed.plan([StepSpec("gemm", {"x": "x", "w": "w"}, {"out": "o"})],
+                        {"x": TensorSpec((16, 64), _F16), "w": spec}, ["o"], resident={"w": "w"})
+    host = Host(cp)
+    for r in range(4):
+        items = _items(host, plan, 4, seed=r)
+        res = graphed.run_batch(plan, items)
+        _served(res, 4, "gather")
+        assert "graph" not in res[0]
+        for ins, outs in items:
+            want = ins["x"].astype(np.float32) @ w.astype(np.float32)
+            np.testing.assert_allclose(outs["o"].astype(np.float32), want, rtol=2e-2, atol=2e-2)
+    gg = graphed._gather_graphs
+    assert id(plan) in gg._failed and len(gg) == 0 and gg.last_error
+    assert host.untouched()
+
+
+def test_gather_graphs_are_dropped_on_reset_unregister_and_close(cp: Any) -> None:
+    host = Host(cp)
+    with select_backend("cupy") as be:
+        if not be.gather_batches or not be._gather_graphs.limit:
+            pytest.skip(f"the gather path or its graphs are off on this device: {be._host_access.why}")
+        be.gather_min_batch = 2
+        gg = be._gather_graphs
+        plan = be.plan([StepSpec("gemm", {"x": "x", "w": "w"}, {"out": "o"})],
+                       {"x": TensorSpec((4, 8), _F32), "w": TensorSpec((8, 4), _F32)}, ["o"])
+        items = _items(host, plan, 2, seed=1)
+        for ins, _ in items:
+            ins["x"][:] = 1
+            ins["w"][:] = 2
+        for _ in range(2):
+            be.run_batch(plan, items)
+        assert len(gg) == 1
+        be.inject_fault = "cuda_error"
+        res = be.run_batch(plan, items)  # an injected fault runs request by request, each failing once
+        assert any(isinstance(r, Exception) for r in res) and len(gg) == 0
+        for _ in range(2):
+            res = be.run_batch(plan, items)
+        assert len(gg) == 1 and res[0].get("graph") == 1.0 and all((o["o"] == 16).all() for _, o in items)
+        be.unregister_host()
+        assert len(gg) == 0
+        for _ in range(2):
+            be.run_batch(plan, items)
+        assert len(gg) == 1
+    assert len(gg) == 0 and gg._sh.blas is None

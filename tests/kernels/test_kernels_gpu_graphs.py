@@ -1,8 +1,9 @@
-"""CUDA graphs of batches (:mod:`shmrpc.kernels._cuda_batch`, cuBLAS products through
-:mod:`._cuda_blas`) and of whole chunked runs (``ChunkGraphs``): results equal the plain path bit
-for bit, a graph writes only its requests' outputs, and plans or views that may not be captured
-take the plain path. GPU tests skip with the reason where there is no CuPy/GPU; the helpers that
-need no device run everywhere."""
+"""CUDA graphs of batches keyed by their slots (:mod:`shmrpc.kernels._cuda_batch`, cuBLAS products
+through :mod:`._cuda_blas`) and of whole chunked runs (``ChunkGraphs``): results equal the plain path
+bit for bit, a graph writes only its requests' outputs, and plans or views that may not be captured
+take the plain path. The graphs of gathered batches, which take these batches over where kernels
+may use host addresses, are off here (they are tested in test_kernels_gpu_gather.py). GPU tests
+skip with the reason where there is no CuPy/GPU; the helpers that need no device run everywhere."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ import pytest
 
 from shmrpc.kernels import StepSpec, TensorSpec, select_backend
 from shmrpc.kernels._cuda_batch import _overlap, address
+
+
+@pytest.fixture(autouse=True)
+def _slot_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backends made in these tests keep the slot-keyed batch graphs (no graphs of gathered batches)."""
+    from shmrpc.kernels import _cuda_gather
+
+    monkeypatch.setattr(_cuda_gather, "GATHER_GRAPHS", 0)
 
 
 class Pinned:
@@ -187,7 +196,7 @@ def test_batch_graphs_are_dropped_on_reset_unregister_and_close(cp: Any) -> None
         for _ in range(3):
             be.run_batch(plan, items)
         assert len(be._batch_graphs) == 1
-    assert len(be._batch_graphs) == 0 and be._batch_graphs._blas is None
+    assert len(be._batch_graphs) == 0 and be._batch_graphs._sh.blas is None
 
 
 @pytest.mark.gpu
