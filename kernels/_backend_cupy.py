@@ -130,6 +130,7 @@ class CupyBackend(Backend):
         self._batch_plans: dict[tuple[int, int], tuple[Plan, BatchPlan]] = {}
         with self._dev:
             self._host_access = _gather.HostAccess(cupy, device)
+        self._checked = _gather.CheckedItems(self._host_access)  # a batch's per-request checks, by view identity
         #: Batches of small plans over page-locked views copy by one gather and one scatter launch (:mod:`._cuda_gather`).
         self.gather_batches = _gather.GATHER_ON and self._host_access.supported
         self.gather_min_batch = _gather.GATHER_MIN_BATCH
@@ -389,19 +390,21 @@ class CupyBackend(Backend):
             return super().run_batch(plan, items)
         t0 = time.perf_counter()
         try:
-            checked = [self._host_io(plan, ins, outs) for ins, outs in items]
+            got = [self._checked.get(plan, ins, outs, self._host_io) for ins, outs in items]
             resident = self._lookup_resident(plan)
         except OpError:
             return super().run_batch(plan, items)
-        if not all(v.flags.c_contiguous for hi, ho in checked for v in (*hi.values(), *ho.values())):
+        if not all(g[2] for g in got):  # a view not C-contiguous
             return super().run_batch(plan, items)
+        checked = [(g[0], g[1]) for g in got]
         bp = self._batch_plan(plan, len(items))
         addrs = None
         gg = self._gather_graphs
         graphs = _plan_bytes(plan) <= GRAPH_MAX_BYTES
         if self.gather_batches and (len(items) >= self.gather_min_batch or graphs and gg.eligible(plan)) \
-                and _gather.gatherable(plan, bp):
-            addrs = self._host_access.addresses(checked, [n for n in plan.inputs if n not in plan.resident], list(plan.outputs))
+                and _gather.gatherable(plan, bp) and all(g[3] is not None for g in got):
+            addrs = ([list(c) for c in zip(*(g[3][0] for g in got))],  # type: ignore[index]
+                     [list(c) for c in zip(*(g[3][1] for g in got))])  # type: ignore[index]
         gather = addrs is not None and len(items) >= self.gather_min_batch
         copying_out = [False]
         graphed: bool | None = None

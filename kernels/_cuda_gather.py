@@ -61,7 +61,7 @@ import bisect
 import os
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -71,7 +71,8 @@ from ._cuda_batch import _NONE, Shared, Step, _BatchCaptures, address
 from ._dtypes import storage_dtype
 from ._plan import Plan
 
-__all__ = ["GATHER_MAX_BYTES", "GATHER_MIN_BATCH", "GATHER_GRAPHS", "GatherGraphs", "HostAccess", "RowTable", "issue_gathered",
+__all__ = ["GATHER_MAX_BYTES", "GATHER_MIN_BATCH", "GATHER_GRAPHS", "CheckedItems", "GatherGraphs", "HostAccess", "RowTable",
+           "issue_gathered",
            "gatherable", "copy_kernel", "stacked_bufs"]
 
 #: Requests moving at most this many bytes (inputs and outputs) take the gather path; ``SHMRPC_CUDA_GATHER=0`` turns it off.
@@ -111,6 +112,7 @@ class HostAccess:
         self._lock = threading.Lock()
         self._ranges: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # (starts, ends), replaced whole
         self._views: dict[int, tuple[Any, bool]] = {}
+        self.version = 0  # bumped by add and remove: what was usable before may not be now
         try:
             rt = cp.cuda.runtime
             self.supported = bool(rt.deviceGetAttribute(_ATTR_UNIFIED, device)) and bool(
@@ -127,6 +129,7 @@ class HostAccess:
             with self._lock:
                 spans = sorted({*zip(*self._ranges), (start, start + nbytes)})
                 self._ranges = (tuple(a for a, _ in spans), tuple(b for _, b in spans))
+                self.version += 1
         return ok
 
     def remove(self, start: int | None = None) -> None:
@@ -135,6 +138,7 @@ class HostAccess:
             spans = [] if start is None else [(a, b) for a, b in zip(*self._ranges) if a != start]
             self._ranges = (tuple(a for a, _ in spans), tuple(b for _, b in spans))
             self._views.clear()
+            self.version += 1
 
     def addresses(self, checked: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]],
                   inputs: Sequence[str], outputs: Sequence[str]) -> tuple[list[list[int]], list[list[int]]] | None:
@@ -174,6 +178,54 @@ class HostAccess:
                     self._views.clear()
                 self._views[id(v)] = (weakref.ref(v), ok)
         return ok
+
+
+#: A request's checked views: (inputs, outputs, all C-contiguous, (input addresses, output addresses) when a
+#: kernel may use every one of them at its host address, else None).
+Checked = tuple[dict[str, np.ndarray], dict[str, np.ndarray], bool, "tuple[tuple[int, ...], tuple[int, ...]] | None"]
+HostIO = Callable[[Plan, Mapping[str, np.ndarray], Mapping[str, np.ndarray]], tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]
+
+
+class CheckedItems:
+    """Each request's checks (:data:`Checked`), remembered by the identity of its plan and view objects: the
+    worker hands a slot's views over as the same objects every time, so a batch of requests seen before is
+    checked by identity alone. An entry holds weak references only (a region's views must not outlive its
+    client) and serves a request whose every view is the very object it was made from; it is made only where
+    the checks handed the views back as they came (views already of their storage dtype). Entries are
+    forgotten when the host ranges change (:attr:`HostAccess.version`) and all at once past ``limit``."""
+
+    def __init__(self, access: HostAccess, limit: int = 4096) -> None:
+        self._access = access
+        self._limit = limit
+        self._version = access.version
+        self._entries: dict[tuple[int, ...], tuple[Any, ...]] = {}
+
+    def get(self, plan: Plan, ins: Mapping[str, np.ndarray], outs: Mapping[str, np.ndarray], host_io: HostIO) -> Checked:
+        """The checks of this request (``host_io``: the backend's, raising its typed error for a bad view)."""
+        access = self._access
+        if access.version != self._version:
+            self._entries.clear()
+            self._version = access.version
+        names = [n for n in plan.inputs if n not in plan.resident]
+        vin, vout = [ins.get(n) for n in names], [outs.get(n) for n in plan.outputs]
+        key = (id(plan), *map(id, vin), *map(id, vout))
+        e = self._entries.get(key)
+        if e is not None and e[0]() is plan and all(r() is v for r, v in zip(e[1], (*vin, *vout))):
+            return dict(zip(names, vin)), dict(zip(plan.outputs, vout)), True, e[2]  # type: ignore[arg-type]
+        host_in, host_out = host_io(plan, ins, outs)
+        views = [*host_in.values(), *host_out.values()]
+        contiguous = all(v.flags.c_contiguous for v in views)
+        addrs = None
+        if contiguous and access.supported and all(access.usable(v) for v in views):
+            addrs = (tuple(address(v) for v in host_in.values()), tuple(address(v) for v in host_out.values()))
+        if contiguous and all(a is b for a, b in zip(views, (*vin, *vout))):
+            if len(self._entries) >= self._limit:
+                self._entries.clear()
+            self._entries[key] = (weakref.ref(plan), tuple(weakref.ref(v) for v in views), addrs)
+        return host_in, host_out, contiguous, addrs
+
+    def clear(self) -> None:
+        self._entries.clear()
 
 
 class RowTable:

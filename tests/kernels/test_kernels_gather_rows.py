@@ -146,3 +146,52 @@ def test_registered_ranges_decide_which_views_a_kernel_may_use() -> None:
     rt.pinned = []
     assert not access.usable(v2)
     assert not access.add(one.ctypes.data, one.nbytes)  # not mapped at its own address: refused
+
+
+def test_checked_items_are_remembered_by_view_identity_and_forgotten_when_ranges_change() -> None:
+    import gc
+
+    from shmrpc.kernels._backend_base import Backend
+    from shmrpc.kernels._errors import KernelInputError
+
+    rt = _FakeRuntime()
+    access = gather.HostAccess(types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=rt)), 0)
+    region = np.zeros(1 << 16, np.uint8)
+    rt.pinned = [(region.ctypes.data, region.ctypes.data + region.nbytes)]
+    assert access.add(region.ctypes.data, region.nbytes)
+    be = select_backend("numpy")
+    plan = be.plan([StepSpec("vector_add", {"x": "x", "y": "y"}, {"out": "o"})],
+                   {"x": TensorSpec((4,), "float32"), "y": TensorSpec((4,), "float32")}, ["o"])
+    calls = []
+
+    def host_io(p: Any, ins: Any, outs: Any) -> Any:
+        calls.append(1)
+        return Backend._host_io(be, p, ins, outs)
+
+    items = gather.CheckedItems(access)
+    x, y, o = (np.frombuffer(region, np.float32, 4, off) for off in (0, 64, 128))
+    ins, outs = {"x": x, "y": y}, {"o": o}
+    first = items.get(plan, ins, outs, host_io)
+    assert first[2] and first[3] == ((x.ctypes.data, y.ctypes.data), (o.ctypes.data,)) and len(calls) == 1
+    again = items.get(plan, {"y": y, "x": x}, {"o": o}, host_io)  # the same objects in other dicts: no new check
+    assert len(calls) == 1 and again[3] == first[3] and again[0]["x"] is x and again[1]["o"] is o
+    x2 = np.frombuffer(region, np.float32, 4, 256)  # another view object: checked
+    assert items.get(plan, {"x": x2, "y": y}, outs, host_io)[3] == ((x2.ctypes.data, y.ctypes.data), (o.ctypes.data,))
+    assert len(calls) == 2
+    with pytest.raises(KernelInputError) as ei:  # a bad view: the backend's typed error, nothing remembered
+        items.get(plan, {"x": np.zeros(5, np.float32), "y": y}, outs, host_io)
+    assert ei.value.field == "shape" and ei.value.tensor == "x"
+    pageable = np.zeros(4, np.float32)  # checked, but no kernel may use it: no addresses
+    assert items.get(plan, {"x": pageable, "y": y}, outs, host_io)[3] is None
+    strided = np.frombuffer(region, np.float32, 8, 512)[::2]
+    assert items.get(plan, {"x": strided, "y": y}, outs, host_io)[2] is False
+    n = len(calls)
+    del x2
+    gc.collect()
+    x3 = np.frombuffer(region, np.float32, 4, 256)  # may reuse the dead view's id: still checked
+    items.get(plan, {"x": x3, "y": y}, outs, host_io)
+    assert len(calls) == n + 1
+    items.get(plan, ins, outs, host_io)
+    assert len(calls) == n + 1  # the first request's entry still serves
+    rt.pinned, _ = [], access.remove(region.ctypes.data)  # the range is gone: every entry with it
+    assert items.get(plan, ins, outs, host_io)[3] is None and len(calls) == n + 2
