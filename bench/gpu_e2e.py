@@ -20,7 +20,7 @@
    Python thread of the process spins (what a busy loop thread costs the run through the GIL).
 
 7. ``--only graphs``: section 1 through workers with chunk graphs off (``SHMRPC_CUDA_LARGE_GRAPHS=0``)
-   and on (the default), interleaved ``--rounds`` times, each next to the duplex ceiling measured just
+   and on (the default; over ZeroMQ, and through a blocking and a spinning lane), interleaved ``--rounds`` times, each next to the duplex ceiling measured just
    before it and the worker's own mean per request; ``--only gemmab``: section 4's 8 client processes
    through workers with CUDA graphs off (``SHMRPC_CUDA_GRAPHS=0``) and on, interleaved, with clients
    sending through ``Client.call`` and through one kept slot each (``--gemm-clients call,loan``).
@@ -78,9 +78,9 @@ def _worker_duration(name: str, op: str) -> tuple[int, float] | None:
         return None
 
 
-def big(name: str, reps: int) -> dict[str, float]:
+def big(name: str, reps: int, lane: str | None = None) -> dict[str, float]:
     n = (256 << 20) // 4
-    with Client(name, timeout_s=60) as c, c.loan(512 << 20) as req:
+    with Client(name, timeout_s=60, lane=lane) as c, c.loan(512 << 20) as req:
         x = req.array("x", n, np.float32)
         x[:] = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
         out = req.send("scale", a=2.0, b=1.0)["out"]
@@ -254,7 +254,8 @@ def graphs_ab(reps: int, rounds: int, graph_chunks: list[str]) -> list[dict[str,
     """Section 7: the 256 MiB request through a worker with chunk graphs off and on (the default chunks, and
     each setting of ``graph_chunks``: "8M/1M" = 8 MiB chunks ramping from 1 MiB at both ends), interleaved."""
     rows: list[dict[str, object]] = []
-    variants: list[tuple[str, dict[str, str]]] = [("plain", {"SHMRPC_CUDA_LARGE_GRAPHS": "0"}), ("graph", {})]
+    variants: list[tuple[str, dict[str, str]]] = [("plain", {"SHMRPC_CUDA_LARGE_GRAPHS": "0"}), ("graph", {}),
+                                                  ("graph, blocking lane", {}), ("graph, spinning lane", {})]
     for size in graph_chunks:
         chunk, _, first = size.partition("/")
         variants.append((f"graph {size}", {"SHMRPC_CHUNK_BYTES": chunk, "SHMRPC_CHUNK_MIN_BYTES": first or chunk}))
@@ -264,7 +265,7 @@ def graphs_ab(reps: int, rounds: int, graph_chunks: list[str]) -> list[dict[str,
             name = f"gpu-{uuid.uuid4().hex[:6]}"
             w = start(name, env=env, slots="64K:4,520M:1")
             try:
-                res = big(name, reps)
+                res = big(name, reps, "block" if "blocking lane" in label else "spin" if "spinning lane" in label else None)
             finally:
                 stop(w)
             row = {"round": r, "path": label, "env": env, "duplex_ceiling_gbps": ceiling, **res,
