@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -13,10 +13,18 @@ from ._errors import KernelFatalError, KernelInputError, KernelResourceError, Ke
 from ._plan import Plan, ResolvedStep, build_plan
 from ._registry import REGISTRY, StepSpec, TensorSpec
 
-__all__ = ["Backend", "BoundRun", "check_host", "check_result", "example_array"]
+__all__ = ["Backend", "BatchLaunch", "BoundRun", "check_host", "check_result", "example_array"]
 
 #: A run of one plan over fixed views: ``bound()`` -> stage seconds, raising what ``Backend.run`` raises.
 BoundRun = Callable[[], dict[str, float]]
+
+
+class BatchLaunch(Protocol):
+    """A batch started on the device by :meth:`Backend.launch_batch`."""
+
+    def done(self) -> bool: ...
+
+    def finish(self) -> list[dict[str, float] | Exception]: ...
 
 
 def check_host(arr: Any, spec: TensorSpec, name: str, role: str) -> np.ndarray:
@@ -246,6 +254,14 @@ class Backend:
             except Exception as e:  # noqa: BLE001 - each request's own error, returned to its caller
                 results.append(e)
         return results
+
+    def launch_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
+                     ) -> BatchLaunch | None:
+        """Start :meth:`run_batch`'s work on the device and return without waiting for it, or None: run it with
+        :meth:`run_batch`. The handle's ``done()`` says whether the device has finished (no wait), its
+        ``finish()`` (called once, on the thread that launched) waits and returns what :meth:`run_batch` would.
+        The outputs are the caller's only after ``finish()``. Here: None (nothing runs apart from its caller)."""
+        return None
 
     def register_host(self, address: int, nbytes: int) -> None:
         """Pin host memory [address, address+nbytes) for DMA (no-op on NumPy)."""

@@ -49,7 +49,7 @@ import numpy as np
 
 from . import _cuda_chunks
 from . import _cuda_gather as _gather
-from ._backend_base import Backend, check_result
+from ._backend_base import Backend, BatchLaunch, check_result
 from ._batch import BatchPlan, batch_plan, batchable
 from ._cuda_batch import BatchGraphs, issue_joint
 from ._cuda_chunks import CHUNK_BYTES, CHUNK_STREAMS, CHUNK_THRESHOLD_BYTES
@@ -403,8 +403,7 @@ class CupyBackend(Backend):
         graphs = _plan_bytes(plan) <= GRAPH_MAX_BYTES
         if self.gather_batches and (len(items) >= self.gather_min_batch or graphs and gg.eligible(plan)) \
                 and _gather.gatherable(plan, bp) and all(g[3] is not None for g in got):
-            addrs = ([list(c) for c in zip(*(g[3][0] for g in got))],  # type: ignore[index]
-                     [list(c) for c in zip(*(g[3][1] for g in got))])  # type: ignore[index]
+            addrs = _columns(got)
         gather = addrs is not None and len(items) >= self.gather_min_batch
         copying_out = [False]
         graphed: bool | None = None
@@ -447,6 +446,30 @@ class CupyBackend(Backend):
         if gather:
             done["gather"] = 1.0
         return [dict(done) for _ in items]
+
+    def launch_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
+                     ) -> BatchLaunch | None:
+        """Launch a batch that a graph of gathered batches serves (:mod:`._cuda_gather`) and return at once; any
+        other batch: None (see :meth:`Backend.launch_batch`)."""
+        gg = self._gather_graphs
+        if len(items) < 2 or self.inject_fault or not self.gather_batches or not gg.eligible(plan) \
+                or _plan_bytes(plan) > GRAPH_MAX_BYTES or not batchable(plan):
+            return None
+        try:
+            got = [self._checked.get(plan, ins, outs, self._host_io) for ins, outs in items]
+            resident = self._lookup_resident(plan)
+        except OpError:
+            return None  # run_batch answers each request with its own error
+        bp = self._batch_plan(plan, len(items))
+        if not all(g[3] is not None for g in got) or not _gather.gatherable(plan, bp):
+            return None
+        t0 = time.perf_counter()
+        try:
+            with self._dev:
+                started = gg.start(plan, bp, _columns(got), resident)
+        except Exception:  # noqa: BLE001 - the launch failed: run_batch runs the batch again and reports what fails
+            return None
+        return None if started is None else _Launched(self, started, len(items), t0)
 
     def _batch_plan(self, plan: Plan, size: int) -> BatchPlan:
         entry = self._batch_plans.get((id(plan), size))
@@ -532,6 +555,33 @@ class CupyBackend(Backend):
             self._stream_sets.clear()
         with self._dev:
             self.xp.get_default_memory_pool().free_all_blocks()
+
+
+class _Launched:
+    """A batch launched by :meth:`CupyBackend.launch_batch`."""
+
+    __slots__ = ("_be", "_started", "_size", "_t0")
+
+    def __init__(self, be: CupyBackend, started: _gather.Started, size: int, t0: float) -> None:
+        self._be, self._started, self._size, self._t0 = be, started, size, t0
+
+    def done(self) -> bool:
+        return self._started.done()
+
+    def finish(self) -> list[dict[str, float] | Exception]:
+        try:
+            self._started.finish()
+        except Exception as e:  # noqa: BLE001 - a device error ends every request of the batch
+            err: Exception = self._be._wrap(e, "", -1)
+            return [err] * self._size
+        done = {"total": time.perf_counter() - self._t0, "batch": float(self._size), "graph": 1.0, "gather": 1.0}
+        return [dict(done) for _ in range(self._size)]
+
+
+def _columns(got: Sequence[_gather.Checked]) -> tuple[list[list[int]], list[list[int]]]:
+    """Per input and per output, the host addresses of every request (``got``: each request's checks, all usable)."""
+    return ([list(c) for c in zip(*(g[3][0] for g in got))],  # type: ignore[index]
+            [list(c) for c in zip(*(g[3][1] for g in got))])  # type: ignore[index]
 
 
 def _plan_bytes(plan: Plan) -> int:

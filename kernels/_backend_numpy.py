@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ._backend_base import Backend, BoundRun, check_result
+from ._backend_base import Backend, BatchLaunch, BoundRun, check_result
 from ._batch import batch_plan, batchable
 from ._errors import KernelInputError, KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan, ResolvedStep
@@ -198,6 +198,14 @@ class NumpyBackend(Backend):
                 np.copyto(view, env[name])
         self._keep(plan, env, keep_as)
 
+    def launch_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
+                     ) -> BatchLaunch | None:
+        """With ``BATCH_JOINT``: a handle whose ``finish()`` runs :meth:`run_batch` (NumPy has no device to start
+        work on; the worker's path for launched batches runs the same way on every backend). Else None."""
+        if not BATCH_JOINT or len(items) < 2:
+            return None
+        return _Deferred(lambda: self.run_batch(plan, items))
+
     def run_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
                   ) -> list[dict[str, float] | Exception]:
         """Run ``plan`` over several requests; see :meth:`Backend.run_batch`.
@@ -231,3 +239,18 @@ class NumpyBackend(Backend):
                 np.copyto(view, env[n][b] if n in bp.batched else env[n])
         dt = time.perf_counter() - t0
         return [{"total": dt, "batch": float(len(items))} for _ in items]
+
+
+class _Deferred:
+    """A batch "launched" on NumPy: nothing runs until :meth:`finish`."""
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: Callable[[], list[dict[str, float] | Exception]]) -> None:
+        self._run = run
+
+    def done(self) -> bool:
+        return True
+
+    def finish(self) -> list[dict[str, float] | Exception]:
+        return self._run()

@@ -142,14 +142,17 @@ def _join(stream: Any, others: Sequence[Any]) -> None:
 
 
 class _Graph:
-    __slots__ = ("graph", "event", "lock", "hold", "fill")
+    __slots__ = ("graph", "event", "lock", "hold", "fill", "pending")
 
     def __init__(self, graph: Any, event: Any, hold: tuple[Any, ...], fill: Callable[[Any], None] | None = None) -> None:
         self.graph = graph
         self.event = event
-        self.lock = threading.Lock()
+        # NOTE: re-entrant: a thread holding it for a launch it has not finished (GatherGraphs.start) may still
+        # retire the graph (a reset after an error) or launch it again (which first waits for the device)
+        self.lock = threading.RLock()
         self.hold = hold
         self.fill = fill  # writes a batch's rows into the graph's own table before a launch (gather graphs)
+        self.pending = False  # launched by start(), not finished yet
 
     def sync(self) -> None:
         self.event.synchronize()
@@ -210,6 +213,8 @@ class _BatchCaptures(_Graphs):
             if g.graph is None:
                 return False
             with self._sh.launch_lock:
+                if g.pending:
+                    g.event.synchronize()  # this thread's unfinished launch of g still reads the table
                 if g.fill is not None:
                     g.fill(rows)  # NOTE: the previous launch of g has finished: its table is free
                 g.graph.launch(self._sh.stream)

@@ -72,6 +72,7 @@ from ._dtypes import storage_dtype
 from ._plan import Plan
 
 __all__ = ["GATHER_MAX_BYTES", "GATHER_MIN_BATCH", "GATHER_GRAPHS", "CheckedItems", "GatherGraphs", "HostAccess", "RowTable",
+           "Started",
            "issue_gathered",
            "gatherable", "copy_kernel", "stacked_bufs"]
 
@@ -428,3 +429,54 @@ class GatherGraphs(_BatchCaptures):
             return None  # dropped meanwhile (a reset): the plain path
         self.launches += 1
         return True
+
+    def start(self, plan: Plan, bp: BatchPlan, addrs: tuple[list[list[int]], list[list[int]]], resident: Mapping[str, Any]
+              ) -> Started | None:
+        """Launch the graph of this batch's key without waiting for it (None: no graph yet, or that graph is in use
+        by another launch: run it the other way). The graph stays this thread's until :meth:`Started.finish`."""
+        key = (id(plan), bp.size, *(r.data.ptr for r in resident.values()))
+        with self._lock:
+            g = self._graphs.get(key)
+            if g is None or g is _NONE:
+                return None
+            self._graphs.move_to_end(key)
+        if not g.lock.acquire(blocking=False):
+            return None
+        try:
+            if g.graph is None or g.pending:
+                g.lock.release()
+                return None
+            with self._sh.launch_lock:
+                g.fill(addrs)
+                g.graph.launch(self._sh.stream)
+                g.event.record(self._sh.stream)
+        except BaseException:
+            g.lock.release()
+            raise
+        g.pending = True
+        self.launches += 1
+        return Started(g)
+
+
+class Started:
+    """A launch of a gathered batch's graph (:meth:`GatherGraphs.start`): ``done()`` asks the device, ``finish()``
+    waits for it and gives the graph back (once, on the launching thread; raises the CUDA error of the run)."""
+
+    __slots__ = ("_g",)
+
+    def __init__(self, g: Any) -> None:
+        self._g = g
+
+    def done(self) -> bool:
+        try:
+            return bool(self._g.event.done)
+        except Exception:  # noqa: BLE001 - a device error: finish() raises it
+            return True
+
+    def finish(self) -> None:
+        g = self._g
+        try:
+            g.event.synchronize()
+        finally:
+            g.pending = False
+            g.lock.release()

@@ -10,8 +10,10 @@ entry) and the slot size, which keeps FlatBuffers parsing off the hot path.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +21,7 @@ import numpy as np
 
 from shmrpc import kernels
 from shmrpc.kernels import Backend, Plan
-from shmrpc.kernels._backend_base import BoundRun
+from shmrpc.kernels._backend_base import BatchLaunch, BoundRun
 from shmrpc.kernels._batch import batchable
 from shmrpc.schema import dtypes
 from shmrpc.schema.descriptor import RequestDesc, ResponseDesc, TensorRef, decode_request, encode_response
@@ -35,6 +37,8 @@ from shmrpc.schema.errors import (
 )
 from shmrpc.schema.header import HEADER_NBYTES, Flag, Header
 from shmrpc.schema.layout import TENSOR_ALIGN, align_up, format_size, tensor_align
+
+log = logging.getLogger("shmrpc.server")
 
 __all__ = ["Prepared", "Dispatcher", "kernel_error", "error_response", "resident_name"]
 
@@ -352,8 +356,24 @@ class Dispatcher:
         """Run several requests of one batchable ``plan`` with one ``backend.run_batch``; ``items``: each request's
         :class:`Prepared` and its views. Returns per request, in order, its stage seconds or its own
         RequestError (as :meth:`run` would raise it); one request's failure is not the others'."""
+        return self._batch_results(items, lambda: self.backend.run_batch(plan, [views for _, views in items]))
+
+    def launch_batch(self, plan: Plan, items: list[tuple[Prepared, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]]
+                     ) -> Launched | None:
+        """Start :meth:`run_batch`'s work without waiting for it (``backend.launch_batch``), or None: call
+        :meth:`run_batch`. The outputs are written once :meth:`Launched.finish` has returned."""
         try:
-            results = self.backend.run_batch(plan, [views for _, views in items])
+            h = self.backend.launch_batch(plan, [views for _, views in items])
+        except Exception:  # noqa: BLE001 - a backend bug: run_batch runs the batch and reports it
+            log.exception("launch_batch failed")
+            return None
+        return None if h is None else Launched(self, items, h)
+
+    def _batch_results(self, items: list[tuple[Prepared, Any]], run: Callable[[], list[dict[str, float] | Exception]]
+                       ) -> list[dict[str, float] | RequestError]:
+        """``run()``'s results per request as :meth:`run_batch` returns them."""
+        try:
+            results = run()
             if len(results) != len(items):
                 raise RuntimeError(f"run_batch answered {len(results)} of {len(items)} requests")
         except Exception as e:  # noqa: BLE001 - a backend bug must not take the worker down
@@ -374,6 +394,26 @@ class Dispatcher:
             else:
                 out.append(InternalError(f"the backend failed: {type(r).__name__}: {r}", op=op))
         return out
+
+
+class Launched:
+    """A batch started by :meth:`Dispatcher.launch_batch`: ``done()`` says whether its device work is over (no
+    wait); ``finish()`` (once, on the thread that launched it) waits and returns :meth:`Dispatcher.run_batch`'s
+    results."""
+
+    __slots__ = ("_dispatch", "_items", "_h")
+
+    def __init__(self, dispatch: Dispatcher, items: list[tuple[Prepared, Any]], h: BatchLaunch) -> None:
+        self._dispatch, self._items, self._h = dispatch, items, h
+
+    def done(self) -> bool:
+        try:
+            return self._h.done()
+        except Exception:  # noqa: BLE001 - finish() reports it
+            return True
+
+    def finish(self) -> list[dict[str, float] | RequestError]:
+        return self._dispatch._batch_results(self._items, self._h.finish)
 
 
 def _view(slot: memoryview, t: TensorRef) -> np.ndarray:

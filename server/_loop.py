@@ -49,7 +49,7 @@ from shmrpc.schema.naming import attach_path, endpoint, socket_path
 from . import checks
 from ._attach import AttachListener, set_dumpable
 from ._batch import Pending, group_by_plan
-from ._dispatch import Dispatcher, Prepared, check_header, error_response
+from ._dispatch import Dispatcher, Launched, Prepared, check_header, error_response
 from ._lanes import Lanes
 from ._lease import Leases, Slot
 from ._observe import Observer
@@ -84,6 +84,7 @@ _pack_done = m.pack_done
 _RCVHWM = 256  # messages queued per peer before libzmq stops reading from it (with MAXMSGSIZE: 16 MiB)
 _CALL_NBYTES = m.CALL_STRUCT.size
 _SPIN_POLL_S = 5e-6  # while spinning with lanes, poll the socket and fds this often (lanes are read in between)
+_LAUNCHED_SPIN_S = 2e-3  # a launched batch is awaited spinning this long, then by polls of 1 ms
 _CALL_RID_GEN = struct.Struct("<II").unpack_from  # a CALL frame's request_id and generation, at offset 8
 _TRACED_CALL_NBYTES = m.CALL_STRUCT.size + m.TRACE_STRUCT.size
 
@@ -103,6 +104,7 @@ class Worker:
         self._done: collections.deque[tuple[bytes, Slot, tuple[int, int, int], int, float, dict[str, float],
                                             Prepared | None, int]] = collections.deque()
         self._pending: list[Pending] = []  # batchable requests of this turn of the loop (see _batch.py)
+        self._launched: tuple[list[Pending], Launched] | None = None  # a batch on the device, answered when done
         self._max_batch = config.max_batch
         self._joins = False  # park batchable requests for one joint run (--max-batch > 1 and a backend that joins)
         self._lanes: Lanes | None = None
@@ -299,7 +301,9 @@ class Worker:
                     poller.register(fd, zmq.POLLIN)
                 polled = wanted
             timeout_ms = 50 if stopping else self._poll_timeout_ms(next_check)
-            if spin_s:
+            if self._launched is not None:
+                events = self._await_launched(poller, lane_rang, timeout_ms)
+            elif spin_s:
                 # --spin-us: poll without sleeping for a while before blocking, so a request arriving soon
                 # finds the loop awake (one scheduler wake-up less per request; costs a core while it spins).
                 # With lanes, the lanes' call_seq words are read in between, and the poll (a system call, for
@@ -608,6 +612,13 @@ class Worker:
                 continue
             self.metrics.observe_batch(p.primed.prep.op, len(group))
             if inline:
+                self._finish_launched()  # NOTE: one launched batch at a time: its answers go first
+                plan = p.primed.prep.plan
+                assert plan is not None
+                h = self.dispatch.launch_batch(plan, [(q.primed.prep, q.primed.views) for q in group])
+                if h is not None:  # on the device: the loop goes on, and answers the batch once it is done
+                    self._launched = (group, h)
+                    continue
                 for q, status, stages in self._execute_batch(group):
                     self._done_sent(q.identity, q.slot, q.hdr, status, q.t0, stages, q.primed.prep, lane=q.lane)
             else:
@@ -616,11 +627,48 @@ class Worker:
         if self.dispatch.fatal:
             self._drain_done()
 
+    def _await_launched(self, poller: zmq.Poller, lane_rang: dict[int, int], timeout_ms: int) -> dict[Any, int]:
+        """The next events while a launched batch is on the device: spinning (the batch is small: it runs inline)
+        and answering the batch as soon as it is done, then polling 1 ms at a time past _LAUNCHED_SPIN_S; no
+        events within ``timeout_ms``: none (the loop's periodic work runs)."""
+        assert self._launched is not None
+        h, lanes = self._launched[1], self._lanes
+        now = time.perf_counter()
+        end, next_poll, give_up = now + _LAUNCHED_SPIN_S, now, now + timeout_ms / 1000
+        while now < give_up:
+            if h.done():
+                self._finish_launched()
+                return dict(poller.poll(0))
+            if lanes is not None and lanes.ready():
+                return lane_rang
+            if now >= next_poll:
+                events = dict(poller.poll(0 if now < end else 1))
+                if events:
+                    return events
+                next_poll = now + _SPIN_POLL_S
+            now = time.perf_counter()
+        return {}
+
+    def _finish_launched(self) -> None:
+        """Wait for the launched batch (if any) and answer each of its requests."""
+        launched, self._launched = self._launched, None
+        if launched is None:
+            return
+        group, h = launched
+        for q, status, stages in self._respond_batch(group, h.finish()):
+            self._done_sent(q.identity, q.slot, q.hdr, status, q.t0, stages, q.primed.prep, lane=q.lane)
+        if self.dispatch.fatal:
+            self._drain_done()
+
     def _execute_batch(self, group: list[Pending]) -> list[tuple[Pending, int, dict[str, float]]]:
         """Run one batch and write every request's response (or its own error) into its slot."""
         plan = group[0].primed.prep.plan
         assert plan is not None
-        results = self.dispatch.run_batch(plan, [(p.primed.prep, p.primed.views) for p in group])
+        return self._respond_batch(group, self.dispatch.run_batch(plan, [(p.primed.prep, p.primed.views) for p in group]))
+
+    def _respond_batch(self, group: list[Pending], results: list[dict[str, float] | RequestError]
+                       ) -> list[tuple[Pending, int, dict[str, float]]]:
+        """Write every request's response (or its own error) into its slot."""
         out: list[tuple[Pending, int, dict[str, float]]] = []
         for p, r in zip(group, results):
             stages: dict[str, float] = {}

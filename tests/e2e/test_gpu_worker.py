@@ -112,26 +112,29 @@ def test_users_ops_and_the_decoder_example_on_a_cupy_worker(spawn_worker: Callab
 
 
 def test_batched_gemm_and_repeated_small_calls_on_a_cupy_worker(spawn_worker: Callable[..., WorkerProc]) -> None:
-    """Concurrent gemm requests of one plan run as one CuPy batch, each answer right in its own slot; a small call
+    """Concurrent gemm requests of one plan run as one CuPy batch, each answer right in its own slot (three times:
+    the gathered run, the capture of its graph, then the graph launched while the loop goes on); a small call
     repeated from one slot (the CUDA-graph path after its second sight) follows the data written each time."""
     from .test_batching import _CALL_WIRE_NBYTES, _batches, _stopped, wait_unread
 
     w = spawn_worker("--backend", "cupy", "--metrics-port", "0", slots="64K:16,1M:4", lease="8,1")
     rng = np.random.default_rng(7)
-    # x and w of a request fit one 64 KiB slot: the lease's 8 of them hold all six while the worker is stopped
-    xs = [rng.standard_normal((16, 64)).astype(np.float16) for _ in range(6)]
-    ws = [rng.standard_normal((64, 64)).astype(np.float16) for _ in range(6)]
     with Client(w.name, timeout_s=60) as c:
         c.call("echo", x=np.zeros(1, np.float32))
-        c.call("gemm", x=xs[0], w=ws[0])  # the output size of this signature is known (no plan query while stopped)
-        with _stopped(w):
-            futs = [c.submit("gemm", x=x, w=wt) for x, wt in zip(xs, ws)]
-            wait_unread(len(xs) * _CALL_WIRE_NBYTES)
-        for x, wt, f in zip(xs, ws, futs):
-            got = f.result(timeout=60)["out"].astype(np.float32)
-            want = x.astype(np.float32) @ wt.astype(np.float32)
-            np.testing.assert_allclose(got, want, rtol=4e-3, atol=4e-3 * float(np.abs(want).max()))
-        assert _batches(w, "gemm") == (1, 6)
+        for r in range(3):
+            # x and w of a request fit one 64 KiB slot: the lease's 8 of them hold all six while the worker is stopped
+            xs = [rng.standard_normal((16, 64)).astype(np.float16) for _ in range(6)]
+            ws = [rng.standard_normal((64, 64)).astype(np.float16) for _ in range(6)]
+            if r == 0:
+                c.call("gemm", x=xs[0], w=ws[0])  # the output size of this signature known (no plan query while stopped)
+            with _stopped(w):
+                futs = [c.submit("gemm", x=x, w=wt) for x, wt in zip(xs, ws)]
+                wait_unread(len(xs) * _CALL_WIRE_NBYTES)
+            for x, wt, f in zip(xs, ws, futs):
+                got = f.result(timeout=60)["out"].astype(np.float32)
+                want = x.astype(np.float32) @ wt.astype(np.float32)
+                np.testing.assert_allclose(got, want, rtol=4e-3, atol=4e-3 * float(np.abs(want).max()), err_msg=f"round {r}")
+            assert _batches(w, "gemm") == (r + 1, 6 * (r + 1))
         for _ in range(6):  # the same slot each time (one call at a time): captured on its second sight
             x = rng.standard_normal(16).astype(np.float32)
             np.testing.assert_allclose(c.call("scale", x=x, a=2.0, b=1.0)["out"], 2.0 * x + 1.0, rtol=1e-6)

@@ -418,3 +418,30 @@ def test_gather_graphs_are_dropped_on_reset_unregister_and_close(cp: Any) -> Non
             be.run_batch(plan, items)
         assert len(gg) == 1
     assert len(gg) == 0 and gg._sh.blas is None
+
+
+def test_a_launched_batch_is_answered_by_finish(graphed: Any, cp: Any) -> None:
+    """launch_batch: a batch whose graph exists starts on the device and returns; finish() waits and answers it
+    (the same bits as the gathered run); no graph yet, or its graph still in use: None (run_batch runs it)."""
+    plan = _plan(graphed, CASES[4])  # gemm, x and w per request
+    host = Host(cp)
+    items = [_items(host, plan, 3, seed=s) for s in range(4)]
+    assert graphed.launch_batch(plan, items[0]) is None  # no graph of (plan, 3) yet
+    for its in items[:2]:
+        graphed.run_batch(plan, its)  # first sight, then the capture
+    want = _plain(graphed, plan, items[2])
+    h = graphed.launch_batch(plan, items[2])
+    assert h is not None
+    assert graphed.launch_batch(plan, items[3]) is None  # its graph is this launch's until finish()
+    res = h.finish()
+    _served(res, 3, "gather")
+    assert all(r["graph"] == 1.0 for r in res) and _outputs(items[2]) == want
+    want3 = _plain(graphed, plan, items[3])
+    h = graphed.launch_batch(plan, items[3])
+    assert h is not None
+    other = _items(host, plan, 3, seed=9)  # a run of the same graph on this thread before finish(): waits for it
+    want_other = _plain(graphed, plan, other)
+    assert graphed.run_batch(plan, other)[0]["graph"] == 1.0 and _outputs(other) == want_other
+    h.finish()
+    assert _outputs(items[3]) == want3 and host.untouched()
+    assert graphed.launch_batch(plan, [items[3][0]]) is None  # one request: not a batch
