@@ -60,7 +60,7 @@ from ._registry import OpCall, TensorSpec
 
 __all__ = ["CupyBackend", "CHUNK_THRESHOLD_BYTES", "CHUNK_BYTES", "CHUNK_STREAMS", "TIMED_MIN_BYTES",
            "STAGE_SAMPLE_EVERY", "GRAPH_MAX_BYTES", "GRAPH_CACHE", "LARGE_GRAPH_CACHE",
-           "BATCH_GRAPH_CACHE"]
+           "BATCH_GRAPH_CACHE", "LAUNCH_BATCHES"]
 
 #: Requests moving more bytes than this get CUDA-event stage timings ("h2d", "kernel", "d2h").
 TIMED_MIN_BYTES = 1 << 20
@@ -76,6 +76,9 @@ LARGE_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_LARGE_GRAPHS", "") or (2 if 
 #: Graphs of batches kept (one per set of requests' slots: 8 clients of one slot each make up to 255 sets;
 #: each graph a few MiB of device memory for gemm 16x256x256; ``SHMRPC_CUDA_BATCH_GRAPHS=0`` turns them off).
 BATCH_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_BATCH_GRAPHS", "") or (256 if GRAPH_CACHE else 0))
+#: Batches a gathered graph serves are launched and answered when done (:meth:`CupyBackend.launch_batch`);
+#: ``SHMRPC_CUDA_LAUNCH_BATCHES=0``: run and waited for by the caller, as any other batch.
+LAUNCH_BATCHES = (os.environ.get("SHMRPC_CUDA_LAUNCH_BATCHES", "") or "1") != "0"
 _BUFS_PER_SET = 32
 log = logging.getLogger("shmrpc.kernels")
 _HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable
@@ -452,7 +455,7 @@ class CupyBackend(Backend):
         """Launch a batch that a graph of gathered batches serves (:mod:`._cuda_gather`) and return at once; any
         other batch: None (see :meth:`Backend.launch_batch`)."""
         gg = self._gather_graphs
-        if len(items) < 2 or self.inject_fault or not self.gather_batches or not gg.eligible(plan) \
+        if not LAUNCH_BATCHES or len(items) < 2 or self.inject_fault or not self.gather_batches or not gg.eligible(plan) \
                 or _plan_bytes(plan) > GRAPH_MAX_BYTES or not batchable(plan):
             return None
         try:

@@ -31,6 +31,9 @@
 #   w4a16   bench/gpu/w4a16_probe.py: gemm_w4a16's kernels and their diagnostic builds next to fp16 cuBLAS (~35 s)
 #   graphs  the CUDA graphs of batches and of chunked runs: bench/gpu/tiny_probe.py --batch (in process), the
 #           256 MiB request through the worker with and without its graph (bench/gpu_e2e.py --only graphs)
+#   gemmab  the tree sent against a base tree (.whl/base/), interleaved twice: gemm x=16x256 w=256x256 float16 on the
+#           CuPy worker, 8 and 16 client processes (loan, blocking and spinning lane); the tree with launched batches
+#           off (SHMRPC_CUDA_LAUNCH_BATCHES=0) as a third arm -> $OUT/gemmab-{base,nolaunch,new}-rN.json
 #   loop    the async and threads runs alone (NumPy worker, this host's cores, about 60 s), then
 #           bench/async_loop_ab.py: the loop's lag and calls/s, wrap_future vs direct finish, interleaved
 # Usage: bash bench/gpu/run.sh [STAGE ...]   (default: suite gpu lat bw; one device call holds at
@@ -175,6 +178,20 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       timeout 60 $BENCH lat --transports shmrpc,shmrpc-lane --clients 1,2,4,8,16 --iters 3000 --backend numpy \
         --op vector_add --dtype float32 --sizes 64 --worker-args "--spin-us 50" -q \
         --out "$OUT/ab-clients-new-wspin50.json" 2>&1 | grep -E "^shmrpc" ;;
+    gemmab)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-base \
+        .whl/base/*.whl || exit 1
+      for r in 1 2; do
+        for arm in base nolaunch new; do
+          site=/tmp/site; [ "$arm" = base ] && site=/tmp/site-base:/tmp/site
+          launch=1; [ "$arm" = nolaunch ] && launch=0
+          echo "== round $r, $arm: gemm x=16x256 w=256x256 float16 on the CuPy worker, 8 and 16 clients"
+          SHMRPC_CUDA_LAUNCH_BATCHES=$launch PYTHONPATH=$site timeout 90 $BENCH lat \
+            --transports shmrpc,shmrpc-lane,shmrpc-lane-spin --clients 8,16 --iters 2000 --warmup 50 --backend cupy \
+            --op gemm --shape x=16x256 --shape w=256x256 --dtype float16 -q --out "$OUT/gemmab-$arm-r$r.json" \
+            2>&1 | grep -E "^shmrpc"
+        done
+      done ;;
     loop)
       echo "== shmrpc bench async / threads (NumPy worker, this host's cores)"
       timeout 40 $BENCH async --sizes 64 --iters 2000 --in-flight 1000 --total 20000 --backend numpy \
@@ -184,7 +201,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       echo "== bench/async_loop_ab.py (wrap_future vs direct finish, 3 rounds)"
       timeout 60 python3 bench/async_loop_ab.py --rounds 3 --out "$OUT/bench-async-gpuhost-loop-ab.json" \
         2>&1 | tail -16 ;;
-    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu, pool, ab, w4a16, graphs, loop)" ;;
+    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu, pool, ab, gemmab, w4a16, graphs, loop)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"
