@@ -335,7 +335,9 @@ class Worker:
                     lanes.clear_doorbell()  # NOTE: before the scan: a request posted after it rings again
                 for lane, seq, frame in lanes.scan():
                     self._on_call(lane.identity, frame, stopping, seq)
-            if self._pending:  # the turn's batchable requests: one run per plan (see _batch.py)
+            if self._pending and self._launched is None:
+                # the turn's batchable requests: one run per plan (see _batch.py); while a launched batch is on the
+                # device they stay parked, and run as one batch once it is answered (the device and the loop overlap)
                 self._run_pending()
             if self._wake_r in events:
                 try:

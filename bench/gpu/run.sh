@@ -182,7 +182,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-base \
         .whl/base/*.whl || exit 1
       for r in 1 2; do
-        for arm in base nolaunch new; do
+        for arm in ${GEMMAB_ARMS:-base nolaunch new}; do
           site=/tmp/site; [ "$arm" = base ] && site=/tmp/site-base:/tmp/site
           launch=1; [ "$arm" = nolaunch ] && launch=0
           echo "== round $r, $arm: gemm x=16x256 w=256x256 float16 on the CuPy worker, 8 and 16 clients"
