@@ -11,8 +11,11 @@ from shmrpc.kernels.quant import (
     _MMA_VARIANTS,
     _WK_SMEM_MAX,
     _WK_VARIANTS,
+    _WKC_VARIANTS,
     W4A16Tuning,
     _mma_cfg,
+    _mma_names,
+    _wk_name,
     _wk_smem,
     use_tuning,
     w4a16_mma_launch,
@@ -101,3 +104,31 @@ def test_devices_with_less_shared_memory_take_the_next_configuration() -> None:
         big = _mma_cfg(8, 4096, 1024, 128)
         assert big is not None and len(big) == 6 and _wk_smem(big) > 99 * 1024
         assert _mma_cfg(8, 4096, 1024, 128, smem_max=99 * 1024) == _MMA_TABLE[0][1][-1]  # e.g. sm_89: 99 KiB
+
+
+@pytest.mark.parametrize("cfg", [(mt, nw, wk, 0, st, xsm, cl) for mt, nw, wk, st, xsm, cl in _WKC_VARIANTS])
+def test_wkc_launch_covers_shapes(cfg) -> None:
+    """w4a16_wkc: grid (N / (32*NWORD), CL), the CL blocks of a column tile split the chunks, every chunk in exactly
+    one block; the block's sum tile is in the shared memory the host asks for."""
+    assert _wk_smem(cfg) <= _WK_SMEM_MAX
+    for k in (64, 128, *range(1024, 28673, 3968)):
+        for n in (1024, 4096, 14336, 28672):
+            k64 = k // 64 * 64
+            (tiles, ksplit), cpb, smem = w4a16_wk_launch(16, k64, n, 132, cfg)
+            assert tiles * 32 * cfg[1] == n and ksplit == cfg[6] and smem == _wk_smem(cfg)
+            assert ksplit * cpb >= k64 // 64 > (ksplit - 1) * cpb or (k64 // 64 < ksplit and cpb == 1)
+
+
+def test_wkc_configurations_by_name_and_one_wave() -> None:
+    env = {"SHMRPC_W4A16_MMA_CFG": "1,4,8,0,3,1,2"}
+    cfg = W4A16Tuning.from_env(env).mma_cfg
+    assert cfg == (1, 4, 8, 0, 3, 1, 2)
+    assert _wk_name("F16", cfg) == "w4a16_wkc<F16,1,4,8,3,1,2>" and _wk_name("F16", cfg) in _mma_names("F16")
+    with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=cfg))):
+        assert _mma_cfg(16, 4096, 8192, 128) == cfg  # 64 column tiles x 2 blocks: one wave on 132 SMs
+        assert _mma_cfg(16, 4096, 14336, 128) is None  # 112 x 2 would need two waves
+        assert _mma_cfg(16, 4096, 14336, 128, n_sm=264) == cfg
+        assert _mma_cfg(16, 4096, 1024 + 64, 128) is None  # N % 128
+    for bad in ((1, 4, 8, 1, 3, 1, 2), (1, 4, 8, 0, 3, 1, 3)):  # BPS must be 0; CL 3 not built
+        with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=bad))):
+            assert _mma_cfg(16, 4096, 8192, 128) is None
