@@ -133,7 +133,7 @@ class W4A16Tuning:
         h2: ``SHMRPC_W4A16_H2=1``: the float16x2 kernel for float16 M <= 4 (opt-in).
         prefetch: ``SHMRPC_W4A16_PF=1``: prefetch the next run in the M = 1 kernel (measured slower).
         mma: ``SHMRPC_W4A16_MMA`` (on; ``0`` turns the tensor-core path off).
-        mma_m1: ``SHMRPC_W4A16_MMA_M1=1``: the tensor-core path for M = 1 too (measured slower).
+        mma_m1: ``SHMRPC_W4A16_MMA_M1`` (on; ``0`` keeps M = 1 on the float32 CUDA-core kernel).
         mma_cfg: ``SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S"`` (w4a16_mma / w4a16_mma_async),
             ``"MT,NWORD,WK,BPS,S,XSM"`` (w4a16_wk) or ``"MT,NWORD,WK,0,S,XSM,CL"`` (w4a16_wkc, clusters of CL
             blocks): one forced configuration (tuning only).
@@ -144,7 +144,7 @@ class W4A16Tuning:
     h2: bool = False
     prefetch: bool = False
     mma: bool = True
-    mma_m1: bool = False
+    mma_m1: bool = True
     mma_cfg: tuple[int, ...] | None = None
 
     @classmethod
@@ -158,7 +158,7 @@ class W4A16Tuning:
         return cls(blocks_per_sm=int(env.get("SHMRPC_W4A16_BLOCKS_PER_SM", "2")),
                    dequant_min_m=int(env.get("SHMRPC_W4A16_DEQUANT_MIN_M", "5")),
                    h2=env.get("SHMRPC_W4A16_H2", "0") == "1", prefetch=env.get("SHMRPC_W4A16_PF", "0") == "1",
-                   mma=env.get("SHMRPC_W4A16_MMA", "1") != "0", mma_m1=env.get("SHMRPC_W4A16_MMA_M1", "0") == "1",
+                   mma=env.get("SHMRPC_W4A16_MMA", "1") != "0", mma_m1=env.get("SHMRPC_W4A16_MMA_M1", "1") != "0",
                    mma_cfg=cfg)
 
 
@@ -297,7 +297,8 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
 # MT = 0 there: the operands swapped (weights as the A operand, 8 activation rows as B: M <= 8 per m-block).
 # Seven numbers (MT, NWORD, WK, 0, S, XSM, CL) name w4a16_wkc: the same blocks, the K split always CL ways, the CL
 # blocks of a column tile one cluster that adds its sums through distributed shared memory (no global partials);
-# taken only where the tiles times CL fit in one wave (one block per SM).
+# a table entry is taken only where CL is the split BPS = 1 would choose (round(SMs / column tiles)) and the CL
+# blocks of every tile fit in one wave (one block per SM); a forced one wherever they fit in one wave.
 _MMA_VARIANTS = ((1, 4, 4), (1, 2, 4), (1, 1, 4), (1, 1, 8), (2, 2, 4), (2, 1, 4), (4, 1, 4), (4, 1, 2))
 _ASYNC_VARIANTS = ((1, 2, 4, 4), (1, 2, 4, 3), (1, 2, 4, 2), (1, 1, 8, 3), (1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 4), (2, 1, 4, 4), (2, 2, 4, 3),
                    (4, 1, 4, 3), (4, 1, 2, 4))
@@ -308,16 +309,18 @@ _WK_VARIANTS = ((0, 4, 8, 4, 0), (0, 4, 8, 3, 1), (0, 2, 8, 4, 0), (0, 2, 8, 4, 
                 (1, 2, 4, 3, 1))
 # (MT, NWORD, WK, S, XSM, CL) of w4a16_wkc built into the module
 _WKC_VARIANTS = ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
-                 (4, 2, 4, 2, 1, 2))
+                 (4, 2, 4, 2, 1, 2), (0, 4, 8, 3, 1, 4), (1, 4, 8, 3, 1, 4))
 _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
-# on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-d19bdf3; bench/gpu_w4a16_tune.py for
-# M 17..64). M = 1 stays on the float32 CUDA-core kernel (20.2 us against 24.4 us for the best w4a16_wk at 8192^2).
+# on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and the run after it). M = 1 goes
+# the float32 CUDA-core kernel's way where none of its entries takes the shape (the kernels after them are slower
+# there).
 _MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
-    (8, ((0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
-    (16, ((1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
-    (32, ((2, 1, 4, 4, 4),)),
-    (64, ((4, 1, 4, 2, 3),)),
+    (1, ((0, 4, 8, 0, 3, 1, 4), (0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1))),
+    (8, ((0, 4, 8, 0, 3, 1, 4), (0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
+    (16, ((1, 4, 8, 0, 3, 1, 4), (1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
+    (32, ((2, 2, 8, 0, 3, 1, 2), (2, 2, 8, 1, 3, 1), (2, 1, 4, 4, 4))),
+    (64, ((4, 2, 4, 0, 2, 1, 2), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
 )
 
 
@@ -331,22 +334,34 @@ def _wk_smem(cfg: tuple[int, ...]) -> int:
 def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm: int = 132) -> tuple[int, ...] | None:
     """The tensor-core configuration for this shape, or None (other paths); ``smem_max``: the dynamic shared
     memory a block may opt in to on the device (w4a16_wk configurations above it are passed over); ``n_sm``:
-    the device's SMs (a w4a16_wkc configuration whose clusters would not fit in one wave is passed over).
+    the device's SMs (see ``_takes``).
 
-    SHMRPC_W4A16_MMA=0 turns the path off; SHMRPC_W4A16_MMA_M1=1 takes it for M = 1 too (measured slower);
-    SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S" or "MT,NWORD,WK,BPS,S,XSM" forces one configuration (tuning only)."""
+    SHMRPC_W4A16_MMA=0 turns the path off; SHMRPC_W4A16_MMA_M1=0 keeps M = 1 on the CUDA-core kernel;
+    SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S", "MT,NWORD,WK,BPS,S,XSM" or "MT,NWORD,WK,0,S,XSM,CL" forces one
+    configuration (tuning only)."""
     t = _TUNING
     if not t.mma or m < 1 or m > _MMA_TABLE[-1][0]:
         return None
     if m == 1 and not t.mma_m1:
-        return None
+        return None  # the float32 CUDA-core kernel
     if m <= 4 and t.h2:
         return None  # the opt-in float16x2 kernel
     if k % 64 or gs % 64:
         return None
     cfgs = (t.mma_cfg,) if t.mma_cfg else next(c for mmax, c in _MMA_TABLE if m <= mmax)
-    return next((c for c in cfgs if _mma_known(c, smem_max) and n % (32 * c[1]) == 0
-                 and (len(c) < 7 or n // (32 * c[1]) * c[6] <= n_sm)), None)
+    return next((c for c in cfgs if _mma_known(c, smem_max) and _takes(c, n, n_sm, forced=t.mma_cfg is not None)), None)
+
+
+def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> bool:
+    """Whether ``cfg`` takes N columns: 32*NWORD divides N; for w4a16_wkc, the column tiles times CL fit in one wave
+    of one block per SM, and (unless forced) CL is the split BPS = 1 would choose, round(n_sm / tiles): the cluster
+    replaces that split's global partials and never makes a split of its own."""
+    if n % (32 * cfg[1]):
+        return False
+    if len(cfg) < 7:
+        return True
+    tiles = n // (32 * cfg[1])
+    return tiles * cfg[6] <= n_sm and (forced or max(1, round(n_sm / tiles)) == cfg[6])
 
 
 def _mma_known(cfg: tuple[int, ...], smem_max: int = _WK_SMEM_MAX) -> bool:
@@ -497,9 +512,9 @@ GEMM_W4A16 = register_op(OpSpec(
     tolerances={"float16": TOL_MATMUL["float16"], "bfloat16": TOL_MATMUL["bfloat16"]},
     doc="x (M, K) float16/bfloat16, qweight (K/2, N) uint8, scales/zeros (K/gs, N) float16 as made by "
         "quantize_int4 -> out (M, N) in x's dtype = x @ ((q - zeros) * scales), float32 accumulation. "
-        "CuPy: M = 2..64 on tensor cores (mma.sync, weights dequantized in registers and rounded once to x's "
-        "dtype, cp.async pipeline) when K % 64 == 0, group_size % 64 == 0 and N % 64 == 0 (32 for M > 16); M = 1 (and other "
-        "shapes with N, K, group_size % 16 == 0, M <= 4 or bfloat16) one CUDA-core kernel dequantizing in "
+        "CuPy: M = 1..64 on tensor cores (mma.sync, weights dequantized in registers and rounded once to x's "
+        "dtype, cp.async pipeline) when K % 64 == 0, group_size % 64 == 0 and N % 64 == 0 (128 for M = 1, 32 for "
+        "M > 16); other shapes with N, K, group_size % 16 == 0 and M <= 4 or bfloat16: one CUDA-core kernel dequantizing in "
         "registers with float32 math (SHMRPC_W4A16_H2=1 opts in to a faster float16 M <= 4 kernel that sums "
         "float16x2 products in float16 over 16 k before float32: less precise, and it overflows for |x| above "
         "~8000); float16 M >= 5 otherwise: a dequantize kernel then cuBLAS; other shapes: array code.",

@@ -52,18 +52,23 @@ _READ = r"""extern "C" __global__ void read16(const uint4* __restrict__ p, long 
   if (acc == 0x9E3779B9u) sink[0] = acc;
 }"""
 
-# w4a16_wk configurations (MT, NWORD, WK, BPS, S, XSM) and w4a16_wkc ones (..., CL) per M class; MT = 0: the
-# operands swapped (M <= 8)
-WK_TR = [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1), (0, 2, 8, 1, 4, 0), (0, 2, 8, 1, 4, 1), (0, 4, 4, 2, 4, 0),
-         (0, 4, 8, 0, 3, 1, 2), (0, 2, 8, 0, 4, 0, 2)]
-WK_SMALL = [(1, 4, 8, 1, 3, 1), (1, 4, 8, 0, 4, 0), (1, 2, 8, 1, 4, 1), (1, 2, 8, 1, 4, 0), (1, 2, 4, 2, 4, 1),
-            (1, 2, 8, 2, 3, 0), (1, 2, 4, 3, 3, 1), (1, 4, 8, 0, 3, 1, 2), (1, 2, 8, 0, 4, 1, 2)]
-WK_64 = [(4, 2, 4, 1, 2, 1), (4, 2, 2, 2, 3, 1), (4, 2, 4, 0, 2, 1, 2), (2, 2, 8, 1, 3, 1), (2, 2, 8, 0, 3, 1, 2)]
-OLD = {1: None, 8: (0, 4, 8, 1, 3, 1), 16: (1, 4, 8, 1, 3, 1), 64: (4, 1, 4, 2, 3)}  # the table before this run
+# Per M: the configurations timed through the op: w4a16_wk (MT, NWORD, WK, BPS, S, XSM), w4a16_wkc (MT, NWORD, WK, 0,
+# S, XSM, CL) and w4a16_mma_async (MT, NWORD, WARPS, BPS, S); one the op would not take for the shape (e.g. clusters
+# that do not fit in one wave) is listed under "skipped", never timed on another path under its name.
+CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 0, 3, 1, 4), (0, 2, 8, 1, 4, 1), (1, 4, 8, 0, 3, 1, 2)],
+        8: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 0, 3, 1, 4), (0, 2, 8, 1, 4, 1), (1, 4, 8, 1, 3, 1),
+            (1, 4, 8, 0, 3, 1, 2)],
+        16: [(1, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 0, 3, 1, 4), (1, 2, 8, 1, 4, 1), (1, 2, 8, 2, 3, 0),
+             (1, 2, 4, 2, 4, 1), (1, 2, 4, 2, 3)],
+        32: [(2, 2, 8, 1, 3, 1), (2, 2, 8, 0, 3, 1, 2), (2, 2, 4, 2, 3, 1), (4, 2, 4, 1, 2, 1), (2, 1, 4, 4, 4)],
+        64: [(4, 2, 4, 1, 2, 1), (4, 2, 4, 0, 2, 1, 2), (4, 2, 2, 2, 3, 1), (4, 1, 4, 2, 3)]}
+# the table before this tree's (main at 1a5bb5a): M = 1 the float32 CUDA-core kernel (its own row), M 2..16
+# w4a16_wk with the earlier epilogue (the EPI0 rows), M 17..64 w4a16_mma_async (rows of CFGS)
+OLD = {1: None, 8: (0, 4, 8, 1, 3, 1), 16: (1, 4, 8, 1, 3, 1), 32: (2, 1, 4, 4, 4), 64: (4, 1, 4, 2, 3)}
 # the earlier epilogue (-DW4_EPI=0) next to the same configuration with the new one, per M
-EPI0 = {1: [(0, 4, 8, 1, 3, 1)], 8: [(0, 4, 8, 1, 3, 1)], 16: [(1, 4, 8, 1, 3, 1), (1, 2, 8, 1, 4, 1)],
+EPI0 = {1: [(0, 4, 8, 1, 3, 1)], 8: [(0, 4, 8, 1, 3, 1)], 16: [(1, 4, 8, 1, 3, 1)], 32: [(2, 2, 8, 1, 3, 1)],
         64: [(4, 2, 4, 1, 2, 1)]}
-DIAG_CFGS = [(1, 4, 8, 1, 3, 1), (0, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2)]
+DIAG_CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2)], 16: [(1, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2)]}
 DIAG_BITS = {64: "nothing: the launch", 16: "no chunk loop: launch, zeroing and epilogue",
              32: "no epilogue: the chunk loop only", 1: "loads only", 6: "mma only: no weight loads, no dequant"}
 
@@ -72,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--ms", default="1,8,16,64")
-    ap.add_argument("--shapes", default="8192x8192,4096x14336", help="KxN,...")
+    ap.add_argument("--ms", default="1,8,16,32,64")
+    ap.add_argument("--shapes", default="8192x8192,4096x14336,4096x4096", help="KxN,...")
     ap.add_argument("--budget-s", type=float, default=125.0)
     args = ap.parse_args(argv)
     t_start = time.monotonic()
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._cuda import sm_count, source
     from shmrpc.kernels._registry import OpCall
-    from shmrpc.kernels.quant import _wk_name, dequantize_int4, use_tuning, w4a16_wk_launch, wk_launch
+    from shmrpc.kernels.quant import _mma_cfg, _wk_name, dequantize_int4, use_tuning, w4a16_wk_launch, wk_launch
 
     spec = REGISTRY["gemm_w4a16"]
     rtol, atol = spec.tolerances["float16"]
@@ -101,13 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     sink = cp.zeros(1, dtype=cp.uint32)
     var_mods: dict[tuple[int, int], Any] = {}
     epi0_cfgs = sorted({c for cs in EPI0.values() for c in cs})
+    diag_cfgs = sorted({c for cs in DIAG_CFGS.values() for c in cs})
 
     def variant_fn(bits: int, epi: int, cfg: tuple[int, ...]) -> Any:
         """The kernel of ``cfg`` built with -DW4_PROBE=bits -DW4_EPI=epi (one module per pair of switches)."""
         if (bits, epi) not in var_mods:
             var_mods[bits, epi] = cp.RawModule(code=source("w4a16_mma.cu"),
                                                options=("-std=c++17", f"-DW4_PROBE={bits}", f"-DW4_EPI={epi}"),
-                                               name_expressions=[_wk_name("F16", c) for c in (DIAG_CFGS if bits else epi0_cfgs)])
+                                               name_expressions=[_wk_name("F16", c) for c in (diag_cfgs if bits else epi0_cfgs)])
         return var_mods[bits, epi].get_function(_wk_name("F16", cfg))
 
     l2 = 60 << 20
@@ -144,11 +150,18 @@ def main(argv: list[str] | None = None) -> int:
                 ok = bool(cp.allclose(d / wmax, want / wmax, rtol=rtol, atol=atol))
                 return err, ok
 
-            def op_case(label: str, tuning: dict[str, Any], calls: list[Any] = calls, base: dict[str, Any] = base) -> None:
+            def op_case(label: str, tuning: dict[str, Any], calls: list[Any] = calls, base: dict[str, Any] = base,
+                        m: int = m, k: int = k, n: int = n, gs: int = gs) -> None:
                 if time.monotonic() - t_start > args.budget_s:
                     res["skipped"].append({**base, "case": label})
                     return
                 it = iter(range(10**9))
+                if "mma_cfg" in tuning:
+                    with use_tuning(**tuning):
+                        taken = _mma_cfg(m, k, n, gs, n_sm=n_sm)
+                    if taken != tuning["mma_cfg"]:
+                        res["skipped"].append({**base, "case": label, "why": "the op does not take it for this shape"})
+                        return
                 try:
                     with use_tuning(**tuning):
                         t = _timer(cp, lambda: spec.cupy(calls[next(it) % len(calls)])["out"], args.reps)  # noqa: B023
@@ -200,18 +213,15 @@ def main(argv: list[str] | None = None) -> int:
 
             op_case("product (the op as it is)", {})
             if m == 1:
-                op_case("float32 CUDA-core kernel", {"mma": False, "h2": False})
+                op_case("float32 CUDA-core kernel (the path before)", {"mma": False, "h2": False})
                 op_case("float16x2 kernel (opt-in h2)", {"mma": False, "h2": True})
-            if OLD[m] is not None and len(OLD[m]) == 5:
-                op_case(f"mma_async {OLD[m]} (the table before)", {"mma_cfg": OLD[m], "mma_m1": True, "h2": False})
-            for cfg in (WK_TR if m <= 8 else []) + (WK_SMALL if m <= 16 else WK_64):
-                op_case(f"wk {cfg}", {"mma_cfg": cfg, "mma_m1": True, "h2": False})
+            for cfg in CFGS[m]:
+                kind = "mma_async" if len(cfg) == 5 else "wk"
+                op_case(f"{kind} {cfg}" + (" (the table before)" if cfg == OLD[m] else ""), {"mma_cfg": cfg, "h2": False})
             for cfg in EPI0[m]:
                 variant_case(cfg, 0, 0)
-            if m in (1, 16) and k == 8192 and n == 8192:
-                for cfg in DIAG_CFGS:
-                    if cfg[0] == 0 and m != 1:
-                        continue
+            if m in DIAG_CFGS and k == 8192 and n == 8192:
+                for cfg in DIAG_CFGS[m]:
                     for bits in DIAG_BITS:
                         variant_case(cfg, bits, 1)
                         if bits == 16 and len(cfg) == 6:

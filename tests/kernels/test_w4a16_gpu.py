@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 # every built w4a16_wkc variant, as the 7-number configuration that forces it
 _WKC = [f"{mt},{nw},{wk},0,{st},{xsm},{cl}" for mt, nw, wk, st, xsm, cl in
         ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
-         (4, 2, 4, 2, 1, 2))]
+         (4, 2, 4, 2, 1, 2), (0, 4, 8, 3, 1, 4), (1, 4, 8, 3, 1, 4))]
 
 
 # w4a16_wk variants added with the one-barrier epilogue (the earlier ones are forced in test_kernels_gpu.py), with
@@ -79,10 +79,10 @@ def _check(got: np.ndarray, want: np.ndarray, dt: str) -> None:
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cfg", _WKC)
 @pytest.mark.parametrize(("m", "k", "n", "gs"), [(1, 2048, 512, 64), (13, 2048, 512, 64), (40, 2048, 512, 64),
-                                                  (8, 4480, 256, 128), (5, 64, 512, 64), (3, 1536, 1024, 128)])
+                                                  (8, 4480, 256, 128), (5, 128, 512, 64), (3, 1536, 1024, 128)])
 def test_w4a16_cluster_split(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
-    """w4a16_wkc forced: K = 4480 leaves warps without a chunk, K = 64 leaves the second block of a cluster without
-    one, M = 40 runs several m-blocks."""
+    """w4a16_wkc forced: K = 4480 leaves warps without a chunk, K = 128 (two chunks) leaves blocks of a cluster of 4
+    and most warps without one, M = 40 runs several m-blocks."""
     from shmrpc.kernels.quant import _mma_cfg
 
     _force(monkeypatch, cfg)
@@ -104,14 +104,30 @@ def test_w4a16_new_wk_variants(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     _check(_run(gpu, ins, dt), want, dt)
 
 
-@pytest.mark.parametrize("cfg", ["", "1,4,8,1,3,1", "0,4,8,1,3,1", "1,4,8,0,3,1,2", "4,2,4,1,2,1"])
-@pytest.mark.parametrize("m", [2, 16, 40])
+@pytest.mark.parametrize("cfg", ["", "1,4,8,1,3,1", "0,4,8,1,3,1", "1,4,8,0,3,1,2", "0,4,8,0,3,1,4", "4,2,4,1,2,1"])
+@pytest.mark.parametrize("m", [1, 2, 16, 40])
 def test_w4a16_same_bits_twice(gpu, monkeypatch, m, cfg) -> None:
-    """The epilogue adds warps, blocks and cluster ranks in a fixed order: the same inputs give the same bits."""
+    """The epilogue adds warps, blocks and cluster ranks in a fixed order: the same inputs give the same bits (the
+    default table at N = 4096: clusters of 4 for M <= 16)."""
     if cfg:
         _force(monkeypatch, cfg)
-    ins, want = _case(m, 4096, 1024, 128, "float16")
+    ins, want = _case(m, 4096, 4096, 128, "float16")
     a = _run(gpu, ins, "float16")
     b = _run(gpu, ins, "float16")
     assert a.tobytes() == b.tobytes()
     _check(a, want, "float16")
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("m", "k", "n", "env"), [(1, 8192, 256, {"SHMRPC_W4A16_MMA_M1": "0"}), (1, 4096, 8192 + 64, {}),
+                                                  (3, 1024, 1024, {"SHMRPC_W4A16_MMA": "0"})])
+def test_w4a16_cuda_core_kernel_stays_tested(gpu, monkeypatch, m, k, n, env, dt) -> None:
+    """M = 1 goes to tensor cores by default now; the float32 CUDA-core kernel (SHMRPC_W4A16_MMA_M1=0, N % 128 != 0
+    at M = 1, or the tensor-core path off) with its K split still matches."""
+    from shmrpc.kernels import quant
+    from shmrpc.kernels.quant import W4A16Tuning, _mma_cfg
+
+    monkeypatch.setattr(quant, "_TUNING", W4A16Tuning.from_env(env))
+    assert _mma_cfg(m, k, n, 128) is None
+    ins, want = _case(m, k, n, 128, dt)
+    _check(_run(gpu, ins, dt), want, dt)
