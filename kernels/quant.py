@@ -309,19 +309,22 @@ _WK_VARIANTS = ((0, 4, 8, 4, 0), (0, 4, 8, 3, 1), (0, 2, 8, 4, 0), (0, 2, 8, 4, 
                 (1, 2, 4, 3, 1))
 # (MT, NWORD, WK, S, XSM, CL) of w4a16_wkc built into the module
 _WKC_VARIANTS = ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
-                 (4, 2, 4, 2, 1, 2), (0, 4, 8, 3, 1, 4), (1, 4, 8, 3, 1, 4))
+                 (4, 2, 4, 2, 1, 2))
 _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
-# on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and the run after it). M = 1 goes
-# the float32 CUDA-core kernel's way where none of its entries takes the shape (the kernels after them are slower
-# there).
+# on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and -07d7ec0). M = 1 takes an entry
+# only where it splits K through a cluster or not at all (_NO_GLOBAL_SPLIT_MAX_M), else the float32 CUDA-core kernel.
 _MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
-    (1, ((0, 4, 8, 0, 3, 1, 4), (0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1))),
-    (8, ((0, 4, 8, 0, 3, 1, 4), (0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
-    (16, ((1, 4, 8, 0, 3, 1, 4), (1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
+    (1, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1))),
+    (8, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
+    (16, ((1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
     (32, ((2, 2, 8, 0, 3, 1, 2), (2, 2, 8, 1, 3, 1), (2, 1, 4, 4, 4))),
     (64, ((4, 2, 4, 0, 2, 1, 2), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
 )
+# Up to this M a table entry whose launch would add K-split partials in global memory is passed over: at M = 1 the
+# CUDA-core kernel is faster than that (4096^2: 9.4 against 9.9 us, 8192^2: 20.2 against 21.0 us, run of 07d7ec0),
+# slower than a cluster split or none (8192^2: 19.6, 4096x14336: 19.2 against 21.3 us).
+_NO_GLOBAL_SPLIT_MAX_M = 1
 
 
 def _wk_smem(cfg: tuple[int, ...]) -> int:
@@ -348,8 +351,20 @@ def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm
         return None  # the opt-in float16x2 kernel
     if k % 64 or gs % 64:
         return None
-    cfgs = (t.mma_cfg,) if t.mma_cfg else next(c for mmax, c in _MMA_TABLE if m <= mmax)
-    return next((c for c in cfgs if _mma_known(c, smem_max) and _takes(c, n, n_sm, forced=t.mma_cfg is not None)), None)
+    if t.mma_cfg:
+        return t.mma_cfg if _mma_known(t.mma_cfg, smem_max) and _takes(t.mma_cfg, n, n_sm, forced=True) else None
+    row = next(c for mmax, c in _MMA_TABLE if m <= mmax)
+    return next((c for c in row if _mma_known(c, smem_max) and _takes(c, n, n_sm)
+                 and (m > _NO_GLOBAL_SPLIT_MAX_M or not _global_split(c, k, n, n_sm))), None)
+
+
+def _global_split(cfg: tuple[int, ...], k: int, n: int, n_sm: int) -> bool:
+    """Whether ``cfg``'s launch splits K through float32 partials in global memory (not a cluster, more than one split)."""
+    if len(cfg) == 7:
+        return False
+    if len(cfg) == 6:
+        return w4a16_wk_launch(1, k, n, n_sm, cfg)[0][1] > 1
+    return w4a16_mma_launch(1, k, n, n_sm, cfg)[0][1] > 1
 
 
 def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> bool:

@@ -13,6 +13,7 @@ from shmrpc.kernels.quant import (
     _WK_VARIANTS,
     _WKC_VARIANTS,
     W4A16Tuning,
+    _global_split,
     _mma_cfg,
     _mma_names,
     _takes,
@@ -28,16 +29,17 @@ from shmrpc.kernels.quant import (
 @pytest.mark.parametrize("n", [4096, 8192, 14336])
 def test_table_by_m(m, n) -> None:
     """Every M up to 64 takes the first entry of its row that takes N: a cluster split where its CL is the split
-    the column tiles ask for (4096: 4 or 2, 8192: 2), the global split otherwise (14336)."""
+    the column tiles ask for (8192 at M <= 16 and every N of 64-column tiles at M > 16: 2), else the kernel with its
+    global split (or none: 14336); M = 1 never a global split (4096: the CUDA-core kernel)."""
     with use_tuning(**vars(W4A16Tuning())):  # the defaults, whatever this process's environment says
         cfg = _mma_cfg(m, 4096, n, 128)
-    if m > 64:
+    if m > 64 or (m == 1 and n == 4096):
         assert cfg is None
         return
     row = next(c for mmax, c in _MMA_TABLE if m <= mmax)
     assert cfg is not None and cfg in row
     assert m <= (16 * cfg[0] or 8)  # one m-block: the weights are read once
-    assert cfg == next(c for c in row if _takes(c, n, 132))
+    assert cfg == next(c for c in row if _takes(c, n, 132) and (m > 1 or not _global_split(c, 4096, n, 132)))
     tiles = n // (32 * cfg[1])
     if len(cfg) == 7:
         assert tiles * cfg[6] <= 132 and round(132 / tiles) == cfg[6]
@@ -48,6 +50,10 @@ def test_table_by_m(m, n) -> None:
 def test_m1_falls_back_to_the_cuda_core_kernel() -> None:
     with use_tuning(**vars(W4A16Tuning())):
         assert _mma_cfg(1, 4096, 4096 + 64, 128) is None  # N % 128 != 0: no M = 1 entry takes it
+        assert _mma_cfg(1, 4096, 4096, 128) is None  # (0, 4, 8, 1, 3, 1) would split K 4 ways in global memory
+        assert _mma_cfg(2, 4096, 4096, 128) == (0, 4, 8, 1, 3, 1)  # from M = 2 it may
+        assert _mma_cfg(1, 4096, 14336, 128) == (0, 4, 8, 1, 3, 1)  # 112 column tiles: no split
+        assert _mma_cfg(1, 8192, 8192, 128) == (0, 4, 8, 0, 3, 1, 2)  # the cluster split
         assert _mma_cfg(2, 4096, 4096 + 64, 128) == _MMA_TABLE[1][1][-1]  # M = 2: the kernel after them
         with use_tuning(mma_m1=False):
             assert _mma_cfg(1, 4096, 4096, 128) is None
@@ -66,7 +72,7 @@ def test_shapes_it_does_not_take_fall_back() -> None:
 
 def test_opt_ins() -> None:
     with use_tuning(**vars(W4A16Tuning(mma_m1=True))):
-        assert _mma_cfg(1, 1024, 1024, 128) is not None
+        assert _mma_cfg(1, 8192, 8192, 128) is not None
         with use_tuning(h2=True):
             assert _mma_cfg(3, 1024, 1024, 128) is None  # the float16x2 kernel was asked for
         with use_tuning(mma_cfg=(9, 9, 9, 9, 9)):
