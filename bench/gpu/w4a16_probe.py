@@ -1,16 +1,18 @@
 """Probe: what bounds gemm_w4a16 on the GPU, measured by variants of its kernels in one run.
 
-For M in 1, 8, 16, 64 at K x N = 8192 x 8192 and 4096 x 14336 (group size 128) it times, with CUDA
+For M in 1, 8, 16, 32, 64 at K x N = 8192 x 8192, 4096 x 14336 and 4096 x 4096 (group size 128) it times, with CUDA
 events around batches queued behind a spin kernel (``gpu_kernels._timer``: launch cost hidden,
 median of 5 batches, weight sets rotated so that L2 cannot hold them):
 
 - fp16 cuBLAS (``cupy.matmul``) of the same shape, and a plain 16-byte read of the same bytes
   (packed weights + scales + zeros): the two references;
 - the op as it is (``product``), the float32 CUDA-core kernel (M = 1), the opt-in float16x2
-  kernel (M = 1), the previous tensor-core table's configuration (``mma``);
+  kernel (M = 1);
 - ``w4a16_wk`` (``kernels/cuda/w4a16_mma.cu``) in configurations (MT, NWORD, WK, BPS, S, XSM) and
-  ``w4a16_wkc`` (clusters of CL blocks split K: (MT, NWORD, WK, 0, S, XSM, CL)), through the op
-  (``quant.use_tuning(mma_cfg=...)``), so the product's launch code runs;
+  ``w4a16_wkc`` (clusters of CL blocks split K: (MT, NWORD, WK, 0, S, XSM, CL)), and
+  ``w4a16_mma_async`` (MT, NWORD, WARPS, BPS, S), through the op (``quant.use_tuning(mma_cfg=...)``),
+  so the product's launch code runs; a configuration the op would not take for the shape is listed
+  as skipped;
 - the same kernels built from the same source with other compile-time switches and launched as the op
   would: ``-DW4_EPI=0`` (the earlier epilogue: the WK warps' tiles added one warp after another, WK
   barriers; checked like the product, marked ``epi0``) and diagnostics ``-DW4_PROBE=bits``: ``64``
@@ -21,8 +23,9 @@ median of 5 batches, weight sets rotated so that L2 cannot hold them):
 Every non-diagnostic case is checked against float64 x @ dequant(w) computed on the device:
 max|out - ref| / max|ref|, and the tests' rule (allclose of out / max|ref| with the op's
 float16 tolerance). Prints a table and writes JSON (date, commit from SHMRPC_COMMIT, device,
-command) to ``--out``. Finishes in about a minute on an H200 (``--budget-s`` stops adding
-cases past that many seconds; skipped cases are listed).
+command) to ``--out``. Finishes in about 20 s on an H200 once the kernels are compiled, a minute or
+two before (``--budget-s`` stops adding cases past that many seconds; skipped cases are listed; a
+case that raises is recorded under "errors" and the run goes on).
 
     python3 bench/gpu/w4a16_probe.py --out bench/results/w4a16-probe-DATE-COMMIT.json
 """
