@@ -133,9 +133,10 @@ class W4A16Tuning:
         h2: ``SHMRPC_W4A16_H2=1``: the float16x2 kernel for float16 M <= 4 (opt-in).
         prefetch: ``SHMRPC_W4A16_PF=1``: prefetch the next run in the M = 1 kernel (measured slower).
         mma: ``SHMRPC_W4A16_MMA`` (on; ``0`` turns the tensor-core path off).
-        mma_m1: ``SHMRPC_W4A16_MMA_M1=1``: the tensor-core path for M = 1 too (measured slower).
-        mma_cfg: ``SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S"`` (w4a16_mma / w4a16_mma_async) or
-            ``"MT,NWORD,WK,BPS,S,XSM"`` (w4a16_wk): one forced configuration (tuning only).
+        mma_m1: ``SHMRPC_W4A16_MMA_M1`` (on; ``0`` keeps M = 1 on the float32 CUDA-core kernel).
+        mma_cfg: ``SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S"`` (w4a16_mma / w4a16_mma_async),
+            ``"MT,NWORD,WK,BPS,S,XSM"`` (w4a16_wk) or ``"MT,NWORD,WK,0,S,XSM,CL"`` (w4a16_wkc, clusters of CL
+            blocks): one forced configuration (tuning only).
     """
 
     blocks_per_sm: int = 2
@@ -143,7 +144,7 @@ class W4A16Tuning:
     h2: bool = False
     prefetch: bool = False
     mma: bool = True
-    mma_m1: bool = False
+    mma_m1: bool = True
     mma_cfg: tuple[int, ...] | None = None
 
     @classmethod
@@ -153,11 +154,11 @@ class W4A16Tuning:
         cfg = None
         if forced:
             v = [int(p) for p in forced.split(",")]
-            cfg = tuple(v) if len(v) == 6 else (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
+            cfg = tuple(v) if len(v) in (6, 7) else (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
         return cls(blocks_per_sm=int(env.get("SHMRPC_W4A16_BLOCKS_PER_SM", "2")),
                    dequant_min_m=int(env.get("SHMRPC_W4A16_DEQUANT_MIN_M", "5")),
                    h2=env.get("SHMRPC_W4A16_H2", "0") == "1", prefetch=env.get("SHMRPC_W4A16_PF", "0") == "1",
-                   mma=env.get("SHMRPC_W4A16_MMA", "1") != "0", mma_m1=env.get("SHMRPC_W4A16_MMA_M1", "0") == "1",
+                   mma=env.get("SHMRPC_W4A16_MMA", "1") != "0", mma_m1=env.get("SHMRPC_W4A16_MMA_M1", "1") != "0",
                    mma_cfg=cfg)
 
 
@@ -253,7 +254,7 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
             and all(a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in arrays))
     if not fast:
         return _w4a16_numpy(call)
-    mma = _mma_cfg(m, k, n, gs, _smem_optin())
+    mma = _mma_cfg(m, k, n, gs, _smem_optin(), sm_count())
     if mma is not None:
         return {"out": _w4a16_mma(call, m, k, n, gs, mma)}
     if dt == "float16" and m >= _dequant_min_m():
@@ -294,53 +295,94 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
 # w4a16_wk: WK warps split the chunks of one 32*NWORD-column slab, each warp with its own S-stage cp.async
 # pipeline (XSM = 1: activations staged too; 0: read through L1), BPS blocks per SM aimed at (0: no K split);
 # MT = 0 there: the operands swapped (weights as the A operand, 8 activation rows as B: M <= 8 per m-block).
+# Seven numbers (MT, NWORD, WK, 0, S, XSM, CL) name w4a16_wkc: the same blocks, the K split always CL ways, the CL
+# blocks of a column tile one cluster that adds its sums through distributed shared memory (no global partials);
+# a table entry is taken only where CL is the split BPS = 1 would choose (round(SMs / column tiles)) and the CL
+# blocks of every tile fit in one wave (one block per SM); a forced one wherever they fit in one wave.
 _MMA_VARIANTS = ((1, 4, 4), (1, 2, 4), (1, 1, 4), (1, 1, 8), (2, 2, 4), (2, 1, 4), (4, 1, 4), (4, 1, 2))
 _ASYNC_VARIANTS = ((1, 2, 4, 4), (1, 2, 4, 3), (1, 2, 4, 2), (1, 1, 8, 3), (1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 4), (2, 1, 4, 4), (2, 2, 4, 3),
                    (4, 1, 4, 3), (4, 1, 2, 4))
 # (MT, NWORD, WK, S, XSM) of w4a16_wk built into the module
 _WK_VARIANTS = ((0, 4, 8, 4, 0), (0, 4, 8, 3, 1), (0, 2, 8, 4, 0), (0, 2, 8, 4, 1), (0, 4, 4, 4, 0),
                 (1, 4, 8, 4, 0), (1, 4, 8, 3, 1), (1, 2, 8, 4, 1), (1, 2, 8, 4, 0), (1, 1, 8, 4, 1), (1, 2, 4, 4, 1),
-                (2, 2, 8, 3, 1), (2, 2, 4, 3, 1), (4, 2, 4, 2, 1), (4, 2, 2, 3, 1), (4, 1, 4, 2, 1))
+                (2, 2, 8, 3, 1), (2, 2, 4, 3, 1), (4, 2, 4, 2, 1), (4, 2, 2, 3, 1), (4, 1, 4, 2, 1), (1, 2, 8, 3, 0),
+                (1, 2, 4, 3, 1))
+# (MT, NWORD, WK, S, XSM, CL) of w4a16_wkc built into the module
+_WKC_VARIANTS = ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
+                 (4, 2, 4, 2, 1, 2))
 _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
-# on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-d19bdf3; bench/gpu_w4a16_tune.py for
-# M 17..64). M = 1 stays on the float32 CUDA-core kernel (20.2 us against 24.4 us for the best w4a16_wk at 8192^2).
+# on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and -07d7ec0). M = 1 takes an entry
+# only where it splits K through a cluster or not at all (_NO_GLOBAL_SPLIT_MAX_M), else the float32 CUDA-core kernel.
 _MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
-    (8, ((0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
-    (16, ((1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
-    (32, ((2, 1, 4, 4, 4),)),
-    (64, ((4, 1, 4, 2, 3),)),
+    (1, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1))),
+    (8, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
+    (16, ((1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
+    (32, ((2, 2, 8, 0, 3, 1, 2), (2, 2, 8, 1, 3, 1), (2, 1, 4, 4, 4))),
+    (64, ((4, 2, 4, 0, 2, 1, 2), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
 )
+# Up to this M a table entry whose launch would add K-split partials in global memory is passed over: at M = 1 the
+# CUDA-core kernel is faster than that (4096^2: 9.4 against 9.9 us, 8192^2: 20.2 against 21.0 us, run of 07d7ec0),
+# slower than a cluster split or none (8192^2: 19.6, 4096x14336: 19.2 against 21.3 us).
+_NO_GLOBAL_SPLIT_MAX_M = 1
 
 
 def _wk_smem(cfg: tuple[int, ...]) -> int:
-    """Dynamic shared memory of w4a16_wk (the kernel's layout: WK*S stages, then the block's float32 tile)."""
-    mt, nword, wk, _, st, xsm = cfg
+    """Dynamic shared memory of w4a16_wk / w4a16_wkc (the kernel's layout: WK*S stages, then a float32 tile)."""
+    mt, nword, wk, _, st, xsm = cfg[:6]
     bc, mr = 32 * nword, 16 * mt if mt else 8
     return wk * st * (36 * bc + xsm * mr * 144) + mr * (bc + 4) * 4
 
 
-def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX) -> tuple[int, ...] | None:
+def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm: int = 132) -> tuple[int, ...] | None:
     """The tensor-core configuration for this shape, or None (other paths); ``smem_max``: the dynamic shared
-    memory a block may opt in to on the device (w4a16_wk configurations above it are passed over).
+    memory a block may opt in to on the device (w4a16_wk configurations above it are passed over); ``n_sm``:
+    the device's SMs (see ``_takes``).
 
-    SHMRPC_W4A16_MMA=0 turns the path off; SHMRPC_W4A16_MMA_M1=1 takes it for M = 1 too (measured slower);
-    SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S" or "MT,NWORD,WK,BPS,S,XSM" forces one configuration (tuning only)."""
+    SHMRPC_W4A16_MMA=0 turns the path off; SHMRPC_W4A16_MMA_M1=0 keeps M = 1 on the CUDA-core kernel;
+    SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S", "MT,NWORD,WK,BPS,S,XSM" or "MT,NWORD,WK,0,S,XSM,CL" forces one
+    configuration (tuning only)."""
     t = _TUNING
     if not t.mma or m < 1 or m > _MMA_TABLE[-1][0]:
         return None
     if m == 1 and not t.mma_m1:
-        return None
+        return None  # the float32 CUDA-core kernel
     if m <= 4 and t.h2:
         return None  # the opt-in float16x2 kernel
     if k % 64 or gs % 64:
         return None
-    cfgs = (t.mma_cfg,) if t.mma_cfg else next(c for mmax, c in _MMA_TABLE if m <= mmax)
-    return next((c for c in cfgs if _mma_known(c, smem_max) and n % (32 * c[1]) == 0), None)
+    if t.mma_cfg:
+        return t.mma_cfg if _mma_known(t.mma_cfg, smem_max) and _takes(t.mma_cfg, n, n_sm, forced=True) else None
+    row = next(c for mmax, c in _MMA_TABLE if m <= mmax)
+    return next((c for c in row if _mma_known(c, smem_max) and _takes(c, n, n_sm)
+                 and (m > _NO_GLOBAL_SPLIT_MAX_M or not _global_split(c, k, n, n_sm))), None)
+
+
+def _global_split(cfg: tuple[int, ...], k: int, n: int, n_sm: int) -> bool:
+    """Whether ``cfg``'s launch splits K through float32 partials in global memory (not a cluster, more than one split)."""
+    if len(cfg) == 7:
+        return False
+    if len(cfg) == 6:
+        return w4a16_wk_launch(1, k, n, n_sm, cfg)[0][1] > 1
+    return w4a16_mma_launch(1, k, n, n_sm, cfg)[0][1] > 1
+
+
+def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> bool:
+    """Whether ``cfg`` takes N columns: 32*NWORD divides N; for w4a16_wkc, the column tiles times CL fit in one wave
+    of one block per SM, and (unless forced) CL is the split BPS = 1 would choose, round(n_sm / tiles): the cluster
+    replaces that split's global partials and never makes a split of its own."""
+    if n % (32 * cfg[1]):
+        return False
+    if len(cfg) < 7:
+        return True
+    tiles = n // (32 * cfg[1])
+    return tiles * cfg[6] <= n_sm and (forced or max(1, round(n_sm / tiles)) == cfg[6])
 
 
 def _mma_known(cfg: tuple[int, ...], smem_max: int = _WK_SMEM_MAX) -> bool:
     """Whether ``cfg`` names a kernel built into the module (and, for w4a16_wk, one whose shared memory fits)."""
+    if len(cfg) == 7:
+        return cfg[3] == 0 and (*cfg[:3], *cfg[4:]) in _WKC_VARIANTS and _wk_smem(cfg) <= min(smem_max, _WK_SMEM_MAX)
     if len(cfg) == 6:
         return (*cfg[:3], *cfg[4:]) in _WK_VARIANTS and _wk_smem(cfg) <= min(smem_max, _WK_SMEM_MAX)
     if len(cfg) == 5:
@@ -360,10 +402,13 @@ def w4a16_mma_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) ->
 
 
 def w4a16_wk_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) -> tuple[tuple[int, int], int, int]:
-    """(grid, chunks per block, dynamic shared bytes) of w4a16_wk: a block = one 32*NWORD-column slab, WK warps."""
+    """(grid, chunks per block, dynamic shared bytes) of w4a16_wk: a block = one 32*NWORD-column slab, WK warps;
+    w4a16_wkc (seven numbers): the K split is the cluster, CL blocks (a block may get no chunk when K is short)."""
     nword, bps = cfg[1], cfg[3]
     tiles = n // (32 * nword)
     chunks = k // 64
+    if len(cfg) == 7:
+        return (tiles, cfg[6]), -(-chunks // cfg[6]), _wk_smem(cfg)
     ksplit = max(1, min(round(bps * n_sm / tiles), chunks)) if bps > 0 else 1
     cpb = -(-chunks // ksplit)
     ksplit = -(-chunks // cpb)
@@ -371,14 +416,17 @@ def w4a16_wk_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) -> 
 
 
 def _wk_name(kt: str, cfg: tuple[int, ...]) -> str:
-    mt, nw, wk, _, st, xsm = cfg
+    mt, nw, wk, _, st, xsm = cfg[:6]
+    if len(cfg) == 7:
+        return f"w4a16_wkc<{kt},{mt},{nw},{wk},{st},{xsm},{cfg[6]}>"
     return f"w4a16_wk<{kt},{mt},{nw},{wk},{st},{xsm}>"
 
 
 def _mma_names(kt: str) -> tuple[str, ...]:
     return (*(f"w4a16_mma<{kt},{mt},{nw},{wp}>" for mt, nw, wp in _MMA_VARIANTS),
             *(f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>" for mt, nw, wp, st in _ASYNC_VARIANTS),
-            *(_wk_name(kt, (mt, nw, wk, 0, st, xsm)) for mt, nw, wk, st, xsm in _WK_VARIANTS))
+            *(_wk_name(kt, (mt, nw, wk, 0, st, xsm)) for mt, nw, wk, st, xsm in _WK_VARIANTS),
+            *(_wk_name(kt, (mt, nw, wk, 0, st, xsm, cl)) for mt, nw, wk, st, xsm, cl in _WKC_VARIANTS))
 
 
 def _counters(call: OpCall, tiles: int) -> Any:
@@ -432,9 +480,9 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ..
     out = call.dest("out")
     if out is None or not out.flags.c_contiguous or out.data.ptr % 16:
         out = cupy.empty((m, n), dtype=x.dtype)
-    if len(cfg) == 6:
+    if len(cfg) >= 6:
         (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, sm_count(), cfg)
-        partial = cupy.empty((ksplit, m, n) if ksplit > 1 else (1,), dtype=cupy.float32)
+        partial = cupy.empty((ksplit, m, n) if ksplit > 1 and len(cfg) == 6 else (1,), dtype=cupy.float32)
         name = _wk_name(kt, cfg)
         fn = get_function("w4a16_mma.cu", _mma_names(kt), name)
         wk_launch(fn, name, (tiles, ksplit), cfg[2], smem, (x, qw, sc, zr, partial, _counters(call, tiles), out, np.int32(m),
@@ -479,9 +527,9 @@ GEMM_W4A16 = register_op(OpSpec(
     tolerances={"float16": TOL_MATMUL["float16"], "bfloat16": TOL_MATMUL["bfloat16"]},
     doc="x (M, K) float16/bfloat16, qweight (K/2, N) uint8, scales/zeros (K/gs, N) float16 as made by "
         "quantize_int4 -> out (M, N) in x's dtype = x @ ((q - zeros) * scales), float32 accumulation. "
-        "CuPy: M = 2..64 on tensor cores (mma.sync, weights dequantized in registers and rounded once to x's "
-        "dtype, cp.async pipeline) when K % 64 == 0, group_size % 64 == 0 and N % 64 == 0 (32 for M > 16); M = 1 (and other "
-        "shapes with N, K, group_size % 16 == 0, M <= 4 or bfloat16) one CUDA-core kernel dequantizing in "
+        "CuPy: M = 1..64 on tensor cores (mma.sync, weights dequantized in registers and rounded once to x's "
+        "dtype, cp.async pipeline) when K % 64 == 0, group_size % 64 == 0 and N % 64 == 0 (128 for M = 1, 32 for "
+        "M > 16); other shapes with N, K, group_size % 16 == 0 and M <= 4 or bfloat16: one CUDA-core kernel dequantizing in "
         "registers with float32 math (SHMRPC_W4A16_H2=1 opts in to a faster float16 M <= 4 kernel that sums "
         "float16x2 products in float16 over 16 k before float32: less precise, and it overflows for |x| above "
         "~8000); float16 M >= 5 otherwise: a dequantize kernel then cuBLAS; other shapes: array code.",

@@ -1,26 +1,31 @@
 """Probe: what bounds gemm_w4a16 on the GPU, measured by variants of its kernels in one run.
 
-For M in 1, 8, 16, 64 at K x N = 8192 x 8192 and 4096 x 14336 (group size 128) it times, with CUDA
+For M in 1, 8, 16, 32, 64 at K x N = 8192 x 8192, 4096 x 14336 and 4096 x 4096 (group size 128) it times, with CUDA
 events around batches queued behind a spin kernel (``gpu_kernels._timer``: launch cost hidden,
 median of 5 batches, weight sets rotated so that L2 cannot hold them):
 
 - fp16 cuBLAS (``cupy.matmul``) of the same shape, and a plain 16-byte read of the same bytes
   (packed weights + scales + zeros): the two references;
 - the op as it is (``product``), the float32 CUDA-core kernel (M = 1), the opt-in float16x2
-  kernel (M = 1), the previous tensor-core table's configuration (``mma``);
-- ``w4a16_wk`` (``kernels/cuda/w4a16_mma.cu``) in configurations (MT, NWORD, WK, BPS, S, XSM), through
-  the op (``quant.use_tuning(mma_cfg=...)``), so the product's launch code runs;
-- diagnostics: the same source built with ``-DW4_PROBE=1`` (loads only, no dequant or mma),
-  ``2`` (math only: no weight loads after the first stages), ``4`` (raw words as B fragments:
-  no dequant), ``8`` (no mma: the dequantized words folded into a register), ``6`` (mma only:
-  no weight loads, no dequant), ``16`` (no chunk loop: launch and epilogue), ``32`` (no epilogue:
-  the chunk loop only); their results are wrong by construction and marked ``diag``.
+  kernel (M = 1);
+- ``w4a16_wk`` (``kernels/cuda/w4a16_mma.cu``) in configurations (MT, NWORD, WK, BPS, S, XSM) and
+  ``w4a16_wkc`` (clusters of CL blocks split K: (MT, NWORD, WK, 0, S, XSM, CL)), and
+  ``w4a16_mma_async`` (MT, NWORD, WARPS, BPS, S), through the op (``quant.use_tuning(mma_cfg=...)``),
+  so the product's launch code runs; a configuration the op would not take for the shape is listed
+  as skipped;
+- the same kernels built from the same source with other compile-time switches and launched as the op
+  would: ``-DW4_EPI=0`` (the earlier epilogue: the WK warps' tiles added one warp after another, WK
+  barriers; checked like the product, marked ``epi0``) and diagnostics ``-DW4_PROBE=bits``: ``64``
+  (nothing: the launch of an empty kernel of the same geometry and shared memory), ``16`` (no chunk
+  loop: launch, zeroing and epilogue; also with ``W4_EPI=0``), ``32`` (no epilogue: the chunk loop only),
+  ``1`` (loads only), ``6`` (mma only); their results are wrong by construction and marked ``diag``.
 
 Every non-diagnostic case is checked against float64 x @ dequant(w) computed on the device:
 max|out - ref| / max|ref|, and the tests' rule (allclose of out / max|ref| with the op's
 float16 tolerance). Prints a table and writes JSON (date, commit from SHMRPC_COMMIT, device,
-command) to ``--out``. Finishes in about 1-2 minutes on an H200 (``--budget-s`` stops adding
-cases past that many seconds; skipped cases are listed).
+command) to ``--out``. Finishes in about 20 s on an H200 once the kernels are compiled, a minute or
+two before (``--budget-s`` stops adding cases past that many seconds; skipped cases are listed; a
+case that raises is recorded under "errors" and the run goes on).
 
     python3 bench/gpu/w4a16_probe.py --out bench/results/w4a16-probe-DATE-COMMIT.json
 """
@@ -50,25 +55,33 @@ _READ = r"""extern "C" __global__ void read16(const uint4* __restrict__ p, long 
   if (acc == 0x9E3779B9u) sink[0] = acc;
 }"""
 
-# w4a16_wk configurations (MT, NWORD, WK, BPS, S, XSM) per M class; MT = 0: the operands swapped (M <= 8)
-WK_TR = [(0, 4, 8, 0, 4, 0), (0, 4, 8, 1, 4, 0), (0, 4, 8, 1, 3, 1), (0, 2, 8, 1, 4, 0), (0, 2, 8, 2, 4, 0),
-         (0, 2, 8, 1, 4, 1), (0, 4, 4, 1, 4, 0), (0, 4, 4, 2, 4, 0)]
-WK_SMALL = [(1, 4, 8, 0, 4, 0), (1, 4, 8, 1, 4, 0), (1, 4, 8, 2, 4, 0), (1, 4, 8, 1, 3, 1), (1, 2, 8, 1, 4, 1),
-            (1, 2, 8, 2, 4, 1), (1, 2, 8, 1, 4, 0), (1, 2, 8, 2, 4, 0), (1, 1, 8, 1, 4, 1), (1, 1, 8, 2, 4, 1),
-            (1, 2, 4, 2, 4, 1), (1, 2, 4, 4, 4, 1)]
-WK_64 = [(4, 2, 4, 1, 2, 1), (4, 2, 4, 2, 2, 1), (4, 2, 2, 2, 3, 1), (4, 2, 2, 4, 3, 1), (4, 1, 4, 2, 2, 1)]
-OLD = {1: (1, 2, 4, 4, 3), 8: (1, 2, 4, 2, 3), 16: (1, 2, 4, 2, 3), 64: (4, 1, 4, 2, 3)}  # the previous table
-DIAG_CFGS = [(1, 4, 8, 1, 3, 1), (0, 4, 8, 1, 3, 1)]
-DIAG_BITS = {1: "loads only", 2: "math only", 4: "no dequant", 8: "no mma", 6: "mma only: no weight loads, no dequant",
-             16: "no chunk loop: launch and epilogue", 32: "no epilogue: the chunk loop only"}
+# Per M: the configurations timed through the op: w4a16_wk (MT, NWORD, WK, BPS, S, XSM), w4a16_wkc (MT, NWORD, WK, 0,
+# S, XSM, CL) and w4a16_mma_async (MT, NWORD, WARPS, BPS, S); one the op would not take for the shape (e.g. clusters
+# that do not fit in one wave) is listed under "skipped", never timed on another path under its name.
+CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 2, 8, 1, 4, 1), (1, 4, 8, 0, 3, 1, 2)],
+        8: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 2, 8, 1, 4, 1), (1, 4, 8, 1, 3, 1),
+            (1, 4, 8, 0, 3, 1, 2)],
+        16: [(1, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2), (1, 2, 8, 1, 4, 1), (1, 2, 8, 2, 3, 0),
+             (1, 2, 4, 2, 4, 1), (1, 2, 4, 2, 3)],
+        32: [(2, 2, 8, 1, 3, 1), (2, 2, 8, 0, 3, 1, 2), (2, 2, 4, 2, 3, 1), (4, 2, 4, 1, 2, 1), (2, 1, 4, 4, 4)],
+        64: [(4, 2, 4, 1, 2, 1), (4, 2, 4, 0, 2, 1, 2), (4, 2, 2, 2, 3, 1), (4, 1, 4, 2, 3)]}
+# the table before this tree's (main at 1a5bb5a): M = 1 the float32 CUDA-core kernel (its own row), M 2..16
+# w4a16_wk with the earlier epilogue (the EPI0 rows), M 17..64 w4a16_mma_async (rows of CFGS)
+OLD = {1: None, 8: (0, 4, 8, 1, 3, 1), 16: (1, 4, 8, 1, 3, 1), 32: (2, 1, 4, 4, 4), 64: (4, 1, 4, 2, 3)}
+# the earlier epilogue (-DW4_EPI=0) next to the same configuration with the new one, per M
+EPI0 = {1: [(0, 4, 8, 1, 3, 1)], 8: [(0, 4, 8, 1, 3, 1)], 16: [(1, 4, 8, 1, 3, 1)], 32: [(2, 2, 8, 1, 3, 1)],
+        64: [(4, 2, 4, 1, 2, 1)]}
+DIAG_CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2)], 16: [(1, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2)]}
+DIAG_BITS = {64: "nothing: the launch", 16: "no chunk loop: launch, zeroing and epilogue",
+             32: "no epilogue: the chunk loop only", 1: "loads only", 6: "mma only: no weight loads, no dequant"}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--ms", default="1,8,16,64")
-    ap.add_argument("--shapes", default="8192x8192,4096x14336", help="KxN,...")
+    ap.add_argument("--ms", default="1,8,16,32,64")
+    ap.add_argument("--shapes", default="8192x8192,4096x14336,4096x4096", help="KxN,...")
     ap.add_argument("--budget-s", type=float, default=125.0)
     args = ap.parse_args(argv)
     t_start = time.monotonic()
@@ -77,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._cuda import sm_count, source
     from shmrpc.kernels._registry import OpCall
-    from shmrpc.kernels.quant import _wk_name, dequantize_int4, use_tuning, w4a16_wk_launch, wk_launch
+    from shmrpc.kernels.quant import _mma_cfg, _wk_name, dequantize_int4, use_tuning, w4a16_wk_launch, wk_launch
 
     spec = REGISTRY["gemm_w4a16"]
     rtol, atol = spec.tolerances["float16"]
@@ -91,16 +104,20 @@ def main(argv: list[str] | None = None) -> int:
         "timer": "CUDA events around batches of --reps calls queued behind a spin kernel, median of 5 batches",
         "check": f"max|out - ref| / max|ref| against float64 x @ dequant(w); ok = allclose(out/max|ref|, ref/max|ref|, "
                  f"rtol={rtol}, atol={atol})",
-        "rows": [], "skipped": []}
+        "rows": [], "skipped": [], "errors": []}
     read = cp.RawKernel(_READ, "read16")
     sink = cp.zeros(1, dtype=cp.uint32)
-    diag_mods: dict[int, Any] = {}
+    var_mods: dict[tuple[int, int], Any] = {}
+    epi0_cfgs = sorted({c for cs in EPI0.values() for c in cs})
+    diag_cfgs = sorted({c for cs in DIAG_CFGS.values() for c in cs})
 
-    def diag_fn(bits: int, cfg: tuple[int, ...]) -> Any:
-        if bits not in diag_mods:
-            diag_mods[bits] = cp.RawModule(code=source("w4a16_mma.cu"), options=("-std=c++17", f"-DW4_PROBE={bits}"),
-                                           name_expressions=[_wk_name("F16", c) for c in DIAG_CFGS])
-        return diag_mods[bits].get_function(_wk_name("F16", cfg))
+    def variant_fn(bits: int, epi: int, cfg: tuple[int, ...]) -> Any:
+        """The kernel of ``cfg`` built with -DW4_PROBE=bits -DW4_EPI=epi (one module per pair of switches)."""
+        if (bits, epi) not in var_mods:
+            var_mods[bits, epi] = cp.RawModule(code=source("w4a16_mma.cu"),
+                                               options=("-std=c++17", f"-DW4_PROBE={bits}", f"-DW4_EPI={epi}"),
+                                               name_expressions=[_wk_name("F16", c) for c in (diag_cfgs if bits else epi0_cfgs)])
+        return var_mods[bits, epi].get_function(_wk_name("F16", cfg))
 
     l2 = 60 << 20
     for k, n in (tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")):
@@ -136,54 +153,82 @@ def main(argv: list[str] | None = None) -> int:
                 ok = bool(cp.allclose(d / wmax, want / wmax, rtol=rtol, atol=atol))
                 return err, ok
 
-            def op_case(label: str, tuning: dict[str, Any], calls: list[Any] = calls, base: dict[str, Any] = base) -> None:
+            def op_case(label: str, tuning: dict[str, Any], calls: list[Any] = calls, base: dict[str, Any] = base,
+                        m: int = m, k: int = k, n: int = n, gs: int = gs) -> None:
                 if time.monotonic() - t_start > args.budget_s:
                     res["skipped"].append({**base, "case": label})
                     return
                 it = iter(range(10**9))
-                with use_tuning(**tuning):
-                    t = _timer(cp, lambda: spec.cupy(calls[next(it) % len(calls)])["out"], args.reps)  # noqa: B023
-                    err, ok = check(spec.cupy(calls[0])["out"])
+                if "mma_cfg" in tuning:
+                    with use_tuning(**tuning):
+                        taken = _mma_cfg(m, k, n, gs, n_sm=n_sm)
+                    if taken != tuning["mma_cfg"]:
+                        res["skipped"].append({**base, "case": label, "why": "the op does not take it for this shape"})
+                        return
+                try:
+                    with use_tuning(**tuning):
+                        t = _timer(cp, lambda: spec.cupy(calls[next(it) % len(calls)])["out"], args.reps)  # noqa: B023
+                        err, ok = check(spec.cupy(calls[0])["out"])
+                except Exception as e:  # recorded, and the run goes on
+                    _error(res, base, label, e)
+                    return
                 row = {**base, "case": label, "seconds": t, "rel_err": err, "ok": ok, "diag": False}
                 res["rows"].append(row)
                 _print(row)
 
-            def diag_case(cfg: tuple[int, ...], bits: int, m: int = m, k: int = k, n: int = n, gs: int = gs,
-                          calls: list[Any] = calls, base: dict[str, Any] = base) -> None:
+            def variant_case(cfg: tuple[int, ...], bits: int, epi: int, m: int = m, k: int = k, n: int = n, gs: int = gs,
+                             calls: list[Any] = calls, base: dict[str, Any] = base) -> None:
+                diag = bits != 0
+                label = f"wk {cfg}" + (f" epi={epi}" if epi != 1 else "") + (f" probe={bits} ({DIAG_BITS[bits]})" if diag else "")
                 if time.monotonic() - t_start > args.budget_s:
-                    res["skipped"].append({**base, "case": f"wk {cfg} probe={bits}"})
+                    res["skipped"].append({**base, "case": label})
                     return
-                fn = diag_fn(bits, cfg)
+                try:
+                    fn = variant_fn(bits, epi, cfg)
+                except Exception as e:
+                    _error(res, base, label, e)
+                    return
                 (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, n_sm, cfg)
                 partial = cp.empty((ksplit, m, n) if ksplit > 1 else (1,), dtype=cp.float32)
                 counters = cp.zeros(max(tiles, 1024), dtype=cp.uint32)
-                out = cp.empty((m, n), dtype=cp.float16)
+                out = cp.zeros((m, n), dtype=cp.float16)
                 it = iter(range(10**9))
 
-                def once() -> None:
-                    c = calls[next(it) % len(calls)].inputs
-                    wk_launch(fn, f"probe{bits}:{_wk_name('F16', cfg)}", (tiles, ksplit), cfg[2], smem,
+                def once(c: dict[str, Any] | None = None) -> None:
+                    c = c or calls[next(it) % len(calls)].inputs
+                    wk_launch(fn, f"probe{bits},{epi}:{_wk_name('F16', cfg)}", (tiles, ksplit), cfg[2], smem,
                               (c["x"], c["qweight"], c["scales"], c["zeros"], partial, counters, out, np.int32(m),
                                np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)))
 
-                t = _timer(cp, once, args.reps)
-                row = {**base, "case": f"wk {cfg} probe={bits} ({DIAG_BITS[bits]})", "seconds": t, "rel_err": None,
-                       "ok": None, "diag": True}
+                err: float | None = None
+                ok: bool | None = None
+                try:
+                    t = _timer(cp, once, args.reps)
+                    if not diag:
+                        once(calls[0].inputs)
+                        err, ok = check(out)
+                except Exception as e:
+                    _error(res, base, label, e)
+                    return
+                row = {**base, "case": label, "seconds": t, "rel_err": err, "ok": ok, "diag": diag}
                 res["rows"].append(row)
                 _print(row)
 
             op_case("product (the op as it is)", {})
             if m == 1:
-                op_case("float32 CUDA-core kernel", {"mma": False, "h2": False})
+                op_case("float32 CUDA-core kernel (the path before)", {"mma": False, "h2": False})
                 op_case("float16x2 kernel (opt-in h2)", {"mma": False, "h2": True})
-            op_case(f"mma_async {OLD[m]} (previous table)", {"mma_cfg": OLD[m], "mma_m1": True, "h2": False})
-            for cfg in (WK_TR if m <= 8 else []) + (WK_SMALL if m <= 16 else WK_64):
-                op_case(f"wk {cfg}", {"mma_cfg": cfg, "mma_m1": True, "h2": False})
-            if m in (1, 16) and k == 8192 and n == 8192:
-                for cfg in DIAG_CFGS:
+            for cfg in CFGS[m]:
+                kind = "mma_async" if len(cfg) == 5 else "wk"
+                op_case(f"{kind} {cfg}" + (" (the table before)" if cfg == OLD[m] else ""), {"mma_cfg": cfg, "h2": False})
+            for cfg in EPI0[m]:
+                variant_case(cfg, 0, 0)
+            if m in DIAG_CFGS and k == 8192 and n == 8192:
+                for cfg in DIAG_CFGS[m]:
                     for bits in DIAG_BITS:
-                        if cfg[0] > 0 or m == 1:
-                            diag_case(cfg, bits)
+                        variant_case(cfg, bits, 1)
+                        if bits == 16 and len(cfg) == 6:
+                            variant_case(cfg, bits, 0)
             del calls
         sets.clear()
         w16.clear()
@@ -197,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(res, f, indent=1)
     print(f"wrote {args.out} ({res['wall_seconds']:.0f} s)")
     return 0
+
+
+def _error(res: dict[str, Any], base: dict[str, Any], label: str, e: Exception) -> None:
+    res["errors"].append({**base, "case": label, "error": f"{type(e).__name__}: {e}"[:2000]})
+    print(f"M={base['M']:<3} {base['K']}x{base['N']:<6} ERROR {type(e).__name__}: {str(e)[:300]}  {label}", flush=True)
 
 
 def _print(row: dict[str, Any]) -> None:

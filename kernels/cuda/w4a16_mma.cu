@@ -432,22 +432,37 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 // cp.async pipeline of S stages (weights [32 packed rows][BC] with 16-byte pieces swizzled so the
 // fragment reads hit distinct banks, its chunk's scales and zeros, and with XSM the activation chunk
 // [MR rows][72 halves]; without XSM the A fragments are read from global memory through L1), waits
-// with cp.async.wait_group + __syncwarp: no block barrier in the loop. The WK float32 tiles are added
-// in shared memory in warp order (deterministic), then written out (ksplit = gridDim.y == 1) or as
-// partials that the last block of the column tile adds in a fixed order, as in w4a16_mma.
+// with cp.async.wait_group + __syncwarp: no block barrier in the loop.
 // MT = 0 (M <= 8 per m-block): the operands swapped, out^T = W^T x^T: the dequantized weights are the A
 // operand (16 columns x 16 k: bytes j0 = 2p & 3 and j0 + 1 of a lane's word are rows g and g + 8 of A-tile
 // p, i.e. the columns g*NT + 2p and g*NT + 2p + 1) and 8 activation rows are B (b0 = x[g][k0+2t..],
 // b1 = x[g][k0+2t+8..], rows >= M zero): one mma per 8 weights per lane instead of one per 4, half the
 // mma.sync of MT = 1 for the same columns.
+// Epilogue (W4_EPI = 1, the default): each warp writes its float32 tile into its own pipeline stages (free
+// once its copies are done) as NS float4 "slots" per lane, slot-major (slot s of lane l at float4 s*32 + l:
+// conflict-free 16-byte stores and loads); one __syncthreads; then thread (warp w, lane l) takes the slots
+// w, w + WK, ... of lane l, adds the WK warps' float4 in warp order (deterministic) and writes the 4
+// consecutive outputs the slot holds (wk_slot: its row and column). W4_EPI = 0 (probe builds only): the
+// earlier epilogue, the tiles added one warp after another into one shared tile, WK barriers.
+// K split: with gridDim.y == 1 the sums are the outputs. w4a16_wk with gridDim.y > 1: float32 partials,
+// fence, counter; the last block of the column tile adds them in split order and resets its counter.
+// w4a16_wkc<..., CL> (__cluster_dims__(1, CL, 1), gridDim.y == CL): the CL blocks of a column tile form a
+// cluster; each puts its block sum in a shared tile, a cluster barrier, then rank r adds the CL tiles' slots
+// of its share in rank order through distributed shared memory (mapa + ld.shared::cluster) and writes the
+// outputs; a second barrier keeps every tile alive until all ranks have read it: no global partials, fences
+// or counters.
 // Dynamic shared memory: WK*S*STAGE + MB*(BC+4)*4 bytes, STAGE = 36*BC + XSM*MB*144, MB = 16*MT (8 for
-// MT = 0) (host: quant.py).
+// MT = 0) (host: quant.py); the last tile is the block's sum (w4a16_wkc) or the shared tile of W4_EPI = 0.
 // W4_PROBE (probe builds only, bench/gpu/w4a16_probe.py): bit 0 no dequant + mma (loads only), bit 1 no
 // weight loads after the first S-1 stages (math only), bit 2 raw words as B fragments (no dequant), bit 3
 // no mma (dequantized words folded into a register instead), bit 4 no chunk loop at all (launch, zeroing and
-// the epilogue only), bit 5 no epilogue (the chunk loop only; nothing written).
+// the epilogue only), bit 5 no epilogue (the chunk loop only; nothing written), bit 6 nothing at all (an
+// empty kernel of the same geometry and shared memory: the launch).
 #ifndef W4_PROBE
 #define W4_PROBE 0
+#endif
+#ifndef W4_EPI
+#define W4_EPI 1
 #endif
 
 template <int NWORD>
@@ -457,9 +472,45 @@ __device__ __forceinline__ int wk_swz(int row) {  // 16-byte piece of a B-tile r
 __device__ __forceinline__ u32 ld_x32(const u16* p) {
   u32 r; asm("ld.global.nc.u32 %0, [%1];" : "=r"(r) : "l"(p)); return r;
 }
+// sm_90 thread block clusters in PTX (no headers under NVRTC)
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ u32 cluster_rank() {
+  u32 r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r;
+}
+__device__ __forceinline__ float4 ld_cluster_f4(u32 local_addr, u32 rank) {  // the same offset in block `rank`'s shared memory
+  u32 a; asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(local_addr), "r"(rank));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ void add4(float4& v, const float4 u) { v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w; }
 
-template <class X, int MT, int NWORD, int WK, int S, int XSM>
-__global__ void __launch_bounds__(WK * 32) w4a16_wk(
+// Slot s of lane (g, t) of a w4a16_wk tile: its row in the m-block and its first column in the slab (4 columns).
+// MT > 0: s = (mt*4 + e)*NWORD + q holds acc[mt][4q..4q+3][e]: row mt*16 + g + 8*(e >> 1), column (2t + (e & 1))*NT + 4q.
+// MT = 0: s = b*NWORD + q holds {acc[2q][b], acc[2q][2+b], acc[2q+1][b], acc[2q+1][2+b]}: batch row 2t + b,
+// column g*NT + 4q (C[column g*NT + 2p + (e >> 1)][batch row 2t + (e & 1)] = acc[p][e]).
+template <int MT, int NWORD>
+__device__ __forceinline__ void wk_slot(int s, int lane, int* r, int* c) {
+  const int g = lane >> 2, t = lane & 3, q = s % NWORD;
+  if (MT == 0) {
+    *r = 2 * t + s / NWORD; *c = g * 4 * NWORD + 4 * q;
+  } else {
+    const int e = (s / NWORD) & 3, mt = s / (4 * NWORD);
+    *r = mt * 16 + g + 8 * (e >> 1); *c = (2 * t + (e & 1)) * 4 * NWORD + 4 * q;
+  }
+}
+
+template <class X>
+__device__ __forceinline__ void st_out4(u16* p, const float4 v) {  // 4 outputs, one 8-byte store
+  typedef MmaOps<X> O;
+  *reinterpret_cast<uint2*>(p) =
+      make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
+}
+
+template <class X, int MT, int NWORD, int WK, int S, int XSM, int CL>
+__device__ __forceinline__ void wk_body(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
     unsigned int* __restrict__ counters, u16* __restrict__ out,
@@ -478,6 +529,7 @@ __global__ void __launch_bounds__(WK * 32) w4a16_wk(
   const int c_begin = min((int)blockIdx.y * cpb, n_chunks), c_end = min(c_begin + cpb, n_chunks);
   const int nloc = (W4_PROBE & 16) ? 0 : c_end - c_begin > warp ? (c_end - c_begin - warp + WK - 1) / WK : 0;
   const int ksplit = gridDim.y;
+  if (W4_PROBE & 64) return;
   unsigned char* wsm = dsm + warp * (S * STAGE);
   float* tile = reinterpret_cast<float*>(dsm + WK * S * STAGE);
   // lane's B bytes inside a tile row: logical 16-byte piece and offset in it
@@ -610,42 +662,98 @@ __global__ void __launch_bounds__(WK * 32) w4a16_wk(
       if (keep == 1234.5f) out[0] = 0;
       return;
     }
-    // the WK warps' tiles added in warp order in shared memory
-    for (int w = 0; w < WK; ++w) {
-      if (warp == w && TR) {
+    constexpr int NS = TR ? NT / 2 : MTA * NT;  // float4 slots per lane
+    static_assert(NS * 32 * 16 <= S * STAGE, "a warp's tile fits in its own stages");
+    static_assert(NS * 32 * 16 <= MR * OW * 4, "a block's sum fits in the last tile");
+    if constexpr (W4_EPI == 0 && CL == 1) {  // the earlier epilogue (probe builds)
+      // the WK warps' tiles added in warp order in shared memory
+      for (int w = 0; w < WK; ++w) {
+        if (warp == w && TR) {
 #pragma unroll
-        for (int p = 0; p < NT / 2; ++p)
+          for (int p = 0; p < NT / 2; ++p)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {  // C[row = column g*NT + 2p + (e >> 1)][col = batch row 2t + (e & 1)]
-            float* q = tile + (2 * t + (e & 1)) * OW + g * NT + 2 * p + (e >> 1);
-            *q = w == 0 ? acc[0][p][e] : *q + acc[0][p][e];
-          }
-      } else if (warp == w) {
-#pragma unroll
-        for (int mt = 0; mt < MTA; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              float* p = tile + (mt * 16 + g + (e >> 1) * 8) * OW + (2 * t + (e & 1)) * NT + nt;
-              *p = w == 0 ? acc[mt][nt][e] : *p + acc[mt][nt][e];
+            for (int e = 0; e < 4; ++e) {  // C[row = column g*NT + 2p + (e >> 1)][col = batch row 2t + (e & 1)]
+              float* q = tile + (2 * t + (e & 1)) * OW + g * NT + 2 * p + (e >> 1);
+              *q = w == 0 ? acc[0][p][e] : *q + acc[0][p][e];
             }
+        } else if (warp == w) {
+#pragma unroll
+          for (int mt = 0; mt < MTA; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                float* p = tile + (mt * 16 + g + (e >> 1) * 8) * OW + (2 * t + (e & 1)) * NT + nt;
+                *p = w == 0 ? acc[mt][nt][e] : *p + acc[mt][nt][e];
+              }
+        }
+        __syncthreads();
+      }
+      for (int idx = threadIdx.x; idx < mrows * (BC / 4); idx += WK * 32) {
+        const int r = idx / (BC / 4), c = 4 * (idx % (BC / 4)), m = m0 + r;
+        const float4 v = *reinterpret_cast<const float4*>(tile + r * OW + c);
+        if (ksplit == 1) {
+          *reinterpret_cast<uint2*>(out + (u64)m * N + col0 + c) =
+              make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
+        } else {
+          *reinterpret_cast<float4*>(partial + ((u64)blockIdx.y * M + m) * N + col0 + c) = v;
+        }
       }
       __syncthreads();
-    }
-    for (int idx = threadIdx.x; idx < mrows * (BC / 4); idx += WK * 32) {
-      const int r = idx / (BC / 4), c = 4 * (idx % (BC / 4)), m = m0 + r;
-      const float4 v = *reinterpret_cast<const float4*>(tile + r * OW + c);
-      if (ksplit == 1) {
-        *reinterpret_cast<uint2*>(out + (u64)m * N + col0 + c) =
-            make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
+    } else {
+      // each warp's tile into its own stages (its copies are done: wait_group 0 above, then __syncwarp)
+      __syncwarp();
+      float4* mine = reinterpret_cast<float4*>(wsm);
+#pragma unroll
+      for (int s = 0; s < NS; ++s) {
+        const int q = s % NWORD;
+        float4 v;
+        if (TR) {
+          const int b = s / NWORD;
+          v = make_float4(acc[0][2 * q][b], acc[0][2 * q][2 + b], acc[0][2 * q + 1][b], acc[0][2 * q + 1][2 + b]);
+        } else {
+          const int e = (s / NWORD) & 3, mt = s / (4 * NWORD);
+          v = make_float4(acc[mt][4 * q][e], acc[mt][4 * q + 1][e], acc[mt][4 * q + 2][e], acc[mt][4 * q + 3][e]);
+        }
+        mine[s * 32 + lane] = v;
+      }
+      __syncthreads();
+      float4* bsum = reinterpret_cast<float4*>(tile);
+      for (int s = warp; s < NS; s += WK) {
+        float4 v = reinterpret_cast<const float4*>(dsm)[s * 32 + lane];
+#pragma unroll
+        for (int w = 1; w < WK; ++w) add4(v, reinterpret_cast<const float4*>(dsm + w * (S * STAGE))[s * 32 + lane]);
+        if (CL > 1) {
+          bsum[s * 32 + lane] = v;
+        } else {
+          int r, c;
+          wk_slot<MT, NWORD>(s, lane, &r, &c);
+          if (r < mrows) {
+            if (ksplit == 1) st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
+            else *reinterpret_cast<float4*>(partial + ((u64)blockIdx.y * M + m0 + r) * N + col0 + c) = v;
+          }
+        }
+      }
+      if (CL > 1) {
+        // NOTE: order is important here: block sums written -> cluster barrier (release / acquire) -> reads
+        // of the other blocks' sums -> cluster barrier (no block leaves or reuses its tile while one still reads)
+        cluster_sync();
+        const u32 rank = cluster_rank(), base = smem_addr(bsum);
+        for (int idx = (int)rank * (WK * 32) + (int)threadIdx.x; idx < NS * 32; idx += CL * WK * 32) {
+          float4 v = ld_cluster_f4(base + 16 * idx, 0);
+#pragma unroll
+          for (int rk = 1; rk < CL; ++rk) add4(v, ld_cluster_f4(base + 16 * idx, rk));
+          int r, c;
+          wk_slot<MT, NWORD>(idx >> 5, idx & 31, &r, &c);
+          if (r < mrows) st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
+        }
+        cluster_sync();
       } else {
-        *reinterpret_cast<float4*>(partial + ((u64)blockIdx.y * M + m) * N + col0 + c) = v;
+        __syncthreads();  // every warp's tile read: the stages are reused by the next m-block
       }
     }
-    __syncthreads();
   }
-  if (ksplit == 1) return;
+  if (CL > 1 || ksplit == 1) return;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) is_last = (atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(ksplit - 1));
@@ -665,4 +773,22 @@ __global__ void __launch_bounds__(WK * 32) w4a16_wk(
         make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
+}
+
+template <class X, int MT, int NWORD, int WK, int S, int XSM>
+__global__ void __launch_bounds__(WK * 32) w4a16_wk(
+    const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
+    const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
+    unsigned int* __restrict__ counters, u16* __restrict__ out,
+    int M, int K, int N, int group_rows, int cpb) {
+  wk_body<X, MT, NWORD, WK, S, XSM, 1>(x, qweight, scales, zeros, partial, counters, out, M, K, N, group_rows, cpb);
+}
+
+template <class X, int MT, int NWORD, int WK, int S, int XSM, int CL>
+__global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(WK * 32) w4a16_wkc(
+    const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
+    const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
+    unsigned int* __restrict__ counters, u16* __restrict__ out,
+    int M, int K, int N, int group_rows, int cpb) {
+  wk_body<X, MT, NWORD, WK, S, XSM, CL>(x, qweight, scales, zeros, partial, counters, out, M, K, N, group_rows, cpb);
 }

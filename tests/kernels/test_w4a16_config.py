@@ -11,8 +11,13 @@ from shmrpc.kernels.quant import (
     _MMA_VARIANTS,
     _WK_SMEM_MAX,
     _WK_VARIANTS,
+    _WKC_VARIANTS,
     W4A16Tuning,
+    _global_split,
     _mma_cfg,
+    _mma_names,
+    _takes,
+    _wk_name,
     _wk_smem,
     use_tuning,
     w4a16_mma_launch,
@@ -20,22 +25,46 @@ from shmrpc.kernels.quant import (
 )
 
 
-@pytest.mark.parametrize("m", [1, 2, 16, 17, 32, 33, 64, 65])
-def test_table_by_m(m) -> None:
+@pytest.mark.parametrize("m", [1, 2, 8, 9, 16, 17, 32, 33, 64, 65])
+@pytest.mark.parametrize("n", [4096, 8192, 14336])
+def test_table_by_m(m, n) -> None:
+    """Every M up to 64 takes the first entry of its row that takes N: a cluster split where its CL is the split
+    the column tiles ask for (8192 at M <= 16 and every N of 64-column tiles at M > 16: 2), else the kernel with its
+    global split (or none: 14336); M = 1 never a global split (4096: the CUDA-core kernel)."""
     with use_tuning(**vars(W4A16Tuning())):  # the defaults, whatever this process's environment says
-        cfg = _mma_cfg(m, 4096, 14336, 128)
-    if m == 1 or m > 64:
+        cfg = _mma_cfg(m, 4096, n, 128)
+    if m > 64 or (m == 1 and n == 4096):
         assert cfg is None
-    else:
-        assert cfg == next(c for mmax, c in _MMA_TABLE if m <= mmax)[0]
-        assert m <= (16 * cfg[0] or 8)  # one m-block: the weights are read once
+        return
+    row = next(c for mmax, c in _MMA_TABLE if m <= mmax)
+    assert cfg is not None and cfg in row
+    assert m <= (16 * cfg[0] or 8)  # one m-block: the weights are read once
+    assert cfg == next(c for c in row if _takes(c, n, 132) and (m > 1 or not _global_split(c, 4096, n, 132)))
+    tiles = n // (32 * cfg[1])
+    if len(cfg) == 7:
+        assert tiles * cfg[6] <= 132 and round(132 / tiles) == cfg[6]
+    if n == 14336:
+        assert len(cfg) < 7  # 112 column tiles of 128: no split to make (BPS = 1 picks 1)
+
+
+def test_m1_falls_back_to_the_cuda_core_kernel() -> None:
+    with use_tuning(**vars(W4A16Tuning())):
+        assert _mma_cfg(1, 4096, 4096 + 64, 128) is None  # N % 128 != 0: no M = 1 entry takes it
+        assert _mma_cfg(1, 4096, 4096, 128) is None  # (0, 4, 8, 1, 3, 1) would split K 4 ways in global memory
+        assert _mma_cfg(2, 4096, 4096, 128) == (0, 4, 8, 1, 3, 1)  # from M = 2 it may
+        assert _mma_cfg(1, 4096, 14336, 128) == (0, 4, 8, 1, 3, 1)  # 112 column tiles: no split
+        assert _mma_cfg(1, 8192, 8192, 128) == (0, 4, 8, 0, 3, 1, 2)  # the cluster split
+        assert _mma_cfg(2, 4096, 4096 + 64, 128) == _MMA_TABLE[1][1][-1]  # M = 2: the kernel after them
+        with use_tuning(mma_m1=False):
+            assert _mma_cfg(1, 4096, 4096, 128) is None
+    assert W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_M1": "0"}).mma_m1 is False
 
 
 def test_shapes_it_does_not_take_fall_back() -> None:
     with use_tuning(**vars(W4A16Tuning())):
         assert _mma_cfg(16, 4096 + 32, 1024, 32) is None  # K % 64, group 32
         assert _mma_cfg(16, 4096, 1024 + 32, 128) is None  # N % 64: no configuration takes it
-        assert _mma_cfg(16, 4096, 1024 + 64, 128) == _MMA_TABLE[0][1][-1]  # N % 128 != 0: the next one
+        assert _mma_cfg(16, 4096, 1024 + 64, 128) == _MMA_TABLE[2][1][-1]  # N % 128 != 0: the last one
         assert _mma_cfg(16, 4096, 1024, 128) is not None
         with use_tuning(mma=False):
             assert _mma_cfg(16, 4096, 1024, 128) is None
@@ -43,7 +72,7 @@ def test_shapes_it_does_not_take_fall_back() -> None:
 
 def test_opt_ins() -> None:
     with use_tuning(**vars(W4A16Tuning(mma_m1=True))):
-        assert _mma_cfg(1, 1024, 1024, 128) is not None
+        assert _mma_cfg(1, 8192, 8192, 128) is not None
         with use_tuning(h2=True):
             assert _mma_cfg(3, 1024, 1024, 128) is None  # the float16x2 kernel was asked for
         with use_tuning(mma_cfg=(9, 9, 9, 9, 9)):
@@ -52,8 +81,8 @@ def test_opt_ins() -> None:
 
 def test_tuning_is_read_from_the_environment_once() -> None:
     env = {"SHMRPC_W4A16_MMA": "0", "SHMRPC_W4A16_MMA_CFG": "1,2,4,2", "SHMRPC_W4A16_H2": "1",
-           "SHMRPC_W4A16_BLOCKS_PER_SM": "3", "SHMRPC_W4A16_DEQUANT_MIN_M": "9"}
-    assert W4A16Tuning.from_env(env) == W4A16Tuning(blocks_per_sm=3, dequant_min_m=9, h2=True, mma=False,
+           "SHMRPC_W4A16_BLOCKS_PER_SM": "3", "SHMRPC_W4A16_DEQUANT_MIN_M": "9", "SHMRPC_W4A16_MMA_M1": "0"}
+    assert W4A16Tuning.from_env(env) == W4A16Tuning(blocks_per_sm=3, dequant_min_m=9, h2=True, mma=False, mma_m1=False,
                                                     mma_cfg=(1, 2, 4, 2, 0))
     assert W4A16Tuning.from_env({}) == W4A16Tuning()
 
@@ -100,4 +129,34 @@ def test_devices_with_less_shared_memory_take_the_next_configuration() -> None:
     with use_tuning(**vars(W4A16Tuning())):
         big = _mma_cfg(8, 4096, 1024, 128)
         assert big is not None and len(big) == 6 and _wk_smem(big) > 99 * 1024
-        assert _mma_cfg(8, 4096, 1024, 128, smem_max=99 * 1024) == _MMA_TABLE[0][1][-1]  # e.g. sm_89: 99 KiB
+        assert _mma_cfg(8, 4096, 1024, 128, smem_max=99 * 1024) == _MMA_TABLE[1][1][-1]  # e.g. sm_89: 99 KiB
+
+
+@pytest.mark.parametrize("cfg", [(mt, nw, wk, 0, st, xsm, cl) for mt, nw, wk, st, xsm, cl in _WKC_VARIANTS])
+def test_wkc_launch_covers_shapes(cfg) -> None:
+    """w4a16_wkc: grid (N / (32*NWORD), CL), the CL blocks of a column tile split the chunks, every chunk in exactly
+    one block; the block's sum tile is in the shared memory the host asks for."""
+    assert _wk_smem(cfg) <= _WK_SMEM_MAX
+    for k in (64, 128, *range(1024, 28673, 3968)):
+        for n in (1024, 4096, 14336, 28672):
+            k64 = k // 64 * 64
+            (tiles, ksplit), cpb, smem = w4a16_wk_launch(16, k64, n, 132, cfg)
+            assert tiles * 32 * cfg[1] == n and ksplit == cfg[6] and smem == _wk_smem(cfg)
+            assert ksplit * cpb >= k64 // 64 > (ksplit - 1) * cpb or (k64 // 64 < ksplit and cpb == 1)
+
+
+def test_wkc_configurations_by_name_and_one_wave() -> None:
+    env = {"SHMRPC_W4A16_MMA_CFG": "1,4,8,0,3,1,2"}
+    cfg = W4A16Tuning.from_env(env).mma_cfg
+    assert cfg == (1, 4, 8, 0, 3, 1, 2)
+    assert _wk_name("F16", cfg) == "w4a16_wkc<F16,1,4,8,3,1,2>" and _wk_name("F16", cfg) in _mma_names("F16")
+    with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=cfg))):
+        assert _mma_cfg(16, 4096, 8192, 128) == cfg  # 64 column tiles x 2 blocks: one wave on 132 SMs
+        assert _mma_cfg(16, 4096, 14336, 128) is None  # 112 x 2 would need two waves
+        assert _mma_cfg(16, 4096, 14336, 128, n_sm=264) == cfg
+        assert _mma_cfg(16, 4096, 1024, 128) == cfg  # forced: wherever one wave holds it
+        assert _mma_cfg(16, 4096, 1024 + 64, 128) is None  # N % 128
+    assert not _takes(cfg, 1024, 132) and _takes(cfg, 1024, 132, forced=True)  # a table entry: only as the split of BPS 1
+    for bad in ((1, 4, 8, 1, 3, 1, 2), (1, 4, 8, 0, 3, 1, 3)):  # BPS must be 0; CL 3 not built
+        with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=bad))):
+            assert _mma_cfg(16, 4096, 8192, 128) is None
