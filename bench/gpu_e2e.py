@@ -20,7 +20,8 @@
    Python thread of the process spins (what a busy loop thread costs the run through the GIL).
 
 7. ``--only graphs``: section 1 through workers with chunk graphs off (``SHMRPC_CUDA_LARGE_GRAPHS=0``)
-   and on (the default; over ZeroMQ, and through a blocking and a spinning lane), interleaved ``--rounds`` times, each next to the duplex ceiling measured just
+   and on (the default: launched by the loop and answered when done; over ZeroMQ, and through a blocking and a
+   spinning lane; each also with ``SHMRPC_CUDA_LAUNCH_BATCHES=0``: run by an executor thread), interleaved ``--rounds`` times, each next to the duplex ceiling measured just
    before it and the worker's own mean per request; ``--only gemmab``: section 4's 8 client processes
    through workers with CUDA graphs off (``SHMRPC_CUDA_GRAPHS=0``) and on, interleaved, with clients
    sending through ``Client.call`` and through one kept slot each (``--gemm-clients call,loan``).
@@ -254,8 +255,11 @@ def graphs_ab(reps: int, rounds: int, graph_chunks: list[str]) -> list[dict[str,
     """Section 7: the 256 MiB request through a worker with chunk graphs off and on (the default chunks, and
     each setting of ``graph_chunks``: "8M/1M" = 8 MiB chunks ramping from 1 MiB at both ends), interleaved."""
     rows: list[dict[str, object]] = []
+    off = {"SHMRPC_CUDA_LAUNCH_BATCHES": "0"}  # the graph run and waited for by an executor thread
     variants: list[tuple[str, dict[str, str]]] = [("plain", {"SHMRPC_CUDA_LARGE_GRAPHS": "0"}), ("graph", {}),
-                                                  ("graph, blocking lane", {}), ("graph, spinning lane", {})]
+                                                  ("graph, executor", off), ("graph, blocking lane", {}),
+                                                  ("graph, blocking lane, executor", off), ("graph, spinning lane", {}),
+                                                  ("graph, spinning lane, executor", off)]
     for size in graph_chunks:
         chunk, _, first = size.partition("/")
         variants.append((f"graph {size}", {"SHMRPC_CHUNK_BYTES": chunk, "SHMRPC_CHUNK_MIN_BYTES": first or chunk}))

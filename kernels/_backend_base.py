@@ -13,7 +13,7 @@ from ._errors import KernelFatalError, KernelInputError, KernelResourceError, Ke
 from ._plan import Plan, ResolvedStep, build_plan
 from ._registry import REGISTRY, StepSpec, TensorSpec
 
-__all__ = ["Backend", "BatchLaunch", "BoundRun", "check_host", "check_result", "example_array"]
+__all__ = ["Backend", "BatchLaunch", "BoundRun", "RunLaunch", "check_host", "check_result", "example_array"]
 
 #: A run of one plan over fixed views: ``bound()`` -> stage seconds, raising what ``Backend.run`` raises.
 BoundRun = Callable[[], dict[str, float]]
@@ -25,6 +25,17 @@ class BatchLaunch(Protocol):
     def done(self) -> bool: ...
 
     def finish(self) -> list[dict[str, float] | Exception]: ...
+
+
+class RunLaunch(Protocol):
+    """A request started on the device by :meth:`Backend.launch`: ``eta`` (time.perf_counter) is when it should be
+    done, 0 when not known; ``finish()`` raises what :meth:`Backend.run` raises."""
+
+    eta: float
+
+    def done(self) -> bool: ...
+
+    def finish(self) -> dict[str, float]: ...
 
 
 def check_host(arr: Any, spec: TensorSpec, name: str, role: str) -> np.ndarray:
@@ -254,6 +265,11 @@ class Backend:
             except Exception as e:  # noqa: BLE001 - each request's own error, returned to its caller
                 results.append(e)
         return results
+
+    def launch(self, plan: Plan, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> RunLaunch | None:
+        """Start :meth:`run`'s work on the device and return without waiting for it, or None: call :meth:`run`
+        (as :meth:`launch_batch`, for one request). Here: None."""
+        return None
 
     def launch_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
                      ) -> BatchLaunch | None:

@@ -49,11 +49,11 @@ import numpy as np
 
 from . import _cuda_chunks
 from . import _cuda_gather as _gather
-from ._backend_base import Backend, BatchLaunch, check_result
+from ._backend_base import Backend, BatchLaunch, RunLaunch, check_result
 from ._batch import BatchPlan, batch_plan, batchable
 from ._cuda_batch import BatchGraphs, issue_joint
 from ._cuda_chunks import CHUNK_BYTES, CHUNK_STREAMS, CHUNK_THRESHOLD_BYTES
-from ._cuda_graph import ChunkGraphs, GraphCache
+from ._cuda_graph import ChunkGraphs, ChunkStarted, GraphCache
 from ._errors import BackendUnavailable, KernelFatalError, KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan
 from ._registry import OpCall, TensorSpec
@@ -76,8 +76,9 @@ LARGE_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_LARGE_GRAPHS", "") or (2 if 
 #: Graphs of batches kept (one per set of requests' slots: 8 clients of one slot each make up to 255 sets;
 #: each graph a few MiB of device memory for gemm 16x256x256; ``SHMRPC_CUDA_BATCH_GRAPHS=0`` turns them off).
 BATCH_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_BATCH_GRAPHS", "") or (256 if GRAPH_CACHE else 0))
-#: Batches a gathered graph serves are launched and answered when done (:meth:`CupyBackend.launch_batch`);
-#: ``SHMRPC_CUDA_LAUNCH_BATCHES=0``: run and waited for by the caller, as any other batch.
+#: Batches a gathered graph serves, and large requests a chunk graph serves, are launched and answered when done
+#: (:meth:`CupyBackend.launch_batch`, :meth:`CupyBackend.launch`); ``SHMRPC_CUDA_LAUNCH_BATCHES=0``: run and
+#: waited for by the caller, as any other.
 LAUNCH_BATCHES = (os.environ.get("SHMRPC_CUDA_LAUNCH_BATCHES", "") or "1") != "0"
 _BUFS_PER_SET = 32
 log = logging.getLogger("shmrpc.kernels")
@@ -450,6 +451,26 @@ class CupyBackend(Backend):
             done["gather"] = 1.0
         return [dict(done) for _ in items]
 
+    def launch(self, plan: Plan, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> RunLaunch | None:
+        """Launch a large request that a graph of its chunked run serves (:class:`._cuda_graph.ChunkGraphs`) and
+        return at once; any other request: None (see :meth:`Backend.launch`)."""
+        if not LAUNCH_BATCHES or self.inject_fault or not self._chunk_graphs.eligible(plan):
+            return None
+        try:
+            host_in, host_out = self._host_io(plan, inputs, outputs)
+            resident = self._lookup_resident(plan)
+        except OpError:
+            return None  # run() raises it
+        moved = sum(h.nbytes for h in host_in.values()) + sum(h.nbytes for h in host_out.values())
+        if not self._chunkable(plan, host_in, host_out, moved):
+            return None
+        try:
+            with self._dev:
+                started = self._chunk_graphs.start(plan, host_in, host_out, resident, _chunk_settings())
+        except Exception:  # noqa: BLE001 - the launch failed: run() runs the request again and reports what fails
+            return None
+        return None if started is None else _RunLaunched(self, started)
+
     def launch_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
                      ) -> BatchLaunch | None:
         """Launch a batch that a graph of gathered batches serves (:mod:`._cuda_gather`) and return at once; any
@@ -579,6 +600,24 @@ class _Launched:
             return [err] * self._size
         done = {"total": time.perf_counter() - self._t0, "batch": float(self._size), "graph": 1.0, "gather": 1.0}
         return [dict(done) for _ in range(self._size)]
+
+
+class _RunLaunched:
+    """A request launched by :meth:`CupyBackend.launch`: its CUDA error raised as :meth:`CupyBackend.run` raises it."""
+
+    __slots__ = ("_be", "_started", "eta")
+
+    def __init__(self, be: CupyBackend, started: ChunkStarted) -> None:
+        self._be, self._started, self.eta = be, started, started.eta
+
+    def done(self) -> bool:
+        return self._started.done()
+
+    def finish(self) -> dict[str, float]:
+        try:
+            return self._started.finish()
+        except Exception as e:
+            raise self._be._wrap(e, "", -1) from e
 
 
 def _columns(got: Sequence[_gather.Checked]) -> tuple[list[list[int]], list[list[int]]]:

@@ -31,6 +31,7 @@ which a graph launched from another thread would outlive, so it is left out.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -39,7 +40,7 @@ import numpy as np
 
 from ._plan import Plan
 
-__all__ = ["GraphCache", "ChunkGraphs", "GRAPH_OPS", "pinned"]
+__all__ = ["GraphCache", "ChunkGraphs", "ChunkStarted", "GRAPH_OPS", "pinned"]
 
 #: Ops whose CuPy implementations may be captured (kernels only: no sync, no library handle).
 GRAPH_OPS = frozenset({"echo", "vector_add", "scale", "gelu", "layernorm", "layernorm_gelu", "softmax"})
@@ -52,13 +53,17 @@ Issue = Callable[[Plan, Mapping[str, np.ndarray], Mapping[str, np.ndarray], Mapp
 class _Graph:
     """One captured request: the executable graph, its stream, and everything it must keep alive."""
 
-    __slots__ = ("graph", "stream", "lock", "hold")
+    __slots__ = ("graph", "stream", "lock", "hold", "last_s", "pending")
 
     def __init__(self, graph: Any, stream: Any, hold: tuple[Any, ...]) -> None:
         self.graph = graph
         self.stream = stream
-        self.lock = threading.Lock()
+        # NOTE: re-entrant: the thread holding it for a launch it has not finished (ChunkGraphs.start) may still
+        # retire the graph (a reset after an error); a launch on the same stream runs after the first
+        self.lock = threading.RLock()
         self.hold = hold
+        self.last_s = 0.0  # the device's time of its last launch by start() (0: none yet)
+        self.pending = False  # launched by start(), not finished yet
 
     def sync(self) -> None:
         self.stream.synchronize()
@@ -232,7 +237,7 @@ class ChunkGraphs(_Graphs):
             ) -> dict[str, float] | None:
         """Stage seconds of this request served by a graph (or by the capture's warm run); None: run the plain path."""
         views = [*host_in.values(), *host_out.values()]
-        key = (id(plan), *(v.ctypes.data for v in views), *(r.data.ptr for r in resident.values()), *settings)
+        key = _chunk_key(plan, views, resident, settings)
         g = self._lookup(key)
         if g is False or g is _NONE:
             return None
@@ -246,6 +251,33 @@ class ChunkGraphs(_Graphs):
             chunks = float(g.hold[0])
         self.launches += 1
         return {"graph": 1.0, "chunks": chunks}
+
+    def start(self, plan: Plan, host_in: Mapping[str, np.ndarray], host_out: Mapping[str, np.ndarray],
+              resident: Mapping[str, Any], settings: tuple[Any, ...]) -> ChunkStarted | None:
+        """Launch this request's graph without waiting for it (None: no graph yet, or that graph is busy: run it
+        the other way). The graph stays the calling thread's until :meth:`ChunkStarted.finish`."""
+        key = _chunk_key(plan, [*host_in.values(), *host_out.values()], resident, settings)
+        with self._lock:
+            g = self._graphs.get(key)
+            if g is None or g is _NONE:
+                return None
+            self._graphs.move_to_end(key)
+        if not g.lock.acquire(blocking=False):
+            return None
+        try:
+            if g.graph is None or g.pending:
+                g.lock.release()
+                return None
+            t0 = time.perf_counter()
+            first = g.stream.record()
+            g.graph.launch(g.stream)
+            last = g.stream.record()
+        except BaseException:
+            g.lock.release()
+            raise
+        g.pending = True
+        self.launches += 1
+        return ChunkStarted(self._cp, g, first, last, t0)
 
     def _capture(self, key: tuple[Any, ...], plan: Plan, views: list[np.ndarray], n_streams: int,
                  chunked: Chunked) -> dict[str, float] | None:
@@ -285,6 +317,38 @@ class ChunkGraphs(_Graphs):
         self.captures += 1
         return times
 
+
+
+class ChunkStarted:
+    """A chunk graph launched by :meth:`ChunkGraphs.start`: ``done()`` asks the device (no wait), ``eta`` is when
+    it should be done (its last launch's duration; 0: not known), ``finish()`` waits and gives the graph back
+    (once, on the launching thread; raises the CUDA error of the run) and returns its stage seconds."""
+
+    __slots__ = ("_cp", "_g", "_first", "_last", "_t0", "eta")
+
+    def __init__(self, cupy: Any, g: _Graph, first: Any, last: Any, t0: float) -> None:
+        self._cp, self._g, self._first, self._last, self._t0 = cupy, g, first, last, t0
+        self.eta = t0 + g.last_s if g.last_s else 0.0
+
+    def done(self) -> bool:
+        try:
+            return bool(self._last.done)
+        except Exception:  # noqa: BLE001 - a device error: finish() raises it
+            return True
+
+    def finish(self) -> dict[str, float]:
+        g = self._g
+        try:
+            self._last.synchronize()
+            g.last_s = float(self._cp.cuda.get_elapsed_time(self._first, self._last)) / 1e3  # the device's time
+            return {"total": time.perf_counter() - self._t0, "graph": 1.0, "chunks": float(g.hold[0]) if g.hold else 0.0}
+        finally:
+            g.pending = False
+            g.lock.release()
+
+
+def _chunk_key(plan: Plan, views: list[np.ndarray], resident: Mapping[str, Any], settings: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (id(plan), *(v.ctypes.data for v in views), *(r.data.ptr for r in resident.values()), *settings)
 
 
 def pinned(cp: Any, address: int) -> bool:

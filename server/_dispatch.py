@@ -21,7 +21,7 @@ import numpy as np
 
 from shmrpc import kernels
 from shmrpc.kernels import Backend, Plan
-from shmrpc.kernels._backend_base import BatchLaunch, BoundRun
+from shmrpc.kernels._backend_base import BatchLaunch, BoundRun, RunLaunch
 from shmrpc.kernels._batch import batchable
 from shmrpc.schema import dtypes
 from shmrpc.schema.descriptor import RequestDesc, ResponseDesc, TensorRef, decode_request, encode_response
@@ -357,6 +357,17 @@ class Dispatcher:
         :class:`Prepared` and its views. Returns per request, in order, its stage seconds or its own
         RequestError (as :meth:`run` would raise it); one request's failure is not the others'."""
         return self._batch_results(items, lambda: self.backend.run_batch(plan, [views for _, views in items]))
+
+    def launch(self, prep: Prepared, views: tuple[dict[str, np.ndarray], dict[str, np.ndarray]]) -> RunLaunch | None:
+        """Start ``prep``'s run without waiting for it (``backend.launch``), or None: run it with :meth:`run_bound`.
+        The handle's ``finish`` goes through :meth:`run_bound` (``run_bound(prep, h.finish)``)."""
+        if prep.plan is None or prep.keep_as:
+            return None
+        try:
+            return self.backend.launch(prep.plan, *views)
+        except Exception:  # noqa: BLE001 - a backend bug: run_bound runs the request and reports it
+            log.exception("launch failed")
+            return None
 
     def launch_batch(self, plan: Plan, items: list[tuple[Prepared, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]]
                      ) -> Launched | None:

@@ -31,6 +31,7 @@ import signal
 import struct
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -38,6 +39,7 @@ import zmq
 
 from shmrpc import kernels
 from shmrpc.kernels import Backend
+from shmrpc.kernels._backend_base import BoundRun, RunLaunch
 from shmrpc.schema import messages as m
 from shmrpc.schema.control import ErrorReply, State
 from shmrpc.schema.descriptor import encode_response
@@ -84,7 +86,8 @@ _pack_done = m.pack_done
 _RCVHWM = 256  # messages queued per peer before libzmq stops reading from it (with MAXMSGSIZE: 16 MiB)
 _CALL_NBYTES = m.CALL_STRUCT.size
 _SPIN_POLL_S = 5e-6  # while spinning with lanes, poll the socket and fds this often (lanes are read in between)
-_LAUNCHED_SPIN_S = 2e-3  # a launched batch is awaited spinning this long, then by polls of 1 ms
+_LAUNCHED_SPIN_S = 2e-3  # a launched run is awaited spinning this long from when it is due, then by polls of 1 ms
+_LAUNCHED_EARLY_S = 5e-4  # ... and spinning from this long (or 15% of what is left, if more) before it is due
 _CALL_RID_GEN = struct.Struct("<II").unpack_from  # a CALL frame's request_id and generation, at offset 8
 _TRACED_CALL_NBYTES = m.CALL_STRUCT.size + m.TRACE_STRUCT.size
 
@@ -104,7 +107,8 @@ class Worker:
         self._done: collections.deque[tuple[bytes, Slot, tuple[int, int, int], int, float, dict[str, float],
                                             Prepared | None, int]] = collections.deque()
         self._pending: list[Pending] = []  # batchable requests of this turn of the loop (see _batch.py)
-        self._launched: tuple[list[Pending], Launched] | None = None  # a batch on the device, answered when done
+        # a batch or a request on the device, and what answers it once it is done (see _await_launched)
+        self._launched: tuple[Launched | RunLaunch, Callable[[], None]] | None = None
         self._max_batch = config.max_batch
         self._joins = False  # park batchable requests for one joint run (--max-batch > 1 and a backend that joins)
         self._lanes: Lanes | None = None
@@ -539,8 +543,7 @@ class Worker:
             if self.dispatch.fatal:
                 self._drain_done()
         else:
-            assert self._executor is not None
-            self._executor.submit(self._run_async, identity, s, view, hdr, primed, t0, lane)
+            self._run_elsewhere(identity, s, view, hdr, primed, t0, lane)
         return None
 
     def _serve_express(self, ex: Express, frame: bytes, lane: int) -> bool:
@@ -609,8 +612,7 @@ class Worker:
                 if inline:
                     self._complete(p.identity, p.slot, p.view, p.hdr, p.primed, p.t0, p.lane)
                 else:
-                    assert self._executor is not None
-                    self._executor.submit(self._run_async, p.identity, p.slot, p.view, p.hdr, p.primed, p.t0, p.lane)
+                    self._run_elsewhere(p.identity, p.slot, p.view, p.hdr, p.primed, p.t0, p.lane)
                 continue
             self.metrics.observe_batch(p.primed.prep.op, len(group))
             if inline:
@@ -619,7 +621,7 @@ class Worker:
                 assert plan is not None
                 h = self.dispatch.launch_batch(plan, [(q.primed.prep, q.primed.views) for q in group])
                 if h is not None:  # on the device: the loop goes on, and answers the batch once it is done
-                    self._launched = (group, h)
+                    self._launched = (h, lambda g=group, h=h: self._answer_batch(g, h))
                     continue
                 for q, status, stages in self._execute_batch(group):
                     self._done_sent(q.identity, q.slot, q.hdr, status, q.t0, stages, q.primed.prep, lane=q.lane)
@@ -629,14 +631,30 @@ class Worker:
         if self.dispatch.fatal:
             self._drain_done()
 
+    def _run_elsewhere(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], primed: Primed,
+                       t0: float, lane: int) -> None:
+        """A request too big for the loop thread: launched on the device and answered by the loop once it is done
+        (``backend.launch``: a large request its chunk graph serves; one launched run at a time), else run by
+        the executor."""
+        if self._launched is None:
+            h = self.dispatch.launch(primed.prep, primed.views)
+            if h is not None:
+                self._launched = (h, lambda: self._complete(identity, s, view, hdr, primed, t0, lane, h.finish))
+                return
+        assert self._executor is not None
+        self._executor.submit(self._run_async, identity, s, view, hdr, primed, t0, lane)
+
     def _await_launched(self, poller: zmq.Poller, lane_rang: dict[int, int], timeout_ms: int) -> dict[Any, int]:
-        """The next events while a launched batch is on the device: spinning (the batch is small: it runs inline)
-        and answering the batch as soon as it is done, then polling 1 ms at a time past _LAUNCHED_SPIN_S; no
-        events within ``timeout_ms``: none (the loop's periodic work runs)."""
+        """The next events while a launched run is on the device, answering it as soon as it is done: a run whose
+        duration is known (its ``eta``) is awaited in a poll until shortly before it is due; then, and for the
+        others from the start (small batches), the loop spins (lanes read, the poll every _SPIN_POLL_S), and past
+        _LAUNCHED_SPIN_S polls 1 ms at a time. No events within ``timeout_ms``: none (the loop's periodic work runs)."""
         assert self._launched is not None
-        h, lanes = self._launched[1], self._lanes
+        h, lanes = self._launched[0], self._lanes
         now = time.perf_counter()
-        end, next_poll, give_up = now + _LAUNCHED_SPIN_S, now, now + timeout_ms / 1000
+        eta = getattr(h, "eta", 0.0)
+        wake = eta - max(_LAUNCHED_EARLY_S, 0.15 * (eta - now)) if eta else now
+        end, next_poll, give_up = max(now, wake) + _LAUNCHED_SPIN_S, now, now + timeout_ms / 1000
         while now < give_up:
             if h.done():
                 self._finish_launched()
@@ -644,7 +662,8 @@ class Worker:
             if lanes is not None and lanes.ready():
                 return lane_rang
             if now >= next_poll:
-                events = dict(poller.poll(0 if now < end else 1))
+                wait_ms = int((wake - now) * 1000) if wake - now >= 1e-3 else 0 if now < end else 1
+                events = dict(poller.poll(min(wait_ms, timeout_ms)))
                 if events:
                     return events
                 next_poll = now + _SPIN_POLL_S
@@ -652,15 +671,17 @@ class Worker:
         return {}
 
     def _finish_launched(self) -> None:
-        """Wait for the launched batch (if any) and answer each of its requests."""
+        """Wait for the launched run (if any) and answer it."""
         launched, self._launched = self._launched, None
         if launched is None:
             return
-        group, h = launched
-        for q, status, stages in self._respond_batch(group, h.finish()):
-            self._done_sent(q.identity, q.slot, q.hdr, status, q.t0, stages, q.primed.prep, lane=q.lane)
+        launched[1]()
         if self.dispatch.fatal:
             self._drain_done()
+
+    def _answer_batch(self, group: list[Pending], h: Launched) -> None:
+        for q, status, stages in self._respond_batch(group, h.finish()):
+            self._done_sent(q.identity, q.slot, q.hdr, status, q.t0, stages, q.primed.prep, lane=q.lane)
 
     def _execute_batch(self, group: list[Pending]) -> list[tuple[Pending, int, dict[str, float]]]:
         """Run one batch and write every request's response (or its own error) into its slot."""
@@ -699,11 +720,13 @@ class Worker:
                                p.primed.prep, p.lane))
         os.write(self._wake_w, b"x")
 
-    def _execute(self, view: memoryview, hdr: tuple[int, int, int], primed: Primed) -> tuple[int, dict[str, float]]:
-        """Run ``primed``'s request and write its response into the slot; returns (status, stage seconds)."""
+    def _execute(self, view: memoryview, hdr: tuple[int, int, int], primed: Primed,
+                 run: BoundRun | None = None) -> tuple[int, dict[str, float]]:
+        """Run ``primed``'s request (``run``: another run of it, e.g. a launched one's finish) and write its response
+        into the slot; returns (status, stage seconds)."""
         prep = primed.prep
         try:
-            stages = self.dispatch.run_bound(prep, primed.bound)
+            stages = self.dispatch.run_bound(prep, primed.bound if run is None else run)
             status, payload = 0, prep.response
         except Exception as e:  # noqa: BLE001 - a bug must still be answered, or the slot would stay in flight
             stages = {}
@@ -721,8 +744,8 @@ class Worker:
         return err.code, encode_response(error_response(err))
 
     def _complete(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], primed: Primed,
-                  t0: float, lane: int) -> None:
-        status, stages = self._execute(view, hdr, primed)
+                  t0: float, lane: int, run: BoundRun | None = None) -> None:
+        status, stages = self._execute(view, hdr, primed, run)
         self._done_sent(identity, s, hdr, status, t0, stages, primed.prep, lane=lane)
 
     def _run_async(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], primed: Primed,

@@ -138,3 +138,38 @@ def test_batched_gemm_and_repeated_small_calls_on_a_cupy_worker(spawn_worker: Ca
         for _ in range(6):  # the same slot each time (one call at a time): captured on its second sight
             x = rng.standard_normal(16).astype(np.float32)
             np.testing.assert_allclose(c.call("scale", x=x, a=2.0, b=1.0)["out"], 2.0 * x + 1.0, rtol=1e-6)
+
+
+def test_a_large_repeated_request_is_answered_right_while_another_client_is_served(
+        spawn_worker: Callable[..., WorkerProc]) -> None:
+    """A large request seen before (its chunk graph captured) is launched and answered once the device is done;
+    a second client's small calls are served meanwhile; every answer is checked."""
+    import os
+    import threading
+
+    env = dict(os.environ, SHMRPC_CHUNK_THRESHOLD_BYTES="1M", SHMRPC_CHUNK_BYTES="256K")
+    w = spawn_worker("--backend", "cupy", slots="64K:8,8M:2", lease="2,1", env=env)
+    n = (3 << 20) // 4
+    stop = threading.Event()
+    small_ok: list[bool] = []
+
+    def small_calls() -> None:
+        with Client(w.name, timeout_s=60) as c2:
+            while not stop.is_set():
+                x = np.random.default_rng(len(small_ok)).standard_normal(16).astype(np.float32)
+                small_ok.append(bool(np.allclose(c2.call("scale", x=x, a=2.0)["out"], 2.0 * x)))
+
+    t = threading.Thread(target=small_calls)
+    t.start()
+    try:
+        with Client(w.name, timeout_s=60) as c, c.loan(8 << 20) as req:
+            x = req.array("x", n, np.float32)
+            for i in range(8):  # the plain chunked run, the capture, then launches
+                x[:] = (np.arange(n, dtype=np.float32) * (i + 1)) % 1000
+                out = req.send("scale", a=3.0, b=1.0)["out"]
+                np.testing.assert_array_equal(out, 3 * x + 1, err_msg=f"request {i}")
+                del out
+    finally:
+        stop.set()
+        t.join(60)
+    assert small_ok and all(small_ok)

@@ -264,3 +264,34 @@ def test_a_plan_whose_batches_do_not_repeat_stops_being_captured(gpu: Any, cp: A
     bg = gpu._batch_graphs
     assert bg.captures == _cuda_batch.PAYBACK_MIN_CAPTURES and id(plan) in bg._failed and "seldom" in bg.last_error
     assert "graph" not in res[0] and host.untouched()  # type: ignore[operator]
+
+
+@pytest.mark.gpu
+def test_a_chunk_graph_launch_is_answered_by_finish(gpu: Any, cp: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """launch(): a large request whose chunk graph exists starts on the device and returns; finish() waits and
+    answers it; no graph yet, or its graph not finished: None (run() serves it); the next launch knows its eta."""
+    from shmrpc.kernels import _backend_cupy, _cuda_chunks
+
+    monkeypatch.setattr(_backend_cupy, "CHUNK_THRESHOLD_BYTES", 1 << 20)
+    monkeypatch.setattr(_cuda_chunks, "CHUNK_BYTES", 256 << 10)
+    monkeypatch.setattr(_cuda_chunks, "CHUNK_MIN_BYTES", 256 << 10)
+    n = (3 << 20) // 4 + 5
+    plan = gpu.plan([StepSpec("scale", {"x": "x"}, {"out": "o"}, {"a": 3.0, "b": 1.0})], {"x": TensorSpec((n,), "float32")},
+                    ["o"])
+    host = Pinned(cp, 16 << 20)
+    x, o = host.view((n,), np.float32), host.view((n,), np.float32)
+    assert gpu.launch(plan, {"x": x}, {"o": o}) is None  # no graph yet
+    for i in range(2):  # the plain chunked run, then its capture
+        x[:] = (np.arange(n, dtype=np.float32) + i) % 1000
+        gpu.run(plan, {"x": x}, {"o": o})
+        assert o.tobytes() == (3 * x + 1).tobytes()
+    for i in range(2, 5):
+        x[:] = (np.arange(n, dtype=np.float32) * 7 + i) % 1000
+        h = gpu.launch(plan, {"x": x}, {"o": o})
+        assert h is not None and (h.eta > 0) == (i > 2)  # the second launch knows how long the first took
+        assert gpu.launch(plan, {"x": x}, {"o": o}) is None  # its graph is this launch's until finish()
+        res = h.finish()
+        assert res["graph"] == 1.0 and res["chunks"] > 1 and o.tobytes() == (3 * x + 1).tobytes()
+    assert gpu.launch(plan, {"x": x[:-1].reshape(-1)}, {"o": o}) is None  # a bad view: run() reports it
+    gpu.unregister_host()
+    assert host.untouched()
