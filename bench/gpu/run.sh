@@ -17,8 +17,8 @@
 #           with and without lanes, next to pyzmq and iceoryx2 (blocking and spinning), connect time;
 #           then the same with worker and clients spinning 200 µs
 #   smallgpu  64 B float32 scale on the CuPy worker, loan, call() and lanes next to pyzmq and iceoryx2
-#   sweep   1, 2, 4, 8, 16 client processes of 64 B vector_add on the NumPy worker: loan, call() and blocking
-#           lane, next to pyzmq and to each process running the op itself (own); sweepgpu: the same with
+#   sweep   1, 2, 4, 8, 16 client processes of 64 B vector_add on the NumPy worker: loan, call(), blocking and
+#           spinning lane, next to pyzmq and to each process running the op itself (own); sweepgpu: the same with
 #           gemm x=16x256 @ w=256x256 float16 on the CuPy worker, x and w sent with every request (own: a CUDA
 #           context and CuPy in every client process, inputs from host memory, the result back to host); the
 #           UCX peer (ucx) too where its wheels were prepared (the ucx extra), else it is skipped with the reason
@@ -128,7 +128,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       small bench-small-cpu-spin --backend numpy --op vector_add --dtype float32 --in-place --spin-us 200 ;;
     smallgpu)
       small bench-small-gpu --backend cupy --op scale --attr a=2 --attr b=1 --dtype float32 ;;
-    sweep|sweepgpu)  # issue #12: requests/s of 1..16 client processes; each stage under 250 s
+    sweep|sweepgpu)  # issue #12: requests/s of 1..16 client processes; each stage under 290 s
       if [ "$stage" = sweep ]; then
         what="numpy worker, 64 B vector_add"; args=(--backend numpy --op vector_add --dtype float32 --sizes 64)
         name=bench-sweep-numpy
@@ -137,7 +137,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
         args=(--backend cupy --op gemm --shape x=16x256 --shape w=256x256 --dtype float16)
       fi
       echo "== shmrpc bench lat --clients 1,2,4,8,16 ($what)"
-      timeout 250 $BENCH lat --transports shmrpc,shmrpc-call,shmrpc-lane,zmq,own,ucx --clients 1,2,4,8,16 \
+      timeout 290 $BENCH lat --transports shmrpc,shmrpc-call,shmrpc-lane,shmrpc-lane-spin,zmq,own,ucx --clients 1,2,4,8,16 \
         --iters 2000 --warmup 50 "${args[@]}" -q --out "$OUT/$name.json" --plots "/tmp/plots-$name" 2>&1 | tail -60
       plot "/tmp/plots-$name" lat-scaling.png "$name-scaling.png" ;;
     pool)

@@ -148,7 +148,7 @@ def test_a_large_repeated_request_is_answered_right_while_another_client_is_serv
     import threading
 
     env = dict(os.environ, SHMRPC_CHUNK_THRESHOLD_BYTES="1M", SHMRPC_CHUNK_BYTES="256K")
-    w = spawn_worker("--backend", "cupy", slots="64K:8,8M:2", lease="2,1", env=env)
+    w = spawn_worker("--backend", "cupy", slots="64K:8,16M:2", lease="2,1", env=env)
     n = (3 << 20) // 4
     stop = threading.Event()
     small_ok: list[bool] = []

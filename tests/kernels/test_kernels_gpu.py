@@ -128,16 +128,17 @@ _FORCED_WK = ["0,4,8,0,4,0", "0,4,8,1,3,1", "0,2,8,2,4,0", "0,2,8,0,4,1", "0,4,4
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
-@pytest.mark.parametrize(("m", "k", "n", "gs", "cfg"), [(1, 1024, 1024, 128, ""), (2, 2048, 384, 64, ""), (16, 4096, 512, 128, ""),
+@pytest.mark.parametrize(("m", "k", "n", "gs", "cfg"), [(1, 1024, 8192, 128, ""), (2, 2048, 384, 64, ""), (16, 4096, 512, 128, ""),
                                                          (17, 1024, 256, 64, ""), (33, 1024, 128, 128, ""), (64, 2048, 1024, 128, ""),
-                                                         (1, 8192, 1024, 128, ""), (7, 4096, 640, 64, ""), (5, 1024, 320, 64, ""), (12, 2048, 192, 128, ""),
+                                                         (1, 1024, 16384, 128, ""), (7, 4096, 640, 64, ""), (5, 1024, 320, 64, ""), (12, 2048, 192, 128, ""),
                                                          *((m, 2048, 512, 64, c) for m in (5, 40) for c in _FORCED[1:]),
                                                          *((m, 2048, 512, 64, c) for m in (1, 13, 40) for c in _FORCED_WK),
                                                          (3, 1536, 1024, 128, _FORCED_WK[0]), (5, 4480, 256, 128, _FORCED_WK[8]), (8, 4480, 256, 128, _FORCED_WK[0]),
                                                          (64, 1024, 256, 64, _FORCED_WK[-2])])
 def test_w4a16_tensor_core_path(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     """The mma kernels against float64 x @ dequant(w), activations with outliers (|x| up to 1e3) and subnormals;
-    the default table, M = 1, and forced configurations of the three kernels (M above one m-block too; chunks
+    the default table, M = 1 (where it takes tensor cores: no K split through global memory, in a cluster or
+    none), and forced configurations of the three kernels (M above one m-block too; chunks
     that do not divide among the warps of a w4a16_wk block)."""
     from shmrpc.kernels import quant
     from shmrpc.kernels.quant import GEMM_W4A16, W4A16Tuning, _mma_cfg, dequantize_int4
