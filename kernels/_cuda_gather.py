@@ -393,7 +393,7 @@ class GatherGraphs(_BatchCaptures):
         Raises what the gathered run raises; a launch failing raises the CUDA error with ``copying_out[0]`` set."""
         if bp.size * sum(t.nbytes for t in plan.tensors.values()) > GATHER_GRAPH_MAX_BYTES:
             return None
-        key = (id(plan), bp.size, *(r.data.ptr for r in resident.values()))
+        key = _gather_key(plan, bp, resident)
         g = self._lookup(key)
         if g is False or g is _NONE:
             return None
@@ -434,18 +434,10 @@ class GatherGraphs(_BatchCaptures):
               ) -> Started | None:
         """Launch the graph of this batch's key without waiting for it (None: no graph yet, or that graph is in use
         by another launch: run it the other way). The graph stays this thread's until :meth:`Started.finish`."""
-        key = (id(plan), bp.size, *(r.data.ptr for r in resident.values()))
-        with self._lock:
-            g = self._graphs.get(key)
-            if g is None or g is _NONE:
-                return None
-            self._graphs.move_to_end(key)
-        if not g.lock.acquire(blocking=False):
+        g = self._claim(_gather_key(plan, bp, resident))
+        if g is None:
             return None
         try:
-            if g.graph is None or g.pending:
-                g.lock.release()
-                return None
             with self._sh.launch_lock:
                 g.fill(addrs)
                 g.graph.launch(self._sh.stream)
@@ -456,6 +448,10 @@ class GatherGraphs(_BatchCaptures):
         g.pending = True
         self.launches += 1
         return Started(g)
+
+
+def _gather_key(plan: Plan, bp: BatchPlan, resident: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (id(plan), bp.size, *(r.data.ptr for r in resident.values()))
 
 
 class Started:

@@ -110,6 +110,21 @@ class _Graphs:
                 self._graphs.move_to_end(key)
         return g
 
+    def _claim(self, key: tuple[Any, ...]) -> Any:
+        """The graph of ``key`` with its lock held, for a launch finished later (``start``); None: no graph yet,
+        or it is retired or busy (another thread's run, or a launch not finished)."""
+        with self._lock:
+            g = self._graphs.get(key)
+            if g is None or g is _NONE:
+                return None
+            self._graphs.move_to_end(key)
+        if not g.lock.acquire(blocking=False):
+            return None
+        if g.graph is None or g.pending:
+            g.lock.release()
+            return None
+        return g
+
     def _store(self, key: tuple[Any, ...], g: Any) -> None:
         with self._lock:
             self._graphs[key] = g
@@ -256,18 +271,10 @@ class ChunkGraphs(_Graphs):
               resident: Mapping[str, Any], settings: tuple[Any, ...]) -> ChunkStarted | None:
         """Launch this request's graph without waiting for it (None: no graph yet, or that graph is busy: run it
         the other way). The graph stays the calling thread's until :meth:`ChunkStarted.finish`."""
-        key = _chunk_key(plan, [*host_in.values(), *host_out.values()], resident, settings)
-        with self._lock:
-            g = self._graphs.get(key)
-            if g is None or g is _NONE:
-                return None
-            self._graphs.move_to_end(key)
-        if not g.lock.acquire(blocking=False):
+        g = self._claim(_chunk_key(plan, [*host_in.values(), *host_out.values()], resident, settings))
+        if g is None:
             return None
         try:
-            if g.graph is None or g.pending:
-                g.lock.release()
-                return None
             t0 = time.perf_counter()
             first = g.stream.record()
             g.graph.launch(g.stream)

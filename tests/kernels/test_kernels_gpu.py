@@ -140,28 +140,11 @@ def test_w4a16_tensor_core_path(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     the default table, M = 1 (where it takes tensor cores: no K split through global memory, in a cluster or
     none), and forced configurations of the three kernels (M above one m-block too; chunks
     that do not divide among the warps of a w4a16_wk block)."""
-    from shmrpc.kernels import quant
-    from shmrpc.kernels.quant import GEMM_W4A16, W4A16Tuning, _mma_cfg, dequantize_int4
+    from support.w4a16 import case, check, force, run
 
-    # the knobs are read once at import: set them as SHMRPC_W4A16_MMA_M1=1 SHMRPC_W4A16_MMA_CFG=cfg would
-    monkeypatch.setattr(quant, "_TUNING", W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_M1": "1",
-                                                                "SHMRPC_W4A16_MMA_CFG": cfg}))
+    from shmrpc.kernels.quant import _mma_cfg
+
+    force(monkeypatch, cfg)
     assert _mma_cfg(m, k, n, gs) is not None
-    rng = np.random.default_rng(m * 7 + k)
-    q = rng.integers(0, 256, (k // 2, n), dtype=np.uint8)
-    s = rng.uniform(0.005, 0.02, (k // gs, n)).astype(np.float16)
-    z = rng.integers(0, 16, (k // gs, n)).astype(np.float16)
-    f = rng.standard_normal((m, k)) / np.sqrt(k)
-    f[0, :3] = [1e3, -1e3, 5e2]
-    f[-1, 3:40] = 3e-6  # float16 subnormals
-    x = (f.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16) if dt == "bfloat16" else f.astype(np.float16)
-    xf = (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64) if dt == "bfloat16" else x.astype(np.float64)
-    want = xf @ dequantize_int4(np, q, s, z).astype(np.float64)
-    steps = [StepSpec("gemm_w4a16", {"x": "x", "qweight": "q", "scales": "s", "zeros": "z"}, {"out": "o"})]
-    specs = {"x": TensorSpec((m, k), dt), "q": TensorSpec(q.shape, "uint8"), "s": TensorSpec(s.shape, "float16"),
-             "z": TensorSpec(z.shape, "float16")}
-    g, _ = _both(gpu, steps, specs, {"x": x, "q": q, "s": s, "z": z}, ["o"])
-    got = (g["o"].astype(np.uint32) << 16).view(np.float32) if dt == "bfloat16" else g["o"]
-    rtol, atol = GEMM_W4A16.tolerances[dt]
-    scale = np.abs(want).max()
-    np.testing.assert_allclose(got.astype(np.float64) / scale, want / scale, rtol=rtol, atol=atol)
+    ins, want = case(m, k, n, gs, dt)
+    check(run(gpu, ins, dt), want, dt)

@@ -6,12 +6,8 @@ CuPy/GPU."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
 import pytest
-
-from shmrpc.kernels import StepSpec, TensorSpec
+from support.w4a16 import case, check, force, run
 
 pytestmark = pytest.mark.gpu
 
@@ -32,50 +28,6 @@ def test_the_list_is_every_built_variant() -> None:
     assert sorted(_WKC) == sorted(f"{mt},{nw},{wk},0,{st},{xsm},{cl}" for mt, nw, wk, st, xsm, cl in _WKC_VARIANTS)
 
 
-def _case(m: int, k: int, n: int, gs: int, dt: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    from shmrpc.kernels.quant import dequantize_int4
-
-    rng = np.random.default_rng(m * 7 + k + n)
-    q = rng.integers(0, 256, (k // 2, n), dtype=np.uint8)
-    s = rng.uniform(0.005, 0.02, (k // gs, n)).astype(np.float16)
-    z = rng.integers(0, 16, (k // gs, n)).astype(np.float16)
-    f = rng.standard_normal((m, k)) / np.sqrt(k)
-    f[0, :3] = [1e3, -1e3, 5e2]
-    f[-1, 3:40] = 3e-6  # float16 subnormals
-    x = (f.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16) if dt == "bfloat16" else f.astype(np.float16)
-    xf = (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64) if dt == "bfloat16" else x.astype(np.float64)
-    return {"x": x, "q": q, "s": s, "z": z}, xf @ dequantize_int4(np, q, s, z).astype(np.float64)
-
-
-def _run(gpu: Any, ins: dict[str, np.ndarray], dt: str) -> np.ndarray:
-    m, k = ins["x"].shape
-    steps = [StepSpec("gemm_w4a16", {"x": "x", "qweight": "q", "scales": "s", "zeros": "z"}, {"out": "o"})]
-    specs = {"x": TensorSpec((m, k), dt), "q": TensorSpec(ins["q"].shape, "uint8"),
-             "s": TensorSpec(ins["s"].shape, "float16"), "z": TensorSpec(ins["z"].shape, "float16")}
-    plan = gpu.plan(steps, specs, ["o"])
-    out = np.full(plan.outputs["o"].shape, 0x7FC0 if dt == "bfloat16" else 0x7E00, np.uint16)  # NaN: all must be written
-    if dt == "float16":
-        out = out.view(np.float16)
-    gpu.run(plan, ins, {"o": out})
-    return (out.astype(np.uint32) << 16).view(np.float32) if dt == "bfloat16" else out
-
-
-def _force(monkeypatch: Any, cfg: str) -> None:
-    from shmrpc.kernels import quant
-    from shmrpc.kernels.quant import W4A16Tuning
-
-    # the knobs are read once at import: set them as SHMRPC_W4A16_MMA_M1=1 SHMRPC_W4A16_MMA_CFG=cfg would
-    monkeypatch.setattr(quant, "_TUNING", W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_M1": "1", "SHMRPC_W4A16_MMA_CFG": cfg}))
-
-
-def _check(got: np.ndarray, want: np.ndarray, dt: str) -> None:
-    from shmrpc.kernels.quant import GEMM_W4A16
-
-    rtol, atol = GEMM_W4A16.tolerances[dt]
-    scale = np.abs(want).max()
-    np.testing.assert_allclose(got.astype(np.float64) / scale, want / scale, rtol=rtol, atol=atol)
-
-
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cfg", _WKC)
 @pytest.mark.parametrize(("m", "k", "n", "gs"), [(1, 2048, 512, 64), (13, 2048, 512, 64), (40, 2048, 512, 64),
@@ -85,10 +37,10 @@ def test_w4a16_cluster_split(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     and most warps, M = 40 runs several m-blocks."""
     from shmrpc.kernels.quant import _mma_cfg
 
-    _force(monkeypatch, cfg)
+    force(monkeypatch, cfg)
     assert _mma_cfg(m, k, n, gs) == tuple(int(v) for v in cfg.split(","))
-    ins, want = _case(m, k, n, gs, dt)
-    _check(_run(gpu, ins, dt), want, dt)
+    ins, want = case(m, k, n, gs, dt)
+    check(run(gpu, ins, dt), want, dt)
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
@@ -98,10 +50,10 @@ def test_w4a16_cluster_split(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
 def test_w4a16_new_wk_variants(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     from shmrpc.kernels.quant import _mma_cfg
 
-    _force(monkeypatch, cfg)
+    force(monkeypatch, cfg)
     assert _mma_cfg(m, k, n, gs) == tuple(int(v) for v in cfg.split(","))
-    ins, want = _case(m, k, n, gs, dt)
-    _check(_run(gpu, ins, dt), want, dt)
+    ins, want = case(m, k, n, gs, dt)
+    check(run(gpu, ins, dt), want, dt)
 
 
 @pytest.mark.parametrize("cfg", ["", "1,4,8,1,3,1", "0,4,8,1,3,1", "1,4,8,0,3,1,2", "0,4,8,0,3,1,2", "4,2,4,1,2,1"])
@@ -109,12 +61,12 @@ def test_w4a16_new_wk_variants(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
 def test_w4a16_same_bits_twice(gpu, monkeypatch, m, cfg) -> None:
     """The epilogue adds warps, blocks and cluster ranks in a fixed order: the same inputs give the same bits."""
     if cfg:
-        _force(monkeypatch, cfg)
-    ins, want = _case(m, 4096, 4096, 128, "float16")
-    a = _run(gpu, ins, "float16")
-    b = _run(gpu, ins, "float16")
+        force(monkeypatch, cfg)
+    ins, want = case(m, 4096, 4096, 128, "float16")
+    a = run(gpu, ins, "float16")
+    b = run(gpu, ins, "float16")
     assert a.tobytes() == b.tobytes()
-    _check(a, want, "float16")
+    check(a, want, "float16")
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
@@ -128,5 +80,5 @@ def test_w4a16_cuda_core_kernel_stays_tested(gpu, monkeypatch, m, k, n, env, dt)
 
     monkeypatch.setattr(quant, "_TUNING", W4A16Tuning.from_env(env))
     assert _mma_cfg(m, k, n, 128) is None
-    ins, want = _case(m, k, n, 128, dt)
-    _check(_run(gpu, ins, dt), want, dt)
+    ins, want = case(m, k, n, 128, dt)
+    check(run(gpu, ins, dt), want, dt)

@@ -1,0 +1,56 @@
+"""gemm_w4a16 test cases shared by the GPU tests: inputs with outliers and subnormals and their float64
+reference, one run through a backend, the tolerance check, a forced tensor-core configuration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shmrpc.kernels import StepSpec, TensorSpec
+
+__all__ = ["case", "run", "force", "check"]
+
+
+def case(m: int, k: int, n: int, gs: int, dt: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    from shmrpc.kernels.quant import dequantize_int4
+
+    rng = np.random.default_rng(m * 7 + k + n)
+    q = rng.integers(0, 256, (k // 2, n), dtype=np.uint8)
+    s = rng.uniform(0.005, 0.02, (k // gs, n)).astype(np.float16)
+    z = rng.integers(0, 16, (k // gs, n)).astype(np.float16)
+    f = rng.standard_normal((m, k)) / np.sqrt(k)
+    f[0, :3] = [1e3, -1e3, 5e2]
+    f[-1, 3:40] = 3e-6  # float16 subnormals
+    x = (f.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16) if dt == "bfloat16" else f.astype(np.float16)
+    xf = (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64) if dt == "bfloat16" else x.astype(np.float64)
+    return {"x": x, "q": q, "s": s, "z": z}, xf @ dequantize_int4(np, q, s, z).astype(np.float64)
+
+
+def run(gpu: Any, ins: dict[str, np.ndarray], dt: str) -> np.ndarray:
+    m, k = ins["x"].shape
+    steps = [StepSpec("gemm_w4a16", {"x": "x", "qweight": "q", "scales": "s", "zeros": "z"}, {"out": "o"})]
+    specs = {"x": TensorSpec((m, k), dt), "q": TensorSpec(ins["q"].shape, "uint8"),
+             "s": TensorSpec(ins["s"].shape, "float16"), "z": TensorSpec(ins["z"].shape, "float16")}
+    plan = gpu.plan(steps, specs, ["o"])
+    out = np.full(plan.outputs["o"].shape, 0x7FC0 if dt == "bfloat16" else 0x7E00, np.uint16)  # NaN: all must be written
+    if dt == "float16":
+        out = out.view(np.float16)
+    gpu.run(plan, ins, {"o": out})
+    return (out.astype(np.uint32) << 16).view(np.float32) if dt == "bfloat16" else out
+
+
+def force(monkeypatch: Any, cfg: str) -> None:
+    from shmrpc.kernels import quant
+    from shmrpc.kernels.quant import W4A16Tuning
+
+    # the knobs are read once at import: set them as SHMRPC_W4A16_MMA_M1=1 SHMRPC_W4A16_MMA_CFG=cfg would
+    monkeypatch.setattr(quant, "_TUNING", W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_M1": "1", "SHMRPC_W4A16_MMA_CFG": cfg}))
+
+
+def check(got: np.ndarray, want: np.ndarray, dt: str) -> None:
+    from shmrpc.kernels.quant import GEMM_W4A16
+
+    rtol, atol = GEMM_W4A16.tolerances[dt]
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(got.astype(np.float64) / scale, want / scale, rtol=rtol, atol=atol)
