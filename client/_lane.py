@@ -3,7 +3,10 @@
 One request at a time goes through the lane (a synchronous ``Loan.send`` or ``Client.call``
 while nothing else is in flight); everything else, and every control message, goes over
 ZeroMQ. Waiting spins on the page's done_seq for at most ``spin_s``, then blocks in poll()
-on our eventfd and the worker's pidfd, so a worker that dies fails the wait at once.
+on our eventfd and the worker's pidfd, so a worker that dies fails the wait at once. A spinning
+lane whose last answer took longer than its spin budget (a large request) first blocks until
+shortly before that time has passed again (15% of it, at least 0.2 ms), then spins: it is awake
+when a request of the same length is answered, without spinning through all of it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from shmrpc.schema.errors import ConnectError, Timeout, WorkerGoneError
 
 __all__ = ["ClientLane"]
 
+_EARLY_S = 2e-4  # a spinning lane that waits for a long answer starts spinning this long (or 15%) before it is due
+
 
 
 class ClientLane:
@@ -28,6 +33,8 @@ class ClientLane:
         self.doorbell_fd, self.fd, self.spin_s = doorbell_fd, own_fd, spin_s
         self.seq = 0
         self.busy = 0  # the request_id in the lane, 0 when none
+        self._rung = 0.0  # time.perf_counter() of the last ring
+        self._last_s = 0.0  # ring to answer of the last request
         try:
             st = os.fstat(page_fd)
             if st.st_uid != worker_uid or stat.S_IMODE(st.st_mode) != 0o600 or st.st_size != L.LANE_NBYTES:
@@ -47,6 +54,7 @@ class ClientLane:
         self.seq += 1
         L.post(self.page, self._call_seq, L.CALL_SEQ, self.seq, frame)
         self.busy = request_id
+        self._rung = time.perf_counter()
         os.eventfd_write(self.doorbell_fd, 1)
 
     def answer(self) -> bytes | None:
@@ -66,16 +74,28 @@ class ClientLane:
         """
         # no local of the seq word: a traceback through this frame would keep the page mapped after close()
         seq = self.seq
-        if self.spin_s:
-            end = time.perf_counter() + self.spin_s
-            while self._done_seq.value != seq and time.perf_counter() < end:
-                pass
         if pidfd is not None and not hasattr(self, "_pidfd"):
             self._pidfd = pidfd
             self._poll.register(pidfd, select.POLLIN)
+        if self.spin_s:
+            spin_s, last = self.spin_s, self._last_s
+            if last > spin_s:  # the last answer came after the spin budget: sleep through most of this one's wait
+                early = max(_EARLY_S, 0.15 * last)
+                ms = int((self._rung + last - early - time.perf_counter()) * 1000)
+                if deadline is not None:
+                    ms = min(ms, int((deadline - time.monotonic()) * 1000))
+                if ms > 0 and self._done_seq.value != seq:
+                    for fd, _ in self._poll.poll(ms):  # an answer sooner than that wakes it (our eventfd)
+                        if fd == pidfd:
+                            raise WorkerGoneError(f"worker {name!r} exited")
+                spin_s += early
+            end = time.perf_counter() + spin_s
+            while self._done_seq.value != seq and time.perf_counter() < end:
+                pass
         while True:
             got = self.answer()
             if got is not None:
+                self._last_s = time.perf_counter() - self._rung
                 return got
             wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000) + 1)
             events = self._poll.poll(wait_ms)

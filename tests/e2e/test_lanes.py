@@ -91,6 +91,40 @@ def test_a_worker_that_dies_fails_a_waiting_lane_call_at_once(spawn_worker: Call
         np.testing.assert_array_equal(c2.call("vector_add", x=np.ones(2), y=np.ones(2))["out"], 2.0)
 
 
+def test_a_spinning_lane_that_waited_long_wakes_for_a_sooner_answer_and_a_dying_worker(
+        spawn_worker: Callable[..., WorkerProc]) -> None:
+    # an answer that came after the spin budget makes the next wait sleep through most of the same time: an
+    # answer that comes sooner still wakes it (its eventfd), and so does the worker's death (its pidfd)
+    w = spawn_worker()
+    x = np.ones(2)
+    with Client(w.name, lane="spin", spin_us=50, timeout_s=30) as c:
+        c.call("vector_add", x=x, y=x)
+        os.kill(w.pid, signal.SIGSTOP)
+        threading.Timer(0.6, os.kill, (w.pid, signal.SIGCONT)).start()
+        np.testing.assert_array_equal(c.call("vector_add", x=x, y=x)["out"], 2.0)  # answered after ~0.6 s
+        t0 = time.monotonic()
+        np.testing.assert_array_equal(c.call("vector_add", x=x, y=x)["out"], 2.0)
+        assert time.monotonic() - t0 < 0.4  # the answer woke it, not the ~0.5 s it expected
+        c.call("vector_add", x=x, y=x)  # fast again: back to spinning from the ring
+        os.kill(w.pid, signal.SIGSTOP)
+        threading.Timer(0.6, os.kill, (w.pid, signal.SIGCONT)).start()
+        c.call("vector_add", x=x, y=x)
+        os.kill(w.pid, signal.SIGSTOP)
+        killer = threading.Timer(0.1, os.kill, (w.pid, signal.SIGKILL))
+        t0 = time.monotonic()
+        killer.start()
+        try:
+            with pytest.raises(WorkerGoneError):
+                c.call("vector_add", x=x, y=x)  # dies while the lane sleeps toward its expected answer
+        finally:
+            killer.join()
+        assert time.monotonic() - t0 < 0.45  # the pidfd, not the expected ~0.5 s nor the 30 s timeout
+    w.proc.wait(5)
+    w2 = spawn_worker()  # same name: removes the dead predecessor's sockets
+    with Client(w2.name, lane="spin") as c2:
+        np.testing.assert_array_equal(c2.call("vector_add", x=x, y=x)["out"], 2.0)
+
+
 _CHILD = textwrap.dedent("""
     import os, sys, numpy as np
     from shmrpc.client import Client
