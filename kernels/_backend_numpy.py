@@ -21,17 +21,19 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from ._backend_base import Backend, BatchLaunch, BoundRun, check_result
+from ._backend_base import Backend, BatchLaunch, BoundRun, RunLaunch, check_result
 from ._batch import batch_plan, batchable
 from ._errors import KernelInputError, KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan, ResolvedStep
 from ._registry import OpCall, TensorSpec
 
 __all__ = ["NumpyBackend", "BATCH_JOINT"]
+
+T = TypeVar("T")
 
 #: Run batchable plans jointly in :meth:`NumpyBackend.run_batch` (False: request by request); the
 #: environment's ``SHMRPC_NUMPY_BATCH_JOINT=1`` turns it on at import (the batching tests' workers).
@@ -198,10 +200,17 @@ class NumpyBackend(Backend):
                 np.copyto(view, env[name])
         self._keep(plan, env, keep_as)
 
+    def launch(self, plan: Plan, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> RunLaunch | None:
+        """With ``BATCH_JOINT``, for plans of built-in ops: a handle whose ``finish()`` runs :meth:`run` (see
+        :meth:`launch_batch`; users' ops are never run by the caller's thread this way). Else None."""
+        if not BATCH_JOINT or not all(st.op.builtin for st in plan.steps):
+            return None
+        return _Deferred(lambda: self.run(plan, inputs, outputs))
+
     def launch_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
                      ) -> BatchLaunch | None:
         """With ``BATCH_JOINT``: a handle whose ``finish()`` runs :meth:`run_batch` (NumPy has no device to start
-        work on; the worker's path for launched batches runs the same way on every backend). Else None."""
+        work on; the worker's path for launched runs is tested this way without a GPU). Else None."""
         if not BATCH_JOINT or len(items) < 2:
             return None
         return _Deferred(lambda: self.run_batch(plan, items))
@@ -241,16 +250,17 @@ class NumpyBackend(Backend):
         return [{"total": dt, "batch": float(len(items))} for _ in items]
 
 
-class _Deferred:
-    """A batch "launched" on NumPy: nothing runs until :meth:`finish`."""
+class _Deferred(Generic[T]):
+    """A run "launched" on NumPy: nothing runs until :meth:`finish`."""
 
     __slots__ = ("_run",)
+    eta = 0.0  # not known
 
-    def __init__(self, run: Callable[[], list[dict[str, float] | Exception]]) -> None:
+    def __init__(self, run: Callable[[], T]) -> None:
         self._run = run
 
     def done(self) -> bool:
         return True
 
-    def finish(self) -> list[dict[str, float] | Exception]:
+    def finish(self) -> T:
         return self._run()

@@ -107,8 +107,8 @@ class Worker:
         self._done: collections.deque[tuple[bytes, Slot, tuple[int, int, int], int, float, dict[str, float],
                                             Prepared | None, int]] = collections.deque()
         self._pending: list[Pending] = []  # batchable requests of this turn of the loop (see _batch.py)
-        # a batch or a request on the device, and what answers it once it is done (see _await_launched)
-        self._launched: tuple[Launched | RunLaunch, Callable[[], None]] | None = None
+        # a batch or a request on the device, what answers it once it is done, whether it is a batch (_await_launched)
+        self._launched: tuple[Launched | RunLaunch, Callable[[], None], bool] | None = None
         self._max_batch = config.max_batch
         self._joins = False  # park batchable requests for one joint run (--max-batch > 1 and a backend that joins)
         self._lanes: Lanes | None = None
@@ -339,7 +339,7 @@ class Worker:
                     lanes.clear_doorbell()  # NOTE: before the scan: a request posted after it rings again
                 for lane, seq, frame in lanes.scan():
                     self._on_call(lane.identity, frame, stopping, seq)
-            if self._pending and self._launched is None:
+            if self._pending and (self._launched is None or not self._launched[2]):
                 # the turn's batchable requests: one run per plan (see _batch.py); while a launched batch is on the
                 # device they stay parked, and run as one batch once it is answered (the device and the loop overlap)
                 self._run_pending()
@@ -616,12 +616,14 @@ class Worker:
                 continue
             self.metrics.observe_batch(p.primed.prep.op, len(group))
             if inline:
-                self._finish_launched()  # NOTE: one launched batch at a time: its answers go first
                 plan = p.primed.prep.plan
                 assert plan is not None
-                h = self.dispatch.launch_batch(plan, [(q.primed.prep, q.primed.views) for q in group])
+                # one launched run at a time: with one out (a batch launched earlier in this turn, or a large
+                # request), this batch runs here and now
+                h = None if self._launched is not None else \
+                    self.dispatch.launch_batch(plan, [(q.primed.prep, q.primed.views) for q in group])
                 if h is not None:  # on the device: the loop goes on, and answers the batch once it is done
-                    self._launched = (h, lambda g=group, h=h: self._answer_batch(g, h))
+                    self._launched = (h, lambda g=group, h=h: self._answer_batch(g, h), True)
                     continue
                 for q, status, stages in self._execute_batch(group):
                     self._done_sent(q.identity, q.slot, q.hdr, status, q.t0, stages, q.primed.prep, lane=q.lane)
@@ -639,7 +641,7 @@ class Worker:
         if self._launched is None:
             h = self.dispatch.launch(primed.prep, primed.views)
             if h is not None:
-                self._launched = (h, lambda: self._complete(identity, s, view, hdr, primed, t0, lane, h.finish))
+                self._launched = (h, lambda: self._complete(identity, s, view, hdr, primed, t0, lane, h.finish), False)
                 return
         assert self._executor is not None
         self._executor.submit(self._run_async, identity, s, view, hdr, primed, t0, lane)

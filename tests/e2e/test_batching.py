@@ -278,3 +278,43 @@ def test_lane_requests_of_several_clients_batch_too(spawn_worker: Callable[..., 
                 p.communicate(timeout=10)
     assert _batches(w, "vector_add") == (1, 4)
     assert _answered(w, "vector_add") == 4
+
+
+def test_launched_runs_beside_batches_answer_every_request(spawn_worker: Callable[..., WorkerProc]) -> None:
+    """The loop's launched path (a large request launched and answered when done, batches launched and their
+    followers parked meanwhile), run through NumPy's joint mode: a large request of one client and small
+    batchable calls of four others, all at once, every answer checked."""
+    import threading
+
+    w = spawn_worker("--metrics-port", "0", env=_joint(), slots="64K:16,4M:2", lease="2,1")
+    stop = threading.Event()
+    wrong: list[str] = []
+    answered = [0] * 4
+
+    def small(k: int) -> None:
+        with Client(w.name, timeout_s=60, lane="block" if k % 2 else None) as c:
+            rng = np.random.default_rng(k)
+            while not stop.is_set():
+                x = rng.standard_normal(16).astype(np.float32)
+                out = c.call("scale", x=x, a=float(k + 2))["out"]
+                if not np.array_equal(out, x * np.float32(k + 2)):
+                    wrong.append(f"client {k}")
+                answered[k] += 1
+
+    threads = [threading.Thread(target=small, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        n = (1 << 20) // 4 + 3  # 1 MiB in, 1 MiB out: more than the loop runs itself
+        with Client(w.name, timeout_s=60) as c, c.loan(3 << 20) as req:
+            x = req.array("x", n, np.float32)
+            for i in range(20):
+                x[:] = np.arange(n, dtype=np.float32) * (i + 1) % 977
+                out = req.send("scale", a=3.0, b=1.0)["out"]
+                np.testing.assert_array_equal(out, x * np.float32(3.0) + np.float32(1.0), err_msg=f"request {i}")
+                del out
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert not wrong and all(answered)
