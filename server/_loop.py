@@ -6,8 +6,9 @@ whose routing id is the session token the WELCOME gave it. Requests of little
 estimated work (FLOPs and bytes from the plan, :mod:`shmrpc.kernels._cost`) run on
 the loop thread itself (a thread hop costs more than the op); all others run in an
 executor, which writes outputs and the response into the slot, queues the DONE
-and wakes the loop through a pipe. The loop also watches each client's pidfd,
-so a client that dies has its lease ended at once.
+and wakes the loop through a pipe (how requests run and are answered: :mod:`._runs`).
+The loop also watches each client's pidfd, so a client that dies has its lease
+ended at once.
 
 Life of a CALL on the loop thread::
 
@@ -39,7 +40,7 @@ import zmq
 
 from shmrpc import kernels
 from shmrpc.kernels import Backend
-from shmrpc.kernels._backend_base import BoundRun, RunLaunch
+from shmrpc.kernels._backend_base import RunLaunch
 from shmrpc.schema import messages as m
 from shmrpc.schema.control import ErrorReply, State
 from shmrpc.schema.descriptor import encode_response
@@ -50,12 +51,13 @@ from shmrpc.schema.naming import attach_path, endpoint, socket_path
 
 from . import checks
 from ._attach import AttachListener, set_dumpable
-from ._batch import Pending, group_by_plan
+from ._batch import Pending
 from ._dispatch import Dispatcher, Launched, Prepared, check_header, error_response
 from ._lanes import Lanes
 from ._lease import Leases, Slot
 from ._observe import Observer
 from ._primed import Express, Primed, PrimedSlots
+from ._runs import SPIN_POLL_S, Done, Runs, write_response
 from ._sessions import Sessions, _refusal
 from ._shared import SharedOwners
 from ._waiters import Waiters
@@ -70,7 +72,6 @@ __all__ = ["Worker", "NO_RESPONSE"]
 log = logging.getLogger("shmrpc.server")
 
 _OK_FLAGS = int(Flag.RESPONSE)
-_ERROR_FLAGS = int(Flag.RESPONSE | Flag.ERROR)
 _POLLIN = int(zmq.POLLIN)  # a plain int: `int & IntFlag` goes through the enum machinery
 # The hot path calls libzmq through pyzmq's Cython socket with plain ints: the sugar layer's send/recv_multipart
 # build enum flags (`NOBLOCK | SNDMORE`) and lists per message, and its getsockopt(EVENTS) wraps the answer in an enum.
@@ -85,14 +86,11 @@ _HEADER_PACK = HEADER.pack_into
 _pack_done = m.pack_done
 _RCVHWM = 256  # messages queued per peer before libzmq stops reading from it (with MAXMSGSIZE: 16 MiB)
 _CALL_NBYTES = m.CALL_STRUCT.size
-_SPIN_POLL_S = 5e-6  # while spinning with lanes, poll the socket and fds this often (lanes are read in between)
-_LAUNCHED_SPIN_S = 2e-3  # a launched run is awaited spinning this long from when it is due, then by polls of 1 ms
-_LAUNCHED_EARLY_S = 5e-4  # ... and spinning from this long (or 15% of what is left, if more) before it is due
 _CALL_RID_GEN = struct.Struct("<II").unpack_from  # a CALL frame's request_id and generation, at offset 8
 _TRACED_CALL_NBYTES = m.CALL_STRUCT.size + m.TRACE_STRUCT.size
 
 
-class Worker:
+class Worker(Runs):
     """A shmrpc worker. Use :meth:`start`, then :meth:`serve_forever` (or as a context manager)."""
 
     def __init__(self, config: WorkerConfig, tracer_provider: Any = None) -> None:
@@ -104,8 +102,7 @@ class Worker:
         self._sock: zmq.Socket | None = None
         self._attach: AttachListener | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._done: collections.deque[tuple[bytes, Slot, tuple[int, int, int], int, float, dict[str, float],
-                                            Prepared | None, int]] = collections.deque()
+        self._done: collections.deque[Done] = collections.deque()  # what the executor answered, for the loop
         self._pending: list[Pending] = []  # batchable requests of this turn of the loop (see _batch.py)
         # a batch or a request on the device, what answers it once it is done, whether it is a batch (_await_launched)
         self._launched: tuple[Launched | RunLaunch, Callable[[], None], bool] | None = None
@@ -311,10 +308,10 @@ class Worker:
                 # --spin-us: poll without sleeping for a while before blocking, so a request arriving soon
                 # finds the loop awake (one scheduler wake-up less per request; costs a core while it spins).
                 # With lanes, the lanes' call_seq words are read in between, and the poll (a system call, for
-                # the socket, the pidfds and the attach socket) runs every _SPIN_POLL_S only: a lane's request
+                # the socket, the pidfds and the attach socket) runs every SPIN_POLL_S only: a lane's request
                 # is found within a fraction of a µs, its doorbell eventfd left for the next poll to clear.
                 now = time.perf_counter()
-                end, next_poll = now + spin_s, now + _SPIN_POLL_S
+                end, next_poll = now + spin_s, now + SPIN_POLL_S
                 events = dict(poller.poll(0))
                 while not events and not self._done and now < end:
                     if lanes is not None:
@@ -324,7 +321,7 @@ class Worker:
                         if now < next_poll:
                             now = time.perf_counter()
                             continue
-                        next_poll = now + _SPIN_POLL_S
+                        next_poll = now + SPIN_POLL_S
                     events = dict(poller.poll(0))
                     now = time.perf_counter()
                 if not events and not self._done:
@@ -579,7 +576,7 @@ class Worker:
         except Exception as e:  # noqa: BLE001 - answered as the full path answers it
             hdr = (rid, h[1], gen)
             status, err_payload = self._failure(prep, e)
-            _write_response(view, hdr, err_payload, status)
+            write_response(view, hdr, err_payload, status)
             self._done_sent(ex.identity, s, hdr, status, t0, {}, prep, lane=lane)
             if self.dispatch.fatal:
                 self._drain_done()
@@ -601,183 +598,10 @@ class Worker:
         s.last_owner = s.owner
         return True
 
-    def _run_pending(self) -> None:
-        """The end of a turn: run the parked batchable requests, one batch per plan (see :mod:`._batch`)."""
-        pending, self._pending = self._pending, []
-        groups = [pending] if len(pending) == 1 else group_by_plan(pending, self._max_batch)
-        for group in groups:
-            p = group[0]
-            inline = p.primed.prep.inline
-            if len(group) == 1:  # a lone request: exactly the path it would take unbatched
-                if inline:
-                    self._complete(p.identity, p.slot, p.view, p.hdr, p.primed, p.t0, p.lane)
-                else:
-                    self._run_elsewhere(p.identity, p.slot, p.view, p.hdr, p.primed, p.t0, p.lane)
-                continue
-            self.metrics.observe_batch(p.primed.prep.op, len(group))
-            if inline:
-                plan = p.primed.prep.plan
-                assert plan is not None
-                # one launched run at a time: with one out (a batch launched earlier in this turn, or a large
-                # request), this batch runs here and now
-                h = None if self._launched is not None else \
-                    self.dispatch.launch_batch(plan, [(q.primed.prep, q.primed.views) for q in group])
-                if h is not None:  # on the device: the loop goes on, and answers the batch once it is done
-                    self._launched = (h, lambda g=group, h=h: self._answer_batch(g, h), True)
-                    continue
-                for q, status, stages in self._execute_batch(group):
-                    self._done_sent(q.identity, q.slot, q.hdr, status, q.t0, stages, q.primed.prep, lane=q.lane)
-            else:
-                assert self._executor is not None
-                self._executor.submit(self._run_batch_async, group)
-        if self.dispatch.fatal:
-            self._drain_done()
-
-    def _run_elsewhere(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], primed: Primed,
-                       t0: float, lane: int) -> None:
-        """A request too big for the loop thread: launched on the device and answered by the loop once it is done
-        (``backend.launch``: a large request its chunk graph serves; one launched run at a time), else run by
-        the executor."""
-        if self._launched is None:
-            h = self.dispatch.launch(primed.prep, primed.views)
-            if h is not None:
-                self._launched = (h, lambda: self._complete(identity, s, view, hdr, primed, t0, lane, h.finish), False)
-                return
-        assert self._executor is not None
-        self._executor.submit(self._run_async, identity, s, view, hdr, primed, t0, lane)
-
-    def _await_launched(self, poller: zmq.Poller, lane_rang: dict[int, int], timeout_ms: int) -> dict[Any, int]:
-        """The next events while a launched run is on the device, answering it as soon as it is done: a run whose
-        duration is known (its ``eta``) is awaited in a poll until shortly before it is due; then, and for the
-        others from the start (small batches), the loop spins (lanes read, the poll every _SPIN_POLL_S), and past
-        _LAUNCHED_SPIN_S polls 1 ms at a time. No events within ``timeout_ms``: none (the loop's periodic work runs)."""
-        assert self._launched is not None
-        h, lanes = self._launched[0], self._lanes
-        now = time.perf_counter()
-        eta = getattr(h, "eta", 0.0)
-        wake = eta - max(_LAUNCHED_EARLY_S, 0.15 * (eta - now)) if eta else now
-        end, next_poll, give_up = max(now, wake) + _LAUNCHED_SPIN_S, now, now + timeout_ms / 1000
-        while now < give_up:
-            if h.done():
-                self._finish_launched()
-                return dict(poller.poll(0))
-            if lanes is not None and lanes.ready():
-                return lane_rang
-            if now >= next_poll:
-                wait_ms = int((wake - now) * 1000) if wake - now >= 1e-3 else 0 if now < end else 1
-                events = dict(poller.poll(min(wait_ms, timeout_ms)))
-                if events:
-                    return events
-                next_poll = now + _SPIN_POLL_S
-            now = time.perf_counter()
-        return {}
-
-    def _finish_launched(self) -> None:
-        """Wait for the launched run (if any) and answer it."""
-        launched, self._launched = self._launched, None
-        if launched is None:
-            return
-        launched[1]()
-        if self.dispatch.fatal:
-            self._drain_done()
-
-    def _answer_batch(self, group: list[Pending], h: Launched) -> None:
-        for q, status, stages in self._respond_batch(group, h.finish()):
-            self._done_sent(q.identity, q.slot, q.hdr, status, q.t0, stages, q.primed.prep, lane=q.lane)
-
-    def _execute_batch(self, group: list[Pending]) -> list[tuple[Pending, int, dict[str, float]]]:
-        """Run one batch and write every request's response (or its own error) into its slot."""
-        plan = group[0].primed.prep.plan
-        assert plan is not None
-        return self._respond_batch(group, self.dispatch.run_batch(plan, [(p.primed.prep, p.primed.views) for p in group]))
-
-    def _respond_batch(self, group: list[Pending], results: list[dict[str, float] | RequestError]
-                       ) -> list[tuple[Pending, int, dict[str, float]]]:
-        """Write every request's response (or its own error) into its slot."""
-        out: list[tuple[Pending, int, dict[str, float]]] = []
-        for p, r in zip(group, results):
-            stages: dict[str, float] = {}
-            if isinstance(r, RequestError):
-                status, payload = r.code, encode_response(error_response(r))
-            else:
-                status, stages, payload = 0, r, p.primed.prep.response
-            _write_response(p.view, p.hdr, payload, status)
-            out.append((p, status, stages))
-        return out
-
-    def _run_batch_async(self, group: list[Pending]) -> None:
-        t_start = time.perf_counter()
-        done: list[tuple[Pending, int, dict[str, float]]]
-        try:
-            done = self._execute_batch(group)
-        except BaseException:  # noqa: BLE001 - always answer
-            log.exception("batch failed unexpectedly")
-            err = encode_response(error_response(InternalError("the request failed")))
-            done = []
-            for p in group:
-                _write_response(p.view, p.hdr, err, InternalError.code)
-                done.append((p, InternalError.code, {}))
-        for p, status, stages in done:
-            self._done.append((p.identity, p.slot, p.hdr, status, p.t0, dict(stages, queue=t_start - p.t0),
-                               p.primed.prep, p.lane))
-        os.write(self._wake_w, b"x")
-
-    def _execute(self, view: memoryview, hdr: tuple[int, int, int], primed: Primed,
-                 run: BoundRun | None = None) -> tuple[int, dict[str, float]]:
-        """Run ``primed``'s request (``run``: another run of it, e.g. a launched one's finish) and write its response
-        into the slot; returns (status, stage seconds)."""
-        prep = primed.prep
-        try:
-            stages = self.dispatch.run_bound(prep, primed.bound if run is None else run)
-            status, payload = 0, prep.response
-        except Exception as e:  # noqa: BLE001 - a bug must still be answered, or the slot would stay in flight
-            stages = {}
-            status, payload = self._failure(prep, e)
-        _write_response(view, hdr, payload, status)
-        return status, stages
-
-    @staticmethod
-    def _failure(prep: Prepared, e: Exception) -> tuple[int, bytes]:
-        """(status, error response descriptor) of a run of ``prep`` that raised ``e``."""
-        if isinstance(e, RequestError):
-            return e.code, encode_response(error_response(e))
-        log.error("request failed unexpectedly", exc_info=e)
-        err = InternalError(f"the request failed: {type(e).__name__}: {e}", op=prep.desc.steps[0].op)
-        return err.code, encode_response(error_response(err))
-
-    def _complete(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], primed: Primed,
-                  t0: float, lane: int, run: BoundRun | None = None) -> None:
-        status, stages = self._execute(view, hdr, primed, run)
-        self._done_sent(identity, s, hdr, status, t0, stages, primed.prep, lane=lane)
-
-    def _run_async(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], primed: Primed,
-                   t0: float, lane: int) -> None:
-        prep = primed.prep
-        q = time.perf_counter() - t0
-        try:
-            status, stages = self._execute(view, hdr, primed)
-        except BaseException:  # noqa: BLE001 - always answer
-            log.exception("request failed unexpectedly")
-            status, stages = InternalError.code, {}
-            _write_response(view, hdr, encode_response(error_response(InternalError("the request failed"))), status)
-        stages = dict(stages, queue=q)
-        self._done.append((identity, s, hdr, status, t0, stages, prep, lane))
-        os.write(self._wake_w, b"x")
-
-    def _drain_done(self) -> None:
-        while self._done:
-            identity, s, hdr, status, t0, stages, prep, lane = self._done.popleft()
-            self._done_sent(identity, s, hdr, status, t0, stages, prep, lane=lane)
-        if self.dispatch.fatal and not self._stopping.is_set():
-            # The GPU context is lost (a sticky CUDA error): answer what is in flight, then exit non-zero so a
-            # supervisor starts a fresh process; clients see WorkerGoneError and reconnect.
-            log.critical("unrecoverable backend error, stopping: %s", self.dispatch.fatal)
-            self.stop()
-
     def _finish(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], err: RequestError,
                 t0: float, stages: dict[str, float], prep: Prepared | None, lane: int) -> None:
         self._primed.forget((s.region, s.index))
-        _write_response(view, hdr, encode_response(error_response(err)), err.code)
+        write_response(view, hdr, encode_response(error_response(err)), err.code)
         self._inflight.value += 1
         self._done_sent(identity, s, hdr, err.code, t0, stages, prep, self.observe.op_of(err, hdr[1]), lane)
 
@@ -810,14 +634,6 @@ class Worker:
         if s.owner is None:
             self.sessions.close_idle_regions()
             self.sessions.serve_pending()
-
-
-def _write_response(view: memoryview, hdr: tuple[int, int, int], payload: bytes, status: int) -> None:
-    """Response descriptor first, then the header (``hdr``: request_id, op_code, generation)."""
-    n = len(payload)
-    view[HEADER_NBYTES:HEADER_NBYTES + n] = payload
-    # NOTE: order is important here: the header goes last, after the descriptor it describes.
-    _HEADER_PACK(view, 0, hdr[0], hdr[1], n, _ERROR_FLAGS if status else _OK_FLAGS, hdr[2])
 
 
 def _status_name(status: int) -> str:
