@@ -30,7 +30,8 @@
 #           processes (loan and blocking lane) -> $OUT/ab-{base,new}-rN.json, $OUT/ab-clients-{base,new}-rN.json
 #   w4a16   bench/gpu/w4a16_probe.py: gemm_w4a16's kernels and their diagnostic builds next to fp16 cuBLAS (~35 s)
 #   graphs  the CUDA graphs of batches and of chunked runs: bench/gpu/tiny_probe.py --batch (in process), the
-#           256 MiB request through the worker with and without its graph (bench/gpu_e2e.py --only graphs)
+#           256 MiB request through the worker without its graph and with it, launched by the loop or run by an
+#           executor thread, over ZeroMQ and through both lanes (bench/gpu_e2e.py --only graphs)
 #   gemmab  the tree sent against a base tree (.whl/base/), interleaved twice: gemm x=16x256 w=256x256 float16 on the
 #           CuPy worker, 8 and 16 client processes (loan, blocking and spinning lane); the tree with launched batches
 #           off (SHMRPC_CUDA_LAUNCH_BATCHES=0) as a third arm -> $OUT/gemmab-{base,nolaunch,new}-rN.json
