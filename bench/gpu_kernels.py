@@ -86,6 +86,17 @@ def copy_ceiling(cp: Any, nbytes: int, reps: int) -> dict[str, float]:
     return {"bytes": nbytes, "seconds": s, "GBps": 2 * nbytes / s / 1e9}
 
 
+def w4a16_sets(cp: Any, k: int, n: int, gs: int = 128, l2_bytes: int = 60 << 20) -> tuple[list[tuple[Any, Any, Any]], Any]:
+    """Enough (qweight, scales, zeros) sets of a K x N int4 weight that rotating through them keeps it out of L2
+    (three times ``l2_bytes`` in all, two sets at least), and the random state they came from (seed 0)."""
+    g = k // gs
+    packed = k * n // 2 + 4 * g * n
+    rs = cp.random.RandomState(0)
+    return [(rs.randint(0, 256, (k // 2, n), dtype=cp.uint8),
+             rs.uniform(0.005, 0.02, (g, n)).astype(cp.float16),
+             rs.randint(0, 16, (g, n)).astype(cp.float16)) for _ in range(max(2, -(-3 * l2_bytes // packed)))], rs
+
+
 def bench_w4a16(cp: Any, m: int, k: int, n: int, reps: int, ceiling: float, l2_bytes: int = 60 << 20) -> dict[str, Any]:
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._registry import OpCall
@@ -93,12 +104,9 @@ def bench_w4a16(cp: Any, m: int, k: int, n: int, reps: int, ceiling: float, l2_b
 
     gs = 128
     g = k // gs
-    packed = k * n // 2 + 2 * g * n * 2
-    n_sets = max(2, -(-3 * l2_bytes // packed))
-    rs = cp.random.RandomState(0)
-    sets = [(rs.randint(0, 256, (k // 2, n), dtype=cp.uint8),
-             rs.uniform(0.005, 0.02, (g, n)).astype(cp.float16),
-             rs.randint(0, 16, (g, n)).astype(cp.float16)) for _ in range(n_sets)]
+    packed = k * n // 2 + 4 * g * n
+    sets, rs = w4a16_sets(cp, k, n, gs, l2_bytes)
+    n_sets = len(sets)
     x = (rs.standard_normal((m, k)) / np.sqrt(k)).astype(cp.float16)
     spec = REGISTRY["gemm_w4a16"]
     ws: dict[str, Any] = {}

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_kernels import _timer  # noqa: E402
+from gpu_kernels import _timer, w4a16_sets  # noqa: E402
 
 _M16 = [(1, 2, 4, 2, 0), (1, 1, 4, 4, 0), (1, 2, 4, 2, 4), (1, 2, 4, 4, 4), (1, 2, 4, 2, 3), (1, 1, 4, 2, 4),
         (1, 1, 4, 4, 4), (1, 1, 4, 2, 6), (1, 1, 4, 4, 6), (1, 1, 8, 2, 4), (1, 1, 8, 1, 4)]
@@ -56,11 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     for k, n in (tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")):
         gs = 128
         g = k // gs
-        packed = k * n // 2 + 4 * g * n
-        n_sets = max(2, -(-3 * l2 // packed))
-        rs = cp.random.RandomState(0)
-        sets = [(rs.randint(0, 256, (k // 2, n), dtype=cp.uint8), rs.uniform(0.005, 0.02, (g, n)).astype(cp.float16),
-                 rs.randint(0, 16, (g, n)).astype(cp.float16)) for _ in range(n_sets)]
+        sets, rs = w4a16_sets(cp, k, n, gs, l2)
+        n_sets = len(sets)
         w_ref = dequantize_int4(np, *(a.get() for a in sets[0])).astype(np.float64)
         n16 = max(2, -(-3 * l2 // (k * n * 2)))
         w16 = [rs.standard_normal((k, n), dtype=cp.float32).astype(cp.float16) for _ in range(n16)]

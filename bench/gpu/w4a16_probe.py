@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpu_kernels import _timer  # noqa: E402
+from gpu_kernels import _timer, w4a16_sets  # noqa: E402
 
 _READ = r"""extern "C" __global__ void read16(const uint4* __restrict__ p, long long n, unsigned int* sink) {
   unsigned int acc = 0;
@@ -124,10 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         gs = 128
         g = k // gs
         packed = k * n // 2 + 4 * g * n
-        n_sets = max(2, -(-3 * l2 // packed))
-        rs = cp.random.RandomState(0)
-        sets = [(rs.randint(0, 256, (k // 2, n), dtype=cp.uint8), rs.uniform(0.005, 0.02, (g, n)).astype(cp.float16),
-                 rs.randint(0, 16, (g, n)).astype(cp.float16)) for _ in range(n_sets)]
+        sets, rs = w4a16_sets(cp, k, n, gs, l2)
+        n_sets = len(sets)
         w_ref = dequantize_int4(cp, *sets[0]).astype(cp.float64)
         n16 = max(2, -(-3 * l2 // (k * n * 2)))
         w16 = [rs.standard_normal((k, n), dtype=cp.float32).astype(cp.float16) for _ in range(n16)]
