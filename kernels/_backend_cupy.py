@@ -381,12 +381,14 @@ class CupyBackend(Backend):
         A :func:`~shmrpc.kernels._batch.batchable` plan over two requests or more runs once:
         each request's inputs are copied into its slice of one (B, ...) device buffer, every
         step runs once with (B, ...) specs, each request's output slice is copied into its
-        view, one synchronize. A small plan (<= GRAPH_MAX_BYTES per request) whose batch comes
-        back at the same host addresses is served by a CUDA graph of that run from its second
-        sight (:mod:`._cuda_batch`): one launch, one synchronize. Other small batches over views a
-        kernel may use at their host address copy by one gather and one scatter launch
-        (:mod:`._cuda_gather`). Each item then gets ``{"total": seconds of the joint run, "batch": B}``
-        (and ``"graph": 1.0`` or ``"gather": 1.0``). A bad view, an
+        view, one synchronize. A small plan (<= GRAPH_MAX_BYTES per request) over views a kernel may
+        use at their host address is served, from the second batch of its size on, by the graph of its
+        gathered run (:class:`._cuda_gather.GatherGraphs`: one launch, one synchronize); until then, and
+        for batches of GATHER_MIN_BATCH or more whose plan is not captured, by one gather and one scatter
+        launch around the steps. Elsewhere a small plan whose batch comes back at the same host addresses
+        is served by a graph of the memcpy run from its third sight (:mod:`._cuda_batch`). Each item then
+        gets ``{"total": seconds of the joint run, "batch": B}`` (and ``"graph": 1.0`` and/or
+        ``"gather": 1.0``). A bad view, an
         op error or a device error in the joint run makes every request run alone (its own
         result or error), unless copies out had begun: then every request gets the joint run's error.
         """
