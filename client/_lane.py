@@ -2,8 +2,9 @@
 
 One request at a time goes through the lane (a synchronous ``Loan.send`` or ``Client.call``
 while nothing else is in flight); everything else, and every control message, goes over
-ZeroMQ. Waiting spins on the page's done_seq for at most ``spin_s``, then blocks in poll()
-on our eventfd and the worker's pidfd, so a worker that dies fails the wait at once. A spinning
+ZeroMQ. Waiting spins on the page's done_seq for at most ``spin_s``, then blocks in epoll on
+our eventfd (edge-triggered, so never read back) and the worker's pidfd, so a worker that dies
+fails the wait at once. A spinning
 lane whose last answer took longer than its spin budget (a large request) first blocks until
 shortly before that time has passed again (15% of it, at least 0.2 ms), then spins: it is awake
 when a request of the same length is answered, without spinning through all of it.
@@ -46,8 +47,10 @@ class ClientLane:
             os.close(page_fd)
         self.page = memoryview(self._map)
         self._call_seq, self._done_seq = L.seq_word(self._map, L.CALL_SEQ), L.seq_word(self._map, L.DONE_SEQ)
-        self._poll = select.poll()
-        self._poll.register(own_fd, select.POLLIN)
+        # edge-triggered: every DONE the worker signals is one event, so a wake-up needs no read of the eventfd;
+        # an event left by an answer found by spinning wakes the next wait once, for nothing
+        self._poll = select.epoll()
+        self._poll.register(own_fd, select.EPOLLIN | select.EPOLLET)
 
     def ring(self, frame: bytes, request_id: int) -> None:
         """Publish a CALL frame in the page and wake the worker."""
@@ -76,16 +79,16 @@ class ClientLane:
         seq = self.seq
         if pidfd is not None and not hasattr(self, "_pidfd"):
             self._pidfd = pidfd
-            self._poll.register(pidfd, select.POLLIN)
+            self._poll.register(pidfd, select.EPOLLIN)
         if self.spin_s:
             spin_s, last = self.spin_s, self._last_s
             if last > spin_s:  # the last answer came after the spin budget: sleep through most of this one's wait
                 early = max(_EARLY_S, 0.15 * last)
-                ms = int((self._rung + last - early - time.perf_counter()) * 1000)
+                sleep_s = self._rung + last - early - time.perf_counter()
                 if deadline is not None:
-                    ms = min(ms, int((deadline - time.monotonic()) * 1000))
-                if ms > 0 and self._done_seq.value != seq:
-                    for fd, _ in self._poll.poll(ms):  # an answer sooner than that wakes it (our eventfd)
+                    sleep_s = min(sleep_s, deadline - time.monotonic())
+                if sleep_s > 1e-3 and self._done_seq.value != seq:
+                    for fd, _ in self._poll.poll(sleep_s):  # an answer sooner than that wakes it (our eventfd)
                         if fd == pidfd:
                             raise WorkerGoneError(f"worker {name!r} exited")
                 spin_s += early
@@ -97,17 +100,12 @@ class ClientLane:
             if got is not None:
                 self._last_s = time.perf_counter() - self._rung
                 return got
-            wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000) + 1)
-            events = self._poll.poll(wait_ms)
+            wait_s = -1.0 if deadline is None else max(0.0, deadline - time.monotonic() + 1e-3)
+            events = self._poll.poll(wait_s)
             for fd, _ in events:
                 if fd == pidfd:
                     raise WorkerGoneError(f"worker {name!r} exited")
-            if events:
-                try:
-                    os.eventfd_read(self.fd)  # NOTE: reset before the seq is read again at the loop's top
-                except BlockingIOError:
-                    pass
-            elif deadline is not None and time.monotonic() >= deadline:
+            if not events and deadline is not None and time.monotonic() >= deadline:
                 raise Timeout(f"no answer from worker {name!r} in time")
 
     def close(self) -> None:
@@ -117,6 +115,7 @@ class ClientLane:
             self._map.close()
         except BufferError:  # a seq word still referenced (a traceback's frame): unmapped when it goes
             pass
+        self._poll.close()
         for fd in (self.doorbell_fd, self.fd):
             if fd >= 0:
                 os.close(fd)

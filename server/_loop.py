@@ -56,6 +56,7 @@ from ._dispatch import Dispatcher, Launched, Prepared, check_header, error_respo
 from ._lanes import Lanes
 from ._lease import Leases, Slot
 from ._observe import Observer
+from ._poll import LoopPoll
 from ._primed import Express, Primed, PrimedSlots
 from ._runs import SPIN_POLL_S, Done, Runs, write_response
 from ._sessions import Sessions, _refusal
@@ -110,6 +111,7 @@ class Worker(Runs):
         self._joins = False  # park batchable requests for one joint run (--max-batch > 1 and a backend that joins)
         self._lanes: Lanes | None = None
         self._wake_r, self._wake_w = -1, -1
+        self._poller: LoopPoll | None = None  # serve_forever's wait (its epoll fd)
         self._views: dict[tuple[int, int], memoryview] = {}  # (region, slot) -> the slot's bytes, made once
         self._primed = PrimedSlots()  # (region, slot) -> the last request validated there, with its views
         self._express = self._primed.express  # CALL frame bytes [2:8] -> a slot armed for the express path
@@ -179,6 +181,7 @@ class Worker(Runs):
                 self._sock.bind(endpoint(cfg.name))
             finally:
                 os.umask(old)
+            self._poller = LoopPoll(self._sock)
             if cfg.allow_uids:  # the kernel's credentials on the attach socket and the token decide, not the mode
                 os.chmod(socket_path(cfg.name), 0o666)
             self.observe.start(self.backend, self.health)
@@ -225,6 +228,9 @@ class Worker(Runs):
         if self._lanes is not None:
             self._lanes.close()
             self._lanes = None
+        if self._poller is not None:
+            self._poller.close()
+            self._poller = None
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
@@ -273,14 +279,15 @@ class Worker(Runs):
         """Serve until :meth:`stop`; then answer in-flight requests and return."""
         assert self._sock is not None and self._attach is not None
         sock, attach = self._sock, self._attach
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
-        poller.register(attach.fileno(), zmq.POLLIN)
+        poller = self._poller
+        assert poller is not None
+        wake_r, attach_fd = self._wake_r, attach.fileno()
+        poller.register(wake_r)
+        poller.register(attach_fd)
         lanes = self._lanes
         doorbell = lanes.doorbell_fd if lanes is not None else -1
         if lanes is not None:
-            poller.register(doorbell, zmq.POLLIN)
+            poller.register(doorbell)
         lane_rang = {doorbell: _POLLIN}  # the events of a turn whose lane request the spin found
         polled: set[int] = set()  # pidfds of clients and attach connections waiting for their HELLO
         pidfds: set[int] = set()
@@ -299,7 +306,7 @@ class Worker(Runs):
                 for fd in polled - wanted:
                     poller.unregister(fd)
                 for fd in wanted - polled:
-                    poller.register(fd, zmq.POLLIN)
+                    poller.register(fd)
                 polled = wanted
             timeout_ms = 50 if stopping else self._poll_timeout_ms(next_check)
             if self._launched is not None:
@@ -312,7 +319,7 @@ class Worker(Runs):
                 # is found within a fraction of a µs, its doorbell eventfd left for the next poll to clear.
                 now = time.perf_counter()
                 end, next_poll = now + spin_s, now + SPIN_POLL_S
-                events = dict(poller.poll(0))
+                events = poller.poll(0)
                 while not events and not self._done and now < end:
                     if lanes is not None:
                         if lanes.ready():
@@ -322,15 +329,20 @@ class Worker(Runs):
                             now = time.perf_counter()
                             continue
                         next_poll = now + SPIN_POLL_S
-                    events = dict(poller.poll(0))
+                    events = poller.poll(0)
                     now = time.perf_counter()
                 if not events and not self._done:
-                    events = dict(poller.poll(timeout_ms))
+                    events = poller.poll(timeout_ms)
             else:
-                events = dict(poller.poll(timeout_ms))
-            if sock in events:
+                events = poller.poll(timeout_ms)
+            # NOTE: the work after a request's answer up to the next wait is part of the next round trip when the
+            # client is woken on this core (the blocking lane): the fds other than the socket and the doorbell are
+            # looked at only when the turn has any
+            rang_sock = sock in events
+            if rang_sock:
                 self._drain_socket(stopping)
-            if doorbell in events:
+            rang_lane = doorbell in events
+            if rang_lane:
                 assert lanes is not None
                 if events is not lane_rang:
                     lanes.clear_doorbell()  # NOTE: before the scan: a request posted after it rings again
@@ -340,15 +352,16 @@ class Worker(Runs):
                 # the turn's batchable requests: one run per plan (see _batch.py); while a launched batch is on the
                 # device they stay parked, and run as one batch once it is answered (the device and the loop overlap)
                 self._run_pending()
-            if self._wake_r in events:
+            others = len(events) > rang_sock + rang_lane  # the wake pipe, the attach socket, pidfds
+            if others and wake_r in events:  # NOTE: read before the completions are drained: one queued later rings
                 try:
-                    os.read(self._wake_r, 4096)
+                    os.read(wake_r, 4096)
                 except BlockingIOError:
                     pass
             if self._done or self.dispatch.fatal:
                 self._drain_done()
-            if len(events) > 1 or sock not in events:  # a pidfd or the attach socket may be among them
-                if attach.fileno() in events:
+            if others:
+                if attach_fd in events:
                     attach.accept()
                 for fd in waiting & events.keys():
                     self._on_attach(fd, stopping)
@@ -400,11 +413,13 @@ class Worker(Runs):
         return max(0, int((deadline - time.monotonic()) * 1000) + 1)
 
     def _drain_socket(self, stopping: bool) -> None:
-        sock = self._sock
-        assert sock is not None
+        sock, poller = self._sock, self._poller
+        assert sock is not None and poller is not None
         for _ in range(256):  # bounded, so completions and pidfds get their turn
             if not _RAW_GET(sock, _EVENTS) & _POLLIN:  # cheaper than catching zmq.Again
+                poller.used = False  # asked after every send and receive of the turn so far
                 return
+            poller.used = True
             # a ROUTER message: the peer's routing id, then its frames (libzmq never delivers a routing id alone)
             identity = _RAW_RECV(sock, _NOBLOCK)
             frame = _RAW_RECV(sock, _NOBLOCK)
@@ -424,7 +439,8 @@ class Worker(Runs):
 
     def _send(self, identity: bytes, frame: bytes) -> None:
         try:
-            assert self._sock is not None
+            assert self._sock is not None and self._poller is not None
+            self._poller.used = True
             _RAW_SEND(self._sock, identity, _NOBLOCK_SNDMORE)
             _RAW_SEND(self._sock, frame, _NOBLOCK)
         except (zmq.Again, zmq.ZMQError) as e:  # peer gone (ROUTER_MANDATORY) or its queue full

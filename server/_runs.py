@@ -22,8 +22,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-import zmq
-
 from shmrpc.kernels._backend_base import BoundRun, RunLaunch
 from shmrpc.schema.descriptor import encode_response
 from shmrpc.schema.errors import InternalError, RequestError
@@ -33,6 +31,7 @@ from ._batch import Pending, group_by_plan
 from ._dispatch import Dispatcher, Launched, Prepared, error_response
 from ._lanes import Lanes
 from ._lease import Slot
+from ._poll import LoopPoll
 from ._primed import Primed
 from .metrics import Metrics
 
@@ -116,7 +115,7 @@ class Runs:
         assert self._executor is not None
         self._executor.submit(self._run_async, identity, s, view, hdr, primed, t0, lane)
 
-    def _await_launched(self, poller: zmq.Poller, lane_rang: dict[int, int], timeout_ms: int) -> dict[Any, int]:
+    def _await_launched(self, poller: LoopPoll, lane_rang: dict[int, int], timeout_ms: int) -> dict[Any, int]:
         """The next events while a launched run is on the device, answering it as soon as it is done: a run whose
         duration is known (its ``eta``) is awaited in a poll until shortly before it is due; then, and for the
         others from the start (small batches), the loop spins (lanes read, the poll every SPIN_POLL_S), and past
@@ -130,12 +129,12 @@ class Runs:
         while now < give_up:
             if h.done():
                 self._finish_launched()
-                return dict(poller.poll(0))
+                return poller.poll(0)
             if lanes is not None and lanes.ready():
                 return lane_rang
             if now >= next_poll:
                 wait_ms = int((wake - now) * 1000) if wake - now >= 1e-3 else 0 if now < end else 1
-                events = dict(poller.poll(min(wait_ms, timeout_ms)))
+                events = poller.poll(min(wait_ms, timeout_ms))
                 if events:
                     return events
                 next_poll = now + SPIN_POLL_S
