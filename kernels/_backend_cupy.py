@@ -20,14 +20,9 @@ Stage timings (CUDA events, read after the synchronize) are taken only for reque
 more than ``TIMED_MIN_BYTES`` and for one small request in ``STAGE_SAMPLE_EVERY``; the
 others return ``{"total"}`` (and ``"graph": 1.0`` when a graph served them).
 
-Batches (:meth:`CupyBackend.run_batch`): a batchable plan over B requests copies each
-request's inputs into its slice of one (B, ...) device buffer, runs every step once,
-copies each request's slice of the outputs back, and synchronizes once; a small batch seen
-before at the same host addresses is one CUDA graph (:mod:`._cuda_batch`, cuBLAS products
-through :mod:`._cuda_blas`); other batches of >= GATHER_MIN_BATCH small requests over views the
-device may read at their host address copy by one gather and one scatter launch
-(:mod:`._cuda_gather`). A chunked request seen before at the same host addresses is one CUDA
-graph of its whole chunk pipeline (``ChunkGraphs`` in :mod:`._cuda_graph`).
+A chunked request seen before at the same host addresses is one CUDA graph of its whole chunk
+pipeline (``ChunkGraphs`` in :mod:`._cuda_graph`). Batches (:meth:`CupyBackend.run_batch`) and
+launches (:meth:`CupyBackend.launch_batch`, :meth:`CupyBackend.launch`) are in :mod:`._cupy_runs`.
 
 Streams come from a pool: one stream set (streams and a workspace) per concurrent run, so
 ``run`` is thread-safe. ``inject_fault = "cuda_error"`` makes the next run fail as a CUDA
@@ -42,18 +37,20 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from . import _cuda_chunks
 from . import _cuda_gather as _gather
-from ._backend_base import Backend, BatchLaunch, RunLaunch, check_result
-from ._batch import BatchPlan, batch_plan, batchable
-from ._cuda_batch import BatchGraphs, issue_joint
+from . import _cupy_runs as _runs
+from ._backend_base import Backend, check_result
+from ._batch import BatchPlan
+from ._cuda_batch import BatchGraphs
 from ._cuda_chunks import CHUNK_BYTES, CHUNK_STREAMS, CHUNK_THRESHOLD_BYTES
-from ._cuda_graph import ChunkGraphs, ChunkStarted, GraphCache
+from ._cuda_graph import ChunkGraphs, GraphCache
+from ._cupy_runs import GRAPH_MAX_BYTES, LAUNCH_BATCHES, chunk_settings, plan_bytes
 from ._errors import BackendUnavailable, KernelFatalError, KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan
 from ._registry import OpCall, TensorSpec
@@ -66,8 +63,6 @@ __all__ = ["CupyBackend", "CHUNK_THRESHOLD_BYTES", "CHUNK_BYTES", "CHUNK_STREAMS
 TIMED_MIN_BYTES = 1 << 20
 #: One small request in this many is timed by events too (so the stage histograms stay fed).
 STAGE_SAMPLE_EVERY = 64
-#: Plans whose tensors total at most this many bytes keep device buffers and may become graphs.
-GRAPH_MAX_BYTES = 4 << 20
 #: Graphs kept per backend, of single small requests and of batches each (``SHMRPC_CUDA_GRAPHS=0`` turns graphs off).
 GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_GRAPHS", "") or 64)
 #: Graphs of whole chunked runs kept (each holds about the bytes its request moves on the device;
@@ -76,10 +71,6 @@ LARGE_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_LARGE_GRAPHS", "") or (2 if 
 #: Graphs of batches kept (one per set of requests' slots: 8 clients of one slot each make up to 255 sets;
 #: each graph a few MiB of device memory for gemm 16x256x256; ``SHMRPC_CUDA_BATCH_GRAPHS=0`` turns them off).
 BATCH_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_BATCH_GRAPHS", "") or (256 if GRAPH_CACHE else 0))
-#: Batches a gathered graph serves, and large requests a chunk graph serves, are launched and answered when done
-#: (:meth:`CupyBackend.launch_batch`, :meth:`CupyBackend.launch`); ``SHMRPC_CUDA_LAUNCH_BATCHES=0``: run and
-#: waited for by the caller, as any other.
-LAUNCH_BATCHES = (os.environ.get("SHMRPC_CUDA_LAUNCH_BATCHES", "") or "1") != "0"
 _BUFS_PER_SET = 32
 log = logging.getLogger("shmrpc.kernels")
 _HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable
@@ -242,7 +233,7 @@ class CupyBackend(Backend):
         host_in, host_out = self._host_io(plan, inputs, outputs)
         resident = self._lookup_resident(plan)
         moved = sum(h.nbytes for h in host_in.values()) + sum(h.nbytes for h in host_out.values())
-        small = moved <= TIMED_MIN_BYTES and _plan_bytes(plan) <= GRAPH_MAX_BYTES
+        small = moved <= TIMED_MIN_BYTES and plan_bytes(plan) <= GRAPH_MAX_BYTES
         timed = not small
         if small:
             self._small_runs += 1
@@ -259,7 +250,7 @@ class CupyBackend(Backend):
             chunkable = self._chunkable(plan, host_in, host_out, moved)
             if chunkable and self._chunk_graphs.eligible(plan):
                 try:
-                    graphed = self._chunk_graphs.run(plan, host_in, host_out, resident, _chunk_settings(),
+                    graphed = self._chunk_graphs.run(plan, host_in, host_out, resident, chunk_settings(),
                                                      max(3, _cuda_chunks.CHUNK_STREAMS),
                                                      self._chunked(plan, host_in, host_out, resident))
                 except OpError:
@@ -373,139 +364,10 @@ class CupyBackend(Backend):
         views = list(host_in.values()) + list(host_out.values())
         return len(shapes) == 1 and all(v.flags.c_contiguous for v in views)
 
-    # -- batches -------------------------------------------------------------------
-    def run_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
-                  ) -> list[dict[str, float] | Exception]:
-        """Run ``plan`` over several requests; see :meth:`Backend.run_batch`.
-
-        A :func:`~shmrpc.kernels._batch.batchable` plan over two requests or more runs once:
-        each request's inputs are copied into its slice of one (B, ...) device buffer, every
-        step runs once with (B, ...) specs, each request's output slice is copied into its
-        view, one synchronize. A small plan (<= GRAPH_MAX_BYTES per request) over views a kernel may
-        use at their host address is served, from the second batch of its size on, by the graph of its
-        gathered run (:class:`._cuda_gather.GatherGraphs`: one launch, one synchronize); until then, and
-        for batches of GATHER_MIN_BATCH or more whose plan is not captured, by one gather and one scatter
-        launch around the steps. Elsewhere a small plan whose batch comes back at the same host addresses
-        is served by a graph of the memcpy run from its third sight (:mod:`._cuda_batch`). Each item then
-        gets ``{"total": seconds of the joint run, "batch": B}`` (and ``"graph": 1.0`` and/or
-        ``"gather": 1.0``). A bad view, an
-        op error or a device error in the joint run makes every request run alone (its own
-        result or error), unless copies out had begun: then every request gets the joint run's error.
-        """
-        if len(items) < 2 or self.inject_fault or not batchable(plan):
-            return super().run_batch(plan, items)
-        t0 = time.perf_counter()
-        try:
-            got = [self._checked.get(plan, ins, outs, self._host_io) for ins, outs in items]
-            resident = self._lookup_resident(plan)
-        except OpError:
-            return super().run_batch(plan, items)
-        if not all(g[2] for g in got):  # a view not C-contiguous
-            return super().run_batch(plan, items)
-        checked = [(g[0], g[1]) for g in got]
-        bp = self._batch_plan(plan, len(items))
-        addrs = None
-        gg = self._gather_graphs
-        graphs = _plan_bytes(plan) <= GRAPH_MAX_BYTES
-        if self.gather_batches and (len(items) >= self.gather_min_batch or graphs and gg.eligible(plan)) \
-                and _gather.gatherable(plan, bp) and all(g[3] is not None for g in got):
-            addrs = _columns(got)
-        gather = addrs is not None and len(items) >= self.gather_min_batch
-        copying_out = [False]
-        graphed: bool | None = None
-        with self._dev:
-            sset = self._acquire()
-            s = sset.streams[0]
-            try:
-                if addrs is not None and graphs and gg.eligible(plan):
-                    graphed = gg.run(plan, bp, addrs, checked, resident, copying_out)
-                    gather = gather or graphed is not None
-                elif graphs and self._batch_graphs.eligible(plan):
-                    graphed = self._batch_graphs.run(plan, bp, checked, resident, copying_out)
-                    gather = gather and graphed is None
-                if graphed is None and gather and addrs is not None:
-                    if sset.table is None:
-                        sset.table = _gather.RowTable(self.xp)
-                    bufs = _gather.stacked_bufs(sset.batch_bufs, plan, len(items), _plan_bytes(plan))
-                    _gather.issue_gathered(self.xp, self._step, plan, bp, addrs, resident, s, sset.workspace, copying_out,
-                                           sset.table, bufs)
-                    s.synchronize()
-                elif graphed is None:
-                    gather = False
-                    issue_joint(self.xp, self._step, None, plan, bp, checked, resident, s, sset.workspace, copying_out)
-                    s.synchronize()
-            except Exception as e:  # noqa: BLE001 - the batch failed as a whole
-                try:
-                    s.synchronize()  # NOTE: a launch may still read this stream set's table
-                except Exception:  # noqa: BLE001 - a device error: reported below, the stream set is dropped
-                    pass
-                self._release(sset)
-                if not copying_out[0]:
-                    return super().run_batch(plan, items)
-                err = e if isinstance(e, OpError) else self._wrap(e, "", -1)
-                return [err for _ in items]
-            self._release(sset)
-        dt = time.perf_counter() - t0
-        done = {"total": dt, "batch": float(len(items))}
-        if graphed is True:
-            done["graph"] = 1.0
-        if gather:
-            done["gather"] = 1.0
-        return [dict(done) for _ in items]
-
-    def launch(self, plan: Plan, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> RunLaunch | None:
-        """Launch a large request that a graph of its chunked run serves (:class:`._cuda_graph.ChunkGraphs`) and
-        return at once; any other request: None (see :meth:`Backend.launch`)."""
-        if not LAUNCH_BATCHES or self.inject_fault or not self._chunk_graphs.eligible(plan):
-            return None
-        try:
-            host_in, host_out = self._host_io(plan, inputs, outputs)
-            resident = self._lookup_resident(plan)
-        except OpError:
-            return None  # run() raises it
-        moved = sum(h.nbytes for h in host_in.values()) + sum(h.nbytes for h in host_out.values())
-        if not self._chunkable(plan, host_in, host_out, moved):
-            return None
-        try:
-            with self._dev:
-                started = self._chunk_graphs.start(plan, host_in, host_out, resident, _chunk_settings())
-        except Exception:  # noqa: BLE001 - the launch failed: run() runs the request again and reports what fails
-            return None
-        return None if started is None else _RunLaunched(self, started)
-
-    def launch_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
-                     ) -> BatchLaunch | None:
-        """Launch a batch that a graph of gathered batches serves (:mod:`._cuda_gather`) and return at once; any
-        other batch: None (see :meth:`Backend.launch_batch`)."""
-        gg = self._gather_graphs
-        if not LAUNCH_BATCHES or len(items) < 2 or self.inject_fault or not self.gather_batches or not gg.eligible(plan) \
-                or _plan_bytes(plan) > GRAPH_MAX_BYTES or not batchable(plan):
-            return None
-        try:
-            got = [self._checked.get(plan, ins, outs, self._host_io) for ins, outs in items]
-            resident = self._lookup_resident(plan)
-        except OpError:
-            return None  # run_batch answers each request with its own error
-        bp = self._batch_plan(plan, len(items))
-        if not all(g[3] is not None for g in got) or not _gather.gatherable(plan, bp):
-            return None
-        t0 = time.perf_counter()
-        try:
-            with self._dev:
-                started = gg.start(plan, bp, _columns(got), resident)
-        except Exception:  # noqa: BLE001 - the launch failed: run_batch runs the batch again and reports what fails
-            return None
-        return None if started is None else _Launched(self, started, len(items), t0)
-
-    def _batch_plan(self, plan: Plan, size: int) -> BatchPlan:
-        entry = self._batch_plans.get((id(plan), size))
-        if entry is not None and entry[0] is plan:
-            return entry[1]
-        if len(self._batch_plans) > 256:
-            self._batch_plans.clear()
-        bp = batch_plan(plan, size)
-        self._batch_plans[(id(plan), size)] = (plan, bp)
-        return bp
+    # -- batches and launches: functions of :mod:`._cupy_runs`, bound as methods ----
+    run_batch = _runs.run_batch
+    launch = _runs.launch
+    launch_batch = _runs.launch_batch
 
     # -- host memory, warmup, memory, close ----------------------------------------
     def register_host(self, address: int, nbytes: int) -> None:
@@ -582,58 +444,3 @@ class CupyBackend(Backend):
         with self._dev:
             self.xp.get_default_memory_pool().free_all_blocks()
 
-
-class _Launched:
-    """A batch launched by :meth:`CupyBackend.launch_batch`."""
-
-    __slots__ = ("_be", "_started", "_size", "_t0")
-
-    def __init__(self, be: CupyBackend, started: _gather.Started, size: int, t0: float) -> None:
-        self._be, self._started, self._size, self._t0 = be, started, size, t0
-
-    def done(self) -> bool:
-        return self._started.done()
-
-    def finish(self) -> list[dict[str, float] | Exception]:
-        try:
-            self._started.finish()
-        except Exception as e:  # noqa: BLE001 - a device error ends every request of the batch
-            err: Exception = self._be._wrap(e, "", -1)
-            return [err] * self._size
-        done = {"total": time.perf_counter() - self._t0, "batch": float(self._size), "graph": 1.0, "gather": 1.0}
-        return [dict(done) for _ in range(self._size)]
-
-
-class _RunLaunched:
-    """A request launched by :meth:`CupyBackend.launch`: its CUDA error raised as :meth:`CupyBackend.run` raises it."""
-
-    __slots__ = ("_be", "_started", "eta")
-
-    def __init__(self, be: CupyBackend, started: ChunkStarted) -> None:
-        self._be, self._started, self.eta = be, started, started.eta
-
-    def done(self) -> bool:
-        return self._started.done()
-
-    def finish(self) -> dict[str, float]:
-        try:
-            return self._started.finish()
-        except Exception as e:
-            raise self._be._wrap(e, "", -1) from e
-
-
-def _columns(got: Sequence[_gather.Checked]) -> tuple[list[list[int]], list[list[int]]]:
-    """Per input and per output, the host addresses of every request (``got``: each request's checks, all usable)."""
-    return ([list(c) for c in zip(*(g[3][0] for g in got))],  # type: ignore[index]
-            [list(c) for c in zip(*(g[3][1] for g in got))])  # type: ignore[index]
-
-
-def _plan_bytes(plan: Plan) -> int:
-    """Bytes of every tensor of ``plan`` (inputs, intermediates, outputs)."""
-    return sum(t.nbytes for t in plan.tensors.values())
-
-
-def _chunk_settings() -> tuple[Any, ...]:
-    """The chunk pipeline's settings now (benchmarks change them in process): part of a chunk graph's key."""
-    c = _cuda_chunks
-    return (c.CHUNK_PIPELINE, c.CHUNK_BYTES, c.CHUNK_MIN_BYTES, c.CHUNK_STREAMS)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.pinned import Pinned
 
 from shmrpc.kernels import REGISTRY, KernelRuntimeError, StepSpec, TensorSpec, select_backend
 from shmrpc.kernels._batch import batchable
@@ -36,31 +37,9 @@ def gpu(cp: Any) -> Iterator[Any]:  # conftest's cp: skipped with the reason whe
         yield be
 
 
-class Host:
-    """Page-locked (or, with ``pinned=False``, pageable) host memory handing out views at offsets
-    ``shift`` bytes past a 64-byte boundary; every byte not handed out keeps 0xAB."""
-
-    def __init__(self, cp: Any, nbytes: int = 8 << 20, pinned: bool = True) -> None:
-        self.mem = cp.cuda.alloc_pinned_memory(nbytes) if pinned else bytearray(nbytes)
-        self.raw = np.frombuffer(self.mem, np.uint8, nbytes)
-        self.raw[:] = 0xAB
-        self.off = 0
-        self.used: list[tuple[int, int]] = []
-
-    def view(self, shape: tuple[int, ...], dtype: str, shift: int = 0) -> np.ndarray:
-        dt = np.dtype(np.uint16 if dtype == _BF16 else dtype)
-        n = int(np.prod(shape))
-        off = self.off + shift
-        v = np.frombuffer(self.mem, dt, n, off).reshape(shape)
-        self.used.append((off, off + v.nbytes))
-        self.off = off + -(-v.nbytes // 64) * 64 + 64
-        return v
-
-    def untouched(self) -> bool:
-        mask = np.ones(self.raw.size, bool)
-        for a, b in self.used:
-            mask[a:b] = False
-        return bool((self.raw[mask] == 0xAB).all())
+def _host(cp: Any, nbytes: int = 8 << 20, pinned: bool = True) -> Pinned:
+    """Host memory handing out views ``shift`` bytes past where the last left off (64-byte rounding, 64 bytes apart)."""
+    return Pinned(cp, nbytes, align=64, gap=64, pinned=pinned)
 
 
 def _fill(rng: np.random.Generator, v: np.ndarray, dt: str) -> None:
@@ -105,7 +84,7 @@ def _plan(be: Any, case: Any, seed: int = 1) -> Any:
     return be.plan(steps, specs, outs, resident=names)
 
 
-def _items(host: Host, plan: Any, size: int, seed: int, shifts: tuple[int, ...] = (0,)) -> list[Any]:
+def _items(host: Pinned, plan: Any, size: int, seed: int, shifts: tuple[int, ...] = (0,)) -> list[Any]:
     rng = np.random.default_rng(seed)
     items = []
     for b in range(size):
@@ -136,7 +115,7 @@ def test_every_batch_op_has_a_case() -> None:
 def test_gather_equals_plain_joint_run_bit_for_bit_and_each_request_alone(gpu: Any, cp: Any, case: Any, size: int) -> None:
     plan = _plan(gpu, case)
     assert batchable(plan)
-    host = Host(cp)
+    host = _host(cp)
     shifts = (0, 2, 4, 6, 8, 10, 12, 14) if all(s.dtype != _F32 for s in plan.tensors.values()) else (0, 4, 8, 12)
     items = _items(host, plan, size, seed=size, shifts=shifts)  # 16-aligned, 4-aligned and 2-aligned views
     _served(gpu.run_batch(plan, items), size, "gather")
@@ -159,7 +138,7 @@ def test_gather_equals_plain_joint_run_bit_for_bit_and_each_request_alone(gpu: A
 @pytest.mark.parametrize("size", [3, 8])
 def test_in_place_batch(gpu: Any, cp: Any, size: int) -> None:
     plan = gpu.plan([StepSpec("scale", {"x": "x"}, {"out": "o"}, {"a": 3.0})], {"x": TensorSpec((3, 11), _F32)}, ["o"])
-    host = Host(cp)
+    host = _host(cp)
     rng = np.random.default_rng(size)
     views = [host.view((3, 11), _F32, 4 * (b % 4)) for b in range(size)]
     for v in views:
@@ -194,7 +173,7 @@ def failing_op() -> Iterator[str]:
 
 def test_a_failing_request_fails_alone(gpu: Any, cp: Any, failing_op: str) -> None:
     plan = gpu.plan([StepSpec(failing_op, {"x": "x"}, {"out": "o"})], {"x": TensorSpec((5,), _F32)}, ["o"])
-    host = Host(cp)
+    host = _host(cp)
     items = []
     for i in range(5):
         x, o = host.view((5,), _F32), host.view((5,), _F32)
@@ -255,7 +234,7 @@ def test_views_in_registered_regions(gpu: Any, regions: int) -> None:
 
 def test_pageable_views_take_the_memcpy_path(gpu: Any, cp: Any) -> None:
     plan = _plan(gpu, CASES[8])
-    host, pageable = Host(cp), Host(cp, 1 << 20, pinned=False)
+    host, pageable = _host(cp), _host(cp, 1 << 20, pinned=False)
     items = _items(host, plan, 4, seed=4)
     items[3] = ({"x": pageable.view((7, 13), _F16)}, items[3][1])
     items[3][0]["x"][:] = 1
@@ -267,7 +246,7 @@ def test_pageable_views_take_the_memcpy_path(gpu: Any, cp: Any) -> None:
 def test_large_requests_keep_the_memcpy_path(gpu: Any, cp: Any) -> None:
     plan = gpu.plan([StepSpec("scale", {"x": "x"}, {"out": "o"}, {"a": 2.0})], {"x": TensorSpec(((1 << 20) + 3,), _F32)},
                     ["o"])  # 8 MiB moved per request: over GATHER_MAX_BYTES
-    host = Host(cp, 20 << 20)
+    host = _host(cp, 20 << 20)
     items = _items(host, plan, 2, seed=5)
     _served(gpu.run_batch(plan, items), 2, None)
     for ins, outs in items:
@@ -276,7 +255,7 @@ def test_large_requests_keep_the_memcpy_path(gpu: Any, cp: Any) -> None:
 
 def test_batches_under_the_minimum_keep_the_memcpy_path(gpu: Any, cp: Any) -> None:
     plan = _plan(gpu, CASES[8])
-    host = Host(cp)
+    host = _host(cp)
     gpu.gather_min_batch = 8
     small, big = _items(host, plan, 7, seed=7), _items(host, plan, 8, seed=8)
     _served(gpu.run_batch(plan, small), 7, None)
@@ -321,7 +300,7 @@ def _plain(be: Any, plan: Any, items: list[Any]) -> list[dict[str, bytes]]:
 def test_a_gather_graph_serves_every_batch_of_its_plan_and_size_bit_for_bit(graphed: Any, cp: Any, case: Any,
                                                                            size: int) -> None:
     plan = _plan(graphed, case)
-    host = Host(cp)
+    host = _host(cp)
     shifts = (0, 2, 4, 6) if all(s.dtype != _F32 for s in plan.tensors.values()) else (0, 4, 8, 12)
     gg = graphed._gather_graphs
     served = []
@@ -343,7 +322,7 @@ def test_a_gather_graph_serves_every_batch_of_its_plan_and_size_bit_for_bit(grap
 
 def test_a_gather_graph_serves_in_place_batches_but_is_captured_from_others(graphed: Any, cp: Any) -> None:
     plan = graphed.plan([StepSpec("scale", {"x": "x"}, {"out": "o"}, {"a": 3.0})], {"x": TensorSpec((3, 11), _F32)}, ["o"])
-    host = Host(cp)
+    host = _host(cp)
     rng = np.random.default_rng(5)
     gg = graphed._gather_graphs
 
@@ -376,7 +355,7 @@ def test_a_refused_capture_leaves_the_gathered_run(graphed: Any, cp: Any) -> Non
     spec = graphed.put("w", w, "float16")
     plan = graphed.plan([StepSpec("gemm", {"x": "x", "w": "w"}, {"out": "o"})],
                         {"x": TensorSpec((16, 64), _F16), "w": spec}, ["o"], resident={"w": "w"})
-    host = Host(cp)
+    host = _host(cp)
     for r in range(4):
         items = _items(host, plan, 4, seed=r)
         res = graphed.run_batch(plan, items)
@@ -391,7 +370,7 @@ def test_a_refused_capture_leaves_the_gathered_run(graphed: Any, cp: Any) -> Non
 
 
 def test_gather_graphs_are_dropped_on_reset_unregister_and_close(cp: Any) -> None:
-    host = Host(cp)
+    host = _host(cp)
     with select_backend("cupy") as be:
         if not be.gather_batches or not be._gather_graphs.limit:
             pytest.skip(f"the gather path or its graphs are off on this device: {be._host_access.why}")
@@ -424,7 +403,7 @@ def test_a_launched_batch_is_answered_by_finish(graphed: Any, cp: Any) -> None:
     """launch_batch: a batch whose graph exists starts on the device and returns; finish() waits and answers it
     (the same bits as the gathered run); no graph yet, or its graph still in use: None (run_batch runs it)."""
     plan = _plan(graphed, CASES[4])  # gemm, x and w per request
-    host = Host(cp)
+    host = _host(cp)
     items = [_items(host, plan, 3, seed=s) for s in range(4)]
     assert graphed.launch_batch(plan, items[0]) is None  # no graph of (plan, 3) yet
     for its in items[:2]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.pinned import Pinned
 
 from shmrpc.kernels import StepSpec, TensorSpec, select_backend
 from shmrpc.kernels._cuda_batch import _overlap, address
@@ -22,31 +23,6 @@ def _slot_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     from shmrpc.kernels import _cuda_gather
 
     monkeypatch.setattr(_cuda_gather, "GATHER_GRAPHS", 0)
-
-
-class Pinned:
-    """Page-locked host memory handing out views at 4 KiB-aligned offsets, as the worker's slots do."""
-
-    def __init__(self, cp: Any, nbytes: int = 4 << 20) -> None:
-        self.mem = cp.cuda.alloc_pinned_memory(nbytes)
-        self.raw = np.frombuffer(self.mem, np.uint8, nbytes)
-        self.raw[:] = 0xAB
-        self.off = 0
-        self.used: list[tuple[int, int]] = []
-
-    def view(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        dt = np.dtype(np.uint16 if dtype == "bfloat16" else dtype)
-        n = int(np.prod(shape))
-        v = np.frombuffer(self.mem, dt, n, self.off).reshape(shape)
-        self.used.append((self.off, self.off + v.nbytes))
-        self.off += -(-v.nbytes // 4096) * 4096
-        return v
-
-    def untouched(self) -> bool:
-        mask = np.ones(self.raw.size, bool)
-        for a, b in self.used:
-            mask[a:b] = False
-        return bool((self.raw[mask] == 0xAB).all())
 
 
 def _fill(rng: np.random.Generator, v: np.ndarray, dt: str) -> None:
