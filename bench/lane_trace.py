@@ -1,15 +1,17 @@
-"""Where a spinning lane's round trip goes: timestamps on both sides, one client, a spinning worker.
+"""Where a lane's round trip goes: timestamps on both sides, one client, one worker.
 
-    python bench/lane_trace.py [--calls 20000] [--out FILE.json]
+    python bench/lane_trace.py [--calls 20000] [--lane spin|block] [--out FILE.json]
 
-Starts a NumPy worker (``--spin-us 200``, in a child process whose loop is instrumented) and a
-``Client(lane="spin")`` in this process, sends ``--calls`` 64 B in-place ``vector_add`` loan round
-trips and stamps, with ``time.perf_counter`` (CLOCK_MONOTONIC: comparable between the processes):
-the client's ``send`` entry, its ring, the worker's lane scan that took the request, its ``_on_call``
-entry, the DONE written into the page, the client seeing it, and ``send``'s return. Prints the median
-of each interval over the last 5 000 calls and writes them to ``--out``. The stamps cost a little
-themselves: compare runs of this script, not its figures with untraced round trips. Run it with
-another tree's ``PYTHONPATH`` to trace that tree.
+Starts a NumPy worker (in a child process whose loop is instrumented; with ``--lane spin`` it spins
+200 µs, ``--spin-us 200``, with ``--lane block`` it does not spin) and a ``Client(lane=...)`` in this
+process, sends ``--calls`` 64 B in-place ``vector_add`` loan round trips and stamps, with
+``time.perf_counter`` (CLOCK_MONOTONIC: comparable between the processes): the client's ``send``
+entry, its ring, the worker's lane scan that took the request, its ``_on_call`` entry, the DONE
+written into the page, the client seeing it, ``send``'s return, and the worker's next wait after the
+DONE (the loop's tail: where the client is woken on the worker's core, part of the next round trip).
+Prints the median of each interval and of the round trip over the last 5 000 calls and writes them to
+``--out``. The stamps cost a little themselves: compare runs of this script, not its figures with
+untraced round trips. Run it with another tree's ``PYTHONPATH`` to trace that tree.
 """
 
 from __future__ import annotations
@@ -33,8 +35,18 @@ from shmrpc.server import _lanes
 from shmrpc.server._loop import Worker
 from shmrpc.server.config import WorkerConfig
 pc = time.perf_counter
-T = {"scan": [], "oncall": [], "answer": []}
+T = {"scan": [], "oncall": [], "answer": [], "wait": []}
 o_scan, o_on, o_ans = _lanes.Lanes.scan, Worker._on_call, _lanes.Lane.answer
+try:  # the loop's wait: an epoll set (server/_poll.py), or zmq.Poller in trees before it
+    from shmrpc.server._poll import LoopPoll as P
+except ImportError:
+    import zmq
+    P = zmq.Poller
+o_poll = P.poll
+def poll(self, *a):
+    T["wait"].append(pc())
+    return o_poll(self, *a)
+P.poll = poll
 def scan(self):
     T["scan"].append(pc())
     yield from o_scan(self)
@@ -45,7 +57,7 @@ def ans(self, *a):
     T["answer"].append(pc())
     return o_ans(self, *a)
 _lanes.Lanes.scan, Worker._on_call, _lanes.Lane.answer = scan, on, ans
-w = Worker(WorkerConfig(name=sys.argv[1], backend="numpy", mlock=False, spin_us=200))
+w = Worker(WorkerConfig(name=sys.argv[1], backend="numpy", mlock=False, spin_us=int(sys.argv[3])))
 w.start()
 t = threading.Thread(target=w.serve_forever, daemon=True)
 t.start()
@@ -62,6 +74,7 @@ t.join(10)
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--lane", choices=("spin", "block"), default="spin")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from shmrpc.client import Client, _lane
@@ -69,7 +82,8 @@ def main() -> int:
     name = f"trace-{os.getpid()}-{secrets.token_hex(3)}"
     with tempfile.TemporaryDirectory(prefix="shmrpc-trace-") as tmp:
         stamps = os.path.join(tmp, "worker.json")
-        worker = subprocess.Popen([sys.executable, "-c", _WORKER, name, stamps], stdin=subprocess.PIPE,
+        worker = subprocess.Popen([sys.executable, "-c", _WORKER, name, stamps, "200" if args.lane == "spin" else "0"],
+                                  stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True)
         try:
             assert worker.stdout is not None and worker.stdin is not None
@@ -89,7 +103,7 @@ def main() -> int:
 
             _lane.ClientLane.ring, _lane.ClientLane.answer = ring, answer  # type: ignore[method-assign]
             rows = []
-            with Client(name, timeout_s=30, lane="spin") as c, c.loan(4096) as req:
+            with Client(name, timeout_s=30, lane=args.lane) as c, c.loan(4096) as req:
                 req.array("x", (16,), np.float32)[...] = 1
                 req.array("y", (16,), np.float32)[...] = 0
                 for _ in range(500):
@@ -105,18 +119,22 @@ def main() -> int:
                 w = json.load(f)
         finally:
             worker.wait(30)
-    scan, oncall, answer = w["scan"], w["oncall"], w["answer"]
+    scan, oncall, answer, wait = w["scan"], w["oncall"], w["answer"], w["wait"]
     parts: dict[str, list[float]] = {k: [] for k in ("client: send to ring", "ring to the worker's scan",
                                                       "scan to _on_call", "_on_call to the DONE written",
                                                       "DONE written to the client seeing it",
-                                                      "client: seen to send's return")}
+                                                      "client: seen to send's return",
+                                                      "worker: DONE written to its next wait", "round trip")}
     for t0, r, seen, t1 in rows[-5000:]:
         i = bisect.bisect_left(oncall, r)
         if i >= len(oncall) or i >= len(answer):
             continue
         j = bisect.bisect_right(scan, oncall[i]) - 1
+        k_wait = bisect.bisect_left(wait, answer[i])
+        if k_wait >= len(wait):
+            continue
         for k, v in zip(parts, (r - t0, scan[j] - r, oncall[i] - scan[j], answer[i] - oncall[i], seen - answer[i],
-                                t1 - seen)):
+                                t1 - seen, wait[k_wait] - answer[i], t1 - t0)):
             parts[k].append(v)
     med = {k: round(statistics.median(v) * 1e6, 2) for k, v in parts.items()}
     for k, v in med.items():
@@ -124,7 +142,7 @@ def main() -> int:
     if args.out:
         from shmrpc.bench._report import finish_document, write_json
 
-        doc = finish_document({"mode": "lane-trace", "calls": args.calls, "median_us": med},
+        doc = finish_document({"mode": "lane-trace", "lane": args.lane, "calls": args.calls, "median_us": med},
                               [os.path.relpath(sys.argv[0]), *sys.argv[1:]])
         doc.pop("verdicts", None)
         print(f"JSON: {write_json(doc, args.out)}")
