@@ -27,7 +27,8 @@
 #           `shmrpc bench async` and `shmrpc bench threads` on this host's cores (NumPy worker)
 #   ab      the tree sent against a base tree (the wheel in .whl/base/, installed beside it), interleaved twice:
 #           64 B in-place vector_add on the NumPy worker, loan and lanes next to zmq, and 8 and 16 client
-#           processes (loan and blocking lane) -> $OUT/ab-{base,new}-rN.json, $OUT/ab-clients-{base,new}-rN.json
+#           processes (loan and blocking lane) -> $OUT/ab-{base,new}-rN.json, $OUT/ab-clients-{base,new}-rN.json;
+#           then bench/lane_trace.py --lane block for both, twice -> $OUT/lane-trace-block-{base,new}-rN.json
 #   w4a16   bench/gpu/w4a16_probe.py: gemm_w4a16's kernels and their diagnostic builds next to fp16 cuBLAS (~35 s)
 #   graphs  the CUDA graphs of batches and of chunked runs: bench/gpu/tiny_probe.py --batch (in process), the
 #           256 MiB request through the worker without its graph and with it, launched by the loop or run by an
@@ -175,10 +176,14 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
             2>&1 | grep -E "^shmrpc"
         done
       done
-      echo "== new, the worker spinning 50 µs after each wake-up (--worker-args '--spin-us 50'), clients blocking"
-      timeout 60 $BENCH lat --transports shmrpc,shmrpc-lane --clients 1,2,4,8,16 --iters 3000 --backend numpy \
-        --op vector_add --dtype float32 --sizes 64 --worker-args "--spin-us 50" -q \
-        --out "$OUT/ab-clients-new-wspin50.json" 2>&1 | grep -E "^shmrpc" ;;
+      for r in 1 2; do
+        for tree in base new; do
+          site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
+          echo "== round $r, $tree: bench/lane_trace.py --lane block (where a blocking lane's round trip goes)"
+          PYTHONPATH=$site timeout 60 python3 bench/lane_trace.py --lane block --calls 20000 \
+            --out "$OUT/lane-trace-block-$tree-r$r.json" 2>&1 | grep -v JSON
+        done
+      done ;;
     gemmab)
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-base \
         .whl/base/*.whl || exit 1
