@@ -111,7 +111,7 @@ class Worker(Runs):
         self._joins = False  # park batchable requests for one joint run (--max-batch > 1 and a backend that joins)
         self._lanes: Lanes | None = None
         self._wake_r, self._wake_w = -1, -1
-        self._poller: LoopPoll | None = None  # serve_forever's wait (its epoll fd)
+        self._poller: LoopPoll | None = None  # serve_forever's wait
         self._views: dict[tuple[int, int], memoryview] = {}  # (region, slot) -> the slot's bytes, made once
         self._primed = PrimedSlots()  # (region, slot) -> the last request validated there, with its views
         self._express = self._primed.express  # CALL frame bytes [2:8] -> a slot armed for the express path
@@ -228,9 +228,7 @@ class Worker(Runs):
         if self._lanes is not None:
             self._lanes.close()
             self._lanes = None
-        if self._poller is not None:
-            self._poller.close()
-            self._poller = None
+        self._poller = None
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None

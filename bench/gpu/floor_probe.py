@@ -7,7 +7,9 @@ Measures, between two processes of this interpreter (a fork), with no shmrpc cod
 * ``spin``: a seq word in a shared page, each side spinning on the other's (``ctypes.c_uint64``
   loads and stores, as the lanes do): the floor of a spinning lane in Python;
 * ``eventfd``: each side blocking in ``select.poll`` on its eventfd, the other writing it (the
-  lanes' blocking wake-up, one each way): the floor of a blocking lane in Python;
+  lanes' blocking wake-up, one each way): the floor of a blocking lane in Python; and the same
+  waiting in a level-triggered epoll set (then reading the eventfd), or edge-triggered without
+  reading it back (how a lane's client waits);
 * and, in one process, the cost of the calls a lane round trip makes: ``eventfd_write`` with no
   waiter, ``zmq.Poller.poll(0)`` over the worker loop's kind of poll set, ``select.poll(0)``.
 
@@ -59,25 +61,39 @@ def spin(iters: int) -> list[float]:
     return out
 
 
-def eventfd(iters: int) -> list[float]:
+def _waiter(fd: int, how: str) -> Any:
+    """A wait for one write to ``fd``: poll + read (``poll``), level-triggered epoll + read (``epoll``), or
+    edge-triggered epoll with the counter never read back (``epoll-et``, the lane client's wait)."""
+    if how == "poll":
+        p: Any = select.poll()
+        p.register(fd, select.POLLIN)
+    else:
+        p = select.epoll()
+        p.register(fd, select.EPOLLIN | (select.EPOLLET if how == "epoll-et" else 0))
+    if how == "epoll-et":
+        return lambda: p.poll(-1)
+
+    def wait() -> None:
+        p.poll(-1)
+        os.eventfd_read(fd)
+    return wait
+
+
+def eventfd(iters: int, how: str = "poll") -> list[float]:
     a, b = os.eventfd(0, os.EFD_NONBLOCK), os.eventfd(0, os.EFD_NONBLOCK)
     pid = os.fork()
     if pid == 0:
-        p = select.poll()
-        p.register(a, select.POLLIN)
+        wait_a = _waiter(a, how)
         for _ in range(iters + 100):
-            p.poll()
-            os.eventfd_read(a)
+            wait_a()
             os.eventfd_write(b, 1)
         os._exit(0)
-    p = select.poll()
-    p.register(b, select.POLLIN)
+    wait_b = _waiter(b, how)
     out = []
     for i in range(iters + 100):
         t0 = time.perf_counter()
         os.eventfd_write(a, 1)
-        p.poll()
-        os.eventfd_read(b)
+        wait_b()
         if i >= 100:
             out.append(time.perf_counter() - t0)
     os.waitpid(pid, 0)
@@ -127,7 +143,9 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows: dict[str, list[float]] = {"round trip, spinning on a shared seq word": spin(args.iters),
-                                    "round trip, blocking on eventfds": eventfd(args.iters)}
+                                    "round trip, blocking on eventfds": eventfd(args.iters),
+                                    "the same, level-triggered epoll + read": eventfd(args.iters, "epoll"),
+                                    "the same, edge-triggered epoll, no read": eventfd(args.iters, "epoll-et")}
     rows.update(calls(args.iters))
     table: dict[str, dict[str, float]] = {}
     print(f"{'what':<44} {'p50 µs':>8} {'p99 µs':>8}")
