@@ -45,11 +45,14 @@ def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
             and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
 
 
-def _call_op(st: ResolvedStep, impl: Any, call: OpCall) -> Any:
-    """Step ``st``'s implementation on ``call``, its result checked; errors as an :class:`OpError` of that step."""
+def _call_op(st: ResolvedStep, impl: Any, call: OpCall, given: Sequence[tuple[str, np.ndarray]] = ()) -> Any:
+    """Step ``st``'s implementation on ``call``, its result checked; errors as an :class:`OpError` of that step.
+    ``given``: (output, view) for every output, views checked against the output specs already (a bound run's):
+    a result that is exactly those views needs no other check."""
     try:
         res = impl(call)
-        check_result(st, res, st.out_specs)
+        if not given or type(res) is not dict or any(res.get(p) is not v for p, v in given):
+            check_result(st, res, st.out_specs)
     except OpError as e:
         raise e.with_context(op=st.op.name, step=st.index) from None
     except MemoryError as e:
@@ -158,6 +161,8 @@ class NumpyBackend(Backend):
         impl = st.op.numpy
         assert impl is not None  # plan() refuses ops without one
         in_specs, out_specs, attrs = st.in_specs, st.out_specs, st.attrs
+        # every output has its view, and each is its destination: checked here once (_host_io), not per call
+        given = outs if len(outs) == len(out_specs) and all(dests.get(p) is v for p, v in outs) else ()
 
         def bound() -> dict[str, float]:
             t0 = time.perf_counter()
@@ -165,7 +170,7 @@ class NumpyBackend(Backend):
                 fault = self._consume_injected_fault(plan)
                 if fault is not None:
                     raise fault
-            res = _call_op(st, impl, OpCall(np, dict(ins), in_specs, out_specs, attrs, dict(dests)))
+            res = _call_op(st, impl, OpCall(np, dict(ins), in_specs, out_specs, attrs, dict(dests)), given)
             for p, view in outs:
                 if res[p] is not view:
                     np.copyto(view, res[p])

@@ -200,6 +200,34 @@ def test_what_a_users_op_returns_is_checked_on_every_bound_run() -> None:
         unregister("t_bind_flaky")
 
 
+def test_a_bound_run_whose_op_returns_its_destination_skips_no_check_of_anything_else() -> None:
+    # the result check is skipped only for the very views the bind checked; any other array is checked
+    turn: list[int] = []
+
+    def into_dest_then_wrong_dtype(call: OpCall) -> dict[str, Any]:
+        turn.append(1)
+        d = call.dest("out")
+        if len(turn) == 1 and d is not None:
+            np.multiply(call.inputs["x"], 2, out=d)
+            return {"out": d}
+        return {"out": np.zeros(call.inputs["x"].shape, np.float64)}
+
+    register_op(OpSpec("t_bind_dest", inputs=("x",), outputs=("out",), infer=_same, numpy=into_dest_then_wrong_dtype,
+                       tolerances={"float32": (0.0, 0.0)}))
+    try:
+        with select_backend("numpy") as b:
+            plan = b.plan([StepSpec("t_bind_dest", {"x": "x"}, {"out": "y"})], {"x": TensorSpec((2, 3), "float32")}, ["y"])
+            y = np.zeros((2, 3), np.float32)
+            bound = b.bind(plan, {"x": np.ones((2, 3), np.float32)}, {"y": y})
+            bound()
+            np.testing.assert_array_equal(y, 2.0)
+            with pytest.raises(KernelRuntimeError, match="shape rule says float32") as ei:
+                bound()
+            assert (ei.value.op, ei.value.tensor, ei.value.field) == ("t_bind_dest", "out", "dtype")
+    finally:
+        unregister("t_bind_dest")
+
+
 def test_the_default_bind_calls_run_each_time() -> None:
     seen: list[Any] = []
 
