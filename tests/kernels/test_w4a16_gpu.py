@@ -14,12 +14,13 @@ pytestmark = pytest.mark.gpu
 # every built w4a16_wkc variant, as the 7-number configuration that forces it
 _WKC = [f"{mt},{nw},{wk},0,{st},{xsm},{cl}" for mt, nw, wk, st, xsm, cl in
         ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
-         (4, 2, 4, 2, 1, 2))]
+         (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2))]
 
 
 # w4a16_wk variants added with the one-barrier epilogue (the earlier ones are forced in test_kernels_gpu.py), with
 # and without a K split
-_WK_NEW = ["1,2,8,2,3,0", "1,2,8,0,3,0", "1,2,4,3,3,1", "1,2,4,0,3,1"]
+_WK_NEW = ["1,2,8,2,3,0", "1,2,8,0,3,0", "1,2,4,3,3,1", "1,2,4,0,3,1", "4,2,8,1,2,1", "4,2,8,0,2,1", "2,4,8,1,2,1",
+           "2,4,8,0,2,1"]
 
 
 def test_the_list_is_every_built_variant() -> None:
@@ -46,7 +47,7 @@ def test_w4a16_cluster_split(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cfg", _WK_NEW)
 @pytest.mark.parametrize(("m", "k", "n", "gs"), [(1, 2048, 512, 64), (13, 2048, 512, 64), (40, 2048, 512, 64),
-                                                  (8, 4480, 256, 128)])
+                                                  (8, 4480, 256, 128), (64, 1024, 512, 128)])
 def test_w4a16_new_wk_variants(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     from shmrpc.kernels.quant import _mma_cfg
 
