@@ -306,10 +306,12 @@ _ASYNC_VARIANTS = ((1, 2, 4, 4), (1, 2, 4, 3), (1, 2, 4, 2), (1, 1, 8, 3), (1, 1
 _WK_VARIANTS = ((0, 4, 8, 4, 0), (0, 4, 8, 3, 1), (0, 2, 8, 4, 0), (0, 2, 8, 4, 1), (0, 4, 4, 4, 0),
                 (1, 4, 8, 4, 0), (1, 4, 8, 3, 1), (1, 2, 8, 4, 1), (1, 2, 8, 4, 0), (1, 1, 8, 4, 1), (1, 2, 4, 4, 1),
                 (2, 2, 8, 3, 1), (2, 2, 4, 3, 1), (4, 2, 4, 2, 1), (4, 2, 2, 3, 1), (4, 1, 4, 2, 1), (1, 2, 8, 3, 0),
-                (1, 2, 4, 3, 1), (4, 2, 8, 2, 1), (2, 4, 8, 2, 1))
+                (1, 2, 4, 3, 1), (4, 2, 8, 2, 1), (2, 4, 8, 2, 1), (1, 4, 8, 4, 1), (2, 4, 8, 3, 1), (0, 4, 8, 4, 1),
+                (2, 2, 16, 2, 1), (1, 2, 16, 3, 1))
 # (MT, NWORD, WK, S, XSM, CL) of w4a16_wkc built into the module
 _WKC_VARIANTS = ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
-                 (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2))
+                 (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2), (1, 4, 8, 4, 1, 2), (2, 4, 8, 3, 1, 2),
+                 (0, 4, 8, 4, 1, 2), (2, 2, 16, 2, 1, 2))
 _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
 # on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and -07d7ec0). M = 1 takes an entry
@@ -328,10 +330,11 @@ _NO_GLOBAL_SPLIT_MAX_M = 1
 
 
 def _wk_smem(cfg: tuple[int, ...]) -> int:
-    """Dynamic shared memory of w4a16_wk / w4a16_wkc (the kernel's layout: WK*S stages, then a float32 tile)."""
+    """Dynamic shared memory of w4a16_wk / w4a16_wkc (the kernel's layout: WK*S stages, then a float32 tile;
+    staged activation rows of 128 bytes, swizzled, for MT > 0, 144 bytes, padded, for MT = 0)."""
     mt, nword, wk, _, st, xsm = cfg[:6]
     bc, mr = 32 * nword, 16 * mt if mt else 8
-    return wk * st * (36 * bc + xsm * mr * 144) + mr * (bc + 4) * 4
+    return wk * st * (36 * bc + xsm * mr * (128 if mt else 144)) + mr * (bc + 4) * 4
 
 
 def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm: int = 132) -> tuple[int, ...] | None:

@@ -458,8 +458,8 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 // of its share in rank order through distributed shared memory (mapa + ld.shared::cluster) and writes the
 // outputs; a second barrier keeps every tile alive until all ranks have read it: no global partials, fences
 // or counters.
-// Dynamic shared memory: WK*S*STAGE + MB*(BC+4)*4 bytes, STAGE = 36*BC + XSM*MB*144, MB = 16*MT (8 for
-// MT = 0) (host: quant.py); the last tile is the block's sum (w4a16_wkc) or the shared tile of W4_EPI = 0.
+// Dynamic shared memory: WK*S*STAGE + MB*(BC+4)*4 bytes, STAGE = 36*BC + XSM*MB*XROW, MB = 16*MT (8 for
+// MT = 0), XROW = 128 (MT > 0: swizzled rows) or 144 (MT = 0: padded rows) (host: quant.py); the last tile is the block's sum (w4a16_wkc) or the shared tile of W4_EPI = 0.
 // W4_PROBE (probe builds only, bench/gpu/w4a16_probe.py): bit 0 no dequant + mma (loads only), bit 1 no
 // weight loads after the first S-1 stages (math only), bit 2 raw words as B fragments (no dequant), bit 3
 // no mma (dequantized words folded into a register instead), bit 4 no chunk loop at all (launch, zeroing and
@@ -482,6 +482,11 @@ __device__ __forceinline__ void ldsm_x4(u32 addr, u32* a) {
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr) : "memory");
 }
 
+// 32-bit word kw (0..31) of staged activation row `row` (XSW: 128-byte rows, pieces swizzled; else 144-byte rows)
+template <bool XSW>
+__device__ __forceinline__ int x_word(int row, int kw) {
+  return XSW ? row * 32 + ((((kw >> 2) ^ (row & 7))) << 2) + (kw & 3) : row * 36 + kw;
+}
 template <int NWORD>
 __device__ __forceinline__ int wk_swz(int row) {  // 16-byte piece of a B-tile row ^ this
   return NWORD == 4 ? ((row & 3) << 1) : NWORD == 2 ? (((row >> 1) & 1) << 1) : 0;
@@ -537,7 +542,11 @@ __device__ __forceinline__ void wk_body(
   constexpr bool LDSM = XSM && !TR && W4_LDSM;  // A fragments from the staged activations by ldmatrix
   constexpr int MTA = TR ? 1 : MT;  // m-tiles held (TR: one 8-row B operand)
   constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = TR ? 8 : 16 * MT, NP = BC / 16, XS = 72;
-  constexpr int WB = 32 * BC, SZB = 4 * BC, XB = XSM ? MR * XS * 2 : 0, STAGE = WB + SZB + XB;
+  // staged activation rows: MT > 0: 128 bytes, 16-byte piece c of row r at c ^ (r & 7) (ldmatrix reads 8 rows of one
+  // piece: 8 distinct pieces, 32 banks); MT = 0: padded to 144 bytes (the 32-bit B reads of rows g hit 32 banks)
+  constexpr bool XSW = !TR;
+  constexpr int XROW = XSW ? 128 : 2 * XS;
+  constexpr int WB = 32 * BC, SZB = 4 * BC, XB = XSM ? MR * XROW : 0, STAGE = WB + SZB + XB;
   constexpr int OW = BC + 4;
   extern __shared__ __align__(16) unsigned char dsm[];
   __shared__ unsigned int is_last;
@@ -557,8 +566,8 @@ __device__ __forceinline__ void wk_body(
     const int mrows = min(MR, M - m0);
     if (XSM && mrows < MR) {  // rows >= M stay zero: copies only ever write rows < mrows
       for (int s = 0; s < S; ++s)
-        for (int i = lane; i < (MR - mrows) * (XS / 2); i += 32)
-          reinterpret_cast<u32*>(wsm + s * STAGE + WB + SZB + mrows * XS * 2)[i] = 0u;
+        for (int i = lane; i < (MR - mrows) * (XROW / 4); i += 32)
+          reinterpret_cast<u32*>(wsm + s * STAGE + WB + SZB + mrows * XROW)[i] = 0u;
       __syncwarp();
     }
     auto issue = [&](int ch, int stage) {
@@ -576,7 +585,8 @@ __device__ __forceinline__ void wk_body(
       }
       if (XSM) {
         for (int p = lane; p < mrows * 8; p += 32)
-          cp_async16(st + WB + SZB + (p >> 3) * (XS * 2) + 16 * (p & 7), x + (u64)(m0 + (p >> 3)) * K + ch * 64 + 8 * (p & 7), 16);
+          cp_async16(st + WB + SZB + (p >> 3) * XROW + 16 * ((p & 7) ^ (XSW ? (p >> 3) & 7 : 0)),
+                     x + (u64)(m0 + (p >> 3)) * K + ch * 64 + 8 * (p & 7), 16);
       }
     };
     float acc[MTA][NT][4];  // TR: acc[0][p] for A-tile p < NT/2
@@ -607,9 +617,9 @@ __device__ __forceinline__ void wk_body(
         for (int stp = 0; stp < 4; ++stp)
 #pragma unroll
           for (int mt = 0; mt < MTA; ++mt) {
-            const int ra = (mt * 16 + g) * (XS / 2) + 8 * stp + t, rb = ra + 8 * (XS / 2);
-            a[stp][mt][0] = xw[ra]; a[stp][mt][2] = xw[ra + 4];
-            if (!TR) { a[stp][mt][1] = xw[rb]; a[stp][mt][3] = xw[rb + 4]; }
+            const int ra = mt * 16 + g, rb = ra + 8, kw = 8 * stp + t;  // rows, 32-bit word along k
+            a[stp][mt][0] = xw[x_word<XSW>(ra, kw)]; a[stp][mt][2] = xw[x_word<XSW>(ra, kw + 4)];
+            if (!TR) { a[stp][mt][1] = xw[x_word<XSW>(rb, kw)]; a[stp][mt][3] = xw[x_word<XSW>(rb, kw + 4)]; }
           }
       } else {
 #pragma unroll
@@ -629,12 +639,13 @@ __device__ __forceinline__ void wk_body(
 #pragma unroll
       for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
       // ldmatrix.x4 row addresses: lanes 0-15 rows 0-15 at k 0, lanes 16-31 rows 0-15 at k 8 of an m-tile's k16 step
-      const u32 xa = smem_addr(st + WB + SZB) + ((lane & 15) * XS + 8 * (lane >> 4)) * 2;
+      // (piece 2 stp + lane/16, swizzled with the row: (lane & 15) & 7 == lane & 7 in every m-tile)
+      const u32 xa = smem_addr(st + WB + SZB) + (lane & 15) * XROW;
 #pragma unroll
       for (int stp = 0; stp < 4; ++stp) {
         if (LDSM) {
 #pragma unroll
-          for (int mt = 0; mt < MTA; ++mt) ldsm_x4(xa + (mt * 16 * XS + 16 * stp) * 2, a[stp][mt]);
+          for (int mt = 0; mt < MTA; ++mt) ldsm_x4(xa + mt * 16 * XROW + 16 * ((2 * stp + (lane >> 4)) ^ (lane & 7)), a[stp][mt]);
         }
         u32 w0[NWORD], w1[NWORD];
         const int r0 = 8 * stp + t, r1 = r0 + 4;

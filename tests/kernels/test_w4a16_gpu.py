@@ -14,13 +14,14 @@ pytestmark = pytest.mark.gpu
 # every built w4a16_wkc variant, as the 7-number configuration that forces it
 _WKC = [f"{mt},{nw},{wk},0,{st},{xsm},{cl}" for mt, nw, wk, st, xsm, cl in
         ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
-         (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2))]
+         (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2),
+         (1, 4, 8, 4, 1, 2), (2, 4, 8, 3, 1, 2), (0, 4, 8, 4, 1, 2), (2, 2, 16, 2, 1, 2))]
 
 
 # w4a16_wk variants added with the one-barrier epilogue (the earlier ones are forced in test_kernels_gpu.py), with
 # and without a K split
 _WK_NEW = ["1,2,8,2,3,0", "1,2,8,0,3,0", "1,2,4,3,3,1", "1,2,4,0,3,1", "4,2,8,1,2,1", "4,2,8,0,2,1", "2,4,8,1,2,1",
-           "2,4,8,0,2,1"]
+           "2,4,8,0,2,1", "1,4,8,1,4,1", "2,4,8,0,3,1", "0,4,8,1,4,1", "2,2,16,1,2,1", "1,2,16,0,3,1", "1,2,16,2,3,1"]
 
 
 def test_the_list_is_every_built_variant() -> None:
