@@ -60,23 +60,23 @@ _READ = r"""extern "C" __global__ void read16(const uint4* __restrict__ p, long 
 # Per M: the configurations timed through the op: w4a16_wk (MT, NWORD, WK, BPS, S, XSM), w4a16_wkc (MT, NWORD, WK, 0,
 # S, XSM, CL) and w4a16_mma_async (MT, NWORD, WARPS, BPS, S); one the op would not take for the shape (e.g. clusters
 # that do not fit in one wave) is listed under "skipped", never timed on another path under its name.
-CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 4, 1), (0, 4, 8, 0, 4, 1, 2)],
-        8: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 4, 1), (0, 4, 8, 0, 4, 1, 2)],
-        16: [(1, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 1, 4, 1), (1, 4, 8, 0, 4, 1, 2), (1, 2, 8, 1, 4, 1),
-             (1, 2, 16, 1, 3, 1), (1, 2, 16, 2, 3, 1)],
+CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2)],
+        8: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2)],
+        16: [(1, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 1, 4, 1), (1, 4, 8, 0, 4, 1, 2), (1, 2, 8, 1, 4, 1)],
         32: [(2, 2, 8, 1, 3, 1), (2, 2, 8, 0, 3, 1, 2), (2, 4, 8, 1, 2, 1), (2, 4, 8, 0, 2, 1, 2), (2, 4, 8, 1, 3, 1),
-             (2, 4, 8, 0, 3, 1, 2), (2, 2, 16, 1, 2, 1), (2, 2, 16, 0, 2, 1, 2)],
+             (2, 4, 8, 0, 3, 1, 2)],
         64: [(4, 2, 4, 1, 2, 1), (4, 2, 4, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 8, 0, 2, 1, 2), (2, 4, 8, 1, 3, 1),
-             (2, 4, 8, 0, 3, 1, 2), (2, 2, 16, 1, 2, 1), (2, 2, 16, 0, 2, 1, 2)]}
+             (2, 4, 8, 0, 3, 1, 2)]}
 # the table of 2c364f7 (its choice at 8192 x 8192; per M one label): M = 1, 8 the TR cluster kernel, M = 16 the MT = 1
 # cluster kernel, M 17..64 w4a16_wk without a K split; the kernels themselves now read A by ldmatrix
-OLD = {1: (0, 4, 8, 0, 3, 1, 2), 8: (0, 4, 8, 0, 3, 1, 2), 16: (1, 4, 8, 0, 3, 1, 2), 32: (2, 2, 8, 1, 3, 1), 64: (4, 2, 4, 1, 2, 1)}
+OLD = {1: (0, 4, 8, 0, 3, 1, 2), 8: (0, 4, 8, 0, 3, 1, 2), 16: (1, 4, 8, 0, 3, 1, 2), 32: (2, 2, 8, 1, 3, 1),
+       64: (4, 2, 4, 1, 2, 1)}
 # the A fragments read as 32-bit words before the math (-DW4_LDSM=0, the kernel before ldmatrix), per M
-LDSM0 = {16: [(1, 4, 8, 0, 3, 1, 2)], 32: [(2, 2, 8, 1, 3, 1)], 64: [(4, 2, 4, 1, 2, 1)]}
+LDSM0 = {16: [(1, 4, 8, 0, 3, 1, 2)], 32: [(2, 2, 8, 1, 3, 1)], 64: [(4, 2, 8, 1, 2, 1)]}
 # the earlier epilogue (-DW4_EPI=0) next to the same configuration with the new one, per M
 EPI0 = {1: [(0, 4, 8, 1, 3, 1)], 8: [(0, 4, 8, 1, 3, 1)], 16: [(1, 4, 8, 1, 3, 1)], 32: [(2, 2, 8, 1, 3, 1)],
         64: [(4, 2, 4, 1, 2, 1)]}
-DIAG_CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2)], 16: [(1, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2)]}
+DIAG_CFGS = {1: [(0, 4, 8, 0, 3, 1, 2)], 16: [(1, 4, 8, 0, 4, 1, 2)], 32: [(2, 4, 8, 0, 3, 1, 2)], 64: [(4, 2, 8, 1, 2, 1)]}
 DIAG_BITS = {64: "nothing: the launch", 16: "no chunk loop: launch, zeroing and epilogue",
              32: "no epilogue: the chunk loop only", 1: "loads only", 6: "mma only: no weight loads, no dequant"}
 

@@ -459,7 +459,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 // outputs; a second barrier keeps every tile alive until all ranks have read it: no global partials, fences
 // or counters.
 // Dynamic shared memory: WK*S*STAGE + MB*(BC+4)*4 bytes, STAGE = 36*BC + XSM*MB*XROW, MB = 16*MT (8 for
-// MT = 0), XROW = 128 (MT > 0: swizzled rows) or 144 (MT = 0: padded rows) (host: quant.py); the last tile is the block's sum (w4a16_wkc) or the shared tile of W4_EPI = 0.
+// MT = 0), XROW = 144 (padded rows) or, where that would pass 227 KiB, 128 (swizzled rows) (host: quant.py); the last tile is the block's sum (w4a16_wkc) or the shared tile of W4_EPI = 0.
 // W4_PROBE (probe builds only, bench/gpu/w4a16_probe.py): bit 0 no dequant + mma (loads only), bit 1 no
 // weight loads after the first S-1 stages (math only), bit 2 raw words as B fragments (no dequant), bit 3
 // no mma (dequantized words folded into a register instead), bit 4 no chunk loop at all (launch, zeroing and
@@ -542,9 +542,11 @@ __device__ __forceinline__ void wk_body(
   constexpr bool LDSM = XSM && !TR && W4_LDSM;  // A fragments from the staged activations by ldmatrix
   constexpr int MTA = TR ? 1 : MT;  // m-tiles held (TR: one 8-row B operand)
   constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = TR ? 8 : 16 * MT, NP = BC / 16, XS = 72;
-  // staged activation rows: MT > 0: 128 bytes, 16-byte piece c of row r at c ^ (r & 7) (ldmatrix reads 8 rows of one
-  // piece: 8 distinct pieces, 32 banks); MT = 0: padded to 144 bytes (the 32-bit B reads of rows g hit 32 banks)
-  constexpr bool XSW = !TR;
+  // staged activation rows padded to 144 bytes (the reads of 8 rows at one k hit 32 banks); where that would not fit
+  // in 227 KiB (MT > 0 only: S = 3 at MT 2 NWORD 4), 128 bytes with 16-byte piece c of row r at c ^ (r & 7)
+  // (ldmatrix reads 8 rows of one piece: 8 distinct pieces, 32 banks). The host's _wk_smem follows the same rule.
+  constexpr int PADDED = WK * S * (36 * BC + (XSM ? MR * 2 * XS : 0)) + MR * (BC + 4) * 4;
+  constexpr bool XSW = !TR && XSM && PADDED > 227 * 1024;
   constexpr int XROW = XSW ? 128 : 2 * XS;
   constexpr int WB = 32 * BC, SZB = 4 * BC, XB = XSM ? MR * XROW : 0, STAGE = WB + SZB + XB;
   constexpr int OW = BC + 4;
