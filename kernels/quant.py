@@ -306,20 +306,20 @@ _ASYNC_VARIANTS = ((1, 2, 4, 4), (1, 2, 4, 3), (1, 2, 4, 2), (1, 1, 8, 3), (1, 1
 _WK_VARIANTS = ((0, 4, 8, 4, 0), (0, 4, 8, 3, 1), (0, 2, 8, 4, 0), (0, 2, 8, 4, 1), (0, 4, 4, 4, 0),
                 (1, 4, 8, 4, 0), (1, 4, 8, 3, 1), (1, 2, 8, 4, 1), (1, 2, 8, 4, 0), (1, 1, 8, 4, 1), (1, 2, 4, 4, 1),
                 (2, 2, 8, 3, 1), (2, 2, 4, 3, 1), (4, 2, 4, 2, 1), (4, 2, 2, 3, 1), (4, 1, 4, 2, 1), (1, 2, 8, 3, 0),
-                (1, 2, 4, 3, 1), (4, 2, 8, 2, 1), (2, 4, 8, 2, 1), (1, 4, 8, 4, 1), (2, 4, 8, 3, 1))
+                (1, 2, 4, 3, 1), (4, 2, 8, 2, 1), (2, 4, 8, 2, 1), (2, 4, 8, 3, 1))
 # (MT, NWORD, WK, S, XSM, CL) of w4a16_wkc built into the module
 _WKC_VARIANTS = ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
-                 (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2), (1, 4, 8, 4, 1, 2), (2, 4, 8, 3, 1, 2))
+                 (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2), (2, 4, 8, 3, 1, 2))
 _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
 # on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and -07d7ec0; M 9..64 from
-# w4a16-probe-2026-12-01-3cb2d08 and -4e37619). M = 1 takes an entry only where it splits K through a cluster or
+# w4a16-probe-2026-12-01-3cb2d08, -4e37619 and -7105858). M = 1 takes an entry only where it splits K through a cluster or
 # not at all (_NO_GLOBAL_SPLIT_MAX_M), else the float32 CUDA-core kernel. M 17..32: the wide slab (MT 2, NWORD 4:
 # each A fragment over 16 n-tiles) first; M 33..64: MT 4 NWORD 2 with 8 warps (one m-block: the weights read once).
 _MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
     (1, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1))),
     (8, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
-    (16, ((1, 4, 8, 0, 4, 1, 2), (1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
+    (16, ((1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
     (32, ((2, 4, 8, 0, 3, 1, 2), (2, 2, 8, 0, 3, 1, 2), (2, 4, 8, 1, 2, 1), (2, 2, 8, 1, 3, 1), (2, 1, 4, 4, 4))),
     (64, ((4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
 )

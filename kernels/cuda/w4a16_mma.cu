@@ -482,10 +482,14 @@ __device__ __forceinline__ void ldsm_x4(u32 addr, u32* a) {
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr) : "memory");
 }
 
-// 32-bit word kw (0..31) of staged activation row `row` (XSW: 128-byte rows, pieces swizzled; else 144-byte rows)
+// Staged activations: the 16-byte piece (8 k) where logical piece c (0..7) of a row with row & 7 == r7 lies (XSW:
+// 128-byte rows, pieces swizzled; else 144-byte padded rows, in order), and 32-bit word kw (0..31) of row `row`.
+// The copies (issue), the ldmatrix reads and the word reads all go through these.
+template <bool XSW>
+__device__ __forceinline__ int x_piece(int r7, int c) { return XSW ? c ^ r7 : c; }
 template <bool XSW>
 __device__ __forceinline__ int x_word(int row, int kw) {
-  return XSW ? row * 32 + ((((kw >> 2) ^ (row & 7))) << 2) + (kw & 3) : row * 36 + kw;
+  return row * (XSW ? 32 : 36) + 4 * x_piece<XSW>(row & 7, kw >> 2) + (kw & 3);
 }
 template <int NWORD>
 __device__ __forceinline__ int wk_swz(int row) {  // 16-byte piece of a B-tile row ^ this
@@ -587,7 +591,7 @@ __device__ __forceinline__ void wk_body(
       }
       if (XSM) {
         for (int p = lane; p < mrows * 8; p += 32)
-          cp_async16(st + WB + SZB + (p >> 3) * XROW + 16 * ((p & 7) ^ (XSW ? (p >> 3) & 7 : 0)),
+          cp_async16(st + WB + SZB + (p >> 3) * XROW + 16 * x_piece<XSW>((p >> 3) & 7, p & 7),
                      x + (u64)(m0 + (p >> 3)) * K + ch * 64 + 8 * (p & 7), 16);
       }
     };
@@ -641,13 +645,13 @@ __device__ __forceinline__ void wk_body(
 #pragma unroll
       for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
       // ldmatrix.x4 row addresses: lanes 0-15 rows 0-15 at k 0, lanes 16-31 rows 0-15 at k 8 of an m-tile's k16 step
-      // (piece 2 stp + lane/16, swizzled with the row: (lane & 15) & 7 == lane & 7 in every m-tile)
+      // (logical piece 2 stp + lane/16 of row mt*16 + (lane & 15), whose row & 7 is lane & 7)
       const u32 xa = smem_addr(st + WB + SZB) + (lane & 15) * XROW;
 #pragma unroll
       for (int stp = 0; stp < 4; ++stp) {
         if (LDSM) {
 #pragma unroll
-          for (int mt = 0; mt < MTA; ++mt) ldsm_x4(xa + mt * 16 * XROW + 16 * ((2 * stp + (lane >> 4)) ^ (lane & 7)), a[stp][mt]);
+          for (int mt = 0; mt < MTA; ++mt) ldsm_x4(xa + mt * 16 * XROW + 16 * x_piece<XSW>(lane & 7, 2 * stp + (lane >> 4)), a[stp][mt]);
         }
         u32 w0[NWORD], w1[NWORD];
         const int r0 = 8 * stp + t, r1 = r0 + 4;
