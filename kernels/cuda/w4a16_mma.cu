@@ -459,7 +459,9 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 // outputs; a second barrier keeps every tile alive until all ranks have read it: no global partials, fences
 // or counters.
 // Dynamic shared memory: WK*S*STAGE + MB*(BC+4)*4 bytes, STAGE = 36*BC + XSM*MB*XROW, MB = 16*MT (8 for
-// MT = 0), XROW = 144 (padded rows) or, where that would pass 227 KiB, 128 (swizzled rows) (host: quant.py); the last tile is the block's sum (w4a16_wkc) or the shared tile of W4_EPI = 0.
+// MT = 0), XROW = 144 (padded rows) or, where that would pass 227 KiB, 128 (swizzled rows) (host: quant.py);
+// the last tile is the block's sum (w4a16_wkc) or the shared tile of W4_EPI = 0. A fragments (MT > 0, XSM):
+// one ldmatrix.x4 per m-tile per k16 step (W4_LDSM = 0, probe builds only: 32-bit loads, as before).
 // W4_PROBE (probe builds only, bench/gpu/w4a16_probe.py): bit 0 no dequant + mma (loads only), bit 1 no
 // weight loads after the first S-1 stages (math only), bit 2 raw words as B fragments (no dequant), bit 3
 // no mma (dequantized words folded into a register instead), bit 4 no chunk loop at all (launch, zeroing and
@@ -651,7 +653,8 @@ __device__ __forceinline__ void wk_body(
       for (int stp = 0; stp < 4; ++stp) {
         if (LDSM) {
 #pragma unroll
-          for (int mt = 0; mt < MTA; ++mt) ldsm_x4(xa + mt * 16 * XROW + 16 * x_piece<XSW>(lane & 7, 2 * stp + (lane >> 4)), a[stp][mt]);
+          for (int mt = 0; mt < MTA; ++mt)
+            ldsm_x4(xa + mt * 16 * XROW + 16 * x_piece<XSW>(lane & 7, 2 * stp + (lane >> 4)), a[stp][mt]);
         }
         u32 w0[NWORD], w1[NWORD];
         const int r0 = 8 * stp + t, r1 = r0 + 4;
