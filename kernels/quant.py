@@ -306,20 +306,22 @@ _ASYNC_VARIANTS = ((1, 2, 4, 4), (1, 2, 4, 3), (1, 2, 4, 2), (1, 1, 8, 3), (1, 1
 _WK_VARIANTS = ((0, 4, 8, 4, 0), (0, 4, 8, 3, 1), (0, 2, 8, 4, 0), (0, 2, 8, 4, 1), (0, 4, 4, 4, 0),
                 (1, 4, 8, 4, 0), (1, 4, 8, 3, 1), (1, 2, 8, 4, 1), (1, 2, 8, 4, 0), (1, 1, 8, 4, 1), (1, 2, 4, 4, 1),
                 (2, 2, 8, 3, 1), (2, 2, 4, 3, 1), (4, 2, 4, 2, 1), (4, 2, 2, 3, 1), (4, 1, 4, 2, 1), (1, 2, 8, 3, 0),
-                (1, 2, 4, 3, 1))
+                (1, 2, 4, 3, 1), (4, 2, 8, 2, 1), (2, 4, 8, 2, 1), (2, 4, 8, 3, 1))
 # (MT, NWORD, WK, S, XSM, CL) of w4a16_wkc built into the module
 _WKC_VARIANTS = ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
-                 (4, 2, 4, 2, 1, 2))
+                 (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2), (2, 4, 8, 3, 1, 2))
 _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
-# on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and -07d7ec0). M = 1 takes an entry
-# only where it splits K through a cluster or not at all (_NO_GLOBAL_SPLIT_MAX_M), else the float32 CUDA-core kernel.
+# on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and -07d7ec0; M 9..64 from
+# w4a16-probe-2026-12-01-3cb2d08, -4e37619 and -7105858). M = 1 takes an entry only where it splits K through a cluster or
+# not at all (_NO_GLOBAL_SPLIT_MAX_M), else the float32 CUDA-core kernel. M 17..32: the wide slab (MT 2, NWORD 4:
+# each A fragment over 16 n-tiles) first; M 33..64: MT 4 NWORD 2 with 8 warps (one m-block: the weights read once).
 _MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
     (1, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1))),
     (8, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
     (16, ((1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
-    (32, ((2, 2, 8, 0, 3, 1, 2), (2, 2, 8, 1, 3, 1), (2, 1, 4, 4, 4))),
-    (64, ((4, 2, 4, 0, 2, 1, 2), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
+    (32, ((2, 4, 8, 0, 3, 1, 2), (2, 2, 8, 0, 3, 1, 2), (2, 4, 8, 1, 2, 1), (2, 2, 8, 1, 3, 1), (2, 1, 4, 4, 4))),
+    (64, ((4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
 )
 # Up to this M a table entry whose launch would add K-split partials in global memory is passed over: at M = 1 the
 # CUDA-core kernel is faster than that (4096^2: 9.4 against 9.9 us, 8192^2: 20.2 against 21.0 us, run of 07d7ec0),
@@ -328,10 +330,14 @@ _NO_GLOBAL_SPLIT_MAX_M = 1
 
 
 def _wk_smem(cfg: tuple[int, ...]) -> int:
-    """Dynamic shared memory of w4a16_wk / w4a16_wkc (the kernel's layout: WK*S stages, then a float32 tile)."""
+    """Dynamic shared memory of w4a16_wk / w4a16_wkc (the kernel's layout: WK*S stages, then a float32 tile;
+    staged activation rows of 144 bytes, padded, or, where that would pass _WK_SMEM_MAX at MT > 0, 128 bytes, swizzled)."""
     mt, nword, wk, _, st, xsm = cfg[:6]
     bc, mr = 32 * nword, 16 * mt if mt else 8
-    return wk * st * (36 * bc + xsm * mr * 144) + mr * (bc + 4) * 4
+    padded = wk * st * (36 * bc + xsm * mr * 144) + mr * (bc + 4) * 4
+    if mt and xsm and padded > _WK_SMEM_MAX:
+        return wk * st * (36 * bc + mr * 128) + mr * (bc + 4) * 4
+    return padded
 
 
 def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm: int = 132) -> tuple[int, ...] | None:

@@ -15,7 +15,9 @@ median of 5 batches, weight sets rotated so that L2 cannot hold them):
   as skipped;
 - the same kernels built from the same source with other compile-time switches and launched as the op
   would: ``-DW4_EPI=0`` (the earlier epilogue: the WK warps' tiles added one warp after another, WK
-  barriers; checked like the product, marked ``epi0``) and diagnostics ``-DW4_PROBE=bits``: ``64``
+  barriers; checked like the product, marked ``epi0``), ``-DW4_LDSM=0`` (the A fragments read as 32-bit
+  words before the math instead of by ldmatrix per k16 step: the kernel before; checked, marked ``ldsm=0``)
+  and diagnostics ``-DW4_PROBE=bits``: ``64``
   (nothing: the launch of an empty kernel of the same geometry and shared memory), ``16`` (no chunk
   loop: launch, zeroing and epilogue; also with ``W4_EPI=0``), ``32`` (no epilogue: the chunk loop only),
   ``1`` (loads only), ``6`` (mma only); their results are wrong by construction and marked ``diag``.
@@ -27,7 +29,7 @@ command) to ``--out``. Finishes in about 20 s on an H200 once the kernels are co
 two before (``--budget-s`` stops adding cases past that many seconds; skipped cases are listed; a
 case that raises is recorded under "errors" and the run goes on).
 
-    python3 bench/gpu/w4a16_probe.py --out bench/results/w4a16-probe-DATE-COMMIT.json
+    python3 bench/gpu/w4a16_probe.py --out bench/results/w4a16-probe-DATE-COMMIT.json [--skip epi0,diag,ldsm0]
 """
 
 from __future__ import annotations
@@ -58,20 +60,23 @@ _READ = r"""extern "C" __global__ void read16(const uint4* __restrict__ p, long 
 # Per M: the configurations timed through the op: w4a16_wk (MT, NWORD, WK, BPS, S, XSM), w4a16_wkc (MT, NWORD, WK, 0,
 # S, XSM, CL) and w4a16_mma_async (MT, NWORD, WARPS, BPS, S); one the op would not take for the shape (e.g. clusters
 # that do not fit in one wave) is listed under "skipped", never timed on another path under its name.
-CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 2, 8, 1, 4, 1), (1, 4, 8, 0, 3, 1, 2)],
-        8: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 2, 8, 1, 4, 1), (1, 4, 8, 1, 3, 1),
-            (1, 4, 8, 0, 3, 1, 2)],
-        16: [(1, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2), (1, 2, 8, 1, 4, 1), (1, 2, 8, 2, 3, 0),
-             (1, 2, 4, 2, 4, 1), (1, 2, 4, 2, 3)],
-        32: [(2, 2, 8, 1, 3, 1), (2, 2, 8, 0, 3, 1, 2), (2, 2, 4, 2, 3, 1), (4, 2, 4, 1, 2, 1), (2, 1, 4, 4, 4)],
-        64: [(4, 2, 4, 1, 2, 1), (4, 2, 4, 0, 2, 1, 2), (4, 2, 2, 2, 3, 1), (4, 1, 4, 2, 3)]}
-# the table before this tree's (main at 1a5bb5a): M = 1 the float32 CUDA-core kernel (its own row), M 2..16
-# w4a16_wk with the earlier epilogue (the EPI0 rows), M 17..64 w4a16_mma_async (rows of CFGS)
-OLD = {1: None, 8: (0, 4, 8, 1, 3, 1), 16: (1, 4, 8, 1, 3, 1), 32: (2, 1, 4, 4, 4), 64: (4, 1, 4, 2, 3)}
+CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2)],
+        8: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2)],
+        16: [(1, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2), (1, 2, 8, 1, 4, 1)],
+        32: [(2, 2, 8, 1, 3, 1), (2, 2, 8, 0, 3, 1, 2), (2, 4, 8, 1, 2, 1), (2, 4, 8, 0, 2, 1, 2), (2, 4, 8, 1, 3, 1),
+             (2, 4, 8, 0, 3, 1, 2)],
+        64: [(4, 2, 4, 1, 2, 1), (4, 2, 4, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 8, 0, 2, 1, 2), (2, 4, 8, 1, 3, 1),
+             (2, 4, 8, 0, 3, 1, 2)]}
+# the table of 2c364f7 (its choice at 8192 x 8192; per M one label): M = 1, 8 the TR cluster kernel, M = 16 the MT = 1
+# cluster kernel, M 17..64 w4a16_wk without a K split; the kernels themselves now read A by ldmatrix
+OLD = {1: (0, 4, 8, 0, 3, 1, 2), 8: (0, 4, 8, 0, 3, 1, 2), 16: (1, 4, 8, 0, 3, 1, 2), 32: (2, 2, 8, 1, 3, 1),
+       64: (4, 2, 4, 1, 2, 1)}
+# the A fragments read as 32-bit words before the math (-DW4_LDSM=0, the kernel before ldmatrix), per M
+LDSM0 = {16: [(1, 4, 8, 0, 3, 1, 2)], 32: [(2, 2, 8, 1, 3, 1)], 64: [(4, 2, 8, 1, 2, 1)]}
 # the earlier epilogue (-DW4_EPI=0) next to the same configuration with the new one, per M
 EPI0 = {1: [(0, 4, 8, 1, 3, 1)], 8: [(0, 4, 8, 1, 3, 1)], 16: [(1, 4, 8, 1, 3, 1)], 32: [(2, 2, 8, 1, 3, 1)],
         64: [(4, 2, 4, 1, 2, 1)]}
-DIAG_CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2)], 16: [(1, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2)]}
+DIAG_CFGS = {1: [(0, 4, 8, 0, 3, 1, 2)], 16: [(1, 4, 8, 0, 3, 1, 2)], 32: [(2, 4, 8, 0, 3, 1, 2)], 64: [(4, 2, 8, 1, 2, 1)]}
 DIAG_BITS = {64: "nothing: the launch", 16: "no chunk loop: launch, zeroing and epilogue",
              32: "no epilogue: the chunk loop only", 1: "loads only", 6: "mma only: no weight loads, no dequant"}
 
@@ -83,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms", default="1,8,16,32,64")
     ap.add_argument("--shapes", default="8192x8192,4096x14336,4096x4096", help="KxN,...")
     ap.add_argument("--budget-s", type=float, default=125.0)
+    ap.add_argument("--skip", default="", help="comma-separated groups of cases left out: epi0, diag, ldsm0")
     args = ap.parse_args(argv)
     t_start = time.monotonic()
     import cupy as cp
@@ -90,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._cuda import sm_count, source
     from shmrpc.kernels._registry import OpCall
-    from shmrpc.kernels.quant import _mma_cfg, _wk_name, dequantize_int4, use_tuning, w4a16_wk_launch, wk_launch
+    from shmrpc.kernels.quant import _mma_cfg, _takes, _wk_name, dequantize_int4, use_tuning, w4a16_wk_launch, wk_launch
 
     spec = REGISTRY["gemm_w4a16"]
     rtol, atol = spec.tolerances["float16"]
@@ -107,17 +113,20 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [], "skipped": [], "errors": []}
     read = cp.RawKernel(_READ, "read16")
     sink = cp.zeros(1, dtype=cp.uint32)
-    var_mods: dict[tuple[int, int], Any] = {}
+    skip = set(filter(None, args.skip.split(",")))
+    var_mods: dict[tuple[int, int, int], Any] = {}
     epi0_cfgs = sorted({c for cs in EPI0.values() for c in cs})
     diag_cfgs = sorted({c for cs in DIAG_CFGS.values() for c in cs})
+    ldsm0_cfgs = sorted({c for cs in LDSM0.values() for c in cs})
 
-    def variant_fn(bits: int, epi: int, cfg: tuple[int, ...]) -> Any:
-        """The kernel of ``cfg`` built with -DW4_PROBE=bits -DW4_EPI=epi (one module per pair of switches)."""
-        if (bits, epi) not in var_mods:
-            var_mods[bits, epi] = cp.RawModule(code=source("w4a16_mma.cu"),
-                                               options=("-std=c++17", f"-DW4_PROBE={bits}", f"-DW4_EPI={epi}"),
-                                               name_expressions=[_wk_name("F16", c) for c in (diag_cfgs if bits else epi0_cfgs)])
-        return var_mods[bits, epi].get_function(_wk_name("F16", cfg))
+    def variant_fn(bits: int, epi: int, cfg: tuple[int, ...], ldsm: int = 1) -> Any:
+        """The kernel of ``cfg`` built with -DW4_PROBE=bits -DW4_EPI=epi -DW4_LDSM=ldsm (one module per set of switches)."""
+        if (bits, epi, ldsm) not in var_mods:
+            cfgs = diag_cfgs if bits else epi0_cfgs if epi == 0 else ldsm0_cfgs
+            var_mods[bits, epi, ldsm] = cp.RawModule(
+                code=source("w4a16_mma.cu"), options=("-std=c++17", f"-DW4_PROBE={bits}", f"-DW4_EPI={epi}", f"-DW4_LDSM={ldsm}"),
+                name_expressions=[_wk_name("F16", c) for c in cfgs])
+        return var_mods[bits, epi, ldsm].get_function(_wk_name("F16", cfg))
 
     l2 = 60 << 20
     for k, n in (tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")):
@@ -174,15 +183,16 @@ def main(argv: list[str] | None = None) -> int:
                 res["rows"].append(row)
                 _print(row)
 
-            def variant_case(cfg: tuple[int, ...], bits: int, epi: int, m: int = m, k: int = k, n: int = n, gs: int = gs,
-                             calls: list[Any] = calls, base: dict[str, Any] = base) -> None:
+            def variant_case(cfg: tuple[int, ...], bits: int, epi: int, ldsm: int = 1, m: int = m, k: int = k, n: int = n,
+                             gs: int = gs, calls: list[Any] = calls, base: dict[str, Any] = base) -> None:
                 diag = bits != 0
-                label = f"wk {cfg}" + (f" epi={epi}" if epi != 1 else "") + (f" probe={bits} ({DIAG_BITS[bits]})" if diag else "")
+                label = (f"wk {cfg}" + (f" epi={epi}" if epi != 1 else "") + (" ldsm=0" if ldsm != 1 else "")
+                         + (f" probe={bits} ({DIAG_BITS[bits]})" if diag else ""))
                 if time.monotonic() - t_start > args.budget_s:
                     res["skipped"].append({**base, "case": label})
                     return
                 try:
-                    fn = variant_fn(bits, epi, cfg)
+                    fn = variant_fn(bits, epi, cfg, ldsm)
                 except Exception as e:
                     _error(res, base, label, e)
                     return
@@ -194,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 def once(c: dict[str, Any] | None = None) -> None:
                     c = c or calls[next(it) % len(calls)].inputs
-                    wk_launch(fn, f"probe{bits},{epi}:{_wk_name('F16', cfg)}", (tiles, ksplit), cfg[2], smem,
+                    wk_launch(fn, f"probe{bits},{epi},{ldsm}:{_wk_name('F16', cfg)}", (tiles, ksplit), cfg[2], smem,
                               (c["x"], c["qweight"], c["scales"], c["zeros"], partial, counters, out, np.int32(m),
                                np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)))
 
@@ -219,9 +229,12 @@ def main(argv: list[str] | None = None) -> int:
             for cfg in CFGS[m]:
                 kind = "mma_async" if len(cfg) == 5 else "wk"
                 op_case(f"{kind} {cfg}" + (" (the table before)" if cfg == OLD[m] else ""), {"mma_cfg": cfg, "h2": False})
-            for cfg in EPI0[m]:
+            for cfg in LDSM0.get(m, []) if "ldsm0" not in skip else []:
+                if _takes(cfg, n, n_sm, forced=True):
+                    variant_case(cfg, 0, 1, 0)
+            for cfg in EPI0[m] if "epi0" not in skip else []:
                 variant_case(cfg, 0, 0)
-            if m in DIAG_CFGS and k == 8192 and n == 8192:
+            if m in DIAG_CFGS and k == 8192 and n == 8192 and "diag" not in skip:
                 for cfg in DIAG_CFGS[m]:
                     for bits in DIAG_BITS:
                         variant_case(cfg, bits, 1)

@@ -65,6 +65,21 @@ template <> struct MmaOps<BF16> {
   }
 };
 
+// The B fragments of n-tile 4w + j (one register per packed row: two weights, k = 2r and 2r + 1) from a lane's
+// words v0 (packed row r0) and v1 (r0 + 4), v0s = v0 >> 4, v1s = v1 >> 4 (one shift per word, shared by its four
+// n-tiles): PRMT puts byte j's low nibble in half 0 and its high nibble in half 1, LOP3 masks and ORs the exponent
+// of MAGIC (halves = MAGIC + q, exact), FMA with nz = -(MAGIC + z) gives q - z exactly, the multiply by s2 rounds
+// (q - z) * s once to the input type. j is a compile-time constant in every caller (unrolled loops).
+template <class X>
+__device__ __forceinline__ void dq_pair(u32 v0, u32 v0s, u32 v1, u32 v1s, int j, u32 nz, u32 s2, u32* b0, u32* b1) {
+  typedef MmaOps<X> O;
+  const u32 sel = (u32)(j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
+  const u32 t0 = (__byte_perm(v0, v0s, sel) & 0x000F000Fu) | O::MAGIC;
+  const u32 t1 = (__byte_perm(v1, v1s, sel) & 0x000F000Fu) | O::MAGIC;
+  *b0 = O::fma2(O::fma2(t0, O::ONE, nz), s2, 0x80008000u);
+  *b1 = O::fma2(O::fma2(t1, O::ONE, nz), s2, 0x80008000u);
+}
+
 __device__ __forceinline__ u32 ld_nc_u32(const void* p) {
   u32 r; asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(r) : "l"(p)); return r;
 }
@@ -184,14 +199,10 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
             const u32 v0 = wc[st][0][w], v0s = v0 >> 4, v1 = wc[st][1][w], v1s = v1 >> 4;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-              const int nt = 4 * w + j;
-              const u32 sel = (u32)(j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
-              const u32 t0 = (__byte_perm(v0, v0s, sel) & 0x000F000Fu) | O::MAGIC;
-              const u32 t1 = (__byte_perm(v1, v1s, sel) & 0x000F000Fu) | O::MAGIC;
-              const u32 b0 = O::fma2(O::fma2(t0, O::ONE, nz[nt]), s2[nt], 0x80008000u);
-              const u32 b1 = O::fma2(O::fma2(t1, O::ONE, nz[nt]), s2[nt], 0x80008000u);
+              u32 b0, b1;
+              dq_pair<X>(v0, v0s, v1, v1s, j, nz[4 * w + j], s2[4 * w + j], &b0, &b1);
 #pragma unroll
-              for (int mt = 0; mt < MT; ++mt) O::mma(acc[mt][nt], a[mt], b0, b1);
+              for (int mt = 0; mt < MT; ++mt) O::mma(acc[mt][4 * w + j], a[mt], b0, b1);
             }
           }
         }
@@ -363,14 +374,10 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
           const u32 v0 = w0[w], v0s = v0 >> 4, v1 = w1[w], v1s = v1 >> 4;
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            const int nt = 4 * w + j;
-            const u32 sel = (u32)(j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
-            const u32 t0 = (__byte_perm(v0, v0s, sel) & 0x000F000Fu) | O::MAGIC;
-            const u32 t1 = (__byte_perm(v1, v1s, sel) & 0x000F000Fu) | O::MAGIC;
-            const u32 b0 = O::fma2(O::fma2(t0, O::ONE, nz[nt]), s2[nt], 0x80008000u);
-            const u32 b1 = O::fma2(O::fma2(t1, O::ONE, nz[nt]), s2[nt], 0x80008000u);
+            u32 b0, b1;
+            dq_pair<X>(v0, v0s, v1, v1s, j, nz[4 * w + j], s2[4 * w + j], &b0, &b1);
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) O::mma(acc[mt][nt], a[mt], b0, b1);
+            for (int mt = 0; mt < MT; ++mt) O::mma(acc[mt][4 * w + j], a[mt], b0, b1);
           }
         }
       }
@@ -451,8 +458,10 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 // of its share in rank order through distributed shared memory (mapa + ld.shared::cluster) and writes the
 // outputs; a second barrier keeps every tile alive until all ranks have read it: no global partials, fences
 // or counters.
-// Dynamic shared memory: WK*S*STAGE + MB*(BC+4)*4 bytes, STAGE = 36*BC + XSM*MB*144, MB = 16*MT (8 for
-// MT = 0) (host: quant.py); the last tile is the block's sum (w4a16_wkc) or the shared tile of W4_EPI = 0.
+// Dynamic shared memory: WK*S*STAGE + MB*(BC+4)*4 bytes, STAGE = 36*BC + XSM*MB*XROW, MB = 16*MT (8 for
+// MT = 0), XROW = 144 (padded rows) or, where that would pass 227 KiB, 128 (swizzled rows) (host: quant.py);
+// the last tile is the block's sum (w4a16_wkc) or the shared tile of W4_EPI = 0. A fragments (MT > 0, XSM):
+// one ldmatrix.x4 per m-tile per k16 step (W4_LDSM = 0, probe builds only: 32-bit loads, as before).
 // W4_PROBE (probe builds only, bench/gpu/w4a16_probe.py): bit 0 no dequant + mma (loads only), bit 1 no
 // weight loads after the first S-1 stages (math only), bit 2 raw words as B fragments (no dequant), bit 3
 // no mma (dequantized words folded into a register instead), bit 4 no chunk loop at all (launch, zeroing and
@@ -464,7 +473,26 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 #ifndef W4_EPI
 #define W4_EPI 1
 #endif
+#ifndef W4_LDSM
+#define W4_LDSM 1  // 0 (probe builds only): the A fragments read as 32-bit words, all four k16 steps before the math
+#endif
 
+// The four 8x8 matrices of an m16n8k16 A fragment (rows 0-7 / 8-15, k 0-7 / 8-15) from shared memory: a[0..3] as
+// the mma wants them; addr: this lane's row (lanes 0-15 rows 0-15 at k 0, lanes 16-31 the same rows at k 8).
+__device__ __forceinline__ void ldsm_x4(u32 addr, u32* a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr) : "memory");
+}
+
+// Staged activations: the 16-byte piece (8 k) where logical piece c (0..7) of a row with row & 7 == r7 lies (XSW:
+// 128-byte rows, pieces swizzled; else 144-byte padded rows, in order), and 32-bit word kw (0..31) of row `row`.
+// The copies (issue), the ldmatrix reads and the word reads all go through these.
+template <bool XSW>
+__device__ __forceinline__ int x_piece(int r7, int c) { return XSW ? c ^ r7 : c; }
+template <bool XSW>
+__device__ __forceinline__ int x_word(int row, int kw) {
+  return row * (XSW ? 32 : 36) + 4 * x_piece<XSW>(row & 7, kw >> 2) + (kw & 3);
+}
 template <int NWORD>
 __device__ __forceinline__ int wk_swz(int row) {  // 16-byte piece of a B-tile row ^ this
   return NWORD == 4 ? ((row & 3) << 1) : NWORD == 2 ? (((row >> 1) & 1) << 1) : 0;
@@ -517,9 +545,16 @@ __device__ __forceinline__ void wk_body(
     int M, int K, int N, int group_rows, int cpb) {
   typedef MmaOps<X> O;
   constexpr bool TR = MT == 0;
+  constexpr bool LDSM = XSM && !TR && W4_LDSM;  // A fragments from the staged activations by ldmatrix
   constexpr int MTA = TR ? 1 : MT;  // m-tiles held (TR: one 8-row B operand)
   constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = TR ? 8 : 16 * MT, NP = BC / 16, XS = 72;
-  constexpr int WB = 32 * BC, SZB = 4 * BC, XB = XSM ? MR * XS * 2 : 0, STAGE = WB + SZB + XB;
+  // staged activation rows padded to 144 bytes (the reads of 8 rows at one k hit 32 banks); where that would not fit
+  // in 227 KiB (MT > 0 only: S = 3 at MT 2 NWORD 4), 128 bytes with 16-byte piece c of row r at c ^ (r & 7)
+  // (ldmatrix reads 8 rows of one piece: 8 distinct pieces, 32 banks). The host's _wk_smem follows the same rule.
+  constexpr int PADDED = WK * S * (36 * BC + (XSM ? MR * 2 * XS : 0)) + MR * (BC + 4) * 4;
+  constexpr bool XSW = !TR && XSM && PADDED > 227 * 1024;
+  constexpr int XROW = XSW ? 128 : 2 * XS;
+  constexpr int WB = 32 * BC, SZB = 4 * BC, XB = XSM ? MR * XROW : 0, STAGE = WB + SZB + XB;
   constexpr int OW = BC + 4;
   extern __shared__ __align__(16) unsigned char dsm[];
   __shared__ unsigned int is_last;
@@ -539,8 +574,8 @@ __device__ __forceinline__ void wk_body(
     const int mrows = min(MR, M - m0);
     if (XSM && mrows < MR) {  // rows >= M stay zero: copies only ever write rows < mrows
       for (int s = 0; s < S; ++s)
-        for (int i = lane; i < (MR - mrows) * (XS / 2); i += 32)
-          reinterpret_cast<u32*>(wsm + s * STAGE + WB + SZB + mrows * XS * 2)[i] = 0u;
+        for (int i = lane; i < (MR - mrows) * (XROW / 4); i += 32)
+          reinterpret_cast<u32*>(wsm + s * STAGE + WB + SZB + mrows * XROW)[i] = 0u;
       __syncwarp();
     }
     auto issue = [&](int ch, int stage) {
@@ -558,7 +593,8 @@ __device__ __forceinline__ void wk_body(
       }
       if (XSM) {
         for (int p = lane; p < mrows * 8; p += 32)
-          cp_async16(st + WB + SZB + (p >> 3) * (XS * 2) + 16 * (p & 7), x + (u64)(m0 + (p >> 3)) * K + ch * 64 + 8 * (p & 7), 16);
+          cp_async16(st + WB + SZB + (p >> 3) * XROW + 16 * x_piece<XSW>((p >> 3) & 7, p & 7),
+                     x + (u64)(m0 + (p >> 3)) * K + ch * 64 + 8 * (p & 7), 16);
       }
     };
     float acc[MTA][NT][4];  // TR: acc[0][p] for A-tile p < NT/2
@@ -581,15 +617,17 @@ __device__ __forceinline__ void wk_body(
       const int ch = c_begin + warp + WK * i;
       const unsigned char* st = wsm + (i % S) * STAGE;
       u32 a[4][MTA][4];  // TR: [stp][0][0] and [stp][0][2] are the B operand (x rows g)
-      if (XSM) {
+      // LDSM: a[stp] is read by ldmatrix inside the k16 loop below (fewer live registers, a quarter of the loads)
+      if (LDSM) {
+      } else if (XSM) {
         const u32* xw = reinterpret_cast<const u32*>(st + WB + SZB);
 #pragma unroll
         for (int stp = 0; stp < 4; ++stp)
 #pragma unroll
           for (int mt = 0; mt < MTA; ++mt) {
-            const int ra = (mt * 16 + g) * (XS / 2) + 8 * stp + t, rb = ra + 8 * (XS / 2);
-            a[stp][mt][0] = xw[ra]; a[stp][mt][2] = xw[ra + 4];
-            if (!TR) { a[stp][mt][1] = xw[rb]; a[stp][mt][3] = xw[rb + 4]; }
+            const int ra = mt * 16 + g, rb = ra + 8, kw = 8 * stp + t;  // rows, 32-bit word along k
+            a[stp][mt][0] = xw[x_word<XSW>(ra, kw)]; a[stp][mt][2] = xw[x_word<XSW>(ra, kw + 4)];
+            if (!TR) { a[stp][mt][1] = xw[x_word<XSW>(rb, kw)]; a[stp][mt][3] = xw[x_word<XSW>(rb, kw + 4)]; }
           }
       } else {
 #pragma unroll
@@ -608,8 +646,16 @@ __device__ __forceinline__ void wk_body(
       u32 s2[NT], nz[NT];
 #pragma unroll
       for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
+      // ldmatrix.x4 row addresses: lanes 0-15 rows 0-15 at k 0, lanes 16-31 rows 0-15 at k 8 of an m-tile's k16 step
+      // (logical piece 2 stp + lane/16 of row mt*16 + (lane & 15), whose row & 7 is lane & 7)
+      const u32 xa = smem_addr(st + WB + SZB) + (lane & 15) * XROW;
 #pragma unroll
       for (int stp = 0; stp < 4; ++stp) {
+        if (LDSM) {
+#pragma unroll
+          for (int mt = 0; mt < MTA; ++mt)
+            ldsm_x4(xa + mt * 16 * XROW + 16 * x_piece<XSW>(lane & 7, 2 * stp + (lane >> 4)), a[stp][mt]);
+        }
         u32 w0[NWORD], w1[NWORD];
         const int r0 = 8 * stp + t, r1 = r0 + 4;
         const unsigned char* p0 = st + r0 * BC + 16 * (bpiece ^ wk_swz<NWORD>(r0)) + boff;
@@ -626,11 +672,7 @@ __device__ __forceinline__ void wk_body(
             if (W4_PROBE & 4) {
               d0[j] = v0 ^ (u32)nt; d1[j] = v1 ^ (u32)nt;
             } else {
-              const u32 sel = (u32)(j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
-              const u32 t0 = (__byte_perm(v0, v0s, sel) & 0x000F000Fu) | O::MAGIC;
-              const u32 t1 = (__byte_perm(v1, v1s, sel) & 0x000F000Fu) | O::MAGIC;
-              d0[j] = O::fma2(O::fma2(t0, O::ONE, nz[nt]), s2[nt], 0x80008000u);
-              d1[j] = O::fma2(O::fma2(t1, O::ONE, nz[nt]), s2[nt], 0x80008000u);
+              dq_pair<X>(v0, v0s, v1, v1s, j, nz[nt], s2[nt], &d0[j], &d1[j]);
             }
           }
           if (W4_PROBE & 8) {

@@ -29,7 +29,7 @@ from shmrpc.kernels.quant import (
 @pytest.mark.parametrize("n", [4096, 8192, 14336])
 def test_table_by_m(m, n) -> None:
     """Every M up to 64 takes the first entry of its row that takes N: a cluster split where its CL is the split
-    the column tiles ask for (8192 at M <= 16 and every N of 64-column tiles at M > 16: 2), else the kernel with its
+    the column tiles ask for (2: 8192 at M <= 32, 64-column tiles of 4096 at M > 16), else the kernel with its
     global split (or none: 14336); M = 1 never a global split (4096: the CUDA-core kernel)."""
     with use_tuning(**vars(W4A16Tuning())):  # the defaults, whatever this process's environment says
         cfg = _mma_cfg(m, 4096, n, 128)
@@ -45,6 +45,18 @@ def test_table_by_m(m, n) -> None:
         assert tiles * cfg[6] <= 132 and round(132 / tiles) == cfg[6]
     if n == 14336:
         assert len(cfg) < 7  # 112 column tiles of 128: no split to make (BPS = 1 picks 1)
+    if 16 < m <= 32 and n in (8192, 14336):
+        assert cfg[:3] == (2, 4, 8)  # the wide slab: each A fragment over 16 n-tiles, half the activation traffic
+
+
+def test_wk_smem_activation_rows_padded_unless_too_big() -> None:
+    """Staged activation rows are 144 bytes (padded) unless that passes 227 KiB at MT > 0: then 128 (swizzled);
+    the kernel (w4a16_mma.cu, wk_body) makes the same choice."""
+    assert _wk_smem((1, 4, 8, 0, 3, 1)) == 8 * 3 * (36 * 128 + 16 * 144) + 16 * 132 * 4
+    assert _wk_smem((1, 4, 8, 0, 4, 1)) == 8 * 4 * (36 * 128 + 16 * 144) + 16 * 132 * 4  # 224.25 KiB: fits padded
+    assert _wk_smem((2, 4, 8, 0, 3, 1)) == 8 * 3 * (36 * 128 + 32 * 128) + 32 * 132 * 4  # padded: 232.5 KiB
+    assert _wk_smem((0, 4, 8, 0, 3, 1)) == 8 * 3 * (36 * 128 + 8 * 144) + 8 * 132 * 4  # MT = 0: always padded
+    assert _wk_smem((1, 4, 8, 0, 4, 0)) == 8 * 4 * 36 * 128 + 16 * 132 * 4  # no activations staged
 
 
 def test_m1_falls_back_to_the_cuda_core_kernel() -> None:
