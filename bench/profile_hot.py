@@ -82,11 +82,11 @@ def main() -> int:
 
 #: (label, file suffix, function name): the steps of the hot path whose cumulative time per request is summarised
 _STEPS = (
-    ("worker: wait for a wake-up (poll)", "zmq/sugar/poll.py", "poll"),
+    ("worker: wait for a wake-up (poll)", "server/_poll.py", "poll"),
     ("worker: one CALL, doorbell to DONE sent", "server/_loop.py", "_on_call"),
     ("worker:   decode + validate + plan (cache misses)", "server/_dispatch.py", "prepare"),
     ("worker:   run the op (views, backend)", "server/_dispatch.py", "run"),
-    ("worker:   metrics, DONE, lease end", "server/_loop.py", "_done_sent"),
+    ("worker:   metrics, DONE, lease end", "server/_runs.py", "_done_sent"),
     ("worker:   ZeroMQ send", "zmq/sugar/socket.py", "send_multipart"),
     ("client: write descriptor + header, ring", "client/_loan.py", "_post"),
     ("client: wait for the answer", "client/_loan.py", "_wait"),

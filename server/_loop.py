@@ -29,7 +29,6 @@ import collections
 import logging
 import os
 import signal
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -43,8 +42,7 @@ from shmrpc.kernels import Backend
 from shmrpc.kernels._backend_base import RunLaunch
 from shmrpc.schema import messages as m
 from shmrpc.schema.control import ErrorReply, State
-from shmrpc.schema.descriptor import encode_response
-from shmrpc.schema.errors import WIRE_CODES, BusyError, InternalError, InvalidRequestError, RequestError, StaleSlotError
+from shmrpc.schema.errors import BusyError, InternalError, InvalidRequestError, RequestError, StaleSlotError
 from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag
 from shmrpc.schema.messages import NO_RESPONSE
 from shmrpc.schema.naming import attach_path, endpoint, socket_path
@@ -52,13 +50,13 @@ from shmrpc.schema.naming import attach_path, endpoint, socket_path
 from . import checks
 from ._attach import AttachListener, set_dumpable
 from ._batch import Pending
-from ._dispatch import Dispatcher, Launched, Prepared, check_header, error_response
+from ._dispatch import Dispatcher, Launched, check_header
 from ._lanes import Lanes
 from ._lease import Leases, Slot
 from ._observe import Observer
 from ._poll import LoopPoll
 from ._primed import Express, Primed, PrimedSlots
-from ._runs import SPIN_POLL_S, Done, Runs, write_response
+from ._runs import SPIN_POLL_S, Done, Runs
 from ._sessions import Sessions, _refusal
 from ._shared import SharedOwners
 from ._waiters import Waiters
@@ -87,7 +85,6 @@ _HEADER_PACK = HEADER.pack_into
 _pack_done = m.pack_done
 _RCVHWM = 256  # messages queued per peer before libzmq stops reading from it (with MAXMSGSIZE: 16 MiB)
 _CALL_NBYTES = m.CALL_STRUCT.size
-_CALL_RID_GEN = struct.Struct("<II").unpack_from  # a CALL frame's request_id and generation, at offset 8
 _TRACED_CALL_NBYTES = m.CALL_STRUCT.size + m.TRACE_STRUCT.size
 
 
@@ -480,16 +477,6 @@ class Worker(Runs):
 
     # ------------------------------------------------------------ calls
 
-    def _reply(self, identity: bytes, done: bytes, lane: int) -> None:
-        """A DONE to the client: into its lane when the CALL came that way (``lane``: its call_seq), if it is still
-        there."""
-        if lane and self._lanes is not None:
-            ln = self._lanes.by_identity.get(identity)
-            if ln is not None:
-                ln.answer(done, lane)
-            return
-        self._send(identity, done)
-
     def _on_call(self, identity: bytes, frame: bytes, stopping: bool, lane: int = 0) -> None:
         ex = self._express.get(frame[2:8])
         if (ex is not None and ex.identity == identity and len(frame) == _CALL_NBYTES and not stopping
@@ -556,101 +543,3 @@ class Worker(Runs):
         else:
             self._run_elsewhere(identity, s, view, hdr, primed, t0, lane)
         return None
-
-    def _serve_express(self, ex: Express, frame: bytes, lane: int) -> bool:
-        """Serve a CALL straight from its slot's :class:`Express` entry; False: it is not what the entry holds,
-        the full path takes it (and replaces or drops the entry).
-
-        The checks are those of the full path, against values that passed them before: the sender's session
-        is still the one of its token and holds the slot's lease at this generation with nothing in flight
-        (``Leases.begin``), the header names this request and generation with the op code, descriptor length
-        and flags validated last (``check_header``), and the descriptor bytes in the slot equal the validated
-        ones (``PrimedSlots.get``, compared on a private copy).
-        """
-        s = ex.slot
-        rid, gen = _CALL_RID_GEN(frame, 8)
-        if (s.generation != gen or s.owner != ex.session.id or s.in_flight or s.freeing
-                or self.sessions.clients.get(ex.identity) is not ex.session):
-            return False
-        view = ex.view
-        h = _HEADER_UNPACK(view)
-        if h[0] != rid or h[4] != gen or h[1:4] != ex.head or bytes(view[HEADER_NBYTES:ex.end]) != ex.primed.payload:
-            return False
-        t0 = time.perf_counter()
-        s.in_flight = True
-        self._primed.hits += 1
-        self._inflight.value += 1
-        primed = ex.primed
-        prep = primed.prep
-        if prep.batch and self._joins:  # parked for the end of the turn, as the full path parks it
-            self._pending.append(Pending(ex.identity, s, view, (rid, h[1], gen), primed, t0, lane))
-            return True
-        try:
-            stages = self.dispatch.run_bound(prep, primed.bound)
-        except Exception as e:  # noqa: BLE001 - answered as the full path answers it
-            hdr = (rid, h[1], gen)
-            status, err_payload = self._failure(prep, e)
-            write_response(view, hdr, err_payload, status)
-            self._done_sent(ex.identity, s, hdr, status, t0, {}, prep, lane=lane)
-            if self.dispatch.fatal:
-                self._drain_done()
-            return True
-        # the success half of _execute and _done_sent, inline: response, metrics, DONE, lease end
-        payload = prep.response
-        n = len(payload)
-        view[HEADER_NBYTES:HEADER_NBYTES + n] = payload
-        # NOTE: order is important here: the header goes last, after the descriptor it describes.
-        _HEADER_PACK(view, 0, rid, h[1], n, _OK_FLAGS, gen)
-        self.metrics.observe(prep.op, "ok", time.perf_counter() - t0, prep.nbytes_in, prep.nbytes_out, stages)
-        self._inflight.value -= 1
-        done = _pack_done(s.region, s.index, rid, 0)
-        if lane:
-            self._reply(ex.identity, done, lane)
-        else:
-            self._send(ex.identity, done)
-        s.in_flight = False
-        s.last_owner = s.owner
-        return True
-
-    def _finish(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], err: RequestError,
-                t0: float, stages: dict[str, float], prep: Prepared | None, lane: int) -> None:
-        self._primed.forget((s.region, s.index))
-        write_response(view, hdr, encode_response(error_response(err)), err.code)
-        self._inflight.value += 1
-        self._done_sent(identity, s, hdr, err.code, t0, stages, prep, self.observe.op_of(err, hdr[1]), lane)
-
-    def _done_sent(self, identity: bytes, s: Slot, hdr: tuple[int, int, int], status: int, t0: float,
-                   stages: dict[str, float], prep: Prepared | None, op: str = "unknown", lane: int = 0) -> None:
-        if prep is not None:
-            op = prep.op
-        if status:  # before DONE: after it the slot is the client's again
-            c = self.sessions.clients.get(identity)
-            self.observe.failed(c.pid if c else 0, op, _status_name(status), self._views.get((s.region, s.index)),
-                                self._desc_nbytes)
-            self.metrics.observe(op, _status_name(status), time.perf_counter() - t0, 0, 0, stages)
-        else:
-            self.metrics.observe(op, "ok", time.perf_counter() - t0, prep.nbytes_in if prep else 0,
-                                 prep.nbytes_out if prep else 0, stages)
-        traced = self.observe.end_trace(s.region, s.index, t0) if self.observe.traces else None
-        # Counted before DONE goes out, so a client that has its answer finds it in a scrape.
-        self._inflight.value -= 1
-        if s.owner is not None and not s.freeing:
-            done = _pack_done(s.region, s.index, hdr[0], status)
-            if lane:
-                self._reply(identity, done, lane)
-            else:
-                self._send(identity, done)
-        self.leases.end(s)
-        if traced is not None:
-            c = self.sessions.clients.get(identity)
-            self.observe.record(traced, op, "ok" if status == 0 else _status_name(status), stages,
-                                c.pid if c else 0, (s.region, s.index))
-        if s.owner is None:
-            self.sessions.close_idle_regions()
-            self.sessions.serve_pending()
-
-
-def _status_name(status: int) -> str:
-    cls = WIRE_CODES.get(status & 0x7FFF)
-    return cls.__name__ if cls else f"code{status}"
-
