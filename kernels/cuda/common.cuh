@@ -34,6 +34,21 @@ __device__ __forceinline__ float ld_cg_f32(const float* p) {
   float v; asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p)); return v;
 }
 
+// K split through float32 partials in global memory: each block of a column tile has written its partials; returns
+// whether this block is the last of the tile to do so (counters[blockIdx.x]), the one that adds them up.
+// NOTE: order is important here: partials written -> fence -> count; the last block fences again -> reads.
+// Every thread of the block calls it (barriers inside).
+__device__ __forceinline__ bool last_of_split(unsigned int* counters, int ksplit) {
+  __shared__ unsigned int is_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = (atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(ksplit - 1));
+  __syncthreads();
+  if (!is_last) return false;
+  __threadfence();
+  return true;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);

@@ -41,7 +41,6 @@ __global__ void __launch_bounds__(256, PF ? 2 : 1) w4a16_gemm(
     unsigned int* __restrict__ counters, typename X::T* __restrict__ out,
     int M, int K, int N, int group_rows, int rows_per_split) {
   __shared__ float red[8][MB][128];
-  __shared__ unsigned int is_last;
   const int tx = threadIdx.x & 7, ty = threadIdx.x >> 3;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int col0 = blockIdx.x * 128 + tx * 16;
@@ -175,15 +174,7 @@ __global__ void __launch_bounds__(256, PF ? 2 : 1) w4a16_gemm(
     }
     __syncthreads();  // red is reused by the next m0
   }
-  if (ksplit == 1) return;
-
-  // NOTE: order is important here: partials written -> fence -> count; last block fences -> reads.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = (atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(ksplit - 1));
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
+  if (ksplit == 1 || !last_of_split(counters, ksplit)) return;
   for (int idx = threadIdx.x; idx < M * 128; idx += 256) {
     const int m = idx >> 7, col = blockIdx.x * 128 + (idx & 127);
     if (col < N) {
@@ -231,7 +222,6 @@ __global__ void __launch_bounds__(256, MINB) w4a16_h2(
     int M, int K, int N, int group_rows) {
   constexpr int BC = 8 * CT, NW = CT / 4, NS = CT / 2;  // block columns, words of a row, words of scales
   __shared__ float red[8][MB][BC];
-  __shared__ unsigned int is_last;
   const int tx = threadIdx.x & 7, ty = threadIdx.x >> 3;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int col0 = blockIdx.x * BC + tx * CT;
@@ -363,14 +353,7 @@ __global__ void __launch_bounds__(256, MINB) w4a16_h2(
     }
     __syncthreads();
   }
-  if (ksplit == 1) return;
-  // same ordering as w4a16_gemm: partials written -> fence -> count; last block fences -> reads.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = (atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(ksplit - 1));
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
+  if (ksplit == 1 || !last_of_split(counters, ksplit)) return;
   for (int idx = threadIdx.x; idx < M * BC; idx += 256) {
     const int m = idx / BC, col = blockIdx.x * BC + idx % BC;
     if (col < N) {

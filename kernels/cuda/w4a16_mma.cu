@@ -110,6 +110,60 @@ __device__ __forceinline__ void ld_halves(const u16* p, u32* w) {
   }
 }
 
+// The block's float32 tile through shared memory `ot` (row stride OW floats; warp w's columns from w*BC, lane
+// (g, t)'s n-tile nt at column (2t + e%2)*NT + nt of rows mt*16 + g (+8)), then row by row as float4: 8-byte stores of
+// outputs (ksplit 1) or 16-byte stores of this block's partials. One barrier inside; the caller synchronizes after.
+template <class O, int MT, int NT, int BC, int OW, int WARPS>
+__device__ __forceinline__ void tile_out(float* ot, float (&acc)[MT][NT][4], bool cols_ok, int m0, int M, int N,
+                                         int colb, int ksplit, float* partial, u16* out) {
+  constexpr int MR = 16 * MT;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  if (cols_ok) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          ot[(mt * 16 + g + (e >> 1) * 8) * OW + warp * BC + (2 * t + (e & 1)) * NT + nt] = acc[mt][nt][e];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < MR * (WARPS * BC / 4); idx += WARPS * 32) {
+    const int r = idx / (WARPS * BC / 4), c = 4 * (idx % (WARPS * BC / 4)), m = m0 + r;
+    if (m < M && colb + c < N) {
+      const float4 v = *reinterpret_cast<const float4*>(ot + r * OW + c);
+      if (ksplit == 1) {
+        *reinterpret_cast<uint2*>(out + (u64)m * N + colb + c) =
+            make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
+      } else {
+        *reinterpret_cast<float4*>(partial + ((u64)blockIdx.y * M + m) * N + colb + c) = v;
+      }
+    }
+  }
+}
+
+// The last block of a column tile (last_of_split): the ksplit partials of columns [col_begin, +width) added in
+// split order, 4 columns per step (16-byte loads past L1), written as the output type; the tile's counter reset.
+template <class O>
+__device__ __forceinline__ void add_partials4(const float* partial, u16* out, int M, int N, int col_begin, int width,
+                                              int ksplit, int nthreads, unsigned int* counters) {
+  for (int idx = threadIdx.x; idx < M * (width / 4); idx += nthreads) {
+    const int m = idx / (width / 4), col = col_begin + 4 * (idx % (width / 4));
+    if (col < N) {
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+      for (int sp = 0; sp < ksplit; ++sp) {
+        const float* p = partial + ((u64)sp * M + m) * N + col;
+        float4 u; asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(u.x), "=f"(u.y), "=f"(u.z), "=f"(u.w) : "l"(p));
+        v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
+      }
+      *reinterpret_cast<uint2*>(out + (u64)m * N + col) =
+          make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
+    }
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
+}
+
 template <class X, int MT, int NWORD, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
@@ -122,7 +176,6 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
   constexpr int OW = WARPS * BC + 4;  // output tile row stride (floats)
   constexpr int XROWS = (MR * OW * 4 + 2 * MR * XS * 2 - 1) / (2 * MR * XS * 2) * MR;  // x buffers sized to hold the tile too
   __shared__ __align__(16) u16 xs[2][XROWS][XS];
-  __shared__ unsigned int is_last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int colb = blockIdx.x * (WARPS * BC), col0 = colb + warp * BC, colt = col0 + g * NT;
   const bool cols_ok = col0 < N;
@@ -224,53 +277,11 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma(
     // the block's (MR, WARPS*BC) float32 tile through shared memory (over the x buffers), then
     // written row by row: 16-byte float4 stores of partials, 8-byte stores of outputs
     float* ot = reinterpret_cast<float*>(&xs[0][0][0]);
-    if (cols_ok) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            ot[(mt * 16 + g + (e >> 1) * 8) * OW + warp * BC + (2 * t + (e & 1)) * NT + nt] = acc[mt][nt][e];
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < MR * (WARPS * BC / 4); idx += WARPS * 32) {
-      const int r = idx / (WARPS * BC / 4), c = 4 * (idx % (WARPS * BC / 4)), m = m0 + r;
-      if (m < M && colb + c < N) {
-        const float4 v = *reinterpret_cast<const float4*>(ot + r * OW + c);
-        if (ksplit == 1) {
-          *reinterpret_cast<uint2*>(out + (u64)m * N + colb + c) =
-              make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
-        } else {
-          *reinterpret_cast<float4*>(partial + ((u64)blockIdx.y * M + m) * N + colb + c) = v;
-        }
-      }
-    }
+    tile_out<O, MT, NT, BC, OW, WARPS>(ot, acc, cols_ok, m0, M, N, colb, ksplit, partial, out);
     __syncthreads();
   }
-  if (ksplit == 1) return;
-  // partials written -> fence -> count; the last block of the column tile fences -> reads.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = (atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(ksplit - 1));
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  for (int idx = threadIdx.x; idx < M * (WARPS * BC / 4); idx += WARPS * 32) {
-    const int m = idx / (WARPS * BC / 4), col = colb + 4 * (idx % (WARPS * BC / 4));
-    if (col < N) {
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-      for (int sp = 0; sp < ksplit; ++sp) {
-        const float* p = partial + ((u64)sp * M + m) * N + col;
-        float4 u; asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(u.x), "=f"(u.y), "=f"(u.z), "=f"(u.w) : "l"(p));
-        v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
-      }
-      *reinterpret_cast<uint2*>(out + (u64)m * N + col) =
-          make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
-    }
-  }
-  if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
+  if (ksplit == 1 || !last_of_split(counters, ksplit)) return;
+  add_partials4<O>(partial, out, M, N, colb, WARPS * BC, ksplit, WARPS * 32, counters);
 }
 
 // w4a16_mma_async: the same product, with the weights, scales, zeros and activations of S chunks in
@@ -300,7 +311,6 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
   constexpr int OW = WARPS * BC + 4;
   constexpr int SMEM = S * STAGE > MR * OW * 4 ? S * STAGE : MR * OW * 4;
   __shared__ __align__(16) unsigned char smem[SMEM];
-  __shared__ unsigned int is_last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int colb = blockIdx.x * (WARPS * BC), col0 = colb + warp * BC;
   const bool cols_ok = col0 < N;
@@ -385,52 +395,11 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
     cp_async_wait<0>();
     __syncthreads();
     float* ot = reinterpret_cast<float*>(smem);
-    if (cols_ok) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            ot[(mt * 16 + g + (e >> 1) * 8) * OW + warp * BC + (2 * t + (e & 1)) * NT + nt] = acc[mt][nt][e];
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < MR * (WARPS * BC / 4); idx += WARPS * 32) {
-      const int r = idx / (WARPS * BC / 4), c = 4 * (idx % (WARPS * BC / 4)), m = m0 + r;
-      if (m < M && colb + c < N) {
-        const float4 v = *reinterpret_cast<const float4*>(ot + r * OW + c);
-        if (ksplit == 1) {
-          *reinterpret_cast<uint2*>(out + (u64)m * N + colb + c) =
-              make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
-        } else {
-          *reinterpret_cast<float4*>(partial + ((u64)blockIdx.y * M + m) * N + colb + c) = v;
-        }
-      }
-    }
+    tile_out<O, MT, NT, BC, OW, WARPS>(ot, acc, cols_ok, m0, M, N, colb, ksplit, partial, out);
     __syncthreads();
   }
-  if (ksplit == 1) return;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = (atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(ksplit - 1));
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  for (int idx = threadIdx.x; idx < M * (WARPS * BC / 4); idx += WARPS * 32) {
-    const int m = idx / (WARPS * BC / 4), col = colb + 4 * (idx % (WARPS * BC / 4));
-    if (col < N) {
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-      for (int sp = 0; sp < ksplit; ++sp) {
-        const float* p = partial + ((u64)sp * M + m) * N + col;
-        float4 u; asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(u.x), "=f"(u.y), "=f"(u.z), "=f"(u.w) : "l"(p));
-        v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
-      }
-      *reinterpret_cast<uint2*>(out + (u64)m * N + col) =
-          make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
-    }
-  }
-  if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
+  if (ksplit == 1 || !last_of_split(counters, ksplit)) return;
+  add_partials4<O>(partial, out, M, N, colb, WARPS * BC, ksplit, WARPS * 32, counters);
 }
 
 // w4a16_wk: the same product with every warp on its own: a block is WK warps over ONE column slab of
@@ -557,7 +526,6 @@ __device__ __forceinline__ void wk_body(
   constexpr int WB = 32 * BC, SZB = 4 * BC, XB = XSM ? MR * XROW : 0, STAGE = WB + SZB + XB;
   constexpr int OW = BC + 4;
   extern __shared__ __align__(16) unsigned char dsm[];
-  __shared__ unsigned int is_last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int col0 = blockIdx.x * BC;
   const int n_chunks = K >> 6;
@@ -795,26 +763,8 @@ __device__ __forceinline__ void wk_body(
       }
     }
   }
-  if (CL > 1 || ksplit == 1) return;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = (atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(ksplit - 1));
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  for (int idx = threadIdx.x; idx < M * (BC / 4); idx += WK * 32) {
-    const int m = idx / (BC / 4), col = col0 + 4 * (idx % (BC / 4));
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-    for (int sp = 0; sp < ksplit; ++sp) {
-      const float* p = partial + ((u64)sp * M + m) * N + col;
-      float4 u; asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(u.x), "=f"(u.y), "=f"(u.z), "=f"(u.w) : "l"(p));
-      v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
-    }
-    *reinterpret_cast<uint2*>(out + (u64)m * N + col) =
-        make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
-  }
-  if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
+  if (CL > 1 || ksplit == 1 || !last_of_split(counters, ksplit)) return;
+  add_partials4<O>(partial, out, M, N, col0, BC, ksplit, WK * 32, counters);
 }
 
 template <class X, int MT, int NWORD, int WK, int S, int XSM>
