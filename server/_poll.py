@@ -3,8 +3,8 @@
 ``zmq.Poller`` rebuilds libzmq's poll items from Python on every call and asks the socket for its
 events before and after the system call; on the lanes' path (no ZeroMQ traffic at all) that was
 part of every wake-up. Here a wake-up is one ``poll(2)`` over an fd array built once. (An epoll set
-measured slower to wake on both hosts: about 0.9 µs per wake-up on the 2-core machine, and the
-blocking lane's 64 B round trip 4-5 µs longer on the GPU host; see docs/benchmarks.md.)
+woke slower on the GPU host: 15.5 against 13.8 µs for a round trip of two wake-ups in
+``bench/gpu/floor_probe.py``, and a blocking lane's 64 B round trip 4-5 µs longer; docs/benchmarks.md.)
 
 The ZeroMQ socket's fd (``zmq.FD``) is not a readiness flag: it turns readable when the socket's
 state may have changed, and a send or a receive on the socket may consume that signal. So after the
