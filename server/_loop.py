@@ -43,7 +43,7 @@ from shmrpc.kernels._backend_base import RunLaunch
 from shmrpc.schema import messages as m
 from shmrpc.schema.control import ErrorReply, State
 from shmrpc.schema.errors import BusyError, InternalError, InvalidRequestError, RequestError, StaleSlotError
-from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag
+from shmrpc.schema.header import HEADER, HEADER_NBYTES
 from shmrpc.schema.messages import NO_RESPONSE
 from shmrpc.schema.naming import attach_path, endpoint, socket_path
 
@@ -70,7 +70,6 @@ __all__ = ["Worker", "NO_RESPONSE"]
 
 log = logging.getLogger("shmrpc.server")
 
-_OK_FLAGS = int(Flag.RESPONSE)
 _POLLIN = int(zmq.POLLIN)  # a plain int: `int & IntFlag` goes through the enum machinery
 # The hot path calls libzmq through pyzmq's Cython socket with plain ints: the sugar layer's send/recv_multipart
 # build enum flags (`NOBLOCK | SNDMORE`) and lists per message, and its getsockopt(EVENTS) wraps the answer in an enum.
@@ -81,8 +80,6 @@ _NOBLOCK_SNDMORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 _EVENTS = int(zmq.EVENTS)
 _RCVMORE = int(zmq.RCVMORE)
 _HEADER_UNPACK = HEADER.unpack_from
-_HEADER_PACK = HEADER.pack_into
-_pack_done = m.pack_done
 _RCVHWM = 256  # messages queued per peer before libzmq stops reading from it (with MAXMSGSIZE: 16 MiB)
 _CALL_NBYTES = m.CALL_STRUCT.size
 _TRACED_CALL_NBYTES = m.CALL_STRUCT.size + m.TRACE_STRUCT.size
