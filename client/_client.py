@@ -191,6 +191,10 @@ class Client:
         self._rid = itertools.count(1)
         self._desc_cache: dict[Any, tuple[bytes, int, int, tuple[str, ...]]] = {}
         self._plans: dict[Any, CallPlan] = {}  # call() signatures -> slot layout and descriptor (_callplan)
+        # the loan of the last call() that ended well, its slot still open and its output views made (_call_now):
+        # one, rarely two (threads ending calls at once); list pop/append are single steps under the GIL, so two
+        # threads never get the same loan
+        self._kept: list[Loan] = []
         self._params: dict[str, frozenset[str]] = {}  # op -> its input names (which keywords are tensors)
         self._out_checks: dict[Any, OutputCheck] = {}  # responses already checked, by their bytes (Loan._response)
         self._specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
@@ -219,6 +223,8 @@ class Client:
             self._closed = True
             return
         self._inflight.close()
+        while self._drop_kept():  # (two threads ending calls at once may each have kept one)
+            pass
         with self._lock:
             self._closed = self._slots.closed = True
             for fin in self._inflight._fail_all():  # futures still waiting finish with ClientClosedError
@@ -352,7 +358,7 @@ class Client:
                 field="nbytes")
         while True:
             self._check()
-            hit = self._slots.take_free(nbytes)
+            hit = self._take_free(nbytes)
             if hit is not None:
                 return hit
             # our own requests in flight will free fitting slots: never park at the worker while they run
@@ -379,6 +385,46 @@ class Client:
                 if gated:
                     self._borrow_gate.release()
             return self._slots.adopt(s)
+
+    def _take_free(self, nbytes: int) -> _Slot | None:
+        """A free slot of ours of at least ``nbytes``, or None; the slot of the kept call() loan counts as free."""
+        hit = self._slots.take_free(nbytes)
+        if hit is None and self._drop_kept():
+            hit = self._slots.take_free(nbytes)
+        return hit
+
+    def _drop_kept(self) -> bool:
+        """Give the kept call() loan's slot back to the free list; False when none was kept."""
+        try:
+            loan = self._kept.pop()
+        except IndexError:
+            return False
+        loan.release()
+        return True
+
+    def _call_loan(self, need: int, deadline: float) -> Loan:
+        """A loan of at least ``need`` bytes for call(): the kept one when it fits and is not much larger (a small
+        call does not hold a large slot), else a new one."""
+        try:
+            loan = self._kept.pop()
+        except IndexError:
+            return Loan(self, self._take(need, deadline))
+        nbytes = loan._s.nbytes
+        if need <= nbytes and (nbytes <= 4 * need or nbytes <= _KEEP_ANY_NBYTES):
+            return loan
+        loan.release()
+        return Loan(self, self._take(need, deadline))
+
+    def _keep(self, loan: Loan) -> None:
+        """The end of a call() that copied its outputs out: keep its loan for the next call() (its slot open, the
+        views of its outputs made), unless one is kept already or the slot is borrowed (it goes back to the
+        worker as before)."""
+        if self._kept or loan._s.borrowed or self._closed:
+            loan.release()
+            return
+        self._kept.append(loan)
+        if self._closed:  # closed meanwhile by another thread: close() may have looked already
+            self._drop_kept()
 
     def _ask(self, msg: Acquire | Manage, deadline: float) -> ControlMessage:
         """Send ``msg`` under a fresh id and return the reply that echoes it (or an ERROR with no id).
@@ -515,7 +561,8 @@ class Client:
             plan, sure = self._plan_call(op, inputs, attrs, in_place, keep, out_nbytes)
             if key is not None and sure:
                 bounded_put(self._plans, key, plan)
-        loan = Loan(self, self._take(plan.need, deadline))
+        loan = self._call_loan(plan.need, deadline)
+        kept = False
         try:
             mv = loan._live()
             for a, (off, nbytes) in zip(arrays.values(), plan.writes):
@@ -525,11 +572,15 @@ class Client:
             rid = loan._publish(plan.desc)
             loan._wait(rid, deadline)
             out = loan._response(rid)
-            if copy:  # the views go before the loan ends, so the slot is free again at once (not parked)
+            if copy:  # copies: no view of the slot is handed out, so the next call() may use the same loan
                 out = {k: v.copy() for k, v in out.items()}
+                kept = True
             return out
         finally:
-            loan.release()
+            if kept:
+                self._keep(loan)
+            else:
+                loan.release()
 
     def _plan_call(self, op: str | Pipeline, inputs: tuple[tuple[str, tuple[int, ...], str], ...],
                    attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...], out_nbytes: int | None
@@ -586,7 +637,7 @@ class Client:
             out_nbytes = sum(sizes) if asked is None else asked
         need = max(need + out_nbytes, self.geometry.desc_nbytes + 64)
         if nowait:
-            slot = self._slots.take_free(need)
+            slot = self._take_free(need)
             if slot is None:
                 raise _NoSlot()
         else:
@@ -714,6 +765,7 @@ class Client:
         return hit
 
 
+_KEEP_ANY_NBYTES = 64 << 10  # a kept call() loan's slot up to this size serves any smaller call
 _SCALARS = (int, float, bool, str)  # attribute values the steady path takes without asking is_array_like
 
 

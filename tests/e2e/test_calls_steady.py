@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -84,7 +85,59 @@ def test_views_keep_their_slot_and_copies_do_not(worker: WorkerProc) -> None:
         free_with_views = len(c._slots.free)
         del views, v  # the slots go back at the next take
         np.testing.assert_array_equal(c.call("scale", x=x, a=5.0)["out"], 5 * x)
-        assert len(c._slots.free) >= free_with_views + 3
+        assert len(c._slots.free) + len(c._kept) >= free_with_views + 3  # (the call keeps its loan for the next)
+
+
+
+def test_a_call_keeps_its_loan_for_the_next_call(worker: WorkerProc) -> None:
+    """A call() whose outputs were copied out keeps its loan (slot open, output views made) for the next call;
+    every call still carries its own values and gets its own answer, whatever its signature."""
+    rng = np.random.default_rng(7)
+    with Client(worker.name, timeout_s=10) as c:
+        x, y = rng.standard_normal((2, 16)).astype(np.float32)
+        np.testing.assert_array_equal(c.call("vector_add", x=x, y=y)["out"], x + y)
+        assert len(c._kept) == 1
+        slot = c._kept[0]._s
+        for i in range(4):  # other values, other signatures: the same slot, the right answers
+            x, y = rng.standard_normal((2, 8 + i)).astype(np.float32)
+            np.testing.assert_array_equal(c.call("vector_add", x=x, y=y)["out"], x + y)
+            np.testing.assert_allclose(c.call("scale", x=x, a=float(i))["out"], i * x)
+            assert [k._s for k in c._kept] == [slot]
+        out = c.call("scale", x=x, a=3.0, copy=False)["out"]  # a view handed out: the loan is not kept
+        assert c._kept == [] and out.base is not None
+        np.testing.assert_allclose(c.call("scale", x=x, a=5.0)["out"], 5 * x)
+        np.testing.assert_allclose(out, 3 * x)  # the view's slot was not the next call's
+        with pytest.raises(RequestError) as ei:  # a refused call gives its slot back instead of keeping it
+            c.call("vector_add", x=x, y=np.zeros(3, np.float32))
+        assert ei.value.field == "shape" and c._kept == []
+        np.testing.assert_allclose(c.call("scale", x=x, a=2.0)["out"], 2 * x)
+        assert len(c._kept) == 1
+    assert c._kept == []  # close gave it back
+
+
+def test_a_kept_call_slot_serves_other_requests_first(spawn_worker: Callable[..., WorkerProc]) -> None:
+    """The kept loan's slot counts as free: a loan, a submit, or a call that fits only there takes it (not a
+    slot borrowed from the worker's pool), and a small call does not hold a large slot."""
+    w = spawn_worker("--lease-max", "4,1,1,0")
+    x = np.arange(16, dtype=np.float32)
+    with Client(w.name, timeout_s=10, lease=(1,)) as c:  # one own slot (64 KiB)
+        np.testing.assert_array_equal(c.call("scale", x=x, a=2.0)["out"], 2 * x)
+        (kept,) = c._kept
+        with c.loan(1024) as req:
+            assert req._s is kept._s and not req._s.borrowed
+            req.array("x", 16, np.float32)[...] = x
+            np.testing.assert_array_equal(req.send("scale", a=3.0)["out"], 3 * x)
+        np.testing.assert_array_equal(c.call("scale", x=x, a=2.0)["out"], 2 * x)
+        fut = c.submit("scale", x=x, a=4.0)
+        np.testing.assert_array_equal(fut.result(10)["out"], 4 * x)
+        assert fut._loan._s is kept._s and c._kept == []
+    with Client(w.name, timeout_s=10, lease=(1, 1)) as c:  # a 64 KiB and a 1 MiB slot
+        big = np.arange(100_000, dtype=np.float32)
+        np.testing.assert_array_equal(c.call("scale", x=big, a=2.0)["out"], 2 * big)
+        assert c._kept[0]._s.nbytes == 1 << 20
+        np.testing.assert_array_equal(c.call("scale", x=x, a=2.0)["out"], 2 * x)
+        assert c._kept[0]._s.nbytes == 64 << 10
+        assert sorted(s.nbytes for s in c._slots.free) == [1 << 20]
 
 
 def _resp(*outs: TensorRef) -> ResponseDesc:
