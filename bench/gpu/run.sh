@@ -36,6 +36,11 @@
 #   gemmab  the tree sent against a base tree (.whl/base/), interleaved twice: gemm x=16x256 w=256x256 float16 on the
 #           CuPy worker, 8 and 16 client processes (loan, blocking and spinning lane); the tree with launched batches
 #           off (SHMRPC_CUDA_LAUNCH_BATCHES=0) as a third arm -> $OUT/gemmab-{base,nolaunch,new}-rN.json
+#   gemmprof  the CuPy worker under cProfile while 8 client processes send gemm x=16x256 @ w=256x256 float16 through
+#           the spinning lane (bench/gpu/gemm_profile.py) -> $OUT/gemm-profile/profile.{txt,json}
+#   inline1m  1 MiB (and 64 B) in-place vector_add on the NumPy worker next to iceoryx2 and zmq, the worker as it is
+#           (1 MiB runs in the executor) and with --inline-max 4M (it runs on the loop thread), interleaved twice
+#           -> $OUT/inline1m-{executor,inline}-rN.json (AB_TRACE=0 skips the ab stage's lane traces)
 #   loop    the async and threads runs alone (NumPy worker, this host's cores, about 60 s), then
 #           bench/async_loop_ab.py: the loop's lag and calls/s, wrap_future vs direct finish, interleaved
 # Usage: bash bench/gpu/run.sh [STAGE ...]   (default: suite gpu lat bw; one device call holds at
@@ -176,6 +181,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
             2>&1 | grep -E "^shmrpc"
         done
       done
+      [ "${AB_TRACE:-1}" = 0 ] && continue
       for r in 1 2; do
         for tree in base new; do
           site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
@@ -198,6 +204,21 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
             2>&1 | grep -E "^shmrpc"
         done
       done ;;
+    gemmprof)
+      echo "== bench/gpu/gemm_profile.py: the CuPy worker under cProfile, 8 clients of gemm 16x256 @ 256x256 float16"
+      timeout 200 python3 bench/gpu/gemm_profile.py --clients 8 --transport shmrpc-lane-spin --iters 2000 \
+        --out "$OUT/gemm-profile" 2>&1 | tail -3
+      sed -n '1,/===== worker: top 45 by cumulative/p' "$OUT/gemm-profile/profile.txt" | grep -E "^ +[0-9]" | head -40 ;;
+    inline1m)
+      for r in 1 2; do
+        for arm in executor inline; do
+          wargs=""; [ "$arm" = inline ] && wargs="--inline-max 4M"
+          echo "== round $r, $arm: 1 MiB vector_add in place (NumPy worker) next to iceoryx2, worker args '$wargs'"
+          timeout 60 $BENCH lat --transports shmrpc,shmrpc-lane,iox2,zmq --sizes 64,1M --iters 2000 \
+            --backend numpy --op vector_add --dtype float32 --in-place --worker-args "$wargs" -q \
+            --out "$OUT/inline1m-$arm-r$r.json" 2>&1 | grep -E "^ +(64B|1M)"
+        done
+      done ;;
     loop)
       echo "== shmrpc bench async / threads (NumPy worker, this host's cores)"
       timeout 40 $BENCH async --sizes 64 --iters 2000 --in-flight 1000 --total 20000 --backend numpy \
@@ -207,7 +228,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       echo "== bench/async_loop_ab.py (wrap_future vs direct finish, 3 rounds)"
       timeout 60 python3 bench/async_loop_ab.py --rounds 3 --out "$OUT/bench-async-gpuhost-loop-ab.json" \
         2>&1 | tail -16 ;;
-    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu, pool, ab, gemmab, w4a16, graphs, loop)" ;;
+    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu, pool, ab, gemmab, w4a16, graphs, gemmprof, inline1m, loop)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"
