@@ -35,7 +35,8 @@
 #           executor thread, over ZeroMQ and through both lanes (bench/gpu_e2e.py --only graphs)
 #   gemmab  the tree sent against a base tree (.whl/base/), interleaved twice: gemm x=16x256 w=256x256 float16 on the
 #           CuPy worker, 8 and 16 client processes (loan, blocking and spinning lane); the tree with launched batches
-#           off (SHMRPC_CUDA_LAUNCH_BATCHES=0) as a third arm -> $OUT/gemmab-{base,nolaunch,new}-rN.json
+#           off (SHMRPC_CUDA_LAUNCH_BATCHES=0) as a third arm -> $OUT/gemmab-{base,nolaunch,new}-rN.json; GEMMAB_ARMS
+#           picks the arms, among them wspin: the tree with the worker spinning 200 µs (--spin-us 200) between turns
 #   gemmprof  the CuPy worker under cProfile while 8 client processes send gemm x=16x256 @ w=256x256 float16 through
 #           the spinning lane (bench/gpu/gemm_profile.py) -> $OUT/gemm-profile/profile.{txt,json}
 #   inline1m  1 MiB (and 64 B) in-place vector_add on the NumPy worker next to iceoryx2 and zmq, the worker as it is
@@ -197,11 +198,12 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
         for arm in ${GEMMAB_ARMS:-base nolaunch new}; do
           site=/tmp/site; [ "$arm" = base ] && site=/tmp/site-base:/tmp/site
           launch=1; [ "$arm" = nolaunch ] && launch=0
+          wargs=""; [ "$arm" = wspin ] && wargs="--spin-us 200"
           echo "== round $r, $arm: gemm x=16x256 w=256x256 float16 on the CuPy worker, 8 and 16 clients"
           SHMRPC_CUDA_LAUNCH_BATCHES=$launch PYTHONPATH=$site timeout 90 $BENCH lat \
             --transports shmrpc,shmrpc-lane,shmrpc-lane-spin --clients 8,16 --iters 2000 --warmup 50 --backend cupy \
-            --op gemm --shape x=16x256 --shape w=256x256 --dtype float16 -q --out "$OUT/gemmab-$arm-r$r.json" \
-            2>&1 | grep -E "^shmrpc"
+            --op gemm --shape x=16x256 --shape w=256x256 --dtype float16 --worker-args "$wargs" -q \
+            --out "$OUT/gemmab-$arm-r$r.json" 2>&1 | grep -E "^shmrpc"
         done
       done ;;
     gemmprof)
