@@ -87,6 +87,10 @@ class Backend:
     #: True: :meth:`run_batch` runs the items of a batchable plan as one (the worker then parks a turn's
     #: requests of one plan to run them together); False: item by item, and the worker runs each as it comes.
     joins_batches: bool = False
+    #: True: a lone parked request is run as a batch of one (:meth:`launch_batch`, else :meth:`run_batch` with one
+    #: item), so a backend may serve it as it serves batches (CuPy: the graph of a gathered batch of one, launched
+    #: without blocking the worker's loop); False: the worker runs it with :meth:`run`, as an unbatched request.
+    batches_singles: bool = False
 
     def __init__(self, resident_limit_bytes: int | None = None) -> None:
         self._lock = threading.RLock()

@@ -50,7 +50,7 @@ from ._batch import BatchPlan
 from ._cuda_batch import BatchGraphs
 from ._cuda_chunks import CHUNK_BYTES, CHUNK_STREAMS, CHUNK_THRESHOLD_BYTES
 from ._cuda_graph import ChunkGraphs, GraphCache
-from ._cupy_runs import GRAPH_MAX_BYTES, LAUNCH_BATCHES, chunk_settings, plan_bytes
+from ._cupy_runs import BATCH_SINGLES, GRAPH_MAX_BYTES, LAUNCH_BATCHES, chunk_settings, plan_bytes
 from ._errors import BackendUnavailable, KernelFatalError, KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan
 from ._registry import OpCall, TensorSpec
@@ -95,6 +95,7 @@ class CupyBackend(Backend):
 
     name = "cupy"
     joins_batches = True
+    batches_singles = LAUNCH_BATCHES and BATCH_SINGLES
 
     def __init__(self, resident_limit_bytes: int | None = None, device: int = 0) -> None:
         try:

@@ -80,6 +80,10 @@ class NumpyBackend(Backend):
     @property
     def joins_batches(self) -> bool:  # type: ignore[override]
         return BATCH_JOINT
+
+    @property
+    def batches_singles(self) -> bool:  # type: ignore[override]
+        return BATCH_JOINT  # the joint mode launches a lone request as a batch of one (the worker's path, tested)
     xp = np
 
     def _to_resident(self, arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
@@ -215,8 +219,9 @@ class NumpyBackend(Backend):
     def launch_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
                      ) -> BatchLaunch | None:
         """With ``BATCH_JOINT``: a handle whose ``finish()`` runs :meth:`run_batch` (NumPy has no device to start
-        work on; the worker's path for launched runs is tested this way without a GPU). Else None."""
-        if not BATCH_JOINT or len(items) < 2:
+        work on; the worker's path for launched runs is tested this way without a GPU), for a batch of one too (see
+        ``batches_singles``). Else None."""
+        if not BATCH_JOINT or not items:
             return None
         return _Deferred(lambda: self.run_batch(plan, items))
 

@@ -38,7 +38,8 @@ from ._plan import Plan
 if TYPE_CHECKING:
     from ._backend_cupy import CupyBackend
 
-__all__ = ["GRAPH_MAX_BYTES", "LAUNCH_BATCHES", "run_batch", "launch", "launch_batch", "plan_bytes", "chunk_settings"]
+__all__ = ["GRAPH_MAX_BYTES", "LAUNCH_BATCHES", "BATCH_SINGLES", "run_batch", "launch", "launch_batch", "plan_bytes",
+           "chunk_settings"]
 
 #: Plans whose tensors total at most this many bytes keep device buffers and may become graphs.
 GRAPH_MAX_BYTES = 4 << 20
@@ -46,6 +47,10 @@ GRAPH_MAX_BYTES = 4 << 20
 #: (:meth:`CupyBackend.launch_batch`, :meth:`CupyBackend.launch`); ``SHMRPC_CUDA_LAUNCH_BATCHES=0``: run and
 #: waited for by the caller, as any other.
 LAUNCH_BATCHES = (os.environ.get("SHMRPC_CUDA_LAUNCH_BATCHES", "") or "1") != "0"
+#: A lone small request of a batchable plan is run and launched as a batch of one (its gathered graph, answered once
+#: the device is done, the worker's loop not blocked meanwhile); ``SHMRPC_CUDA_BATCH_SINGLES=0``: run by :func:`run`
+#: and waited for, as before. Only where a graph of gathered batches may serve the plan (:func:`_single_batch`).
+BATCH_SINGLES = (os.environ.get("SHMRPC_CUDA_BATCH_SINGLES", "") or "1") != "0"
 
 Items = Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
 Addrs = tuple[list[list[int]], list[list[int]]]
@@ -68,7 +73,7 @@ def run_batch(be: CupyBackend, plan: Plan, items: Items) -> list[dict[str, float
     op error or a device error in the joint run makes every request run alone (its own
     result or error), unless copies out had begun: then every request gets the joint run's error.
     """
-    if len(items) < 2 or be.inject_fault or not batchable(plan):
+    if (len(items) < 2 and not _single_batch(be, plan, items)) or be.inject_fault or not batchable(plan):
         return Backend.run_batch(be, plan, items)
     t0 = time.perf_counter()
     gg = be._gather_graphs
@@ -151,8 +156,8 @@ def launch_batch(be: CupyBackend, plan: Plan, items: Items) -> BatchLaunch | Non
     """Launch a batch that a graph of gathered batches serves (:mod:`._cuda_gather`) and return at once; any
     other batch: None (see :meth:`Backend.launch_batch`)."""
     gg = be._gather_graphs
-    if not LAUNCH_BATCHES or len(items) < 2 or be.inject_fault or not be.gather_batches or not gg.eligible(plan) \
-            or plan_bytes(plan) > GRAPH_MAX_BYTES or not batchable(plan):
+    if not LAUNCH_BATCHES or (len(items) < 2 and not _single_batch(be, plan, items)) or be.inject_fault \
+            or not be.gather_batches or not gg.eligible(plan) or plan_bytes(plan) > GRAPH_MAX_BYTES or not batchable(plan):
         return None
     prepared = _prepare(be, plan, items, True)
     if prepared is None:
@@ -167,6 +172,13 @@ def launch_batch(be: CupyBackend, plan: Plan, items: Items) -> BatchLaunch | Non
     except Exception:  # noqa: BLE001 - the launch failed: run_batch runs the batch again and reports what fails
         return None
     return None if started is None else _Launched(be, started, len(items), t0)
+
+
+def _single_batch(be: CupyBackend, plan: Plan, items: Items) -> bool:
+    """Whether a lone request (``items`` of one) runs as a batch of one: ``BATCH_SINGLES``, and a graph of gathered
+    batches may serve its plan (the worker launches it then, as a batch; every other lone request runs as before)."""
+    return (len(items) == 1 and BATCH_SINGLES and LAUNCH_BATCHES and be.gather_batches
+            and be._gather_graphs.eligible(plan) and plan_bytes(plan) <= GRAPH_MAX_BYTES)
 
 
 def _prepare(be: CupyBackend, plan: Plan, items: Items, gather: bool

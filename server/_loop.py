@@ -103,6 +103,7 @@ class Worker(Runs):
         self._launched: tuple[Launched | RunLaunch, Callable[[], None], bool] | None = None
         self._max_batch = config.max_batch
         self._joins = False  # park batchable requests for one joint run (--max-batch > 1 and a backend that joins)
+        self._singles = False  # ... and run a lone one as a batch of one (a backend that batches singles)
         self._lanes: Lanes | None = None
         self._wake_r, self._wake_w = -1, -1
         self._poller: LoopPoll | None = None  # serve_forever's wait
@@ -144,6 +145,7 @@ class Worker(Runs):
                 self.backend.register_host(self.regions[0].address, self.regions[0].nbytes)
             self.backend.warmup()
             self._joins = self._max_batch > 1 and self.backend.joins_batches
+            self._singles = self._joins and self.backend.batches_singles
             # Fault injection for tests only (never a real GPU reset): the next request fails as if CUDA had.
             self.backend.inject_fault = cfg.inject_fault
             self.leases = Leases([self.regions[0].geometry], cfg.lease, self._zero,

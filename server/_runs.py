@@ -71,6 +71,7 @@ class Runs:
     # a batch or a request on the device, what answers it once it is done, whether it is a batch (_await_launched)
     _launched: tuple[Launched | RunLaunch, Callable[[], None], bool] | None
     _max_batch: int
+    _singles: bool  # a lone parked request runs as a batch of one (Backend.batches_singles)
     _lanes: Lanes | None
     _wake_w: int
     _stopping: threading.Event
@@ -96,13 +97,16 @@ class Runs:
         for group in groups:
             p = group[0]
             inline = p.primed.prep.inline
-            if len(group) == 1:  # a lone request: exactly the path it would take unbatched
-                if inline:
-                    self._complete(p.identity, p.slot, p.view, p.hdr, p.primed, p.t0, p.lane)
-                else:
+            if len(group) == 1:
+                if not inline:
                     self._run_elsewhere(p.identity, p.slot, p.view, p.hdr, p.primed, p.t0, p.lane)
-                continue
-            self.metrics.observe_batch(p.primed.prep.op, len(group))
+                    continue
+                if not self._singles:  # a lone request: exactly the path it would take unbatched
+                    self._complete(p.identity, p.slot, p.view, p.hdr, p.primed, p.t0, p.lane)
+                    continue
+                # else a batch of one (Backend.batches_singles): launched as the batches are, where the backend can
+            else:
+                self.metrics.observe_batch(p.primed.prep.op, len(group))
             if inline:
                 plan = p.primed.prep.plan
                 assert plan is not None

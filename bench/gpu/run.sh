@@ -36,7 +36,10 @@
 #   gemmab  the tree sent against a base tree (.whl/base/), interleaved twice: gemm x=16x256 w=256x256 float16 on the
 #           CuPy worker, 8 and 16 client processes (loan, blocking and spinning lane); the tree with launched batches
 #           off (SHMRPC_CUDA_LAUNCH_BATCHES=0) as a third arm -> $OUT/gemmab-{base,nolaunch,new}-rN.json; GEMMAB_ARMS
-#           picks the arms, among them wspin: the tree with the worker spinning 200 µs (--spin-us 200) between turns
+#           picks the arms, among them wspin: the tree with the worker spinning 200 µs (--spin-us 200) between turns,
+#           and nosingles: the tree with lone requests run unbatched (SHMRPC_CUDA_BATCH_SINGLES=0)
+#   singlesab 64 B float32 scale on the CuPy worker (loan, call(), lanes, next to zmq), lone requests as batches of
+#           one (on) and run unbatched (off, SHMRPC_CUDA_BATCH_SINGLES=0), interleaved twice -> $OUT/singlesab-*.json
 #   gemmprof  the CuPy worker under cProfile while 8 client processes send gemm x=16x256 @ w=256x256 float16 through
 #           the spinning lane (bench/gpu/gemm_profile.py) -> $OUT/gemm-profile/profile.{txt,json}
 #   inline1m  1 MiB (and 64 B) in-place vector_add on the NumPy worker next to iceoryx2 and zmq, the worker as it is
@@ -198,12 +201,23 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
         for arm in ${GEMMAB_ARMS:-base nolaunch new}; do
           site=/tmp/site; [ "$arm" = base ] && site=/tmp/site-base:/tmp/site
           launch=1; [ "$arm" = nolaunch ] && launch=0
+          singles=1; [ "$arm" = nosingles ] && singles=0
           wargs=""; [ "$arm" = wspin ] && wargs="--spin-us 200"
           echo "== round $r, $arm: gemm x=16x256 w=256x256 float16 on the CuPy worker, 8 and 16 clients"
-          SHMRPC_CUDA_LAUNCH_BATCHES=$launch PYTHONPATH=$site timeout 90 $BENCH lat \
+          SHMRPC_CUDA_LAUNCH_BATCHES=$launch SHMRPC_CUDA_BATCH_SINGLES=$singles PYTHONPATH=$site timeout 90 $BENCH lat \
             --transports shmrpc,shmrpc-lane,shmrpc-lane-spin --clients 8,16 --iters 2000 --warmup 50 --backend cupy \
             --op gemm --shape x=16x256 --shape w=256x256 --dtype float16 --worker-args "$wargs" -q \
             --out "$OUT/gemmab-$arm-r$r.json" 2>&1 | grep -E "^shmrpc"
+        done
+      done ;;
+    singlesab)
+      for r in 1 2; do
+        for arm in off on; do
+          singles=1; [ "$arm" = off ] && singles=0
+          echo "== round $r, singles $arm: 64 B scale on the CuPy worker, lanes next to zmq"
+          SHMRPC_CUDA_BATCH_SINGLES=$singles timeout 90 $BENCH lat --lanes --peers zmq --sizes 64 --iters 3000 \
+            --backend cupy --op scale --attr a=2 --attr b=1 --dtype float32 -q --out "$OUT/singlesab-$arm-r$r.json" \
+            2>&1 | grep -E "^ +64B"
         done
       done ;;
     gemmprof)
@@ -230,7 +244,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       echo "== bench/async_loop_ab.py (wrap_future vs direct finish, 3 rounds)"
       timeout 60 python3 bench/async_loop_ab.py --rounds 3 --out "$OUT/bench-async-gpuhost-loop-ab.json" \
         2>&1 | tail -16 ;;
-    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu, pool, ab, gemmab, w4a16, graphs, gemmprof, inline1m, loop)" ;;
+    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu, pool, ab, gemmab, w4a16, graphs, gemmprof, inline1m, singlesab, loop)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"

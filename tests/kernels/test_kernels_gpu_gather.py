@@ -423,4 +423,51 @@ def test_a_launched_batch_is_answered_by_finish(graphed: Any, cp: Any) -> None:
     assert graphed.run_batch(plan, other)[0]["graph"] == 1.0 and _outputs(other) == want_other
     h.finish()
     assert _outputs(items[3]) == want3 and host.untouched()
-    assert graphed.launch_batch(plan, [items[3][0]]) is None  # one request: not a batch
+    assert graphed.launch_batch(plan, [items[3][0]]) is None  # one request: no graph of (plan, 1) yet
+
+
+@pytest.mark.parametrize("case", [CASES[4], CASES[2]], ids=["gemm", "scale"])
+def test_a_lone_request_runs_and_launches_as_a_batch_of_one(graphed: Any, cp: Any, case: Any,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """BATCH_SINGLES: a lone request of a plan a gathered graph may serve is a batch of one (run_batch: first
+    sight, then the capture; launch_batch: launched, answered by finish()), with the same bits in every form and
+    the op's result; with BATCH_SINGLES off it runs as before (no batch, never launched)."""
+    from shmrpc.kernels import _cupy_runs
+
+    assert graphed.batches_singles
+    plan = _plan(graphed, case)
+    host = _host(cp)
+    gg = graphed._gather_graphs
+    items = [_items(host, plan, 1, seed=s) for s in range(4)]
+    ref = []
+    for its in items:
+        (ins, outs), = its
+        if case[0] == "gemm":
+            ref.append(ins["x"].astype(np.float64) @ ins["w"].astype(np.float64))
+        else:
+            ref.append(ins["x"].astype(np.float64) * 1.5)
+    assert graphed.launch_batch(plan, items[0]) is None  # no graph of (plan, 1) yet
+    got = []
+    for its in items[:2]:  # first sight, then the capture (its warm run is this request's answer)
+        (res,) = graphed.run_batch(plan, its)
+        assert isinstance(res, dict) and res.get("batch") == 1.0, res
+        got.append(_outputs(its))
+    assert gg.captures == 1, gg.last_error
+    h = graphed.launch_batch(plan, items[2])
+    assert h is not None
+    (res,) = h.finish()
+    assert res["graph"] == 1.0 and res["batch"] == 1.0
+    got.append(_outputs(items[2]))
+    monkeypatch.setattr(_cupy_runs, "BATCH_SINGLES", False)
+    assert graphed.launch_batch(plan, items[3]) is None
+    (res,) = graphed.run_batch(plan, items[3])
+    assert "batch" not in res and "gather" not in res
+    got.append(_outputs(items[3]))
+    for k, (its, want) in enumerate(zip(items, ref)):
+        (_, outs), = its
+        np.testing.assert_allclose(outs["o"].astype(np.float64), want, rtol=2e-2, atol=2e-2, err_msg=f"request {k}")
+    if case[0] == "scale":  # elementwise: every form gives the same bits as the plain run
+        for k in range(3):
+            (ins, outs), = items[k]
+            np.testing.assert_array_equal(outs["o"], ins["x"] * np.float32(1.5))
+    assert host.untouched()
