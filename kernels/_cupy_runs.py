@@ -47,10 +47,11 @@ GRAPH_MAX_BYTES = 4 << 20
 #: (:meth:`CupyBackend.launch_batch`, :meth:`CupyBackend.launch`); ``SHMRPC_CUDA_LAUNCH_BATCHES=0``: run and
 #: waited for by the caller, as any other.
 LAUNCH_BATCHES = (os.environ.get("SHMRPC_CUDA_LAUNCH_BATCHES", "") or "1") != "0"
-#: A lone small request of a batchable plan is run and launched as a batch of one (its gathered graph, answered once
-#: the device is done, the worker's loop not blocked meanwhile); ``SHMRPC_CUDA_BATCH_SINGLES=0``: run by :func:`run`
-#: and waited for, as before. Only where a graph of gathered batches may serve the plan (:func:`_single_batch`).
-BATCH_SINGLES = (os.environ.get("SHMRPC_CUDA_BATCH_SINGLES", "") or "1") != "0"
+#: ``SHMRPC_CUDA_BATCH_SINGLES=1`` (opt-in): a lone small request of a batchable plan is run and launched as a batch
+#: of one (its gathered graph, answered once the device is done, the worker's loop not blocked meanwhile), where a
+#: graph of gathered batches may serve the plan (:func:`_single_batch`). Off by default: on the GPU host it made a
+#: 64 B ``scale`` 30-60 µs slower and 8 gemm clients at most 20% faster (docs/benchmarks.md).
+BATCH_SINGLES = os.environ.get("SHMRPC_CUDA_BATCH_SINGLES", "") == "1"
 
 Items = Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
 Addrs = tuple[list[list[int]], list[list[int]]]

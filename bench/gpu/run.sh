@@ -37,9 +37,10 @@
 #           CuPy worker, 8 and 16 client processes (loan, blocking and spinning lane); the tree with launched batches
 #           off (SHMRPC_CUDA_LAUNCH_BATCHES=0) as a third arm -> $OUT/gemmab-{base,nolaunch,new}-rN.json; GEMMAB_ARMS
 #           picks the arms, among them wspin: the tree with the worker spinning 200 µs (--spin-us 200) between turns,
-#           and nosingles: the tree with lone requests run unbatched (SHMRPC_CUDA_BATCH_SINGLES=0)
+#           and singles: the tree with lone requests run as batches of one (SHMRPC_CUDA_BATCH_SINGLES=1; the tree
+#           of 69c6f96, where that was the default, ran this arm as "new" and the default of today as "nosingles")
 #   singlesab 64 B float32 scale on the CuPy worker (loan, call(), lanes, next to zmq), lone requests as batches of
-#           one (on) and run unbatched (off, SHMRPC_CUDA_BATCH_SINGLES=0), interleaved twice -> $OUT/singlesab-*.json
+#           one (on, SHMRPC_CUDA_BATCH_SINGLES=1) and run unbatched (off), interleaved twice -> $OUT/singlesab-*.json
 #   gemmprof  the CuPy worker under cProfile while 8 client processes send gemm x=16x256 @ w=256x256 float16 through
 #           the spinning lane (bench/gpu/gemm_profile.py) -> $OUT/gemm-profile/profile.{txt,json}
 #   inline1m  1 MiB (and 64 B) in-place vector_add on the NumPy worker next to iceoryx2 and zmq, the worker as it is
@@ -201,7 +202,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
         for arm in ${GEMMAB_ARMS:-base nolaunch new}; do
           site=/tmp/site; [ "$arm" = base ] && site=/tmp/site-base:/tmp/site
           launch=1; [ "$arm" = nolaunch ] && launch=0
-          singles=1; [ "$arm" = nosingles ] && singles=0
+          singles=0; [ "$arm" = singles ] && singles=1
           wargs=""; [ "$arm" = wspin ] && wargs="--spin-us 200"
           echo "== round $r, $arm: gemm x=16x256 w=256x256 float16 on the CuPy worker, 8 and 16 clients"
           SHMRPC_CUDA_LAUNCH_BATCHES=$launch SHMRPC_CUDA_BATCH_SINGLES=$singles PYTHONPATH=$site timeout 90 $BENCH lat \

@@ -429,12 +429,12 @@ def test_a_launched_batch_is_answered_by_finish(graphed: Any, cp: Any) -> None:
 @pytest.mark.parametrize("case", [CASES[4], CASES[2]], ids=["gemm", "scale"])
 def test_a_lone_request_runs_and_launches_as_a_batch_of_one(graphed: Any, cp: Any, case: Any,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """BATCH_SINGLES: a lone request of a plan a gathered graph may serve is a batch of one (run_batch: first
-    sight, then the capture; launch_batch: launched, answered by finish()), with the same bits in every form and
-    the op's result; with BATCH_SINGLES off it runs as before (no batch, never launched)."""
+    """BATCH_SINGLES (opt-in): a lone request of a plan a gathered graph may serve is a batch of one (run_batch:
+    first sight, then the capture; launch_batch: launched, answered by finish()), with the op's result in every
+    form; with BATCH_SINGLES off (the default) it runs as before (no batch, never launched)."""
     from shmrpc.kernels import _cupy_runs
 
-    assert graphed.batches_singles
+    monkeypatch.setattr(_cupy_runs, "BATCH_SINGLES", True)
     plan = _plan(graphed, case)
     host = _host(cp)
     gg = graphed._gather_graphs
