@@ -24,7 +24,8 @@ import numpy as np
 
 from shmrpc.schema.errors import ClientClosedError
 
-from ._client import Client, _NoSlot
+from ._calls import _NoSlot
+from ._client import Client
 from ._loan import Loan, _Answer
 from ._pipeline import Pipeline
 

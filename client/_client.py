@@ -16,8 +16,9 @@ The Client composes three collaborators, each with a small interface that loans,
 futures and the async client use too: the :class:`~._connection.Connection` (the
 socket, under its own lock), the :class:`~._slots.SlotPool` (free and parked
 slots) and the :class:`~._inflight.Inflight` table (requests in flight, and the one
-receive path every waiting thread shares). The Client itself adds the calls, the
-control requests (ACQUIRE, MANAGE) and resident tensors.
+receive path every waiting thread shares). The Client itself adds the slots' taking,
+the control requests (ACQUIRE, MANAGE) and resident tensors; its call half (``call()``,
+``submit()``, the kept loan) is :class:`~._calls.Calls`, in its own module.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import itertools
 import os
 import threading
 import time
-from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -35,11 +35,6 @@ import numpy as np
 from shmrpc.schema import dtypes
 from shmrpc.schema import messages as m
 from shmrpc.schema.control import Acquire, ControlMessage, ErrorReply, Grant, Manage, Managed, MessageError, decode
-from shmrpc.schema.descriptor import (
-    RequestDesc,
-    TensorRef,
-    encode_request,
-)
 from shmrpc.schema.errors import (
     BusyError,
     ClientClosedError,
@@ -51,17 +46,17 @@ from shmrpc.schema.errors import (
     Timeout,
     WorkerGoneError,
 )
-from shmrpc.schema.header import HEADER_NBYTES
-from shmrpc.schema.layout import Geometry, align_up, format_size, tensor_align
+from shmrpc.schema.layout import Geometry, format_size
 from shmrpc.schema.optable import OpEntry, parse_op_table
 
 from ._attach import set_dumpable
-from ._callplan import CallPlan, OutputCheck, bounded_put, plan_inputs, signature
+from ._callplan import CallPlan, OutputCheck
+from ._calls import Calls
 from ._connection import Connection, control_error, lane_done
 from ._inflight import Inflight
-from ._interop import DeviceInput, as_input, is_array_like
+from ._interop import as_input
 from ._lane import ClientLane
-from ._pipeline import Pipeline, resolve
+from ._pipeline import Pipeline
 from ._region import AttachedRegion
 from ._sizing import OutputSizer
 from ._slots import SlotPool
@@ -70,14 +65,10 @@ from ._trace import ClientTracing
 __all__ = ["Client", "Loan", "CallFuture", "Resident"]  # Loan, CallFuture, Resident re-exported
 
 from ._loan import CallFuture, Loan
-from ._slot import _IN_PLACE, _KEEP, Resident, _Slot, fork_generation, forked_since
+from ._slot import Resident, _Slot, fork_generation, forked_since
 
 
-class _NoSlot(Exception):
-    """No free slot of the client's own fits (``_submit(nowait=True)``): the caller waits elsewhere."""
-
-
-class Client:
+class Client(Calls):
     """A connection to a shmrpc worker, found by name.
 
     Args:
@@ -402,30 +393,6 @@ class Client:
         loan.release()
         return True
 
-    def _call_loan(self, need: int, deadline: float) -> Loan:
-        """A loan of at least ``need`` bytes for call(): the kept one when it fits and is not much larger (a small
-        call does not hold a large slot), else a new one."""
-        try:
-            loan = self._kept.pop()
-        except IndexError:
-            return Loan(self, self._take(need, deadline))
-        nbytes = loan._s.nbytes
-        if need <= nbytes and (nbytes <= 4 * need or nbytes <= _KEEP_ANY_NBYTES):
-            return loan
-        loan.release()
-        return Loan(self, self._take(need, deadline))
-
-    def _keep(self, loan: Loan) -> None:
-        """The end of a call() that copied its outputs out: keep its loan for the next call() (its slot open, the
-        views of its outputs made), unless one is kept already or the slot is borrowed (it goes back to the
-        worker as before)."""
-        if self._kept or loan._s.borrowed or self._closed:
-            loan.release()
-            return
-        self._kept.append(loan)
-        if self._closed:  # closed meanwhile by another thread: close() may have looked already
-            self._drop_kept()
-
     def _ask(self, msg: Acquire | Manage, deadline: float) -> ControlMessage:
         """Send ``msg`` under a fresh id and return the reply that echoes it (or an ERROR with no id).
 
@@ -481,202 +448,6 @@ class Client:
         need = self.geometry.desc_nbytes + (nbytes or 1)
         return Loan(self, self._take(need, deadline))
 
-    def call(self, op: str | Pipeline, *, copy: bool = True, timeout_s: float | None = None,
-             out_nbytes: int | None = None, in_place: bool = False, keep: tuple[str, ...] = (),
-             **kwargs: Any) -> dict[str, np.ndarray]:
-        """Run ``op`` (or a :class:`Pipeline`) on arrays; the convenient path.
-
-        Each array argument is copied into a slot (the one copy the caller chose by holding the
-        data elsewhere); other keyword arguments are the op's attributes.
-
-        Args:
-            op: an op name from ``op_table`` or a Pipeline.
-            copy: return copies (default), or views into the slot valid while you hold them
-                (the slot stays reserved until every view is gone).
-            timeout_s: patience for this call, slot wait included.
-            out_nbytes: bytes to reserve for outputs. Not needed: by default the client asks the worker
-                for the outputs' specs (the ops' shape rules) once per signature and caches the answer.
-            in_place: let the op write its output over its first input.
-            keep: output names to keep on the worker as resident tensors instead of returning them.
-
-        Returns:
-            ``{output name: array}``.
-
-        Raises:
-            InvalidRequestError (with ``field``), KernelError (with ``op``, ``step``, ``tensor``),
-            BusyError, Timeout, WorkerGoneError.
-        """
-        if self._tracing is None:
-            plain = self._plain_inputs(op, kwargs)
-            if plain is not None:
-                return self._call_now(op, plain[0], plain[1], copy, timeout_s, out_nbytes, in_place, keep)
-        fut = self._submit(op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs)
-        return fut.result()
-
-    def _plain_inputs(self, op: str | Pipeline, kwargs: dict[str, Any]
-                      ) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
-        """(C-contiguous NumPy inputs, attributes) of a call that the steady path serves, or None: a resident
-        reference, an input of another library, or one NumPy would first convert, goes the general way."""
-        if isinstance(op, str):
-            params = self._params.get(op)
-            if params is None:
-                entry = self.op_table.get(op)
-                if entry is None:
-                    return None  # the general path raises the right error
-                params = self._params[op] = frozenset(entry.inputs)
-            pipeline = False
-        else:
-            params, pipeline = frozenset(), True
-        arrays: dict[str, np.ndarray] = {}
-        attrs: dict[str, Any] = {}
-        for k, v in kwargs.items():
-            if type(v) is np.ndarray:
-                if not v.flags.c_contiguous:
-                    return None
-                arrays[k] = v
-            elif type(v) in _SCALARS and not pipeline and k not in params:
-                attrs[k] = v
-            elif pipeline or k in params or isinstance(v, Resident) or is_array_like(v):
-                return None
-            else:
-                attrs[k] = v
-        return arrays, attrs
-
-    def _call_now(self, op: str | Pipeline, arrays: dict[str, np.ndarray], attrs: dict[str, Any], copy: bool,
-                  timeout_s: float | None, out_nbytes: int | None, in_place: bool, keep: tuple[str, ...]
-                  ) -> dict[str, np.ndarray]:
-        """``call()`` of host arrays, in this thread: the plan of its signature (made once), inputs copied into
-        the slot, the descriptor bytes written, ring, wait, the response checked, outputs copied out."""
-        self._check()
-        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
-        try:
-            inputs = tuple((k, a.shape, dtypes.name_of_numpy(a.dtype)) for k, a in arrays.items())
-        except KeyError:
-            bad = next(k for k, a in arrays.items() if _cannot_travel(a.dtype))
-            raise InvalidRequestError(f"array {bad!r} has dtype {arrays[bad].dtype}, which cannot travel",
-                                      tensor=bad, field="dtype") from None
-        key = signature(op, inputs, attrs, in_place, keep, out_nbytes)
-        plan = self._plans.get(key) if key is not None else None
-        if plan is None:
-            plan, sure = self._plan_call(op, inputs, attrs, in_place, keep, out_nbytes)
-            if key is not None and sure:
-                bounded_put(self._plans, key, plan)
-        loan = self._call_loan(plan.need, deadline)
-        kept = False
-        try:
-            mv = loan._live()
-            for a, (off, nbytes) in zip(arrays.values(), plan.writes):
-                if nbytes:
-                    mv[off:off + nbytes] = a.reshape(-1).view(np.uint8).data  # the one copy in, bytes as they are
-            loan._tensors, loan._cursor = list(plan.tensors), plan.cursor
-            rid = loan._publish(plan.desc)
-            loan._wait(rid, deadline)
-            out = loan._response(rid)
-            if copy:  # copies: no view of the slot is handed out, so the next call() may use the same loan
-                out = {k: v.copy() for k, v in out.items()}
-                kept = True
-            return out
-        finally:
-            if kept:
-                self._keep(loan)
-            else:
-                loan.release()
-
-    def _plan_call(self, op: str | Pipeline, inputs: tuple[tuple[str, tuple[int, ...], str], ...],
-                   attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...], out_nbytes: int | None
-                   ) -> tuple[CallPlan, bool]:
-        """The first call of a signature: the outputs' size (asked of the worker), the layout, the descriptor;
-        and whether to keep the plan (not when the worker refused to size it: that call fails, and the next one
-        asks again, as the general path does)."""
-        writes, tensors, cursor = plan_inputs(inputs, self.geometry.desc_nbytes)
-        need = self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for _, n in writes)
-        entry = self.op_table.get(op) if isinstance(op, str) else None
-        if out_nbytes is None:
-            alias = entry is not None and entry.alias
-            specs = {n: (shape, wire) for n, shape, wire in inputs}
-            asked = 0 if in_place or alias else self._sizer.out_nbytes(self.op_table, op, specs, (), attrs, keep)
-            sure = asked is not None
-            out_nbytes = sum(n for _, n in writes) if asked is None else asked
-        else:
-            sure = True
-        need = max(need + out_nbytes, self.geometry.desc_nbytes + 64)
-        desc = self._describe(op, tensors, attrs, _IN_PLACE if in_place else 0, keep)
-        return CallPlan(need, writes, tensors, cursor, desc), sure
-
-    def submit(self, op: str | Pipeline, *, timeout_s: float | None = None, out_nbytes: int | None = None,
-               in_place: bool = False, keep: tuple[str, ...] = (), _copy: bool = True,
-               **kwargs: Any) -> CallFuture:
-        """Like :meth:`call`, but return a :class:`CallFuture` at once; one slot per request in flight.
-
-        The future completes by itself when the answer arrives (a receiver thread, started by the
-        first ``submit``, routes answers), so ``concurrent.futures.wait``, ``as_completed``,
-        ``add_done_callback`` and ``asyncio.wrap_future`` work; a request past its ``timeout_s``
-        completes with :class:`Timeout`, one whose worker dies with :class:`WorkerGoneError`.
-
-        Example::
-
-            futs = [c.submit("vector_add", x=a, y=b) for a, b in pairs]
-            outs = [f.result()["out"] for f in futs]
-        """
-        self._inflight.start_receiver()
-        return self._submit(op, timeout_s, out_nbytes, in_place, keep, _copy, False, kwargs)
-
-    def _submit(self, op: str | Pipeline, timeout_s: float | None, out_nbytes: int | None, in_place: bool,
-                keep: tuple[str, ...], copy: bool, nowait: bool, kwargs: dict[str, Any]) -> CallFuture:
-        """Copy the inputs into a slot and ring; ``nowait``: use only a free slot of ours, else raise _NoSlot."""
-        self._check()
-        timeout = self.timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout
-        arrays, attrs, residents = self._split(op, kwargs)
-        sizes = [a.nbytes for a, _ in arrays.values()]
-        need = self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for n in sizes)
-        entry = self.op_table.get(op) if isinstance(op, str) else None
-        alias = entry is not None and entry.alias
-        if out_nbytes is None:
-            asked = 0 if in_place or alias else self._out_nbytes(op, arrays, residents, attrs, keep, deadline)
-            out_nbytes = sum(sizes) if asked is None else asked
-        need = max(need + out_nbytes, self.geometry.desc_nbytes + 64)
-        if nowait:
-            slot = self._take_free(need)
-            if slot is None:
-                raise _NoSlot()
-        else:
-            slot = self._take(need, deadline)
-        loan = Loan(self, slot)
-        tracing = self._tracing
-        span, tail = (None, b"") if tracing is None else tracing.start(
-            op if isinstance(op, str) else "pipeline", self.name)
-        fut = CallFuture(self, loan, deadline, copy)
-        try:
-            for name, (a, wire) in arrays.items():
-                view = loan.array(name, a.shape, wire)
-                if isinstance(a, DeviceInput):
-                    a.copy_into(view)  # device -> slot, one copy
-                else:
-                    np.copyto(view, a if a.dtype == view.dtype else a.view(view.dtype), casting="no")
-            for name, r in residents.items():
-                shape, dt = self._resident_spec(r.name)
-                loan.resident(name, r.name, shape, dt)
-            if tracing is not None:
-                fut.add_done_callback(lambda f: tracing.end(span, Future.exception(f, 0)))
-            loan._post(op, attrs, in_place, keep, tail, future=fut)
-        except BaseException as e:
-            loan.release()
-            if tracing is not None and not fut.done():
-                tracing.end(span, e)
-            raise
-        return fut
-
-    def _out_nbytes(self, op: str | Pipeline, arrays: dict[str, tuple[Any, str]], residents: dict[str, Resident],
-                    attrs: dict[str, Any], keep: tuple[str, ...], deadline: float) -> int | None:
-        """Bytes for the outputs, from the ops' shape rules on the worker (cached per signature; see ``_sizing``);
-        None when the worker refuses the plan."""
-        specs: dict[str, tuple[tuple[int, ...], str]] = {n: (tuple(a.shape), wire) for n, (a, wire) in arrays.items()}
-        for n, r in residents.items():
-            shape, dt = self._resident_spec(r.name)
-            specs[n] = (tuple(shape), dtypes.name_of_numpy(dt))
-        return self._sizer.out_nbytes(self.op_table, op, specs, tuple(residents), attrs, keep)
-
     # ------------------------------------------------------------ resident tensors
 
     def put(self, name: str, array: Any, *, shared: bool = False, timeout_s: float | None = None) -> None:
@@ -724,54 +495,3 @@ class Client:
         if name not in self._specs:
             raise InvalidRequestError(f"no resident tensor {name!r}: put() it first", tensor=name, field="resident")
         return self._specs[name]
-
-    def _split(self, op: str | Pipeline, kwargs: dict[str, Any]
-               ) -> tuple[dict[str, tuple[np.ndarray | DeviceInput, str]], dict[str, Any], dict[str, Resident]]:
-        """Tensor inputs (with their wire dtype) vs resident references vs attributes.
-
-        For an op, a keyword is a tensor when the op names it as an input or it is array-like
-        (see ``_interop``); every keyword of a Pipeline is a tensor (its attributes are on its steps).
-        """
-        params = set(self.op_table[op].inputs) if isinstance(op, str) and op in self.op_table else None
-        pipeline = isinstance(op, Pipeline)
-        arrays, attrs, residents = {}, {}, {}
-        for k, v in kwargs.items():
-            if isinstance(v, Resident):
-                residents[k] = v
-            elif pipeline or (params is not None and k in params) or is_array_like(v):
-                arrays[k] = as_input(k, v)
-            else:
-                attrs[k] = v
-        return arrays, attrs, residents
-
-    def _describe(self, op: str | Pipeline, tensors: tuple[TensorRef, ...], attrs: dict[str, Any], flags: int,
-                  keep: tuple[str, ...]) -> tuple[bytes, int, int, tuple[str, ...]]:
-        """(descriptor bytes, op_code, flags, output names), cached: building FlatBuffers is the slow part of a call."""
-        key = (op, tensors, tuple(sorted((k, type(v), v) for k, v in attrs.items())), flags, keep)
-        hit = self._desc_cache.get(key)
-        if hit is not None:
-            return hit
-        steps, outputs = resolve(self.op_table, op, [t.name for t in tensors], attrs)
-        desc = RequestDesc(tuple(steps), tensors, tuple(o for o in outputs if o not in keep), tuple(keep))
-        payload = encode_request(desc)
-        if HEADER_NBYTES + len(payload) > self.geometry.desc_nbytes:
-            raise RequestTooLargeError(f"the descriptor ({len(payload)} B) does not fit the slot's descriptor area "
-                                       f"({self.geometry.desc_nbytes} B): use fewer tensors or steps",
-                                       field="descriptor")
-        hit = (payload, steps[0].op_code, flags | (_KEEP if keep else 0), desc.outputs)
-        if len(self._desc_cache) > 4096:
-            self._desc_cache.clear()
-        self._desc_cache[key] = hit
-        return hit
-
-
-_KEEP_ANY_NBYTES = 64 << 10  # a kept call() loan's slot up to this size serves any smaller call
-_SCALARS = (int, float, bool, str)  # attribute values the steady path takes without asking is_array_like
-
-
-def _cannot_travel(dt: np.dtype) -> bool:
-    try:
-        dtypes.name_of_numpy(dt)
-    except KeyError:
-        return True
-    return False
