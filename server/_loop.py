@@ -102,6 +102,7 @@ class Worker(Runs):
         # a batch or a request on the device, what answers it once it is done, whether it is a batch (_await_launched)
         self._launched: tuple[Launched | RunLaunch, Callable[[], None], bool] | None = None
         self._max_batch = config.max_batch
+        self._batch_wait_s = config.batch_wait_us / 1e6
         self._joins = False  # park batchable requests for one joint run (--max-batch > 1 and a backend that joins)
         self._singles = False  # ... and run a lone one as a batch of one (a backend that batches singles)
         self._lanes: Lanes | None = None
@@ -305,6 +306,8 @@ class Worker(Runs):
             timeout_ms = 50 if stopping else self._poll_timeout_ms(next_check)
             if self._launched is not None:
                 events = self._await_launched(poller, lane_rang, timeout_ms)
+            elif self._hold_until:  # parked requests waiting for the rest of their batch (--batch-wait-us)
+                events = self._await_joiners(poller, lane_rang)
             elif spin_s:
                 # --spin-us: poll without sleeping for a while before blocking, so a request arriving soon
                 # finds the loop awake (one scheduler wake-up less per request; costs a core while it spins).
@@ -342,7 +345,7 @@ class Worker(Runs):
                     lanes.clear_doorbell()  # NOTE: before the scan: a request posted after it rings again
                 for lane, seq, frame in lanes.scan():
                     self._on_call(lane.identity, frame, stopping, seq)
-            if self._pending and (self._launched is None or not self._launched[2]):
+            if self._pending and (self._launched is None or not self._launched[2]) and not self._holding(stopping):
                 # the turn's batchable requests: one run per plan (see _batch.py); while a launched batch is on the
                 # device they stay parked, and run as one batch once it is answered (the device and the loop overlap)
                 self._run_pending()

@@ -49,6 +49,7 @@ log = logging.getLogger("shmrpc.server")
 
 SPIN_POLL_S = 5e-6  # while spinning with lanes, poll the socket and fds this often (lanes are read in between)
 _LAUNCHED_SPIN_S = 2e-3  # a launched run is awaited spinning this long from when it is due, then by polls of 1 ms
+_BATCH_RECENT_S = 2e-3  # --batch-wait-us holds parked requests only this soon (or 20 waits) after a batched run
 _LAUNCHED_EARLY_S = 5e-4  # ... and spinning from this long (or 15% of what is left, if more) before it is due
 _OK_FLAGS = int(Flag.RESPONSE)
 _ERROR_FLAGS = int(Flag.RESPONSE | Flag.ERROR)
@@ -72,6 +73,10 @@ class Runs:
     _launched: tuple[Launched | RunLaunch, Callable[[], None], bool] | None
     _max_batch: int
     _singles: bool  # a lone parked request runs as a batch of one (Backend.batches_singles)
+    _batch_wait_s: float  # --batch-wait-us
+    _last_batch = (0, 0.0)  # (size, time.perf_counter()) of the last batched run
+    _hold_until = 0.0  # parked requests wait for the rest of their batch until then (0: not waiting)
+    _hold_for = 0  # ... or until this many are parked
     _lanes: Lanes | None
     _wake_w: int
     _stopping: threading.Event
@@ -107,6 +112,7 @@ class Runs:
                 # else a batch of one (Backend.batches_singles): launched as the batches are, where the backend can
             else:
                 self.metrics.observe_batch(p.primed.prep.op, len(group))
+                self._last_batch = (len(group), time.perf_counter())
             if inline:
                 plan = p.primed.prep.plan
                 assert plan is not None
@@ -124,6 +130,43 @@ class Runs:
                 self._executor.submit(self._run_batch_async, group)
         if self.dispatch.fatal:
             self._drain_done()
+
+    def _holding(self, stopping: bool) -> bool:
+        """Whether the parked requests wait a little longer (``--batch-wait-us``): fewer are parked than the last
+        batched run had, that run was recent (within _BATCH_RECENT_S, or 20 times the setting if longer), and the
+        wait began less than the setting ago.
+        Answered clients send again within tens of µs of each other; the first of them would otherwise run
+        alone (or in a small batch) while the others park behind it."""
+        if not self._batch_wait_s or stopping:
+            self._hold_until = 0.0
+            return False
+        n, now = len(self._pending), time.perf_counter()
+        if self._hold_until:
+            if n < self._hold_for and now < self._hold_until:
+                return True
+            self._hold_until = 0.0
+            return False
+        size, at = self._last_batch
+        if n >= size or now - at > max(_BATCH_RECENT_S, 20 * self._batch_wait_s):
+            return False
+        self._hold_until, self._hold_for = now + self._batch_wait_s, size
+        return True
+
+    def _await_joiners(self, poller: LoopPoll, lane_rang: dict[int, int]) -> dict[Any, int]:
+        """The next events while parked requests wait for the rest of their batch: the loop spins (the lanes read,
+        the poll every SPIN_POLL_S) until something comes or the wait is over (then none)."""
+        lanes, end = self._lanes, self._hold_until
+        now = next_poll = time.perf_counter()
+        while now < end:
+            if lanes is not None and lanes.ready():
+                return lane_rang
+            if now >= next_poll:
+                events = poller.poll(0)
+                if events:
+                    return events
+                next_poll = now + SPIN_POLL_S
+            now = time.perf_counter()
+        return {}
 
     def _run_elsewhere(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], primed: Primed,
                        t0: float, lane: int) -> None:

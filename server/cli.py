@@ -100,7 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="poll this many µs without sleeping before blocking (lower latency, a busy core; 0: off)")
     s.add_argument("--max-batch", type=int, default=64, metavar="N",
                    help="serve up to N requests of one batchable plan that arrive in the same turn of the loop "
-                        "with one batched run (no waiting for more; 1: off) (default %(default)s)")
+                        "with one batched run (1: off) (default %(default)s)")
+    s.add_argument("--batch-wait-us", type=int, default=0, metavar="US",
+                   help="after a batched run of N requests, hold fewer than N parked requests up to US µs, spinning, "
+                        "for the rest to arrive (soon after that run only; 0: never) (default %(default)s)")
     s.add_argument("--no-lanes", action="store_true",
                    help="refuse lanes (a shared page and eventfds beside ZeroMQ that clients may ask for): "
                         "every doorbell then goes over ZeroMQ")
@@ -244,6 +247,7 @@ def _serve(args: argparse.Namespace) -> int:
             name=args.name, geometry=geometry, lease=lease, backend=args.backend, metrics_port=args.metrics_port,
             mlock=not args.no_mlock, threads=args.threads, inline_max_nbytes=parse_size(args.inline_max),
             spin_us=args.spin_us, lanes=not args.no_lanes, max_batch=args.max_batch,
+            batch_wait_us=args.batch_wait_us,
             resident_limit_bytes=parse_size(args.resident_limit), allow_uids=tuple(args.allow_uid), register_host=not args.no_register,
             dumpable=args.dumpable,
             isolation=args.isolation, client_max_slots=args.client_max_slots,

@@ -82,8 +82,11 @@ class WorkerConfig:
         lanes: grant a lane (``shmrpc.schema.lane``: a shared page and eventfds beside ZeroMQ) to a
             client whose HELLO asks for one.
         max_batch: most requests of one plan that the loop serves with one batched run when they arrive
-            in the same turn of the loop (dynamic batching, no waiting: see ``server/_batch.py``); 1 turns
-            batching off.
+            in the same turn of the loop (dynamic batching: see ``server/_batch.py``); 1 turns batching off.
+        batch_wait_us: after a batched run of N >= 2 requests, parked requests fewer than N wait up to this
+            long, the loop spinning, for the others to arrive (answered clients sending again), before they
+            run; 0 (default): never wait. Only soon after a batched run (2 ms, or 20 times the setting if
+            longer), so a lone client never waits.
     """
 
     name: str
@@ -118,6 +121,7 @@ class WorkerConfig:
     metrics_token: str | None = None
     otel: bool = False
     max_batch: int = 64
+    batch_wait_us: int = 0
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -150,6 +154,8 @@ class WorkerConfig:
             raise ValueError("--threads must be >= 1")
         if not 0 <= self.spin_us <= 1_000_000:
             raise ValueError(f"--spin-us must be 0..1000000, got {self.spin_us}")
+        if not 0 <= self.batch_wait_us <= 10_000:
+            raise ValueError(f"--batch-wait-us must be 0..10000, got {self.batch_wait_us}")
         if not 1 <= self.max_batch <= 4096:
             raise ValueError(f"--max-batch must be 1..4096 (1: no batching), got {self.max_batch}")
 

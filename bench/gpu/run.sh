@@ -37,6 +37,7 @@
 #           CuPy worker, 8 and 16 client processes (loan, blocking and spinning lane); the tree with launched batches
 #           off (SHMRPC_CUDA_LAUNCH_BATCHES=0) as a third arm -> $OUT/gemmab-{base,nolaunch,new}-rN.json; GEMMAB_ARMS
 #           picks the arms, among them wspin: the tree with the worker spinning 200 µs (--spin-us 200) between turns,
+#           bwait: the tree with --batch-wait-us 100 (parked requests wait for the rest of their batch),
 #           and singles: the tree with lone requests run as batches of one (SHMRPC_CUDA_BATCH_SINGLES=1; the tree
 #           of 69c6f96, where that was the default, ran this arm as "new" and the default of today as "nosingles")
 #   singlesab 64 B float32 scale on the CuPy worker (loan, call(), lanes, next to zmq), lone requests as batches of
@@ -203,7 +204,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
           site=/tmp/site; [ "$arm" = base ] && site=/tmp/site-base:/tmp/site
           launch=1; [ "$arm" = nolaunch ] && launch=0
           singles=0; [ "$arm" = singles ] && singles=1
-          wargs=""; [ "$arm" = wspin ] && wargs="--spin-us 200"
+          wargs=""; [ "$arm" = wspin ] && wargs="--spin-us 200"; [ "$arm" = bwait ] && wargs="--batch-wait-us 100"
           echo "== round $r, $arm: gemm x=16x256 w=256x256 float16 on the CuPy worker, 8 and 16 clients"
           SHMRPC_CUDA_LAUNCH_BATCHES=$launch SHMRPC_CUDA_BATCH_SINGLES=$singles PYTHONPATH=$site timeout 90 $BENCH lat \
             --transports shmrpc,shmrpc-lane,shmrpc-lane-spin --clients 8,16 --iters 2000 --warmup 50 --backend cupy \

@@ -159,6 +159,30 @@ def test_requests_queued_together_run_as_one_batch(spawn_worker: Callable[..., W
         assert _batches(w, "scale") == (1, 6)
 
 
+def test_batch_wait_holds_a_lone_request_for_the_rest_of_its_batch(spawn_worker: Callable[..., WorkerProc]) -> None:
+    """--batch-wait-us: after a batch of 3, requests that arrive one by one are held (the loop spinning) until 3
+    are parked, and run as one batch; a lone one is held for the whole wait, then runs alone; every answer right."""
+    wait_s = 0.01  # the most the setting allows: a test thread sends three requests well within it
+    w = spawn_worker("--metrics-port", "0", "--batch-wait-us", str(int(wait_s * 1e6)), lease="8,1,0,0",
+                     env=_joint())
+    rng = np.random.default_rng(21)
+    xs = [rng.standard_normal(16).astype(np.float32) for _ in range(7)]
+    with Client(w.name, timeout_s=30) as c:
+        outs = _submit_stopped(w, c, "scale", xs[:3], a=3.0, b=1.0)
+        assert _batches(w, "scale") == (1, 3)
+        futs = [c.submit("scale", x=x, a=3.0, b=1.0, in_place=True) for x in xs[3:6]]  # one by one, not stopped
+        outs += [f.result(timeout=30) for f in futs]
+        for x, out in zip(xs, outs):
+            np.testing.assert_allclose(out["out"], 3.0 * x + 1.0, rtol=1e-6)
+        assert _batches(w, "scale") == (2, 6), "the three requests sent one by one ran as one batch"
+        t0 = time.monotonic()
+        out = c.call("scale", x=xs[6], a=3.0, b=1.0, in_place=True)["out"]  # alone: held for the whole wait
+        held = time.monotonic() - t0
+        np.testing.assert_allclose(out, 3.0 * xs[6] + 1.0, rtol=1e-6)
+        assert held >= 0.8 * wait_s and _batches(w, "scale") == (2, 6), held
+        assert _answered(w, "scale") == 7
+
+
 def test_one_batch_per_plan_and_at_most_max_batch(spawn_worker: Callable[..., WorkerProc]) -> None:
     w = spawn_worker("--metrics-port", "0", "--max-batch", "3", lease="8,1,0,0", env=_joint())
     rng = np.random.default_rng(3)
