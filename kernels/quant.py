@@ -135,8 +135,9 @@ class W4A16Tuning:
         mma: ``SHMRPC_W4A16_MMA`` (on; ``0`` turns the tensor-core path off).
         mma_m1: ``SHMRPC_W4A16_MMA_M1`` (on; ``0`` keeps M = 1 on the float32 CUDA-core kernel).
         mma_cfg: ``SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S"`` (w4a16_mma / w4a16_mma_async),
-            ``"MT,NWORD,WK,BPS,S,XSM"`` (w4a16_wk) or ``"MT,NWORD,WK,0,S,XSM,CL"`` (w4a16_wkc, clusters of CL
-            blocks): one forced configuration (tuning only).
+            ``"MT,NWORD,WK,BPS,S,XSM"`` (w4a16_wk), ``"MT,NWORD,WK,0,S,XSM,CL"`` (w4a16_wkc, clusters of CL
+            blocks) or ``"MT,NWORD,WK,0,S,1,1,CN"`` (w4a16_wkm, activations multicast to clusters of CN blocks): one
+            forced configuration (tuning only).
     """
 
     blocks_per_sm: int = 2
@@ -154,7 +155,7 @@ class W4A16Tuning:
         cfg = None
         if forced:
             v = [int(p) for p in forced.split(",")]
-            cfg = tuple(v) if len(v) in (6, 7) else (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
+            cfg = tuple(v) if len(v) in (6, 7, 8) else (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
         return cls(blocks_per_sm=int(env.get("SHMRPC_W4A16_BLOCKS_PER_SM", "2")),
                    dequant_min_m=int(env.get("SHMRPC_W4A16_DEQUANT_MIN_M", "5")),
                    h2=env.get("SHMRPC_W4A16_H2", "0") == "1", prefetch=env.get("SHMRPC_W4A16_PF", "0") == "1",
@@ -299,6 +300,9 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
 # blocks of a column tile one cluster that adds its sums through distributed shared memory (no global partials);
 # a table entry is taken only where CL is the split BPS = 1 would choose (round(SMs / column tiles)) and the CL
 # blocks of every tile fit in one wave (one block per SM); a forced one wherever they fit in one wave.
+# Eight numbers (MT, NWORD, WK, 0, S, 1, 1, CN) name w4a16_wkm: w4a16_wk without a K split (activations staged, padded
+# rows) whose CN neighbouring column slabs form a cluster: each activation chunk is read from L2 once per cluster and
+# multicast into the CN blocks (bulk copies, mbarriers); it takes N where the column tiles divide into clusters.
 _MMA_VARIANTS = ((1, 4, 4), (1, 2, 4), (1, 1, 4), (1, 1, 8), (2, 2, 4), (2, 1, 4), (4, 1, 4), (4, 1, 2))
 _ASYNC_VARIANTS = ((1, 2, 4, 4), (1, 2, 4, 3), (1, 2, 4, 2), (1, 1, 8, 3), (1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 4), (2, 1, 4, 4), (2, 2, 4, 3),
                    (4, 1, 4, 3), (4, 1, 2, 4))
@@ -310,6 +314,8 @@ _WK_VARIANTS = ((0, 4, 8, 4, 0), (0, 4, 8, 3, 1), (0, 2, 8, 4, 0), (0, 2, 8, 4, 
 # (MT, NWORD, WK, S, XSM, CL) of w4a16_wkc built into the module
 _WKC_VARIANTS = ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
                  (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2), (2, 4, 8, 3, 1, 2))
+# (MT, NWORD, WK, S, CN) of w4a16_wkm built into the module
+_WKM_VARIANTS = ((4, 2, 8, 2, 2), (4, 2, 8, 2, 4), (4, 2, 6, 3, 2), (2, 2, 8, 3, 2))
 _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
 # on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and -07d7ec0; M 9..64 from
@@ -335,6 +341,8 @@ def _wk_smem(cfg: tuple[int, ...]) -> int:
     mt, nword, wk, _, st, xsm = cfg[:6]
     bc, mr = 32 * nword, 16 * mt if mt else 8
     padded = wk * st * (36 * bc + xsm * mr * 144) + mr * (bc + 4) * 4
+    if len(cfg) == 8:  # w4a16_wkm: always padded rows, then two mbarriers per warp and stage
+        return padded + 16 * wk * st
     if mt and xsm and padded > _WK_SMEM_MAX:
         return wk * st * (36 * bc + mr * 128) + mr * (bc + 4) * 4
     return padded
@@ -366,7 +374,7 @@ def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm
 
 def _global_split(cfg: tuple[int, ...], k: int, n: int, n_sm: int) -> bool:
     """Whether ``cfg``'s launch splits K through float32 partials in global memory (not a cluster, more than one split)."""
-    if len(cfg) == 7:
+    if len(cfg) >= 7:
         return False
     if len(cfg) == 6:
         return w4a16_wk_launch(1, k, n, n_sm, cfg)[0][1] > 1
@@ -379,6 +387,8 @@ def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> boo
     replaces that split's global partials and never makes a split of its own."""
     if n % (32 * cfg[1]):
         return False
+    if len(cfg) == 8:
+        return (n // (32 * cfg[1])) % cfg[7] == 0  # the column tiles divide into clusters of CN
     if len(cfg) < 7:
         return True
     tiles = n // (32 * cfg[1])
@@ -387,6 +397,9 @@ def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> boo
 
 def _mma_known(cfg: tuple[int, ...], smem_max: int = _WK_SMEM_MAX) -> bool:
     """Whether ``cfg`` names a kernel built into the module (and, for w4a16_wk, one whose shared memory fits)."""
+    if len(cfg) == 8:
+        return (cfg[3] == 0 and cfg[5] == 1 and cfg[6] == 1 and (*cfg[:3], cfg[4], cfg[7]) in _WKM_VARIANTS
+                and _wk_smem(cfg) <= min(smem_max, _WK_SMEM_MAX))
     if len(cfg) == 7:
         return cfg[3] == 0 and (*cfg[:3], *cfg[4:]) in _WKC_VARIANTS and _wk_smem(cfg) <= min(smem_max, _WK_SMEM_MAX)
     if len(cfg) == 6:
@@ -409,10 +422,13 @@ def w4a16_mma_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) ->
 
 def w4a16_wk_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) -> tuple[tuple[int, int], int, int]:
     """(grid, chunks per block, dynamic shared bytes) of w4a16_wk: a block = one 32*NWORD-column slab, WK warps;
-    w4a16_wkc (seven numbers): the K split is the cluster, CL blocks (a block may get no chunk when K is short)."""
+    w4a16_wkc (seven numbers): the K split is the cluster, CL blocks (a block may get no chunk when K is short);
+    w4a16_wkm (eight numbers): no K split, the column tiles in clusters of CN along the grid's x."""
     nword, bps = cfg[1], cfg[3]
     tiles = n // (32 * nword)
     chunks = k // 64
+    if len(cfg) == 8:
+        return (tiles, 1), chunks, _wk_smem(cfg)
     if len(cfg) == 7:
         return (tiles, cfg[6]), -(-chunks // cfg[6]), _wk_smem(cfg)
     ksplit = max(1, min(round(bps * n_sm / tiles), chunks)) if bps > 0 else 1
@@ -423,6 +439,8 @@ def w4a16_wk_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) -> 
 
 def _wk_name(kt: str, cfg: tuple[int, ...]) -> str:
     mt, nw, wk, _, st, xsm = cfg[:6]
+    if len(cfg) == 8:
+        return f"w4a16_wkm<{kt},{mt},{nw},{wk},{st},{cfg[7]}>"
     if len(cfg) == 7:
         return f"w4a16_wkc<{kt},{mt},{nw},{wk},{st},{xsm},{cfg[6]}>"
     return f"w4a16_wk<{kt},{mt},{nw},{wk},{st},{xsm}>"
@@ -432,7 +450,8 @@ def _mma_names(kt: str) -> tuple[str, ...]:
     return (*(f"w4a16_mma<{kt},{mt},{nw},{wp}>" for mt, nw, wp in _MMA_VARIANTS),
             *(f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>" for mt, nw, wp, st in _ASYNC_VARIANTS),
             *(_wk_name(kt, (mt, nw, wk, 0, st, xsm)) for mt, nw, wk, st, xsm in _WK_VARIANTS),
-            *(_wk_name(kt, (mt, nw, wk, 0, st, xsm, cl)) for mt, nw, wk, st, xsm, cl in _WKC_VARIANTS))
+            *(_wk_name(kt, (mt, nw, wk, 0, st, xsm, cl)) for mt, nw, wk, st, xsm, cl in _WKC_VARIANTS),
+            *(_wk_name(kt, (mt, nw, wk, 0, st, 1, 1, cn)) for mt, nw, wk, st, cn in _WKM_VARIANTS))
 
 
 def _counters(call: OpCall, tiles: int) -> Any:

@@ -8,8 +8,9 @@ median of 5 batches, weight sets rotated so that L2 cannot hold them):
   (packed weights + scales + zeros): the two references;
 - the op as it is (``product``), the float32 CUDA-core kernel (M = 1), the opt-in float16x2
   kernel (M = 1);
-- ``w4a16_wk`` (``kernels/cuda/w4a16_mma.cu``) in configurations (MT, NWORD, WK, BPS, S, XSM) and
-  ``w4a16_wkc`` (clusters of CL blocks split K: (MT, NWORD, WK, 0, S, XSM, CL)), and
+- ``w4a16_wk`` (``kernels/cuda/w4a16_mma.cu``) in configurations (MT, NWORD, WK, BPS, S, XSM),
+  ``w4a16_wkc`` (clusters of CL blocks split K: (MT, NWORD, WK, 0, S, XSM, CL)), ``w4a16_wkm`` (clusters of CN
+  column slabs share each activation chunk, multicast: (MT, NWORD, WK, 0, S, 1, 1, CN)), and
   ``w4a16_mma_async`` (MT, NWORD, WARPS, BPS, S), through the op (``quant.use_tuning(mma_cfg=...)``),
   so the product's launch code runs; a configuration the op would not take for the shape is listed
   as skipped;
@@ -64,9 +65,9 @@ CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2)],
         8: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2)],
         16: [(1, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2), (1, 2, 8, 1, 4, 1)],
         32: [(2, 2, 8, 1, 3, 1), (2, 2, 8, 0, 3, 1, 2), (2, 4, 8, 1, 2, 1), (2, 4, 8, 0, 2, 1, 2), (2, 4, 8, 1, 3, 1),
-             (2, 4, 8, 0, 3, 1, 2)],
+             (2, 4, 8, 0, 3, 1, 2), (2, 2, 8, 0, 3, 1, 1, 2)],
         64: [(4, 2, 4, 1, 2, 1), (4, 2, 4, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 8, 0, 2, 1, 2), (2, 4, 8, 1, 3, 1),
-             (2, 4, 8, 0, 3, 1, 2)]}
+             (2, 4, 8, 0, 3, 1, 2), (4, 2, 8, 0, 2, 1, 1, 2), (4, 2, 8, 0, 2, 1, 1, 4), (4, 2, 6, 0, 3, 1, 1, 2)]}
 # the table of 2c364f7 (its choice at 8192 x 8192; per M one label): M = 1, 8 the TR cluster kernel, M = 16 the MT = 1
 # cluster kernel, M 17..64 w4a16_wk without a K split; the kernels themselves now read A by ldmatrix
 OLD = {1: (0, 4, 8, 0, 3, 1, 2), 8: (0, 4, 8, 0, 3, 1, 2), 16: (1, 4, 8, 0, 3, 1, 2), 32: (2, 2, 8, 1, 3, 1),
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                 op_case("float32 CUDA-core kernel (the path before)", {"mma": False, "h2": False})
                 op_case("float16x2 kernel (opt-in h2)", {"mma": False, "h2": True})
             for cfg in CFGS[m]:
-                kind = "mma_async" if len(cfg) == 5 else "wk"
+                kind = "mma_async" if len(cfg) == 5 else "wkm" if len(cfg) == 8 else "wk"
                 op_case(f"{kind} {cfg}" + (" (the table before)" if cfg == OLD[m] else ""), {"mma_cfg": cfg, "h2": False})
             for cfg in LDSM0.get(m, []) if "ldsm0" not in skip else []:
                 if _takes(cfg, n, n_sm, forced=True):
