@@ -315,7 +315,7 @@ _WK_VARIANTS = ((0, 4, 8, 4, 0), (0, 4, 8, 3, 1), (0, 2, 8, 4, 0), (0, 2, 8, 4, 
 _WKC_VARIANTS = ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
                  (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2), (2, 4, 8, 3, 1, 2))
 # (MT, NWORD, WK, S, CN) of w4a16_wkm built into the module
-_WKM_VARIANTS = ((4, 2, 8, 2, 2), (4, 2, 8, 2, 4), (4, 2, 6, 3, 2), (2, 2, 8, 3, 2))
+_WKM_VARIANTS = ((4, 2, 8, 2, 2), (4, 2, 8, 2, 4), (4, 2, 6, 3, 2), (4, 2, 4, 4, 2), (2, 2, 8, 3, 2))
 _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
 # on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and -07d7ec0; M 9..64 from

@@ -828,7 +828,7 @@ __device__ __forceinline__ void wk_body(
         __syncthreads();  // every warp's tile read: the stages are reused by the next m-block
       }
     }
-    gb += nloc;
+    if (CN > 1) gb += nloc;  // (CN == 1: every m-block starts at stage 0)
   }
   if (CL > 1 || ksplit == 1 || !last_of_split(counters, ksplit)) return;
   add_partials4<O>(partial, out, M, N, col0, BC, ksplit, WK * 32, counters);

@@ -26,7 +26,7 @@ _WK_NEW = ["1,2,8,2,3,0", "1,2,8,0,3,0", "1,2,4,3,3,1", "1,2,4,0,3,1", "4,2,8,1,
 
 # every built w4a16_wkm variant (activations multicast to a cluster of CN column slabs), as the 8-number configuration
 _WKM = [f"{mt},{nw},{wk},0,{st},1,1,{cn}" for mt, nw, wk, st, cn in
-        ((4, 2, 8, 2, 2), (4, 2, 8, 2, 4), (4, 2, 6, 3, 2), (2, 2, 8, 3, 2))]
+        ((4, 2, 8, 2, 2), (4, 2, 8, 2, 4), (4, 2, 6, 3, 2), (4, 2, 4, 4, 2), (2, 2, 8, 3, 2))]
 
 
 # every built w4a16_wk (with a K split), w4a16_wkc and w4a16_wkm variant, forced
