@@ -300,9 +300,10 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
 # blocks of a column tile one cluster that adds its sums through distributed shared memory (no global partials);
 # a table entry is taken only where CL is the split BPS = 1 would choose (round(SMs / column tiles)) and the CL
 # blocks of every tile fit in one wave (one block per SM); a forced one wherever they fit in one wave.
-# Eight numbers (MT, NWORD, WK, 0, S, 1, 1, CN) name w4a16_wkm: w4a16_wk without a K split (activations staged, padded
-# rows) whose CN neighbouring column slabs form a cluster: each activation chunk is read from L2 once per cluster and
-# multicast into the CN blocks (bulk copies, mbarriers); it takes N where the column tiles divide into clusters.
+# Eight numbers (MT, NWORD, WK, 0, S, 1, 1, CN) name w4a16_wkm: w4a16_wk without a K split whose CN neighbouring column
+# slabs form a cluster: x is first packed by chunk (w4_xpack: MR swizzled 128-byte rows per 64-k chunk, one contiguous
+# block), and each chunk's block is read from L2 once per cluster, CN bulk copies multicast into the CN blocks
+# (mbarriers; CN = 1: one bulk copy, no cluster); it takes N where the column tiles divide into clusters.
 _MMA_VARIANTS = ((1, 4, 4), (1, 2, 4), (1, 1, 4), (1, 1, 8), (2, 2, 4), (2, 1, 4), (4, 1, 4), (4, 1, 2))
 _ASYNC_VARIANTS = ((1, 2, 4, 4), (1, 2, 4, 3), (1, 2, 4, 2), (1, 1, 8, 3), (1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 4), (2, 1, 4, 4), (2, 2, 4, 3),
                    (4, 1, 4, 3), (4, 1, 2, 4))
@@ -315,7 +316,7 @@ _WK_VARIANTS = ((0, 4, 8, 4, 0), (0, 4, 8, 3, 1), (0, 2, 8, 4, 0), (0, 2, 8, 4, 
 _WKC_VARIANTS = ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
                  (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2), (2, 4, 8, 3, 1, 2))
 # (MT, NWORD, WK, S, CN) of w4a16_wkm built into the module
-_WKM_VARIANTS = ((4, 2, 8, 2, 2), (4, 2, 8, 2, 4), (4, 2, 6, 3, 2), (4, 2, 4, 4, 2), (2, 2, 8, 3, 2))
+_WKM_VARIANTS = ((4, 2, 8, 2, 2), (4, 2, 8, 2, 1), (4, 2, 8, 2, 4), (4, 2, 6, 3, 2))
 _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
 # on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and -07d7ec0; M 9..64 from
@@ -341,8 +342,8 @@ def _wk_smem(cfg: tuple[int, ...]) -> int:
     mt, nword, wk, _, st, xsm = cfg[:6]
     bc, mr = 32 * nword, 16 * mt if mt else 8
     padded = wk * st * (36 * bc + xsm * mr * 144) + mr * (bc + 4) * 4
-    if len(cfg) == 8:  # w4a16_wkm: always padded rows, then two mbarriers per warp and stage
-        return padded + 16 * wk * st
+    if len(cfg) == 8:  # w4a16_wkm: always swizzled rows (as packed), then two mbarriers per warp and stage
+        return wk * st * (36 * bc + mr * 128) + mr * (bc + 4) * 4 + 16 * wk * st
     if mt and xsm and padded > _WK_SMEM_MAX:
         return wk * st * (36 * bc + mr * 128) + mr * (bc + 4) * 4
     return padded
@@ -451,7 +452,8 @@ def _mma_names(kt: str) -> tuple[str, ...]:
             *(f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>" for mt, nw, wp, st in _ASYNC_VARIANTS),
             *(_wk_name(kt, (mt, nw, wk, 0, st, xsm)) for mt, nw, wk, st, xsm in _WK_VARIANTS),
             *(_wk_name(kt, (mt, nw, wk, 0, st, xsm, cl)) for mt, nw, wk, st, xsm, cl in _WKC_VARIANTS),
-            *(_wk_name(kt, (mt, nw, wk, 0, st, 1, 1, cn)) for mt, nw, wk, st, cn in _WKM_VARIANTS))
+            *(_wk_name(kt, (mt, nw, wk, 0, st, 1, 1, cn)) for mt, nw, wk, st, cn in _WKM_VARIANTS),
+            *sorted({f"w4_xpack<{16 * v[0]}>" for v in _WKM_VARIANTS}))
 
 
 def _counters(call: OpCall, tiles: int) -> Any:
@@ -510,6 +512,13 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ..
         partial = cupy.empty((ksplit, m, n) if ksplit > 1 and len(cfg) == 6 else (1,), dtype=cupy.float32)
         name = _wk_name(kt, cfg)
         fn = get_function("w4a16_mma.cu", _mma_names(kt), name)
+        if len(cfg) == 8:  # w4a16_wkm reads x packed by chunk: (m-blocks, K/64, MR, 64), swizzled rows
+            mr = 16 * cfg[0]
+            xp = cupy.empty((-(-m // mr) * (k // 64) * mr * 64,), dtype=x.dtype)
+            pieces = xp.size // 8
+            pack = get_function("w4a16_mma.cu", _mma_names(kt), f"w4_xpack<{mr}>")
+            pack((min(-(-pieces // 256), 4 * sm_count()),), (256,), (x, xp, np.int32(m), np.int32(k)))
+            x = xp
         wk_launch(fn, name, (tiles, ksplit), cfg[2], smem, (x, qw, sc, zr, partial, _counters(call, tiles), out, np.int32(m),
                                                       np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)))
         return out

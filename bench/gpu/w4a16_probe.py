@@ -9,8 +9,9 @@ median of 5 batches, weight sets rotated so that L2 cannot hold them):
 - the op as it is (``product``), the float32 CUDA-core kernel (M = 1), the opt-in float16x2
   kernel (M = 1);
 - ``w4a16_wk`` (``kernels/cuda/w4a16_mma.cu``) in configurations (MT, NWORD, WK, BPS, S, XSM),
-  ``w4a16_wkc`` (clusters of CL blocks split K: (MT, NWORD, WK, 0, S, XSM, CL)), ``w4a16_wkm`` (clusters of CN
-  column slabs share each activation chunk, multicast: (MT, NWORD, WK, 0, S, 1, 1, CN)), and
+  ``w4a16_wkc`` (clusters of CL blocks split K: (MT, NWORD, WK, 0, S, XSM, CL)), ``w4a16_wkm`` (x packed by chunk,
+  clusters of CN column slabs share each activation chunk, bulk copies multicast: (MT, NWORD, WK, 0, S, 1, 1, CN)),
+  and
   ``w4a16_mma_async`` (MT, NWORD, WARPS, BPS, S), through the op (``quant.use_tuning(mma_cfg=...)``),
   so the product's launch code runs; a configuration the op would not take for the shape is listed
   as skipped;
@@ -65,10 +66,10 @@ CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2)],
         8: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2)],
         16: [(1, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2), (1, 2, 8, 1, 4, 1)],
         32: [(2, 2, 8, 1, 3, 1), (2, 2, 8, 0, 3, 1, 2), (2, 4, 8, 1, 2, 1), (2, 4, 8, 0, 2, 1, 2), (2, 4, 8, 1, 3, 1),
-             (2, 4, 8, 0, 3, 1, 2), (2, 2, 8, 0, 3, 1, 1, 2)],
+             (2, 4, 8, 0, 3, 1, 2)],
         64: [(4, 2, 4, 1, 2, 1), (4, 2, 4, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 8, 0, 2, 1, 2), (2, 4, 8, 1, 3, 1),
-             (2, 4, 8, 0, 3, 1, 2), (4, 2, 8, 0, 2, 1, 1, 2), (4, 2, 8, 0, 2, 1, 1, 4), (4, 2, 6, 0, 3, 1, 1, 2),
-             (4, 2, 4, 0, 4, 1, 1, 2)]}
+             (2, 4, 8, 0, 3, 1, 2), (4, 2, 8, 0, 2, 1, 1, 2), (4, 2, 8, 0, 2, 1, 1, 1), (4, 2, 8, 0, 2, 1, 1, 4),
+             (4, 2, 6, 0, 3, 1, 1, 2)]}
 # the table of 2c364f7 (its choice at 8192 x 8192; per M one label): M = 1, 8 the TR cluster kernel, M = 16 the MT = 1
 # cluster kernel, M 17..64 w4a16_wk without a K split; the kernels themselves now read A by ldmatrix
 OLD = {1: (0, 4, 8, 0, 3, 1, 2), 8: (0, 4, 8, 0, 3, 1, 2), 16: (1, 4, 8, 0, 3, 1, 2), 32: (2, 2, 8, 1, 3, 1),
@@ -228,13 +229,14 @@ def main(argv: list[str] | None = None) -> int:
             if m == 1:
                 op_case("float32 CUDA-core kernel (the path before)", {"mma": False, "h2": False})
                 op_case("float16x2 kernel (opt-in h2)", {"mma": False, "h2": True})
-            for cfg in CFGS[m]:
+            row = min(r for r in CFGS if r >= m) if m <= max(CFGS) else max(CFGS)  # other M: the list of the next M listed
+            for cfg in CFGS[row]:
                 kind = "mma_async" if len(cfg) == 5 else "wkm" if len(cfg) == 8 else "wk"
-                op_case(f"{kind} {cfg}" + (" (the table before)" if cfg == OLD[m] else ""), {"mma_cfg": cfg, "h2": False})
+                op_case(f"{kind} {cfg}" + (" (the table before)" if cfg == OLD.get(m) else ""), {"mma_cfg": cfg, "h2": False})
             for cfg in LDSM0.get(m, []) if "ldsm0" not in skip else []:
                 if _takes(cfg, n, n_sm, forced=True):
                     variant_case(cfg, 0, 1, 0)
-            for cfg in EPI0[m] if "epi0" not in skip else []:
+            for cfg in EPI0.get(m, []) if "epi0" not in skip else []:
                 variant_case(cfg, 0, 0)
             if m in DIAG_CFGS and k == 8192 and n == 8192 and "diag" not in skip:
                 for cfg in DIAG_CFGS[m]:
