@@ -31,7 +31,7 @@ from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec
 from .api import register_op
 
 __all__ = ["QUANTIZE_INT4", "GEMM_W4A16", "dequantize_int4", "w4a16_launch_config", "w4a16_mma_launch",
-           "w4a16_wk_launch", "W4A16Tuning", "tuning", "use_tuning"]
+           "w4a16_wk_launch", "pack_x", "W4A16Tuning", "tuning", "use_tuning"]
 
 _FP16_TINY = 2.0**-24  # smallest float16 subnormal: a scale never rounds to 0
 
@@ -301,9 +301,10 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
 # a table entry is taken only where CL is the split BPS = 1 would choose (round(SMs / column tiles)) and the CL
 # blocks of every tile fit in one wave (one block per SM); a forced one wherever they fit in one wave.
 # Eight numbers (MT, NWORD, WK, 0, S, 1, 1, CN) name w4a16_wkm: w4a16_wk without a K split whose CN neighbouring column
-# slabs form a cluster: x is first packed by chunk (w4_xpack: MR swizzled 128-byte rows per 64-k chunk, one contiguous
-# block), and each chunk's block is read from L2 once per cluster, CN bulk copies multicast into the CN blocks
-# (mbarriers; CN = 1: one bulk copy, no cluster); it takes N where the column tiles divide into clusters.
+# slabs form a cluster: x is first packed by chunk (w4_xpack: MR padded 144-byte rows per 64-k chunk, one contiguous
+# block), and each chunk's rows are read from L2 once per cluster, CN bulk copies multicast into the CN blocks
+# (mbarriers; CN = 1: one bulk copy, no cluster); it takes N where the column tiles divide into clusters, and (unless
+# forced) only where they fit in one wave of one block per SM that BPS = 1 would not split (round(SMs / tiles) == 1).
 _MMA_VARIANTS = ((1, 4, 4), (1, 2, 4), (1, 1, 4), (1, 1, 8), (2, 2, 4), (2, 1, 4), (4, 1, 4), (4, 1, 2))
 _ASYNC_VARIANTS = ((1, 2, 4, 4), (1, 2, 4, 3), (1, 2, 4, 2), (1, 1, 8, 3), (1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 4), (2, 1, 4, 4), (2, 2, 4, 3),
                    (4, 1, 4, 3), (4, 1, 2, 4))
@@ -328,7 +329,7 @@ _MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
     (8, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
     (16, ((1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
     (32, ((2, 4, 8, 0, 3, 1, 2), (2, 2, 8, 0, 3, 1, 2), (2, 4, 8, 1, 2, 1), (2, 2, 8, 1, 3, 1), (2, 1, 4, 4, 4))),
-    (64, ((4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
+    (64, ((4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 0, 2, 1, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
 )
 # Up to this M a table entry whose launch would add K-split partials in global memory is passed over: at M = 1 the
 # CUDA-core kernel is faster than that (4096^2: 9.4 against 9.9 us, 8192^2: 20.2 against 21.0 us, run of 07d7ec0),
@@ -342,8 +343,8 @@ def _wk_smem(cfg: tuple[int, ...]) -> int:
     mt, nword, wk, _, st, xsm = cfg[:6]
     bc, mr = 32 * nword, 16 * mt if mt else 8
     padded = wk * st * (36 * bc + xsm * mr * 144) + mr * (bc + 4) * 4
-    if len(cfg) == 8:  # w4a16_wkm: always swizzled rows (as packed), then two mbarriers per warp and stage
-        return wk * st * (36 * bc + mr * 128) + mr * (bc + 4) * 4 + 16 * wk * st
+    if len(cfg) == 8:  # w4a16_wkm: always padded rows (as packed), then two mbarriers per warp and stage
+        return padded + 16 * wk * st
     if mt and xsm and padded > _WK_SMEM_MAX:
         return wk * st * (36 * bc + mr * 128) + mr * (bc + 4) * 4
     return padded
@@ -388,8 +389,9 @@ def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> boo
     replaces that split's global partials and never makes a split of its own."""
     if n % (32 * cfg[1]):
         return False
-    if len(cfg) == 8:
-        return (n // (32 * cfg[1])) % cfg[7] == 0  # the column tiles divide into clusters of CN
+    if len(cfg) == 8:  # the column tiles divide into clusters of CN; a table entry: one wave that BPS 1 would not split
+        tiles = n // (32 * cfg[1])
+        return tiles % cfg[7] == 0 and (forced or (tiles <= n_sm and round(n_sm / tiles) == 1))
     if len(cfg) < 7:
         return True
     tiles = n // (32 * cfg[1])
@@ -496,6 +498,20 @@ def wk_launch(fn: Any, name: str, grid: tuple[int, int], wk: int, smem: int, arg
     fn(grid, (32 * wk,), args, shared_mem=smem)
 
 
+def pack_x(x: Any, m: int, k: int, mr: int, kt: str) -> Any:
+    """x (m, k) packed by chunk for w4a16_wkm (``w4_xpack<mr>``): (m-blocks, K/64, mr, 72) in x's dtype, rows >= m zero,
+    rows padded to 144 bytes (halves 64..71 not written), so that a chunk's rows are one contiguous block."""
+    import cupy
+
+    from ._cuda import get_function, sm_count
+
+    xp = cupy.empty((-(-m // mr) * (k // 64) * mr * 72,), dtype=x.dtype)
+    pieces = -(-m // mr) * (k // 64) * mr * 8  # 16-byte pieces of the rows (not the padding)
+    pack = get_function("w4a16_mma.cu", _mma_names(kt), f"w4_xpack<{mr}>")
+    pack((min(-(-pieces // 256), 4 * sm_count()),), (256,), (x, xp, np.int32(m), np.int32(k)))
+    return xp
+
+
 def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ...]) -> Any:
     """One launch of a tensor-core kernel; split-K partials summed by the last block of a column tile."""
     import cupy
@@ -512,13 +528,8 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ..
         partial = cupy.empty((ksplit, m, n) if ksplit > 1 and len(cfg) == 6 else (1,), dtype=cupy.float32)
         name = _wk_name(kt, cfg)
         fn = get_function("w4a16_mma.cu", _mma_names(kt), name)
-        if len(cfg) == 8:  # w4a16_wkm reads x packed by chunk: (m-blocks, K/64, MR, 64), swizzled rows
-            mr = 16 * cfg[0]
-            xp = cupy.empty((-(-m // mr) * (k // 64) * mr * 64,), dtype=x.dtype)
-            pieces = xp.size // 8
-            pack = get_function("w4a16_mma.cu", _mma_names(kt), f"w4_xpack<{mr}>")
-            pack((min(-(-pieces // 256), 4 * sm_count()),), (256,), (x, xp, np.int32(m), np.int32(k)))
-            x = xp
+        if len(cfg) == 8:
+            x = pack_x(x, m, k, 16 * cfg[0], kt)
         wk_launch(fn, name, (tiles, ksplit), cfg[2], smem, (x, qw, sc, zr, partial, _counters(call, tiles), out, np.int32(m),
                                                       np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)))
         return out

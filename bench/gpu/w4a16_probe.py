@@ -22,7 +22,8 @@ median of 5 batches, weight sets rotated so that L2 cannot hold them):
   and diagnostics ``-DW4_PROBE=bits``: ``64``
   (nothing: the launch of an empty kernel of the same geometry and shared memory), ``16`` (no chunk
   loop: launch, zeroing and epilogue; also with ``W4_EPI=0``), ``32`` (no epilogue: the chunk loop only),
-  ``1`` (loads only), ``6`` (mma only); their results are wrong by construction and marked ``diag``.
+  ``1`` (loads only), ``6`` (mma only); their results are wrong by construction and marked ``diag``; at M > 32 (8192 x
+  8192) also w4a16_wkm's packing kernel alone (``w4_xpack``, diag).
 
 Every non-diagnostic case is checked against float64 x @ dequant(w) computed on the device:
 max|out - ref| / max|ref|, and the tests' rule (allclose of out / max|ref| with the op's
@@ -99,7 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._cuda import sm_count, source
     from shmrpc.kernels._registry import OpCall
-    from shmrpc.kernels.quant import _mma_cfg, _takes, _wk_name, dequantize_int4, use_tuning, w4a16_wk_launch, wk_launch
+    from shmrpc.kernels.quant import (
+        _mma_cfg,
+        _takes,
+        _wk_name,
+        dequantize_int4,
+        pack_x,
+        use_tuning,
+        w4a16_wk_launch,
+        wk_launch,
+    )
 
     spec = REGISTRY["gemm_w4a16"]
     rtol, atol = spec.tolerances["float16"]
@@ -236,6 +246,15 @@ def main(argv: list[str] | None = None) -> int:
             for cfg in LDSM0.get(m, []) if "ldsm0" not in skip else []:
                 if _takes(cfg, n, n_sm, forced=True):
                     variant_case(cfg, 0, 1, 0)
+            if m > 32 and k == 8192 and n == 8192 and "diag" not in skip:  # w4a16_wkm's packing of x, alone
+                try:
+                    t = _timer(cp, lambda x=x, m=m, k=k: pack_x(x, m, k, 64, "F16"), args.reps)
+                    row = {**base, "case": "w4_xpack alone (w4a16_wkm's packing of x; a diag row)", "seconds": t,
+                           "rel_err": None, "ok": None, "diag": True}
+                    res["rows"].append(row)
+                    _print(row)
+                except Exception as e:
+                    _error(res, base, "w4_xpack alone", e)
             for cfg in EPI0.get(m, []) if "epi0" not in skip else []:
                 variant_case(cfg, 0, 0)
             if m in DIAG_CFGS and k == 8192 and n == 8192 and "diag" not in skip:

@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 // Dynamic shared memory: WK*S*STAGE + MB*(BC+4)*4 bytes, STAGE = 36*BC + XSM*MB*XROW, MB = 16*MT (8 for
 // MT = 0), XROW = 144 (padded rows) or, where that would pass 227 KiB, 128 (swizzled rows) (host: quant.py);
 // the last tile is the block's sum (w4a16_wkc) or the shared tile of W4_EPI = 0; w4a16_wkm adds 16*WK*S bytes of
-// mbarriers after it and always swizzles the rows (128 bytes, as packed by w4_xpack). A fragments (MT > 0, XSM):
+// mbarriers after it and always pads the rows (as packed by w4_xpack). A fragments (MT > 0, XSM):
 // one ldmatrix.x4 per m-tile per k16 step (W4_LDSM = 0, probe builds only: 32-bit loads, as before).
 // W4_PROBE (probe builds only, bench/gpu/w4a16_probe.py): bit 0 no dequant + mma (loads only), bit 1 no
 // weight loads after the first S-1 stages (math only), bit 2 raw words as B fragments (no dequant), bit 3
@@ -557,15 +557,15 @@ __device__ __forceinline__ void wk_body(
   // in 227 KiB (MT > 0 only: S = 3 at MT 2 NWORD 4), 128 bytes with 16-byte piece c of row r at c ^ (r & 7)
   // (ldmatrix reads 8 rows of one piece: 8 distinct pieces, 32 banks). The host's _wk_smem follows the same rule.
   constexpr int PADDED = WK * S * (36 * BC + (XSM ? MR * 2 * XS : 0)) + MR * (BC + 4) * 4;
-  // XM > 0 (w4a16_wkm): x is the packed activations (w4_xpack: swizzled 128-byte rows, MR rows per chunk, one
-  // contiguous block), each chunk's block copied by XM bulk copies, multicast to the cluster of CN = XM blocks
+  // XM > 0 (w4a16_wkm): x is the packed activations (w4_xpack: padded 144-byte rows, MR rows per chunk, one
+  // contiguous block), each chunk's rows copied by XM bulk copies, multicast to the cluster of CN = XM blocks
   constexpr int CN = XM > 0 ? XM : 1;
-  constexpr bool XSW = !TR && XSM && (XM > 0 || PADDED > 227 * 1024);
+  constexpr bool XSW = !TR && XSM && XM == 0 && PADDED > 227 * 1024;
   constexpr int XROW = XSW ? 128 : 2 * XS;
   constexpr int WB = 32 * BC, SZB = 4 * BC, XB = XSM ? MR * XROW : 0, STAGE = WB + SZB + XB;
   constexpr int OW = BC + 4;
-  static_assert(XM == 0 || (XSM && !TR && CL == 1 && W4_PROBE == 0 && W4_EPI == 1 && MR % CN == 0),
-                "packed activations: staged, no K split, not in probe builds");
+  static_assert(XM == 0 || (XSM && !TR && CL == 1 && W4_PROBE == 0 && W4_EPI == 1 && PADDED <= 227 * 1024),
+                "packed activations: staged padded rows, no K split, not in probe builds");
   extern __shared__ __align__(16) unsigned char dsm[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int col0 = blockIdx.x * BC;
@@ -593,7 +593,7 @@ __device__ __forceinline__ void wk_body(
 
   for (int m0 = 0; m0 < M; m0 += MR) {
     const int mrows = min(MR, M - m0);
-    if (XSM && XM == 0 && mrows < MR) {  // rows >= M stay zero: copies only ever write rows < mrows (XM: packed zeros)
+    if (XSM && mrows < MR) {  // rows >= M stay zero: copies only ever write rows < mrows
       for (int s = 0; s < S; ++s)
         for (int i = lane; i < (MR - mrows) * (XROW / 4); i += 32)
           reinterpret_cast<u32*>(wsm + s * STAGE + WB + SZB + mrows * XROW)[i] = 0u;
@@ -615,17 +615,19 @@ __device__ __forceinline__ void wk_body(
       }
       if (XM > 0) {
         // NOTE: order is important here: the stage released by the CN blocks (empty phase of chunk J - S) -> this
-        // block's expect_tx (the whole MR*128 bytes) -> rows [crank*MR/CN, +MR/CN) of the packed chunk, one bulk copy,
-        // multicast to the CN blocks (CN = 1: to this block alone)
+        // block's expect_tx (all mrows rows, 144 bytes each) -> this block's share of the rows < mrows of the packed
+        // chunk, one bulk copy, multicast to the CN blocks (CN = 1: to this block alone)
         const int J = gb + j;
         if (lane == 0) {
           if (J >= S) mbar_wait_cluster(ebar + 8 * stage, (u32)((J / S - 1) & 1));
-          mbar_expect_tx(fbar + 8 * stage, (u32)(MR * 128));
-          constexpr int RB = MR / CN;  // rows per block's copy
-          const u16* src = x + (((u64)(m0 / MR) * (u64)(K >> 6) + (u64)ch) * MR + (u64)crank * RB) * 64;
-          const u32 dst = smem_addr(st + WB + SZB) + crank * (RB * 128);
-          if (CN > 1) bulk_multicast(dst, src, (u32)(RB * 128), fbar + 8 * stage, (u16)((1u << CN) - 1u));
-          else bulk_copy(dst, src, (u32)(RB * 128), fbar + 8 * stage);
+          mbar_expect_tx(fbar + 8 * stage, (u32)(mrows * XROW));
+          const int rb = (mrows + CN - 1) / CN, r0 = (int)crank * rb, nr = min(rb, mrows - r0);  // this block's rows
+          if (nr > 0) {
+            const u16* src = x + (((u64)(m0 / MR) * (u64)(K >> 6) + (u64)ch) * MR + (u64)r0) * (XROW / 2);
+            const u32 dst = smem_addr(st + WB + SZB) + (u32)(r0 * XROW);
+            if (CN > 1) bulk_multicast(dst, src, (u32)(nr * XROW), fbar + 8 * stage, (u16)((1u << CN) - 1u));
+            else bulk_copy(dst, src, (u32)(nr * XROW), fbar + 8 * stage);
+          }
         }
       } else if (XSM) {
         for (int p = lane; p < mrows * 8; p += 32)
@@ -864,9 +866,9 @@ __global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(WK * 32) w4a16_wkc(
   wk_body<X, MT, NWORD, WK, S, XSM, CL, 0>(x, qweight, scales, zeros, partial, counters, out, M, K, N, group_rows, cpb);
 }
 
-// w4a16_wkm's activations packed by chunk: xp[mb][ch][r][64] (MR rows of 64 k per m-block mb and 64-k chunk ch, rows
-// >= M zero), 16-byte piece c of row r at c ^ (r & 7) (the swizzled stage layout): one contiguous MR*128-byte block per
-// chunk, copied into shared memory as it is. One 16-byte piece per thread and step (reads and writes coalesced).
+// w4a16_wkm's activations packed by chunk: xp[mb][ch][r][72] (MR rows of 64 k per m-block mb and 64-k chunk ch, rows
+// >= M zero), rows of 72 halves (the padded stage layout; halves 64..71 never written nor read): one contiguous
+// MR*144-byte block per chunk, copied into shared memory as it is. One 16-byte piece per thread and step.
 template <int MR>
 __global__ void w4_xpack(const u16* __restrict__ x, u16* __restrict__ xp, int M, int K) {
   const long long nch = K >> 6, total = (long long)((M + MR - 1) / MR) * nch * MR * 8;
@@ -876,15 +878,15 @@ __global__ void w4_xpack(const u16* __restrict__ x, u16* __restrict__ xp, int M,
     const int ch = (int)(blk % nch), m = (int)(blk / nch) * MR + r;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (m < M) v = *reinterpret_cast<const uint4*>(x + (u64)m * K + ch * 64 + 8 * c);
-    *reinterpret_cast<uint4*>(xp + ((u64)blk * MR + r) * 64 + 8 * (c ^ (r & 7))) = v;
+    *reinterpret_cast<uint4*>(xp + ((u64)blk * MR + r) * 72 + 8 * c) = v;
   }
 }
 
 // w4a16_wkm: w4a16_wk (activations staged, no K split) reading the packed activations (w4_xpack) with
 // __cluster_dims__(CN, 1, 1): the CN blocks of a cluster take CN neighbouring column slabs, and warp w of each takes the
 // same chunks, so each activation chunk is fetched from L2 once per cluster instead of once per block: block r copies
-// rows [r*MR/CN, +MR/CN) of the chunk's packed block with one bulk copy, multicast into warp w's stage in all CN blocks
-// (CN = 1: one bulk copy of the whole block, no cluster); per warp and stage a "full" mbarrier (expect_tx of MR*128
+// its share (ceil(mrows / CN) rows) of the chunk's rows < M with one bulk copy, multicast into warp w's stage in all CN
+// blocks (CN = 1: one bulk copy of the rows, no cluster); per warp and stage a "full" mbarrier (expect_tx of mrows*144
 // bytes) and an "empty" one (the CN blocks' warp w released the stage; their remote arrivals); weights, scales and zeros
 // stay cp.async per warp. Grid (N / (32*NWORD), 1), N / (32*NWORD) % CN == 0; x: the packed buffer.
 template <class X, int MT, int NWORD, int WK, int S, int CN>

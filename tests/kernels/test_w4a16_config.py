@@ -177,12 +177,12 @@ def test_wkc_configurations_by_name_and_one_wave() -> None:
 
 @pytest.mark.parametrize("cfg", [(mt, nw, wk, 0, st, 1, 1, cn) for mt, nw, wk, st, cn in _WKM_VARIANTS])
 def test_wkm_launch_names_and_clusters(cfg) -> None:
-    """w4a16_wkm: grid (N / (32*NWORD), 1), every chunk in every block, swizzled 128-byte activation rows (as packed)
+    """w4a16_wkm: grid (N / (32*NWORD), 1), every chunk in every block, padded 144-byte activation rows (as packed)
     plus two mbarriers per warp and stage within what a block may opt in to; taken where the column tiles divide into
-    clusters of CN; its packing kernel is built too."""
+    clusters of CN (a table entry: in one wave); its packing kernel is built too."""
     mt, nw, wk, _, st, _, _, cn = cfg
     bc, mr = 32 * nw, 16 * mt
-    assert _wk_smem(cfg) == wk * st * (36 * bc + mr * 128) + mr * (bc + 4) * 4 + 16 * wk * st <= _WK_SMEM_MAX
+    assert _wk_smem(cfg) == wk * st * (36 * bc + mr * 144) + mr * (bc + 4) * 4 + 16 * wk * st <= _WK_SMEM_MAX
     assert f"w4_xpack<{mr}>" in _mma_names("BF16")
     for k in (64, 4480, 8192):
         for n in (1024, 4096, 14336):
@@ -191,6 +191,8 @@ def test_wkm_launch_names_and_clusters(cfg) -> None:
     assert _wk_name("F16", cfg) == f"w4a16_wkm<F16,{mt},{nw},{wk},{st},{cn}>" and _wk_name("F16", cfg) in _mma_names("F16")
     assert W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_CFG": ",".join(map(str, cfg))}).mma_cfg == cfg
     assert _takes(cfg, 8192, 132) and (cn == 1 or not _takes(cfg, bc * (2 * cn + 1), 132))  # tiles % CN
+    assert not _takes(cfg, 14336, 132) and _takes(cfg, 14336, 132, forced=True)  # 224 tiles: two waves
+    assert not _takes(cfg, 4096, 132) and _takes(cfg, 4096, 132, forced=True)  # 64 tiles: BPS 1 would split K 2 ways
     assert not _global_split(cfg, 8192, 8192, 132)
     with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=cfg))):
         assert _mma_cfg(64, 4096, 8192, 128) == cfg
