@@ -323,14 +323,21 @@ _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and -07d7ec0; M 9..64 from
 # w4a16-probe-2026-12-01-3cb2d08, -4e37619 and -7105858). M = 1 takes an entry only where it splits K through a cluster or
 # not at all (_NO_GLOBAL_SPLIT_MAX_M), else the float32 CUDA-core kernel. M 17..32: the wide slab (MT 2, NWORD 4:
-# each A fragment over 16 n-tiles) first; M 33..64: MT 4 NWORD 2 with 8 warps (one m-block: the weights read once).
+# each A fragment over 16 n-tiles) first; M 33..64: MT 4 NWORD 2 with 8 warps (one m-block: the weights read once),
+# and at M 33..48 4 warps first where the column tiles outnumber the SMs (_MANY_TILES_FIRST).
 _MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
     (1, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1))),
     (8, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
     (16, ((1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
     (32, ((2, 4, 8, 0, 3, 1, 2), (2, 2, 8, 0, 3, 1, 2), (2, 4, 8, 1, 2, 1), (2, 2, 8, 1, 3, 1), (2, 1, 4, 4, 4))),
-    (64, ((4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 0, 2, 1, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
+    (48, ((4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
+    (64, ((4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
 )
+# Per table row (its largest M): an entry tried before the row where N / (32 NWORD) column tiles outnumber the SMs, so
+# that the row's 8-warp blocks (one per SM by shared memory) would need a second wave; (4, 2, 4, 1, 2, 1) runs two
+# blocks per SM. M 33..48 at 4096 x 14336 (224 tiles): 38.5 against 40.8 us (M = 33) and 42.3 against 44.6 (M = 48),
+# run of 403d932 (b59dae7: 38.7 against 40.9, 40.5 against 43.5); at M = 64 not (49.3 against 48.4 us there).
+_MANY_TILES_FIRST: dict[int, tuple[int, ...]] = {48: (4, 2, 4, 1, 2, 1)}
 # Up to this M a table entry whose launch would add K-split partials in global memory is passed over: at M = 1 the
 # CUDA-core kernel is faster than that (4096^2: 9.4 against 9.9 us, 8192^2: 20.2 against 21.0 us, run of 07d7ec0),
 # slower than a cluster split or none (8192^2: 19.6, 4096x14336: 19.2 against 21.3 us).
@@ -369,9 +376,18 @@ def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm
         return None
     if t.mma_cfg:
         return t.mma_cfg if _mma_known(t.mma_cfg, smem_max) and _takes(t.mma_cfg, n, n_sm, forced=True) else None
-    row = next(c for mmax, c in _MMA_TABLE if m <= mmax)
+    row = _mma_row(m, n, n_sm)
     return next((c for c in row if _mma_known(c, smem_max) and _takes(c, n, n_sm)
                  and (m > _NO_GLOBAL_SPLIT_MAX_M or not _global_split(c, k, n, n_sm))), None)
+
+
+def _mma_row(m: int, n: int, n_sm: int) -> tuple[tuple[int, ...], ...]:
+    """The table's configurations for M rows and N columns in order of preference (_MMA_TABLE, _MANY_TILES_FIRST)."""
+    mmax, row = next((mmax, c) for mmax, c in _MMA_TABLE if m <= mmax)
+    first = _MANY_TILES_FIRST.get(mmax)
+    if first is not None and n % (32 * first[1]) == 0 and n // (32 * first[1]) > n_sm:
+        return (first, *row)
+    return row
 
 
 def _global_split(cfg: tuple[int, ...], k: int, n: int, n_sm: int) -> bool:

@@ -17,6 +17,7 @@ from shmrpc.kernels.quant import (
     _global_split,
     _mma_cfg,
     _mma_names,
+    _mma_row,
     _takes,
     _wk_name,
     _wk_smem,
@@ -37,7 +38,8 @@ def test_table_by_m(m, n) -> None:
     if m > 64 or (m == 1 and n == 4096):
         assert cfg is None
         return
-    row = next(c for mmax, c in _MMA_TABLE if m <= mmax)
+    row, base = _mma_row(m, n, 132), next(c for mmax, c in _MMA_TABLE if m <= mmax)
+    assert row[-len(base):] == base  # the table's row, perhaps after _MANY_TILES_FIRST's entry
     assert cfg is not None and cfg in row
     assert m <= (16 * cfg[0] or 8)  # one m-block: the weights are read once
     assert cfg == next(c for c in row if _takes(c, n, 132) and (m > 1 or not _global_split(c, 4096, n, 132)))
@@ -200,3 +202,16 @@ def test_wkm_launch_names_and_clusters(cfg) -> None:
     for bad in ((*cfg[:3], 1, *cfg[4:]), (*cfg[:5], 0, *cfg[6:]), (*cfg[:6], 2, cn), (*cfg[:7], 3), (*cfg[:7], 8)):
         with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=bad))):  # BPS 0, XSM 1, CL 1; CN 3 not built
             assert _mma_cfg(64, 4096, 8192, 128) is None
+
+
+@pytest.mark.parametrize(("m", "n", "want"), [(33, 14336, (4, 2, 4, 1, 2, 1)), (48, 14336, (4, 2, 4, 1, 2, 1)),
+                                              (49, 14336, (4, 2, 8, 1, 2, 1)), (64, 14336, (4, 2, 8, 1, 2, 1)),
+                                              (40, 8192, (4, 2, 8, 1, 2, 1)), (40, 8448, (4, 2, 8, 1, 2, 1)),
+                                              (40, 8448 + 64, (4, 2, 4, 1, 2, 1)), (40, 4096, (4, 2, 8, 0, 2, 1, 2))])
+def test_m33_48_four_warps_where_tiles_outnumber_the_sms(m, n, want) -> None:
+    """M 33..48: (4, 2, 4, 1, 2, 1) (two blocks per SM) first where N / 64 column tiles are more than the SMs (the 8-warp
+    blocks would need a second wave); not at M > 48, not where one wave holds the tiles (8192 + 256 = 132 tiles)."""
+    with use_tuning(**vars(W4A16Tuning())):
+        assert _mma_cfg(m, 4096, n, 128) == want
+        if want == (4, 2, 4, 1, 2, 1):
+            assert _mma_cfg(m, 4096, n, 128, n_sm=264) == (4, 2, 8, 1, 2, 1)  # a device with the SMs for one wave
