@@ -31,7 +31,7 @@ from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec
 from .api import register_op
 
 __all__ = ["QUANTIZE_INT4", "GEMM_W4A16", "dequantize_int4", "w4a16_launch_config", "w4a16_mma_launch",
-           "w4a16_wk_launch", "W4A16Tuning", "tuning", "use_tuning"]
+           "w4a16_wk_launch", "pack_x", "W4A16Tuning", "tuning", "use_tuning"]
 
 _FP16_TINY = 2.0**-24  # smallest float16 subnormal: a scale never rounds to 0
 
@@ -135,8 +135,9 @@ class W4A16Tuning:
         mma: ``SHMRPC_W4A16_MMA`` (on; ``0`` turns the tensor-core path off).
         mma_m1: ``SHMRPC_W4A16_MMA_M1`` (on; ``0`` keeps M = 1 on the float32 CUDA-core kernel).
         mma_cfg: ``SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S"`` (w4a16_mma / w4a16_mma_async),
-            ``"MT,NWORD,WK,BPS,S,XSM"`` (w4a16_wk) or ``"MT,NWORD,WK,0,S,XSM,CL"`` (w4a16_wkc, clusters of CL
-            blocks): one forced configuration (tuning only).
+            ``"MT,NWORD,WK,BPS,S,XSM"`` (w4a16_wk), ``"MT,NWORD,WK,0,S,XSM,CL"`` (w4a16_wkc, clusters of CL
+            blocks) or ``"MT,NWORD,WK,0,S,1,1,CN"`` (w4a16_wkm, activations multicast to clusters of CN blocks): one
+            forced configuration (tuning only).
     """
 
     blocks_per_sm: int = 2
@@ -154,7 +155,7 @@ class W4A16Tuning:
         cfg = None
         if forced:
             v = [int(p) for p in forced.split(",")]
-            cfg = tuple(v) if len(v) in (6, 7) else (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
+            cfg = tuple(v) if len(v) in (6, 7, 8) else (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
         return cls(blocks_per_sm=int(env.get("SHMRPC_W4A16_BLOCKS_PER_SM", "2")),
                    dequant_min_m=int(env.get("SHMRPC_W4A16_DEQUANT_MIN_M", "5")),
                    h2=env.get("SHMRPC_W4A16_H2", "0") == "1", prefetch=env.get("SHMRPC_W4A16_PF", "0") == "1",
@@ -299,6 +300,11 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
 # blocks of a column tile one cluster that adds its sums through distributed shared memory (no global partials);
 # a table entry is taken only where CL is the split BPS = 1 would choose (round(SMs / column tiles)) and the CL
 # blocks of every tile fit in one wave (one block per SM); a forced one wherever they fit in one wave.
+# Eight numbers (MT, NWORD, WK, 0, S, 1, 1, CN) name w4a16_wkm: w4a16_wk without a K split whose CN neighbouring column
+# slabs form a cluster: x is first packed by chunk (w4_xpack: MR padded 144-byte rows per 64-k chunk, one contiguous
+# block), and each chunk's rows are read from L2 once per cluster, CN bulk copies multicast into the CN blocks
+# (mbarriers; CN = 1: one bulk copy, no cluster); it takes N where the column tiles divide into clusters, and (unless
+# forced) only where they fit in one wave of one block per SM that BPS = 1 would not split (round(SMs / tiles) == 1).
 _MMA_VARIANTS = ((1, 4, 4), (1, 2, 4), (1, 1, 4), (1, 1, 8), (2, 2, 4), (2, 1, 4), (4, 1, 4), (4, 1, 2))
 _ASYNC_VARIANTS = ((1, 2, 4, 4), (1, 2, 4, 3), (1, 2, 4, 2), (1, 1, 8, 3), (1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 4), (2, 1, 4, 4), (2, 2, 4, 3),
                    (4, 1, 4, 3), (4, 1, 2, 4))
@@ -310,19 +316,28 @@ _WK_VARIANTS = ((0, 4, 8, 4, 0), (0, 4, 8, 3, 1), (0, 2, 8, 4, 0), (0, 2, 8, 4, 
 # (MT, NWORD, WK, S, XSM, CL) of w4a16_wkc built into the module
 _WKC_VARIANTS = ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
                  (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2), (2, 4, 8, 3, 1, 2))
+# (MT, NWORD, WK, S, CN) of w4a16_wkm built into the module
+_WKM_VARIANTS = ((4, 2, 8, 2, 2), (4, 2, 8, 2, 1), (4, 2, 8, 2, 4), (4, 2, 6, 3, 2))
 _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
 # on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and -07d7ec0; M 9..64 from
 # w4a16-probe-2026-12-01-3cb2d08, -4e37619 and -7105858). M = 1 takes an entry only where it splits K through a cluster or
 # not at all (_NO_GLOBAL_SPLIT_MAX_M), else the float32 CUDA-core kernel. M 17..32: the wide slab (MT 2, NWORD 4:
-# each A fragment over 16 n-tiles) first; M 33..64: MT 4 NWORD 2 with 8 warps (one m-block: the weights read once).
+# each A fragment over 16 n-tiles) first; M 33..64: MT 4 NWORD 2 with 8 warps (one m-block: the weights read once),
+# and at M 33..48 4 warps first where the column tiles outnumber the SMs (_MANY_TILES_FIRST).
 _MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
     (1, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1))),
     (8, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
     (16, ((1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
     (32, ((2, 4, 8, 0, 3, 1, 2), (2, 2, 8, 0, 3, 1, 2), (2, 4, 8, 1, 2, 1), (2, 2, 8, 1, 3, 1), (2, 1, 4, 4, 4))),
+    (48, ((4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
     (64, ((4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
 )
+# Per table row (its largest M): an entry tried before the row where N / (32 NWORD) column tiles outnumber the SMs, so
+# that the row's 8-warp blocks (one per SM by shared memory) would need a second wave; (4, 2, 4, 1, 2, 1) runs two
+# blocks per SM. M 33..48 at 4096 x 14336 (224 tiles): 38.5 against 40.8 us (M = 33) and 42.3 against 44.6 (M = 48),
+# run of 403d932 (b59dae7: 38.7 against 40.9, 40.5 against 43.5); at M = 64 not (49.3 against 48.4 us there).
+_MANY_TILES_FIRST: dict[int, tuple[int, ...]] = {48: (4, 2, 4, 1, 2, 1)}
 # Up to this M a table entry whose launch would add K-split partials in global memory is passed over: at M = 1 the
 # CUDA-core kernel is faster than that (4096^2: 9.4 against 9.9 us, 8192^2: 20.2 against 21.0 us, run of 07d7ec0),
 # slower than a cluster split or none (8192^2: 19.6, 4096x14336: 19.2 against 21.3 us).
@@ -335,6 +350,8 @@ def _wk_smem(cfg: tuple[int, ...]) -> int:
     mt, nword, wk, _, st, xsm = cfg[:6]
     bc, mr = 32 * nword, 16 * mt if mt else 8
     padded = wk * st * (36 * bc + xsm * mr * 144) + mr * (bc + 4) * 4
+    if len(cfg) == 8:  # w4a16_wkm: always padded rows (as packed), then two mbarriers per warp and stage
+        return padded + 16 * wk * st
     if mt and xsm and padded > _WK_SMEM_MAX:
         return wk * st * (36 * bc + mr * 128) + mr * (bc + 4) * 4
     return padded
@@ -359,14 +376,23 @@ def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm
         return None
     if t.mma_cfg:
         return t.mma_cfg if _mma_known(t.mma_cfg, smem_max) and _takes(t.mma_cfg, n, n_sm, forced=True) else None
-    row = next(c for mmax, c in _MMA_TABLE if m <= mmax)
+    row = _mma_row(m, n, n_sm)
     return next((c for c in row if _mma_known(c, smem_max) and _takes(c, n, n_sm)
                  and (m > _NO_GLOBAL_SPLIT_MAX_M or not _global_split(c, k, n, n_sm))), None)
 
 
+def _mma_row(m: int, n: int, n_sm: int) -> tuple[tuple[int, ...], ...]:
+    """The table's configurations for M rows and N columns in order of preference (_MMA_TABLE, _MANY_TILES_FIRST)."""
+    mmax, row = next((mmax, c) for mmax, c in _MMA_TABLE if m <= mmax)
+    first = _MANY_TILES_FIRST.get(mmax)
+    if first is not None and n % (32 * first[1]) == 0 and n // (32 * first[1]) > n_sm:
+        return (first, *row)
+    return row
+
+
 def _global_split(cfg: tuple[int, ...], k: int, n: int, n_sm: int) -> bool:
     """Whether ``cfg``'s launch splits K through float32 partials in global memory (not a cluster, more than one split)."""
-    if len(cfg) == 7:
+    if len(cfg) >= 7:
         return False
     if len(cfg) == 6:
         return w4a16_wk_launch(1, k, n, n_sm, cfg)[0][1] > 1
@@ -379,6 +405,9 @@ def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> boo
     replaces that split's global partials and never makes a split of its own."""
     if n % (32 * cfg[1]):
         return False
+    if len(cfg) == 8:  # the column tiles divide into clusters of CN; a table entry: one wave that BPS 1 would not split
+        tiles = n // (32 * cfg[1])
+        return tiles % cfg[7] == 0 and (forced or (tiles <= n_sm and round(n_sm / tiles) == 1))
     if len(cfg) < 7:
         return True
     tiles = n // (32 * cfg[1])
@@ -387,6 +416,9 @@ def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> boo
 
 def _mma_known(cfg: tuple[int, ...], smem_max: int = _WK_SMEM_MAX) -> bool:
     """Whether ``cfg`` names a kernel built into the module (and, for w4a16_wk, one whose shared memory fits)."""
+    if len(cfg) == 8:
+        return (cfg[3] == 0 and cfg[5] == 1 and cfg[6] == 1 and (*cfg[:3], cfg[4], cfg[7]) in _WKM_VARIANTS
+                and _wk_smem(cfg) <= min(smem_max, _WK_SMEM_MAX))
     if len(cfg) == 7:
         return cfg[3] == 0 and (*cfg[:3], *cfg[4:]) in _WKC_VARIANTS and _wk_smem(cfg) <= min(smem_max, _WK_SMEM_MAX)
     if len(cfg) == 6:
@@ -409,10 +441,13 @@ def w4a16_mma_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) ->
 
 def w4a16_wk_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) -> tuple[tuple[int, int], int, int]:
     """(grid, chunks per block, dynamic shared bytes) of w4a16_wk: a block = one 32*NWORD-column slab, WK warps;
-    w4a16_wkc (seven numbers): the K split is the cluster, CL blocks (a block may get no chunk when K is short)."""
+    w4a16_wkc (seven numbers): the K split is the cluster, CL blocks (a block may get no chunk when K is short);
+    w4a16_wkm (eight numbers): no K split, the column tiles in clusters of CN along the grid's x."""
     nword, bps = cfg[1], cfg[3]
     tiles = n // (32 * nword)
     chunks = k // 64
+    if len(cfg) == 8:
+        return (tiles, 1), chunks, _wk_smem(cfg)
     if len(cfg) == 7:
         return (tiles, cfg[6]), -(-chunks // cfg[6]), _wk_smem(cfg)
     ksplit = max(1, min(round(bps * n_sm / tiles), chunks)) if bps > 0 else 1
@@ -423,6 +458,8 @@ def w4a16_wk_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) -> 
 
 def _wk_name(kt: str, cfg: tuple[int, ...]) -> str:
     mt, nw, wk, _, st, xsm = cfg[:6]
+    if len(cfg) == 8:
+        return f"w4a16_wkm<{kt},{mt},{nw},{wk},{st},{cfg[7]}>"
     if len(cfg) == 7:
         return f"w4a16_wkc<{kt},{mt},{nw},{wk},{st},{xsm},{cfg[6]}>"
     return f"w4a16_wk<{kt},{mt},{nw},{wk},{st},{xsm}>"
@@ -432,7 +469,9 @@ def _mma_names(kt: str) -> tuple[str, ...]:
     return (*(f"w4a16_mma<{kt},{mt},{nw},{wp}>" for mt, nw, wp in _MMA_VARIANTS),
             *(f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>" for mt, nw, wp, st in _ASYNC_VARIANTS),
             *(_wk_name(kt, (mt, nw, wk, 0, st, xsm)) for mt, nw, wk, st, xsm in _WK_VARIANTS),
-            *(_wk_name(kt, (mt, nw, wk, 0, st, xsm, cl)) for mt, nw, wk, st, xsm, cl in _WKC_VARIANTS))
+            *(_wk_name(kt, (mt, nw, wk, 0, st, xsm, cl)) for mt, nw, wk, st, xsm, cl in _WKC_VARIANTS),
+            *(_wk_name(kt, (mt, nw, wk, 0, st, 1, 1, cn)) for mt, nw, wk, st, cn in _WKM_VARIANTS),
+            *sorted({f"w4_xpack<{16 * v[0]}>" for v in _WKM_VARIANTS}))
 
 
 def _counters(call: OpCall, tiles: int) -> Any:
@@ -475,6 +514,20 @@ def wk_launch(fn: Any, name: str, grid: tuple[int, int], wk: int, smem: int, arg
     fn(grid, (32 * wk,), args, shared_mem=smem)
 
 
+def pack_x(x: Any, m: int, k: int, mr: int, kt: str) -> Any:
+    """x (m, k) packed by chunk for w4a16_wkm (``w4_xpack<mr>``): (m-blocks, K/64, mr, 72) in x's dtype, rows >= m zero,
+    rows padded to 144 bytes (halves 64..71 not written), so that a chunk's rows are one contiguous block."""
+    import cupy
+
+    from ._cuda import get_function, sm_count
+
+    xp = cupy.empty((-(-m // mr) * (k // 64) * mr * 72,), dtype=x.dtype)
+    pieces = -(-m // mr) * (k // 64) * mr * 8  # 16-byte pieces of the rows (not the padding)
+    pack = get_function("w4a16_mma.cu", _mma_names(kt), f"w4_xpack<{mr}>")
+    pack((min(-(-pieces // 256), 4 * sm_count()),), (256,), (x, xp, np.int32(m), np.int32(k)))
+    return xp
+
+
 def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ...]) -> Any:
     """One launch of a tensor-core kernel; split-K partials summed by the last block of a column tile."""
     import cupy
@@ -491,6 +544,8 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ..
         partial = cupy.empty((ksplit, m, n) if ksplit > 1 and len(cfg) == 6 else (1,), dtype=cupy.float32)
         name = _wk_name(kt, cfg)
         fn = get_function("w4a16_mma.cu", _mma_names(kt), name)
+        if len(cfg) == 8:
+            x = pack_x(x, m, k, 16 * cfg[0], kt)
         wk_launch(fn, name, (tiles, ksplit), cfg[2], smem, (x, qw, sc, zr, partial, _counters(call, tiles), out, np.int32(m),
                                                       np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)))
         return out

@@ -8,8 +8,10 @@ median of 5 batches, weight sets rotated so that L2 cannot hold them):
   (packed weights + scales + zeros): the two references;
 - the op as it is (``product``), the float32 CUDA-core kernel (M = 1), the opt-in float16x2
   kernel (M = 1);
-- ``w4a16_wk`` (``kernels/cuda/w4a16_mma.cu``) in configurations (MT, NWORD, WK, BPS, S, XSM) and
-  ``w4a16_wkc`` (clusters of CL blocks split K: (MT, NWORD, WK, 0, S, XSM, CL)), and
+- ``w4a16_wk`` (``kernels/cuda/w4a16_mma.cu``) in configurations (MT, NWORD, WK, BPS, S, XSM),
+  ``w4a16_wkc`` (clusters of CL blocks split K: (MT, NWORD, WK, 0, S, XSM, CL)), ``w4a16_wkm`` (x packed by chunk,
+  clusters of CN column slabs share each activation chunk, bulk copies multicast: (MT, NWORD, WK, 0, S, 1, 1, CN)),
+  and
   ``w4a16_mma_async`` (MT, NWORD, WARPS, BPS, S), through the op (``quant.use_tuning(mma_cfg=...)``),
   so the product's launch code runs; a configuration the op would not take for the shape is listed
   as skipped;
@@ -20,7 +22,8 @@ median of 5 batches, weight sets rotated so that L2 cannot hold them):
   and diagnostics ``-DW4_PROBE=bits``: ``64``
   (nothing: the launch of an empty kernel of the same geometry and shared memory), ``16`` (no chunk
   loop: launch, zeroing and epilogue; also with ``W4_EPI=0``), ``32`` (no epilogue: the chunk loop only),
-  ``1`` (loads only), ``6`` (mma only); their results are wrong by construction and marked ``diag``.
+  ``1`` (loads only), ``6`` (mma only); their results are wrong by construction and marked ``diag``; at M > 32 (8192 x
+  8192) also w4a16_wkm's packing kernel alone (``w4_xpack``, diag).
 
 Every non-diagnostic case is checked against float64 x @ dequant(w) computed on the device:
 max|out - ref| / max|ref|, and the tests' rule (allclose of out / max|ref| with the op's
@@ -66,7 +69,8 @@ CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2)],
         32: [(2, 2, 8, 1, 3, 1), (2, 2, 8, 0, 3, 1, 2), (2, 4, 8, 1, 2, 1), (2, 4, 8, 0, 2, 1, 2), (2, 4, 8, 1, 3, 1),
              (2, 4, 8, 0, 3, 1, 2)],
         64: [(4, 2, 4, 1, 2, 1), (4, 2, 4, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 8, 0, 2, 1, 2), (2, 4, 8, 1, 3, 1),
-             (2, 4, 8, 0, 3, 1, 2)]}
+             (2, 4, 8, 0, 3, 1, 2), (4, 2, 8, 0, 2, 1, 1, 2), (4, 2, 8, 0, 2, 1, 1, 1), (4, 2, 8, 0, 2, 1, 1, 4),
+             (4, 2, 6, 0, 3, 1, 1, 2)]}
 # the table of 2c364f7 (its choice at 8192 x 8192; per M one label): M = 1, 8 the TR cluster kernel, M = 16 the MT = 1
 # cluster kernel, M 17..64 w4a16_wk without a K split; the kernels themselves now read A by ldmatrix
 OLD = {1: (0, 4, 8, 0, 3, 1, 2), 8: (0, 4, 8, 0, 3, 1, 2), 16: (1, 4, 8, 0, 3, 1, 2), 32: (2, 2, 8, 1, 3, 1),
@@ -96,7 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._cuda import sm_count, source
     from shmrpc.kernels._registry import OpCall
-    from shmrpc.kernels.quant import _mma_cfg, _takes, _wk_name, dequantize_int4, use_tuning, w4a16_wk_launch, wk_launch
+    from shmrpc.kernels.quant import (
+        _mma_cfg,
+        _takes,
+        _wk_name,
+        dequantize_int4,
+        pack_x,
+        use_tuning,
+        w4a16_wk_launch,
+        wk_launch,
+    )
 
     spec = REGISTRY["gemm_w4a16"]
     rtol, atol = spec.tolerances["float16"]
@@ -226,13 +239,23 @@ def main(argv: list[str] | None = None) -> int:
             if m == 1:
                 op_case("float32 CUDA-core kernel (the path before)", {"mma": False, "h2": False})
                 op_case("float16x2 kernel (opt-in h2)", {"mma": False, "h2": True})
-            for cfg in CFGS[m]:
-                kind = "mma_async" if len(cfg) == 5 else "wk"
-                op_case(f"{kind} {cfg}" + (" (the table before)" if cfg == OLD[m] else ""), {"mma_cfg": cfg, "h2": False})
+            row = min(r for r in CFGS if r >= m) if m <= max(CFGS) else max(CFGS)  # other M: the list of the next M listed
+            for cfg in CFGS[row]:
+                kind = "mma_async" if len(cfg) == 5 else "wkm" if len(cfg) == 8 else "wk"
+                op_case(f"{kind} {cfg}" + (" (the table before)" if cfg == OLD.get(m) else ""), {"mma_cfg": cfg, "h2": False})
             for cfg in LDSM0.get(m, []) if "ldsm0" not in skip else []:
                 if _takes(cfg, n, n_sm, forced=True):
                     variant_case(cfg, 0, 1, 0)
-            for cfg in EPI0[m] if "epi0" not in skip else []:
+            if m > 32 and k == 8192 and n == 8192 and "diag" not in skip:  # w4a16_wkm's packing of x, alone
+                try:
+                    t = _timer(cp, lambda x=x, m=m, k=k: pack_x(x, m, k, 64, "F16"), args.reps)
+                    row = {**base, "case": "w4_xpack alone (w4a16_wkm's packing of x; a diag row)", "seconds": t,
+                           "rel_err": None, "ok": None, "diag": True}
+                    res["rows"].append(row)
+                    _print(row)
+                except Exception as e:
+                    _error(res, base, "w4_xpack alone", e)
+            for cfg in EPI0.get(m, []) if "epi0" not in skip else []:
                 variant_case(cfg, 0, 0)
             if m in DIAG_CFGS and k == 8192 and n == 8192 and "diag" not in skip:
                 for cfg in DIAG_CFGS[m]:

@@ -429,7 +429,8 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 // or counters.
 // Dynamic shared memory: WK*S*STAGE + MB*(BC+4)*4 bytes, STAGE = 36*BC + XSM*MB*XROW, MB = 16*MT (8 for
 // MT = 0), XROW = 144 (padded rows) or, where that would pass 227 KiB, 128 (swizzled rows) (host: quant.py);
-// the last tile is the block's sum (w4a16_wkc) or the shared tile of W4_EPI = 0. A fragments (MT > 0, XSM):
+// the last tile is the block's sum (w4a16_wkc) or the shared tile of W4_EPI = 0; w4a16_wkm adds 16*WK*S bytes of
+// mbarriers after it and always pads the rows (as packed by w4_xpack). A fragments (MT > 0, XSM):
 // one ldmatrix.x4 per m-tile per k16 step (W4_LDSM = 0, probe builds only: 32-bit loads, as before).
 // W4_PROBE (probe builds only, bench/gpu/w4a16_probe.py): bit 0 no dequant + mma (loads only), bit 1 no
 // weight loads after the first S-1 stages (math only), bit 2 raw words as B fragments (no dequant), bit 3
@@ -483,6 +484,41 @@ __device__ __forceinline__ float4 ld_cluster_f4(u32 local_addr, u32 rank) {  // 
   return v;
 }
 __device__ __forceinline__ void add4(float4& v, const float4 u) { v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w; }
+// mbarriers and the bulk copy multicast to the blocks of a cluster (w4a16_wkm; sm_90, PTX 8.0)
+__device__ __forceinline__ void mbar_init(u32 addr, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(addr), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void mbar_expect_tx(u32 addr, u32 bytes) {  // this block's one arrival of the phase
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(addr), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 addr, u32 parity) {  // the phase of this parity complete (acquire, cta)
+  u32 ok = 0;
+  while (!ok)
+    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                 : "=r"(ok) : "r"(addr), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void mbar_wait_cluster(u32 addr, u32 parity) {  // the same, acquire at cluster scope
+  u32 ok = 0;
+  while (!ok)
+    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+                 "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(addr), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_at(u32 local_addr, u32 rank) {  // one arrival on block `rank`'s barrier (release)
+  asm volatile("{\n\t.reg .b32 ra;\n\tmapa.shared::cluster.u32 ra, %0, %1;\n\t"
+               "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n\t}" :: "r"(local_addr), "r"(rank) : "memory");
+}
+// `bytes` from global memory to the same shared offset `dst` in every block of `mask`; each block's barrier at offset
+// `mbar` counts them (complete_tx)
+__device__ __forceinline__ void bulk_multicast(u32 dst, const void* src, u32 bytes, u32 mbar, u16 mask) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;"
+               :: "r"(dst), "l"(src), "r"(bytes), "r"(mbar), "h"(mask) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 mbar) {  // the same, this block only
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(dst), "l"(src), "r"(bytes), "r"(mbar) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // Slot s of lane (g, t) of a w4a16_wk tile: its row in the m-block and its first column in the slab (4 columns).
 // MT > 0: s = (mt*4 + e)*NWORD + q holds acc[mt][4q..4q+3][e]: row mt*16 + g + 8*(e >> 1), column (2t + (e & 1))*NT + 4q.
@@ -506,7 +542,7 @@ __device__ __forceinline__ void st_out4(u16* p, const float4 v) {  // 4 outputs,
       make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
 }
 
-template <class X, int MT, int NWORD, int WK, int S, int XSM, int CL>
+template <class X, int MT, int NWORD, int WK, int S, int XSM, int CL, int XM>
 __device__ __forceinline__ void wk_body(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
@@ -521,10 +557,15 @@ __device__ __forceinline__ void wk_body(
   // in 227 KiB (MT > 0 only: S = 3 at MT 2 NWORD 4), 128 bytes with 16-byte piece c of row r at c ^ (r & 7)
   // (ldmatrix reads 8 rows of one piece: 8 distinct pieces, 32 banks). The host's _wk_smem follows the same rule.
   constexpr int PADDED = WK * S * (36 * BC + (XSM ? MR * 2 * XS : 0)) + MR * (BC + 4) * 4;
-  constexpr bool XSW = !TR && XSM && PADDED > 227 * 1024;
+  // XM > 0 (w4a16_wkm): x is the packed activations (w4_xpack: padded 144-byte rows, MR rows per chunk, one
+  // contiguous block), each chunk's rows copied by XM bulk copies, multicast to the cluster of CN = XM blocks
+  constexpr int CN = XM > 0 ? XM : 1;
+  constexpr bool XSW = !TR && XSM && XM == 0 && PADDED > 227 * 1024;
   constexpr int XROW = XSW ? 128 : 2 * XS;
   constexpr int WB = 32 * BC, SZB = 4 * BC, XB = XSM ? MR * XROW : 0, STAGE = WB + SZB + XB;
   constexpr int OW = BC + 4;
+  static_assert(XM == 0 || (XSM && !TR && CL == 1 && W4_PROBE == 0 && W4_EPI == 1 && PADDED <= 227 * 1024),
+                "packed activations: staged padded rows, no K split, not in probe builds");
   extern __shared__ __align__(16) unsigned char dsm[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int col0 = blockIdx.x * BC;
@@ -535,6 +576,18 @@ __device__ __forceinline__ void wk_body(
   if (W4_PROBE & 64) return;
   unsigned char* wsm = dsm + warp * (S * STAGE);
   float* tile = reinterpret_cast<float*>(dsm + WK * S * STAGE);
+  // XM > 0 (w4a16_wkm): after the tile, per warp S "full" mbarriers (its stage's activation rows have landed: one
+  // arrival, this block's expect_tx, and the bytes of the CN blocks' copies) then S "empty" ones (the CN blocks' warps
+  // of this index have released the stage: CN arrivals). Stages are counted over the m-blocks (gb) for the phases.
+  const u32 fbar = smem_addr(dsm + WK * S * STAGE + MR * OW * 4) + warp * (16 * S), ebar = fbar + 8 * S;
+  const u32 crank = CN > 1 ? cluster_rank() : 0u;
+  int gb = 0;
+  if (XM > 0) {
+    if (lane == 0)
+      for (int s = 0; s < S; ++s) { mbar_init(fbar + 8 * s, 1u); mbar_init(ebar + 8 * s, (u32)CN); }
+    mbar_init_fence();
+    cluster_sync();  // every block's barriers initialized before any copy or arrival reaches them
+  }
   // lane's B bytes inside a tile row: logical 16-byte piece and offset in it
   const int bpiece = (g * 4 * NWORD) >> 4, boff = (g * 4 * NWORD) & 15;
 
@@ -546,7 +599,8 @@ __device__ __forceinline__ void wk_body(
           reinterpret_cast<u32*>(wsm + s * STAGE + WB + SZB + mrows * XROW)[i] = 0u;
       __syncwarp();
     }
-    auto issue = [&](int ch, int stage) {
+    auto issue = [&](int j) {  // the warp's j-th chunk of this m-block into stage (gb + j) % S
+      const int ch = c_begin + warp + WK * j, stage = (gb + j) % S;
       unsigned char* st = wsm + stage * STAGE;
       const int pr = ch * 32;
 #pragma unroll
@@ -559,7 +613,23 @@ __device__ __forceinline__ void wk_body(
         const u16* src = (which ? zeros : scales) + (u64)(pr / group_rows) * N + col0 + 8 * off;
         cp_async16(st + WB + which * 2 * BC + 16 * off, src, 16);
       }
-      if (XSM) {
+      if (XM > 0) {
+        // NOTE: order is important here: the stage released by the CN blocks (empty phase of chunk J - S) -> this
+        // block's expect_tx (all mrows rows, 144 bytes each) -> this block's share of the rows < mrows of the packed
+        // chunk, one bulk copy, multicast to the CN blocks (CN = 1: to this block alone)
+        const int J = gb + j;
+        if (lane == 0) {
+          if (J >= S) mbar_wait_cluster(ebar + 8 * stage, (u32)((J / S - 1) & 1));
+          mbar_expect_tx(fbar + 8 * stage, (u32)(mrows * XROW));
+          const int rb = (mrows + CN - 1) / CN, r0 = (int)crank * rb, nr = min(rb, mrows - r0);  // this block's rows
+          if (nr > 0) {
+            const u16* src = x + (((u64)(m0 / MR) * (u64)(K >> 6) + (u64)ch) * MR + (u64)r0) * (XROW / 2);
+            const u32 dst = smem_addr(st + WB + SZB) + (u32)(r0 * XROW);
+            if (CN > 1) bulk_multicast(dst, src, (u32)(nr * XROW), fbar + 8 * stage, (u16)((1u << CN) - 1u));
+            else bulk_copy(dst, src, (u32)(nr * XROW), fbar + 8 * stage);
+          }
+        }
+      } else if (XSM) {
         for (int p = lane; p < mrows * 8; p += 32)
           cp_async16(st + WB + SZB + (p >> 3) * XROW + 16 * x_piece<XSW>((p >> 3) & 7, p & 7),
                      x + (u64)(m0 + (p >> 3)) * K + ch * 64 + 8 * (p & 7), 16);
@@ -573,17 +643,18 @@ __device__ __forceinline__ void wk_body(
       for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
 #pragma unroll
     for (int s = 0; s < S - 1; ++s) {
-      if (s < nloc) issue(c_begin + warp + WK * s, s);
+      if (s < nloc) issue(s);
       cp_async_commit();
     }
     for (int i = 0; i < nloc; ++i) {
       cp_async_wait<S - 2>();
       __syncwarp();
-      if (i + S - 1 < nloc && !(W4_PROBE & 2)) issue(c_begin + warp + WK * (i + S - 1), (i + S - 1) % S);
+      if (XM > 0) mbar_wait(fbar + 8 * ((gb + i) % S), (u32)(((gb + i) / S) & 1));  // the CN blocks' rows landed
+      if (i + S - 1 < nloc && !(W4_PROBE & 2)) issue(i + S - 1);
       cp_async_commit();
       if (W4_PROBE & 1) continue;
       const int ch = c_begin + warp + WK * i;
-      const unsigned char* st = wsm + (i % S) * STAGE;
+      const unsigned char* st = wsm + ((gb + i) % S) * STAGE;
       u32 a[4][MTA][4];  // TR: [stp][0][0] and [stp][0][2] are the B operand (x rows g)
       // LDSM: a[stp] is read by ldmatrix inside the k16 loop below (fewer live registers, a quarter of the loads)
       if (LDSM) {
@@ -659,6 +730,10 @@ __device__ __forceinline__ void wk_body(
               for (int mt = 0; mt < MTA; ++mt) O::mma(acc[mt][4 * w + j], a[stp][mt], d0[j], d1[j]);
           }
         }
+      }
+      if (XM > 0) {  // this warp's reads of the stage are done (values in registers): release it in the CN blocks
+        __syncwarp();
+        if (lane < CN) mbar_arrive_at(ebar + 8 * ((gb + i) % S), (u32)lane);
       }
     }
     if ((W4_PROBE & 8) && sink == 0x9E3779B9u) acc[0][0][0] = 1.f;
@@ -758,10 +833,16 @@ __device__ __forceinline__ void wk_body(
           if (r < mrows) st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
         }
         cluster_sync();
+      } else if (XM > 0) {
+        // every warp's tile read, and the generic writes into the stages ordered before the next m-block's copies
+        // (the CN blocks' bulk copies write them): proxy fence, then the cluster barrier
+        fence_proxy_async();
+        cluster_sync();
       } else {
         __syncthreads();  // every warp's tile read: the stages are reused by the next m-block
       }
     }
+    if (XM > 0) gb += nloc;  // (XM == 0: every m-block starts at stage 0)
   }
   if (CL > 1 || ksplit == 1 || !last_of_split(counters, ksplit)) return;
   add_partials4<O>(partial, out, M, N, col0, BC, ksplit, WK * 32, counters);
@@ -773,7 +854,7 @@ __global__ void __launch_bounds__(WK * 32) w4a16_wk(
     const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
     unsigned int* __restrict__ counters, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
-  wk_body<X, MT, NWORD, WK, S, XSM, 1>(x, qweight, scales, zeros, partial, counters, out, M, K, N, group_rows, cpb);
+  wk_body<X, MT, NWORD, WK, S, XSM, 1, 0>(x, qweight, scales, zeros, partial, counters, out, M, K, N, group_rows, cpb);
 }
 
 template <class X, int MT, int NWORD, int WK, int S, int XSM, int CL>
@@ -782,5 +863,37 @@ __global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(WK * 32) w4a16_wkc(
     const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
     unsigned int* __restrict__ counters, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
-  wk_body<X, MT, NWORD, WK, S, XSM, CL>(x, qweight, scales, zeros, partial, counters, out, M, K, N, group_rows, cpb);
+  wk_body<X, MT, NWORD, WK, S, XSM, CL, 0>(x, qweight, scales, zeros, partial, counters, out, M, K, N, group_rows, cpb);
+}
+
+// w4a16_wkm's activations packed by chunk: xp[mb][ch][r][72] (MR rows of 64 k per m-block mb and 64-k chunk ch, rows
+// >= M zero), rows of 72 halves (the padded stage layout; halves 64..71 never written nor read): one contiguous
+// MR*144-byte block per chunk, copied into shared memory as it is. One 16-byte piece per thread and step.
+template <int MR>
+__global__ void w4_xpack(const u16* __restrict__ x, u16* __restrict__ xp, int M, int K) {
+  const long long nch = K >> 6, total = (long long)((M + MR - 1) / MR) * nch * MR * 8;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+    const int c = (int)(i & 7), r = (int)((i >> 3) % MR);
+    const long long blk = (i >> 3) / MR;  // mb * nch + ch
+    const int ch = (int)(blk % nch), m = (int)(blk / nch) * MR + r;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (m < M) v = *reinterpret_cast<const uint4*>(x + (u64)m * K + ch * 64 + 8 * c);
+    *reinterpret_cast<uint4*>(xp + ((u64)blk * MR + r) * 72 + 8 * c) = v;
+  }
+}
+
+// w4a16_wkm: w4a16_wk (activations staged, no K split) reading the packed activations (w4_xpack) with
+// __cluster_dims__(CN, 1, 1): the CN blocks of a cluster take CN neighbouring column slabs, and warp w of each takes the
+// same chunks, so each activation chunk is fetched from L2 once per cluster instead of once per block: block r copies
+// its share (ceil(mrows / CN) rows) of the chunk's rows < M with one bulk copy, multicast into warp w's stage in all CN
+// blocks (CN = 1: one bulk copy of the rows, no cluster); per warp and stage a "full" mbarrier (expect_tx of mrows*144
+// bytes) and an "empty" one (the CN blocks' warp w released the stage; their remote arrivals); weights, scales and zeros
+// stay cp.async per warp. Grid (N / (32*NWORD), 1), N / (32*NWORD) % CN == 0; x: the packed buffer.
+template <class X, int MT, int NWORD, int WK, int S, int CN>
+__global__ void __cluster_dims__(CN, 1, 1) __launch_bounds__(WK * 32) w4a16_wkm(
+    const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
+    const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
+    unsigned int* __restrict__ counters, u16* __restrict__ out,
+    int M, int K, int N, int group_rows, int cpb) {
+  wk_body<X, MT, NWORD, WK, S, 1, 1, CN>(x, qweight, scales, zeros, partial, counters, out, M, K, N, group_rows, cpb);
 }

@@ -12,10 +12,12 @@ from shmrpc.kernels.quant import (
     _WK_SMEM_MAX,
     _WK_VARIANTS,
     _WKC_VARIANTS,
+    _WKM_VARIANTS,
     W4A16Tuning,
     _global_split,
     _mma_cfg,
     _mma_names,
+    _mma_row,
     _takes,
     _wk_name,
     _wk_smem,
@@ -36,7 +38,8 @@ def test_table_by_m(m, n) -> None:
     if m > 64 or (m == 1 and n == 4096):
         assert cfg is None
         return
-    row = next(c for mmax, c in _MMA_TABLE if m <= mmax)
+    row, base = _mma_row(m, n, 132), next(c for mmax, c in _MMA_TABLE if m <= mmax)
+    assert row[-len(base):] == base  # the table's row, perhaps after _MANY_TILES_FIRST's entry
     assert cfg is not None and cfg in row
     assert m <= (16 * cfg[0] or 8)  # one m-block: the weights are read once
     assert cfg == next(c for c in row if _takes(c, n, 132) and (m > 1 or not _global_split(c, 4096, n, 132)))
@@ -172,3 +175,43 @@ def test_wkc_configurations_by_name_and_one_wave() -> None:
     for bad in ((1, 4, 8, 1, 3, 1, 2), (1, 4, 8, 0, 3, 1, 3)):  # BPS must be 0; CL 3 not built
         with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=bad))):
             assert _mma_cfg(16, 4096, 8192, 128) is None
+
+
+@pytest.mark.parametrize("cfg", [(mt, nw, wk, 0, st, 1, 1, cn) for mt, nw, wk, st, cn in _WKM_VARIANTS])
+def test_wkm_launch_names_and_clusters(cfg) -> None:
+    """w4a16_wkm: grid (N / (32*NWORD), 1), every chunk in every block, padded 144-byte activation rows (as packed)
+    plus two mbarriers per warp and stage within what a block may opt in to; taken where the column tiles divide into
+    clusters of CN (a table entry: in one wave); its packing kernel is built too."""
+    mt, nw, wk, _, st, _, _, cn = cfg
+    bc, mr = 32 * nw, 16 * mt
+    assert _wk_smem(cfg) == wk * st * (36 * bc + mr * 144) + mr * (bc + 4) * 4 + 16 * wk * st <= _WK_SMEM_MAX
+    assert f"w4_xpack<{mr}>" in _mma_names("BF16")
+    for k in (64, 4480, 8192):
+        for n in (1024, 4096, 14336):
+            (tiles, ksplit), cpb, smem = w4a16_wk_launch(64, k, n, 132, cfg)
+            assert tiles * bc == n and ksplit == 1 and cpb == k // 64 and smem == _wk_smem(cfg)
+    assert _wk_name("F16", cfg) == f"w4a16_wkm<F16,{mt},{nw},{wk},{st},{cn}>" and _wk_name("F16", cfg) in _mma_names("F16")
+    assert W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_CFG": ",".join(map(str, cfg))}).mma_cfg == cfg
+    assert _takes(cfg, 8192, 132) and (cn == 1 or not _takes(cfg, bc * (2 * cn + 1), 132))  # tiles % CN
+    assert not _takes(cfg, 14336, 132) and _takes(cfg, 14336, 132, forced=True)  # 224 tiles: two waves
+    assert not _takes(cfg, 4096, 132) and _takes(cfg, 4096, 132, forced=True)  # 64 tiles: BPS 1 would split K 2 ways
+    assert not _global_split(cfg, 8192, 8192, 132)
+    with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=cfg))):
+        assert _mma_cfg(64, 4096, 8192, 128) == cfg
+        assert _mma_cfg(64, 4096, 8192, 128, smem_max=_wk_smem(cfg) - 1) is None  # a device with less shared memory
+    for bad in ((*cfg[:3], 1, *cfg[4:]), (*cfg[:5], 0, *cfg[6:]), (*cfg[:6], 2, cn), (*cfg[:7], 3), (*cfg[:7], 8)):
+        with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=bad))):  # BPS 0, XSM 1, CL 1; CN 3 not built
+            assert _mma_cfg(64, 4096, 8192, 128) is None
+
+
+@pytest.mark.parametrize(("m", "n", "want"), [(33, 14336, (4, 2, 4, 1, 2, 1)), (48, 14336, (4, 2, 4, 1, 2, 1)),
+                                              (49, 14336, (4, 2, 8, 1, 2, 1)), (64, 14336, (4, 2, 8, 1, 2, 1)),
+                                              (40, 8192, (4, 2, 8, 1, 2, 1)), (40, 8448, (4, 2, 8, 1, 2, 1)),
+                                              (40, 8448 + 64, (4, 2, 4, 1, 2, 1)), (40, 4096, (4, 2, 8, 0, 2, 1, 2))])
+def test_m33_48_four_warps_where_tiles_outnumber_the_sms(m, n, want) -> None:
+    """M 33..48: (4, 2, 4, 1, 2, 1) (two blocks per SM) first where N / 64 column tiles are more than the SMs (the 8-warp
+    blocks would need a second wave); not at M > 48, not where one wave holds the tiles (8192 + 256 = 132 tiles)."""
+    with use_tuning(**vars(W4A16Tuning())):
+        assert _mma_cfg(m, 4096, n, 128) == want
+        if want == (4, 2, 4, 1, 2, 1):
+            assert _mma_cfg(m, 4096, n, 128, n_sm=264) == (4, 2, 8, 1, 2, 1)  # a device with the SMs for one wave

@@ -24,18 +24,41 @@ _WK_NEW = ["1,2,8,2,3,0", "1,2,8,0,3,0", "1,2,4,3,3,1", "1,2,4,0,3,1", "4,2,8,1,
            "2,4,8,0,2,1", "2,4,8,0,3,1", "2,4,8,2,3,1"]
 
 
-# every built w4a16_wk (with a K split) and w4a16_wkc variant, forced
+# every built w4a16_wkm variant (activations multicast to a cluster of CN column slabs), as the 8-number configuration
+_WKM = [f"{mt},{nw},{wk},0,{st},1,1,{cn}" for mt, nw, wk, st, cn in
+        ((4, 2, 8, 2, 2), (4, 2, 8, 2, 1), (4, 2, 8, 2, 4), (4, 2, 6, 3, 2))]
+
+
+# every built w4a16_wk (with a K split), w4a16_wkc and w4a16_wkm variant, forced
 def _every_built() -> list[str]:
-    from shmrpc.kernels.quant import _WK_VARIANTS, _WKC_VARIANTS
+    from shmrpc.kernels.quant import _WK_VARIANTS, _WKC_VARIANTS, _WKM_VARIANTS
 
     return ([f"{mt},{nw},{wk},1,{st},{xsm}" for mt, nw, wk, st, xsm in _WK_VARIANTS]
-            + [f"{mt},{nw},{wk},0,{st},{xsm},{cl}" for mt, nw, wk, st, xsm, cl in _WKC_VARIANTS])
+            + [f"{mt},{nw},{wk},0,{st},{xsm},{cl}" for mt, nw, wk, st, xsm, cl in _WKC_VARIANTS]
+            + [f"{mt},{nw},{wk},0,{st},1,1,{cn}" for mt, nw, wk, st, cn in _WKM_VARIANTS])
 
 
 def test_the_list_is_every_built_variant() -> None:
-    from shmrpc.kernels.quant import _WKC_VARIANTS
+    from shmrpc.kernels.quant import _WKC_VARIANTS, _WKM_VARIANTS
 
     assert sorted(_WKC) == sorted(f"{mt},{nw},{wk},0,{st},{xsm},{cl}" for mt, nw, wk, st, xsm, cl in _WKC_VARIANTS)
+    assert sorted(_WKM) == sorted(f"{mt},{nw},{wk},0,{st},1,1,{cn}" for mt, nw, wk, st, cn in _WKM_VARIANTS)
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cfg", _WKM)
+@pytest.mark.parametrize(("m", "k", "n", "gs"), [(1, 2048, 512, 64), (13, 2048, 512, 64), (40, 2048, 512, 64),
+                                                  (64, 4096, 1024, 128), (8, 4480, 256, 128), (5, 64, 512, 64),
+                                                  (33, 1536, 2048, 128)])
+def test_w4a16_activation_multicast(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
+    """w4a16_wkm forced (x packed by chunk, bulk copies multicast to the cluster): M = 1 and 13 (zero rows packed),
+    K = 4480 (warps with one chunk fewer), K = 64 (one chunk: warps without any)."""
+    from shmrpc.kernels.quant import _mma_cfg
+
+    force(monkeypatch, cfg)
+    assert _mma_cfg(m, k, n, gs) == tuple(int(v) for v in cfg.split(","))
+    ins, want = case(m, k, n, gs, dt)
+    check(run(gpu, ins, dt), want, dt)
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
@@ -80,7 +103,8 @@ def test_w4a16_every_variant_without_outliers(gpu, monkeypatch, m, k, n, gs, cfg
     check(run(gpu, ins, dt), want, dt)
 
 
-@pytest.mark.parametrize("cfg", ["", "1,4,8,1,3,1", "0,4,8,1,3,1", "1,4,8,0,3,1,2", "0,4,8,0,3,1,2", "4,2,4,1,2,1"])
+@pytest.mark.parametrize("cfg", ["", "1,4,8,1,3,1", "0,4,8,1,3,1", "1,4,8,0,3,1,2", "0,4,8,0,3,1,2", "4,2,4,1,2,1",
+                                 "4,2,8,0,2,1,1,2", "4,2,8,0,2,1,1,1"])
 @pytest.mark.parametrize("m", [1, 2, 16, 40])
 def test_w4a16_same_bits_twice(gpu, monkeypatch, m, cfg) -> None:
     """The epilogue adds warps, blocks and cluster ranks in a fixed order: the same inputs give the same bits."""
