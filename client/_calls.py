@@ -20,14 +20,13 @@ from shmrpc.schema.header import HEADER_NBYTES
 from shmrpc.schema.layout import Geometry, align_up, tensor_align
 from shmrpc.schema.optable import OpEntry
 
-from ._callplan import CallPlan, OutputCheck, bounded_put, plan_inputs, signature
+from ._callplan import CallPlan, bounded_put, plan_inputs, signature
 from ._inflight import Inflight
 from ._interop import DeviceInput, as_input, is_array_like
 from ._loan import CallFuture, Loan
 from ._pipeline import Pipeline, resolve
 from ._sizing import OutputSizer
 from ._slot import _IN_PLACE, _KEEP, Resident, _Slot
-from ._slots import SlotPool
 from ._trace import ClientTracing
 
 if TYPE_CHECKING:
@@ -47,13 +46,11 @@ class Calls:
     geometry: Geometry
     op_table: dict[str, OpEntry]
     _closed: bool
-    _slots: SlotPool
     _inflight: Inflight
     _tracing: ClientTracing | None
     _plans: dict[Any, CallPlan]
     _kept: list[Loan]
     _params: dict[str, frozenset[str]]
-    _out_checks: dict[Any, OutputCheck]
     _desc_cache: dict[Any, tuple[bytes, int, int, tuple[str, ...]]]
     _sizer: OutputSizer
 

@@ -102,7 +102,8 @@ class Worker(Runs):
         # a batch or a request on the device, what answers it once it is done, whether it is a batch (_await_launched)
         self._launched: tuple[Launched | RunLaunch, Callable[[], None], bool] | None = None
         self._max_batch = config.max_batch
-        self._batch_wait_s = config.batch_wait_us / 1e6
+        self._batch_wait_s = config.batch_wait_us / 1e6  # --batch-wait-us (Runs._holding)
+        self._last_batch, self._hold_until, self._hold_for = (0, 0.0), 0.0, 0
         self._joins = False  # park batchable requests for one joint run (--max-batch > 1 and a backend that joins)
         self._singles = False  # ... and run a lone one as a batch of one (a backend that batches singles)
         self._lanes: Lanes | None = None

@@ -49,8 +49,8 @@ log = logging.getLogger("shmrpc.server")
 
 SPIN_POLL_S = 5e-6  # while spinning with lanes, poll the socket and fds this often (lanes are read in between)
 _LAUNCHED_SPIN_S = 2e-3  # a launched run is awaited spinning this long from when it is due, then by polls of 1 ms
-_BATCH_RECENT_S = 2e-3  # --batch-wait-us holds parked requests only this soon (or 20 waits) after a batched run
 _LAUNCHED_EARLY_S = 5e-4  # ... and spinning from this long (or 15% of what is left, if more) before it is due
+_BATCH_RECENT_S = 2e-3  # --batch-wait-us holds parked requests only this soon (or 20 waits) after a batched run
 _OK_FLAGS = int(Flag.RESPONSE)
 _ERROR_FLAGS = int(Flag.RESPONSE | Flag.ERROR)
 _HEADER_PACK = HEADER.pack_into
@@ -74,9 +74,9 @@ class Runs:
     _max_batch: int
     _singles: bool  # a lone parked request runs as a batch of one (Backend.batches_singles)
     _batch_wait_s: float  # --batch-wait-us
-    _last_batch = (0, 0.0)  # (size, time.perf_counter()) of the last batched run
-    _hold_until = 0.0  # parked requests wait for the rest of their batch until then (0: not waiting)
-    _hold_for = 0  # ... or until this many are parked
+    _last_batch: tuple[int, float]  # (size, time.perf_counter()) of the last batched run
+    _hold_until: float  # parked requests wait for the rest of their batch until then (0: not waiting)
+    _hold_for: int  # ... or until this many are parked
     _lanes: Lanes | None
     _wake_w: int
     _stopping: threading.Event
@@ -134,9 +134,8 @@ class Runs:
     def _holding(self, stopping: bool) -> bool:
         """Whether the parked requests wait a little longer (``--batch-wait-us``): fewer are parked than the last
         batched run had, that run was recent (within _BATCH_RECENT_S, or 20 times the setting if longer), and the
-        wait began less than the setting ago.
-        Answered clients send again within tens of µs of each other; the first of them would otherwise run
-        alone (or in a small batch) while the others park behind it."""
+        wait began less than the setting ago. Answered clients send again within tens of µs of each other; the
+        first of them would otherwise run alone (or in a small batch) while the others park behind it."""
         if not self._batch_wait_s or stopping:
             self._hold_until = 0.0
             return False
