@@ -83,7 +83,7 @@ def main() -> int:
 #: (label, file suffix, function name): the steps of the hot path whose cumulative time per request is summarised
 _STEPS = (
     ("worker: wait for a wake-up (poll)", "server/_poll.py", "poll"),
-    ("worker: one CALL, doorbell to DONE sent", "server/_loop.py", "_on_call"),
+    ("worker: one CALL, doorbell to DONE sent", "server/_calls.py", "_on_call"),
     ("worker:   decode + validate + plan (cache misses)", "server/_dispatch.py", "prepare"),
     ("worker:   run the op (views, backend)", "server/_dispatch.py", "run"),
     ("worker:   metrics, DONE, lease end", "server/_runs.py", "_done_sent"),

@@ -6,9 +6,9 @@ whose routing id is the session token the WELCOME gave it. Requests of little
 estimated work (FLOPs and bytes from the plan, :mod:`shmrpc.kernels._cost`) run on
 the loop thread itself (a thread hop costs more than the op); all others run in an
 executor, which writes outputs and the response into the slot, queues the DONE
-and wakes the loop through a pipe (how requests run and are answered: :mod:`._runs`).
-The loop also watches each client's pidfd, so a client that dies has its lease
-ended at once.
+and wakes the loop through a pipe. How messages are received and a CALL is checked:
+:mod:`._calls`; how requests run and are answered: :mod:`._runs`. The loop also
+watches each client's pidfd, so a client that dies has its lease ended at once.
 
 Life of a CALL on the loop thread::
 
@@ -42,22 +42,22 @@ from shmrpc.kernels import Backend
 from shmrpc.kernels._backend_base import RunLaunch
 from shmrpc.schema import messages as m
 from shmrpc.schema.control import ErrorReply, State
-from shmrpc.schema.errors import BusyError, InternalError, InvalidRequestError, RequestError, StaleSlotError
-from shmrpc.schema.header import HEADER, HEADER_NBYTES
+from shmrpc.schema.errors import InternalError
 from shmrpc.schema.messages import NO_RESPONSE
 from shmrpc.schema.naming import attach_path, endpoint, socket_path
 
 from . import checks
 from ._attach import AttachListener, set_dumpable
 from ._batch import Pending
-from ._dispatch import Dispatcher, Launched, check_header
+from ._calls import Calls
+from ._dispatch import Dispatcher, Launched
 from ._lanes import Lanes
 from ._lease import Leases, Slot
 from ._observe import Observer
 from ._poll import LoopPoll
-from ._primed import Express, Primed, PrimedSlots
+from ._primed import PrimedSlots
 from ._runs import SPIN_POLL_S, Done, Runs
-from ._sessions import Sessions, _refusal
+from ._sessions import Sessions
 from ._shared import SharedOwners
 from ._waiters import Waiters
 from .config import WorkerConfig
@@ -71,21 +71,10 @@ __all__ = ["Worker", "NO_RESPONSE"]
 log = logging.getLogger("shmrpc.server")
 
 _POLLIN = int(zmq.POLLIN)  # a plain int: `int & IntFlag` goes through the enum machinery
-# The hot path calls libzmq through pyzmq's Cython socket with plain ints: the sugar layer's send/recv_multipart
-# build enum flags (`NOBLOCK | SNDMORE`) and lists per message, and its getsockopt(EVENTS) wraps the answer in an enum.
-_ZMQ_SOCKET: Any = zmq.Socket.__mro__[1]  # zmq.backend's Socket (send, recv, get)
-_RAW_SEND, _RAW_RECV, _RAW_GET = _ZMQ_SOCKET.send, _ZMQ_SOCKET.recv, _ZMQ_SOCKET.get
-_NOBLOCK = int(zmq.NOBLOCK)
-_NOBLOCK_SNDMORE = int(zmq.NOBLOCK | zmq.SNDMORE)
-_EVENTS = int(zmq.EVENTS)
-_RCVMORE = int(zmq.RCVMORE)
-_HEADER_UNPACK = HEADER.unpack_from
 _RCVHWM = 256  # messages queued per peer before libzmq stops reading from it (with MAXMSGSIZE: 16 MiB)
-_CALL_NBYTES = m.CALL_STRUCT.size
-_TRACED_CALL_NBYTES = m.CALL_STRUCT.size + m.TRACE_STRUCT.size
 
 
-class Worker(Runs):
+class Worker(Calls, Runs):
     """A shmrpc worker. Use :meth:`start`, then :meth:`serve_forever` (or as a context manager)."""
 
     def __init__(self, config: WorkerConfig, tracer_provider: Any = None) -> None:
@@ -410,139 +399,5 @@ class Worker(Runs):
         deadline = next_check if first is None else min(next_check, first)
         return max(0, int((deadline - time.monotonic()) * 1000) + 1)
 
-    def _drain_socket(self, stopping: bool) -> None:
-        sock, poller = self._sock, self._poller
-        assert sock is not None and poller is not None
-        for _ in range(256):  # bounded, so completions and pidfds get their turn
-            if not _RAW_GET(sock, _EVENTS) & _POLLIN:  # cheaper than catching zmq.Again
-                poller.used = False  # asked after every send and receive of the turn so far
-                return
-            poller.used = True
-            # a ROUTER message: the peer's routing id, then its frames (libzmq never delivers a routing id alone)
-            identity = _RAW_RECV(sock, _NOBLOCK)
-            frame = _RAW_RECV(sock, _NOBLOCK)
-            if _RAW_GET(sock, _RCVMORE):  # every message is one frame: say so rather than ignore it
-                n = 1
-                while _RAW_GET(sock, _RCVMORE):
-                    _RAW_RECV(sock, _NOBLOCK)
-                    n += 1
-                self._refuse(identity, "bad_message", f"a message is one frame, this one had {n}", "frames")
-                continue
-            try:
-                self._handle(identity, frame, stopping)
-            except Exception as e:  # noqa: BLE001 - nothing a peer sends may stop the loop, and every message gets an answer
-                log.exception("unexpected error handling a %r message", frame[:1])
-                if frame[:1] != m.CALL:
-                    self._refuse(identity, "bad_message", f"the message could not be handled ({type(e).__name__})")
-
-    def _send(self, identity: bytes, frame: bytes) -> None:
-        try:
-            assert self._sock is not None and self._poller is not None
-            self._poller.used = True
-            _RAW_SEND(self._sock, identity, _NOBLOCK_SNDMORE)
-            _RAW_SEND(self._sock, frame, _NOBLOCK)
-        except (zmq.Again, zmq.ZMQError) as e:  # peer gone (ROUTER_MANDATORY) or its queue full
-            log.debug("could not send to a client: %s", e)
-
-    def _refuse(self, identity: bytes, kind: str, message: str, field: str = "") -> None:
-        self._send(identity, _refusal(kind, message, field))
-
     def _zero(self, s: Slot) -> None:
         self.regions[s.region].zero_slot(s.index)
-
-    def _handle(self, identity: bytes, frame: bytes, stopping: bool) -> None:
-        kind = frame[:1]
-        if kind == m.CALL:
-            self._on_call(identity, frame, stopping)
-        elif kind == m.HELLO:
-            self._refuse(identity, "bad_message", f"say HELLO on the attach socket {attach_path(self.config.name)}, "
-                         "not on the ZeroMQ socket", "kind")
-        elif kind == m.ACQUIRE:
-            self.sessions.on_acquire(identity, frame)
-        elif kind == m.RELEASE:
-            self.sessions.on_release(identity, frame)
-        elif kind == m.BYE:
-            c = self.sessions.clients.get(identity)
-            if c is not None:
-                self.sessions.end_client(c, "it said BYE")
-        elif kind == m.MANAGE:
-            self.sessions.on_manage(identity, frame)
-        elif kind == m.STATUS:
-            c = self.sessions.clients.get(identity)
-            if self.config.allow_uids and (c is None or c.uid != os.geteuid()):  # others can reach this socket
-                self._refuse(identity, "refused", "with --allow-uid, STATUS is answered only to a session of the "
-                             "worker's own uid", "status")
-            else:
-                self._send(identity, State.from_json(self.sessions.state()).encode())
-        else:
-            self._send(identity, ErrorReply(InvalidRequestError.code, "bad_message",
-                                            f"unknown message kind {kind!r}", "kind").encode())
-
-    # ------------------------------------------------------------ calls
-
-    def _on_call(self, identity: bytes, frame: bytes, stopping: bool, lane: int = 0) -> None:
-        ex = self._express.get(frame[2:8])
-        if (ex is not None and ex.identity == identity and len(frame) == _CALL_NBYTES and not stopping
-                and self._serve_express(ex, frame, lane)):
-            return None
-        tail = b""
-        if len(frame) == _TRACED_CALL_NBYTES:  # a traced call: the client's trace context follows the CALL
-            frame, tail = frame[:_CALL_NBYTES], frame[_CALL_NBYTES:]
-        try:
-            region, index, rid, gen = m.unpack_call(frame)
-        except Exception:  # noqa: BLE001 - a malformed doorbell names no slot we could answer in
-            return self._refuse(identity, "bad_message", "CALL frame is malformed", "call")
-        c = self.sessions.clients.get(identity)
-        try:
-            if c is None:
-                raise StaleSlotError("no lease: say HELLO first", field="client")
-            if stopping:
-                raise BusyError("the worker is shutting down", field="call")
-            s = self.leases.begin(c.id, region, index, gen)
-            if tail or self.observe.traces:
-                self.observe.begin(region, index, tail)
-        except RequestError as e:
-            self.observe.refused(c.pid if c else 0, e)
-            self._reply(identity, m.pack_done(region, index, rid, NO_RESPONSE | e.code), lane)
-            return None
-        t0 = time.perf_counter()
-        key = (region, index)
-        view = self._views.get(key)
-        if view is None:
-            view = self._views[key] = self.regions[region].slot_view(index)
-        hdr = (rid, 0, gen)  # the response header's (request_id, op_code, generation)
-        try:
-            h = _HEADER_UNPACK(view)  # (request_id, op_code, payload_length, flags, generation), copied out
-            hdr = (rid, h[1], gen)
-            check_header(h, rid, gen, self._desc_nbytes)
-            # a private copy: everything below reads these bytes, never the slot's again
-            payload = bytes(view[HEADER_NBYTES:HEADER_NBYTES + h[2]])
-            primed = self._primed.get(key, payload, h[1], h[3], c.id)
-            if primed is None:  # not the bytes validated last in this slot: decode, validate, plan
-                self._primed.forget(key)
-                prep = self.dispatch.prepare(payload, h[1], h[3], s.nbytes, c.id)
-                views = self.dispatch.views(prep, view)
-                primed = Primed(payload, h[1], h[3], c.id, prep, views, self.dispatch.bind(prep, views))
-                self._primed.put(key, primed)
-            prep = primed.prep
-            if prep.keep_as:
-                self.shared.claim(c.id, prep.keep_as.values())  # shared/ names: only their owner may replace them
-        except RequestError as e:
-            return self._finish(identity, s, view, hdr, e, t0, {}, None, lane)
-        except Exception as e:  # noqa: BLE001
-            log.exception("validation failed unexpectedly")
-            return self._finish(identity, s, view, hdr, InternalError(f"validation failed: {e}"), t0, {}, None, lane)
-        self._inflight.value += 1
-        parked = prep.batch and self._joins
-        if (parked or prep.plan is None or prep.inline) and not tail and not self.observe.traces:
-            # the slot's next requests may take the express path (parked, or run inline, as this one)
-            self._primed.arm(Express(identity, c, s, view, primed, (h[1], h[2], h[3]), HEADER_NBYTES + h[2]))
-        if parked:  # run at the end of this turn, with others of its plan if any came
-            self._pending.append(Pending(identity, s, view, hdr, primed, t0, lane))
-        elif prep.plan is None or prep.inline:
-            self._complete(identity, s, view, hdr, primed, t0, lane)
-            if self.dispatch.fatal:
-                self._drain_done()
-        else:
-            self._run_elsewhere(identity, s, view, hdr, primed, t0, lane)
-        return None
