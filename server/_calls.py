@@ -29,7 +29,7 @@ from shmrpc.schema.naming import attach_path
 from ._batch import Pending
 from ._dispatch import Dispatcher, Prepared, check_header
 from ._lease import Slot
-from ._poll import LoopPoll
+from ._poll import _EVENTS, _POLLIN, _RAW_GET, _RAW_RECV, _RAW_SEND, LoopPoll
 from ._primed import Express, Primed, PrimedSlots
 from ._sessions import _refusal
 from ._shared import SharedOwners
@@ -45,14 +45,8 @@ __all__ = ["Calls"]
 
 log = logging.getLogger("shmrpc.server")
 
-# The hot path calls libzmq through pyzmq's Cython socket with plain ints: the sugar layer's send/recv_multipart
-# build enum flags (`NOBLOCK | SNDMORE`) and lists per message, and its getsockopt(EVENTS) wraps the answer in an enum.
-_ZMQ_SOCKET: Any = zmq.Socket.__mro__[1]  # zmq.backend's Socket (send, recv, get)
-_RAW_SEND, _RAW_RECV, _RAW_GET = _ZMQ_SOCKET.send, _ZMQ_SOCKET.recv, _ZMQ_SOCKET.get
-_POLLIN = int(zmq.POLLIN)  # a plain int: `int & IntFlag` goes through the enum machinery
 _NOBLOCK = int(zmq.NOBLOCK)
 _NOBLOCK_SNDMORE = int(zmq.NOBLOCK | zmq.SNDMORE)
-_EVENTS = int(zmq.EVENTS)
 _RCVMORE = int(zmq.RCVMORE)
 _HEADER_UNPACK = HEADER.unpack_from
 _CALL_NBYTES = m.CALL_STRUCT.size

@@ -54,9 +54,9 @@ from ._dispatch import Dispatcher, Launched
 from ._lanes import Lanes
 from ._lease import Leases, Slot
 from ._observe import Observer
-from ._poll import LoopPoll
+from ._poll import _POLLIN, LoopPoll
 from ._primed import PrimedSlots
-from ._runs import SPIN_POLL_S, Done, Runs
+from ._runs import Done, Runs
 from ._sessions import Sessions
 from ._shared import SharedOwners
 from ._waiters import Waiters
@@ -70,7 +70,6 @@ __all__ = ["Worker", "NO_RESPONSE"]
 
 log = logging.getLogger("shmrpc.server")
 
-_POLLIN = int(zmq.POLLIN)  # a plain int: `int & IntFlag` goes through the enum machinery
 _RCVHWM = 256  # messages queued per peer before libzmq stops reading from it (with MAXMSGSIZE: 16 MiB)
 
 
@@ -297,27 +296,14 @@ class Worker(Calls, Runs):
             if self._launched is not None:
                 events = self._await_launched(poller, lane_rang, timeout_ms)
             elif self._hold_until:  # parked requests waiting for the rest of their batch (--batch-wait-us)
-                events = self._await_joiners(poller, lane_rang)
+                events = self._spin(poller, lane_rang, self._hold_until)
             elif spin_s:
                 # --spin-us: poll without sleeping for a while before blocking, so a request arriving soon
                 # finds the loop awake (one scheduler wake-up less per request; costs a core while it spins).
                 # With lanes, the lanes' call_seq words are read in between, and the poll (a system call, for
                 # the socket, the pidfds and the attach socket) runs every SPIN_POLL_S only: a lane's request
                 # is found within a fraction of a µs, its doorbell eventfd left for the next poll to clear.
-                now = time.perf_counter()
-                end, next_poll = now + spin_s, now + SPIN_POLL_S
-                events = poller.poll(0)
-                while not events and not self._done and now < end:
-                    if lanes is not None:
-                        if lanes.ready():
-                            events = lane_rang
-                            break
-                        if now < next_poll:
-                            now = time.perf_counter()
-                            continue
-                        next_poll = now + SPIN_POLL_S
-                    events = poller.poll(0)
-                    now = time.perf_counter()
+                events = poller.poll(0) or self._spin(poller, lane_rang, time.perf_counter() + spin_s)
                 if not events and not self._done:
                     events = poller.poll(timeout_ms)
             else:

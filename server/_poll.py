@@ -24,10 +24,13 @@ import zmq
 
 __all__ = ["LoopPoll"]
 
-_ZMQ_SOCKET: Any = zmq.Socket.__mro__[1]  # zmq.backend's Socket: its get takes a plain int
-_RAW_GET = _ZMQ_SOCKET.get
+# The loop calls libzmq through pyzmq's Cython socket with plain ints (here and in ._calls): the sugar layer's
+# send/recv_multipart build enum flags (`NOBLOCK | SNDMORE`) and lists per message, and its getsockopt(EVENTS) wraps
+# the answer in an enum.
+_ZMQ_SOCKET: Any = zmq.Socket.__mro__[1]  # zmq.backend's Socket (send, recv, get)
+_RAW_SEND, _RAW_RECV, _RAW_GET = _ZMQ_SOCKET.send, _ZMQ_SOCKET.recv, _ZMQ_SOCKET.get
+_POLLIN = int(zmq.POLLIN)  # a plain int: `int & IntFlag` goes through the enum machinery
 _EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
 
 
 class LoopPoll:

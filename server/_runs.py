@@ -151,19 +151,25 @@ class Runs:
         self._hold_until, self._hold_for = now + self._batch_wait_s, size
         return True
 
-    def _await_joiners(self, poller: LoopPoll, lane_rang: dict[int, int]) -> dict[Any, int]:
-        """The next events while parked requests wait for the rest of their batch: the loop spins (the lanes read,
-        the poll every SPIN_POLL_S) until something comes or the wait is over (then none)."""
-        lanes, end = self._lanes, self._hold_until
-        now = next_poll = time.perf_counter()
-        while now < end:
-            if lanes is not None and lanes.ready():
-                return lane_rang
-            if now >= next_poll:
-                events = poller.poll(0)
-                if events:
-                    return events
+    def _spin(self, poller: LoopPoll, lane_rang: dict[int, int], end: float) -> dict[Any, int]:
+        """Spin until ``end`` (time.perf_counter) for the next events: with lanes, their call_seq words are read on
+        every pass and the poll (a system call) runs every SPIN_POLL_S; without, the poll runs on every pass.
+        Returns ``lane_rang`` for a lane's request, the poll's events, or none once ``end`` passed or an executor's
+        answer is queued (the caller polled just before: the first poll here comes SPIN_POLL_S later)."""
+        lanes = self._lanes
+        now = time.perf_counter()
+        next_poll = now + SPIN_POLL_S
+        while now < end and not self._done:
+            if lanes is not None:
+                if lanes.ready():
+                    return lane_rang
+                if now < next_poll:
+                    now = time.perf_counter()
+                    continue
                 next_poll = now + SPIN_POLL_S
+            events = poller.poll(0)
+            if events:
+                return events
             now = time.perf_counter()
         return {}
 
