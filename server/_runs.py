@@ -134,7 +134,7 @@ class Runs:
     def _holding(self, stopping: bool) -> bool:
         """Whether the parked requests wait a little longer (``--batch-wait-us``): fewer are parked than the last
         batched run had, that run was recent (within _BATCH_RECENT_S, or 20 times the setting if longer), and the
-        wait began less than the setting ago. Answered clients send again within tens of µs of each other; the
+        wait began less than the setting ago. Answered clients send again close together, one after the other; the
         first of them would otherwise run alone (or in a small batch) while the others park behind it."""
         if not self._batch_wait_s or stopping:
             self._hold_until = 0.0
