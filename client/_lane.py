@@ -8,6 +8,11 @@ fails the wait at once. A spinning
 lane whose last answer took longer than its spin budget (a large request) first blocks until
 shortly before that time has passed again (15% of it, at least 0.2 ms), then spins: it is awake
 when a request of the same length is answered, without spinning through all of it.
+
+Awake words (schema/lane.py): a ring skips the worker's doorbell while the worker says it polls
+the lane (``serve --spin-us``), and a lane that will spin from its ring says until when, so the
+worker's answer can skip our eventfd; a wait then never sleeps past the latest time it said
+without reading done_seq after it.
 """
 
 from __future__ import annotations
@@ -47,18 +52,28 @@ class ClientLane:
             os.close(page_fd)
         self.page = memoryview(self._map)
         self._call_seq, self._done_seq = L.seq_word(self._map, L.CALL_SEQ), L.seq_word(self._map, L.DONE_SEQ)
+        self._awake, self._worker_awake = L.seq_word(self._map, L.CLIENT_AWAKE), L.seq_word(self._map, L.WORKER_AWAKE)
+        self._spin_ns = int(spin_s * 1e9)
+        self._said_ns = 0  # the latest time our awake word said we poll until: no sleep past it unread
         # edge-triggered: every DONE the worker signals is one event, so a wake-up needs no read of the eventfd;
         # an event left by an answer found by spinning wakes the next wait once, for nothing
         self._poll = select.epoll()
         self._poll.register(own_fd, select.EPOLLIN | select.EPOLLET)
 
     def ring(self, frame: bytes, request_id: int) -> None:
-        """Publish a CALL frame in the page and wake the worker."""
+        """Publish a CALL frame in the page and wake the worker unless it says it polls the lane."""
         self.seq += 1
+        if self._spin_ns and self._last_s <= self.spin_s:  # the wait spins from now: the answer needs no eventfd
+            self._awake.value = said = time.monotonic_ns() + self._spin_ns
+            self._said_ns = said
+        else:
+            self._awake.value = 0
         L.post(self.page, self._call_seq, L.CALL_SEQ, self.seq, frame)
         self.busy = request_id
         self._rung = time.perf_counter()
-        os.eventfd_write(self.doorbell_fd, 1)
+        # NOTE: order is important here: the clock and the worker's awake word are read after call_seq is stored
+        if time.monotonic_ns() >= self._worker_awake.value - L.AWAKE_MARGIN_NS:
+            os.eventfd_write(self.doorbell_fd, 1)
 
     def answer(self) -> bytes | None:
         """The DONE frame for the request in the lane, once the worker wrote it (else None)."""
@@ -88,7 +103,7 @@ class ClientLane:
                 if deadline is not None:
                     sleep_s = min(sleep_s, deadline - time.monotonic())
                 if sleep_s > 1e-3 and self._done_seq.value != seq:
-                    for fd, _ in self._poll.poll(sleep_s):  # an answer sooner than that wakes it (our eventfd)
+                    for fd, _ in self._poll.poll(self._cap(sleep_s)):  # an answer sooner wakes it (our eventfd)
                         if fd == pidfd:
                             raise WorkerGoneError(f"worker {name!r} exited")
                 spin_s += early
@@ -101,15 +116,27 @@ class ClientLane:
                 self._last_s = time.perf_counter() - self._rung
                 return got
             wait_s = -1.0 if deadline is None else max(0.0, deadline - time.monotonic() + 1e-3)
-            events = self._poll.poll(wait_s)
+            events = self._poll.poll(self._cap(wait_s))
             for fd, _ in events:
                 if fd == pidfd:
                     raise WorkerGoneError(f"worker {name!r} exited")
             if not events and deadline is not None and time.monotonic() >= deadline:
                 raise Timeout(f"no answer from worker {name!r} in time")
 
+    def _cap(self, wait_s: float) -> float:
+        """``wait_s`` (-1: none), cut to end just after the time our awake word said; once past it, 0: the caller
+        reads done_seq once more, after that time, before it may sleep longer (the promise is then kept)."""
+        if not self._said_ns:
+            return wait_s
+        left_s = (self._said_ns - time.monotonic_ns()) / 1e9
+        if left_s <= 0:
+            self._said_ns = 0
+            return 0.0
+        left_s += 1e-4
+        return left_s if wait_s < 0 else min(wait_s, left_s)
+
     def close(self) -> None:
-        del self._call_seq, self._done_seq  # they export the mapping's buffer
+        del self._call_seq, self._done_seq, self._awake, self._worker_awake  # they export the mapping's buffer
         self.page.release()
         try:
             self._map.close()

@@ -12,19 +12,30 @@ every host shmrpc supports; each side writes only its own cache lines)::
          0     8  client      call_seq    u64: bumped once per request, after call_frame
          8     4  client      call_len    u32: bytes of call_frame (the worker refuses > 64)
         16    64  client      call_frame  a CALL frame exactly as on ZeroMQ (messages.pack_call)
+        96     8  client      client_awake u64: CLOCK_MONOTONIC ns until which the client polls done_seq (0: none)
        128     8  worker      done_seq    u64: set to the call_seq it answers, after done_frame
        136     4  worker      done_len    u32: bytes of done_frame
        144    64  worker      done_frame  a DONE frame exactly as on ZeroMQ (messages.pack_done)
+       224     8  worker      worker_awake u64: CLOCK_MONOTONIC ns until which the worker polls call_seq (0: none)
 
 Ringing: the client writes call_frame and call_len, then call_seq (# NOTE: order is
 important here: the seq is the publication point), then writes 1 to the worker's
 eventfd. Answering: the worker writes done_frame and done_len, then done_seq, then
 writes 1 to the client's eventfd. The side that waits may spin on the other's seq
 word for a bounded time; when it stops spinning it blocks in poll() on its eventfd
-(with the peer's pidfd), and after every wake-up reads the seq word again. Since
-every seq store is followed by an eventfd write (a system call, a full barrier),
-a waiter that sleeps is always woken: no wake-up is lost, whether or not either
-side spins.
+(with the peer's pidfd), and after every wake-up reads the seq word again.
+
+Awake words: a side that will poll the other's seq word until a time T says so in
+its awake word (the client before its call_seq, for the request it rings; the
+worker after a DONE, for the next request, while it spins: ``serve --spin-us``).
+The other side, after its own seq store, reads the clock and that word, and skips
+its eventfd write when the clock is more than AWAKE_MARGIN_NS before T: a poller
+needs no wake-up, and the write is a system call. What makes a skipped write
+safe is the rule the advertising side keeps: it never blocks, from the moment it
+writes T, until it has read the other's seq word once at a time after T (a
+blocking wait that would pass T is cut short at T). A seq store made more than
+AWAKE_MARGIN_NS before T is visible by then, so no wake-up is lost, whether or
+not either side spins; a stale or zero awake word only makes the reader ring.
 
 The worker trusts nothing in the page: call_seq is only compared for change,
 call_len is bounded, the frame is copied out and then goes through exactly the
@@ -40,13 +51,17 @@ from typing import Any
 
 __all__ = [
     "LANE_NBYTES", "FRAME_MAX", "CALL_SEQ", "CALL_LEN", "CALL_FRAME", "DONE_SEQ", "DONE_LEN", "DONE_FRAME",
-    "SEQ", "LEN", "post", "read_frame", "seq_word",
+    "CLIENT_AWAKE", "WORKER_AWAKE", "AWAKE_MARGIN_NS", "SEQ", "LEN", "post", "read_frame", "seq_word",
 ]
 
 LANE_NBYTES = 4096
 FRAME_MAX = 64  # the longest frame either side accepts (a CALL is 16 B, a DONE 14 B)
 CALL_SEQ, CALL_LEN, CALL_FRAME = 0, 8, 16
 DONE_SEQ, DONE_LEN, DONE_FRAME = 128, 136, 144
+CLIENT_AWAKE, WORKER_AWAKE = 96, 224  # each in a cache line its writer owns
+# A ring or answer within this much of the other side's advertised end of polling still wakes it: the margin
+# covers the time a seq store takes to be seen by another core (nanoseconds) many times over.
+AWAKE_MARGIN_NS = 50_000
 SEQ = struct.Struct("<Q")  # for reading a seq word in tests and tools; the two sides use seq_word()
 
 

@@ -5,12 +5,18 @@ ZeroMQ socket, so the loop waits on all lanes at once. When it fires, or while t
 loop spins, :meth:`Lanes.scan` reads each lane's call_seq; a changed one yields a
 private copy of the CALL frame, which the loop handles exactly like a CALL from
 ZeroMQ. The DONE of such a request goes back into the lane (:meth:`Lane.answer`).
+
+Awake words (schema/lane.py): an answer skips the client's eventfd while the client says it
+polls; a worker that spins (``--spin-us``) writes, with each answer, until when it will poll
+that lane, and :attr:`Lanes.awake_until_ns` keeps the latest such time: the loop's poll
+(``_poll.LoopPoll``) never sleeps past it without reading every lane again after it.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import time
 from collections.abc import Iterator
 
 from shmrpc.schema import lane as L
@@ -30,6 +36,7 @@ class Lane:
             self._map = mmap.mmap(self._memfd, L.LANE_NBYTES)
             self.page = memoryview(self._map)
             self._call_seq, self._done_seq = L.seq_word(self._map, L.CALL_SEQ), L.seq_word(self._map, L.DONE_SEQ)
+            self._client_awake, self._awake = L.seq_word(self._map, L.CLIENT_AWAKE), L.seq_word(self._map, L.WORKER_AWAKE)
             self.client_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         except BaseException:
             os.close(self._memfd)
@@ -59,17 +66,26 @@ class Lane:
         self.seen = seq
         return None if frame is None else (seq, frame)
 
-    def answer(self, done_frame: bytes, seq: int) -> None:
-        """Write the DONE of the request rung with ``seq`` into the page, then wake the client."""
+    def answer(self, done_frame: bytes, seq: int, spin_ns: int) -> int:
+        """Write the DONE of the request rung with ``seq`` into the page, then wake the client unless it says it
+        polls; with ``spin_ns`` (the worker spins that long after a turn), say until when this worker polls the
+        lane (returned; 0 without)."""
         L.post(self.page, self._done_seq, L.DONE_SEQ, seq, done_frame)
-        try:
-            os.eventfd_write(self.client_fd, 1)
-        except OSError:  # the counter is full (a client that never reads it): it is awake anyway
-            pass
+        # NOTE: order is important here: the clock and the client's awake word are read after done_seq is stored
+        now = time.monotonic_ns()
+        if now >= self._client_awake.value - L.AWAKE_MARGIN_NS:
+            try:
+                os.eventfd_write(self.client_fd, 1)
+            except OSError:  # the counter is full (a client that never reads it): it is awake anyway
+                pass
+        if not spin_ns:
+            return 0
+        self._awake.value = until = now + spin_ns
+        return until
 
     def close(self) -> None:
         self.handed_over()
-        del self._call_seq, self._done_seq  # they export the mapping's buffer
+        del self._call_seq, self._done_seq, self._client_awake, self._awake  # they export the mapping's buffer
         self.page.release()
         try:
             self._map.close()
@@ -83,10 +99,18 @@ class Lane:
 class Lanes:
     """Every lane of the worker, by session token, and the doorbell they share."""
 
-    def __init__(self) -> None:
+    def __init__(self, spin_ns: int = 0) -> None:
         self.doorbell_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self.by_identity: dict[bytes, Lane] = {}
         self._all: tuple[Lane, ...] = ()  # by_identity's lanes, for the scans
+        self.spin_ns = spin_ns  # the loop spins this long after a turn (--spin-us): answers say so; 0: they do not
+        self.awake_until_ns = 0  # the latest time an answer said this worker polls until (0: none pending)
+
+    def answer(self, lane: Lane, done_frame: bytes, seq: int) -> None:
+        """:meth:`Lane.answer`, keeping :attr:`awake_until_ns`."""
+        until = lane.answer(done_frame, seq, self.spin_ns)
+        if until > self.awake_until_ns:
+            self.awake_until_ns = until
 
     def open(self, identity: bytes) -> Lane:
         lane = self.by_identity[identity] = Lane(identity, self.doorbell_fd)

@@ -141,7 +141,7 @@ class Worker(Calls, Runs):
             self.leases = Leases([self.regions[0].geometry], cfg.lease, self._zero,
                                  max_borrowed_slots=cfg.client_max_slots, max_borrowed_bytes=cfg.client_max_bytes)
             self._waiters = Waiters(self.leases.sizes, cfg.client_max_waiters)
-            self._lanes = Lanes() if cfg.lanes else None
+            self._lanes = Lanes(cfg.spin_us * 1000) if cfg.lanes else None
             self.sessions = Sessions(cfg, regions=self.regions, views=self._views, backend=self.backend,
                                      leases=self.leases, waiters=self._waiters, metrics=self.metrics,
                                      shared=self.shared, send=self._send, started=self._started,
@@ -271,7 +271,7 @@ class Worker(Calls, Runs):
         lanes = self._lanes
         doorbell = lanes.doorbell_fd if lanes is not None else -1
         if lanes is not None:
-            poller.register(doorbell)
+            poller.watch_lanes(lanes)
         lane_rang = {doorbell: _POLLIN}  # the events of a turn whose lane request the spin found
         polled: set[int] = set()  # pidfds of clients and attach connections waiting for their HELLO
         pidfds: set[int] = set()

@@ -13,14 +13,22 @@ asks the socket itself (``zmq.EVENTS``): a message already queued makes the wait
 message queued later makes the fd readable. A wait after a turn that did not touch the socket (a
 lane's request) skips that question: it costs 1.5 µs of the loop's tail, and the tail is part of
 the next request's round trip where the client is woken on the worker's core.
+
+With lanes whose answers said the worker polls them until some time (the awake words,
+schema/lane.py), a wait never sleeps past that time without reading every lane after it: a
+client that rang within the time may have skipped the doorbell.
 """
 
 from __future__ import annotations
 
 import select
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 import zmq
+
+if TYPE_CHECKING:
+    from ._lanes import Lanes
 
 __all__ = ["LoopPoll"]
 
@@ -43,6 +51,12 @@ class LoopPoll:
         self._fds = select.poll()
         self._fds.register(self._zfd, select.POLLIN)
         self.used = True  # the socket was sent or received on since it was last asked for its events
+        self._lanes: Lanes | None = None
+
+    def watch_lanes(self, lanes: Lanes) -> None:
+        """Wait on the lanes' doorbell, and keep the promise of their awake words (see the module's text)."""
+        self._lanes = lanes
+        self.register(lanes.doorbell_fd)
 
     def register(self, fd: int) -> None:
         """Watch ``fd`` for input."""
@@ -62,8 +76,19 @@ class LoopPoll:
         if self.used:
             self.used = False
             queued = _RAW_GET(sock, _EVENTS) & _POLLIN
-        got = self._fds.poll(0 if queued else timeout_ms)
+        lanes = self._lanes
+        found = False
+        if timeout_ms and lanes is not None and lanes.awake_until_ns:  # (ready() reads after the clock: in order)
+            left_ns = lanes.awake_until_ns - time.monotonic_ns()
+            if left_ns > 0:  # a sleep would pass the time the lanes were told: wake just after it instead
+                timeout_ms = min(timeout_ms, left_ns // 1_000_000 + 1) if timeout_ms > 0 else left_ns // 1_000_000 + 1
+            else:  # past it: every lane read once more before sleeping (a client may have rung without the doorbell)
+                lanes.awake_until_ns = 0
+                found = lanes.ready()
+        got = self._fds.poll(0 if queued or found else timeout_ms)
         events: dict[Any, int] = dict(got) if got else {}
+        if found and lanes is not None:
+            events[lanes.doorbell_fd] = select.POLLIN
         if events.pop(self._zfd, 0) or queued:  # the reader asks the socket again before it receives
             events[sock] = _POLLIN
         return events

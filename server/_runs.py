@@ -321,7 +321,7 @@ class Runs:
         if lane and self._lanes is not None:
             ln = self._lanes.by_identity.get(identity)
             if ln is not None:
-                ln.answer(done, lane)
+                self._lanes.answer(ln, done, lane)
             return
         self._send(identity, done)
 

@@ -28,7 +28,10 @@
 #   ab      the tree sent against a base tree (the wheel in .whl/base/, installed beside it), interleaved twice:
 #           64 B in-place vector_add on the NumPy worker, loan and lanes next to zmq, and 8 and 16 client
 #           processes (loan and blocking lane) -> $OUT/ab-{base,new}-rN.json, $OUT/ab-clients-{base,new}-rN.json;
-#           then bench/lane_trace.py --lane block for both, twice -> $OUT/lane-trace-block-{base,new}-rN.json
+#           then bench/lane_trace.py --lane block for both, twice -> $OUT/lane-trace-block-{base,new}-rN.json;
+#           AB_SPIN=N adds the 64 B run with the worker and the clients spinning N µs (--spin-us N) next to
+#           iceoryx2 spinning -> $OUT/ab-spin-{base,new}-rN.json, and lane_trace.py --lane spin (the worker
+#           spinning 200 µs) -> $OUT/lane-trace-spin-{base,new}-rN.json
 #   w4a16   bench/gpu/w4a16_probe.py: gemm_w4a16's kernels and their diagnostic builds next to fp16 cuBLAS (~35 s)
 #   graphs  the CUDA graphs of batches and of chunked runs: bench/gpu/tiny_probe.py --batch (in process), the
 #           256 MiB request through the worker without its graph and with it, launched by the loop or run by an
@@ -182,6 +185,12 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
           echo "== round $r, $tree: 64 B vector_add in place (NumPy worker), lanes next to zmq; 8 and 16 clients"
           PYTHONPATH=$site timeout 60 $BENCH lat --lanes --peers zmq --sizes 64 --iters 3000 --backend numpy \
             --op vector_add --dtype float32 --in-place -q --out "$OUT/ab-$tree-r$r.json" 2>&1 | grep -E "^ +64B"
+          if [ -n "${AB_SPIN:-}" ]; then  # the same with the worker and the shmrpc clients spinning AB_SPIN µs
+            echo "== round $r, $tree: the same, --spin-us $AB_SPIN, next to iceoryx2 spinning"
+            PYTHONPATH=$site timeout 60 $BENCH lat --lanes --peers zmq,iox2-spin --sizes 64 --iters 3000 --backend numpy \
+              --op vector_add --dtype float32 --in-place --spin-us "$AB_SPIN" -q --out "$OUT/ab-spin-$tree-r$r.json" \
+              2>&1 | grep -E "^ +64B"
+          fi
           PYTHONPATH=$site timeout 60 $BENCH lat --transports shmrpc,shmrpc-lane --clients 8,16 --iters 3000 \
             --backend numpy --op vector_add --dtype float32 --sizes 64 -q --out "$OUT/ab-clients-$tree-r$r.json" \
             2>&1 | grep -E "^shmrpc"
@@ -191,9 +200,11 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       for r in 1 2; do
         for tree in base new; do
           site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
-          echo "== round $r, $tree: bench/lane_trace.py --lane block (where a blocking lane's round trip goes)"
-          PYTHONPATH=$site timeout 60 python3 bench/lane_trace.py --lane block --calls 20000 \
-            --out "$OUT/lane-trace-block-$tree-r$r.json" 2>&1 | grep -v JSON
+          for ln in block ${AB_SPIN:+spin}; do
+            echo "== round $r, $tree: bench/lane_trace.py --lane $ln (where a lane's round trip goes)"
+            PYTHONPATH=$site timeout 60 python3 bench/lane_trace.py --lane $ln --calls 20000 \
+              --out "$OUT/lane-trace-$ln-$tree-r$r.json" 2>&1 | grep -v JSON
+          done
         done
       done ;;
     gemmab)

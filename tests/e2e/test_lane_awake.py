@@ -1,0 +1,83 @@
+"""The lanes' awake words (schema/lane.py): an eventfd write skipped while the other side says it polls, and no
+answer lost for it, against a real worker process (and the client's side of the promise on its own)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+
+from shmrpc.client import Client
+from shmrpc.client._lane import ClientLane
+from shmrpc.schema import lane as L
+
+if TYPE_CHECKING:
+    from conftest import WorkerProc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+
+def _writes(fd: int) -> int:
+    """How many eventfd writes ``fd`` got since it was last read (and reset it)."""
+    try:
+        return os.eventfd_read(fd)
+    except BlockingIOError:
+        return 0
+
+
+@pytest.mark.parametrize("gap_s", [0.0, 0.0005])
+def test_a_polling_client_is_answered_without_its_eventfd_and_a_blocking_one_with_it(
+        spawn_worker: Callable[..., WorkerProc], gap_s: float) -> None:
+    w = spawn_worker("--spin-us", "50000")  # the worker polls the lanes 50 ms after each turn
+    rng = np.random.default_rng(3)
+    for mode, spin_us in (("spin", 50_000), ("block", 0)):
+        with Client(w.name, lane=mode, spin_us=spin_us, timeout_s=10) as c, c.loan(4096) as req:
+            lane = c._t.lane
+            assert lane is not None
+            x, y = req.array("x", (16,), np.float32), req.array("y", (16,), np.float32)
+            req.send("vector_add")
+            _writes(lane.fd)
+            n, slow = 200, []
+            for _ in range(n):
+                a, b = rng.standard_normal(16, dtype=np.float32), rng.standard_normal(16, dtype=np.float32)
+                x[...], y[...] = a, b
+                time.sleep(gap_s)
+                t0 = time.monotonic()
+                np.testing.assert_array_equal(req.send("vector_add")["out"], a + b)
+                slow.append(time.monotonic() - t0)
+            got = _writes(lane.fd)
+            if mode == "spin":  # it said it polls 50 ms: the worker skipped (nearly) every write
+                assert got < n // 2, got
+            else:  # it sleeps on its eventfd: every answer wrote it
+                assert got == n
+            assert max(slow) < 2.0  # no answer waited for a lost wake-up
+
+
+def test_a_client_wait_stops_at_the_time_it_said_then_reads_once_more() -> None:
+    # the client's side of the promise on its own: a wait that would sleep past the time its awake word said is
+    # cut to end just after it, then it is 0 once (done_seq is read after that time), then the wait is whole
+    page = os.memfd_create("test-lane", os.MFD_CLOEXEC)
+    os.fchmod(page, 0o600)
+    os.ftruncate(page, L.LANE_NBYTES)
+    doorbell, own = os.eventfd(0, os.EFD_NONBLOCK), os.eventfd(0, os.EFD_NONBLOCK)
+    lane = ClientLane(page, doorbell, own, os.geteuid(), 0.01)
+    try:
+        lane.ring(b"c" * 16, 1)  # the wait will spin from here: it says so for 10 ms
+        said = L.seq_word(lane._map, L.CLIENT_AWAKE).value
+        assert said > time.monotonic_ns() and lane._said_ns == said
+        assert 0 < lane._cap(5.0) < 0.0102 and lane._cap(-1.0) < 0.0102
+        time.sleep(0.011)
+        assert lane._cap(5.0) == 0.0  # past it: one more read of done_seq before any sleep
+        assert lane._cap(5.0) == 5.0 and lane._cap(-1.0) == -1.0
+        assert _writes(doorbell) == 1  # no worker says it polls: the ring wrote the doorbell
+        L.seq_word(lane._map, L.WORKER_AWAKE).value = time.monotonic_ns() + 10_000_000_000
+        lane._last_s = 1.0  # an answer that took longer than the spin budget: the next wait sleeps first
+        lane.ring(b"c" * 16, 2)
+        assert L.seq_word(lane._map, L.CLIENT_AWAKE).value == 0  # so it says nothing
+        assert _writes(doorbell) == 0  # the worker polls: no doorbell
+    finally:
+        lane.close()  # closes the page's mapping and both eventfds
