@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "--inline-max-flops may run on the loop thread (default %(default)s)")
     s.add_argument("--spin-us", type=int, default=0,
                    help="poll this many µs without sleeping before blocking (lower latency, a busy core; 0: off)")
+    s.add_argument("--cpus", default=None, metavar="LIST",
+                   help="run the worker (every thread) on these CPUs only, e.g. 2 or 2,10 or 0-3: a spinning worker "
+                        "and its spinning clients on separate physical cores (docs/operations.md)")
     s.add_argument("--max-batch", type=int, default=64, metavar="N",
                    help="serve up to N requests of one batchable plan that arrive in the same turn of the loop "
                         "with one batched run (1: off) (default %(default)s)")
@@ -232,6 +235,22 @@ def _serve(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         # before anything imports CuPy: the worker then sees this one GPU, as its device 0
         os.environ["CUDA_VISIBLE_DEVICES"] = str(args.device)
+
+    if args.cpus is not None:  # before the worker's threads start: they inherit the set
+        from .config import parse_cpus
+        try:
+            cpus = parse_cpus(args.cpus)
+            os.sched_setaffinity(0, cpus)
+            for tid in os.listdir("/proc/self/task"):  # threads started at import (a BLAS pool) are moved too
+                try:
+                    os.sched_setaffinity(int(tid), cpus)
+                except ProcessLookupError:  # it ended meanwhile
+                    pass
+        except (ValueError, OSError) as e:
+            why = e if isinstance(e, ValueError) else f"--cpus {args.cpus}: not CPUs this process may use " \
+                f"({sorted(os.sched_getaffinity(0))}): {e.strerror}"
+            print(f"shmrpc serve: {why}", file=sys.stderr)
+            return EXIT_USAGE
 
     from ._http import read_token
     from ._logs import setup_logging

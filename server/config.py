@@ -9,7 +9,7 @@ from shmrpc.schema.naming import validate_name
 
 from ._http import parse_addr
 
-__all__ = ["WorkerConfig", "DEFAULT_LEASE", "DEFAULT_LEASE_MAX", "parse_lease"]
+__all__ = ["WorkerConfig", "DEFAULT_LEASE", "DEFAULT_LEASE_MAX", "parse_lease", "parse_cpus"]
 
 #: Slots of each size class leased to a client at HELLO when it asks for nothing (smallest class
 #: first); the rest are borrowed on demand with ACQUIRE. With DEFAULT_GEOMETRY: 4 x 64K and 2 x 1M,
@@ -28,6 +28,21 @@ def parse_lease(text: str) -> tuple[int, ...]:
     if any(c < 0 for c in counts):
         raise ValueError("--lease counts must be >= 0")
     return counts
+
+
+def parse_cpus(text: str, flag: str = "--cpus") -> frozenset[int]:
+    """``"2"``, ``"2,10"``, ``"0-3,8"`` -> a set of CPU numbers (a usage error names ``flag``)."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            first, last = int(lo), int(hi or lo)
+            if first < 0 or last < first:
+                raise ValueError
+            cpus.update(range(first, last + 1))
+    except ValueError:
+        raise ValueError(f"{flag} must be CPU numbers and ranges like 2,10 or 0-3, got {text!r}") from None
+    return frozenset(cpus)
 
 
 @dataclass(frozen=True)

@@ -256,3 +256,13 @@ def test_malformed_op_table_is_a_protocol_mismatch_at_connect(monkeypatch: pytes
     with pytest.raises(ProtocolMismatchError, match="op table entry 'echo': code"):
         Client("fake", connect_timeout_s=1)
     assert closed, "the transport was not closed after the refused handshake"
+
+
+def test_serve_cpus_pins_every_thread_of_the_worker(spawn_worker: Callable[..., WorkerProc]) -> None:
+    cpu = max(os.sched_getaffinity(0))
+    w = spawn_worker("--cpus", str(cpu), "--threads", "2")
+    with Client(w.name) as c:  # a request on the executor: its threads exist too
+        np.testing.assert_array_equal(c.call("scale", x=np.ones(300_000), a=2.0)["out"], 2.0)
+    tids = os.listdir(f"/proc/{w.pid}/task")
+    assert len(tids) > 1
+    assert {t: os.sched_getaffinity(int(t)) for t in tids} == {t: {cpu} for t in tids}
