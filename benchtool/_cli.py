@@ -10,6 +10,7 @@ import sys
 from typing import Any, NoReturn
 
 from shmrpc.schema.layout import parse_size
+from shmrpc.server.config import parse_cpus, pin_process
 
 from ._runner import SHM_KEYS, TRANSPORT_CLASSES, RunConfig
 from ._shapes import check_shapes, shapes_nbytes
@@ -53,6 +54,13 @@ def _ints(text: str) -> list[int]:
     if not values or values[0] < 1:
         raise argparse.ArgumentTypeError("counts must be >= 1")
     return values
+
+
+def _cpus(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(sorted(parse_cpus(text, "CPUs")))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _attr(text: str) -> tuple[str, Any]:
@@ -131,6 +139,10 @@ def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     w.add_argument("--worker-args", default="", help="more arguments for the worker it starts, e.g. '--threads 8'")
     w.add_argument("--spin-us", type=int, default=0,
                    help="the worker it starts and the shmrpc clients poll this many µs before sleeping (0: off)")
+    w.add_argument("--server-cpus", type=_cpus, default=(), metavar="LIST",
+                   help="run every server on these CPUs (the worker through serve --cpus, each peer's server), e.g. 2")
+    w.add_argument("--client-cpus", type=_cpus, default=(), metavar="LIST",
+                   help="run this process and the client processes it starts on these CPUs, e.g. 10")
     t = p.add_argument_group("transports")
     t.add_argument("--peers", nargs="?", const=_ALL_PEERS, default="",
                    help=f"also measure peers (default all: {_ALL_PEERS}); missing packages are skipped")
@@ -183,7 +195,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      clients=args.clients, clients_max_nbytes=args.clients_max_size, transports=list(dict.fromkeys(keys)),
                      name=args.name, worker_args=args.worker_args, spin_us=args.spin_us,
                      bytes_budget=args.bytes_budget, in_place=args.in_place,
-                     connect_iters=args.connect_iters, shapes=shapes)
+                     connect_iters=args.connect_iters, shapes=shapes, server_cpus=args.server_cpus,
+                     client_cpus=args.client_cpus)
 
 
 def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:
@@ -218,6 +231,14 @@ def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:
     def note(text: str) -> None:
         if not args.quiet:
             print(text, file=sys.stderr, flush=True)
+
+    if args.client_cpus:
+        try:
+            pin_process(args.client_cpus)
+        except OSError as e:
+            print(f"{prog}: --client-cpus {','.join(map(str, args.client_cpus))}: not CPUs this process may use "
+                  f"({sorted(os.sched_getaffinity(0))}): {e.strerror}", file=sys.stderr)
+            return 2
 
     if args.mode in ("async", "threads"):
         return _concurrency(args, prog, argv)

@@ -16,6 +16,7 @@ the span from the first start to the last finish.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -82,6 +83,8 @@ class RunConfig:
     #: input name -> shape (``--shape``): every shmrpc path and ``own`` send tensors of these shapes; ``sizes`` is then
     #: their bytes together, which the peers move
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    server_cpus: tuple[int, ...] = ()  # every server started runs on these CPUs (the worker: serve --cpus)
+    client_cpus: tuple[int, ...] = ()  # this process and its client processes (pinned by the CLI)
 
     def scaling_sizes(self) -> list[int]:
         """The sizes the multi-client mode runs: those up to ``clients_max_nbytes`` (the smallest if none)."""
@@ -113,6 +116,21 @@ def make_transport(key: str, address: str, cfg: RunConfig) -> Transport:
 
 
 @contextmanager
+def started_on(cpus: tuple[int, ...]) -> Iterator[None]:
+    """Processes started inside run on ``cpus`` (none: where this thread runs): this thread's own CPUs change for
+    that time, and a child inherits them."""
+    if not cpus:
+        yield
+        return
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
+
+
+@contextmanager
 def open_servers(cfg: RunConfig, log: Callable[[str], None] = print) -> Iterator[Servers]:
     """Start the worker (unless ``cfg.name``) and the peer servers; stop them all on exit.
 
@@ -131,6 +149,8 @@ def open_servers(cfg: RunConfig, log: Callable[[str], None] = print) -> Iterator
             servers.plan = plan
             try:
                 extra = f"{cfg.worker_args} --spin-us {cfg.spin_us}" if cfg.spin_us else cfg.worker_args
+                if cfg.server_cpus:
+                    extra += f" --cpus {','.join(map(str, cfg.server_cpus))}"
                 if n_clients > 8 and "--max-clients-per-uid" not in extra:  # the sweep's processes, this one, spares
                     extra += f" --max-clients-per-uid {n_clients + 4}"
                 worker = stack.enter_context(WorkerProcess(plan, cfg.backend, extra))
@@ -151,7 +171,8 @@ def open_servers(cfg: RunConfig, log: Callable[[str], None] = print) -> Iterator
                 servers.addresses[key] = ""
                 continue
             try:
-                srv = stack.enter_context(start_peer_server(key))
+                with started_on(cfg.server_cpus):
+                    srv = stack.enter_context(start_peer_server(key))
                 servers.addresses[key] = srv.address
             except TransportUnavailable as exc:
                 servers.skipped[key] = str(exc)

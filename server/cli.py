@@ -237,15 +237,9 @@ def _serve(args: argparse.Namespace) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(args.device)
 
     if args.cpus is not None:  # before the worker's threads start: they inherit the set
-        from .config import parse_cpus
+        from .config import parse_cpus, pin_process
         try:
-            cpus = parse_cpus(args.cpus)
-            os.sched_setaffinity(0, cpus)
-            for tid in os.listdir("/proc/self/task"):  # threads started at import (a BLAS pool) are moved too
-                try:
-                    os.sched_setaffinity(int(tid), cpus)
-                except ProcessLookupError:  # it ended meanwhile
-                    pass
+            pin_process(parse_cpus(args.cpus))
         except (ValueError, OSError) as e:
             why = e if isinstance(e, ValueError) else f"--cpus {args.cpus}: not CPUs this process may use " \
                 f"({sorted(os.sched_getaffinity(0))}): {e.strerror}"

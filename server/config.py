@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shmrpc.schema.layout import DEFAULT_GEOMETRY, Geometry, SizeClass
@@ -9,7 +11,7 @@ from shmrpc.schema.naming import validate_name
 
 from ._http import parse_addr
 
-__all__ = ["WorkerConfig", "DEFAULT_LEASE", "DEFAULT_LEASE_MAX", "parse_lease", "parse_cpus"]
+__all__ = ["WorkerConfig", "DEFAULT_LEASE", "DEFAULT_LEASE_MAX", "parse_lease", "parse_cpus", "pin_process"]
 
 #: Slots of each size class leased to a client at HELLO when it asks for nothing (smallest class
 #: first); the rest are borrowed on demand with ACQUIRE. With DEFAULT_GEOMETRY: 4 x 64K and 2 x 1M,
@@ -43,6 +45,21 @@ def parse_cpus(text: str, flag: str = "--cpus") -> frozenset[int]:
     except ValueError:
         raise ValueError(f"{flag} must be CPU numbers and ranges like 2,10 or 0-3, got {text!r}") from None
     return frozenset(cpus)
+
+
+def pin_process(cpus: Iterable[int]) -> None:
+    """Run this process, every thread it has and every thread or child it starts later, on ``cpus`` only.
+
+    Raises:
+        OSError: none of ``cpus`` is a CPU this process may use.
+    """
+    cpus = frozenset(cpus)
+    os.sched_setaffinity(0, cpus)
+    for tid in os.listdir("/proc/self/task"):  # threads started before (a BLAS pool at import) are moved too
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:  # it ended meanwhile
+            pass
 
 
 @dataclass(frozen=True)

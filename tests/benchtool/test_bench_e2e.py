@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from shmrpc.bench import RunConfig, main, run_benchmark
-from shmrpc.bench._runner import make_transport, open_servers
+from shmrpc.bench._runner import make_transport, open_servers, started_on
 
 
 def _bench_regions() -> set[str]:
@@ -184,3 +184,36 @@ def test_own_backend_baseline_runs_the_op_in_the_client_process() -> None:
         t.prepare(64)
         got = np.frombuffer(t.reply_bytes(t.roundtrip()), dtype=np.int32)
         np.testing.assert_array_equal(got, 2 * payload_of(64, "int32"))
+
+
+def test_processes_started_on_cpus_get_them_and_the_starter_keeps_its_own() -> None:
+    mine = os.sched_getaffinity(0)
+    cpu = max(mine)
+    with started_on((cpu,)):
+        child = subprocess.Popen([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                                 stdout=subprocess.PIPE, text=True)
+    out, _ = child.communicate(timeout=30)
+    assert out.strip() == f"[{cpu}]" and os.sched_getaffinity(0) == mine
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_server_and_client_cpus_reach_the_worker_and_the_run(tmp_path: Path, no_leak: object) -> None:
+    # a child process: --client-cpus pins the process that runs the bench
+    cpu = max(os.sched_getaffinity(0))
+    out = tmp_path / "pin.json"
+    proc = subprocess.run([sys.executable, "-m", "shmrpc.bench", "lat", "--sizes", "64", "--iters", "20", "--warmup", "2",
+                           "--backend", "numpy", "--transports", "shmrpc,zmq", "--server-cpus", str(cpu),
+                           "--client-cpus", str(cpu), "--out", str(out), "-q"], capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["config"]["server_cpus"] == [cpu] and doc["config"]["client_cpus"] == [cpu]
+    argv = doc["worker"]["argv"]
+    assert argv[argv.index("--cpus") + 1] == str(cpu)
+    assert {r["transport"] for r in doc["results"] if "error" not in r} == {"shmrpc", "zmq"}
+
+
+@pytest.mark.parametrize("flag", ["--server-cpus", "--client-cpus"])
+def test_bad_cpus_are_a_usage_error_naming_the_flag(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["lat", flag, "2-1", "--no-json"]) == 2
+    assert flag in capsys.readouterr().err
