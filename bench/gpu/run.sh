@@ -32,6 +32,10 @@
 #           AB_SPIN=N adds the 64 B run with the worker and the clients spinning N µs (--spin-us N) next to
 #           iceoryx2 spinning -> $OUT/ab-spin-{base,new}-rN.json, and lane_trace.py --lane spin (the worker
 #           spinning 200 µs) -> $OUT/lane-trace-spin-{base,new}-rN.json
+#   pin     where the server and the client run: the spinning lane and iceoryx2 spinning for each CPU pair of
+#           PIN_PAIRS (server:client) -> $OUT/pin-probe-S-C.json; then 64 B in-place vector_add, every path with the
+#           peers, not pinned and pinned to PIN (server:client, default 2:10), without and with --spin-us 200,
+#           interleaved twice -> $OUT/pin-{free,pinned}-spin{0,200}-rN.json
 #   w4a16   bench/gpu/w4a16_probe.py: gemm_w4a16's kernels and their diagnostic builds next to fp16 cuBLAS (~35 s)
 #   graphs  the CUDA graphs of batches and of chunked runs: bench/gpu/tiny_probe.py --batch (in process), the
 #           256 MiB request through the worker without its graph and with it, launched by the loop or run by an
@@ -142,6 +146,25 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       timeout 60 python3 bench/gpu/floor_probe.py --out "$OUT/floor-probe.json" 2>&1 | tail -7
       small bench-small-cpu --backend numpy --op vector_add --dtype float32 --in-place
       small bench-small-cpu-spin --backend numpy --op vector_add --dtype float32 --in-place --spin-us 200 ;;
+    pin)  # where the two processes run: a probe over CPU pairs, then the 64 B paths unpinned and pinned
+      for pair in ${PIN_PAIRS:-2:3 2:4 2:5 2:10 2:11 6:13}; do
+        echo "== placement: server on CPU ${pair%%:*}, client on CPU ${pair##*:}: spinning lane and iceoryx2 spinning"
+        timeout 60 $BENCH lat --transports shmrpc-lane-spin,iox2-spin --sizes 64 --iters 2000 --backend numpy \
+          --op vector_add --dtype float32 --in-place --spin-us 200 --server-cpus "${pair%%:*}" \
+          --client-cpus "${pair##*:}" -q --out "$OUT/pin-probe-${pair/:/-}.json" 2>&1 | grep -E "^ +64B"
+      done
+      pin=${PIN:-2:10}
+      for r in 1 2; do
+        for arm in free pinned; do
+          cpus=(); [ "$arm" = pinned ] && cpus=(--server-cpus "${pin%%:*}" --client-cpus "${pin##*:}")
+          for spin in 0 200; do
+            echo "== round $r, $arm ${cpus[*]}, --spin-us $spin: 64 B vector_add in place (NumPy worker), all paths"
+            timeout 90 $BENCH lat --lanes --peers zmq,iox2,iox2-spin --sizes 64 --iters 3000 --backend numpy \
+              --op vector_add --dtype float32 --in-place --spin-us $spin "${cpus[@]}" -q \
+              --out "$OUT/pin-$arm-spin$spin-r$r.json" 2>&1 | grep -E "^ +64B"
+          done
+        done
+      done ;;
     smallgpu)
       small bench-small-gpu --backend cupy --op scale --attr a=2 --attr b=1 --dtype float32 ;;
     sweep|sweepgpu)  # issue #12: requests/s of 1..16 client processes; each stage under 290 s
@@ -257,7 +280,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       echo "== bench/async_loop_ab.py (wrap_future vs direct finish, 3 rounds)"
       timeout 60 python3 bench/async_loop_ab.py --rounds 3 --out "$OUT/bench-async-gpuhost-loop-ab.json" \
         2>&1 | tail -16 ;;
-    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, smallgpu, sweep, sweepgpu, pool, ab, gemmab, w4a16, graphs, gemmprof, inline1m, singlesab, loop)" ;;
+    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, pin, smallgpu, sweep, sweepgpu, pool, ab, gemmab, w4a16, graphs, gemmprof, inline1m, singlesab, loop)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"
