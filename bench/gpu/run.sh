@@ -36,6 +36,9 @@
 #           PIN_PAIRS (server:client) -> $OUT/pin-probe-S-C.json; then 64 B in-place vector_add, every path with the
 #           peers, not pinned and pinned to PIN (server:client, default 2:10), without and with --spin-us 200,
 #           interleaved twice -> $OUT/pin-{free,pinned}-spin{0,200}-rN.json
+#   gemmpin gemm x=16x256 w=256x256 float16 on the CuPy worker from 8 and 16 client processes (loan, both lanes),
+#           unpinned and pinned (PIN_GEMM server:clients, default the worker on 2,10 and the clients on the other
+#           CPUs), interleaved twice -> $OUT/gemmpin-{free,pinned}-rN.json
 #   w4a16   bench/gpu/w4a16_probe.py: gemm_w4a16's kernels and their diagnostic builds next to fp16 cuBLAS (~35 s)
 #   graphs  the CUDA graphs of batches and of chunked runs: bench/gpu/tiny_probe.py --batch (in process), the
 #           256 MiB request through the worker without its graph and with it, launched by the loop or run by an
@@ -165,6 +168,17 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
           done
         done
       done ;;
+    gemmpin)  # gemm from 8 and 16 clients on the CuPy worker, unpinned and pinned (PIN_GEMM server:clients)
+      pin=${PIN_GEMM:-2,10:0,1,3-9,11-15}
+      for r in 1 2; do
+        for arm in free pinned; do
+          cpus=(); [ "$arm" = pinned ] && cpus=(--server-cpus "${pin%%:*}" --client-cpus "${pin##*:}")
+          echo "== round $r, $arm ${cpus[*]}: gemm x=16x256 w=256x256 float16 on the CuPy worker, 8 and 16 clients"
+          timeout 120 $BENCH lat --transports shmrpc,shmrpc-lane,shmrpc-lane-spin --clients 8,16 --iters 2000 \
+            --warmup 50 --backend cupy --op gemm --shape x=16x256 --shape w=256x256 --dtype float16 "${cpus[@]}" -q \
+            --out "$OUT/gemmpin-$arm-r$r.json" 2>&1 | grep -E "^shmrpc"
+        done
+      done ;;
     smallgpu)
       small bench-small-gpu --backend cupy --op scale --attr a=2 --attr b=1 --dtype float32 ;;
     sweep|sweepgpu)  # issue #12: requests/s of 1..16 client processes; each stage under 290 s
@@ -280,7 +294,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       echo "== bench/async_loop_ab.py (wrap_future vs direct finish, 3 rounds)"
       timeout 60 python3 bench/async_loop_ab.py --rounds 3 --out "$OUT/bench-async-gpuhost-loop-ab.json" \
         2>&1 | tail -16 ;;
-    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, pin, smallgpu, sweep, sweepgpu, pool, ab, gemmab, w4a16, graphs, gemmprof, inline1m, singlesab, loop)" ;;
+    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, pin, gemmpin, smallgpu, sweep, sweepgpu, pool, ab, gemmab, w4a16, graphs, gemmprof, inline1m, singlesab, loop)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"
