@@ -1,5 +1,5 @@
 """Tuning sweep for the tensor-core gemm_w4a16 kernel (cuda/w4a16_mma.cu): the measured table behind
-``quant._MMA_TABLE``.
+``_w4a16_config._MMA_TABLE``.
 
 Run on the GPU host::
 

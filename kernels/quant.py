@@ -11,15 +11,13 @@ Per group: lo = min(w, 0), hi = max(w, 0) (zero stays exact), scale = (hi - lo) 
 to float16 (1.0 for an all-zero group), zero = clip(round(-lo / scale), 0, 15),
 q = clip(round(w / scale) + zero, 0, 15), round half to even. |w - dequant| <= scale/2 plus
 float16 rounding of the scale. A packed row is contiguous along N, which is what makes the
-GPU kernel's 16-byte loads coalesce (see ``cuda/gemm_w4a16.cu``).
+GPU kernel's 16-byte loads coalesce (see ``cuda/gemm_w4a16.cu``). Which kernel and launch a shape gets,
+and the knobs that change it, are in :mod:`._w4a16_config`; this module runs them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -28,6 +26,22 @@ from ._common import TOL_MATMUL, require_dtype, require_ndim
 from ._dtypes import from_float, to_float
 from ._errors import KernelInputError
 from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec
+from ._w4a16_config import (
+    _WK_SMEM_MAX,
+    W4A16Tuning,
+    _dequant_min_m,
+    _h2_cfg,
+    _h2_name,
+    _mma_cfg,
+    _mma_names,
+    _w4a16_names,
+    _wk_name,
+    tuning,
+    use_tuning,
+    w4a16_launch_config,
+    w4a16_mma_launch,
+    w4a16_wk_launch,
+)
 from .api import register_op
 
 __all__ = ["QUANTIZE_INT4", "GEMM_W4A16", "dequantize_int4", "w4a16_launch_config", "w4a16_mma_launch",
@@ -123,121 +137,11 @@ def _infer_w4a16(inputs: Mapping[str, TensorSpec], attrs: Mapping[str, Any]) -> 
     return {"out": TensorSpec((m, n), x.dtype)}
 
 
-@dataclasses.dataclass(frozen=True)
-class W4A16Tuning:
-    """Tuning knobs of the CuPy gemm_w4a16 paths, read once from the environment at import (docs/kernels.md).
-
-    Attributes:
-        blocks_per_sm: ``SHMRPC_W4A16_BLOCKS_PER_SM`` (2): K-split so that about this many blocks run per SM.
-        dequant_min_m: ``SHMRPC_W4A16_DEQUANT_MIN_M`` (5): float16 batches from this M go dequantize + cuBLAS.
-        h2: ``SHMRPC_W4A16_H2=1``: the float16x2 kernel for float16 M <= 4 (opt-in).
-        prefetch: ``SHMRPC_W4A16_PF=1``: prefetch the next run in the M = 1 kernel (measured slower).
-        mma: ``SHMRPC_W4A16_MMA`` (on; ``0`` turns the tensor-core path off).
-        mma_m1: ``SHMRPC_W4A16_MMA_M1`` (on; ``0`` keeps M = 1 on the float32 CUDA-core kernel).
-        mma_cfg: ``SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S"`` (w4a16_mma / w4a16_mma_async),
-            ``"MT,NWORD,WK,BPS,S,XSM"`` (w4a16_wk), ``"MT,NWORD,WK,0,S,XSM,CL"`` (w4a16_wkc, clusters of CL
-            blocks) or ``"MT,NWORD,WK,0,S,1,1,CN"`` (w4a16_wkm, activations multicast to clusters of CN blocks): one
-            forced configuration (tuning only).
-    """
-
-    blocks_per_sm: int = 2
-    dequant_min_m: int = 5
-    h2: bool = False
-    prefetch: bool = False
-    mma: bool = True
-    mma_m1: bool = True
-    mma_cfg: tuple[int, ...] | None = None
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> W4A16Tuning:
-        """The knobs ``env`` sets (defaults for the rest)."""
-        forced = env.get("SHMRPC_W4A16_MMA_CFG")
-        cfg = None
-        if forced:
-            v = [int(p) for p in forced.split(",")]
-            cfg = tuple(v) if len(v) in (6, 7, 8) else (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
-        return cls(blocks_per_sm=int(env.get("SHMRPC_W4A16_BLOCKS_PER_SM", "2")),
-                   dequant_min_m=int(env.get("SHMRPC_W4A16_DEQUANT_MIN_M", "5")),
-                   h2=env.get("SHMRPC_W4A16_H2", "0") == "1", prefetch=env.get("SHMRPC_W4A16_PF", "0") == "1",
-                   mma=env.get("SHMRPC_W4A16_MMA", "1") != "0", mma_m1=env.get("SHMRPC_W4A16_MMA_M1", "1") != "0",
-                   mma_cfg=cfg)
-
-
-_TUNING = W4A16Tuning.from_env()
-
-
-def tuning() -> W4A16Tuning:
-    """The knobs in force."""
-    return _TUNING
-
-
-@contextlib.contextmanager
-def use_tuning(**changes: Any) -> Iterator[W4A16Tuning]:
-    """Run a block with some knobs changed (benchmarks and tests; not thread-safe against running ops).
-
-    Example::
-
-        with use_tuning(mma=False):
-            ...  # the CUDA-core path
-    """
-    global _TUNING
-    before = _TUNING
-    _TUNING = dataclasses.replace(before, **changes)
-    try:
-        yield _TUNING
-    finally:
-        _TUNING = before
-
-
 def _w4a16_numpy(call: OpCall) -> dict[str, Any]:
     xp, dt = call.xp, call.in_specs["x"].dtype
     w = dequantize_int4(xp, call.inputs["qweight"], call.inputs["scales"], call.inputs["zeros"])
     f = xp.matmul(to_float(xp, call.inputs["x"], dt).astype(xp.float32, copy=False), w)
     return {"out": from_float(xp, f, dt, call.dest("out"))}
-
-
-def w4a16_launch_config(m: int, k: int, n: int, n_sm: int) -> tuple[tuple[int, int], int, int]:
-    """(grid, rows_per_split, mb) of ``cuda/gemm_w4a16.cu`` for x (m, k), qweight (k/2, n)."""
-    rows = k // 2
-    grid_x = -(-n // 128)
-    per_sm = _TUNING.blocks_per_sm
-    want = max(1, -(-per_sm * n_sm // grid_x))  # about per_sm blocks per SM
-    per_split = -(-rows // want)
-    rps = max(256, -(-per_split // 256) * 256)
-    rps = min(rps, rows)
-    ksplit = -(-rows // rps)
-    mb = 1 if m == 1 else 2  # MB=4 would hold 3x64 accumulators: register spills
-    return (grid_x, ksplit), rps, mb
-
-
-# float16 M <= 4: w4a16_h2<MB, CT, RT, MINB> (float16x2 dequant, see cuda/gemm_w4a16.cu). Per M, the
-# configurations in order of preference (measured on an H200); the first whose RT divides
-# group_size / 2 is used (the last has RT = 8, which always does: group_size % 16 == 0).
-_H2_CFG: dict[int, tuple[tuple[int, int, int, int], ...]] = {
-    1: ((1, 16, 32, 1), (1, 16, 16, 2), (1, 16, 8, 2)),
-    2: ((2, 16, 16, 2), (2, 8, 8, 4)),
-    3: ((4, 8, 16, 2), (2, 8, 8, 4)),
-    4: ((4, 8, 16, 2), (2, 8, 8, 4)),
-}
-
-
-def _h2_cfg(m: int, group_rows: int) -> tuple[int, int, int, int]:
-    return next(c for c in _H2_CFG[m] if group_rows % c[2] == 0)
-
-
-def _h2_name(cfg: tuple[int, int, int, int]) -> str:
-    return "w4a16_h2<" + ",".join(map(str, cfg)) + ">"
-
-
-def _w4a16_names(kt: str) -> tuple[str, ...]:
-    h2 = sorted({_h2_name(c) for cfgs in _H2_CFG.values() for c in cfgs}) if kt == "F16" else []
-    return (*(f"w4a16_gemm<{kt},{mb},{'true' if pf else 'false'}>" for mb in (1, 2) for pf in (False, True)),
-            "w4_dequant_f16<0>", *h2)
-
-
-def _dequant_min_m() -> int:
-    """Batch size from which float16 inputs go dequantize-kernel + cuBLAS (SHMRPC_W4A16_DEQUANT_MIN_M, default 5)."""
-    return _TUNING.dequant_min_m
 
 
 def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
@@ -267,7 +171,7 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
         dq((-(-threads // 256),), (256,), (qw, sc, zr, w16, np.int32(k), np.int32(n), np.int32(gs // 2)))
         d = call.dest("out")
         return {"out": cupy.matmul(x, w16, out=d if d is not None and d.flags.c_contiguous else None)}
-    if dt == "float16" and m <= 4 and k // 2 <= 65535 * 256 and _TUNING.h2:
+    if dt == "float16" and m <= 4 and k // 2 <= 65535 * 256 and tuning().h2:
         return {"out": _w4a16_h2(call, m, k, n, gs)}
     (grid_x, ksplit), rps, mb = w4a16_launch_config(m, k, n, sm_count())
     if ksplit > 65535:
@@ -282,196 +186,12 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
         counters = cupy.zeros(max(grid_x, 1024), dtype=cupy.uint32)
         call.workspace["w4a16_counters"] = counters
     kt = "F16" if dt == "float16" else "BF16"
-    pf = "true" if mb == 1 and _TUNING.prefetch else "false"
+    pf = "true" if mb == 1 and tuning().prefetch else "false"
     fn = get_function("gemm_w4a16.cu", _w4a16_names(kt), f"w4a16_gemm<{kt},{mb},{pf}>")
     fn((grid_x, ksplit), (256,), (x, qw, sc, zr, partial, counters, out,
                                   np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(rps)))
     return {"out": out}
 
-
-# Tensor-core kernels (cuda/w4a16_mma.cu). A configuration is (MT, NWORD, WARPS, BPS, S): 16-row m-tiles,
-# 32-bit weight words per thread per packed row (a warp covers 32*NWORD columns, a block WARPS of those),
-# warps per block, blocks per SM aimed at (sets the K split), and S > 0: w4a16_mma_async with S shared-memory
-# stages (cp.async), S = 0: w4a16_mma (register prefetch). Six numbers (MT, NWORD, WK, BPS, S, XSM) name
-# w4a16_wk: WK warps split the chunks of one 32*NWORD-column slab, each warp with its own S-stage cp.async
-# pipeline (XSM = 1: activations staged too; 0: read through L1), BPS blocks per SM aimed at (0: no K split);
-# MT = 0 there: the operands swapped (weights as the A operand, 8 activation rows as B: M <= 8 per m-block).
-# Seven numbers (MT, NWORD, WK, 0, S, XSM, CL) name w4a16_wkc: the same blocks, the K split always CL ways, the CL
-# blocks of a column tile one cluster that adds its sums through distributed shared memory (no global partials);
-# a table entry is taken only where CL is the split BPS = 1 would choose (round(SMs / column tiles)) and the CL
-# blocks of every tile fit in one wave (one block per SM); a forced one wherever they fit in one wave.
-# Eight numbers (MT, NWORD, WK, 0, S, 1, 1, CN) name w4a16_wkm: w4a16_wk without a K split whose CN neighbouring column
-# slabs form a cluster: x is first packed by chunk (w4_xpack: MR padded 144-byte rows per 64-k chunk, one contiguous
-# block), and each chunk's rows are read from L2 once per cluster, CN bulk copies multicast into the CN blocks
-# (mbarriers; CN = 1: one bulk copy, no cluster); it takes N where the column tiles divide into clusters, and (unless
-# forced) only where they fit in one wave of one block per SM that BPS = 1 would not split (round(SMs / tiles) == 1).
-_MMA_VARIANTS = ((1, 4, 4), (1, 2, 4), (1, 1, 4), (1, 1, 8), (2, 2, 4), (2, 1, 4), (4, 1, 4), (4, 1, 2))
-_ASYNC_VARIANTS = ((1, 2, 4, 4), (1, 2, 4, 3), (1, 2, 4, 2), (1, 1, 8, 3), (1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 4), (2, 1, 4, 4), (2, 2, 4, 3),
-                   (4, 1, 4, 3), (4, 1, 2, 4))
-# (MT, NWORD, WK, S, XSM) of w4a16_wk built into the module
-_WK_VARIANTS = ((0, 4, 8, 4, 0), (0, 4, 8, 3, 1), (0, 2, 8, 4, 0), (0, 2, 8, 4, 1), (0, 4, 4, 4, 0),
-                (1, 4, 8, 4, 0), (1, 4, 8, 3, 1), (1, 2, 8, 4, 1), (1, 2, 8, 4, 0), (1, 1, 8, 4, 1), (1, 2, 4, 4, 1),
-                (2, 2, 8, 3, 1), (2, 2, 4, 3, 1), (4, 2, 4, 2, 1), (4, 2, 2, 3, 1), (4, 1, 4, 2, 1), (1, 2, 8, 3, 0),
-                (1, 2, 4, 3, 1), (4, 2, 8, 2, 1), (2, 4, 8, 2, 1), (2, 4, 8, 3, 1))
-# (MT, NWORD, WK, S, XSM, CL) of w4a16_wkc built into the module
-_WKC_VARIANTS = ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
-                 (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2), (2, 4, 8, 3, 1, 2))
-# (MT, NWORD, WK, S, CN) of w4a16_wkm built into the module
-_WKM_VARIANTS = ((4, 2, 8, 2, 2), (4, 2, 8, 2, 1), (4, 2, 8, 2, 4), (4, 2, 6, 3, 2))
-_WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
-# Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
-# on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and -07d7ec0; M 9..64 from
-# w4a16-probe-2026-12-01-3cb2d08, -4e37619 and -7105858). M = 1 takes an entry only where it splits K through a cluster or
-# not at all (_NO_GLOBAL_SPLIT_MAX_M), else the float32 CUDA-core kernel. M 17..32: the wide slab (MT 2, NWORD 4:
-# each A fragment over 16 n-tiles) first; M 33..64: MT 4 NWORD 2 with 8 warps (one m-block: the weights read once),
-# and at M 33..48 4 warps first where the column tiles outnumber the SMs (_MANY_TILES_FIRST).
-_MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
-    (1, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1))),
-    (8, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
-    (16, ((1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
-    (32, ((2, 4, 8, 0, 3, 1, 2), (2, 2, 8, 0, 3, 1, 2), (2, 4, 8, 1, 2, 1), (2, 2, 8, 1, 3, 1), (2, 1, 4, 4, 4))),
-    (48, ((4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
-    (64, ((4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
-)
-# Per table row (its largest M): an entry tried before the row where N / (32 NWORD) column tiles outnumber the SMs, so
-# that the row's 8-warp blocks (one per SM by shared memory) would need a second wave; (4, 2, 4, 1, 2, 1) runs two
-# blocks per SM. M 33..48 at 4096 x 14336 (224 tiles): 38.5 against 40.8 us (M = 33) and 42.3 against 44.6 (M = 48),
-# run of 403d932 (b59dae7: 38.7 against 40.9, 40.5 against 43.5); at M = 64 not (49.3 against 48.4 us there).
-_MANY_TILES_FIRST: dict[int, tuple[int, ...]] = {48: (4, 2, 4, 1, 2, 1)}
-# Up to this M a table entry whose launch would add K-split partials in global memory is passed over: at M = 1 the
-# CUDA-core kernel is faster than that (4096^2: 9.4 against 9.9 us, 8192^2: 20.2 against 21.0 us, run of 07d7ec0),
-# slower than a cluster split or none (8192^2: 19.6, 4096x14336: 19.2 against 21.3 us).
-_NO_GLOBAL_SPLIT_MAX_M = 1
-
-
-def _wk_smem(cfg: tuple[int, ...]) -> int:
-    """Dynamic shared memory of w4a16_wk / w4a16_wkc (the kernel's layout: WK*S stages, then a float32 tile;
-    staged activation rows of 144 bytes, padded, or, where that would pass _WK_SMEM_MAX at MT > 0, 128 bytes, swizzled)."""
-    mt, nword, wk, _, st, xsm = cfg[:6]
-    bc, mr = 32 * nword, 16 * mt if mt else 8
-    padded = wk * st * (36 * bc + xsm * mr * 144) + mr * (bc + 4) * 4
-    if len(cfg) == 8:  # w4a16_wkm: always padded rows (as packed), then two mbarriers per warp and stage
-        return padded + 16 * wk * st
-    if mt and xsm and padded > _WK_SMEM_MAX:
-        return wk * st * (36 * bc + mr * 128) + mr * (bc + 4) * 4
-    return padded
-
-
-def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm: int = 132) -> tuple[int, ...] | None:
-    """The tensor-core configuration for this shape, or None (other paths); ``smem_max``: the dynamic shared
-    memory a block may opt in to on the device (w4a16_wk configurations above it are passed over); ``n_sm``:
-    the device's SMs (see ``_takes``).
-
-    SHMRPC_W4A16_MMA=0 turns the path off; SHMRPC_W4A16_MMA_M1=0 keeps M = 1 on the CUDA-core kernel;
-    SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S", "MT,NWORD,WK,BPS,S,XSM" or "MT,NWORD,WK,0,S,XSM,CL" forces one
-    configuration (tuning only)."""
-    t = _TUNING
-    if not t.mma or m < 1 or m > _MMA_TABLE[-1][0]:
-        return None
-    if m == 1 and not t.mma_m1:
-        return None  # the float32 CUDA-core kernel
-    if m <= 4 and t.h2:
-        return None  # the opt-in float16x2 kernel
-    if k % 64 or gs % 64:
-        return None
-    if t.mma_cfg:
-        return t.mma_cfg if _mma_known(t.mma_cfg, smem_max) and _takes(t.mma_cfg, n, n_sm, forced=True) else None
-    row = _mma_row(m, n, n_sm)
-    return next((c for c in row if _mma_known(c, smem_max) and _takes(c, n, n_sm)
-                 and (m > _NO_GLOBAL_SPLIT_MAX_M or not _global_split(c, k, n, n_sm))), None)
-
-
-def _mma_row(m: int, n: int, n_sm: int) -> tuple[tuple[int, ...], ...]:
-    """The table's configurations for M rows and N columns in order of preference (_MMA_TABLE, _MANY_TILES_FIRST)."""
-    mmax, row = next((mmax, c) for mmax, c in _MMA_TABLE if m <= mmax)
-    first = _MANY_TILES_FIRST.get(mmax)
-    if first is not None and n % (32 * first[1]) == 0 and n // (32 * first[1]) > n_sm:
-        return (first, *row)
-    return row
-
-
-def _global_split(cfg: tuple[int, ...], k: int, n: int, n_sm: int) -> bool:
-    """Whether ``cfg``'s launch splits K through float32 partials in global memory (not a cluster, more than one split)."""
-    if len(cfg) >= 7:
-        return False
-    if len(cfg) == 6:
-        return w4a16_wk_launch(1, k, n, n_sm, cfg)[0][1] > 1
-    return w4a16_mma_launch(1, k, n, n_sm, cfg)[0][1] > 1
-
-
-def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> bool:
-    """Whether ``cfg`` takes N columns: 32*NWORD divides N; for w4a16_wkc, the column tiles times CL fit in one wave
-    of one block per SM, and (unless forced) CL is the split BPS = 1 would choose, round(n_sm / tiles): the cluster
-    replaces that split's global partials and never makes a split of its own."""
-    if n % (32 * cfg[1]):
-        return False
-    if len(cfg) == 8:  # the column tiles divide into clusters of CN; a table entry: one wave that BPS 1 would not split
-        tiles = n // (32 * cfg[1])
-        return tiles % cfg[7] == 0 and (forced or (tiles <= n_sm and round(n_sm / tiles) == 1))
-    if len(cfg) < 7:
-        return True
-    tiles = n // (32 * cfg[1])
-    return tiles * cfg[6] <= n_sm and (forced or max(1, round(n_sm / tiles)) == cfg[6])
-
-
-def _mma_known(cfg: tuple[int, ...], smem_max: int = _WK_SMEM_MAX) -> bool:
-    """Whether ``cfg`` names a kernel built into the module (and, for w4a16_wk, one whose shared memory fits)."""
-    if len(cfg) == 8:
-        return (cfg[3] == 0 and cfg[5] == 1 and cfg[6] == 1 and (*cfg[:3], cfg[4], cfg[7]) in _WKM_VARIANTS
-                and _wk_smem(cfg) <= min(smem_max, _WK_SMEM_MAX))
-    if len(cfg) == 7:
-        return cfg[3] == 0 and (*cfg[:3], *cfg[4:]) in _WKC_VARIANTS and _wk_smem(cfg) <= min(smem_max, _WK_SMEM_MAX)
-    if len(cfg) == 6:
-        return (*cfg[:3], *cfg[4:]) in _WK_VARIANTS and _wk_smem(cfg) <= min(smem_max, _WK_SMEM_MAX)
-    if len(cfg) == 5:
-        return (cfg[:3] in _MMA_VARIANTS) if cfg[4] == 0 else ((*cfg[:3], cfg[4]) in _ASYNC_VARIANTS)
-    return False
-
-
-def w4a16_mma_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) -> tuple[tuple[int, int], int]:
-    """(grid, chunks per block) of ``cuda/w4a16_mma.cu`` (a chunk = 64 k; a block = WARPS*32*NWORD columns)."""
-    nword, warps, bps = cfg[1], cfg[2], cfg[3]
-    tiles = -(-n // (32 * nword * warps))
-    chunks = k // 64
-    ksplit = max(1, min(round(bps * n_sm / tiles), chunks))
-    cpb = -(-chunks // ksplit)
-    ksplit = -(-chunks // cpb)
-    return (tiles, ksplit), cpb
-
-
-def w4a16_wk_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) -> tuple[tuple[int, int], int, int]:
-    """(grid, chunks per block, dynamic shared bytes) of w4a16_wk: a block = one 32*NWORD-column slab, WK warps;
-    w4a16_wkc (seven numbers): the K split is the cluster, CL blocks (a block may get no chunk when K is short);
-    w4a16_wkm (eight numbers): no K split, the column tiles in clusters of CN along the grid's x."""
-    nword, bps = cfg[1], cfg[3]
-    tiles = n // (32 * nword)
-    chunks = k // 64
-    if len(cfg) == 8:
-        return (tiles, 1), chunks, _wk_smem(cfg)
-    if len(cfg) == 7:
-        return (tiles, cfg[6]), -(-chunks // cfg[6]), _wk_smem(cfg)
-    ksplit = max(1, min(round(bps * n_sm / tiles), chunks)) if bps > 0 else 1
-    cpb = -(-chunks // ksplit)
-    ksplit = -(-chunks // cpb)
-    return (tiles, ksplit), cpb, _wk_smem(cfg)
-
-
-def _wk_name(kt: str, cfg: tuple[int, ...]) -> str:
-    mt, nw, wk, _, st, xsm = cfg[:6]
-    if len(cfg) == 8:
-        return f"w4a16_wkm<{kt},{mt},{nw},{wk},{st},{cfg[7]}>"
-    if len(cfg) == 7:
-        return f"w4a16_wkc<{kt},{mt},{nw},{wk},{st},{xsm},{cfg[6]}>"
-    return f"w4a16_wk<{kt},{mt},{nw},{wk},{st},{xsm}>"
-
-
-def _mma_names(kt: str) -> tuple[str, ...]:
-    return (*(f"w4a16_mma<{kt},{mt},{nw},{wp}>" for mt, nw, wp in _MMA_VARIANTS),
-            *(f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>" for mt, nw, wp, st in _ASYNC_VARIANTS),
-            *(_wk_name(kt, (mt, nw, wk, 0, st, xsm)) for mt, nw, wk, st, xsm in _WK_VARIANTS),
-            *(_wk_name(kt, (mt, nw, wk, 0, st, xsm, cl)) for mt, nw, wk, st, xsm, cl in _WKC_VARIANTS),
-            *(_wk_name(kt, (mt, nw, wk, 0, st, 1, 1, cn)) for mt, nw, wk, st, cn in _WKM_VARIANTS),
-            *sorted({f"w4_xpack<{16 * v[0]}>" for v in _WKM_VARIANTS}))
 
 
 def _counters(call: OpCall, tiles: int) -> Any:

@@ -100,16 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._cuda import sm_count, source
     from shmrpc.kernels._registry import OpCall
-    from shmrpc.kernels.quant import (
-        _mma_cfg,
-        _takes,
-        _wk_name,
-        dequantize_int4,
-        pack_x,
-        use_tuning,
-        w4a16_wk_launch,
-        wk_launch,
-    )
+    from shmrpc.kernels._w4a16_config import _mma_cfg, _takes, _wk_name, use_tuning, w4a16_wk_launch
+    from shmrpc.kernels.quant import dequantize_int4, pack_x, wk_launch
 
     spec = REGISTRY["gemm_w4a16"]
     rtol, atol = spec.tolerances["float16"]

@@ -142,7 +142,7 @@ def test_w4a16_tensor_core_path(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     that do not divide among the warps of a w4a16_wk block)."""
     from support.w4a16 import case, check, force, run
 
-    from shmrpc.kernels.quant import _mma_cfg
+    from shmrpc.kernels._w4a16_config import _mma_cfg
 
     force(monkeypatch, cfg)
     assert _mma_cfg(m, k, n, gs) is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shmrpc.kernels.quant import (
+from shmrpc.kernels._w4a16_config import (
     _ASYNC_VARIANTS,
     _MMA_TABLE,
     _MMA_VARIANTS,

@@ -31,7 +31,7 @@ _WKM = [f"{mt},{nw},{wk},0,{st},1,1,{cn}" for mt, nw, wk, st, cn in
 
 # every built w4a16_wk (with a K split), w4a16_wkc and w4a16_wkm variant, forced
 def _every_built() -> list[str]:
-    from shmrpc.kernels.quant import _WK_VARIANTS, _WKC_VARIANTS, _WKM_VARIANTS
+    from shmrpc.kernels._w4a16_config import _WK_VARIANTS, _WKC_VARIANTS, _WKM_VARIANTS
 
     return ([f"{mt},{nw},{wk},1,{st},{xsm}" for mt, nw, wk, st, xsm in _WK_VARIANTS]
             + [f"{mt},{nw},{wk},0,{st},{xsm},{cl}" for mt, nw, wk, st, xsm, cl in _WKC_VARIANTS]
@@ -39,7 +39,7 @@ def _every_built() -> list[str]:
 
 
 def test_the_list_is_every_built_variant() -> None:
-    from shmrpc.kernels.quant import _WKC_VARIANTS, _WKM_VARIANTS
+    from shmrpc.kernels._w4a16_config import _WKC_VARIANTS, _WKM_VARIANTS
 
     assert sorted(_WKC) == sorted(f"{mt},{nw},{wk},0,{st},{xsm},{cl}" for mt, nw, wk, st, xsm, cl in _WKC_VARIANTS)
     assert sorted(_WKM) == sorted(f"{mt},{nw},{wk},0,{st},1,1,{cn}" for mt, nw, wk, st, cn in _WKM_VARIANTS)
@@ -53,7 +53,7 @@ def test_the_list_is_every_built_variant() -> None:
 def test_w4a16_activation_multicast(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     """w4a16_wkm forced (x packed by chunk, bulk copies multicast to the cluster): M = 1 and 13 (zero rows packed),
     K = 4480 (warps with one chunk fewer), K = 64 (one chunk: warps without any)."""
-    from shmrpc.kernels.quant import _mma_cfg
+    from shmrpc.kernels._w4a16_config import _mma_cfg
 
     force(monkeypatch, cfg)
     assert _mma_cfg(m, k, n, gs) == tuple(int(v) for v in cfg.split(","))
@@ -68,7 +68,7 @@ def test_w4a16_activation_multicast(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> N
 def test_w4a16_cluster_split(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     """w4a16_wkc forced: K = 4480 leaves warps without a chunk, K = 64 (one chunk) the second block of the cluster
     and most warps, M = 40 runs several m-blocks."""
-    from shmrpc.kernels.quant import _mma_cfg
+    from shmrpc.kernels._w4a16_config import _mma_cfg
 
     force(monkeypatch, cfg)
     assert _mma_cfg(m, k, n, gs) == tuple(int(v) for v in cfg.split(","))
@@ -81,7 +81,7 @@ def test_w4a16_cluster_split(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
 @pytest.mark.parametrize(("m", "k", "n", "gs"), [(1, 2048, 512, 64), (13, 2048, 512, 64), (40, 2048, 512, 64),
                                                   (8, 4480, 256, 128), (64, 1024, 512, 128)])
 def test_w4a16_new_wk_variants(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
-    from shmrpc.kernels.quant import _mma_cfg
+    from shmrpc.kernels._w4a16_config import _mma_cfg
 
     force(monkeypatch, cfg)
     assert _mma_cfg(m, k, n, gs) == tuple(int(v) for v in cfg.split(","))
@@ -95,7 +95,7 @@ def test_w4a16_new_wk_variants(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
 def test_w4a16_every_variant_without_outliers(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     """Every row at its own scale: no activation outlier sets max|out| (with one, a wrong activation piece in the other
     rows stays under the tolerance; the probe, whose x has none, caught such a fault where these tests did not)."""
-    from shmrpc.kernels.quant import _mma_cfg
+    from shmrpc.kernels._w4a16_config import _mma_cfg
 
     force(monkeypatch, cfg)
     assert _mma_cfg(m, k, n, gs) == tuple(int(v) for v in cfg.split(","))
@@ -123,10 +123,10 @@ def test_w4a16_same_bits_twice(gpu, monkeypatch, m, cfg) -> None:
 def test_w4a16_cuda_core_kernel_stays_tested(gpu, monkeypatch, m, k, n, env, dt) -> None:
     """M = 1 goes to tensor cores by default now; the float32 CUDA-core kernel (SHMRPC_W4A16_MMA_M1=0, N % 128 != 0
     at M = 1, or the tensor-core path off) with its K split still matches."""
-    from shmrpc.kernels import quant
-    from shmrpc.kernels.quant import W4A16Tuning, _mma_cfg
+    from shmrpc.kernels import _w4a16_config
+    from shmrpc.kernels._w4a16_config import W4A16Tuning, _mma_cfg
 
-    monkeypatch.setattr(quant, "_TUNING", W4A16Tuning.from_env(env))
+    monkeypatch.setattr(_w4a16_config, "_TUNING", W4A16Tuning.from_env(env))
     assert _mma_cfg(m, k, n, 128) is None
     ins, want = case(m, k, n, 128, dt)
     check(run(gpu, ins, dt), want, dt)

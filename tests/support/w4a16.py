@@ -45,11 +45,11 @@ def run(gpu: Any, ins: dict[str, np.ndarray], dt: str) -> np.ndarray:
 
 
 def force(monkeypatch: Any, cfg: str) -> None:
-    from shmrpc.kernels import quant
-    from shmrpc.kernels.quant import W4A16Tuning
+    from shmrpc.kernels import _w4a16_config
+    from shmrpc.kernels._w4a16_config import W4A16Tuning
 
     # the knobs are read once at import: set them as SHMRPC_W4A16_MMA_M1=1 SHMRPC_W4A16_MMA_CFG=cfg would
-    monkeypatch.setattr(quant, "_TUNING", W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_M1": "1", "SHMRPC_W4A16_MMA_CFG": cfg}))
+    monkeypatch.setattr(_w4a16_config, "_TUNING", W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_M1": "1", "SHMRPC_W4A16_MMA_CFG": cfg}))
 
 
 def check(got: np.ndarray, want: np.ndarray, dt: str) -> None:
