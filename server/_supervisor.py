@@ -8,8 +8,15 @@ successor removes the dead one's sockets (the lock file says it is dead) and
 clients of a :class:`~shmrpc.client.Pool` find it again by name.
 
 SIGTERM or SIGINT to the supervisor: SIGTERM to every worker (each drains and
-exits), then the supervisor exits 0 once all have, or kills what remains after
-``stop_timeout_s``.
+exits), then the supervisor exits 0 once all have; what remains after
+``stop_timeout_s`` (30 s) gets SIGKILL, and the supervisor waits at most
+``_KILL_WAIT_S`` (5 s) more: it is gone within about 35 s of the signal, whatever
+its workers do (a worker restarted as the signal came gets its SIGTERM like the others).
+
+NOTE: the signal handler (:meth:`Supervisor.stop`) only sets a flag; the loop polls it
+between short sleeps. A handler runs in the main thread between two bytecodes, so one that
+took a lock (``threading.Event.set``) while the loop held the same lock inside
+``Event.wait`` waited on itself forever: the supervisor then never exited.
 
 Lines on stdout: one ``shmrpc supervisor <prefix> ready (workers ...)`` once every
 worker printed its own ready line, then one per restart.
@@ -30,6 +37,8 @@ from shmrpc.schema.naming import device_worker_name
 __all__ = ["Supervisor", "visible_devices", "parse_devices"]
 
 _MAX_DELAY_S = 10.0
+_TICK_S = 0.1  # how often the loop looks at its workers and at the stop flag
+_KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the workers to be reaped
 
 
 def visible_devices() -> list[int]:
@@ -83,7 +92,8 @@ class Supervisor:
         self.worker_args = worker_args
         self.restart_delay_s = restart_delay_s
         self.stop_timeout_s = stop_timeout_s
-        self._stop = threading.Event()
+        self._stopping = False  # set by the signal handler: a plain flag, never a lock (see the module docstring)
+        self._relays: list[threading.Thread] = []
 
     def _start(self, ch: _Child) -> None:
         argv = [sys.executable, "-m", "shmrpc.server", "serve", "--name", ch.name, "--device", str(ch.device),
@@ -91,19 +101,32 @@ class Supervisor:
         ch.ready.clear()
         ch.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
         ch.started_at = time.monotonic()
-        threading.Thread(target=self._relay, args=(ch, ch.proc), daemon=True).start()
+        relay = threading.Thread(target=self._relay, args=(ch, ch.proc), daemon=True)
+        relay.start()
+        self._relays = [*(t for t in self._relays if t.is_alive()), relay]
 
     def _relay(self, ch: _Child, proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
         """Pass the worker's stdout through, prefixed; note its ready line."""
         assert proc.stdout is not None
-        for line in proc.stdout:
-            if " ready " in line:
-                ch.ready.set()
-            print(f"[{ch.name}] {line}", end="", flush=True)
+        with proc.stdout:
+            for line in proc.stdout:
+                if " ready " in line:
+                    ch.ready.set()
+                print(f"[{ch.name}] {line}", end="", flush=True)
 
     def stop(self, *_: object) -> None:
-        """Ask the loop to stop (a signal handler)."""
-        self._stop.set()
+        """Ask the loop to stop (the SIGTERM/SIGINT handler: sets a flag and takes no lock)."""
+        self._stopping = True
+
+    def _sleep(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, less once stopped; returns whether the supervisor is stopping."""
+        end = time.monotonic() + seconds
+        while not self._stopping:
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(_TICK_S, left))
+        return self._stopping
 
     def run(self, ready_timeout_s: float = 120.0) -> int:
         """Start every worker, print the ready line, restart the dead until stopped; returns the exit status."""
@@ -111,16 +134,16 @@ class Supervisor:
             self._start(ch)
         deadline = time.monotonic() + ready_timeout_s
         for ch in self.children:
-            while not ch.ready.wait(0.1):
-                if self._stop.is_set() or time.monotonic() > deadline or (ch.proc and ch.proc.poll() is not None):
-                    if not self._stop.is_set():
+            while not ch.ready.wait(_TICK_S):  # ch.ready is set by a relay thread, never by the signal handler
+                if self._stopping or time.monotonic() > deadline or (ch.proc and ch.proc.poll() is not None):
+                    if not self._stopping:
                         print(f"shmrpc serve: worker {ch.name} did not start", file=sys.stderr, flush=True)
                     self._shutdown()
                     return 1
         names = ", ".join(f"{ch.name} (device {ch.device}, pid {ch.proc.pid if ch.proc else '?'})"
                           for ch in self.children)
         print(f"shmrpc supervisor {self.prefix} ready (pid {os.getpid()}; workers {names})", flush=True)
-        while not self._stop.wait(0.1):
+        while not self._sleep(_TICK_S):
             now = time.monotonic()
             for ch in self.children:
                 if ch.proc is None or ch.proc.poll() is None:
@@ -131,21 +154,42 @@ class Supervisor:
                 print(f"shmrpc supervisor: worker {ch.name} exited ({rc}); restarting in {ch.delay_s:.1f} s",
                       flush=True)
                 ch.proc = None
-                if self._stop.wait(ch.delay_s):
+                if self._sleep(ch.delay_s):
                     break
                 ch.restarts += 1
                 self._start(ch)
         return self._shutdown()
 
     def _shutdown(self) -> int:
-        live = [ch.proc for ch in self.children if ch.proc is not None and ch.proc.poll() is None]
-        for p in live:
-            p.send_signal(signal.SIGTERM)
+        """SIGTERM to every live worker; SIGKILL to those left after ``stop_timeout_s``; bounded. Returns 0."""
+        live = [(ch.name, ch.proc) for ch in self.children if ch.proc is not None and ch.proc.poll() is None]
+        for _, p in live:
+            _signal(p, signal.SIGTERM)
         end = time.monotonic() + self.stop_timeout_s
-        for p in live:
-            try:
-                p.wait(max(0.1, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+        for _, p in live:
+            _wait(p, end - time.monotonic())
+        stuck = [(name, p) for name, p in live if p.poll() is None]
+        for name, p in stuck:
+            print(f"shmrpc supervisor: worker {name} (pid {p.pid}) still running {self.stop_timeout_s:.0f} s "
+                  f"after SIGTERM; killing it", file=sys.stderr, flush=True)
+            _signal(p, signal.SIGKILL)
+        end = time.monotonic() + _KILL_WAIT_S
+        for _, p in stuck:
+            _wait(p, end - time.monotonic())
+        for relay in self._relays:  # each ends at its worker's exit (EOF); bounded all the same
+            relay.join(max(0.0, end - time.monotonic()))
         return 0
+
+
+def _signal(p: subprocess.Popen, sig: int) -> None:  # type: ignore[type-arg]
+    try:
+        p.send_signal(sig)
+    except OSError:  # reaped meanwhile
+        pass
+
+
+def _wait(p: subprocess.Popen, timeout_s: float) -> None:  # type: ignore[type-arg]
+    try:
+        p.wait(max(0.01, timeout_s))
+    except subprocess.TimeoutExpired:
+        pass

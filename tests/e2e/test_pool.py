@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,9 @@ from wire import wait_for_state
 
 from shmrpc.client import Client, Pipeline, Pool, Resident, WorkerGoneError
 from shmrpc.schema.naming import device_worker_name, device_workers, socket_path
+from shmrpc.schema.proc import read_stat
+from shmrpc.server.lockfile import WorkerLock
+from shmrpc.server.procs import pid_alive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -40,8 +44,35 @@ class _Supervisor:
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
-        self.proc.communicate(timeout=60)
+        try:
+            self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            _end_hung(self.proc)  # nothing left running for the next test to trip on
+            raise
         return self.proc.returncode
+
+
+def _children(pid: int) -> list[int]:
+    """The live children of ``pid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        fields = read_stat(int(entry)) if entry.isdigit() else None
+        if fields and len(fields) > 1 and fields[1] == str(pid) and fields[0] not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+
+def _end_hung(sup: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    """End a supervisor that did not exit: its workers first (SIGTERM, then SIGKILL), then it."""
+    workers = _children(sup.pid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in filter(pid_alive, workers):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + 10
+        while any(map(pid_alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    sup.kill()
+    sup.communicate(timeout=10)
 
 
 @pytest.fixture
@@ -112,3 +143,37 @@ def test_pool_survives_a_worker_death_and_the_worker_rejoins(supervisor: _Superv
             assert "bias" not in c.resident()  # its residents are the pool client's, not this one's
         np.testing.assert_array_equal(  # the rejoined worker got the resident tensor again
             pool._members[victim].client.call("vector_add", x=np.ones(4), y=Resident("bias"))["out"], 2.0)  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_as_the_supervisor_restarts_a_worker_stops_it_in_bounded_time(worker_name: str) -> None:
+    # SIGTERM at every line the supervisor runs from the restart of a killed worker on (procs_supervisor.py):
+    # each window of the restart and the stop, among them the main thread's locked ones, gets a signal.
+    sup = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("procs_supervisor.py")), "serve", "--name", worker_name,
+         "--devices", "0", "--slots", SLOTS, "--lease", LEASE, "--backend", "numpy", "--no-mlock",
+         "--log-level", "WARNING"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert sup.stdout is not None
+        for line in sup.stdout:
+            if line.startswith(f"shmrpc supervisor {worker_name} ready"):
+                break
+        else:
+            pytest.fail(f"supervisor did not start: {sup.communicate(timeout=10)}")
+        os.kill(int(wait_for_state(f"{worker_name}-0", lambda st: True, "state")["pid"]), signal.SIGKILL)
+        out, err = sup.communicate(timeout=15)  # a stop bounded at stop_timeout_s (30 s) would be a bug here too
+    except subprocess.TimeoutExpired:
+        _end_hung(sup)
+        pytest.fail("the supervisor did not exit within 15 s of SIGTERM during a worker's restart")
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.communicate(timeout=10)
+    assert "storm" in err and "restarting in" in out, (out, err)
+    assert sup.returncode == 0, err
+    # The restarted worker, stopped before it removed what the killed one left, may have left that: the next
+    # worker of the name removes it (and would refuse to start if the restarted one still ran).
+    with WorkerLock.acquire(device_worker_name(worker_name, 0)):
+        pass
+    assert device_workers(worker_name) == []

@@ -1,11 +1,17 @@
-"""``serve --device`` / ``--devices`` argument handling (the supervisor itself runs in tests/e2e/test_pool.py)."""
+"""``serve --device`` / ``--devices`` argument handling and the supervisor's bounded stop (the supervisor with
+real workers runs in tests/e2e/test_pool.py)."""
 
 from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from shmrpc.schema.naming import device_worker_name, device_workers
-from shmrpc.server._supervisor import parse_devices, visible_devices
+from shmrpc.server._supervisor import Supervisor, parse_devices, visible_devices
 from shmrpc.server.cli import main
 
 
@@ -40,3 +46,25 @@ def test_device_worker_names(worker_name: str) -> None:
     assert device_workers(worker_name) == []
     with pytest.raises(ValueError):
         device_worker_name("-bad", 0)
+
+
+@pytest.mark.timeout(30)
+def test_shutdown_kills_workers_that_ignore_sigterm_after_stop_timeout(worker_name: str,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    sup = Supervisor(worker_name, [0, 1], [], stop_timeout_s=0.5)
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('deaf', flush=True); time.sleep(30)"
+    procs = [subprocess.Popen([sys.executable, "-c", deaf], stdout=subprocess.PIPE, text=True) for _ in sup.children]
+    try:
+        for ch, p in zip(sup.children, procs):
+            assert p.stdout is not None and p.stdout.readline() == "deaf\n"  # SIGTERM is ignored from here on
+            ch.proc = p
+        t0 = time.monotonic()
+        assert sup._shutdown() == 0
+        assert time.monotonic() - t0 < 5.0  # 0.5 s for SIGTERM, then SIGKILL: not 0.5 s per worker plus 5 s each
+        assert [p.returncode for p in procs] == [-signal.SIGKILL] * 2
+        assert capsys.readouterr().err.count("after SIGTERM; killing it") == 2
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate(timeout=5)
