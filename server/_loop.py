@@ -102,7 +102,9 @@ class Worker(Calls, Runs):
         self._express = self._primed.express  # CALL frame bytes [2:8] -> a slot armed for the express path
         self.shared = SharedOwners()
         self.sessions: Sessions  # the control plane, made by start() once the backend and leases exist
-        self._stopping = threading.Event()
+        # NOTE: a plain flag, not a threading.Event: stop() runs as a signal handler in the main thread, between two
+        # bytecodes, and an Event's set() there would wait forever on a lock the interrupted code held
+        self._stopping = False
         self._started = 0.0
         self.metrics = Metrics()
         self._inflight = self.metrics.inflight  # a plain number the loop bumps per request
@@ -186,7 +188,7 @@ class Worker(Calls, Runs):
         """Readiness for ``/healthz``: started, serving, loop turning, backend sound. Returns (ready, reason)."""
         if not self.ready.is_set():
             return False, "starting"
-        if self._stopping.is_set():
+        if self._stopping:
             return False, "stopping"
         if self.dispatch.fatal:
             return False, f"backend failed: {self.dispatch.fatal}"
@@ -195,8 +197,8 @@ class Worker(Calls, Runs):
         return True, ""
 
     def stop(self) -> None:
-        """Ask the loop to drain and exit (thread- and signal-safe)."""
-        self._stopping.set()
+        """Ask the loop to drain and exit (thread- and signal-safe: it sets a flag and writes the wake pipe)."""
+        self._stopping = True
         if self._wake_w >= 0:
             try:
                 os.write(self._wake_w, b"x")
@@ -280,7 +282,7 @@ class Worker(Calls, Runs):
         self._loop_tick = time.monotonic()
         spin_s = self.config.spin_us / 1e6
         while True:
-            stopping = self._stopping.is_set()
+            stopping = self._stopping
             if stopping and self.leases.n_in_flight == 0 and not self._done:
                 break
             if self.sessions.by_pidfd.keys() != pidfds or attach.pending.keys() != waiting:

@@ -18,7 +18,6 @@ import collections
 import logging
 import os
 import struct
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -79,7 +78,7 @@ class Runs:
     _hold_for: int  # ... or until this many are parked
     _lanes: Lanes | None
     _wake_w: int
-    _stopping: threading.Event
+    _stopping: bool
 
     leases: Leases
     sessions: Sessions
@@ -308,7 +307,7 @@ class Runs:
         while self._done:
             identity, s, hdr, status, t0, stages, prep, lane = self._done.popleft()
             self._done_sent(identity, s, hdr, status, t0, stages, prep, lane=lane)
-        if self.dispatch.fatal and not self._stopping.is_set():
+        if self.dispatch.fatal and not self._stopping:
             # The GPU context is lost (a sticky CUDA error): answer what is in flight, then exit non-zero so a
             # supervisor starts a fresh process; clients see WorkerGoneError and reconnect.
             log.critical("unrecoverable backend error, stopping: %s", self.dispatch.fatal)
