@@ -32,6 +32,7 @@
 #           AB_SPIN=N adds the 64 B run with the worker and the clients spinning N µs (--spin-us N) next to
 #           iceoryx2 spinning -> $OUT/ab-spin-{base,new}-rN.json, and lane_trace.py --lane spin (the worker
 #           spinning 200 µs) -> $OUT/lane-trace-spin-{base,new}-rN.json
+#           AB_PIN=S:C runs those 64 B runs with --server-cpus S --client-cpus C (the 8/16-client runs and traces unpinned)
 #   pin     where the server and the client run: the spinning lane and iceoryx2 spinning for each CPU pair of
 #           PIN_PAIRS (server:client) -> $OUT/pin-probe-S-C.json; then 64 B in-place vector_add, every path with the
 #           peers, not pinned and pinned to PIN (server:client, default 2:10), without and with --spin-us 200,
@@ -216,16 +217,17 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
     ab)
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-base \
         .whl/base/*.whl || exit 1
+      abpin=(); [ -n "${AB_PIN:-}" ] && abpin=(--server-cpus "${AB_PIN%%:*}" --client-cpus "${AB_PIN##*:}")
       for r in 1 2; do
         for tree in base new; do
           site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
           echo "== round $r, $tree: 64 B vector_add in place (NumPy worker), lanes next to zmq; 8 and 16 clients"
           PYTHONPATH=$site timeout 60 $BENCH lat --lanes --peers zmq --sizes 64 --iters 3000 --backend numpy \
-            --op vector_add --dtype float32 --in-place -q --out "$OUT/ab-$tree-r$r.json" 2>&1 | grep -E "^ +64B"
+            --op vector_add --dtype float32 --in-place "${abpin[@]}" -q --out "$OUT/ab-$tree-r$r.json" 2>&1 | grep -E "^ +64B"
           if [ -n "${AB_SPIN:-}" ]; then  # the same with the worker and the shmrpc clients spinning AB_SPIN µs
             echo "== round $r, $tree: the same, --spin-us $AB_SPIN, next to iceoryx2 spinning"
             PYTHONPATH=$site timeout 60 $BENCH lat --lanes --peers zmq,iox2-spin --sizes 64 --iters 3000 --backend numpy \
-              --op vector_add --dtype float32 --in-place --spin-us "$AB_SPIN" -q --out "$OUT/ab-spin-$tree-r$r.json" \
+              --op vector_add --dtype float32 --in-place --spin-us "$AB_SPIN" "${abpin[@]}" -q --out "$OUT/ab-spin-$tree-r$r.json" \
               2>&1 | grep -E "^ +64B"
           fi
           PYTHONPATH=$site timeout 60 $BENCH lat --transports shmrpc,shmrpc-lane --clients 8,16 --iters 3000 \
