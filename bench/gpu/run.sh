@@ -44,6 +44,8 @@
 #   graphs  the CUDA graphs of batches and of chunked runs: bench/gpu/tiny_probe.py --batch (in process), the
 #           256 MiB request through the worker without its graph and with it, launched by the loop or run by an
 #           executor thread, over ZeroMQ and through both lanes (bench/gpu_e2e.py --only graphs)
+#   graphspin the graphs stage's 256 MiB request through the worker unpinned, then with every process on GRAPH_CPUS
+#           (taskset, default 2,4,10,12) -> $OUT/gpu-graphs-e2e-{free,pinned}.json
 #   gemmab  the tree sent against a base tree (.whl/base/), interleaved twice: gemm x=16x256 w=256x256 float16 on the
 #           CuPy worker, 8 and 16 client processes (loan, blocking and spinning lane); the tree with launched batches
 #           off (SHMRPC_CUDA_LAUNCH_BATCHES=0) as a third arm -> $OUT/gemmab-{base,nolaunch,new}-rN.json; GEMMAB_ARMS
@@ -214,6 +216,13 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       echo "== bench/gpu_e2e.py --only graphs (256 MiB in + out through the worker, graph and plain)"
       timeout 60 python3 bench/gpu_e2e.py --only graphs --rounds 2 --reps 10 --out "$OUT/gpu-graphs-e2e.json" 2>&1 \
         | tail -10 ;;
+    graphspin)  # the 256 MiB request through the worker, as the graphs stage, unpinned then every process on GRAPH_CPUS
+      for arm in free pinned; do
+        pin=(); [ "$arm" = pinned ] && pin=(taskset -c "${GRAPH_CPUS:-2,4,10,12}")
+        echo "== $arm ${pin[*]}: bench/gpu_e2e.py --only graphs (256 MiB in + out through the worker)"
+        timeout 90 "${pin[@]}" python3 bench/gpu_e2e.py --only graphs --rounds 2 --reps 10 \
+          --out "$OUT/gpu-graphs-e2e-$arm.json" 2>&1 | tail -10
+      done ;;
     ab)
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-base \
         .whl/base/*.whl || exit 1
@@ -296,7 +305,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       echo "== bench/async_loop_ab.py (wrap_future vs direct finish, 3 rounds)"
       timeout 60 python3 bench/async_loop_ab.py --rounds 3 --out "$OUT/bench-async-gpuhost-loop-ab.json" \
         2>&1 | tail -16 ;;
-    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, pin, gemmpin, smallgpu, sweep, sweepgpu, pool, ab, gemmab, w4a16, graphs, gemmprof, inline1m, singlesab, loop)" ;;
+    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, pin, gemmpin, graphspin, smallgpu, sweep, sweepgpu, pool, ab, gemmab, w4a16, graphs, gemmprof, inline1m, singlesab, loop)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"
