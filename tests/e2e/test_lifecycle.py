@@ -266,3 +266,23 @@ def test_serve_cpus_pins_every_thread_of_the_worker(spawn_worker: Callable[..., 
     tids = os.listdir(f"/proc/{w.pid}/task")
     assert len(tids) > 1
     assert {t: os.sched_getaffinity(int(t)) for t in tids} == {t: {cpu} for t in tids}
+
+
+def test_sigterm_while_the_worker_stops_itself_never_hangs_it(worker_name: str) -> None:
+    # a fatal backend error makes the worker stop itself; SIGTERMs at every line from there on (procs_worker_storm.py)
+    # must not make its handler wait on a lock the interrupted stop holds: it drains and exits 3 as without them
+    env = dict(os.environ, SHMRPC_INJECT_FAULT="fatal")
+    p = subprocess.Popen([sys.executable, str(Path(__file__).with_name("procs_worker_storm.py")), "serve", "--name",
+                          worker_name, "--backend", "numpy", "--no-mlock", "--log-level", "WARNING"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert p.stdout is not None and "ready" in p.stdout.readline()
+        with Client(worker_name, timeout_s=10) as c, pytest.raises(KernelError):
+            c.call("scale", x=np.arange(8.0), a=2.0)
+        out, err = p.communicate(timeout=15)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate(timeout=10)
+    assert p.returncode == 3 and "storm" in err and "unrecoverable" in err, err[-2000:]
+    assert not socket_path(worker_name).exists()
