@@ -32,18 +32,21 @@ def parse_lease(text: str) -> tuple[int, ...]:
     return counts
 
 
+_CPU_MAX = 1 << 16  # CPU numbers at or above this are refused before a set of them is built
+
+
 def parse_cpus(text: str, flag: str = "--cpus") -> frozenset[int]:
-    """``"2"``, ``"2,10"``, ``"0-3,8"`` -> a set of CPU numbers (a usage error names ``flag``)."""
+    """``"2"``, ``"2,10"``, ``"0-3,8"`` -> a set of CPU numbers below 65536 (a usage error names ``flag``)."""
     cpus: set[int] = set()
     try:
         for part in text.split(","):
             lo, _, hi = part.strip().partition("-")
             first, last = int(lo), int(hi or lo)
-            if first < 0 or last < first:
+            if first < 0 or last < first or last >= _CPU_MAX:
                 raise ValueError
             cpus.update(range(first, last + 1))
     except ValueError:
-        raise ValueError(f"{flag} must be CPU numbers and ranges like 2,10 or 0-3, got {text!r}") from None
+        raise ValueError(f"{flag} must be CPU numbers (0..{_CPU_MAX - 1}) and ranges like 2,10 or 0-3, got {text!r}") from None
     return frozenset(cpus)
 
 

@@ -28,6 +28,7 @@ BAD = [
     (["serve", "--name", "x", "--spin-us", "-5"], "--spin-us"),
     (["serve", "--name", "x", "--cpus", "two"], "--cpus"),
     (["serve", "--name", "x", "--cpus", "3-1"], "--cpus"),
+    (["serve", "--name", "x", "--cpus", "0-99999999999"], "--cpus"),
     (["serve", "--name", "x", "--cpus", "100000"], "--cpus 100000: not CPUs this process may use"),
     (["serve", "--name", "x", "--client-max-slots", "-1"], "--client-max-slots"),
     (["serve", "--name", "x", "--client-max-bytes", "-1"], ""),
