@@ -214,13 +214,13 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       echo "== bench/gpu/tiny_probe.py --batch"
       timeout 90 python3 bench/gpu/tiny_probe.py --batch --out "$OUT/gpu-batch-graphs.json" 2>&1 | tail -12
       echo "== bench/gpu_e2e.py --only graphs (256 MiB in + out through the worker, graph and plain)"
-      timeout 60 python3 bench/gpu_e2e.py --only graphs --rounds 2 --reps 10 --out "$OUT/gpu-graphs-e2e.json" 2>&1 \
+      timeout 150 python3 bench/gpu_e2e.py --only graphs --rounds 2 --reps 10 --out "$OUT/gpu-graphs-e2e.json" 2>&1 \
         | tail -10 ;;
     graphspin)  # the 256 MiB request through the worker, as the graphs stage, unpinned then every process on GRAPH_CPUS
       for arm in free pinned; do
         pin=(); [ "$arm" = pinned ] && pin=(taskset -c "${GRAPH_CPUS:-2,4,10,12}")
         echo "== $arm ${pin[*]}: bench/gpu_e2e.py --only graphs (256 MiB in + out through the worker)"
-        timeout 90 "${pin[@]}" python3 bench/gpu_e2e.py --only graphs --rounds 2 --reps 10 \
+        timeout 150 "${pin[@]}" python3 bench/gpu_e2e.py --only graphs --rounds 2 --reps 10 \
           --out "$OUT/gpu-graphs-e2e-$arm.json" 2>&1 | tail -10
       done ;;
     ab)
