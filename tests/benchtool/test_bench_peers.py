@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from shmrpc.bench._peers import PEERS, start_peer_server
@@ -48,3 +51,29 @@ def test_a_missing_ucx_is_a_skip_with_its_extra_named(monkeypatch: pytest.Monkey
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ucxx" else real(name, *a))
     with pytest.raises(TransportUnavailable, match=r"shmrpc\[ucx\]"):
         start_peer_server("ucx")
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.timeout(60)
+def test_the_spinning_iceoryx2_server_takes_no_core_while_no_client_calls() -> None:
+    # the bench starts every peer's server before its first measurement: one that spun throughout took a core (or
+    # the worker's own CPU, pinned) from every other transport measured meanwhile
+    pytest.importorskip(PEERS["iox2-spin"][3])
+    cls = PEERS["iox2-spin"][0]
+    with start_peer_server("iox2-spin") as server, cls(server.address) as t:
+        t.prepare(64)
+        assert t.reply_bytes(t.roundtrip()) == t.payload_bytes()
+        pid = server._proc.pid
+        assert pid is not None
+        time.sleep(0.1)
+        cpu0, t0 = _cpu_s(pid), time.monotonic()
+        time.sleep(1.0)
+        used = (_cpu_s(pid) - cpu0) / (time.monotonic() - t0)
+        assert used < 0.3, f"the idle spinning server used {used:.0%} of a core"
+        assert t.reply_bytes(t.roundtrip()) == t.payload_bytes()  # and it still answers
