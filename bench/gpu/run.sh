@@ -36,7 +36,7 @@
 #   pin     where the server and the client run: the spinning lane and iceoryx2 spinning for each CPU pair of
 #           PIN_PAIRS (server:client) -> $OUT/pin-probe-S-C.json; then 64 B in-place vector_add, every path with the
 #           peers, not pinned and pinned to PIN (server:client, default 2:10), without and with --spin-us 200,
-#           interleaved twice -> $OUT/pin-{free,pinned}-spin{0,200}-rN.json
+#           interleaved twice -> $OUT/pin-{free,pinned}-spin{0,200}-rN.json (PIN_MAIN=0: the probe only)
 #   gemmpin gemm x=16x256 w=256x256 float16 on the CuPy worker from 8 and 16 client processes (loan, both lanes),
 #           unpinned and pinned (PIN_GEMM server:clients, default the worker on 2,10 and the clients on the other
 #           CPUs), interleaved twice -> $OUT/gemmpin-{free,pinned}-rN.json
@@ -160,7 +160,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
           --client-cpus "${pair##*:}" -q --out "$OUT/pin-probe-${pair/:/-}.json" 2>&1 | grep -E "^ +64B"
       done
       pin=${PIN:-2:10}
-      for r in 1 2; do
+      for r in $([ "${PIN_MAIN:-1}" = 0 ] || echo 1 2); do
         for arm in free pinned; do
           cpus=(); [ "$arm" = pinned ] && cpus=(--server-cpus "${pin%%:*}" --client-cpus "${pin##*:}")
           for spin in 0 200; do
