@@ -81,7 +81,8 @@ class LoopPoll:
         if timeout_ms and lanes is not None and lanes.awake_until_ns:  # (ready() reads after the clock: in order)
             left_ns = lanes.awake_until_ns - time.monotonic_ns()
             if left_ns > 0:  # a sleep would pass the time the lanes were told: wake just after it instead
-                timeout_ms = min(timeout_ms, left_ns // 1_000_000 + 1) if timeout_ms > 0 else left_ns // 1_000_000 + 1
+                cap_ms = left_ns // 1_000_000 + 1
+                timeout_ms = cap_ms if timeout_ms < 0 else min(timeout_ms, cap_ms)
             else:  # past it: every lane read once more before sleeping (a client may have rung without the doorbell)
                 lanes.awake_until_ns = 0
                 found = lanes.ready()

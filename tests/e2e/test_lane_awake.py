@@ -81,3 +81,21 @@ def test_a_client_wait_stops_at_the_time_it_said_then_reads_once_more() -> None:
         assert _writes(doorbell) == 0  # the worker polls: no doorbell
     finally:
         lane.close()  # closes the page's mapping and both eventfds
+
+
+def test_a_client_that_writes_garbage_awake_words_costs_only_itself(worker: WorkerProc) -> None:
+    # the page is the client's to write: a worker_awake far in the future makes its own rings skip the doorbell of a
+    # worker that does not spin (its calls then time out), and nobody else's request waits for it
+    from shmrpc.client import Timeout
+
+    with Client(worker.name, lane="block", timeout_s=10) as hostile, Client(worker.name, lane="block") as other:
+        lane = hostile._t.lane
+        assert lane is not None
+        L.seq_word(lane._map, L.WORKER_AWAKE).value = (1 << 64) - 1
+        L.seq_word(lane._map, L.CLIENT_AWAKE).value = (1 << 64) - 1
+        with pytest.raises(Timeout):
+            hostile.call("vector_add", x=np.ones(2), y=np.ones(2), timeout_s=0.5)
+        for _ in range(50):
+            t0 = time.monotonic()
+            np.testing.assert_array_equal(other.call("vector_add", x=np.ones(3), y=np.ones(3))["out"], 2.0)
+            assert time.monotonic() - t0 < 2.0
