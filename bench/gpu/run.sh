@@ -55,6 +55,10 @@
 #           of 69c6f96, where that was the default, ran this arm as "new" and the default of today as "nosingles")
 #   singlesab 64 B float32 scale on the CuPy worker (loan, call(), lanes, next to zmq), lone requests as batches of
 #           one (on, SHMRPC_CUDA_BATCH_SINGLES=1) and run unbatched (off), interleaved twice -> $OUT/singlesab-*.json
+#   device  bench/gpu/device_probe.py: cudaSetDevice and CuPy's Device context against DeviceScope, and the CuPy
+#           backend's lone request path (64 B scale, small gemm) with each -> $OUT/device-probe.json
+#   scaleab 64 B float32 scale on the CuPy worker (loan, call(), lanes, next to zmq), the tree against .whl/base/,
+#           interleaved twice -> $OUT/scaleab-{base,new}-rN.json
 #   gemmprof  the CuPy worker under cProfile while 8 client processes send gemm x=16x256 @ w=256x256 float16 through
 #           the spinning lane (bench/gpu/gemm_profile.py) -> $OUT/gemm-profile/profile.{txt,json}
 #   inline1m  1 MiB (and 64 B) in-place vector_add on the NumPy worker next to iceoryx2 and zmq, the worker as it is
@@ -269,6 +273,20 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
             --transports shmrpc,shmrpc-lane,shmrpc-lane-spin --clients 8,16 --iters 2000 --warmup 50 --backend cupy \
             --op gemm --shape x=16x256 --shape w=256x256 --dtype float16 --worker-args "$wargs" -q \
             --out "$OUT/gemmab-$arm-r$r.json" 2>&1 | grep -E "^shmrpc"
+        done
+      done ;;
+    device)  # what entering the CUDA device costs per request: cupy.cuda.Device against DeviceScope
+      echo "== bench/gpu/device_probe.py"
+      timeout 120 python3 bench/gpu/device_probe.py --out "$OUT/device-probe.json" 2>&1 | grep -v JSON ;;
+    scaleab)  # the tree against .whl/base/ on the CuPy worker: 64 B scale (lanes next to zmq), interleaved twice
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-base \
+        .whl/base/*.whl || exit 1
+      for r in 1 2; do
+        for tree in base new; do
+          site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
+          echo "== round $r, $tree: 64 B scale on the CuPy worker, lanes next to zmq"
+          PYTHONPATH=$site timeout 90 $BENCH lat --lanes --peers zmq --sizes 64 --iters 3000 --backend cupy \
+            --op scale --attr a=2 --attr b=1 --dtype float32 -q --out "$OUT/scaleab-$tree-r$r.json" 2>&1 | grep -E "^ +64B"
         done
       done ;;
     singlesab)
