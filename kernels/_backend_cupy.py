@@ -47,7 +47,6 @@ from . import _cuda_gather as _gather
 from . import _cupy_runs as _runs
 from ._backend_base import Backend, check_result
 from ._batch import BatchPlan
-from ._cuda import DeviceScope
 from ._cuda_batch import BatchGraphs
 from ._cuda_chunks import CHUNK_BYTES, CHUNK_STREAMS, CHUNK_THRESHOLD_BYTES
 from ._cuda_graph import ChunkGraphs, GraphCache
@@ -112,7 +111,7 @@ class CupyBackend(Backend):
         super().__init__(resident_limit_bytes)
         self.xp = cupy
         self.device = device
-        self._dev = DeviceScope(device, cupy.cuda.runtime)  # entered per request: no cudaSetDevice where unchanged
+        self._dev = cupy.cuda.Device(device)
         self._stream_sets: list[_StreamSet] = []
         self._stream_sets_lock = threading.Lock()
         self._generation = 0

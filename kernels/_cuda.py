@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CUDA_DIR", "DeviceScope", "source", "get_function", "sm_count"]
+__all__ = ["CUDA_DIR", "source", "get_function", "sm_count"]
 
 CUDA_DIR = Path(__file__).with_name("cuda")
 _lock = threading.Lock()
@@ -50,36 +50,3 @@ def sm_count() -> int:
     if dev not in _sm:
         _sm[dev] = int(cupy.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"])
     return _sm[dev]
-
-
-class DeviceScope:
-    """``with scope:`` runs its block on CUDA device ``device`` and leaves the thread's current device as it
-    found it, as ``with cupy.cuda.Device(device):`` does, calling cudaSetDevice only where the device changes.
-
-    CuPy's ``Device.__exit__`` calls cudaSetDevice every time, also when the device never changed; the
-    CuPy backend enters its device once or twice per request (docs/kernels.md, "Small requests", for what
-    that call cost on the GPU host). ``runtime``: ``cupy.cuda.runtime`` (any object with ``getDevice`` and
-    ``setDevice``). Re-entrant, and per thread: each thread restores its own device.
-    """
-
-    __slots__ = ("id", "_rt", "_local")
-
-    def __init__(self, device: int, runtime: Any) -> None:
-        self.id = device
-        self._rt = runtime
-        self._local = threading.local()
-
-    def __enter__(self) -> DeviceScope:
-        prev = self._rt.getDevice()
-        if prev != self.id:
-            self._rt.setDevice(self.id)
-        try:
-            self._local.stack.append(prev)
-        except AttributeError:
-            self._local.stack = [prev]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        prev = self._local.stack.pop()
-        if self._rt.getDevice() != prev:  # the block's device, or one it left set: back to the caller's
-            self._rt.setDevice(prev)

@@ -6,7 +6,7 @@ Times, on this GPU machine, in one process:
 
 * the runtime calls alone: ``cudaGetDevice``, ``cudaSetDevice`` to the current device;
 * ``with cupy.cuda.Device(0): pass`` (its ``__exit__`` calls cudaSetDevice every time) against
-  ``with kernels._cuda.DeviceScope(0, runtime): pass`` (only where the device changes);
+  ``with DeviceScope(0, runtime): pass`` (below: calls it only where the device changes);
 * the CuPy backend's lone request path, ``backend.run``, with each of the two as the backend's device
   context (``be._dev``), interleaved ``--rounds`` times: 64 B float32 ``scale`` (the tiny request, CUDA
   graph off and on) and gemm x=16x256 @ w=256x256 float16 with x and w sent per request, views in
@@ -24,6 +24,26 @@ import time
 from typing import Any
 
 import numpy as np
+
+
+class DeviceScope:
+    """CuPy's ``Device`` context calling cudaSetDevice only where the device changes (the alternative timed here;
+    tried in the backend on 2026-12-01 and taken out again: slower than CuPy's, see docs/benchmarks.md)."""
+
+    def __init__(self, device: int, runtime: Any) -> None:
+        self.id, self._rt, self._stack = device, runtime, []  # one thread only: this probe's
+
+    def __enter__(self) -> DeviceScope:
+        prev = self._rt.getDevice()
+        if prev != self.id:
+            self._rt.setDevice(self.id)
+        self._stack.append(prev)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        prev = self._stack.pop()
+        if self._rt.getDevice() != prev:
+            self._rt.setDevice(prev)
 
 
 def _lat(fn: Any, calls: int) -> list[float]:
@@ -62,7 +82,6 @@ def main() -> int:
     import cupy as cp
 
     from shmrpc import kernels
-    from shmrpc.kernels._cuda import DeviceScope
 
     rt = cp.cuda.runtime
     cupy_dev, scope = cp.cuda.Device(0), DeviceScope(0, rt)

@@ -57,6 +57,8 @@
 #           one (on, SHMRPC_CUDA_BATCH_SINGLES=1) and run unbatched (off), interleaved twice -> $OUT/singlesab-*.json
 #   device  bench/gpu/device_probe.py: cudaSetDevice and CuPy's Device context against DeviceScope, and the CuPy
 #           backend's lone request path (64 B scale, small gemm) with each -> $OUT/device-probe.json
+#   ztrace  bench/zmq_trace.py: a 64 B round trip over ZeroMQ stamped on both sides, shmrpc's loan against a bare
+#           pyzmq DEALER/ROUTER echo, unpinned then under taskset ZT_CPUS -> $OUT/zmq-trace-{free,pinned}.json
 #   scaleab 64 B float32 scale on the CuPy worker (loan, call(), lanes, next to zmq), the tree against .whl/base/,
 #           interleaved twice -> $OUT/scaleab-{base,new}-rN.json
 #   gemmprof  the CuPy worker under cProfile while 8 client processes send gemm x=16x256 @ w=256x256 float16 through
@@ -278,6 +280,12 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
     device)  # what entering the CUDA device costs per request: cupy.cuda.Device against DeviceScope
       echo "== bench/gpu/device_probe.py"
       timeout 120 python3 bench/gpu/device_probe.py --out "$OUT/device-probe.json" 2>&1 | grep -v JSON ;;
+    ztrace)  # where a 64 B round trip over ZeroMQ goes, shmrpc's loan against a bare pyzmq echo; then all on ZT_CPUS
+      echo "== bench/zmq_trace.py"
+      timeout 120 python3 bench/zmq_trace.py --rounds 2 --out "$OUT/zmq-trace-free.json" 2>&1 | grep -v JSON
+      echo "== taskset -c ${ZT_CPUS:-2,4,10,12} bench/zmq_trace.py"
+      timeout 120 taskset -c "${ZT_CPUS:-2,4,10,12}" python3 bench/zmq_trace.py --rounds 2 \
+        --out "$OUT/zmq-trace-pinned.json" 2>&1 | grep -v JSON ;;
     scaleab)  # the tree against .whl/base/ on the CuPy worker: 64 B scale (lanes next to zmq), interleaved twice
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-base \
         .whl/base/*.whl || exit 1
