@@ -43,7 +43,8 @@
 #   w4a16   bench/gpu/w4a16_probe.py: gemm_w4a16's kernels and their diagnostic builds next to fp16 cuBLAS (~35 s)
 #   ncu     Nsight Compute (sections: speed of light, memory, warp states with every stall reason, scheduler,
 #           occupancy) on the kernel gemm_w4a16 launches for M in NCU_MS (default 1 16 64) at 8192 x 8192, driven by
-#           bench/gpu/w4a16_ncu.py -> $OUT/ncu-w4a16-mM.txt
+#           bench/gpu/w4a16_ncu.py -> $OUT/ncu-w4a16-mM.txt; NCU_OPCODES=1: the executed instructions by opcode and
+#           the pipes' utilization instead -> $OUT/ncu-w4a16-opcodes-mM.txt
 #   graphs  the CUDA graphs of batches and of chunked runs: bench/gpu/tiny_probe.py --batch (in process), the
 #           256 MiB request through the worker without its graph and with it, launched by the loop or run by an
 #           executor thread, over ZeroMQ and through both lanes (bench/gpu_e2e.py --only graphs)
@@ -222,11 +223,16 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
     ncu)  # Nsight Compute on the kernel gemm_w4a16 launches, M in NCU_MS at 8192 x 8192 -> $OUT/ncu-w4a16-mM.txt
       for mm in ${NCU_MS:-1 16 64}; do
         echo "== ncu: gemm_w4a16 M=$mm K=N=8192"
-        timeout 240 ncu --kernel-name regex:w4a16 --launch-skip 20 --launch-count 1 --section SpeedOfLight \
-          --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy \
-          --section LaunchStats --section ComputeWorkloadAnalysis \
-          --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-          python3 bench/gpu/w4a16_ncu.py --m "$mm" > "$OUT/ncu-w4a16-m$mm.txt" 2>&1
+        if [ -n "${NCU_OPCODES:-}" ]; then  # the executed instructions by opcode and by pipe, instead of the sections
+          nargs=(--metrics "sass__inst_executed_per_opcode,regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active,smsp__inst_executed.sum" --print-metric-instances values)
+        else
+          nargs=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats
+                 --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis
+                 --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio")
+        fi
+        timeout 240 ncu --kernel-name regex:w4a16 --launch-skip 20 --launch-count 1 "${nargs[@]}" \
+          python3 bench/gpu/w4a16_ncu.py --m "$mm" > "$OUT/ncu-w4a16${NCU_OPCODES:+-opcodes}-m$mm.txt" 2>&1
+        [ -n "${NCU_OPCODES:-}" ] && { grep -v "^==" "$OUT/ncu-w4a16-opcodes-m$mm.txt" | tail -45; continue; }
         grep -E "^M=|w4a16|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issue Slots Busy|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|stalled_(long_scoreboard|short_scoreboard|barrier|wait|math_pipe|mio|lg_throttle|not_selected|selected|dispatch|no_instruction|branch|membar|sleeping|tex|drain|misc|imc)" \
           "$OUT/ncu-w4a16-m$mm.txt" | head -40
       done ;;
