@@ -224,7 +224,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       for mm in ${NCU_MS:-1 16 64}; do
         echo "== ncu: gemm_w4a16 M=$mm K=N=8192"
         if [ -n "${NCU_OPCODES:-}" ]; then  # the executed instructions by opcode and by pipe, instead of the sections
-          nargs=(--metrics "sass__inst_executed_per_opcode,regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active,smsp__inst_executed.sum" --print-metric-instances values)
+          nargs=(--metrics "sass__inst_executed_per_opcode,regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active,smsp__inst_executed.sum" --print-metric-instances details)
         else
           nargs=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats
                  --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis
