@@ -40,7 +40,8 @@
 #   gemmpin gemm x=16x256 w=256x256 float16 on the CuPy worker from 8 and 16 client processes (loan, both lanes),
 #           unpinned and pinned (PIN_GEMM server:clients, default the worker on 2,10 and the clients on the other
 #           CPUs), interleaved twice -> $OUT/gemmpin-{free,pinned}-rN.json
-#   w4a16   bench/gpu/w4a16_probe.py: gemm_w4a16's kernels and their diagnostic builds next to fp16 cuBLAS (~35 s)
+#   w4a16   bench/gpu/w4a16_probe.py: gemm_w4a16's kernels and their diagnostic builds next to fp16 cuBLAS (~35 s);
+#           W4_PROBE_ARGS: more arguments for it (e.g. --ms 1,8 --skip epi0,ldsm0)
 #   ncu     Nsight Compute (sections: speed of light, memory, warp states with every stall reason, scheduler,
 #           occupancy) on the kernel gemm_w4a16 launches for M in NCU_MS (default 1 16 64) at 8192 x 8192, driven by
 #           bench/gpu/w4a16_ncu.py -> $OUT/ncu-w4a16-mM.txt; NCU_OPCODES=1: the executed instructions by opcode and
@@ -218,7 +219,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
         --out "$OUT/bench-threads-gpuhost.json" 2>&1 | tail -8 ;;
     w4a16)
       echo "== bench/gpu/w4a16_probe.py"
-      timeout 120 python3 bench/gpu/w4a16_probe.py --out "$OUT/w4a16-probe.json" > "$OUT/w4a16-probe.log" 2>&1
+      timeout 150 python3 bench/gpu/w4a16_probe.py ${W4_PROBE_ARGS:-} --out "$OUT/w4a16-probe.json" > "$OUT/w4a16-probe.log" 2>&1
       grep -A12 "best correct case" "$OUT/w4a16-probe.log" ;;
     ncu)  # Nsight Compute on the kernel gemm_w4a16 launches, M in NCU_MS at 8192 x 8192 -> $OUT/ncu-w4a16-mM.txt
       for mm in ${NCU_MS:-1 16 64}; do

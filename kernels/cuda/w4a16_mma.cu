@@ -29,6 +29,7 @@
 template <class X> struct MmaOps;
 template <> struct MmaOps<F16> {
   static constexpr u32 MAGIC = 0x64006400u, ONE = 0x3C003C00u;
+  static constexpr float MAGIC_F = 1024.f;  // the value of MAGIC's halves
   static __device__ __forceinline__ u32 fma2(u32 a, u32 b, u32 c) {
     u32 d; asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
   }
@@ -46,6 +47,7 @@ template <> struct MmaOps<F16> {
 };
 template <> struct MmaOps<BF16> {
   static constexpr u32 MAGIC = 0x43004300u, ONE = 0x3F803F80u;
+  static constexpr float MAGIC_F = 128.f;
   static __device__ __forceinline__ u32 fma2(u32 a, u32 b, u32 c) {
     u32 d; asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
   }
@@ -78,6 +80,14 @@ __device__ __forceinline__ void dq_pair(u32 v0, u32 v0s, u32 v1, u32 v1s, int j,
   const u32 t1 = (__byte_perm(v1, v1s, sel) & 0x000F000Fu) | O::MAGIC;
   *b0 = O::fma2(O::fma2(t0, O::ONE, nz), s2, 0x80008000u);
   *b1 = O::fma2(O::fma2(t1, O::ONE, nz), s2, 0x80008000u);
+}
+
+// The same pair as dq_pair without the zero and the scale: halves MAGIC + q, exact (w4a16_wk at MT = 0 with W4_FIX: the
+// zero and the scale are applied to the float32 sums of each chunk instead, wk_body).
+template <class X>
+__device__ __forceinline__ u32 dq_raw(u32 v, u32 vs, int j) {
+  const u32 sel = (u32)(j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
+  return (__byte_perm(v, vs, sel) & 0x000F000Fu) | MmaOps<X>::MAGIC;
 }
 
 __device__ __forceinline__ u32 ld_nc_u32(const void* p) {
@@ -443,6 +453,9 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 #ifndef W4_EPI
 #define W4_EPI 1
 #endif
+#ifndef W4_FIX
+#define W4_FIX 1  // 0 (probe builds only): MT = 0 dequantizes with the zero and the scale per pair (dq_pair), as before
+#endif
 #ifndef W4_LDSM
 #define W4_LDSM 1  // 0 (probe builds only): the A fragments read as 32-bit words, all four k16 steps before the math
 #endif
@@ -551,6 +564,10 @@ __device__ __forceinline__ void wk_body(
   typedef MmaOps<X> O;
   constexpr bool TR = MT == 0;
   constexpr bool LDSM = XSM && !TR && W4_LDSM;  // A fragments from the staged activations by ldmatrix
+  // MT = 0: the weights enter the mma as MAGIC + q (dq_raw: PRMT + LOP3 per pair, no HADD2 / HMUL2), into per-chunk
+  // float32 sums; a ones-mma sums each activation row over the chunk; at the chunk's end per column
+  // acc += s * (sum - (MAGIC + z) * rowsum), in float32 (the weights never rounded to the input type)
+  constexpr bool FIX = TR && W4_FIX;
   constexpr int MTA = TR ? 1 : MT;  // m-tiles held (TR: one 8-row B operand)
   constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = TR ? 8 : 16 * MT, NP = BC / 16, XS = 72;
   // staged activation rows padded to 144 bytes (the reads of 8 rows at one k hit 32 banks); where that would not fit
@@ -683,8 +700,15 @@ __device__ __forceinline__ void wk_body(
       }
       const u32* szw = reinterpret_cast<const u32*>(st + WB + g * NT * 2);
       u32 s2[NT], nz[NT];
+      if (!FIX) {
 #pragma unroll
-      for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
+        for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
+      }
+      float accc[FIX ? NT / 2 : 1][4], xsum[4] = {0.f, 0.f, 0.f, 0.f};  // FIX: this chunk's sums, row sums
+      if (FIX) {
+#pragma unroll
+        for (int p = 0; p < (FIX ? NT / 2 : 1); ++p) accc[p][0] = accc[p][1] = accc[p][2] = accc[p][3] = 0.f;
+      }
       // ldmatrix.x4 row addresses: lanes 0-15 rows 0-15 at k 0, lanes 16-31 rows 0-15 at k 8 of an m-tile's k16 step
       // (logical piece 2 stp + lane/16 of row mt*16 + (lane & 15), whose row & 7 is lane & 7)
       const u32 xa = smem_addr(st + WB + SZB) + (lane & 15) * XROW;
@@ -710,6 +734,8 @@ __device__ __forceinline__ void wk_body(
             const int nt = 4 * w + j;
             if (W4_PROBE & 4) {
               d0[j] = v0 ^ (u32)nt; d1[j] = v1 ^ (u32)nt;
+            } else if (FIX) {
+              d0[j] = dq_raw<X>(v0, v0s, j); d1[j] = dq_raw<X>(v1, v1s, j);
             } else {
               dq_pair<X>(v0, v0s, v1, v1s, j, nz[nt], s2[nt], &d0[j], &d1[j]);
             }
@@ -721,7 +747,7 @@ __device__ __forceinline__ void wk_body(
 #pragma unroll
             for (int h = 0; h < 2; ++h) {  // A-tile p = 2w + h: columns g*NT + 2p (row g), + 1 (row g + 8)
               const u32 af[4] = {d0[2 * h], d0[2 * h + 1], d1[2 * h], d1[2 * h + 1]};
-              O::mma(acc[0][2 * w + h], af, a[stp][0][0], a[stp][0][2]);
+              O::mma(FIX ? accc[(2 * w + h) % (FIX ? NT / 2 : 1)] : acc[0][2 * w + h], af, a[stp][0][0], a[stp][0][2]);
             }
           } else {
 #pragma unroll
@@ -730,6 +756,22 @@ __device__ __forceinline__ void wk_body(
               for (int mt = 0; mt < MTA; ++mt) O::mma(acc[mt][4 * w + j], a[stp][mt], d0[j], d1[j]);
           }
         }
+        if (FIX) {  // xsum[e] = the chunk's sum of activation row 2t + (e & 1) so far (A all ones)
+          const u32 ones[4] = {O::ONE, O::ONE, O::ONE, O::ONE};
+          O::mma(xsum, ones, a[stp][0][0], a[stp][0][2]);
+        }
+      }
+      if (FIX) {  // acc[0][p][e] (column g*NT + 2p + (e >> 1), batch row 2t + (e & 1)) += s * (sum - (MAGIC + z) * rowsum)
+        const u16* sh = reinterpret_cast<const u16*>(st + WB) + g * NT;  // this lane's NT scales; its zeros BC later
+#pragma unroll
+        for (int p = 0; p < (FIX ? NT / 2 : 1); ++p)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float sc = h2f(sh[2 * p + c]), mz = -(O::MAGIC_F + h2f(sh[BC + 2 * p + c]));
+#pragma unroll
+            for (int b = 0; b < 2; ++b)
+              acc[0][p][2 * c + b] = fmaf(sc, fmaf(mz, xsum[b], accc[p][2 * c + b]), acc[0][p][2 * c + b]);
+          }
       }
       if (XM > 0) {  // this warp's reads of the stage are done (values in registers): release it in the CN blocks
         __syncwarp();
