@@ -72,12 +72,27 @@ template <> struct MmaOps<BF16> {
 // n-tiles): PRMT puts byte j's low nibble in half 0 and its high nibble in half 1, LOP3 masks and ORs the exponent
 // of MAGIC (halves = MAGIC + q, exact), FMA with nz = -(MAGIC + z) gives q - z exactly, the multiply by s2 rounds
 // (q - z) * s once to the input type. j is a compile-time constant in every caller (unrolled loops).
+#ifndef W4_LOP
+#define W4_LOP 1  // 0 (probe builds only): (t & mask) | MAGIC written in C++, which compiles to two LOP3 (two immediates)
+#endif
+// (t & 0x000F000F) | magic in ONE lop3: the mask and the magic as register operands (SASS LOP3 takes one immediate, so
+// the C++ expression with two constants compiles to two; the compiler keeps the two constants in registers)
+__device__ __forceinline__ u32 and_or(u32 t, u32 magic) {
+#if W4_LOP
+  u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(t), "r"(0x000F000Fu), "r"(magic));  // 0xEA: (a & b) | c
+  return d;
+#else
+  return (t & 0x000F000Fu) | magic;
+#endif
+}
+
 template <class X>
 __device__ __forceinline__ void dq_pair(u32 v0, u32 v0s, u32 v1, u32 v1s, int j, u32 nz, u32 s2, u32* b0, u32* b1) {
   typedef MmaOps<X> O;
   const u32 sel = (u32)(j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
-  const u32 t0 = (__byte_perm(v0, v0s, sel) & 0x000F000Fu) | O::MAGIC;
-  const u32 t1 = (__byte_perm(v1, v1s, sel) & 0x000F000Fu) | O::MAGIC;
+  const u32 t0 = and_or(__byte_perm(v0, v0s, sel), O::MAGIC);
+  const u32 t1 = and_or(__byte_perm(v1, v1s, sel), O::MAGIC);
   *b0 = O::fma2(O::fma2(t0, O::ONE, nz), s2, 0x80008000u);
   *b1 = O::fma2(O::fma2(t1, O::ONE, nz), s2, 0x80008000u);
 }
@@ -87,7 +102,7 @@ __device__ __forceinline__ void dq_pair(u32 v0, u32 v0s, u32 v1, u32 v1s, int j,
 template <class X>
 __device__ __forceinline__ u32 dq_raw(u32 v, u32 vs, int j) {
   const u32 sel = (u32)(j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
-  return (__byte_perm(v, vs, sel) & 0x000F000Fu) | MmaOps<X>::MAGIC;
+  return and_or(__byte_perm(v, vs, sel), MmaOps<X>::MAGIC);
 }
 
 __device__ __forceinline__ u32 ld_nc_u32(const void* p) {
