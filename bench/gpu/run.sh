@@ -42,6 +42,8 @@
 #           CPUs), interleaved twice -> $OUT/gemmpin-{free,pinned}-rN.json
 #   w4a16   bench/gpu/w4a16_probe.py: gemm_w4a16's kernels and their diagnostic builds next to fp16 cuBLAS (~35 s);
 #           W4_PROBE_ARGS: more arguments for it (e.g. --ms 1,8 --skip epi0,ldsm0)
+#   w4ab    bench/gpu/w4a16_probe.py (W4_PROBE_ARGS) of the tree against the base tree (.whl/base/), interleaved twice
+#           -> $OUT/w4a16-probe-{base,new}-rN.{json,log}
 #   ncu     Nsight Compute (sections: speed of light, memory, warp states with every stall reason, scheduler,
 #           occupancy) on the kernel gemm_w4a16 launches for M in NCU_MS (default 1 16 64) at 8192 x 8192, driven by
 #           bench/gpu/w4a16_ncu.py -> $OUT/ncu-w4a16-mM.txt; NCU_OPCODES=1: the executed instructions by opcode and
@@ -221,6 +223,18 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       echo "== bench/gpu/w4a16_probe.py"
       timeout 150 python3 bench/gpu/w4a16_probe.py ${W4_PROBE_ARGS:-} --out "$OUT/w4a16-probe.json" > "$OUT/w4a16-probe.log" 2>&1
       grep -A12 "best correct case" "$OUT/w4a16-probe.log" ;;
+    w4ab)  # the w4a16 probe of the tree against .whl/base/, interleaved twice (W4_PROBE_ARGS as for w4a16)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-base \
+        .whl/base/*.whl || exit 1
+      for r in 1 2; do
+        for tree in base new; do
+          site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
+          echo "== round $r, $tree: bench/gpu/w4a16_probe.py ${W4_PROBE_ARGS:-}"
+          PYTHONPATH=$site timeout 100 python3 bench/gpu/w4a16_probe.py ${W4_PROBE_ARGS:-} \
+            --out "$OUT/w4a16-probe-$tree-r$r.json" > "$OUT/w4a16-probe-$tree-r$r.log" 2>&1
+          grep -E "product" "$OUT/w4a16-probe-$tree-r$r.log"
+        done
+      done ;;
     ncu)  # Nsight Compute on the kernel gemm_w4a16 launches, M in NCU_MS at 8192 x 8192 -> $OUT/ncu-w4a16-mM.txt
       for mm in ${NCU_MS:-1 16 64}; do
         echo "== ncu: gemm_w4a16 M=$mm K=N=8192"

@@ -319,6 +319,9 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
 }
+__device__ __forceinline__ void cp_async16_s(u32 dst, const void* src) {  // dst: a shared-window address
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N_PENDING>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N_PENDING)); }
@@ -622,6 +625,20 @@ __device__ __forceinline__ void wk_body(
   }
   // lane's B bytes inside a tile row: logical 16-byte piece and offset in it
   const int bpiece = (g * 4 * NWORD) >> 4, boff = (g * 4 * NWORD) & 15;
+  // the copies of a chunk, set up once (the chunk loop adds a chunk's offset): 16-byte piece p = i*32 + lane of the
+  // weights is row i*RPI + lane/NP, piece lane % NP, swizzled by its row's low bits (which i does not change: RPI is a
+  // multiple of 4); the lanes < BC/4 copy a piece of the chunk's scales (then zeros), group ch / cpg
+  constexpr int RPI = 32 / NP;
+  static_assert(RPI % 4 == 0 || NWORD == 1, "the swizzle of a lane's pieces is the same for every i");
+  const int lrow = lane / NP, lc16 = lane % NP;
+  const u32 wsm_s = smem_addr(wsm), w_dst = (u32)(lrow * BC + 16 * (lc16 ^ wk_swz<NWORD>(lrow)));
+  const unsigned char* w_src = qweight + (u64)lrow * N + col0 + 16 * lc16;
+  const u64 w_chunk = 32ull * (u64)N, w_piece = (u64)RPI * (u64)N;
+  const bool sz_lane = lane < BC / 4;
+  const int sz_which = lane / (BC / 8), sz_off = lane % (BC / 8);
+  const u16* sz_src = (sz_which ? zeros : scales) + col0 + 8 * sz_off;
+  const u32 sz_dst = (u32)(WB + sz_which * 2 * BC + 16 * sz_off);
+  const int cpg = group_rows >> 5, cpg_shift = (cpg & (cpg - 1)) == 0 ? __ffs(cpg) - 1 : -1;  // chunks per group
 
   for (int m0 = 0; m0 < M; m0 += MR) {
     const int mrows = min(MR, M - m0);
@@ -633,19 +650,13 @@ __device__ __forceinline__ void wk_body(
     }
     auto issue = [&](int j) {  // the warp's j-th chunk of this m-block into stage (gb + j) % S
       const int ch = c_begin + warp + WK * j, stage = (gb + j) % S;
-      unsigned char* st = wsm + stage * STAGE;
-      const int pr = ch * 32;
+      const u32 st_s = wsm_s + (u32)(stage * STAGE);
+      const unsigned char* wsrc = w_src + (u64)ch * w_chunk;
 #pragma unroll
-      for (int i = 0; i < NP; ++i) {
-        const int p = i * 32 + lane, row = p / NP, c16 = p % NP;
-        cp_async16(st + row * BC + 16 * (c16 ^ wk_swz<NWORD>(row)), qweight + (u64)(pr + row) * N + col0 + 16 * c16, 16);
-      }
-      if (lane < BC / 4) {  // BC/8 pieces of scales, then BC/8 of zeros
-        const int which = lane / (BC / 8), off = lane % (BC / 8);
-        const u16* src = (which ? zeros : scales) + (u64)(pr / group_rows) * N + col0 + 8 * off;
-        cp_async16(st + WB + which * 2 * BC + 16 * off, src, 16);
-      }
+      for (int i = 0; i < NP; ++i) cp_async16_s(st_s + w_dst + (u32)(i * RPI * BC), wsrc + (u64)i * w_piece);
+      if (sz_lane) cp_async16_s(st_s + sz_dst, sz_src + (u64)(cpg_shift >= 0 ? ch >> cpg_shift : ch / cpg) * N);
       if (XM > 0) {
+        unsigned char* st = wsm + stage * STAGE;
         // NOTE: order is important here: the stage released by the CN blocks (empty phase of chunk J - S) -> this
         // block's expect_tx (all mrows rows, 144 bytes each) -> this block's share of the rows < mrows of the packed
         // chunk, one bulk copy, multicast to the CN blocks (CN = 1: to this block alone)
@@ -663,8 +674,8 @@ __device__ __forceinline__ void wk_body(
         }
       } else if (XSM) {
         for (int p = lane; p < mrows * 8; p += 32)
-          cp_async16(st + WB + SZB + (p >> 3) * XROW + 16 * x_piece<XSW>((p >> 3) & 7, p & 7),
-                     x + (u64)(m0 + (p >> 3)) * K + ch * 64 + 8 * (p & 7), 16);
+          cp_async16_s(st_s + (u32)(WB + SZB + (p >> 3) * XROW + 16 * x_piece<XSW>((p >> 3) & 7, p & 7)),
+                       x + (u64)(m0 + (p >> 3)) * K + ch * 64 + 8 * (p & 7));
       }
     };
     float acc[MTA][NT][4];  // TR: acc[0][p] for A-tile p < NT/2
