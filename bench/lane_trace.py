@@ -68,6 +68,7 @@ with open(sys.argv[2], "w") as f:
 print("done", flush=True)
 w.stop()
 t.join(10)
+w.close()  # its socket, attach socket and regions go with it
 '''
 
 
@@ -140,12 +141,10 @@ def main() -> int:
     for k, v in med.items():
         print(f"{k:<40} {v:7.2f} µs")
     if args.out:
-        from shmrpc.bench._report import finish_document, write_json
+        from shmrpc.bench._report import write_probe
 
-        doc = finish_document({"mode": "lane-trace", "lane": args.lane, "calls": args.calls, "median_us": med},
-                              [os.path.relpath(sys.argv[0]), *sys.argv[1:]])
-        doc.pop("verdicts", None)
-        print(f"JSON: {write_json(doc, args.out)}")
+        write_probe({"mode": "lane-trace", "lane": args.lane, "calls": args.calls, "median_us": med},
+                    [os.path.relpath(sys.argv[0]), *sys.argv[1:]], args.out)
     return 0
 
 

@@ -95,13 +95,11 @@ def main() -> int:
     for label, med in medians.items():
         print(f"  {label:<8} " + "  ".join(f"{k} {v:7.1f}" for k, v in med.items()))
     if args.out:
-        from shmrpc.bench._report import finish_document, write_json
+        from shmrpc.bench._report import write_probe
 
         doc = {"mode": "worker-cpu", "calls": args.calls, "rounds": args.rounds,
                "trees": {label: (path or "this checkout") for label, path in trees}, "runs": runs, "medians": medians}
-        doc = finish_document(doc, [os.path.relpath(sys.argv[0]), *sys.argv[1:]])
-        doc.pop("verdicts", None)
-        print(f"JSON: {write_json(doc, args.out)}")
+        write_probe(doc, [os.path.relpath(sys.argv[0]), *sys.argv[1:]], args.out)
     return 0
 
 

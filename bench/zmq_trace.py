@@ -64,6 +64,7 @@ with open(sys.argv[2], "w") as f:
 print("done", flush=True)
 w.stop()
 t.join(10)
+w.close()  # its socket, attach socket and regions go with it
 '''
 
 _ECHO = '''
@@ -215,12 +216,10 @@ def main() -> int:
         for k in parts:
             print(f"  {k:<42} " + " ".join(f"{r.get(k, float('nan')):8.2f}" for r in rounds))
     if args.out:
-        from shmrpc.bench._report import finish_document, write_json
+        from shmrpc.bench._report import write_probe
 
-        doc = finish_document({"mode": "zmq-trace", "calls": args.calls, "rounds": args.rounds, "median_us": res},
-                              [os.path.relpath(sys.argv[0]), *sys.argv[1:]])
-        doc.pop("verdicts", None)
-        print(f"JSON: {write_json(doc, args.out)}")
+        write_probe({"mode": "zmq-trace", "calls": args.calls, "rounds": args.rounds, "median_us": res},
+                    [os.path.relpath(sys.argv[0]), *sys.argv[1:]], args.out)
     return 0
 
 

@@ -92,6 +92,16 @@ def finish_document(doc: dict[str, Any], argv: list[str]) -> dict[str, Any]:
     return doc
 
 
+def write_probe(doc: dict[str, Any], argv: list[str], path: str | os.PathLike[str]) -> Path:
+    """A probe's document (no goals to judge): :func:`finish_document` without the verdicts, written to ``path``
+    (``argv``: the command as run, the program's path relative to the checkout); prints where and returns it."""
+    doc = finish_document(doc, argv)
+    doc.pop("verdicts", None)
+    out = write_json(doc, path)
+    print(f"JSON: {out}")
+    return out
+
+
 def default_out_path(mode: str, root: str | os.PathLike[str] = "bench/out") -> Path:
     """``bench/out/<mode>-<YYYYmmdd-HHMMSS>.json``."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -159,16 +159,12 @@ def main() -> int:
     for name, s in summary.items():
         print(f"  median: {name:<32} {s['cupy.cuda.Device']:.1f} -> {s['DeviceScope']:.1f} µs")
     if args.out:
-        from shmrpc.bench._report import finish_document, write_json
+        from shmrpc.bench._report import write_probe
 
-        doc = finish_document({"mode": "device-probe", "calls": args.calls, "rounds": args.rounds,
-                               "per_call_us": {k: statistics.median(v) for k, v in calls.items()},
-                               "per_call_rounds_us": calls,
-                               "run_p50_us_rounds": rows, "run_p99_us_rounds": p99s,
-                               "run_p50_us_median": summary, "gemm_max_rel_err": err},
-                              [f"bench/gpu/{__file__.rsplit('/', 1)[-1]}", *sys.argv[1:]])
-        doc.pop("verdicts", None)
-        print(f"JSON: {write_json(doc, args.out)}")
+        write_probe({"mode": "device-probe", "calls": args.calls, "rounds": args.rounds,
+                     "per_call_us": {k: statistics.median(v) for k, v in calls.items()}, "per_call_rounds_us": calls,
+                     "run_p50_us_rounds": rows, "run_p99_us_rounds": p99s, "run_p50_us_median": summary,
+                     "gemm_max_rel_err": err}, [f"bench/gpu/{__file__.rsplit('/', 1)[-1]}", *sys.argv[1:]], args.out)
     return 0
 
 

@@ -117,6 +117,10 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
   timeout 90 $BENCH lat --lanes --peers zmq,iox2,iox2-spin --sizes 64,1M --iters 5000 --connect-iters 50 "$@" -q \
     --out "$OUT/$name.json" 2>&1 | tail -30
 }
+base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed beside /tmp/site
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-base \
+    .whl/base/*.whl
+}
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
   echo "stages: $stages, commit ${SHMRPC_COMMIT:-unknown}"
@@ -224,8 +228,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       timeout 150 python3 bench/gpu/w4a16_probe.py ${W4_PROBE_ARGS:-} --out "$OUT/w4a16-probe.json" > "$OUT/w4a16-probe.log" 2>&1
       grep -A12 "best correct case" "$OUT/w4a16-probe.log" ;;
     w4ab)  # the w4a16 probe of the tree against .whl/base/, interleaved twice (W4_PROBE_ARGS as for w4a16)
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-base \
-        .whl/base/*.whl || exit 1
+      base_site || exit 1
       for r in 1 2; do
         for tree in base new; do
           site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
@@ -265,8 +268,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
           --out "$OUT/gpu-graphs-e2e-$arm.json" 2>&1 | tail -10
       done ;;
     ab)
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-base \
-        .whl/base/*.whl || exit 1
+      base_site || exit 1
       abpin=(); [ -n "${AB_PIN:-}" ] && abpin=(--server-cpus "${AB_PIN%%:*}" --client-cpus "${AB_PIN##*:}")
       for r in 1 2; do
         for tree in base new; do
@@ -297,8 +299,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
         done
       done ;;
     gemmab)
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-base \
-        .whl/base/*.whl || exit 1
+      base_site || exit 1
       for r in 1 2; do
         for arm in ${GEMMAB_ARMS:-base nolaunch new}; do
           site=/tmp/site; [ "$arm" = base ] && site=/tmp/site-base:/tmp/site
@@ -322,8 +323,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
       timeout 120 taskset -c "${ZT_CPUS:-2,4,10,12}" python3 bench/zmq_trace.py --rounds 2 \
         --out "$OUT/zmq-trace-pinned.json" 2>&1 | grep -v JSON ;;
     scaleab)  # the tree against .whl/base/ on the CuPy worker: 64 B scale (lanes next to zmq), interleaved twice
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-base \
-        .whl/base/*.whl || exit 1
+      base_site || exit 1
       for r in 1 2; do
         for tree in base new; do
           site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site

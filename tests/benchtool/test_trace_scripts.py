@@ -1,0 +1,67 @@
+"""The round-trip traces (bench/zmq_trace.py, bench/lane_trace.py) run end to end and write what they print.
+
+Each starts its own worker (and, for the ZeroMQ trace, a bare pyzmq echo) in child processes over real sockets;
+a short run must give every interval of both sides, each positive and shorter than its round trip, in a JSON
+document with the command and the machine but no goal verdicts (``write_probe``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shmrpc.bench._report import write_probe
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str, *args: str, out: Path) -> dict:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=150, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"JSON: {out}" in proc.stdout
+    return json.loads(out.read_text())
+
+
+def _check_parts(parts: dict[str, float], total_key: str, outside: tuple[str, ...] = ()) -> None:
+    """Every part positive; the parts of the round trip (all but ``outside``) no longer than it."""
+    total = parts[total_key]
+    assert total > 0
+    for name, us in parts.items():
+        assert us > 0, (name, us)
+        assert name in outside or us <= total, (name, us, total)
+
+
+@pytest.mark.timeout(180)
+def test_zmq_trace_times_both_sides_of_both_transports(tmp_path: Path) -> None:
+    doc = _run("zmq_trace.py", "--calls", "400", "--rounds", "1", out=tmp_path / "z.json")
+    assert doc["mode"] == "zmq-trace" and "verdicts" not in doc and doc["command"].startswith("bench/zmq_trace.py")
+    shm, echo = doc["median_us"]["shmrpc"][0], doc["median_us"]["pyzmq"][0]
+    assert set(shm) == {"client: send() entry to the socket send", "client: socket send", "sent to the worker's wake-up",
+                        "worker: wake-up to _on_call", "worker: _on_call to DONE sent",
+                        "DONE sent to the client's receive", "client: received to send() return", "round trip"}
+    assert set(echo) == {"client: socket send", "sent to the server's receive", "server: received to sent",
+                         "server sent to the client's receive", "round trip"}
+    _check_parts(shm, "round trip")
+    _check_parts(echo, "round trip")
+
+
+@pytest.mark.timeout(180)
+def test_lane_trace_times_the_blocking_lane(tmp_path: Path) -> None:
+    doc = _run("lane_trace.py", "--calls", "600", "--lane", "block", out=tmp_path / "l.json")
+    assert doc["mode"] == "lane-trace" and doc["lane"] == "block" and "verdicts" not in doc
+    assert len(doc["median_us"]) == 8
+    _check_parts(doc["median_us"], "round trip", outside=("worker: DONE written to its next wait",))
+
+
+def test_write_probe_records_the_command_and_no_verdicts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = write_probe({"mode": "some-probe", "x": 1}, ["bench/some_probe.py", "--n", "3"], tmp_path / "d" / "p.json")
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "some-probe" and doc["x"] == 1
+    assert doc["command"] == "bench/some_probe.py --n 3"
+    assert "verdicts" not in doc and "machine" in doc and "date" in doc
+    assert capsys.readouterr().out.strip() == f"JSON: {out}"
