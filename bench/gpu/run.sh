@@ -44,6 +44,8 @@
 #           W4_PROBE_ARGS: more arguments for it (e.g. --ms 1,8 --skip epi0,ldsm0)
 #   w4ab    bench/gpu/w4a16_probe.py (W4_PROBE_ARGS) of the tree against the base tree (.whl/base/), interleaved twice
 #           -> $OUT/w4a16-probe-{base,new}-rN.{json,log}
+#   sass    bench/gpu/sass_loop.py: gemm_w4a16's kernels built with nvcc, the chunk loop's instructions by opcode from
+#           their SASS, and ptxas's registers -> $OUT/sass-loop.json
 #   ncu     Nsight Compute (sections: speed of light, memory, warp states with every stall reason, scheduler,
 #           occupancy) on the kernel gemm_w4a16 launches for M in NCU_MS (default 1 16 64) at 8192 x 8192, driven by
 #           bench/gpu/w4a16_ncu.py -> $OUT/ncu-w4a16-mM.txt; NCU_OPCODES=1: the executed instructions by opcode and
@@ -238,6 +240,10 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
           grep -E "product" "$OUT/w4a16-probe-$tree-r$r.log"
         done
       done ;;
+    sass)  # the instruction mix of gemm_w4a16's chunk loop (SASS_CFGS: w4a16_wkc template arguments, ';'-separated)
+      echo "== bench/gpu/sass_loop.py"
+      timeout 120 python3 bench/gpu/sass_loop.py ${SASS_CFGS:+--cfgs "$SASS_CFGS"} --out "$OUT/sass-loop.json" 2>&1 \
+        | grep -v JSON ;;
     ncu)  # Nsight Compute on the kernel gemm_w4a16 launches, M in NCU_MS at 8192 x 8192 -> $OUT/ncu-w4a16-mM.txt
       for mm in ${NCU_MS:-1 16 64}; do
         echo "== ncu: gemm_w4a16 M=$mm K=N=8192"

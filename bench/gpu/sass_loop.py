@@ -1,0 +1,134 @@
+"""The instruction mix of gemm_w4a16's chunk loop, read from the SASS of its kernels.
+
+    python3 bench/gpu/sass_loop.py [--cfgs "0,4,8,3,1,2;1,4,8,3,1,2"] [--out FILE.json]   (where nvcc and cuobjdump are)
+    python3 bench/gpu/sass_loop.py --sass FILE.sass [--ptxas FILE.txt] [--out FILE.json]  (a dump made before)
+
+The first form concatenates ``kernels/cuda/common.cuh`` and ``w4a16_mma.cu`` as the op's NVRTC build does, adds
+explicit instantiations of ``w4a16_wkc<F16, MT, NWORD, WK, S, XSM, CL>`` (six numbers, ``--cfgs``; the product's
+M = 1 and M = 16 kernels at 8192 x 8192 by default), builds them with ``nvcc -cubin -arch=sm_90 -O3 -Xptxas -v``
+and dumps the SASS with ``cuobjdump -sass``. (NVRTC, which the op uses, may allocate a few registers differently.)
+Either way, per kernel it finds the chunk loop (the backward branch whose body holds the most HMMA, the smallest
+such body) and counts its instructions by opcode: one pass is one chunk of 64 k for one warp, the next chunk's
+copies included. Prints a table and writes JSON (date, command, machine) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+_ROOT = Path(__file__).resolve().parents[2]
+_INSN = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Za-z0-9_]+)*)\s*([^;]*);")
+_BRA_TARGET = re.compile(r"\b0x([0-9a-f]+)\b")
+_FUNCTION = re.compile(r"Function\s*:\s*(\S+)")
+_SIG = ("(const u16*, const unsigned char*, const u16*, const u16*, float*, unsigned int*, u16*, "
+        "int, int, int, int, int);")
+
+
+def parse_sass(text: str) -> dict[str, list[tuple[int, str, str]]]:
+    """``cuobjdump -sass`` output -> per function (mangled name) its instructions as (address, opcode, operands)."""
+    funcs: dict[str, list[tuple[int, str, str]]] = {}
+    cur: list[tuple[int, str, str]] | None = None
+    for line in text.splitlines():
+        m = _FUNCTION.search(line)
+        if m:
+            cur = funcs.setdefault(m.group(1), [])
+            continue
+        m = _INSN.match(line)
+        if m and cur is not None:
+            cur.append((int(m.group(1), 16), m.group(2), m.group(4).strip()))
+    return funcs
+
+
+def chunk_loop(insns: list[tuple[int, str, str]]) -> tuple[int, int, Counter[str]] | None:
+    """(start, end, opcode counts) of the loop whose body holds the most HMMA (the smallest of those), or None."""
+    best: tuple[tuple[int, int], int, int, Counter[str]] | None = None  # ((hmma, -size), start, end, counts)
+    for addr, op, args in insns:
+        m = _BRA_TARGET.search(args) if op == "BRA" else None
+        if m is None or int(m.group(1), 16) >= addr:
+            continue
+        start = int(m.group(1), 16)
+        counts = Counter(o for a, o, _ in insns if start <= a <= addr)
+        key = (counts["HMMA"], start - addr)
+        if counts["HMMA"] and (best is None or key > best[0]):
+            best = (key, start, addr, counts)
+    return None if best is None else (best[1], best[2], best[3])
+
+
+def template_args(mangled: str) -> list[int]:
+    """The integer template arguments of a mangled kernel name (``Li4E`` -> 4), in order."""
+    return [int(v) for v in re.findall(r"Li(\d+)E", mangled)]
+
+
+def registers(ptxas: str) -> dict[str, int]:
+    """ptxas -v output -> registers per thread by mangled name."""
+    out: dict[str, int] = {}
+    name = None
+    for line in ptxas.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)'", line)
+        if m:
+            name = m.group(1)
+        m = re.search(r"Used (\d+) registers", line)
+        if m and name:
+            out[name] = int(m.group(1))
+    return out
+
+
+def build(cfgs: list[tuple[int, ...]], tmp: Path) -> tuple[str, str]:
+    cuda = _ROOT / "kernels" / "cuda"
+    src = (cuda / "common.cuh").read_text() + "\n" + (cuda / "w4a16_mma.cu").read_text() + "\n"
+    for c in cfgs:
+        src += f"template __global__ void w4a16_wkc<F16, {', '.join(map(str, c))}>{_SIG}\n"
+    (tmp / "w.cu").write_text(src)
+    ptxas = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-std=c++17", "-O3", "-Xptxas", "-v", "-o", "w.cubin", "w.cu"],
+                           cwd=tmp, capture_output=True, text=True, check=True).stderr
+    sass = subprocess.run(["cuobjdump", "-sass", "w.cubin"], cwd=tmp, capture_output=True, text=True, check=True).stdout
+    return sass, ptxas
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cfgs", default="0,4,8,3,1,2;1,4,8,3,1,2",
+                    help="w4a16_wkc template arguments MT,NWORD,WK,S,XSM,CL; several separated by ';'")
+    ap.add_argument("--sass", help="analyse this cuobjdump -sass output instead of building")
+    ap.add_argument("--ptxas", help="with --sass: the ptxas -v output of the same build (registers)")
+    ap.add_argument("--note", default="", help="where a --sass dump came from (recorded in the JSON)")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.sass:
+        sass = Path(args.sass).read_text()
+        ptxas = Path(args.ptxas).read_text() if args.ptxas else ""
+    else:
+        cfgs = [tuple(int(v) for v in c.split(",")) for c in args.cfgs.split(";")]
+        with tempfile.TemporaryDirectory() as tmp:
+            sass, ptxas = build(cfgs, Path(tmp))
+    regs = registers(ptxas)
+    kernels: dict[str, Any] = {}
+    for name, insns in parse_sass(sass).items():
+        loop = chunk_loop(insns)
+        if loop is None:
+            continue
+        start, end, counts = loop
+        kernels[name] = {"template_args": template_args(name), "registers": regs.get(name),
+                         "loop": [hex(start), hex(end)], "loop_instructions": sum(counts.values()),
+                         "by_opcode": dict(counts.most_common())}
+        print(f"{name}: template {template_args(name)}, {regs.get(name)} registers, chunk loop "
+              f"{hex(start)}-{hex(end)}: {sum(counts.values())} instructions")
+        print("  " + ", ".join(f"{op} {n}" for op, n in counts.most_common(16)))
+    if args.out:
+        sys.path.insert(0, str(_ROOT))
+        from shmrpc.bench._report import write_probe
+
+        doc = {"mode": "sass-loop", "kernels": kernels, **({"note": args.note} if args.note else {})}
+        write_probe(doc, ["bench/gpu/sass_loop.py", *sys.argv[1:]], args.out)
+    return 0 if kernels else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
