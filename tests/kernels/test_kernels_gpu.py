@@ -134,7 +134,10 @@ _FORCED_WK = ["0,4,8,0,4,0", "0,4,8,1,3,1", "0,2,8,2,4,0", "0,2,8,0,4,1", "0,4,4
                                                          *((m, 2048, 512, 64, c) for m in (5, 40) for c in _FORCED[1:]),
                                                          *((m, 2048, 512, 64, c) for m in (1, 13, 40) for c in _FORCED_WK),
                                                          (3, 1536, 1024, 128, _FORCED_WK[0]), (5, 4480, 256, 128, _FORCED_WK[8]), (8, 4480, 256, 128, _FORCED_WK[0]),
-                                                         (64, 1024, 256, 64, _FORCED_WK[-2])])
+                                                         (64, 1024, 256, 64, _FORCED_WK[-2]),
+                                                         # groups of 3 chunks: the kernels' group index by division, not a shift
+                                                         (1, 1536, 8192, 192, ""), (2, 1536, 512, 192, ""), (5, 1536, 512, 192, _FORCED_WK[1]),
+                                                         (16, 1536, 512, 192, _FORCED_WK[6])])
 def test_w4a16_tensor_core_path(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     """The mma kernels against float64 x @ dequant(w), activations with outliers (|x| up to 1e3) and subnormals;
     the default table, M = 1 (where it takes tensor cores: no K split through global memory, in a cluster or
