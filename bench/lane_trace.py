@@ -29,6 +29,22 @@ import time
 
 import numpy as np
 
+# The end of a traced worker's program (``w``: its Worker, ``T``: its stamps): serve in a thread, say "ready", and on a
+# line from stdin write the stamps to argv[2], say "done" and close (its sockets and regions go with it).
+SERVE_STAMPED = '''
+w.start()
+t = threading.Thread(target=w.serve_forever, daemon=True)
+t.start()
+print("ready", flush=True)
+sys.stdin.readline()
+with open(sys.argv[2], "w") as f:
+    json.dump(T, f)
+print("done", flush=True)
+w.stop()
+t.join(10)
+w.close()
+'''
+
 _WORKER = '''
 import json, sys, threading, time
 from shmrpc.server import _lanes
@@ -58,18 +74,7 @@ def ans(self, *a):
     return o_ans(self, *a)
 _lanes.Lanes.scan, Worker._on_call, _lanes.Lane.answer = scan, on, ans
 w = Worker(WorkerConfig(name=sys.argv[1], backend="numpy", mlock=False, spin_us=int(sys.argv[3])))
-w.start()
-t = threading.Thread(target=w.serve_forever, daemon=True)
-t.start()
-print("ready", flush=True)
-sys.stdin.readline()
-with open(sys.argv[2], "w") as f:
-    json.dump(T, f)
-print("done", flush=True)
-w.stop()
-t.join(10)
-w.close()  # its socket, attach socket and regions go with it
-'''
+''' + SERVE_STAMPED
 
 
 def main() -> int:

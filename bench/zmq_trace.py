@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 import numpy as np
+from lane_trace import SERVE_STAMPED  # bench/ is this script's directory, first on sys.path
 
 _WORKER = '''
 import json, sys, threading, time
@@ -54,18 +55,7 @@ def send(self, *a):
     return r
 Worker._on_call, Worker._send = on, send
 w = Worker(WorkerConfig(name=sys.argv[1], backend="numpy", mlock=False))
-w.start()
-t = threading.Thread(target=w.serve_forever, daemon=True)
-t.start()
-print("ready", flush=True)
-sys.stdin.readline()
-with open(sys.argv[2], "w") as f:
-    json.dump(T, f)
-print("done", flush=True)
-w.stop()
-t.join(10)
-w.close()  # its socket, attach socket and regions go with it
-'''
+''' + SERVE_STAMPED
 
 _ECHO = '''
 import json, sys, threading, time
