@@ -100,7 +100,7 @@ def w4a16_sets(cp: Any, k: int, n: int, gs: int = 128, l2_bytes: int = 60 << 20)
 def bench_w4a16(cp: Any, m: int, k: int, n: int, reps: int, ceiling: float, l2_bytes: int = 60 << 20) -> dict[str, Any]:
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._registry import OpCall
-    from shmrpc.kernels.quant import _mma_cfg, dequantize_int4, use_tuning
+    from shmrpc.kernels.quant import dequantize_int4, use_tuning, w4a16_choice
 
     gs = 128
     g = k // gs
@@ -122,7 +122,7 @@ def bench_w4a16(cp: Any, m: int, k: int, n: int, reps: int, ceiling: float, l2_b
     got = spec.cupy(calls[0])["out"].get()
     q, s, z = (a.get() for a in sets[0])
     want = (x.get().astype(np.float32) @ dequantize_int4(np, q, s, z)).astype(np.float16)
-    mma = _mma_cfg(m, k, n, gs)
+    mma = w4a16_choice(m, k, n, gs)
     # fp16 cuBLAS of the same shape, rotating dense weight sets
     n16 = max(2, -(-3 * l2_bytes // (k * n * 2)))
     w16 = [rs.standard_normal((k, n), dtype=cp.float32).astype(cp.float16) for _ in range(n16)]

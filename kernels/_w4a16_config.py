@@ -13,7 +13,8 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["W4A16Tuning", "tuning", "use_tuning", "w4a16_launch_config", "w4a16_mma_launch", "w4a16_wk_launch"]
+__all__ = ["W4A16Tuning", "tuning", "use_tuning", "w4a16_launch_config", "w4a16_mma_launch", "w4a16_wg_launch",
+           "w4a16_wk_launch"]
 
 @dataclasses.dataclass(frozen=True)
 class W4A16Tuning:
@@ -28,8 +29,8 @@ class W4A16Tuning:
         mma_m1: ``SHMRPC_W4A16_MMA_M1`` (on; ``0`` keeps M = 1 on the float32 CUDA-core kernel).
         mma_cfg: ``SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S"`` (w4a16_mma / w4a16_mma_async),
             ``"MT,NWORD,WK,BPS,S,XSM"`` (w4a16_wk), ``"MT,NWORD,WK,0,S,XSM,CL"`` (w4a16_wkc, clusters of CL
-            blocks) or ``"MT,NWORD,WK,0,S,1,1,CN"`` (w4a16_wkm, activations multicast to clusters of CN blocks): one
-            forced configuration (tuning only).
+            blocks), ``"MT,NWORD,WK,0,S,1,1,CN"`` (w4a16_wkm, activations multicast to clusters of CN blocks) or
+            ``"MT,NWORD,S,CL"`` (w4a16_wg / w4a16_wgc: wgmma, sm_90a): one forced configuration (tuning only).
     """
 
     blocks_per_sm: int = 2
@@ -47,7 +48,7 @@ class W4A16Tuning:
         cfg = None
         if forced:
             v = [int(p) for p in forced.split(",")]
-            cfg = tuple(v) if len(v) in (6, 7, 8) else (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
+            cfg = tuple(v) if len(v) in (4, 6, 7, 8) else (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
         return cls(blocks_per_sm=int(env.get("SHMRPC_W4A16_BLOCKS_PER_SM", "2")),
                    dequant_min_m=int(env.get("SHMRPC_W4A16_DEQUANT_MIN_M", "5")),
                    h2=env.get("SHMRPC_W4A16_H2", "0") == "1", prefetch=env.get("SHMRPC_W4A16_PF", "0") == "1",
@@ -152,6 +153,13 @@ _WKC_VARIANTS = ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1,
                  (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2), (2, 4, 8, 3, 1, 2))
 # (MT, NWORD, WK, S, CN) of w4a16_wkm built into the module
 _WKM_VARIANTS = ((4, 2, 8, 2, 2), (4, 2, 8, 2, 1), (4, 2, 8, 2, 4), (4, 2, 6, 3, 2))
+# Four numbers (MT, NWORD, S, CL) name w4a16_wg (CL = 1) / w4a16_wgc (cuda/w4a16_wg.cu, sm_90a only): one warpgroup per
+# block, the weights as wgmma's A operand from registers (4 warps x 32*NWORD columns), the activations as B from shared
+# memory (NB = 16*MT rows, 8 at MT = 0), S stages, the K split a cluster of CL blocks. Taken where the device is sm_90
+# and (unless forced) the block's columns times CL fit in one wave of the SMs.
+_WG_VARIANTS = ((4, 2, 4, 1), (4, 2, 4, 2), (4, 2, 4, 4), (4, 2, 4, 8), (4, 1, 4, 2), (4, 1, 4, 4), (2, 2, 4, 4),
+                (2, 2, 4, 8), (2, 4, 4, 4), (1, 2, 4, 4), (1, 2, 4, 8), (1, 4, 4, 4), (1, 4, 4, 8), (0, 4, 4, 8),
+                (0, 2, 4, 8), (4, 2, 3, 4), (4, 2, 6, 4))
 _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
 # on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and -07d7ec0; M 9..64 from
@@ -178,6 +186,15 @@ _MANY_TILES_FIRST: dict[int, tuple[int, ...]] = {48: (4, 2, 4, 1, 2, 1)}
 _NO_GLOBAL_SPLIT_MAX_M = 1
 
 
+def _wg_smem(cfg: tuple[int, ...]) -> int:
+    """Dynamic shared memory of w4a16_wg / w4a16_wgc (the kernel's layout: S stages of x, weights, scales and zeros
+    rounded up to 1024 bytes, or the block's float32 tile if larger; plus 1024 bytes to align the stages)."""
+    mt, nword, st = cfg[:3]
+    nb, bc = (16 * mt if mt else 8), 32 * nword
+    stage = -(-(nb * 128 + 4 * 32 * bc + 4 * 4 * bc) // 1024) * 1024
+    return max(st * stage, nb * (4 * bc + 4) * 4) + 1024
+
+
 def _wk_smem(cfg: tuple[int, ...]) -> int:
     """Dynamic shared memory of w4a16_wk / w4a16_wkc (the kernel's layout: WK*S stages, then a float32 tile;
     staged activation rows of 144 bytes, padded, or, where that would pass _WK_SMEM_MAX at MT > 0, 128 bytes, swizzled)."""
@@ -191,14 +208,15 @@ def _wk_smem(cfg: tuple[int, ...]) -> int:
     return padded
 
 
-def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm: int = 132) -> tuple[int, ...] | None:
+def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm: int = 132,
+             wg: bool = False) -> tuple[int, ...] | None:
     """The tensor-core configuration for this shape, or None (other paths); ``smem_max``: the dynamic shared
     memory a block may opt in to on the device (w4a16_wk configurations above it are passed over); ``n_sm``:
-    the device's SMs (see ``_takes``).
+    the device's SMs (see ``_takes``); ``wg``: the device runs sm_90a code (w4a16_wg is passed over elsewhere).
 
     SHMRPC_W4A16_MMA=0 turns the path off; SHMRPC_W4A16_MMA_M1=0 keeps M = 1 on the CUDA-core kernel;
-    SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S", "MT,NWORD,WK,BPS,S,XSM" or "MT,NWORD,WK,0,S,XSM,CL" forces one
-    configuration (tuning only)."""
+    SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S", "MT,NWORD,WK,BPS,S,XSM", "MT,NWORD,WK,0,S,XSM,CL" or "MT,NWORD,S,CL"
+    (w4a16_wg) forces one configuration (tuning only)."""
     t = _TUNING
     if not t.mma or m < 1 or m > _MMA_TABLE[-1][0]:
         return None
@@ -209,9 +227,10 @@ def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm
     if k % 64 or gs % 64:
         return None
     if t.mma_cfg:
-        return t.mma_cfg if _mma_known(t.mma_cfg, smem_max) and _takes(t.mma_cfg, n, n_sm, forced=True) else None
+        ok = _mma_known(t.mma_cfg, smem_max) and _takes(t.mma_cfg, n, n_sm, forced=True) and (wg or len(t.mma_cfg) != 4)
+        return t.mma_cfg if ok else None
     row = _mma_row(m, n, n_sm)
-    return next((c for c in row if _mma_known(c, smem_max) and _takes(c, n, n_sm)
+    return next((c for c in row if _mma_known(c, smem_max) and _takes(c, n, n_sm) and (wg or len(c) != 4)
                  and (m > _NO_GLOBAL_SPLIT_MAX_M or not _global_split(c, k, n, n_sm))), None)
 
 
@@ -226,7 +245,7 @@ def _mma_row(m: int, n: int, n_sm: int) -> tuple[tuple[int, ...], ...]:
 
 def _global_split(cfg: tuple[int, ...], k: int, n: int, n_sm: int) -> bool:
     """Whether ``cfg``'s launch splits K through float32 partials in global memory (not a cluster, more than one split)."""
-    if len(cfg) >= 7:
+    if len(cfg) >= 7 or len(cfg) == 4:
         return False
     if len(cfg) == 6:
         return w4a16_wk_launch(1, k, n, n_sm, cfg)[0][1] > 1
@@ -237,6 +256,9 @@ def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> boo
     """Whether ``cfg`` takes N columns: 32*NWORD divides N; for w4a16_wkc, the column tiles times CL fit in one wave
     of one block per SM, and (unless forced) CL is the split BPS = 1 would choose, round(n_sm / tiles): the cluster
     replaces that split's global partials and never makes a split of its own."""
+    if len(cfg) == 4:  # w4a16_wg: 128*NWORD columns per block; a table entry: CL blocks per tile in one wave
+        tiles = n // (128 * cfg[1])
+        return n % (128 * cfg[1]) == 0 and (forced or tiles * cfg[3] <= n_sm)
     if n % (32 * cfg[1]):
         return False
     if len(cfg) == 8:  # the column tiles divide into clusters of CN; a table entry: one wave that BPS 1 would not split
@@ -250,6 +272,8 @@ def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> boo
 
 def _mma_known(cfg: tuple[int, ...], smem_max: int = _WK_SMEM_MAX) -> bool:
     """Whether ``cfg`` names a kernel built into the module (and, for w4a16_wk, one whose shared memory fits)."""
+    if len(cfg) == 4:
+        return cfg in _WG_VARIANTS and _wg_smem(cfg) <= min(smem_max, _WK_SMEM_MAX)
     if len(cfg) == 8:
         return (cfg[3] == 0 and cfg[5] == 1 and cfg[6] == 1 and (*cfg[:3], cfg[4], cfg[7]) in _WKM_VARIANTS
                 and _wk_smem(cfg) <= min(smem_max, _WK_SMEM_MAX))
@@ -288,6 +312,22 @@ def w4a16_wk_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) -> 
     cpb = -(-chunks // ksplit)
     ksplit = -(-chunks // cpb)
     return (tiles, ksplit), cpb, _wk_smem(cfg)
+
+
+def w4a16_wg_launch(m: int, k: int, n: int, cfg: tuple[int, ...]) -> tuple[tuple[int, int], int, int]:
+    """(grid, chunks per block, dynamic shared bytes) of w4a16_wg / w4a16_wgc: a block = 128*NWORD columns, the K split
+    the cluster of CL blocks along the grid's y (a block may get no chunk when K is short)."""
+    cl = cfg[3]
+    return (n // (128 * cfg[1]), cl), -(-(k // 64) // cl), _wg_smem(cfg)
+
+
+def _wg_name(kt: str, cfg: tuple[int, ...]) -> str:
+    mt, nw, st, cl = cfg
+    return f"w4a16_wg<{kt},{mt},{nw},{st}>" if cl == 1 else f"w4a16_wgc<{kt},{mt},{nw},{st},{cl}>"
+
+
+def _wg_names(kt: str) -> tuple[str, ...]:
+    return tuple(_wg_name(kt, c) for c in _WG_VARIANTS)
 
 
 def _wk_name(kt: str, cfg: tuple[int, ...]) -> str:

@@ -35,17 +35,20 @@ from ._w4a16_config import (
     _mma_cfg,
     _mma_names,
     _w4a16_names,
+    _wg_name,
+    _wg_names,
     _wk_name,
     tuning,
     use_tuning,
     w4a16_launch_config,
     w4a16_mma_launch,
+    w4a16_wg_launch,
     w4a16_wk_launch,
 )
 from .api import register_op
 
 __all__ = ["QUANTIZE_INT4", "GEMM_W4A16", "dequantize_int4", "w4a16_launch_config", "w4a16_mma_launch",
-           "w4a16_wk_launch", "pack_x", "W4A16Tuning", "tuning", "use_tuning"]
+           "w4a16_choice", "w4a16_wg_launch", "w4a16_wk_launch", "pack_x", "W4A16Tuning", "tuning", "use_tuning"]
 
 _FP16_TINY = 2.0**-24  # smallest float16 subnormal: a scale never rounds to 0
 
@@ -159,7 +162,7 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
             and all(a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in arrays))
     if not fast:
         return _w4a16_numpy(call)
-    mma = _mma_cfg(m, k, n, gs, _smem_optin(), sm_count())
+    mma = w4a16_choice(m, k, n, gs)
     if mma is not None:
         return {"out": _w4a16_mma(call, m, k, n, gs, mma)}
     if dt == "float16" and m >= _dequant_min_m():
@@ -194,6 +197,13 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
 
 
 
+def w4a16_choice(m: int, k: int, n: int, gs: int) -> tuple[int, ...] | None:
+    """The tensor-core configuration the op takes for this shape on the current device (None: another path)."""
+    from ._cuda import sm_count
+
+    return _mma_cfg(m, k, n, gs, _smem_optin(), sm_count(), _sm90a())
+
+
 def _counters(call: OpCall, tiles: int) -> Any:
     """The split-K counters of this stream (zeroed once; every launch leaves them zero)."""
     import cupy
@@ -218,6 +228,20 @@ def _smem_optin() -> int:
         props = cupy.cuda.runtime.getDeviceProperties(dev)
         _SMEM_OPTIN[dev] = int(props.get("sharedMemPerBlockOptin") or (_WK_SMEM_MAX if props.get("major") == 9 else 48 * 1024))
     return _SMEM_OPTIN[dev]
+
+
+def _sm90a() -> bool:
+    """Whether the current device runs sm_90a code (compute capability 9.0: wgmma)."""
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    if dev not in _SM90A:
+        props = cupy.cuda.runtime.getDeviceProperties(dev)
+        _SM90A[dev] = (props.get("major"), props.get("minor")) == (9, 0)
+    return _SM90A[dev]
+
+
+_SM90A: dict[int, bool] = {}
 
 
 def wk_launch(fn: Any, name: str, grid: tuple[int, int], wk: int, smem: int, args: tuple[Any, ...]) -> None:
@@ -259,6 +283,13 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ..
     out = call.dest("out")
     if out is None or not out.flags.c_contiguous or out.data.ptr % 16:
         out = cupy.empty((m, n), dtype=x.dtype)
+    if len(cfg) == 4:
+        grid, cpb, smem = w4a16_wg_launch(m, k, n, cfg)
+        name = _wg_name(kt, cfg)
+        fn = get_function("w4a16_mma.cu+w4a16_wg.cu", _wg_names(kt), name, arch="sm_90a")
+        wk_launch(fn, name, grid, 4, smem, (x, qw, sc, zr, out, np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2),
+                                           np.int32(cpb)))
+        return out
     if len(cfg) >= 6:
         (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, sm_count(), cfg)
         partial = cupy.empty((ksplit, m, n) if ksplit > 1 and len(cfg) == 6 else (1,), dtype=cupy.float32)

@@ -3,7 +3,7 @@
     ncu --kernel-name regex:w4a16 --launch-skip 20 --launch-count 1 [sections] \\
         python3 bench/gpu/w4a16_ncu.py --m 16 [--k 8192 --n 8192]
 
-Runs the op (the product's table: ``quant._mma_cfg``) 40 times over weight sets rotated past L2, float16
+Runs the op (the product's table: ``quant.w4a16_choice``) 40 times over weight sets rotated past L2, float16
 activations, group size 128, then checks the last output against float64 ``x @ dequant(w)`` with the
 tests' rule and prints the configuration and the error. The ``w4a16`` stage of ``bench/gpu/run.sh``
 (``W4_NCU=1``) runs it under ``ncu`` for M = 1, 16 and 64 at 8192 x 8192.
@@ -32,7 +32,7 @@ def main() -> int:
 
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._registry import OpCall
-    from shmrpc.kernels.quant import _mma_cfg, dequantize_int4
+    from shmrpc.kernels.quant import dequantize_int4, w4a16_choice
 
     m, k, n, gs = args.m, args.k, args.n, 128
     g = k // gs
@@ -54,7 +54,7 @@ def main() -> int:
     scale = float(np.max(np.abs(ref)))
     err = float(np.max(np.abs(got - ref)) / scale)
     ok = bool(np.allclose(got / scale, ref / scale, rtol=4e-3, atol=4e-3))
-    print(f"M={m} K={k} N={n}: configuration {_mma_cfg(m, k, n, gs)}, max|err|/max|ref| {err:.2e}, "
+    print(f"M={m} K={k} N={n}: configuration {w4a16_choice(m, k, n, gs)}, max|err|/max|ref| {err:.2e}, "
           f"{'correct' if ok else 'WRONG'}")
     return 0 if ok else 1
 

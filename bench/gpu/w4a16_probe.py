@@ -8,6 +8,7 @@ median of 5 batches, weight sets rotated so that L2 cannot hold them):
   (packed weights + scales + zeros): the two references;
 - the op as it is (``product``), the float32 CUDA-core kernel (M = 1), the opt-in float16x2
   kernel (M = 1);
+- ``w4a16_wg`` / ``w4a16_wgc`` (``kernels/cuda/w4a16_wg.cu``: wgmma, sm_90a) in configurations (MT, NWORD, S, CL);
 - ``w4a16_wk`` (``kernels/cuda/w4a16_mma.cu``) in configurations (MT, NWORD, WK, BPS, S, XSM),
   ``w4a16_wkc`` (clusters of CL blocks split K: (MT, NWORD, WK, 0, S, XSM, CL)), ``w4a16_wkm`` (x packed by chunk,
   clusters of CN column slabs share each activation chunk, bulk copies multicast: (MT, NWORD, WK, 0, S, 1, 1, CN)),
@@ -64,16 +65,18 @@ _READ = r"""extern "C" __global__ void read16(const uint4* __restrict__ p, long 
 }"""
 
 # Per M: the configurations timed through the op: w4a16_wk (MT, NWORD, WK, BPS, S, XSM), w4a16_wkc (MT, NWORD, WK, 0,
-# S, XSM, CL) and w4a16_mma_async (MT, NWORD, WARPS, BPS, S); one the op would not take for the shape (e.g. clusters
+# S, XSM, CL), w4a16_mma_async (MT, NWORD, WARPS, BPS, S) and w4a16_wg / w4a16_wgc (MT, NWORD, S, CL; sm_90 only); one the op would not take for the shape (e.g. clusters
 # that do not fit in one wave) is listed under "skipped", never timed on another path under its name.
-CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2)],
-        8: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2)],
-        16: [(1, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2), (1, 2, 8, 1, 4, 1)],
+CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 4, 4, 8), (0, 2, 4, 8)],
+        8: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 4, 4, 8), (0, 2, 4, 8)],
+        16: [(1, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2), (1, 2, 8, 1, 4, 1), (1, 2, 4, 4), (1, 2, 4, 8), (1, 4, 4, 4),
+             (1, 4, 4, 8)],
         32: [(2, 2, 8, 1, 3, 1), (2, 2, 8, 0, 3, 1, 2), (2, 4, 8, 1, 2, 1), (2, 4, 8, 0, 2, 1, 2), (2, 4, 8, 1, 3, 1),
-             (2, 4, 8, 0, 3, 1, 2)],
+             (2, 4, 8, 0, 3, 1, 2), (2, 2, 4, 4), (2, 2, 4, 8), (2, 4, 4, 4)],
         64: [(4, 2, 4, 1, 2, 1), (4, 2, 4, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 8, 0, 2, 1, 2), (2, 4, 8, 1, 3, 1),
              (2, 4, 8, 0, 3, 1, 2), (4, 2, 8, 0, 2, 1, 1, 2), (4, 2, 8, 0, 2, 1, 1, 1), (4, 2, 8, 0, 2, 1, 1, 4),
-             (4, 2, 6, 0, 3, 1, 1, 2)]}
+             (4, 2, 6, 0, 3, 1, 1, 2), (4, 2, 4, 1), (4, 2, 4, 2), (4, 2, 4, 4), (4, 2, 4, 8), (4, 1, 4, 2), (4, 1, 4, 4),
+             (4, 2, 3, 4), (4, 2, 6, 4)]}
 # the table of 2c364f7 (its choice at 8192 x 8192; per M one label): M = 1, 8 the TR cluster kernel, M = 16 the MT = 1
 # cluster kernel, M 17..64 w4a16_wk without a K split; the kernels themselves now read A by ldmatrix
 OLD = {1: (0, 4, 8, 0, 3, 1, 2), 8: (0, 4, 8, 0, 3, 1, 2), 16: (1, 4, 8, 0, 3, 1, 2), 32: (2, 2, 8, 1, 3, 1),
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     from shmrpc.kernels._cuda import sm_count, source
     from shmrpc.kernels._registry import OpCall
     from shmrpc.kernels._w4a16_config import _mma_cfg, _takes, _wk_name, use_tuning, w4a16_wk_launch
-    from shmrpc.kernels.quant import dequantize_int4, pack_x, wk_launch
+    from shmrpc.kernels.quant import _sm90a, dequantize_int4, pack_x, wk_launch
 
     spec = REGISTRY["gemm_w4a16"]
     rtol, atol = spec.tolerances["float16"]
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                 it = iter(range(10**9))
                 if "mma_cfg" in tuning:
                     with use_tuning(**tuning):
-                        taken = _mma_cfg(m, k, n, gs, n_sm=n_sm)
+                        taken = _mma_cfg(m, k, n, gs, n_sm=n_sm, wg=_sm90a())
                     if taken != tuning["mma_cfg"]:
                         res["skipped"].append({**base, "case": label, "why": "the op does not take it for this shape"})
                         return
@@ -249,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                 op_case("float16x2 kernel (opt-in h2)", {"mma": False, "h2": True})
             row = min(r for r in CFGS if r >= m) if m <= max(CFGS) else max(CFGS)  # other M: the list of the next M listed
             for cfg in CFGS[row]:
-                kind = "mma_async" if len(cfg) == 5 else "wkm" if len(cfg) == 8 else "wk"
+                kind = {4: "wg", 5: "mma_async", 8: "wkm"}.get(len(cfg), "wk")
                 op_case(f"{kind} {cfg}" + (" (the table before)" if cfg == OLD.get(m) else ""), {"mma_cfg": cfg, "h2": False})
             for cfg in LDSM0.get(m, []) if "ldsm0" not in skip else []:
                 if _takes(cfg, n, n_sm, forced=True):

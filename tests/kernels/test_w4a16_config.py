@@ -9,6 +9,7 @@ from shmrpc.kernels._w4a16_config import (
     _ASYNC_VARIANTS,
     _MMA_TABLE,
     _MMA_VARIANTS,
+    _WG_VARIANTS,
     _WK_SMEM_MAX,
     _WK_VARIANTS,
     _WKC_VARIANTS,
@@ -19,10 +20,14 @@ from shmrpc.kernels._w4a16_config import (
     _mma_names,
     _mma_row,
     _takes,
+    _wg_name,
+    _wg_names,
+    _wg_smem,
     _wk_name,
     _wk_smem,
     use_tuning,
     w4a16_mma_launch,
+    w4a16_wg_launch,
     w4a16_wk_launch,
 )
 
@@ -95,7 +100,7 @@ def test_opt_ins() -> None:
 
 
 def test_tuning_is_read_from_the_environment_once() -> None:
-    env = {"SHMRPC_W4A16_MMA": "0", "SHMRPC_W4A16_MMA_CFG": "1,2,4,2", "SHMRPC_W4A16_H2": "1",
+    env = {"SHMRPC_W4A16_MMA": "0", "SHMRPC_W4A16_MMA_CFG": "1,2,4,2,0", "SHMRPC_W4A16_H2": "1",
            "SHMRPC_W4A16_BLOCKS_PER_SM": "3", "SHMRPC_W4A16_DEQUANT_MIN_M": "9", "SHMRPC_W4A16_MMA_M1": "0"}
     assert W4A16Tuning.from_env(env) == W4A16Tuning(blocks_per_sm=3, dequant_min_m=9, h2=True, mma=False, mma_m1=False,
                                                     mma_cfg=(1, 2, 4, 2, 0))
@@ -215,3 +220,36 @@ def test_m33_48_four_warps_where_tiles_outnumber_the_sms(m, n, want) -> None:
         assert _mma_cfg(m, 4096, n, 128) == want
         if want == (4, 2, 4, 1, 2, 1):
             assert _mma_cfg(m, 4096, n, 128, n_sm=264) == (4, 2, 8, 1, 2, 1)  # a device with the SMs for one wave
+
+
+@pytest.mark.parametrize("cfg", _WG_VARIANTS)
+def test_wg_launch_names_and_shared_memory(cfg) -> None:
+    """w4a16_wg / w4a16_wgc: grid (N / (128*NWORD), CL), every 64-k chunk in exactly one block of the cluster, the
+    stages (1024-byte multiples) or the float32 tile, plus 1024 bytes of alignment, within what a block may opt in to;
+    taken only on an sm_90 device (``wg``), forced wherever 128*NWORD divides N, from the table only in one wave."""
+    mt, nw, st, cl = cfg
+    nb, bc = (16 * mt if mt else 8), 32 * nw
+    stage = -(-(nb * 128 + 144 * bc) // 1024) * 1024
+    assert _wg_smem(cfg) == max(st * stage, nb * (4 * bc + 4) * 4) + 1024 <= _WK_SMEM_MAX
+    for k in (64, 128, 4480, 8192, 28672):
+        for n in (1024, 4096, 14336, 28672):
+            if n % (4 * bc):
+                continue
+            (tiles, ksplit), cpb, smem = w4a16_wg_launch(64, k, n, cfg)
+            assert tiles * 4 * bc == n and ksplit == cl and smem == _wg_smem(cfg)
+            assert (cl - 1) * cpb < k // 64 <= cl * cpb or (k // 64 < cl and cpb == 1)
+    name = _wg_name("F16", cfg)
+    assert name == (f"w4a16_wg<F16,{mt},{nw},{st}>" if cl == 1 else f"w4a16_wgc<F16,{mt},{nw},{st},{cl}>")
+    assert name in _wg_names("F16") and _wg_name("BF16", cfg) in _wg_names("BF16")
+    assert W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_CFG": ",".join(map(str, cfg))}).mma_cfg == cfg
+    assert not _global_split(cfg, 8192, 8192, 132)
+    n_one_wave = 128 * nw * (132 // cl)
+    assert _takes(cfg, n_one_wave, 132) and not _takes(cfg, n_one_wave + 128 * nw, 132)
+    assert _takes(cfg, n_one_wave + 128 * nw, 132, forced=True) and not _takes(cfg, 128 * nw + 64, 132, forced=True)
+    with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=cfg))):
+        assert _mma_cfg(16, 4096, 1024 if nw < 4 else 2048, 128, wg=True) == cfg
+        assert _mma_cfg(16, 4096, 1024 if nw < 4 else 2048, 128) is None  # not an sm_90 device
+        assert _mma_cfg(16, 4096, 2048, 128, smem_max=_wg_smem(cfg) - 1, wg=True) is None
+    for bad in ((mt, nw, st, 3), (mt, 3, st, cl), (5, nw, st, cl)):  # not built
+        with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=bad))):
+            assert _mma_cfg(16, 4096, 2048, 128, wg=True) is None

@@ -1,0 +1,238 @@
+// w4a16_wg: out (M, N) = x (M, K) @ dequant(qweight, scales, zeros) on Hopper's warpgroup tensor-core instruction
+// (wgmma.mma_async, sm_90a), built as its own module after w4a16_mma.cu (whose helpers it uses) with -arch=sm_90a.
+// The operands are swapped as in w4a16_wk at MT = 0: out^T = W^T x^T. The dequantized weights are the A operand, from
+// registers (64 columns x 16 k per instruction: 16 per warp, each warp its own columns), and the activations are B,
+// read by the instruction from shared memory (NB rows x 16 k, NB = 16*MT, or 8 at MT = 0): one wgmma per A-tile and
+// k16 step multiplies 64 weight columns by all NB activation rows.
+// Block: one warpgroup (4 warps). Warp w owns the BC = 32*NWORD columns [col0 + w*BC, +BC), read as in w4a16_wk: a
+// lane's words of a packed row hold its n-tiles, A-tile p (p < 2*NWORD) of a lane is bytes 2p & 3 and (2p & 3) + 1
+// of word p / 2, i.e. columns g*NT + 2p (row g) and g*NT + 2p + 1 (row g + 8), dequantized with the zero and the scale
+// per pair (dq_pair: PRMT, LOP3, HFMA2, HMUL2; the weights rounded once to the input type, as at MT >= 1). The 4
+// warps' A-tile p together are the 64 rows of wgmma p; its accumulators (NB/2 float32 per lane) are the warp's own.
+// A chunk is 64 k. The block takes chunks [y*cpb, +cpb) (K split: a cluster of CL blocks along y adds its sums through
+// distributed shared memory, as w4a16_wkc: the kernel w4a16_wgc; w4a16_wg: CL = 1, no split). S stages in shared memory, filled by cp.async: per
+// stage [x: NB rows of 128 bytes, 16-byte piece c of row r at c ^ (r & 7): the 128-byte swizzle wgmma reads, 1024-byte
+// aligned][weights: 4 warps x 32 packed rows x BC bytes, swizzled as w4a16_wk][scales, zeros: 4 warps x 4*BC bytes].
+// Chunk i + S - 2 is copied into its stage after the block barrier of chunk i: every warp has then waited for all but
+// the last wgmma group of chunk i - 1, so no instruction still reads stage (i - 2) % S. Per k16 step: wait until at
+// most one wgmma group is in flight (the A registers of two steps ago are free), dequantize 2*NWORD A-tiles, fence,
+// 2*NWORD wgmma, commit. Copies of x: all 128 threads; rows >= M zero (written once per m-block, never copied).
+// Host guarantees: N % (128*NWORD) == 0, K % 64 == 0, group_rows % 32 == 0, 16-byte aligned contiguous arrays; M > NB
+// runs as several m-blocks (the weights read again); no device-side assert. Dynamic shared memory: max(S*STAGE,
+// NB*(128*NWORD + 4)*4) + 1024 bytes (w4a16_wg_smem on the host).
+
+template <class X, int NB> __device__ __forceinline__ void wg_mma(float* d, const u32* a, u64 desc);
+template <> __device__ __forceinline__ void wg_mma<F16, 8>(float* d, const u32* a, u64 desc) {
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %9, 0;\n\t"
+               "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n\t}"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wg_mma<F16, 16>(float* d, const u32* a, u64 desc) {
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %13, 0;\n\t"
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n\t}"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wg_mma<F16, 32>(float* d, const u32* a, u64 desc) {
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %21, 0;\n\t"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n\t}"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wg_mma<F16, 64>(float* d, const u32* a, u64 desc) {
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %37, 0;\n\t"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n\t}"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wg_mma<BF16, 8>(float* d, const u32* a, u64 desc) {
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %9, 0;\n\t"
+               "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n\t}"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wg_mma<BF16, 16>(float* d, const u32* a, u64 desc) {
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %13, 0;\n\t"
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n\t}"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wg_mma<BF16, 32>(float* d, const u32* a, u64 desc) {
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %21, 0;\n\t"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n\t}"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wg_mma<BF16, 64>(float* d, const u32* a, u64 desc) {
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %37, 0;\n\t"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n\t}"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
+template <int NA>
+__device__ __forceinline__ void wg_keep(float* d) {  // the accumulators not moved across the asynchronous instructions
+#pragma unroll
+  for (int i = 0; i < NA; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+// The shared-memory matrix descriptor of B: K-major rows of 128 bytes with the 128-byte swizzle, 8-row groups 1024
+// bytes apart; `addr` 1024-byte aligned plus the k16 step's 32-byte offset inside the row.
+__device__ __forceinline__ u64 wg_desc(u32 addr) {
+  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+template <class X, int MT, int NWORD, int S, int CL>
+__device__ __forceinline__ void wg_body(
+    const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
+    const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
+    int M, int K, int N, int group_rows, int cpb) {
+  typedef MmaOps<X> O;
+  constexpr int NB = MT ? 16 * MT : 8, NA = NB / 2, NT = 4 * NWORD, BC = 32 * NWORD, NP = 2 * NWORD;
+  constexpr int XB = NB * 128, WB = 32 * BC, SZB = 4 * BC;
+  constexpr int STAGE = (XB + 4 * WB + 4 * SZB + 1023) / 1024 * 1024;
+  constexpr int BCB = 4 * BC, OW = BCB + 4;  // the block's columns; the float32 tile's row stride
+  static_assert(S >= 3, "chunk i + S - 2 is refilled while chunk i is read");
+  extern __shared__ __align__(16) unsigned char dsm[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const u32 base = (smem_addr(dsm) + 1023u) & ~1023u;  // the stages, 1024-byte aligned (the host adds 1024 bytes)
+  unsigned char* const bsm = dsm + (base - smem_addr(dsm));
+  const int col0 = blockIdx.x * BCB, wcol = col0 + warp * BC;
+  const int n_chunks = K >> 6;
+  const int c_begin = min((int)blockIdx.y * cpb, n_chunks), n = min(c_begin + cpb, n_chunks) - c_begin;
+  // this lane's weight copies (as w4a16_wk): piece lc16 of rows lrow + i*RPI of the warp's slab
+  constexpr int NPC = BC / 16, RPI = 32 / NPC;
+  const int lrow = lane / NPC, lc16 = lane % NPC;
+  const u32 w_dst = (u32)(XB + warp * WB + lrow * BC + 16 * (lc16 ^ wk_swz<NWORD>(lrow)));
+  const unsigned char* w_src = qweight + (u64)lrow * N + wcol + 16 * lc16;
+  const bool sz_lane = lane < BC / 4;
+  const int sz_which = lane / (BC / 8), sz_off = lane % (BC / 8);
+  const u16* sz_src = (sz_which ? zeros : scales) + wcol + 8 * sz_off;
+  const u32 sz_dst = (u32)(XB + 4 * WB + warp * SZB + sz_which * 2 * BC + 16 * sz_off);
+  const int cpg = group_rows >> 5, cpg_shift = (cpg & (cpg - 1)) == 0 ? __ffs(cpg) - 1 : -1;
+  const int bpiece = (g * NT) >> 4, boff = (g * NT) & 15;
+
+  for (int m0 = 0; m0 < M; m0 += NB) {
+    const int mrows = min(NB, M - m0);
+    for (int s = 0; s < S; ++s)  // rows >= mrows of x zero in every stage (the copies only write rows < mrows)
+      for (int i = tid; i < (NB - mrows) * 32; i += 128) reinterpret_cast<u32*>(bsm + s * STAGE + mrows * 128)[i] = 0u;
+    auto issue = [&](int j) {  // chunk j of the block into stage j % S
+      const int ch = c_begin + j;
+      const u32 st = base + (u32)((j % S) * STAGE);
+      const unsigned char* wsrc = w_src + (u64)ch * 32ull * (u64)N;
+#pragma unroll
+      for (int i = 0; i < NPC; ++i) cp_async16_s(st + w_dst + (u32)(i * RPI * BC), wsrc + (u64)(i * RPI) * (u64)N);
+      if (sz_lane) cp_async16_s(st + sz_dst, sz_src + (u64)(cpg_shift >= 0 ? ch >> cpg_shift : ch / cpg) * N);
+      for (int p = tid; p < mrows * 8; p += 128) {
+        const int r = p >> 3, c = p & 7;
+        cp_async16_s(st + (u32)(r * 128 + 16 * (c ^ (r & 7))), x + (u64)(m0 + r) * K + ch * 64 + 8 * c);
+      }
+    };
+    float acc[NP][NA];
+#pragma unroll
+    for (int p = 0; p < NP; ++p)
+#pragma unroll
+      for (int i = 0; i < NA; ++i) acc[p][i] = 0.f;
+#pragma unroll
+    for (int s = 0; s < S - 2; ++s) {
+      if (s < n) issue(s);
+      cp_async_commit();
+    }
+    u32 af[2][NP][4];
+    for (int i = 0; i < n; ++i) {
+      cp_async_wait<S - 3>();
+      fence_proxy_async();  // this thread's copies (and the zero rows) visible to the wgmma's reads
+      __syncthreads();
+      if (i + S - 2 < n) issue(i + S - 2);
+      cp_async_commit();
+      const unsigned char* st = bsm + (i % S) * STAGE;
+      const u32* szw = reinterpret_cast<const u32*>(st + XB + 4 * WB + warp * SZB + g * NT * 2);
+      u32 s2[NT], nz[NT];
+#pragma unroll
+      for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
+      const unsigned char* wst = st + XB + warp * WB;
+#pragma unroll
+      for (int stp = 0; stp < 4; ++stp) {
+        const int r0 = 8 * stp + t, r1 = r0 + 4;
+        u32 w0[NWORD], w1[NWORD];
+        const unsigned char* p0 = wst + r0 * BC + 16 * (bpiece ^ wk_swz<NWORD>(r0)) + boff;
+        const unsigned char* p1 = wst + r1 * BC + 16 * (bpiece ^ wk_swz<NWORD>(r1)) + boff;
+#pragma unroll
+        for (int w = 0; w < NWORD; ++w) { w0[w] = reinterpret_cast<const u32*>(p0)[w]; w1[w] = reinterpret_cast<const u32*>(p1)[w]; }
+        wg_wait<1>();  // the group of two steps ago is done: its A registers may be written
+        u32 (&a)[NP][4] = af[stp & 1];
+#pragma unroll
+        for (int w = 0; w < NWORD; ++w) {
+          const u32 v0 = w0[w], v0s = v0 >> 4, v1 = w1[w], v1s = v1 >> 4;
+          u32 d0[4], d1[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) dq_pair<X>(v0, v0s, v1, v1s, j, nz[4 * w + j], s2[4 * w + j], &d0[j], &d1[j]);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {  // A-tile 2w + h: rows g / g + 8 = columns g*NT + 2p / + 1, k low / high
+            a[2 * w + h][0] = d0[2 * h]; a[2 * w + h][1] = d0[2 * h + 1];
+            a[2 * w + h][2] = d1[2 * h]; a[2 * w + h][3] = d1[2 * h + 1];
+          }
+        }
+        wg_fence();
+        const u64 desc = wg_desc(base + (u32)((i % S) * STAGE + 32 * stp));
+#pragma unroll
+        for (int p = 0; p < NP; ++p) wg_mma<X, NB>(acc[p], a[p], desc);
+        wg_commit();
+      }
+    }
+    wg_wait<0>();
+#pragma unroll
+    for (int p = 0; p < NP; ++p) wg_keep<NA>(acc[p]);
+    cp_async_wait<0>();
+    __syncthreads();  // every warp done with the stages: they hold the block's float32 tile [NB rows][OW] now
+    float* tile = reinterpret_cast<float*>(bsm);
+    // acc[p][4j + e]: weight column warp*BC + g*NT + 2p + (e >> 1), activation row 8j + 2t + (e & 1)
+#pragma unroll
+    for (int p = 0; p < NP; ++p)
+#pragma unroll
+      for (int i = 0; i < NA; ++i)
+        tile[(8 * (i >> 2) + 2 * t + (i & 1)) * OW + warp * BC + g * NT + 2 * p + ((i >> 1) & 1)] = acc[p][i];
+    if (CL > 1) {
+      // NOTE: order is important here: tiles written -> cluster barrier -> reads of every block's tile -> cluster
+      // barrier (no block reuses or leaves its tile while another still reads it)
+      cluster_sync();
+      const u32 rank = cluster_rank(), tb = smem_addr(tile);
+      for (int idx = (int)rank * 128 + tid; idx < mrows * (BCB / 4); idx += CL * 128) {
+        const int r = idx / (BCB / 4), c = 4 * (idx % (BCB / 4));
+        const u32 a = tb + 4u * (u32)(r * OW + c);
+        float4 v = ld_cluster_f4(a, 0);
+#pragma unroll
+        for (int rk = 1; rk < CL; ++rk) add4(v, ld_cluster_f4(a, rk));
+        st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
+      }
+      cluster_sync();
+    } else {
+      __syncthreads();
+      for (int idx = tid; idx < mrows * (BCB / 4); idx += 128) {
+        const int r = idx / (BCB / 4), c = 4 * (idx % (BCB / 4));
+        st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, *reinterpret_cast<const float4*>(tile + r * OW + c));
+      }
+      __syncthreads();
+    }
+  }
+}
+
+template <class X, int MT, int NWORD, int S>
+__global__ void __launch_bounds__(128) w4a16_wg(
+    const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
+    const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
+    int M, int K, int N, int group_rows, int cpb) {
+  wg_body<X, MT, NWORD, S, 1>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
+}
+
+template <class X, int MT, int NWORD, int S, int CL>
+__global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(128) w4a16_wgc(
+    const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
+    const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
+    int M, int K, int N, int group_rows, int cpb) {
+  wg_body<X, MT, NWORD, S, CL>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
+}

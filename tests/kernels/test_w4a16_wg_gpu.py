@@ -1,0 +1,70 @@
+"""gemm_w4a16's wgmma kernels (w4a16_wg, w4a16_wgc: cuda/w4a16_wg.cu, sm_90a) on the GPU, every built variant forced:
+against float64 x @ dequant(w) with the op's tolerance, both dtypes, activations with outliers (|x| up to 1e3) and
+float16 subnormals, and without outliers (every row at its own scale); M from 1 to above one m-block, K splits that
+leave blocks of a cluster without a chunk, groups of 64, 128 and 192 (the group index by division); the same inputs
+give the same bits twice. Skipped with the reason where there is no CuPy/GPU, and where the GPU is not sm_90."""
+
+from __future__ import annotations
+
+import pytest
+from support.w4a16 import case, check, force, run
+
+pytestmark = pytest.mark.gpu
+
+
+def _wg() -> list[str]:
+    from shmrpc.kernels._w4a16_config import _WG_VARIANTS
+
+    return [",".join(map(str, c)) for c in _WG_VARIANTS]
+
+
+@pytest.fixture
+def sm90(gpu):
+    from shmrpc.kernels.quant import _sm90a
+
+    if not _sm90a():
+        pytest.skip("wgmma needs an sm_90 GPU (compute capability 9.0)")
+    return gpu
+
+
+def _forced(monkeypatch, cfg: str, m: int, k: int, n: int, gs: int) -> None:
+    from shmrpc.kernels._w4a16_config import _mma_cfg
+
+    force(monkeypatch, cfg)
+    assert _mma_cfg(m, k, n, gs, wg=True) == tuple(int(v) for v in cfg.split(","))
+    assert _mma_cfg(m, k, n, gs, wg=False) is None  # never on a device without wgmma
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cfg", _wg())
+@pytest.mark.parametrize(("m", "k", "n", "gs"), [(1, 2048, 1024, 64), (13, 2048, 512, 128), (40, 4480, 1024, 128),
+                                                  (64, 1024, 512, 64), (65, 1024, 512, 128), (5, 128, 512, 64),
+                                                  (16, 1536, 1024, 192)])
+def test_w4a16_wgmma(sm90, monkeypatch, m, k, n, gs, cfg, dt) -> None:
+    """K = 4480 (70 chunks: the cluster's blocks get 9 or fewer), K = 128 (two chunks: most blocks of a cluster get
+    none), M = 65 and M above 8 / 16 / 32 rows: several m-blocks."""
+    _forced(monkeypatch, cfg, m, k, n, gs)
+    ins, want = case(m, k, n, gs, dt)
+    check(run(sm90, ins, dt), want, dt)
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cfg", _wg())
+@pytest.mark.parametrize(("m", "k", "n", "gs"), [(13, 2048, 1024, 64), (40, 1024, 512, 128)])
+def test_w4a16_wgmma_without_outliers(sm90, monkeypatch, m, k, n, gs, cfg, dt) -> None:
+    """Every row at its own scale: a wrong activation row or column shows (an outlier would set max|out| and hide it)."""
+    _forced(monkeypatch, cfg, m, k, n, gs)
+    ins, want = case(m, k, n, gs, dt, outliers=False)
+    check(run(sm90, ins, dt), want, dt)
+
+
+@pytest.mark.parametrize("cfg", ["4,2,4,4", "1,4,4,8", "0,4,4,8", "4,2,4,1"])
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_w4a16_wgmma_same_bits_twice(sm90, monkeypatch, m, cfg) -> None:
+    """The cluster adds its ranks' tiles in a fixed order: the same inputs give the same bits."""
+    force(monkeypatch, cfg)
+    ins, want = case(m, 4096, 4096, 128, "float16")
+    a = run(sm90, ins, "float16")
+    b = run(sm90, ins, "float16")
+    assert a.tobytes() == b.tobytes()
+    check(a, want, "float16")
