@@ -252,8 +252,9 @@ def wk_launch(fn: Any, name: str, grid: tuple[int, int], wk: int, smem: int, arg
     if smem > 48 * 1024 and _WK_SMEM_SET.get(key, 0) < smem:
         try:
             fn.max_dynamic_shared_size_bytes = smem
-        except AttributeError:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES on the function itself
-            cupy.cuda.driver.funcSetAttribute(fn.kernel.ptr, 8, smem)
+        except AttributeError:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES on the function itself (a driver
+            # Function of an sm_90a module has .ptr; a RawKernel without the property, .kernel.ptr)
+            cupy.cuda.driver.funcSetAttribute(fn.ptr if hasattr(fn, "ptr") else fn.kernel.ptr, 8, smem)
         _WK_SMEM_SET[key] = smem
     fn(grid, (32 * wk,), args, shared_mem=smem)
 
