@@ -16,7 +16,8 @@
 // Chunk i + S - 2 is copied into its stage after the block barrier of chunk i: every warp has then waited for all but
 // the last wgmma group of chunk i - 1, so no instruction still reads stage (i - 2) % S. Per k16 step: wait until at
 // most one wgmma group is in flight (the A registers of two steps ago are free), dequantize 2*NWORD A-tiles, fence,
-// 2*NWORD wgmma, commit. Copies of x: all 128 threads; rows >= M zero (written once per m-block, never copied).
+// 2*NWORD wgmma, commit. Copies of x: thread t the piece t % 8 of rows t / 8 + 16*i; rows >= M zero (written once per
+// m-block, never copied).
 // Host guarantees: N % (128*NWORD) == 0, K % 64 == 0, group_rows % 32 == 0, 16-byte aligned contiguous arrays; M > NB
 // runs as several m-blocks (the weights read again); no device-side assert. Dynamic shared memory: max(S*STAGE,
 // NB*(128*NWORD + 4)*4) + 1024 bytes (w4a16_wg_smem on the host).
@@ -109,6 +110,12 @@ __device__ __forceinline__ void wg_body(
   const int lrow = lane / NPC, lc16 = lane % NPC;
   const u32 w_dst = (u32)(XB + warp * WB + lrow * BC + 16 * (lc16 ^ wk_swz<NWORD>(lrow)));
   const unsigned char* w_src = qweight + (u64)lrow * N + wcol + 16 * lc16;
+  const u64 w_chunk = 32ull * (u64)N, w_piece = (u64)RPI * (u64)N;
+  // this thread's x copies: piece xc of rows xr + 16*i (i < XP), all at the same swizzled piece (16*i keeps r & 7)
+  constexpr int XP = NB >= 16 ? NB / 16 : 1;
+  const int xr = tid >> 3, xc = tid & 7;
+  const u32 x_dst = (u32)(xr * 128 + 16 * (xc ^ (xr & 7)));
+  const u64 x_pass = 16ull * (u64)K;
   const bool sz_lane = lane < BC / 4;
   const int sz_which = lane / (BC / 8), sz_off = lane % (BC / 8);
   const u16* sz_src = (sz_which ? zeros : scales) + wcol + 8 * sz_off;
@@ -120,17 +127,18 @@ __device__ __forceinline__ void wg_body(
     const int mrows = min(NB, M - m0);
     for (int s = 0; s < S; ++s)  // rows >= mrows of x zero in every stage (the copies only write rows < mrows)
       for (int i = tid; i < (NB - mrows) * 32; i += 128) reinterpret_cast<u32*>(bsm + s * STAGE + mrows * 128)[i] = 0u;
+    const u16* x_src = x + (u64)(m0 + xr) * K + 8 * xc;
     auto issue = [&](int j) {  // chunk j of the block into stage j % S
       const int ch = c_begin + j;
       const u32 st = base + (u32)((j % S) * STAGE);
-      const unsigned char* wsrc = w_src + (u64)ch * 32ull * (u64)N;
+      const unsigned char* wsrc = w_src + (u64)ch * w_chunk;
 #pragma unroll
-      for (int i = 0; i < NPC; ++i) cp_async16_s(st + w_dst + (u32)(i * RPI * BC), wsrc + (u64)(i * RPI) * (u64)N);
+      for (int i = 0; i < NPC; ++i) cp_async16_s(st + w_dst + (u32)(i * RPI * BC), wsrc + (u64)i * w_piece);
       if (sz_lane) cp_async16_s(st + sz_dst, sz_src + (u64)(cpg_shift >= 0 ? ch >> cpg_shift : ch / cpg) * N);
-      for (int p = tid; p < mrows * 8; p += 128) {
-        const int r = p >> 3, c = p & 7;
-        cp_async16_s(st + (u32)(r * 128 + 16 * (c ^ (r & 7))), x + (u64)(m0 + r) * K + ch * 64 + 8 * c);
-      }
+      const u16* xs = x_src + ch * 64;
+#pragma unroll
+      for (int i = 0; i < XP; ++i)
+        if (xr + 16 * i < mrows) cp_async16_s(st + x_dst + (u32)(i * 2048), xs + (u64)i * x_pass);
     };
     float acc[NP][NA];
 #pragma unroll
