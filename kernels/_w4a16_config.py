@@ -27,8 +27,6 @@ class W4A16Tuning:
         prefetch: ``SHMRPC_W4A16_PF=1``: prefetch the next run in the M = 1 kernel (measured slower).
         mma: ``SHMRPC_W4A16_MMA`` (on; ``0`` turns the tensor-core path off).
         mma_m1: ``SHMRPC_W4A16_MMA_M1`` (on; ``0`` keeps M = 1 on the float32 CUDA-core kernel).
-        wg_groups: ``SHMRPC_W4A16_WG_GROUPS`` (1): warpgroups per w4a16_wg block (1 or 2; 2 shares each activation
-            chunk between twice the columns).
         mma_cfg: ``SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S"`` (w4a16_mma / w4a16_mma_async),
             ``"MT,NWORD,WK,BPS,S,XSM"`` (w4a16_wk), ``"MT,NWORD,WK,0,S,XSM,CL"`` (w4a16_wkc, clusters of CL
             blocks), ``"MT,NWORD,WK,0,S,1,1,CN"`` (w4a16_wkm, activations multicast to clusters of CN blocks) or
@@ -42,7 +40,6 @@ class W4A16Tuning:
     mma: bool = True
     mma_m1: bool = True
     mma_cfg: tuple[int, ...] | None = None
-    wg_groups: int = 1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> W4A16Tuning:
@@ -56,7 +53,7 @@ class W4A16Tuning:
                    dequant_min_m=int(env.get("SHMRPC_W4A16_DEQUANT_MIN_M", "5")),
                    h2=env.get("SHMRPC_W4A16_H2", "0") == "1", prefetch=env.get("SHMRPC_W4A16_PF", "0") == "1",
                    mma=env.get("SHMRPC_W4A16_MMA", "1") != "0", mma_m1=env.get("SHMRPC_W4A16_MMA_M1", "1") != "0",
-                   mma_cfg=cfg, wg_groups=int(env.get("SHMRPC_W4A16_WG_GROUPS", "1")))
+                   mma_cfg=cfg)
 
 
 _TUNING = W4A16Tuning.from_env()
@@ -189,15 +186,13 @@ _MANY_TILES_FIRST: dict[int, tuple[int, ...]] = {48: (4, 2, 4, 1, 2, 1)}
 _NO_GLOBAL_SPLIT_MAX_M = 1
 
 
-def _wg_smem(cfg: tuple[int, ...], groups: int | None = None) -> int:
-    """Dynamic shared memory of w4a16_wg / w4a16_wgc with ``groups`` warpgroups per block (default: the tuning's): S
-    stages of x and the block's weights, scales and zeros rounded up to 1024 bytes, or the block's float32 tile if
-    larger; plus 1024 bytes to align the stages."""
+def _wg_smem(cfg: tuple[int, ...]) -> int:
+    """Dynamic shared memory of w4a16_wg / w4a16_wgc (the kernel's layout: S stages of x, weights, scales and zeros
+    rounded up to 1024 bytes, or the block's float32 tile if larger; plus 1024 bytes to align the stages)."""
     mt, nword, st = cfg[:3]
-    wgs = tuning().wg_groups if groups is None else groups
     nb, bc = (16 * mt if mt else 8), 32 * nword
-    stage = -(-(nb * 128 + 4 * wgs * 36 * bc) // 1024) * 1024
-    return max(st * stage, nb * (4 * wgs * bc + 4) * 4) + 1024
+    stage = -(-(nb * 128 + 4 * 32 * bc + 4 * 4 * bc) // 1024) * 1024
+    return max(st * stage, nb * (4 * bc + 4) * 4) + 1024
 
 
 def _wk_smem(cfg: tuple[int, ...]) -> int:
@@ -261,9 +256,9 @@ def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> boo
     """Whether ``cfg`` takes N columns: 32*NWORD divides N; for w4a16_wkc, the column tiles times CL fit in one wave
     of one block per SM, and (unless forced) CL is the split BPS = 1 would choose, round(n_sm / tiles): the cluster
     replaces that split's global partials and never makes a split of its own."""
-    if len(cfg) == 4:  # w4a16_wg: 128*NWORD columns per warpgroup; a table entry: CL blocks per tile in one wave
-        bcols = 128 * cfg[1] * tuning().wg_groups
-        return n % bcols == 0 and (forced or n // bcols * cfg[3] <= n_sm)
+    if len(cfg) == 4:  # w4a16_wg: 128*NWORD columns per block; a table entry: CL blocks per tile in one wave
+        tiles = n // (128 * cfg[1])
+        return n % (128 * cfg[1]) == 0 and (forced or tiles * cfg[3] <= n_sm)
     if n % (32 * cfg[1]):
         return False
     if len(cfg) == 8:  # the column tiles divide into clusters of CN; a table entry: one wave that BPS 1 would not split
@@ -278,7 +273,7 @@ def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> boo
 def _mma_known(cfg: tuple[int, ...], smem_max: int = _WK_SMEM_MAX) -> bool:
     """Whether ``cfg`` names a kernel built into the module (and, for w4a16_wk, one whose shared memory fits)."""
     if len(cfg) == 4:
-        return cfg in _WG_VARIANTS and tuning().wg_groups in (1, 2) and _wg_smem(cfg) <= min(smem_max, _WK_SMEM_MAX)
+        return cfg in _WG_VARIANTS and _wg_smem(cfg) <= min(smem_max, _WK_SMEM_MAX)
     if len(cfg) == 8:
         return (cfg[3] == 0 and cfg[5] == 1 and cfg[6] == 1 and (*cfg[:3], cfg[4], cfg[7]) in _WKM_VARIANTS
                 and _wk_smem(cfg) <= min(smem_max, _WK_SMEM_MAX))
@@ -320,22 +315,19 @@ def w4a16_wk_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) -> 
 
 
 def w4a16_wg_launch(m: int, k: int, n: int, cfg: tuple[int, ...]) -> tuple[tuple[int, int], int, int]:
-    """(grid, chunks per block, dynamic shared bytes) of w4a16_wg / w4a16_wgc: a block = the tuning's wg_groups
-    warpgroups of 128*NWORD columns each, the K split the cluster of CL blocks along the grid's y (a block may get no
-    chunk when K is short)."""
+    """(grid, chunks per block, dynamic shared bytes) of w4a16_wg / w4a16_wgc: a block = 128*NWORD columns, the K split
+    the cluster of CL blocks along the grid's y (a block may get no chunk when K is short)."""
     cl = cfg[3]
-    return (n // (128 * cfg[1] * tuning().wg_groups), cl), -(-(k // 64) // cl), _wg_smem(cfg)
+    return (n // (128 * cfg[1]), cl), -(-(k // 64) // cl), _wg_smem(cfg)
 
 
-def _wg_name(kt: str, cfg: tuple[int, ...], groups: int | None = None) -> str:
+def _wg_name(kt: str, cfg: tuple[int, ...]) -> str:
     mt, nw, st, cl = cfg
-    wgs = tuning().wg_groups if groups is None else groups
-    return f"w4a16_wg<{kt},{mt},{nw},{st},{wgs}>" if cl == 1 else f"w4a16_wgc<{kt},{mt},{nw},{st},{wgs},{cl}>"
+    return f"w4a16_wg<{kt},{mt},{nw},{st}>" if cl == 1 else f"w4a16_wgc<{kt},{mt},{nw},{st},{cl}>"
 
 
 def _wg_names(kt: str) -> tuple[str, ...]:
-    """Every built w4a16_wg / w4a16_wgc kernel: each variant with one and two warpgroups where its shared memory fits."""
-    return tuple(_wg_name(kt, c, g) for c in _WG_VARIANTS for g in (1, 2) if _wg_smem(c, g) <= _WK_SMEM_MAX)
+    return tuple(_wg_name(kt, c) for c in _WG_VARIANTS)
 
 
 def _wk_name(kt: str, cfg: tuple[int, ...]) -> str:

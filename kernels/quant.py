@@ -288,8 +288,8 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ..
         grid, cpb, smem = w4a16_wg_launch(m, k, n, cfg)
         name = _wg_name(kt, cfg)
         fn = get_function("w4a16_mma.cu+w4a16_wg.cu", _wg_names(kt), name, arch="sm_90a")
-        wk_launch(fn, name, grid, 4 * tuning().wg_groups, smem, (x, qw, sc, zr, out, np.int32(m), np.int32(k), np.int32(n),
-                                                               np.int32(gs // 2), np.int32(cpb)))
+        wk_launch(fn, name, grid, 4, smem, (x, qw, sc, zr, out, np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2),
+                                           np.int32(cpb)))
         return out
     if len(cfg) >= 6:
         (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, sm_count(), cfg)

@@ -65,8 +65,7 @@ _READ = r"""extern "C" __global__ void read16(const uint4* __restrict__ p, long 
 }"""
 
 # Per M: the configurations timed through the op: w4a16_wk (MT, NWORD, WK, BPS, S, XSM), w4a16_wkc (MT, NWORD, WK, 0,
-# S, XSM, CL), w4a16_mma_async (MT, NWORD, WARPS, BPS, S) and w4a16_wg / w4a16_wgc (MT, NWORD, S, CL; sm_90 only; each
-# also with two warpgroups per block, wg_groups=2, marked "x2"); one the op would not take for the shape (e.g. clusters
+# S, XSM, CL), w4a16_mma_async (MT, NWORD, WARPS, BPS, S) and w4a16_wg / w4a16_wgc (MT, NWORD, S, CL; sm_90 only); one the op would not take for the shape (e.g. clusters
 # that do not fit in one wave) is listed under "skipped", never timed on another path under its name.
 CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 4, 4, 8), (0, 2, 4, 8)],
         8: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 4, 4, 8), (0, 2, 4, 8)],
@@ -255,8 +254,6 @@ def main(argv: list[str] | None = None) -> int:
             for cfg in CFGS[row]:
                 kind = {4: "wg", 5: "mma_async", 8: "wkm"}.get(len(cfg), "wk")
                 op_case(f"{kind} {cfg}" + (" (the table before)" if cfg == OLD.get(m) else ""), {"mma_cfg": cfg, "h2": False})
-                if len(cfg) == 4:
-                    op_case(f"wg x2 {cfg}", {"mma_cfg": cfg, "h2": False, "wg_groups": 2})
             for cfg in LDSM0.get(m, []) if "ldsm0" not in skip else []:
                 if _takes(cfg, n, n_sm, forced=True):
                     variant_case(cfg, 0, 1, 0)

@@ -87,7 +87,7 @@ __device__ __forceinline__ u64 wg_desc(u32 addr) {
   return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
 }
 
-template <class X, int MT, int NWORD, int S, int CL, int WG>
+template <class X, int MT, int NWORD, int S, int CL>
 __device__ __forceinline__ void wg_body(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
@@ -95,9 +95,8 @@ __device__ __forceinline__ void wg_body(
   typedef MmaOps<X> O;
   constexpr int NB = MT ? 16 * MT : 8, NA = NB / 2, NT = 4 * NWORD, BC = 32 * NWORD, NP = 2 * NWORD;
   constexpr int XB = NB * 128, WB = 32 * BC, SZB = 4 * BC;
-  constexpr int NW = 4 * WG, NTH = 128 * WG;  // warps and threads of the block
-  constexpr int STAGE = (XB + NW * WB + NW * SZB + 1023) / 1024 * 1024;
-  constexpr int BCB = NW * BC, OW = BCB + 4;  // the block's columns; the float32 tile's row stride
+  constexpr int STAGE = (XB + 4 * WB + 4 * SZB + 1023) / 1024 * 1024;
+  constexpr int BCB = 4 * BC, OW = BCB + 4;  // the block's columns; the float32 tile's row stride
   static_assert(S >= 3, "chunk i + S - 2 is refilled while chunk i is read");
   extern __shared__ __align__(16) unsigned char dsm[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -112,22 +111,22 @@ __device__ __forceinline__ void wg_body(
   const u32 w_dst = (u32)(XB + warp * WB + lrow * BC + 16 * (lc16 ^ wk_swz<NWORD>(lrow)));
   const unsigned char* w_src = qweight + (u64)lrow * N + wcol + 16 * lc16;
   const u64 w_chunk = 32ull * (u64)N, w_piece = (u64)RPI * (u64)N;
-  // this thread's x copies: piece xc of rows xr + XR*i (i < XP), all at the same swizzled piece (XR*i keeps r & 7)
-  constexpr int XR = NTH / 8, XP = NB >= XR ? NB / XR : 1;
+  // this thread's x copies: piece xc of rows xr + 16*i (i < XP), all at the same swizzled piece (16*i keeps r & 7)
+  constexpr int XP = NB >= 16 ? NB / 16 : 1;
   const int xr = tid >> 3, xc = tid & 7;
   const u32 x_dst = (u32)(xr * 128 + 16 * (xc ^ (xr & 7)));
-  const u64 x_pass = (u64)XR * (u64)K;
+  const u64 x_pass = 16ull * (u64)K;
   const bool sz_lane = lane < BC / 4;
   const int sz_which = lane / (BC / 8), sz_off = lane % (BC / 8);
   const u16* sz_src = (sz_which ? zeros : scales) + wcol + 8 * sz_off;
-  const u32 sz_dst = (u32)(XB + NW * WB + warp * SZB + sz_which * 2 * BC + 16 * sz_off);
+  const u32 sz_dst = (u32)(XB + 4 * WB + warp * SZB + sz_which * 2 * BC + 16 * sz_off);
   const int cpg = group_rows >> 5, cpg_shift = (cpg & (cpg - 1)) == 0 ? __ffs(cpg) - 1 : -1;
   const int bpiece = (g * NT) >> 4, boff = (g * NT) & 15;
 
   for (int m0 = 0; m0 < M; m0 += NB) {
     const int mrows = min(NB, M - m0);
     for (int s = 0; s < S; ++s)  // rows >= mrows of x zero in every stage (the copies only write rows < mrows)
-      for (int i = tid; i < (NB - mrows) * 32; i += NTH) reinterpret_cast<u32*>(bsm + s * STAGE + mrows * 128)[i] = 0u;
+      for (int i = tid; i < (NB - mrows) * 32; i += 128) reinterpret_cast<u32*>(bsm + s * STAGE + mrows * 128)[i] = 0u;
     const u16* x_src = x + (u64)(m0 + xr) * K + 8 * xc;
     auto issue = [&](int j) {  // chunk j of the block into stage j % S
       const int ch = c_begin + j;
@@ -139,7 +138,7 @@ __device__ __forceinline__ void wg_body(
       const u16* xs = x_src + ch * 64;
 #pragma unroll
       for (int i = 0; i < XP; ++i)
-        if (xr + XR * i < mrows) cp_async16_s(st + x_dst + (u32)(i * XR * 128), xs + (u64)i * x_pass);
+        if (xr + 16 * i < mrows) cp_async16_s(st + x_dst + (u32)(i * 2048), xs + (u64)i * x_pass);
     };
     float acc[NP][NA];
 #pragma unroll
@@ -159,7 +158,7 @@ __device__ __forceinline__ void wg_body(
       if (i + S - 2 < n) issue(i + S - 2);
       cp_async_commit();
       const unsigned char* st = bsm + (i % S) * STAGE;
-      const u32* szw = reinterpret_cast<const u32*>(st + XB + NW * WB + warp * SZB + g * NT * 2);
+      const u32* szw = reinterpret_cast<const u32*>(st + XB + 4 * WB + warp * SZB + g * NT * 2);
       u32 s2[NT], nz[NT];
 #pragma unroll
       for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
@@ -210,7 +209,7 @@ __device__ __forceinline__ void wg_body(
       // barrier (no block reuses or leaves its tile while another still reads it)
       cluster_sync();
       const u32 rank = cluster_rank(), tb = smem_addr(tile);
-      for (int idx = (int)rank * NTH + tid; idx < mrows * (BCB / 4); idx += CL * NTH) {
+      for (int idx = (int)rank * 128 + tid; idx < mrows * (BCB / 4); idx += CL * 128) {
         const int r = idx / (BCB / 4), c = 4 * (idx % (BCB / 4));
         const u32 a = tb + 4u * (u32)(r * OW + c);
         float4 v = ld_cluster_f4(a, 0);
@@ -221,7 +220,7 @@ __device__ __forceinline__ void wg_body(
       cluster_sync();
     } else {
       __syncthreads();
-      for (int idx = tid; idx < mrows * (BCB / 4); idx += NTH) {
+      for (int idx = tid; idx < mrows * (BCB / 4); idx += 128) {
         const int r = idx / (BCB / 4), c = 4 * (idx % (BCB / 4));
         st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, *reinterpret_cast<const float4*>(tile + r * OW + c));
       }
@@ -230,18 +229,18 @@ __device__ __forceinline__ void wg_body(
   }
 }
 
-template <class X, int MT, int NWORD, int S, int WG>
-__global__ void __launch_bounds__(128 * WG) w4a16_wg(
+template <class X, int MT, int NWORD, int S>
+__global__ void __launch_bounds__(128) w4a16_wg(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
-  wg_body<X, MT, NWORD, S, 1, WG>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
+  wg_body<X, MT, NWORD, S, 1>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
 }
 
-template <class X, int MT, int NWORD, int S, int WG, int CL>
-__global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(128 * WG) w4a16_wgc(
+template <class X, int MT, int NWORD, int S, int CL>
+__global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(128) w4a16_wgc(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
-  wg_body<X, MT, NWORD, S, CL, WG>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
+  wg_body<X, MT, NWORD, S, CL>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
 }

@@ -231,9 +231,6 @@ def test_wg_launch_names_and_shared_memory(cfg) -> None:
     nb, bc = (16 * mt if mt else 8), 32 * nw
     stage = -(-(nb * 128 + 144 * bc) // 1024) * 1024
     assert _wg_smem(cfg) == max(st * stage, nb * (4 * bc + 4) * 4) + 1024 <= _WK_SMEM_MAX
-    stage2 = -(-(nb * 128 + 288 * bc) // 1024) * 1024  # two warpgroups: twice the weights, scales and zeros, one x
-    assert _wg_smem(cfg, 2) == max(st * stage2, nb * (8 * bc + 4) * 4) + 1024
-    assert (_wg_name("F16", cfg, 2) in _wg_names("F16")) == (_wg_smem(cfg, 2) <= _WK_SMEM_MAX)
     for k in (64, 128, 4480, 8192, 28672):
         for n in (1024, 4096, 14336, 28672):
             if n % (4 * bc):
@@ -242,7 +239,7 @@ def test_wg_launch_names_and_shared_memory(cfg) -> None:
             assert tiles * 4 * bc == n and ksplit == cl and smem == _wg_smem(cfg)
             assert (cl - 1) * cpb < k // 64 <= cl * cpb or (k // 64 < cl and cpb == 1)
     name = _wg_name("F16", cfg)
-    assert name == (f"w4a16_wg<F16,{mt},{nw},{st},1>" if cl == 1 else f"w4a16_wgc<F16,{mt},{nw},{st},1,{cl}>")
+    assert name == (f"w4a16_wg<F16,{mt},{nw},{st}>" if cl == 1 else f"w4a16_wgc<F16,{mt},{nw},{st},{cl}>")
     assert name in _wg_names("F16") and _wg_name("BF16", cfg) in _wg_names("BF16")
     assert W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_CFG": ",".join(map(str, cfg))}).mma_cfg == cfg
     assert not _global_split(cfg, 8192, 8192, 132)
@@ -256,16 +253,3 @@ def test_wg_launch_names_and_shared_memory(cfg) -> None:
     for bad in ((mt, nw, st, 3), (mt, 3, st, cl), (5, nw, st, cl)):  # not built
         with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=bad))):
             assert _mma_cfg(16, 4096, 2048, 128, wg=True) is None
-
-
-def test_wg_two_warpgroups() -> None:
-    """SHMRPC_W4A16_WG_GROUPS=2: the blocks take twice the columns (grid, names, shared memory, the N they take)."""
-    cfg = (4, 1, 4, 8)
-    env = {"SHMRPC_W4A16_MMA_CFG": "4,1,4,8", "SHMRPC_W4A16_WG_GROUPS": "2", "SHMRPC_W4A16_MMA_M1": "1"}
-    with use_tuning(**vars(W4A16Tuning.from_env(env))):
-        assert w4a16_wg_launch(64, 8192, 8192, cfg) == ((32, 8), 16, _wg_smem(cfg, 2))
-        assert _wg_name("F16", cfg) == "w4a16_wgc<F16,4,1,4,2,8>"
-        assert _mma_cfg(64, 8192, 8192, 128, wg=True) == cfg
-        assert _mma_cfg(64, 8192, 8192 + 128, 128, wg=True) is None  # 256 columns per block
-    with use_tuning(**vars(W4A16Tuning.from_env({**env, "SHMRPC_W4A16_WG_GROUPS": "3"}))):
-        assert _mma_cfg(64, 8192, 8192, 128, wg=True) is None  # not built

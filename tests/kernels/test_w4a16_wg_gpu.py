@@ -27,48 +27,42 @@ def sm90(gpu):
     return gpu
 
 
-def _forced(monkeypatch, cfg: str, m: int, k: int, n: int, gs: int, groups: int = 1) -> None:
+def _forced(monkeypatch, cfg: str, m: int, k: int, n: int, gs: int) -> None:
     from shmrpc.kernels._w4a16_config import _mma_cfg
 
-    force(monkeypatch, cfg, SHMRPC_W4A16_WG_GROUPS=str(groups))
+    force(monkeypatch, cfg)
     assert _mma_cfg(m, k, n, gs, wg=True) == tuple(int(v) for v in cfg.split(","))
     assert _mma_cfg(m, k, n, gs, wg=False) is None  # never on a device without wgmma
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
-@pytest.mark.parametrize("groups", [1, 2])
 @pytest.mark.parametrize("cfg", _wg())
-@pytest.mark.parametrize(("m", "k", "n", "gs"), [(1, 2048, 1024, 64), (13, 2048, 2048, 128), (40, 4480, 1024, 128),
-                                                  (64, 1024, 1024, 64), (33, 1024, 1024, 128), (5, 128, 1024, 64),
+@pytest.mark.parametrize(("m", "k", "n", "gs"), [(1, 2048, 1024, 64), (13, 2048, 512, 128), (40, 4480, 1024, 128),
+                                                  (64, 1024, 512, 64), (33, 1024, 512, 128), (5, 128, 512, 64),
                                                   (16, 1536, 1024, 192)])
-def test_w4a16_wgmma(sm90, monkeypatch, m, k, n, gs, cfg, groups, dt) -> None:
-    """One and two warpgroups per block. K = 4480 (70 chunks: the cluster's blocks get 9 or fewer), K = 128 (two
-    chunks: most blocks of a cluster get none), M above 8, 16 or 32 rows: several m-blocks."""
-    from shmrpc.kernels._w4a16_config import _wg_smem
-
-    if _wg_smem(tuple(int(v) for v in cfg.split(",")), groups) > 227 * 1024:
-        pytest.skip("not built: its shared memory would pass 227 KiB")
-    _forced(monkeypatch, cfg, m, k, n, gs, groups)
+def test_w4a16_wgmma(sm90, monkeypatch, m, k, n, gs, cfg, dt) -> None:
+    """K = 4480 (70 chunks: the cluster's blocks get 9 or fewer), K = 128 (two chunks: most blocks of a cluster get
+    none), M above 8, 16 or 32 rows: several m-blocks."""
+    _forced(monkeypatch, cfg, m, k, n, gs)
     ins, want = case(m, k, n, gs, dt)
     check(run(sm90, ins, dt), want, dt)
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cfg", _wg())
-@pytest.mark.parametrize(("m", "k", "n", "gs", "groups"), [(13, 2048, 1024, 64, 1), (40, 1024, 1024, 128, 2)])
-def test_w4a16_wgmma_without_outliers(sm90, monkeypatch, m, k, n, gs, groups, cfg, dt) -> None:
+@pytest.mark.parametrize(("m", "k", "n", "gs"), [(13, 2048, 1024, 64), (40, 1024, 512, 128)])
+def test_w4a16_wgmma_without_outliers(sm90, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     """Every row at its own scale: a wrong activation row or column shows (an outlier would set max|out| and hide it)."""
-    _forced(monkeypatch, cfg, m, k, n, gs, groups)
+    _forced(monkeypatch, cfg, m, k, n, gs)
     ins, want = case(m, k, n, gs, dt, outliers=False)
     check(run(sm90, ins, dt), want, dt)
 
 
-@pytest.mark.parametrize(("cfg", "groups"), [("4,2,4,4", 1), ("1,4,4,8", 1), ("0,4,4,8", 1), ("4,2,4,1", 1),
-                                             ("4,1,4,8", 2), ("1,2,4,8", 2)])
+@pytest.mark.parametrize("cfg", ["4,2,4,4", "1,4,4,8", "0,4,4,8", "4,2,4,1"])
 @pytest.mark.parametrize("m", [1, 16, 64])
-def test_w4a16_wgmma_same_bits_twice(sm90, monkeypatch, m, cfg, groups) -> None:
+def test_w4a16_wgmma_same_bits_twice(sm90, monkeypatch, m, cfg) -> None:
     """The cluster adds its ranks' tiles in a fixed order: the same inputs give the same bits."""
-    force(monkeypatch, cfg, SHMRPC_W4A16_WG_GROUPS=str(groups))
+    force(monkeypatch, cfg)
     ins, want = case(m, 4096, 4096, 128, "float16")
     a = run(sm90, ins, "float16")
     b = run(sm90, ins, "float16")

@@ -44,14 +44,12 @@ def run(gpu: Any, ins: dict[str, np.ndarray], dt: str) -> np.ndarray:
     return (out.astype(np.uint32) << 16).view(np.float32) if dt == "bfloat16" else out
 
 
-def force(monkeypatch: Any, cfg: str, **env: str) -> None:
-    """Force the configuration ``cfg`` (and any other knobs ``env`` names, e.g. SHMRPC_W4A16_WG_GROUPS="2")."""
+def force(monkeypatch: Any, cfg: str) -> None:
     from shmrpc.kernels import _w4a16_config
     from shmrpc.kernels._w4a16_config import W4A16Tuning
 
     # the knobs are read once at import: set them as SHMRPC_W4A16_MMA_M1=1 SHMRPC_W4A16_MMA_CFG=cfg would
-    monkeypatch.setattr(_w4a16_config, "_TUNING",
-                        W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_M1": "1", "SHMRPC_W4A16_MMA_CFG": cfg, **env}))
+    monkeypatch.setattr(_w4a16_config, "_TUNING", W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_M1": "1", "SHMRPC_W4A16_MMA_CFG": cfg}))
 
 
 def check(got: np.ndarray, want: np.ndarray, dt: str) -> None:
