@@ -127,6 +127,7 @@ __device__ __forceinline__ void wg_body(
     const int mrows = min(NB, M - m0);
     for (int s = 0; s < S; ++s)  // rows >= mrows of x zero in every stage (the copies only write rows < mrows)
       for (int i = tid; i < (NB - mrows) * 32; i += 128) reinterpret_cast<u32*>(bsm + s * STAGE + mrows * 128)[i] = 0u;
+    fence_proxy_async();  // those stores visible to the wgmma's reads (after the first chunk's barrier)
     const u16* x_src = x + (u64)(m0 + xr) * K + 8 * xc;
     auto issue = [&](int j) {  // chunk j of the block into stage j % S
       const int ch = c_begin + j;
@@ -152,8 +153,7 @@ __device__ __forceinline__ void wg_body(
     }
     u32 af[2][NP][4];
     for (int i = 0; i < n; ++i) {
-      cp_async_wait<S - 3>();
-      fence_proxy_async();  // this thread's copies (and the zero rows) visible to the wgmma's reads
+      cp_async_wait<S - 3>();  // chunk i's copies landed (cp.async writes need no proxy fence for the wgmma's reads)
       __syncthreads();
       if (i + S - 2 < n) issue(i + S - 2);
       cp_async_commit();
