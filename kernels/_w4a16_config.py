@@ -167,13 +167,18 @@ _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # not at all (_NO_GLOBAL_SPLIT_MAX_M), else the float32 CUDA-core kernel. M 17..32: the wide slab (MT 2, NWORD 4:
 # each A fragment over 16 n-tiles) first; M 33..64: MT 4 NWORD 2 with 8 warps (one m-block: the weights read once),
 # and at M 33..48 4 warps first where the column tiles outnumber the SMs (_MANY_TILES_FIRST).
+# M 33..64 on sm_90: w4a16_wgc with MT 4, NWORD 1 (128 registers: four blocks per SM), the cluster as large as one wave
+# of four blocks per SM allows (8192^2 M = 64: CL 8, 38.0 against 48.6 us; 4096 x 14336: CL 4, 28.9 against 45.9;
+# run of 6ede5c9); where the blocks would not fill the SMs once, the kernels after it (see _takes).
+_WG_M64 = ((4, 1, 4, 8), (4, 1, 4, 4), (4, 1, 4, 2))
+_WG_PER_SM = {(4, 1): 4}  # w4a16_wg blocks an SM holds, by (MT, NWORD), where more than one (ptxas: 128 registers)
 _MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
     (1, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1))),
     (8, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
     (16, ((1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
     (32, ((2, 4, 8, 0, 3, 1, 2), (2, 2, 8, 0, 3, 1, 2), (2, 4, 8, 1, 2, 1), (2, 2, 8, 1, 3, 1), (2, 1, 4, 4, 4))),
-    (48, ((4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
-    (64, ((4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
+    (48, (*_WG_M64, (4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
+    (64, (*_WG_M64, (4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
 )
 # Per table row (its largest M): an entry tried before the row where N / (32 NWORD) column tiles outnumber the SMs, so
 # that the row's 8-warp blocks (one per SM by shared memory) would need a second wave; (4, 2, 4, 1, 2, 1) runs two
@@ -239,7 +244,8 @@ def _mma_row(m: int, n: int, n_sm: int) -> tuple[tuple[int, ...], ...]:
     mmax, row = next((mmax, c) for mmax, c in _MMA_TABLE if m <= mmax)
     first = _MANY_TILES_FIRST.get(mmax)
     if first is not None and n % (32 * first[1]) == 0 and n // (32 * first[1]) > n_sm:
-        return (first, *row)
+        wg = tuple(c for c in row if len(c) == 4)  # the wgmma entries stay ahead of it
+        return (*wg, first, *row[len(wg):])
     return row
 
 
@@ -256,9 +262,9 @@ def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> boo
     """Whether ``cfg`` takes N columns: 32*NWORD divides N; for w4a16_wkc, the column tiles times CL fit in one wave
     of one block per SM, and (unless forced) CL is the split BPS = 1 would choose, round(n_sm / tiles): the cluster
     replaces that split's global partials and never makes a split of its own."""
-    if len(cfg) == 4:  # w4a16_wg: 128*NWORD columns per block; a table entry: CL blocks per tile in one wave
-        tiles = n // (128 * cfg[1])
-        return n % (128 * cfg[1]) == 0 and (forced or tiles * cfg[3] <= n_sm)
+    if len(cfg) == 4:  # w4a16_wg: 128*NWORD columns per block; a table entry: its blocks fill the SMs in one wave
+        blocks = n // (128 * cfg[1]) * cfg[3]
+        return n % (128 * cfg[1]) == 0 and (forced or n_sm <= blocks <= _WG_PER_SM.get(cfg[:2], 1) * n_sm)
     if n % (32 * cfg[1]):
         return False
     if len(cfg) == 8:  # the column tiles divide into clusters of CN; a table entry: one wave that BPS 1 would not split

@@ -9,6 +9,7 @@ from shmrpc.kernels._w4a16_config import (
     _ASYNC_VARIANTS,
     _MMA_TABLE,
     _MMA_VARIANTS,
+    _WG_PER_SM,
     _WG_VARIANTS,
     _WK_SMEM_MAX,
     _WK_VARIANTS,
@@ -32,22 +33,29 @@ from shmrpc.kernels._w4a16_config import (
 )
 
 
+@pytest.mark.parametrize("wg", [False, True])
 @pytest.mark.parametrize("m", [1, 2, 8, 9, 16, 17, 32, 33, 64, 65])
 @pytest.mark.parametrize("n", [4096, 8192, 14336])
-def test_table_by_m(m, n) -> None:
+def test_table_by_m(m, n, wg) -> None:
     """Every M up to 64 takes the first entry of its row that takes N: a cluster split where its CL is the split
     the column tiles ask for (2: 8192 at M <= 32, 64-column tiles of 4096 at M > 16), else the kernel with its
-    global split (or none: 14336); M = 1 never a global split (4096: the CUDA-core kernel)."""
+    global split (or none: 14336); M = 1 never a global split (4096: the CUDA-core kernel). On an sm_90 device (wg)
+    M 33..64 take w4a16_wgc (MT 4, NWORD 1) with the largest cluster whose blocks fit in one wave of four per SM."""
     with use_tuning(**vars(W4A16Tuning())):  # the defaults, whatever this process's environment says
-        cfg = _mma_cfg(m, 4096, n, 128)
+        cfg = _mma_cfg(m, 4096, n, 128, wg=wg)
     if m > 64 or (m == 1 and n == 4096):
         assert cfg is None
         return
     row, base = _mma_row(m, n, 132), next(c for mmax, c in _MMA_TABLE if m <= mmax)
-    assert row[-len(base):] == base  # the table's row, perhaps after _MANY_TILES_FIRST's entry
+    wgs = tuple(c for c in base if len(c) == 4)  # the table's row, its wgmma entries first, then perhaps
+    assert set(row) == set(base) and row[:len(wgs)] == wgs  # _MANY_TILES_FIRST's entry (also in the row) moved up
     assert cfg is not None and cfg in row
     assert m <= (16 * cfg[0] or 8)  # one m-block: the weights are read once
-    assert cfg == next(c for c in row if _takes(c, n, 132) and (m > 1 or not _global_split(c, 4096, n, 132)))
+    assert cfg == next(c for c in row if (wg or len(c) != 4) and _takes(c, n, 132)
+                       and (m > 1 or not _global_split(c, 4096, n, 132)))
+    if 32 < m <= 64 and wg:
+        assert cfg == (4, 1, 4, 4 if n == 14336 else 8)  # 112 tiles x 8 blocks would not fit in one wave
+        return
     tiles = n // (32 * cfg[1])
     if len(cfg) == 7:
         assert tiles * cfg[6] <= 132 and round(132 / tiles) == cfg[6]
@@ -243,9 +251,14 @@ def test_wg_launch_names_and_shared_memory(cfg) -> None:
     assert name in _wg_names("F16") and _wg_name("BF16", cfg) in _wg_names("BF16")
     assert W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_CFG": ",".join(map(str, cfg))}).mma_cfg == cfg
     assert not _global_split(cfg, 8192, 8192, 132)
-    n_one_wave = 128 * nw * (132 // cl)
-    assert _takes(cfg, n_one_wave, 132) and not _takes(cfg, n_one_wave + 128 * nw, 132)
-    assert _takes(cfg, n_one_wave + 128 * nw, 132, forced=True) and not _takes(cfg, 128 * nw + 64, 132, forced=True)
+    per_sm = _WG_PER_SM.get(cfg[:2], 1)  # a table entry: its blocks fill the 132 SMs once, at most one wave
+    n_max, n_min = 128 * nw * (per_sm * 132 // cl), 128 * nw * -(-132 // cl)
+    if n_min <= n_max:
+        assert _takes(cfg, n_max, 132) and not _takes(cfg, n_max + 128 * nw, 132) and _takes(cfg, n_min, 132)
+        assert not _takes(cfg, n_min - 128 * nw, 132) or n_min == 128 * nw
+    else:  # one block per SM and CL not dividing 132: no N gives exactly one wave
+        assert not _takes(cfg, n_min, 132) and not _takes(cfg, n_max, 132)
+    assert _takes(cfg, n_max + 128 * nw, 132, forced=True) and not _takes(cfg, 128 * nw + 64, 132, forced=True)
     with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=cfg))):
         assert _mma_cfg(16, 4096, 1024 if nw < 4 else 2048, 128, wg=True) == cfg
         assert _mma_cfg(16, 4096, 1024 if nw < 4 else 2048, 128) is None  # not an sm_90 device
@@ -253,3 +266,13 @@ def test_wg_launch_names_and_shared_memory(cfg) -> None:
     for bad in ((mt, nw, st, 3), (mt, 3, st, cl), (5, nw, st, cl)):  # not built
         with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=bad))):
             assert _mma_cfg(16, 4096, 2048, 128, wg=True) is None
+
+
+def test_wg_table_entries_fill_the_sms_once() -> None:
+    """The wgmma entries of M 33..64 are taken where their blocks fill the 132 SMs at least once and at most one wave
+    of four per SM: N = 1024 and 2048 (64 and 128 blocks) go to the kernels after them."""
+    with use_tuning(**vars(W4A16Tuning())):
+        assert _mma_cfg(64, 4096, 1024, 128, wg=True) == _mma_cfg(64, 4096, 1024, 128)
+        assert _mma_cfg(64, 4096, 2048, 128, wg=True) == _mma_cfg(64, 4096, 2048, 128)  # 16 x 8 = 128 blocks < 132
+        assert _mma_cfg(64, 4096, 28672, 128, wg=True) == (4, 1, 4, 2)  # 224 tiles x 2 = 448
+        assert _mma_cfg(40, 4096, 14336, 128, wg=True) == (4, 1, 4, 4)  # before the many-tiles entry

@@ -68,3 +68,19 @@ def test_w4a16_wgmma_same_bits_twice(sm90, monkeypatch, m, cfg) -> None:
     b = run(sm90, ins, "float16")
     assert a.tobytes() == b.tobytes()
     check(a, want, "float16")
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("m", "k", "n", "want"), [(33, 1024, 8192, (4, 1, 4, 8)), (64, 2048, 14336, (4, 1, 4, 4)),
+                                                   (48, 1536, 28672, (4, 1, 4, 2))])
+def test_w4a16_wgmma_by_default(sm90, monkeypatch, m, k, n, want, dt) -> None:
+    """The op's own table (no knob set) takes w4a16_wgc at M 33..64 where its blocks fill the SMs, and matches."""
+    from shmrpc.kernels import _w4a16_config
+    from shmrpc.kernels._w4a16_config import W4A16Tuning
+    from shmrpc.kernels.quant import w4a16_choice
+
+    monkeypatch.setattr(_w4a16_config, "_TUNING", W4A16Tuning.from_env({}))
+    if w4a16_choice(m, k, n, 128) != want:  # the table assumes 132 SMs
+        pytest.skip(f"this GPU's SMs give {w4a16_choice(m, k, n, 128)}")
+    ins, want_out = case(m, k, n, 128, dt)
+    check(run(sm90, ins, dt), want_out, dt)
