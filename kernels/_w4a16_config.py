@@ -168,8 +168,11 @@ _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # each A fragment over 16 n-tiles) first; M 33..64: MT 4 NWORD 2 with 8 warps (one m-block: the weights read once),
 # and at M 33..48 4 warps first where the column tiles outnumber the SMs (_MANY_TILES_FIRST).
 # M 33..64 on sm_90: w4a16_wgc with MT 4, NWORD 1 (128 registers: four blocks per SM), the cluster as large as one wave
-# of four blocks per SM allows (8192^2 M = 64: CL 8, 38.0 against 48.6 us; 4096 x 14336: CL 4, 28.9 against 45.9;
-# run of 6ede5c9); where the blocks would not fill the SMs once, the kernels after it (see _takes).
+# of four blocks per SM allows, where that makes at least two blocks per SM (_takes); else the kernels after it. Run of
+# 07c92e2 (us, M = 33 / 48 / 64, against the best w4a16_wk of the same call): 8192^2 CL 8 36.7 / 37.8 / 38.0 against
+# 36.0 / 42.1 / 47.7; 4096 x 14336 CL 4 28.0 / 28.6 / 28.9 against 35.4 / 38.2 / 47.6; 8192 x 28672 CL 2 88.4 / 90.1 /
+# 92.6 against 128.8 / 138.4 / 172.7; N = 4096 (CL 8: 256 blocks) lost at M = 33 (4096^2 15.5 against 14.4, 14336 x
+# 4096 34.9 against 31.3) and tied at 64: not taken there.
 _WG_M64 = ((4, 1, 4, 8), (4, 1, 4, 4), (4, 1, 4, 2))
 _WG_PER_SM = {(4, 1): 4}  # w4a16_wg blocks an SM holds, by (MT, NWORD), where more than one (ptxas: 128 registers)
 _MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
@@ -262,9 +265,9 @@ def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> boo
     """Whether ``cfg`` takes N columns: 32*NWORD divides N; for w4a16_wkc, the column tiles times CL fit in one wave
     of one block per SM, and (unless forced) CL is the split BPS = 1 would choose, round(n_sm / tiles): the cluster
     replaces that split's global partials and never makes a split of its own."""
-    if len(cfg) == 4:  # w4a16_wg: 128*NWORD columns per block; a table entry: its blocks fill the SMs in one wave
+    if len(cfg) == 4:  # w4a16_wg: 128*NWORD columns per block; a table entry: two blocks per SM or more, one wave
         blocks = n // (128 * cfg[1]) * cfg[3]
-        return n % (128 * cfg[1]) == 0 and (forced or n_sm <= blocks <= _WG_PER_SM.get(cfg[:2], 1) * n_sm)
+        return n % (128 * cfg[1]) == 0 and (forced or 2 * n_sm <= blocks <= _WG_PER_SM.get(cfg[:2], 1) * n_sm)
     if n % (32 * cfg[1]):
         return False
     if len(cfg) == 8:  # the column tiles divide into clusters of CN; a table entry: one wave that BPS 1 would not split

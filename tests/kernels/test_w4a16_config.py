@@ -53,7 +53,7 @@ def test_table_by_m(m, n, wg) -> None:
     assert m <= (16 * cfg[0] or 8)  # one m-block: the weights are read once
     assert cfg == next(c for c in row if (wg or len(c) != 4) and _takes(c, n, 132)
                        and (m > 1 or not _global_split(c, 4096, n, 132)))
-    if 32 < m <= 64 and wg:
+    if 32 < m <= 64 and wg and n > 4096:  # N = 4096: 32 tiles x 8 = 256 blocks, fewer than two per SM
         assert cfg == (4, 1, 4, 4 if n == 14336 else 8)  # 112 tiles x 8 blocks would not fit in one wave
         return
     tiles = n // (32 * cfg[1])
@@ -251,12 +251,12 @@ def test_wg_launch_names_and_shared_memory(cfg) -> None:
     assert name in _wg_names("F16") and _wg_name("BF16", cfg) in _wg_names("BF16")
     assert W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_CFG": ",".join(map(str, cfg))}).mma_cfg == cfg
     assert not _global_split(cfg, 8192, 8192, 132)
-    per_sm = _WG_PER_SM.get(cfg[:2], 1)  # a table entry: its blocks fill the 132 SMs once, at most one wave
-    n_max, n_min = 128 * nw * (per_sm * 132 // cl), 128 * nw * -(-132 // cl)
+    per_sm = _WG_PER_SM.get(cfg[:2], 1)  # a table entry: two blocks per SM or more, at most one wave
+    n_max, n_min = 128 * nw * (per_sm * 132 // cl), 128 * nw * -(-264 // cl)
     if n_min <= n_max:
         assert _takes(cfg, n_max, 132) and not _takes(cfg, n_max + 128 * nw, 132) and _takes(cfg, n_min, 132)
         assert not _takes(cfg, n_min - 128 * nw, 132) or n_min == 128 * nw
-    else:  # one block per SM and CL not dividing 132: no N gives exactly one wave
+    else:  # one block per SM: no N gives two per SM in one wave
         assert not _takes(cfg, n_min, 132) and not _takes(cfg, n_max, 132)
     assert _takes(cfg, n_max + 128 * nw, 132, forced=True) and not _takes(cfg, 128 * nw + 64, 132, forced=True)
     with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=cfg))):
@@ -269,10 +269,11 @@ def test_wg_launch_names_and_shared_memory(cfg) -> None:
 
 
 def test_wg_table_entries_fill_the_sms_once() -> None:
-    """The wgmma entries of M 33..64 are taken where their blocks fill the 132 SMs at least once and at most one wave
-    of four per SM: N = 1024 and 2048 (64 and 128 blocks) go to the kernels after them."""
+    """The wgmma entries of M 33..64 are taken where their blocks make two per SM or more (of 132) and at most one
+    wave of four per SM: N = 1024 to 4096 (64 to 256 blocks) go to the kernels after them."""
     with use_tuning(**vars(W4A16Tuning())):
-        assert _mma_cfg(64, 4096, 1024, 128, wg=True) == _mma_cfg(64, 4096, 1024, 128)
-        assert _mma_cfg(64, 4096, 2048, 128, wg=True) == _mma_cfg(64, 4096, 2048, 128)  # 16 x 8 = 128 blocks < 132
+        for n in (1024, 2048, 4096):
+            assert _mma_cfg(64, 4096, n, 128, wg=True) == _mma_cfg(64, 4096, n, 128)
+        assert _mma_cfg(64, 4096, 4096 + 128, 128, wg=True) == (4, 1, 4, 8)  # 33 x 8 = 264 blocks
         assert _mma_cfg(64, 4096, 28672, 128, wg=True) == (4, 1, 4, 2)  # 224 tiles x 2 = 448
         assert _mma_cfg(40, 4096, 14336, 128, wg=True) == (4, 1, 4, 4)  # before the many-tiles entry

@@ -74,7 +74,8 @@ def test_w4a16_wgmma_same_bits_twice(sm90, monkeypatch, m, cfg) -> None:
 @pytest.mark.parametrize(("m", "k", "n", "want"), [(33, 1024, 8192, (4, 1, 4, 8)), (64, 2048, 14336, (4, 1, 4, 4)),
                                                    (48, 1536, 28672, (4, 1, 4, 2))])
 def test_w4a16_wgmma_by_default(sm90, monkeypatch, m, k, n, want, dt) -> None:
-    """The op's own table (no knob set) takes w4a16_wgc at M 33..64 where its blocks fill the SMs, and matches."""
+    """The op's own table (no knob set) takes w4a16_wgc at M 33..64 where it makes two blocks per SM or more, and
+    matches."""
     from shmrpc.kernels import _w4a16_config
     from shmrpc.kernels._w4a16_config import W4A16Tuning
     from shmrpc.kernels.quant import w4a16_choice
