@@ -725,15 +725,16 @@ __device__ __forceinline__ void wk_body(
           }
       }
       const u32* szw = reinterpret_cast<const u32*>(st + WB + g * NT * 2);
-      u32 s2[NT], nz[NT];
+      u32 s2[FIX ? 1 : NT], nz[FIX ? 1 : NT];  // FIX: unused (the zero and the scale go to the chunk's sums)
       if (!FIX) {
 #pragma unroll
         for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
       }
-      float accc[FIX ? NT / 2 : 1][4], xsum[4] = {0.f, 0.f, 0.f, 0.f};  // FIX: this chunk's sums, row sums
+      constexpr int NC = FIX ? NT / 2 : 1;  // FIX: the A-tiles' per-chunk sums
+      float accc[NC][4], xsum[4] = {0.f, 0.f, 0.f, 0.f};  // FIX: this chunk's sums, row sums
       if (FIX) {
 #pragma unroll
-        for (int p = 0; p < (FIX ? NT / 2 : 1); ++p) accc[p][0] = accc[p][1] = accc[p][2] = accc[p][3] = 0.f;
+        for (int p = 0; p < NC; ++p) accc[p][0] = accc[p][1] = accc[p][2] = accc[p][3] = 0.f;
       }
       // ldmatrix.x4 row addresses: lanes 0-15 rows 0-15 at k 0, lanes 16-31 rows 0-15 at k 8 of an m-tile's k16 step
       // (logical piece 2 stp + lane/16 of row mt*16 + (lane & 15), whose row & 7 is lane & 7)
@@ -773,7 +774,7 @@ __device__ __forceinline__ void wk_body(
 #pragma unroll
             for (int h = 0; h < 2; ++h) {  // A-tile p = 2w + h: columns g*NT + 2p (row g), + 1 (row g + 8)
               const u32 af[4] = {d0[2 * h], d0[2 * h + 1], d1[2 * h], d1[2 * h + 1]};
-              O::mma(FIX ? accc[(2 * w + h) % (FIX ? NT / 2 : 1)] : acc[0][2 * w + h], af, a[stp][0][0], a[stp][0][2]);
+              O::mma(FIX ? accc[(2 * w + h) % NC] : acc[0][2 * w + h], af, a[stp][0][0], a[stp][0][2]);  // % NC: in bounds when !FIX
             }
           } else {
 #pragma unroll
@@ -790,7 +791,7 @@ __device__ __forceinline__ void wk_body(
       if (FIX) {  // acc[0][p][e] (column g*NT + 2p + (e >> 1), batch row 2t + (e & 1)) += s * (sum - (MAGIC + z) * rowsum)
         const u16* sh = reinterpret_cast<const u16*>(st + WB) + g * NT;  // this lane's NT scales; its zeros BC later
 #pragma unroll
-        for (int p = 0; p < (FIX ? NT / 2 : 1); ++p)
+        for (int p = 0; p < NC; ++p)
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const float sc = h2f(sh[2 * p + c]), mz = -(O::MAGIC_F + h2f(sh[BC + 2 * p + c]));

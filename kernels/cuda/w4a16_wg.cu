@@ -9,10 +9,11 @@
 // of word p / 2, i.e. columns g*NT + 2p (row g) and g*NT + 2p + 1 (row g + 8), dequantized with the zero and the scale
 // per pair (dq_pair: PRMT, LOP3, HFMA2, HMUL2; the weights rounded once to the input type, as at MT >= 1). The 4
 // warps' A-tile p together are the 64 rows of wgmma p; its accumulators (NB/2 float32 per lane) are the warp's own.
-// A chunk is 64 k. The block takes chunks [y*cpb, +cpb) (K split: a cluster of CL blocks along y adds its sums through
-// distributed shared memory, as w4a16_wkc: the kernel w4a16_wgc; w4a16_wg: CL = 1, no split). S stages in shared memory, filled by cp.async: per
-// stage [x: NB rows of 128 bytes, 16-byte piece c of row r at c ^ (r & 7): the 128-byte swizzle wgmma reads, 1024-byte
-// aligned][weights: 4 warps x 32 packed rows x BC bytes, swizzled as w4a16_wk][scales, zeros: 4 warps x 4*BC bytes].
+// A chunk is 64 k. The block takes chunks [y*cpb, +cpb) (K split: w4a16_wgc, a cluster of CL blocks along y, adds its
+// sums through distributed shared memory as w4a16_wkc; w4a16_wg: CL = 1, no split). S stages in shared memory, filled
+// by cp.async: per stage [x: NB rows of 128 bytes, 16-byte piece c of row r at c ^ (r & 7): the 128-byte swizzle
+// wgmma reads, 1024-byte aligned][weights: 4 warps x 32 packed rows x BC bytes, swizzled as w4a16_wk][scales, zeros:
+// 4 warps x 4*BC bytes].
 // Chunk i + S - 2 is copied into its stage after the block barrier of chunk i: every warp has then waited for all but
 // the last wgmma group of chunk i - 1, so no instruction still reads stage (i - 2) % S. Per k16 step: wait until at
 // most one wgmma group is in flight (the A registers of two steps ago are free), dequantize 2*NWORD A-tiles, fence,
@@ -20,7 +21,7 @@
 // m-block, never copied).
 // Host guarantees: N % (128*NWORD) == 0, K % 64 == 0, group_rows % 32 == 0, 16-byte aligned contiguous arrays; M > NB
 // runs as several m-blocks (the weights read again); no device-side assert. Dynamic shared memory: max(S*STAGE,
-// NB*(128*NWORD + 4)*4) + 1024 bytes (w4a16_wg_smem on the host).
+// NB*(128*NWORD + 4)*4) + 1024 bytes (_wg_smem on the host).
 
 template <class X, int NB> __device__ __forceinline__ void wg_mma(float* d, const u32* a, u64 desc);
 template <> __device__ __forceinline__ void wg_mma<F16, 8>(float* d, const u32* a, u64 desc) {
