@@ -1,13 +1,19 @@
 """Loading the CUDA sources in ``kernels/cuda/`` as CuPy RawModules (lazily, cached).
 
 Only the CuPy paths import this module, and it imports CuPy only inside functions.
-Compiled binaries land in CuPy's on-disk kernel cache (``CUPY_CACHE_DIR``, default
-``~/.cupy/kernel_cache``), so a worker restart does not recompile.
+Compiled binaries land in CuPy's on-disk kernel cache directory (``CUPY_CACHE_DIR``, default
+``~/.cupy/kernel_cache``), so a worker restart does not recompile: CuPy's own cache for the
+RawModules, and ``shmrpc-<arch>-<hash>.cubin`` files (:func:`_arch_cubin`) for the modules built for one exact
+target (``arch``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +36,8 @@ def get_function(file: str, names: tuple[str, ...], name: str, arch: str | None 
 
     ``names`` lists every name expression of the module built from ``file`` (see :func:`source`) on the
     current device; the module is compiled once per (device, file, names, arch). ``arch`` (e.g. ``"sm_90a"``):
-    compile for that exact target instead of CuPy's choice (architecture-specific instructions such as wgmma);
-    such a module is compiled by NVRTC in the process (CuPy's disk cache takes only its own targets).
+    compile for that exact target instead of CuPy's choice (architecture-specific instructions such as wgmma),
+    by NVRTC through CuPy's compiler module, the cubin cached on disk by :func:`_arch_cubin`.
     """
     import cupy
 
@@ -49,18 +55,55 @@ def get_function(file: str, names: tuple[str, ...], name: str, arch: str | None 
 
 
 class _ArchModule:
-    """A module compiled by NVRTC to a cubin for one target (``-arch=<arch>``), loaded with the driver."""
+    """A module compiled by NVRTC to a cubin for one target (``-arch=<arch>``), loaded with the driver; the cubin
+    kept in CuPy's cache directory (:func:`_arch_cubin`)."""
 
     def __init__(self, code: str, names: tuple[str, ...], arch: str) -> None:
         from cupy.cuda import compiler, function
 
-        prog = compiler._NVRTCProgram(code, "shmrpc_" + arch + ".cu", name_expressions=list(names), method="cubin")
-        cubin, self._lowered = prog.compile(("-std=c++17", "--device-as-default-execution-space", f"-arch={arch}"))
+        options = ("-std=c++17", "--device-as-default-execution-space", f"-arch={arch}")
+
+        def build() -> tuple[bytes, dict[str, str]]:
+            prog = compiler._NVRTCProgram(code, "shmrpc_" + arch + ".cu", name_expressions=list(names), method="cubin")
+            cubin, lowered = prog.compile(options)
+            return bytes(cubin), dict(lowered)
+
+        version = [list(compiler._get_nvrtc_version()), list(options)]
+        cache_dir = Path(os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache"))  # CuPy's
+        cubin, self._lowered = _arch_cubin(code, names, arch, version, build, cache_dir)
         self._mod = function.Module()
         self._mod.load(cubin)
 
     def get_function(self, name: str) -> Any:
         return self._mod.get_function(self._lowered[name])
+
+
+def _arch_cubin(code: str, names: tuple[str, ...], arch: str, version: Any,
+                compile_fn: Callable[[], tuple[bytes, dict[str, str]]], cache_dir: Path) -> tuple[bytes, dict[str, str]]:
+    """The cubin and lowered names of (code, names, arch, version) read from ``cache_dir``, or ``compile_fn()`` and
+    written there (each file replaced whole, so a concurrent reader sees the old one or the new one; an unwritable
+    directory only means compiling again next time). The file names hash all four, so another source, name list,
+    target or compiler never reads them."""
+    key = hashlib.sha256(json.dumps([code, list(names), arch, version]).encode()).hexdigest()[:32]
+    path = cache_dir / f"shmrpc-{arch}-{key}.cubin"
+    meta = path.with_suffix(".json")
+    try:
+        lowered = json.loads(meta.read_text())
+        cubin = path.read_bytes()
+        if isinstance(lowered, dict) and set(lowered) == set(names) and cubin:
+            return cubin, lowered
+    except (OSError, ValueError):
+        pass
+    cubin, lowered = compile_fn()
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        for dst, data in ((path, cubin), (meta, json.dumps(lowered).encode())):
+            tmp = dst.with_name(f"{dst.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, dst)
+    except OSError:
+        pass
+    return cubin, lowered
 
 
 def sm_count() -> int:
