@@ -85,3 +85,25 @@ def test_w4a16_wgmma_by_default(sm90, monkeypatch, m, k, n, want, dt) -> None:
         pytest.skip(f"this GPU's SMs give {w4a16_choice(m, k, n, 128)}")
     ins, want_out = case(m, k, n, 128, dt)
     check(run(sm90, ins, dt), want_out, dt)
+
+
+def test_w4a16_wgmma_module_from_the_disk_cache(sm90, monkeypatch, tmp_path) -> None:
+    """The sm_90a module's cubin is written to CUPY_CACHE_DIR and read back by the next build (compiling is made to
+    fail then): the op still matches."""
+    from cupy.cuda import compiler
+
+    from shmrpc.kernels import _cuda
+
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_cuda, "_modules", {})
+    force(monkeypatch, "4,1,4,8")
+    ins, want = case(40, 2048, 1024, 128, "float16")
+    check(run(sm90, ins, "float16"), want, "float16")
+    assert len(list(tmp_path.glob("shmrpc-sm_90a-*.cubin"))) == 1
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled although the cache holds the cubin")
+
+    monkeypatch.setattr(_cuda, "_modules", {})
+    monkeypatch.setattr(compiler, "_NVRTCProgram", no_compile)
+    check(run(sm90, ins, "float16"), want, "float16")
