@@ -215,7 +215,10 @@ def _counters(call: OpCall, tiles: int) -> Any:
     return counters
 
 
-_WK_SMEM_SET: dict[tuple[int, str], int] = {}  # (device, kernel) -> dynamic shared bytes opted in
+# function -> (the function, dynamic shared bytes opted in): per function object, not per name, since a module built
+# again (another device, a rebuilt module) has functions of the same names without the attribute; the reference kept
+# stops the id from being reused
+_WK_SMEM_SET: dict[int, tuple[Any, int]] = {}
 _SMEM_OPTIN: dict[int, int] = {}  # device -> dynamic shared memory a block may opt in to
 
 
@@ -244,18 +247,19 @@ def _sm90a() -> bool:
 _SM90A: dict[int, bool] = {}
 
 
-def wk_launch(fn: Any, name: str, grid: tuple[int, int], wk: int, smem: int, args: tuple[Any, ...]) -> None:
-    """Launch the w4a16_wk kernel ``fn`` (named ``name``) with ``smem`` bytes of dynamic shared memory."""
+def wk_launch(fn: Any, grid: tuple[int, int], wk: int, smem: int, args: tuple[Any, ...]) -> None:
+    """Launch the tensor-core kernel ``fn`` (w4a16_wk and its kin, w4a16_wg) as ``wk`` warps per block with ``smem``
+    bytes of dynamic shared memory (opted in once per function)."""
     import cupy
 
-    key = (cupy.cuda.runtime.getDevice(), name)
-    if smem > 48 * 1024 and _WK_SMEM_SET.get(key, 0) < smem:
+    done = _WK_SMEM_SET.get(id(fn))
+    if smem > 48 * 1024 and (done is None or done[0] is not fn or done[1] < smem):
         try:
             fn.max_dynamic_shared_size_bytes = smem
         except AttributeError:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES on the function itself (a driver
             # Function of an sm_90a module has .ptr; a RawKernel without the property, .kernel.ptr)
             cupy.cuda.driver.funcSetAttribute(fn.ptr if hasattr(fn, "ptr") else fn.kernel.ptr, 8, smem)
-        _WK_SMEM_SET[key] = smem
+        _WK_SMEM_SET[id(fn)] = (fn, smem)
     fn(grid, (32 * wk,), args, shared_mem=smem)
 
 
@@ -286,19 +290,17 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ..
         out = cupy.empty((m, n), dtype=x.dtype)
     if len(cfg) == 4:
         grid, cpb, smem = w4a16_wg_launch(m, k, n, cfg)
-        name = _wg_name(kt, cfg)
-        fn = get_function("w4a16_mma.cu+w4a16_wg.cu", _wg_names(kt), name, arch="sm_90a")
-        wk_launch(fn, name, grid, 4, smem, (x, qw, sc, zr, out, np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2),
-                                           np.int32(cpb)))
+        fn = get_function("w4a16_mma.cu+w4a16_wg.cu", _wg_names(kt), _wg_name(kt, cfg), arch="sm_90a")
+        wk_launch(fn, grid, 4, smem, (x, qw, sc, zr, out, np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2),
+                                      np.int32(cpb)))
         return out
     if len(cfg) >= 6:
         (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, sm_count(), cfg)
         partial = cupy.empty((ksplit, m, n) if ksplit > 1 and len(cfg) == 6 else (1,), dtype=cupy.float32)
-        name = _wk_name(kt, cfg)
-        fn = get_function("w4a16_mma.cu", _mma_names(kt), name)
+        fn = get_function("w4a16_mma.cu", _mma_names(kt), _wk_name(kt, cfg))
         if len(cfg) == 8:
             x = pack_x(x, m, k, 16 * cfg[0], kt)
-        wk_launch(fn, name, (tiles, ksplit), cfg[2], smem, (x, qw, sc, zr, partial, _counters(call, tiles), out, np.int32(m),
+        wk_launch(fn, (tiles, ksplit), cfg[2], smem, (x, qw, sc, zr, partial, _counters(call, tiles), out, np.int32(m),
                                                       np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)))
         return out
     (tiles, ksplit), cpb = w4a16_mma_launch(m, k, n, sm_count(), cfg)

@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 def once(c: dict[str, Any] | None = None) -> None:
                     c = c or calls[next(it) % len(calls)].inputs
-                    wk_launch(fn, f"probe{bits},{epi},{ldsm},{fix},{lop}:{_wk_name('F16', cfg)}", (tiles, ksplit), cfg[2], smem,
+                    wk_launch(fn, (tiles, ksplit), cfg[2], smem,
                               (c["x"], c["qweight"], c["scales"], c["zeros"], partial, counters, out, np.int32(m),
                                np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)))
 
