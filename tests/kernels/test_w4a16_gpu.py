@@ -7,7 +7,7 @@ CuPy/GPU."""
 from __future__ import annotations
 
 import pytest
-from support.w4a16 import case, check, force, run
+from support.w4a16 import case, check, force, run, same_bits_twice
 
 pytestmark = pytest.mark.gpu
 
@@ -110,11 +110,7 @@ def test_w4a16_same_bits_twice(gpu, monkeypatch, m, cfg) -> None:
     """The epilogue adds warps, blocks and cluster ranks in a fixed order: the same inputs give the same bits."""
     if cfg:
         force(monkeypatch, cfg)
-    ins, want = case(m, 4096, 4096, 128, "float16")
-    a = run(gpu, ins, "float16")
-    b = run(gpu, ins, "float16")
-    assert a.tobytes() == b.tobytes()
-    check(a, want, "float16")
+    same_bits_twice(gpu, m)
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])

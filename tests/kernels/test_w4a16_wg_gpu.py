@@ -7,7 +7,7 @@ give the same bits twice. Skipped with the reason where there is no CuPy/GPU, an
 from __future__ import annotations
 
 import pytest
-from support.w4a16 import case, check, force, run
+from support.w4a16 import case, check, force, run, same_bits_twice
 
 pytestmark = pytest.mark.gpu
 
@@ -63,11 +63,7 @@ def test_w4a16_wgmma_without_outliers(sm90, monkeypatch, m, k, n, gs, cfg, dt) -
 def test_w4a16_wgmma_same_bits_twice(sm90, monkeypatch, m, cfg) -> None:
     """The cluster adds its ranks' tiles in a fixed order: the same inputs give the same bits."""
     force(monkeypatch, cfg)
-    ins, want = case(m, 4096, 4096, 128, "float16")
-    a = run(sm90, ins, "float16")
-    b = run(sm90, ins, "float16")
-    assert a.tobytes() == b.tobytes()
-    check(a, want, "float16")
+    same_bits_twice(sm90, m)
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
