@@ -155,8 +155,8 @@ _WKC_VARIANTS = ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1,
 _WKM_VARIANTS = ((4, 2, 8, 2, 2), (4, 2, 8, 2, 1), (4, 2, 8, 2, 4), (4, 2, 6, 3, 2))
 # Four numbers (MT, NWORD, S, CL) name w4a16_wg (CL = 1) / w4a16_wgc (cuda/w4a16_wg.cu, sm_90a only): one warpgroup per
 # block, the weights as wgmma's A operand from registers (4 warps x 32*NWORD columns), the activations as B from shared
-# memory (NB = 16*MT rows, 8 at MT = 0), S stages, the K split a cluster of CL blocks. Taken where the device is sm_90
-# and (unless forced) the block's columns times CL fit in one wave of the SMs.
+# memory (NB = 16*MT rows, 8 at MT = 0), S stages, the K split a cluster of CL blocks. Taken only where the device is
+# sm_90, and (unless forced) where its blocks make two per SM or more within one wave (_takes, _WG_PER_SM).
 _WG_VARIANTS = ((4, 2, 4, 1), (4, 2, 4, 2), (4, 2, 4, 4), (4, 2, 4, 8), (4, 1, 4, 2), (4, 1, 4, 4), (2, 2, 4, 4),
                 (2, 2, 4, 8), (2, 4, 4, 4), (1, 2, 4, 4), (1, 2, 4, 8), (1, 4, 4, 4), (1, 4, 4, 8), (0, 4, 4, 8),
                 (0, 2, 4, 8), (4, 2, 3, 4), (4, 2, 6, 4), (4, 1, 4, 8), (4, 1, 6, 4), (2, 2, 6, 4))
