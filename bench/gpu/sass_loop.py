@@ -1,15 +1,20 @@
 """The instruction mix of gemm_w4a16's chunk loop, read from the SASS of its kernels.
 
     python3 bench/gpu/sass_loop.py [--cfgs "0,4,8,3,1,2;1,4,8,3,1,2"] [--out FILE.json]   (where nvcc and cuobjdump are)
+    python3 bench/gpu/sass_loop.py --nvrtc [--cfgs "1,4,8,3,1,2;4,1,4,8"] [--out FILE.json]   (no GPU, no CUDA toolkit)
     python3 bench/gpu/sass_loop.py --sass FILE.sass [--ptxas FILE.txt] [--out FILE.json]  (a dump made before)
 
 The first form concatenates ``kernels/cuda/common.cuh`` and ``w4a16_mma.cu`` as the op's NVRTC build does, adds
 explicit instantiations of ``w4a16_wkc<F16, MT, NWORD, WK, S, XSM, CL>`` (six numbers, ``--cfgs``; the product's
 M = 1 and M = 16 kernels at 8192 x 8192 by default), builds them with ``nvcc -cubin -arch=sm_90 -O3 -Xptxas -v``
 and dumps the SASS with ``cuobjdump -sass``. (NVRTC, which the op uses, may allocate a few registers differently.)
-Either way, per kernel it finds the chunk loop (the backward branch whose body holds the most HMMA, the smallest
-such body) and counts its instructions by opcode: one pass is one chunk of 64 k for one warp, the next chunk's
-copies included. Prints a table and writes JSON (date, command, machine) to ``--out``.
+``--nvrtc`` builds the modules exactly as the op does instead, with the NVRTC library of the ``nvidia-cuda-nvrtc``
+wheel (the dev extra; ``shmrpc.kernels._nvrtc``): six numbers name ``w4a16_wkc`` (sm_90), four name
+``w4a16_wg`` / ``w4a16_wgc`` (MT, NWORD, S, CL; the wgmma module, sm_90a); the dump needs ``cuobjdump`` and
+``nvdisasm`` (``pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm``, or a CUDA toolkit on PATH).
+Either way, per kernel it finds the chunk loop (the backward branch whose body holds the most HMMA or HGMMA, the
+smallest such body) and counts its instructions by opcode: one pass is one chunk of 64 k for one warp, the next
+chunk's copies included. Prints a table and writes JSON (date, command, machine) to ``--out``.
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ def parse_sass(text: str) -> dict[str, list[tuple[int, str, str]]]:
 
 
 def chunk_loop(insns: list[tuple[int, str, str]]) -> tuple[int, int, Counter[str]] | None:
-    """(start, end, opcode counts) of the loop whose body holds the most HMMA (the smallest of those), or None."""
+    """(start, end, opcode counts) of the loop whose body holds the most HMMA / HGMMA (the smallest of those), or
+    None."""
     best: tuple[tuple[int, int], int, int, Counter[str]] | None = None  # ((hmma, -size), start, end, counts)
     for addr, op, args in insns:
         m = _BRA_TARGET.search(args) if op == "BRA" else None
@@ -55,8 +61,9 @@ def chunk_loop(insns: list[tuple[int, str, str]]) -> tuple[int, int, Counter[str
             continue
         start = int(m.group(1), 16)
         counts = Counter(o for a, o, _ in insns if start <= a <= addr)
-        key = (counts["HMMA"], start - addr)
-        if counts["HMMA"] and (best is None or key > best[0]):
+        mma = counts["HMMA"] + counts["HGMMA"]
+        key = (mma, start - addr)
+        if mma and (best is None or key > best[0]):
             best = (key, start, addr, counts)
     return None if best is None else (best[1], best[2], best[3])
 
@@ -92,10 +99,40 @@ def build(cfgs: list[tuple[int, ...]], tmp: Path) -> tuple[str, str]:
     return sass, ptxas
 
 
+def build_nvrtc(cfgs: list[tuple[int, ...]], tmp: Path) -> tuple[str, str]:
+    """The op's own modules (NVRTC, as ``kernels/_cuda.py`` builds them) for ``cfgs``: (SASS, ptxas's log)."""
+    import os
+
+    sys.path.insert(0, str(_ROOT))
+    from shmrpc.kernels._cuda import source
+    from shmrpc.kernels._nvrtc import OPTIONS, compile_cubin, load, tool
+    from shmrpc.kernels._w4a16_config import _wg_name
+
+    lib, cuobjdump, nvdisasm = load(), tool("cuobjdump"), tool("nvdisasm")
+    if lib is None or cuobjdump is None or nvdisasm is None:
+        raise SystemExit("--nvrtc needs NVRTC, cuobjdump and nvdisasm (pip install nvidia-cuda-nvrtc "
+                         "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    wk = tuple(f"w4a16_wkc<F16,{','.join(map(str, c))}>" for c in cfgs if len(c) == 6)
+    wg = tuple(_wg_name("F16", c) for c in cfgs if len(c) == 4)
+    sass, logs = "", ""
+    env = {**os.environ, "PATH": f"{Path(nvdisasm).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for file, names, arch in (("w4a16_mma.cu", wk, "sm_90"), ("w4a16_mma.cu+w4a16_wg.cu", wg, "sm_90a")):
+        if not names:
+            continue
+        built = compile_cubin(lib, source(file), names, arch, (*OPTIONS, "--ptxas-options=-v"))
+        (tmp / f"{arch}.cubin").write_bytes(built.cubin)
+        sass += subprocess.run([cuobjdump, "-sass", f"{arch}.cubin"], cwd=tmp, capture_output=True, text=True,
+                               check=True, env=env).stdout
+        logs += built.log
+    return sass, logs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cfgs", default="0,4,8,3,1,2;1,4,8,3,1,2",
-                    help="w4a16_wkc template arguments MT,NWORD,WK,S,XSM,CL; several separated by ';'")
+                    help="w4a16_wkc template arguments MT,NWORD,WK,S,XSM,CL (with --nvrtc also w4a16_wg's MT,NWORD,S,CL); "
+                         "several separated by ';'")
+    ap.add_argument("--nvrtc", action="store_true", help="build as the op does, with NVRTC (no nvcc, no GPU)")
     ap.add_argument("--sass", help="analyse this cuobjdump -sass output instead of building")
     ap.add_argument("--ptxas", help="with --sass: the ptxas -v output of the same build (registers)")
     ap.add_argument("--note", default="", help="where a --sass dump came from (recorded in the JSON)")
@@ -107,7 +144,7 @@ def main() -> int:
     else:
         cfgs = [tuple(int(v) for v in c.split(",")) for c in args.cfgs.split(";")]
         with tempfile.TemporaryDirectory() as tmp:
-            sass, ptxas = build(cfgs, Path(tmp))
+            sass, ptxas = (build_nvrtc if args.nvrtc else build)(cfgs, Path(tmp))
     regs = registers(ptxas)
     kernels: dict[str, Any] = {}
     for name, insns in parse_sass(sass).items():

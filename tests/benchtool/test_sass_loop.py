@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 _PATH = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "sass_loop.py"
 _spec = importlib.util.spec_from_file_location("sass_loop", _PATH)
 assert _spec is not None and _spec.loader is not None
@@ -64,3 +66,47 @@ def test_the_chunk_loop_is_the_smallest_loop_with_the_most_hmma() -> None:
 def test_template_arguments_and_registers() -> None:
     assert sass_loop.template_args(_MT1) == [1, 4, 8, 3, 1, 2]
     assert sass_loop.registers(_PTXAS) == {_MT1: 254, _MT0: 154}
+
+
+# a wgmma kernel: its chunk loop holds HGMMA (and the WARPGROUP fences), not HMMA
+_WG = "_Z9w4a16_wgcI3F16Li4ELi1ELi4ELi8EEvPKtPKhS2_S2_Ptiiiii"
+_SASS_WG = f"""
+                Function : {_WG}
+        /*0000*/                   MOV R2, RZ ;                                        /* 0x0 */
+        /*0010*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;                       /* 0x0 */
+        /*0020*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;                     /* 0x0 */
+        /*0030*/                   PRMT R91, R20, 0x4400, R95 ;                        /* 0x0 */
+        /*0040*/                   WARPGROUP.ARRIVE ;                                  /* 0x0 */
+        /*0050*/                   HGMMA.64x64x16.F32 R56, R184, gdesc[UR20], R56, gsb0 ; /* 0x0 */
+        /*0060*/              @!P0 BRA 0x10 ;                                          /* 0x0 */
+        /*0070*/                   EXIT ;                                              /* 0x0 */
+"""
+
+
+def test_a_wgmma_chunk_loop_is_found_by_its_hgmma() -> None:
+    start, end, counts = sass_loop.chunk_loop(sass_loop.parse_sass(_SASS_WG)[_WG])
+    assert (start, end) == (0x10, 0x60)
+    assert counts == {"BAR": 1, "WARPGROUP": 2, "PRMT": 1, "HGMMA": 1, "BRA": 1}
+    assert sass_loop.template_args(_WG) == [4, 1, 4, 8]
+
+
+def _nvrtc_tools() -> bool:
+    from shmrpc.kernels._nvrtc import load, tool
+
+    try:
+        return load() is not None and tool("cuobjdump") is not None and tool("nvdisasm") is not None
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _nvrtc_tools(), reason="needs NVRTC, cuobjdump and nvdisasm (pip install nvidia-cuda-nvrtc "
+                                               "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+def test_the_op_s_own_build_without_a_gpu(tmp_path) -> None:
+    """--nvrtc: the modules built as the op builds them; each kernel's chunk loop found, with its HMMA or HGMMA."""
+    sass, log = sass_loop.build_nvrtc([(0, 4, 8, 3, 1, 2), (4, 1, 4, 8)], tmp_path)
+    funcs = sass_loop.parse_sass(sass)
+    regs = sass_loop.registers(log)
+    wk = next(n for n in funcs if n.startswith("_Z9w4a16_wkc"))
+    wg = next(n for n in funcs if n.startswith("_Z9w4a16_wgc"))
+    assert sass_loop.chunk_loop(funcs[wk])[2]["HMMA"] > 0 and sass_loop.chunk_loop(funcs[wg])[2]["HGMMA"] > 0
+    assert 0 < regs[wk] <= 255 and 0 < regs[wg] <= 255
