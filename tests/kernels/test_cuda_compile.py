@@ -2,7 +2,7 @@
 the CuPy paths build them (``_cuda.source``: common.cuh first), with every name expression they instantiate, for
 sm_90 (what CuPy picks on an H100 / H200) and the wgmma module for sm_90a. A kernel edit that does not compile fails
 here in CI instead of on the device. Skipped with the reason where NVRTC is not installed (the dev extra installs the
-``nvidia-cuda-nvrtc`` wheel on Linux x86-64)."""
+``nvidia-cuda-nvrtc`` wheel on Linux)."""
 
 from __future__ import annotations
 
