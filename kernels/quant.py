@@ -201,7 +201,8 @@ def w4a16_choice(m: int, k: int, n: int, gs: int) -> tuple[int, ...] | None:
     """The tensor-core configuration the op takes for this shape on the current device (None: another path)."""
     from ._cuda import sm_count
 
-    return _mma_cfg(m, k, n, gs, _smem_optin(), sm_count(), _sm90a())
+    optin, sm90a = _device_facts()
+    return _mma_cfg(m, k, n, gs, optin, sm_count(), sm90a)
 
 
 def _counters(call: OpCall, tiles: int) -> Any:
@@ -219,32 +220,25 @@ def _counters(call: OpCall, tiles: int) -> Any:
 # again (another device, a rebuilt module) has functions of the same names without the attribute; the reference kept
 # stops the id from being reused
 _WK_SMEM_SET: dict[int, tuple[Any, int]] = {}
-_SMEM_OPTIN: dict[int, int] = {}  # device -> dynamic shared memory a block may opt in to
+_DEVICE: dict[int, tuple[int, bool]] = {}  # device -> (opt-in shared memory per block, runs sm_90a code)
 
 
-def _smem_optin() -> int:
-    """The current device's opt-in shared memory per block (227 KiB on sm_90; 48 KiB when not reported)."""
+def _device_facts() -> tuple[int, bool]:
+    """The current device's opt-in shared memory per block (227 KiB on sm_90; 48 KiB when not reported), and whether
+    it runs sm_90a code (compute capability 9.0: wgmma); read once per device."""
     import cupy
 
     dev = cupy.cuda.runtime.getDevice()
-    if dev not in _SMEM_OPTIN:
+    if dev not in _DEVICE:
         props = cupy.cuda.runtime.getDeviceProperties(dev)
-        _SMEM_OPTIN[dev] = int(props.get("sharedMemPerBlockOptin") or (_WK_SMEM_MAX if props.get("major") == 9 else 48 * 1024))
-    return _SMEM_OPTIN[dev]
+        optin = int(props.get("sharedMemPerBlockOptin") or (_WK_SMEM_MAX if props.get("major") == 9 else 48 * 1024))
+        _DEVICE[dev] = optin, (props.get("major"), props.get("minor")) == (9, 0)
+    return _DEVICE[dev]
 
 
 def _sm90a() -> bool:
-    """Whether the current device runs sm_90a code (compute capability 9.0: wgmma)."""
-    import cupy
-
-    dev = cupy.cuda.runtime.getDevice()
-    if dev not in _SM90A:
-        props = cupy.cuda.runtime.getDeviceProperties(dev)
-        _SM90A[dev] = (props.get("major"), props.get("minor")) == (9, 0)
-    return _SM90A[dev]
-
-
-_SM90A: dict[int, bool] = {}
+    """Whether the current device runs sm_90a code (wgmma)."""
+    return _device_facts()[1]
 
 
 def wk_launch(fn: Any, grid: tuple[int, int], wk: int, smem: int, args: tuple[Any, ...]) -> None:

@@ -277,3 +277,22 @@ def test_wg_table_entries_fill_the_sms_once() -> None:
         assert _mma_cfg(64, 4096, 4096 + 128, 128, wg=True) == (4, 1, 4, 8)  # 33 x 8 = 264 blocks
         assert _mma_cfg(64, 4096, 28672, 128, wg=True) == (4, 1, 4, 2)  # 224 tiles x 2 = 448
         assert _mma_cfg(40, 4096, 14336, 128, wg=True) == (4, 1, 4, 4)  # before the many-tiles entry
+
+
+def test_device_facts_read_once_per_device(monkeypatch) -> None:
+    """quant._device_facts (no GPU: a stand-in for cupy): the opt-in shared memory and sm_90a, per device, read once."""
+    import sys
+    from types import SimpleNamespace
+
+    from shmrpc.kernels import quant
+
+    props = {0: {"major": 9, "minor": 0, "sharedMemPerBlockOptin": 232448}, 1: {"major": 8, "minor": 9}}
+    calls, current = [], [0]
+    runtime = SimpleNamespace(getDevice=lambda: current[0],
+                              getDeviceProperties=lambda d: calls.append(d) or props[d])
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
+    monkeypatch.setattr(quant, "_DEVICE", {})
+    assert quant._device_facts() == (232448, True) and quant._sm90a()
+    current[0] = 1
+    assert quant._device_facts() == (48 * 1024, False) and not quant._sm90a()
+    assert calls == [0, 1]
