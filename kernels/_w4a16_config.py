@@ -130,7 +130,8 @@ def _dequant_min_m() -> int:
 # stages (cp.async), S = 0: w4a16_mma (register prefetch). Six numbers (MT, NWORD, WK, BPS, S, XSM) name
 # w4a16_wk: WK warps split the chunks of one 32*NWORD-column slab, each warp with its own S-stage cp.async
 # pipeline (XSM = 1: activations staged too; 0: read through L1), BPS blocks per SM aimed at (0: no K split);
-# MT = 0 there: the operands swapped (weights as the A operand, 8 activation rows as B: M <= 8 per m-block).
+# MT = 0 there: the operands swapped (weights as the A operand, 8 activation rows as B: M <= 8 per m-block);
+# MT = -NB: the same with NB such B operands, each dequantized A-tile used by NB mma (M <= 8*NB per m-block).
 # Seven numbers (MT, NWORD, WK, 0, S, XSM, CL) name w4a16_wkc: the same blocks, the K split always CL ways, the CL
 # blocks of a column tile one cluster that adds its sums through distributed shared memory (no global partials);
 # a table entry is taken only where CL is the split BPS = 1 would choose (round(SMs / column tiles)) and the CL
@@ -147,10 +148,11 @@ _ASYNC_VARIANTS = ((1, 2, 4, 4), (1, 2, 4, 3), (1, 2, 4, 2), (1, 1, 8, 3), (1, 1
 _WK_VARIANTS = ((0, 4, 8, 4, 0), (0, 4, 8, 3, 1), (0, 2, 8, 4, 0), (0, 2, 8, 4, 1), (0, 4, 4, 4, 0),
                 (1, 4, 8, 4, 0), (1, 4, 8, 3, 1), (1, 2, 8, 4, 1), (1, 2, 8, 4, 0), (1, 1, 8, 4, 1), (1, 2, 4, 4, 1),
                 (2, 2, 8, 3, 1), (2, 2, 4, 3, 1), (4, 2, 4, 2, 1), (4, 2, 2, 3, 1), (4, 1, 4, 2, 1), (1, 2, 8, 3, 0),
-                (1, 2, 4, 3, 1), (4, 2, 8, 2, 1), (2, 4, 8, 2, 1), (2, 4, 8, 3, 1))
+                (1, 2, 4, 3, 1), (4, 2, 8, 2, 1), (2, 4, 8, 2, 1), (2, 4, 8, 3, 1), (-2, 4, 8, 3, 1), (-4, 2, 8, 3, 1))
 # (MT, NWORD, WK, S, XSM, CL) of w4a16_wkc built into the module
 _WKC_VARIANTS = ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
-                 (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2), (2, 4, 8, 3, 1, 2))
+                 (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2), (2, 4, 8, 3, 1, 2), (-2, 4, 8, 3, 1, 2),
+                 (-4, 2, 8, 3, 1, 2))
 # (MT, NWORD, WK, S, CN) of w4a16_wkm built into the module
 _WKM_VARIANTS = ((4, 2, 8, 2, 2), (4, 2, 8, 2, 1), (4, 2, 8, 2, 4), (4, 2, 6, 3, 2))
 # Four numbers (MT, NWORD, S, CL) name w4a16_wg (CL = 1) / w4a16_wgc (cuda/w4a16_wg.cu, sm_90a only): one warpgroup per
@@ -203,15 +205,21 @@ def _wg_smem(cfg: tuple[int, ...]) -> int:
     return max(st * stage, nb * (4 * bc + 4) * 4) + 1024
 
 
+def _wk_rows(mt: int) -> int:
+    """Rows of one m-block of w4a16_wk / w4a16_wkc / w4a16_wkm: 16 per m-tile (MT > 0), 8 per B operand (MT = 0: one,
+    MT = -NB: NB)."""
+    return 16 * mt if mt > 0 else 8 * max(1, -mt)
+
+
 def _wk_smem(cfg: tuple[int, ...]) -> int:
     """Dynamic shared memory of w4a16_wk / w4a16_wkc (the kernel's layout: WK*S stages, then a float32 tile;
     staged activation rows of 144 bytes, padded, or, where that would pass _WK_SMEM_MAX at MT > 0, 128 bytes, swizzled)."""
     mt, nword, wk, _, st, xsm = cfg[:6]
-    bc, mr = 32 * nword, 16 * mt if mt else 8
+    bc, mr = 32 * nword, _wk_rows(mt)
     padded = wk * st * (36 * bc + xsm * mr * 144) + mr * (bc + 4) * 4
     if len(cfg) == 8:  # w4a16_wkm: always padded rows (as packed), then two mbarriers per warp and stage
         return padded + 16 * wk * st
-    if mt and xsm and padded > _WK_SMEM_MAX:
+    if mt > 0 and xsm and padded > _WK_SMEM_MAX:
         return wk * st * (36 * bc + mr * 128) + mr * (bc + 4) * 4
     return padded
 

@@ -69,8 +69,8 @@ def chunk_loop(insns: list[tuple[int, str, str]]) -> tuple[int, int, Counter[str
 
 
 def template_args(mangled: str) -> list[int]:
-    """The integer template arguments of a mangled kernel name (``Li4E`` -> 4), in order."""
-    return [int(v) for v in re.findall(r"Li(\d+)E", mangled)]
+    """The integer template arguments of a mangled kernel name (``Li4E`` -> 4, ``Lin2E`` -> -2), in order."""
+    return [int(v.replace("n", "-")) for v in re.findall(r"Li(n?\d+)E", mangled)]
 
 
 def registers(ptxas: str) -> dict[str, int]:

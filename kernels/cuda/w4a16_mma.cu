@@ -441,7 +441,9 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 // operand (16 columns x 16 k: bytes j0 = 2p & 3 and j0 + 1 of a lane's word are rows g and g + 8 of A-tile
 // p, i.e. the columns g*NT + 2p and g*NT + 2p + 1) and 8 activation rows are B (b0 = x[g][k0+2t..],
 // b1 = x[g][k0+2t+8..], rows >= M zero): one mma per 8 weights per lane instead of one per 4, half the
-// mma.sync of MT = 1 for the same columns.
+// mma.sync of MT = 1 for the same columns. MT = -NB (NB = 2, 4: M <= 8*NB per m-block): the same with NB
+// B operands of 8 activation rows each (tile b: rows 8b..8b+7), every dequantized A-tile used by NB mma.sync: the
+// weights dequantized once for 8*NB rows as at MT = 0 (W4_FIX: no zero or scale per pair).
 // Epilogue (W4_EPI = 1, the default): each warp writes its float32 tile into its own pipeline stages (free
 // once its copies are done) as NS float4 "slots" per lane, slot-major (slot s of lane l at float4 s*32 + l:
 // conflict-free 16-byte stores and loads); one __syncthreads; then thread (warp w, lane l) takes the slots
@@ -455,8 +457,8 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 // of its share in rank order through distributed shared memory (mapa + ld.shared::cluster) and writes the
 // outputs; a second barrier keeps every tile alive until all ranks have read it: no global partials, fences
 // or counters.
-// Dynamic shared memory: WK*S*STAGE + MB*(BC+4)*4 bytes, STAGE = 36*BC + XSM*MB*XROW, MB = 16*MT (8 for
-// MT = 0), XROW = 144 (padded rows) or, where that would pass 227 KiB, 128 (swizzled rows) (host: quant.py);
+// Dynamic shared memory: WK*S*STAGE + MB*(BC+4)*4 bytes, STAGE = 36*BC + XSM*MB*XROW, MB = 16*MT (8*NB for
+// MT = -NB, 8 for MT = 0), XROW = 144 (padded rows) or, where that would pass 227 KiB, 128 (swizzled rows) (host: quant.py);
 // the last tile is the block's sum (w4a16_wkc) or the shared tile of W4_EPI = 0; w4a16_wkm adds 16*WK*S bytes of
 // mbarriers after it and always pads the rows (as packed by w4_xpack). A fragments (MT > 0, XSM):
 // one ldmatrix.x4 per m-tile per k16 step (W4_LDSM = 0, probe builds only: 32-bit loads, as before).
@@ -553,13 +555,14 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 
 // Slot s of lane (g, t) of a w4a16_wk tile: its row in the m-block and its first column in the slab (4 columns).
 // MT > 0: s = (mt*4 + e)*NWORD + q holds acc[mt][4q..4q+3][e]: row mt*16 + g + 8*(e >> 1), column (2t + (e & 1))*NT + 4q.
-// MT = 0: s = b*NWORD + q holds {acc[2q][b], acc[2q][2+b], acc[2q+1][b], acc[2q+1][2+b]}: batch row 2t + b,
-// column g*NT + 4q (C[column g*NT + 2p + (e >> 1)][batch row 2t + (e & 1)] = acc[p][e]).
+// MT <= 0: s = (nb*2 + b)*NWORD + q holds {acc[nb][2q][b], acc[nb][2q][2+b], acc[nb][2q+1][b], acc[nb][2q+1][2+b]}:
+// batch row 8*nb + 2t + b, column g*NT + 4q (C[column g*NT + 2p + (e >> 1)][batch row 8*nb + 2t + (e & 1)] =
+// acc[nb][p][e]).
 template <int MT, int NWORD>
 __device__ __forceinline__ void wk_slot(int s, int lane, int* r, int* c) {
   const int g = lane >> 2, t = lane & 3, q = s % NWORD;
-  if (MT == 0) {
-    *r = 2 * t + s / NWORD; *c = g * 4 * NWORD + 4 * q;
+  if (MT <= 0) {
+    *r = 8 * (s / (2 * NWORD)) + 2 * t + (s / NWORD) % 2; *c = g * 4 * NWORD + 4 * q;
   } else {
     const int e = (s / NWORD) & 3, mt = s / (4 * NWORD);
     *r = mt * 16 + g + 8 * (e >> 1); *c = (2 * t + (e & 1)) * 4 * NWORD + 4 * q;
@@ -580,14 +583,15 @@ __device__ __forceinline__ void wk_body(
     unsigned int* __restrict__ counters, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
   typedef MmaOps<X> O;
-  constexpr bool TR = MT == 0;
+  constexpr bool TR = MT <= 0;
+  constexpr int NB = TR ? (MT == 0 ? 1 : -MT) : 0;  // TR: B operands of 8 activation rows
   constexpr bool LDSM = XSM && !TR && W4_LDSM;  // A fragments from the staged activations by ldmatrix
   // MT = 0: the weights enter the mma as MAGIC + q (dq_raw: PRMT + LOP3 per pair, no HADD2 / HMUL2), into per-chunk
   // float32 sums; a ones-mma sums each activation row over the chunk; at the chunk's end per column
   // acc += s * (sum - (MAGIC + z) * rowsum), in float32 (the weights never rounded to the input type)
   constexpr bool FIX = TR && W4_FIX;
-  constexpr int MTA = TR ? 1 : MT;  // m-tiles held (TR: one 8-row B operand)
-  constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = TR ? 8 : 16 * MT, NP = BC / 16, XS = 72;
+  constexpr int MTA = TR ? NB : MT;  // m-tiles held (TR: NB 8-row B operands)
+  constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = TR ? 8 * NB : 16 * MT, NP = BC / 16, XS = 72;
   // staged activation rows padded to 144 bytes (the reads of 8 rows at one k hit 32 banks); where that would not fit
   // in 227 KiB (MT > 0 only: S = 3 at MT 2 NWORD 4), 128 bytes with 16-byte piece c of row r at c ^ (r & 7)
   // (ldmatrix reads 8 rows of one piece: 8 distinct pieces, 32 banks). The host's _wk_smem follows the same rule.
@@ -678,7 +682,7 @@ __device__ __forceinline__ void wk_body(
                        x + (u64)(m0 + (p >> 3)) * K + ch * 64 + 8 * (p & 7));
       }
     };
-    float acc[MTA][NT][4];  // TR: acc[0][p] for A-tile p < NT/2
+    float acc[MTA][NT][4];  // TR: acc[nb][p] for B operand nb, A-tile p < NT/2
     u32 sink = 0u;           // W4_PROBE bit 3 only
 #pragma unroll
     for (int mt = 0; mt < MTA; ++mt)
@@ -698,7 +702,7 @@ __device__ __forceinline__ void wk_body(
       if (W4_PROBE & 1) continue;
       const int ch = c_begin + warp + WK * i;
       const unsigned char* st = wsm + ((gb + i) % S) * STAGE;
-      u32 a[4][MTA][4];  // TR: [stp][0][0] and [stp][0][2] are the B operand (x rows g)
+      u32 a[4][MTA][4];  // TR: [stp][nb][0] and [stp][nb][2] are B operand nb (x rows 8*nb + g)
       // LDSM: a[stp] is read by ldmatrix inside the k16 loop below (fewer live registers, a quarter of the loads)
       if (LDSM) {
       } else if (XSM) {
@@ -707,7 +711,7 @@ __device__ __forceinline__ void wk_body(
         for (int stp = 0; stp < 4; ++stp)
 #pragma unroll
           for (int mt = 0; mt < MTA; ++mt) {
-            const int ra = mt * 16 + g, rb = ra + 8, kw = 8 * stp + t;  // rows, 32-bit word along k
+            const int ra = mt * (TR ? 8 : 16) + g, rb = ra + 8, kw = 8 * stp + t;  // rows, 32-bit word along k
             a[stp][mt][0] = xw[x_word<XSW>(ra, kw)]; a[stp][mt][2] = xw[x_word<XSW>(ra, kw + 4)];
             if (!TR) { a[stp][mt][1] = xw[x_word<XSW>(rb, kw)]; a[stp][mt][3] = xw[x_word<XSW>(rb, kw + 4)]; }
           }
@@ -716,10 +720,10 @@ __device__ __forceinline__ void wk_body(
         for (int stp = 0; stp < 4; ++stp)
 #pragma unroll
           for (int mt = 0; mt < MTA; ++mt) {
-            const int ra = m0 + mt * 16 + g, rb = ra + 8, k = ch * 64 + 16 * stp + 2 * t;
+            const int ra = m0 + mt * (TR ? 8 : 16) + g, rb = ra + 8, k = ch * 64 + 16 * stp + 2 * t;
             const u16* pa = x + (u64)ra * K + k;
             const u16* pb = x + (u64)rb * K + k;
-            const bool oka = TR ? g < mrows : ra < M;
+            const bool oka = TR ? mt * 8 + g < mrows : ra < M;
             a[stp][mt][0] = oka ? ld_x32(pa) : 0u; a[stp][mt][2] = oka ? ld_x32(pa + 8) : 0u;
             if (!TR) { a[stp][mt][1] = rb < M ? ld_x32(pb) : 0u; a[stp][mt][3] = rb < M ? ld_x32(pb + 8) : 0u; }
           }
@@ -731,10 +735,14 @@ __device__ __forceinline__ void wk_body(
         for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
       }
       constexpr int NC = FIX ? NT / 2 : 1;  // FIX: the A-tiles' per-chunk sums
-      float accc[NC][4], xsum[4] = {0.f, 0.f, 0.f, 0.f};  // FIX: this chunk's sums, row sums
+      float accc[MTA][NC][4], xsum[MTA][4];  // FIX: this chunk's sums, row sums (per B operand)
       if (FIX) {
 #pragma unroll
-        for (int p = 0; p < NC; ++p) accc[p][0] = accc[p][1] = accc[p][2] = accc[p][3] = 0.f;
+        for (int nb = 0; nb < MTA; ++nb) {
+          xsum[nb][0] = xsum[nb][1] = xsum[nb][2] = xsum[nb][3] = 0.f;
+#pragma unroll
+          for (int p = 0; p < NC; ++p) accc[nb][p][0] = accc[nb][p][1] = accc[nb][p][2] = accc[nb][p][3] = 0.f;
+        }
       }
       // ldmatrix.x4 row addresses: lanes 0-15 rows 0-15 at k 0, lanes 16-31 rows 0-15 at k 8 of an m-tile's k16 step
       // (logical piece 2 stp + lane/16 of row mt*16 + (lane & 15), whose row & 7 is lane & 7)
@@ -774,7 +782,9 @@ __device__ __forceinline__ void wk_body(
 #pragma unroll
             for (int h = 0; h < 2; ++h) {  // A-tile p = 2w + h: columns g*NT + 2p (row g), + 1 (row g + 8)
               const u32 af[4] = {d0[2 * h], d0[2 * h + 1], d1[2 * h], d1[2 * h + 1]};
-              O::mma(FIX ? accc[(2 * w + h) % NC] : acc[0][2 * w + h], af, a[stp][0][0], a[stp][0][2]);  // % NC: in bounds when !FIX
+#pragma unroll
+              for (int nb = 0; nb < MTA; ++nb)  // % NC: in bounds when !FIX
+                O::mma(FIX ? accc[nb][(2 * w + h) % NC] : acc[nb][2 * w + h], af, a[stp][nb][0], a[stp][nb][2]);
             }
           } else {
 #pragma unroll
@@ -783,12 +793,13 @@ __device__ __forceinline__ void wk_body(
               for (int mt = 0; mt < MTA; ++mt) O::mma(acc[mt][4 * w + j], a[stp][mt], d0[j], d1[j]);
           }
         }
-        if (FIX) {  // xsum[e] = the chunk's sum of activation row 2t + (e & 1) so far (A all ones)
+        if (FIX) {  // xsum[nb][e] = the chunk's sum of activation row 8*nb + 2t + (e & 1) so far (A all ones)
           const u32 ones[4] = {O::ONE, O::ONE, O::ONE, O::ONE};
-          O::mma(xsum, ones, a[stp][0][0], a[stp][0][2]);
+#pragma unroll
+          for (int nb = 0; nb < MTA; ++nb) O::mma(xsum[nb], ones, a[stp][nb][0], a[stp][nb][2]);
         }
       }
-      if (FIX) {  // acc[0][p][e] (column g*NT + 2p + (e >> 1), batch row 2t + (e & 1)) += s * (sum - (MAGIC + z) * rowsum)
+      if (FIX) {  // acc[nb][p][e] (column g*NT + 2p + (e >> 1), batch row 8*nb + 2t + (e & 1)) += s * (sum - (MAGIC + z) * rowsum)
         const u16* sh = reinterpret_cast<const u16*>(st + WB) + g * NT;  // this lane's NT scales; its zeros BC later
 #pragma unroll
         for (int p = 0; p < NC; ++p)
@@ -796,8 +807,10 @@ __device__ __forceinline__ void wk_body(
           for (int c = 0; c < 2; ++c) {
             const float sc = h2f(sh[2 * p + c]), mz = -(O::MAGIC_F + h2f(sh[BC + 2 * p + c]));
 #pragma unroll
-            for (int b = 0; b < 2; ++b)
-              acc[0][p][2 * c + b] = fmaf(sc, fmaf(mz, xsum[b], accc[p][2 * c + b]), acc[0][p][2 * c + b]);
+            for (int nb = 0; nb < MTA; ++nb)
+#pragma unroll
+              for (int b = 0; b < 2; ++b)
+                acc[nb][p][2 * c + b] = fmaf(sc, fmaf(mz, xsum[nb][b], accc[nb][p][2 * c + b]), acc[nb][p][2 * c + b]);
           }
       }
       if (XM > 0) {  // this warp's reads of the stage are done (values in registers): release it in the CN blocks
@@ -816,7 +829,7 @@ __device__ __forceinline__ void wk_body(
       if (keep == 1234.5f) out[0] = 0;
       return;
     }
-    constexpr int NS = TR ? NT / 2 : MTA * NT;  // float4 slots per lane
+    constexpr int NS = TR ? MTA * NT / 2 : MTA * NT;  // float4 slots per lane
     static_assert(NS * 32 * 16 <= S * STAGE, "a warp's tile fits in its own stages");
     static_assert(NS * 32 * 16 <= MR * OW * 4, "a block's sum fits in the last tile");
     if constexpr (W4_EPI == 0 && CL == 1) {  // the earlier epilogue (probe builds)
@@ -824,12 +837,14 @@ __device__ __forceinline__ void wk_body(
       for (int w = 0; w < WK; ++w) {
         if (warp == w && TR) {
 #pragma unroll
-          for (int p = 0; p < NT / 2; ++p)
+          for (int nb = 0; nb < MTA; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {  // C[row = column g*NT + 2p + (e >> 1)][col = batch row 2t + (e & 1)]
-              float* q = tile + (2 * t + (e & 1)) * OW + g * NT + 2 * p + (e >> 1);
-              *q = w == 0 ? acc[0][p][e] : *q + acc[0][p][e];
-            }
+            for (int p = 0; p < NT / 2; ++p)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {  // C[row = column g*NT + 2p + (e >> 1)][col = batch row 8*nb + 2t + (e & 1)]
+                float* q = tile + (8 * nb + 2 * t + (e & 1)) * OW + g * NT + 2 * p + (e >> 1);
+                *q = w == 0 ? acc[nb][p][e] : *q + acc[nb][p][e];
+              }
         } else if (warp == w) {
 #pragma unroll
           for (int mt = 0; mt < MTA; ++mt)
@@ -863,8 +878,8 @@ __device__ __forceinline__ void wk_body(
         const int q = s % NWORD;
         float4 v;
         if (TR) {
-          const int b = s / NWORD;
-          v = make_float4(acc[0][2 * q][b], acc[0][2 * q][2 + b], acc[0][2 * q + 1][b], acc[0][2 * q + 1][2 + b]);
+          const int b = (s / NWORD) % 2, nb = s / (2 * NWORD);
+          v = make_float4(acc[nb][2 * q][b], acc[nb][2 * q][2 + b], acc[nb][2 * q + 1][b], acc[nb][2 * q + 1][2 + b]);
         } else {
           const int e = (s / NWORD) & 3, mt = s / (4 * NWORD);
           v = make_float4(acc[mt][4 * q][e], acc[mt][4 * q + 1][e], acc[mt][4 * q + 2][e], acc[mt][4 * q + 3][e]);

@@ -15,7 +15,10 @@ pytestmark = pytest.mark.gpu
 _WKC = [f"{mt},{nw},{wk},0,{st},{xsm},{cl}" for mt, nw, wk, st, xsm, cl in
         ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
          (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2),
-         (2, 4, 8, 3, 1, 2))]
+         (2, 4, 8, 3, 1, 2), (-2, 4, 8, 3, 1, 2), (-4, 2, 8, 3, 1, 2))]
+
+# the swapped operands with NB B operands of 8 rows (MT = -NB), without a K split, split by BPS and by the cluster
+_TR_TILES = ["-2,4,8,0,3,1", "-2,4,8,2,3,1", "-2,4,8,0,3,1,2", "-4,2,8,0,3,1", "-4,2,8,2,3,1", "-4,2,8,0,3,1,2"]
 
 
 # w4a16_wk variants added with the one-barrier epilogue (the earlier ones are forced in test_kernels_gpu.py), with
@@ -90,6 +93,24 @@ def test_w4a16_new_wk_variants(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cfg", _TR_TILES)
+@pytest.mark.parametrize(("m", "k", "n", "gs"), [(1, 2048, 512, 64), (9, 2048, 512, 64), (16, 2048, 512, 64),
+                                                  (17, 1024, 512, 128), (25, 2048, 256, 64), (40, 2048, 512, 64),
+                                                  (12, 4480, 256, 128), (5, 64, 512, 64)])
+def test_w4a16_swapped_operands_with_several_b_tiles(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
+    """MT = -NB: each dequantized weight tile multiplies NB tiles of 8 activation rows. A second tile with one row
+    (M = 9) or none (M = 1, 5), M above one m-block (17, 25, 40), warps or a cluster block without a chunk (K = 4480, 64)."""
+    from shmrpc.kernels._w4a16_config import _mma_cfg
+
+    force(monkeypatch, cfg)
+    assert _mma_cfg(m, k, n, gs) == tuple(int(v) for v in cfg.split(","))
+    ins, want = case(m, k, n, gs, dt)
+    check(run(gpu, ins, dt), want, dt)
+    ins, want = case(m, k, n, gs, dt, outliers=False)
+    check(run(gpu, ins, dt), want, dt)
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cfg", _every_built())
 @pytest.mark.parametrize(("m", "k", "n", "gs"), [(13, 2048, 512, 64), (40, 1024, 512, 128)])
 def test_w4a16_every_variant_without_outliers(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
@@ -104,7 +125,7 @@ def test_w4a16_every_variant_without_outliers(gpu, monkeypatch, m, k, n, gs, cfg
 
 
 @pytest.mark.parametrize("cfg", ["", "1,4,8,1,3,1", "0,4,8,1,3,1", "1,4,8,0,3,1,2", "0,4,8,0,3,1,2", "4,2,4,1,2,1",
-                                 "4,2,8,0,2,1,1,2", "4,2,8,0,2,1,1,1"])
+                                 "4,2,8,0,2,1,1,2", "4,2,8,0,2,1,1,1", "-2,4,8,0,3,1,2", "-4,2,8,2,3,1"])
 @pytest.mark.parametrize("m", [1, 2, 16, 40])
 def test_w4a16_same_bits_twice(gpu, monkeypatch, m, cfg) -> None:
     """The epilogue adds warps, blocks and cluster ranks in a fixed order: the same inputs give the same bits."""
