@@ -15,6 +15,7 @@ from shmrpc.kernels._w4a16_config import (
     _WK_VARIANTS,
     _WKC_VARIANTS,
     _WKM_VARIANTS,
+    _wk_rows,
     W4A16Tuning,
     _global_split,
     _mma_cfg,
@@ -50,7 +51,7 @@ def test_table_by_m(m, n, wg) -> None:
     wgs = tuple(c for c in base if len(c) == 4)  # the table's row, its wgmma entries first, then perhaps
     assert set(row) == set(base) and row[:len(wgs)] == wgs  # _MANY_TILES_FIRST's entry (also in the row) moved up
     assert cfg is not None and cfg in row
-    assert m <= (16 * cfg[0] or 8)  # one m-block: the weights are read once
+    assert m <= _wk_rows(cfg[0])  # one m-block: the weights are read once
     assert cfg == next(c for c in row if (wg or len(c) != 4) and _takes(c, n, 132)
                        and (m > 1 or not _global_split(c, 4096, n, 132)))
     if 32 < m <= 64 and wg and n > 4096:  # N = 4096: 32 tiles x 8 = 256 blocks, fewer than two per SM
