@@ -441,7 +441,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 // operand (16 columns x 16 k: bytes j0 = 2p & 3 and j0 + 1 of a lane's word are rows g and g + 8 of A-tile
 // p, i.e. the columns g*NT + 2p and g*NT + 2p + 1) and 8 activation rows are B (b0 = x[g][k0+2t..],
 // b1 = x[g][k0+2t+8..], rows >= M zero): one mma per 8 weights per lane instead of one per 4, half the
-// mma.sync of MT = 1 for the same columns. MT = -NB (NB = 2, 4: M <= 8*NB per m-block): the same with NB
+// mma.sync of MT = 1 for the same columns. MT = -NB (NB >= 2; M <= 8*NB per m-block): the same with NB
 // B operands of 8 activation rows each (tile b: rows 8b..8b+7), every dequantized A-tile used by NB mma.sync: the
 // weights dequantized once for 8*NB rows as at MT = 0 (W4_FIX: no zero or scale per pair).
 // Epilogue (W4_EPI = 1, the default): each warp writes its float32 tile into its own pipeline stages (free
