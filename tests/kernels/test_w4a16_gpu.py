@@ -15,7 +15,8 @@ pytestmark = pytest.mark.gpu
 _WKC = [f"{mt},{nw},{wk},0,{st},{xsm},{cl}" for mt, nw, wk, st, xsm, cl in
         ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
          (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2),
-         (2, 4, 8, 3, 1, 2), (-2, 4, 8, 3, 1, 2))]
+         (2, 4, 8, 3, 1, 2), (-2, 4, 8, 3, 1, 2),
+         (0, 4, 16, 3, 0, 2), (0, 4, 16, 2, 1, 2), (0, 4, 12, 3, 0, 2), (0, 4, 12, 3, 1, 2))]
 
 # the swapped operands with NB B operands of 8 rows (MT = -NB), without a K split, split by BPS and by the cluster
 _TR_TILES = ["-2,4,8,0,3,1", "-2,4,8,2,3,1", "-2,4,8,0,3,1,2"]
