@@ -149,7 +149,7 @@ def main() -> int:
         from shmrpc.bench._report import write_probe
 
         write_probe({"mode": "lane-trace", "lane": args.lane, "calls": args.calls, "median_us": med},
-                    [os.path.relpath(sys.argv[0]), *sys.argv[1:]], args.out)
+                    None, args.out)
     return 0
 
 

@@ -99,7 +99,7 @@ def main() -> int:
 
         doc = {"mode": "worker-cpu", "calls": args.calls, "rounds": args.rounds,
                "trees": {label: (path or "this checkout") for label, path in trees}, "runs": runs, "medians": medians}
-        write_probe(doc, [os.path.relpath(sys.argv[0]), *sys.argv[1:]], args.out)
+        write_probe(doc, None, args.out)
     return 0
 
 

@@ -209,7 +209,7 @@ def main() -> int:
         from shmrpc.bench._report import write_probe
 
         write_probe({"mode": "zmq-trace", "calls": args.calls, "rounds": args.rounds, "median_us": res},
-                    [os.path.relpath(sys.argv[0]), *sys.argv[1:]], args.out)
+                    None, args.out)
     return 0
 
 

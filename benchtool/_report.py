@@ -92,9 +92,12 @@ def finish_document(doc: dict[str, Any], argv: list[str]) -> dict[str, Any]:
     return doc
 
 
-def write_probe(doc: dict[str, Any], argv: list[str], path: str | os.PathLike[str]) -> Path:
+def write_probe(doc: dict[str, Any], argv: list[str] | None, path: str | os.PathLike[str]) -> Path:
     """A probe's document (no goals to judge): :func:`finish_document` without the verdicts, written to ``path``
-    (``argv``: the command as run, the program's path relative to the checkout); prints where and returns it."""
+    (``argv``: the command as run, the program's path relative to the checkout; None: this process's own command
+    line, its program's path made relative to the working directory); prints where and returns it."""
+    if argv is None:
+        argv = [os.path.relpath(sys.argv[0]), *sys.argv[1:]]
     doc = finish_document(doc, argv)
     doc.pop("verdicts", None)
     out = write_json(doc, path)

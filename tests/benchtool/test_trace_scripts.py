@@ -65,3 +65,11 @@ def test_write_probe_records_the_command_and_no_verdicts(tmp_path: Path, capsys:
     assert doc["command"] == "bench/some_probe.py --n 3"
     assert "verdicts" not in doc and "machine" in doc and "date" in doc
     assert capsys.readouterr().out.strip() == f"JSON: {out}"
+
+
+def test_write_probe_without_argv_records_this_processs_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bench").mkdir()
+    monkeypatch.setattr("sys.argv", [str(tmp_path / "bench" / "p.py"), "--calls", "7"])
+    doc = json.loads(write_probe({"mode": "some-probe"}, None, tmp_path / "p.json").read_text())
+    assert doc["command"] == "bench/p.py --calls 7"  # the program's path relative to the working directory

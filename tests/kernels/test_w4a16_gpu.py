@@ -7,7 +7,7 @@ CuPy/GPU."""
 from __future__ import annotations
 
 import pytest
-from support.w4a16 import case, check, force, run, same_bits_twice
+from support.w4a16 import case, check, force, forced_check, run, same_bits_twice
 
 pytestmark = pytest.mark.gpu
 
@@ -57,12 +57,7 @@ def test_the_list_is_every_built_variant() -> None:
 def test_w4a16_activation_multicast(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     """w4a16_wkm forced (x packed by chunk, bulk copies multicast to the cluster): M = 1 and 13 (zero rows packed),
     K = 4480 (warps with one chunk fewer), K = 64 (one chunk: warps without any)."""
-    from shmrpc.kernels._w4a16_config import _mma_cfg
-
-    force(monkeypatch, cfg)
-    assert _mma_cfg(m, k, n, gs) == tuple(int(v) for v in cfg.split(","))
-    ins, want = case(m, k, n, gs, dt)
-    check(run(gpu, ins, dt), want, dt)
+    forced_check(gpu, monkeypatch, cfg, m, k, n, gs, dt)
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
@@ -72,12 +67,7 @@ def test_w4a16_activation_multicast(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> N
 def test_w4a16_cluster_split(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     """w4a16_wkc forced: K = 4480 leaves warps without a chunk, K = 64 (one chunk) the second block of the cluster
     and most warps, M = 40 runs several m-blocks."""
-    from shmrpc.kernels._w4a16_config import _mma_cfg
-
-    force(monkeypatch, cfg)
-    assert _mma_cfg(m, k, n, gs) == tuple(int(v) for v in cfg.split(","))
-    ins, want = case(m, k, n, gs, dt)
-    check(run(gpu, ins, dt), want, dt)
+    forced_check(gpu, monkeypatch, cfg, m, k, n, gs, dt)
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
@@ -85,12 +75,7 @@ def test_w4a16_cluster_split(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
 @pytest.mark.parametrize(("m", "k", "n", "gs"), [(1, 2048, 512, 64), (13, 2048, 512, 64), (40, 2048, 512, 64),
                                                   (8, 4480, 256, 128), (64, 1024, 512, 128)])
 def test_w4a16_new_wk_variants(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
-    from shmrpc.kernels._w4a16_config import _mma_cfg
-
-    force(monkeypatch, cfg)
-    assert _mma_cfg(m, k, n, gs) == tuple(int(v) for v in cfg.split(","))
-    ins, want = case(m, k, n, gs, dt)
-    check(run(gpu, ins, dt), want, dt)
+    forced_check(gpu, monkeypatch, cfg, m, k, n, gs, dt)
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
@@ -101,14 +86,7 @@ def test_w4a16_new_wk_variants(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
 def test_w4a16_swapped_operands_with_several_b_tiles(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     """MT = -NB: each dequantized weight tile multiplies NB tiles of 8 activation rows. A second tile with one row
     (M = 9) or none (M = 1, 5), M above one m-block (17, 25, 40), warps or a cluster block without a chunk (K = 4480, 64)."""
-    from shmrpc.kernels._w4a16_config import _mma_cfg
-
-    force(monkeypatch, cfg)
-    assert _mma_cfg(m, k, n, gs) == tuple(int(v) for v in cfg.split(","))
-    ins, want = case(m, k, n, gs, dt)
-    check(run(gpu, ins, dt), want, dt)
-    ins, want = case(m, k, n, gs, dt, outliers=False)
-    check(run(gpu, ins, dt), want, dt)
+    forced_check(gpu, monkeypatch, cfg, m, k, n, gs, dt, outliers=(True, False))
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
@@ -117,12 +95,7 @@ def test_w4a16_swapped_operands_with_several_b_tiles(gpu, monkeypatch, m, k, n, 
 def test_w4a16_every_variant_without_outliers(gpu, monkeypatch, m, k, n, gs, cfg, dt) -> None:
     """Every row at its own scale: no activation outlier sets max|out| (with one, a wrong activation piece in the other
     rows stays under the tolerance; the probe, whose x has none, caught such a fault where these tests did not)."""
-    from shmrpc.kernels._w4a16_config import _mma_cfg
-
-    force(monkeypatch, cfg)
-    assert _mma_cfg(m, k, n, gs) == tuple(int(v) for v in cfg.split(","))
-    ins, want = case(m, k, n, gs, dt, outliers=False)
-    check(run(gpu, ins, dt), want, dt)
+    forced_check(gpu, monkeypatch, cfg, m, k, n, gs, dt, outliers=(False,))
 
 
 @pytest.mark.parametrize("cfg", ["", "1,4,8,1,3,1", "0,4,8,1,3,1", "1,4,8,0,3,1,2", "0,4,8,0,3,1,2", "4,2,4,1,2,1",

@@ -9,7 +9,7 @@ import numpy as np
 
 from shmrpc.kernels import StepSpec, TensorSpec
 
-__all__ = ["case", "run", "force", "check", "same_bits_twice"]
+__all__ = ["case", "run", "force", "check", "forced_check", "same_bits_twice"]
 
 
 def case(m: int, k: int, n: int, gs: int, dt: str, outliers: bool = True) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -50,6 +50,19 @@ def force(monkeypatch: Any, cfg: str) -> None:
 
     # the knobs are read once at import: set them as SHMRPC_W4A16_MMA_M1=1 SHMRPC_W4A16_MMA_CFG=cfg would
     monkeypatch.setattr(_w4a16_config, "_TUNING", W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_M1": "1", "SHMRPC_W4A16_MMA_CFG": cfg}))
+
+
+def forced_check(gpu: Any, monkeypatch: Any, cfg: str, m: int, k: int, n: int, gs: int, dt: str,
+                 outliers: tuple[bool, ...] = (True,)) -> None:
+    """Force ``cfg``, check that the op takes it for this shape, and check its result against float64, with and/or
+    without activation outliers (``outliers``)."""
+    from shmrpc.kernels._w4a16_config import _mma_cfg
+
+    force(monkeypatch, cfg)
+    assert _mma_cfg(m, k, n, gs) == tuple(int(v) for v in cfg.split(","))
+    for with_outliers in outliers:
+        ins, want = case(m, k, n, gs, dt, outliers=with_outliers)
+        check(run(gpu, ins, dt), want, dt)
 
 
 def check(got: np.ndarray, want: np.ndarray, dt: str) -> None:
