@@ -15,7 +15,9 @@ cost is hidden; median over 5 batches, after warm-up):
    (packed weights + scales + zeros + x, + out) and that as a share of the copy ceiling; for
    M = 2..64 the op's default path is the tensor-core kernel (cuda/w4a16_mma.cu); the path before it
    (SHMRPC_W4A16_MMA=0: the float32 CUDA-core kernel for M <= 4, dequantize + cuBLAS above) is timed too
-   ("previous_path_seconds");
+   ("previous_path_seconds"); for the op and for cuBLAS also the host's cost of one call (Python and the
+   launch, timed while the spin kernel holds the GPU: "host_seconds_per_call") and what a caller that
+   launches call after call sees (a plain loop and one synchronize: "eager_seconds");
 3. layernorm_gelu on 8192 x 8192 float16: GB/s (read + write) vs the ceiling, and vs
    CuPy layernorm then gelu (unfused array code);
 4. softmax on 8192 x 8192 float16 (float32 math): GB/s vs the ceiling, vs the array code on CuPy;
@@ -45,11 +47,13 @@ _SPIN = r"""extern "C" __global__ void spin(long long cycles) {
 }"""
 
 
-def _timer(cp: Any, fn: Any, reps: int, warm: int = 3, batches: int = 5) -> float:
+def _timer(cp: Any, fn: Any, reps: int, warm: int = 3, batches: int = 5, host: list[float] | None = None) -> float:
     """Median over ``batches`` of the GPU seconds per ``fn()`` call, launch overhead hidden.
 
     A spin kernel holds the stream while the host enqueues ``reps`` calls between two
     CUDA events, so the events time the GPU work back to back, not Python's launch cost.
+    ``host``: appended with the median host seconds per call of those enqueues (the GPU
+    held, so the host never waits for it: the Python and launch cost of one call).
     """
     for _ in range(warm):
         fn()
@@ -63,14 +67,35 @@ def _timer(cp: Any, fn: Any, reps: int, warm: int = 3, batches: int = 5) -> floa
     stream.synchronize()
     a, b = cp.cuda.Event(), cp.cuda.Event()
     per_call: list[float] = []
+    host_per_call: list[float] = []
     for _ in range(batches):
         spin((1,), (1,), (np.int64((host_s * reps * 1.5 + 2e-3) * 2.5e9),))
         a.record()
+        t0 = time.perf_counter()
         for _ in range(reps):
             fn()
+        host_per_call.append((time.perf_counter() - t0) / reps)
         b.record()
         b.synchronize()
         per_call.append(cp.cuda.get_elapsed_time(a, b) / 1e3 / reps)
+    if host is not None:
+        host.append(statistics.median(host_per_call))
+    return statistics.median(per_call)
+
+
+def _eager(cp: Any, fn: Any, reps: int, batches: int = 5) -> float:
+    """Median over ``batches`` of the wall seconds per ``fn()`` call in a plain loop of ``reps`` calls and one
+    synchronize: what a caller that launches op after op sees (the larger of the host's and the GPU's cost)."""
+    stream = cp.cuda.get_current_stream()
+    fn()
+    stream.synchronize()
+    per_call: list[float] = []
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        stream.synchronize()
+        per_call.append((time.perf_counter() - t0) / reps)
     return statistics.median(per_call)
 
 
@@ -115,7 +140,9 @@ def bench_w4a16(cp: Any, m: int, k: int, n: int, reps: int, ceiling: float, l2_b
     out_specs = {"out": TensorSpec((m, n), "float16")}
     calls = [OpCall(cp, {"x": x, "qweight": q, "scales": s, "zeros": z}, in_specs, out_specs, {}, {}, ws) for q, s, z in sets]
     it = iter(range(10**9))
-    t = _timer(cp, lambda: spec.cupy(calls[next(it) % n_sets]), reps)
+    host: list[float] = []
+    t = _timer(cp, lambda: spec.cupy(calls[next(it) % n_sets]), reps, host=host)
+    t_eager = _eager(cp, lambda: spec.cupy(calls[next(it) % n_sets]), reps)
     with use_tuning(mma=False):  # as SHMRPC_W4A16_MMA=0
         t_prev = _timer(cp, lambda: spec.cupy(calls[next(it) % n_sets]), reps)
         prev_out = spec.cupy(calls[0])["out"].get()
@@ -127,7 +154,8 @@ def bench_w4a16(cp: Any, m: int, k: int, n: int, reps: int, ceiling: float, l2_b
     n16 = max(2, -(-3 * l2_bytes // (k * n * 2)))
     w16 = [rs.standard_normal((k, n), dtype=cp.float32).astype(cp.float16) for _ in range(n16)]
     it2 = iter(range(10**9))
-    t16 = _timer(cp, lambda: cp.matmul(x, w16[next(it2) % n16]), reps)
+    t16 = _timer(cp, lambda: cp.matmul(x, w16[next(it2) % n16]), reps, host=host)
+    t16_eager = _eager(cp, lambda: cp.matmul(x, w16[next(it2) % n16]), reps)
     moved = packed + m * k * 2 + m * n * 2
     sets.clear()
     w16.clear()
@@ -136,7 +164,8 @@ def bench_w4a16(cp: Any, m: int, k: int, n: int, reps: int, ceiling: float, l2_b
             "of_ceiling": moved / t / 1e9 / ceiling, "previous_path_seconds": t_prev,
             "previous_path_rel_err": _rel(prev_out, want), "speedup_vs_previous": t_prev / t,
             "path": f"mma {mma}" if mma else "fused float32 (CUDA cores)", "cublas_fp16_seconds": t16, "speedup_vs_fp16": t16 / t,
-            "max_rel_err_vs_numpy": _rel(got, want)}
+            "max_rel_err_vs_numpy": _rel(got, want), "host_seconds_per_call": host[0], "eager_seconds": t_eager,
+            "cublas_fp16_host_seconds_per_call": host[1], "cublas_fp16_eager_seconds": t16_eager}
 
 
 def bench_layernorm_gelu(cp: Any, rows: int, d: int, reps: int, ceiling: float) -> dict[str, Any]:
@@ -238,11 +267,14 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out, "w") as f:
         json.dump(res, f, indent=2)
     print(f"\n{res['gpu']} ({res['sms']} SMs), CuPy {res['cupy']}; copy ceiling {ceiling:.0f} GB/s (read+write)")
-    print(f"{'case':<34}{'time us':>10}{'GB/s':>9}{'% ceil':>8}{'vs ref':>9}{'rel err':>10}")
+    print(f"{'case':<34}{'time us':>10}{'GB/s':>9}{'% ceil':>8}{'vs ref':>9}{'rel err':>10}{'host us':>9}"
+          f"{'eager us':>10}{'cuBLAS host / eager us':>24}")
     for r in res["gemm_w4a16"]:
         label = f"w4a16 M={r['M']} K={r['K']} N={r['N']}"
         print(f"{label:<34}{r['seconds'] * 1e6:>10.1f}{r['GBps']:>9.0f}"
-              f"{100 * r['of_ceiling']:>7.0f}%{r['speedup_vs_fp16']:>8.2f}x{r['max_rel_err_vs_numpy']:>10.1e}")
+              f"{100 * r['of_ceiling']:>7.0f}%{r['speedup_vs_fp16']:>8.2f}x{r['max_rel_err_vs_numpy']:>10.1e}"
+              f"{r['host_seconds_per_call'] * 1e6:>9.1f}{r['eager_seconds'] * 1e6:>10.1f}"
+              f"{r['cublas_fp16_host_seconds_per_call'] * 1e6:>15.1f} / {r['cublas_fp16_eager_seconds'] * 1e6:.1f}")
     r = res["layernorm_gelu"]
     label = f"layernorm_gelu {r['rows']}x{r['D']} fp16"
     print(f"{label:<34}{r['seconds'] * 1e6:>10.1f}{r['GBps']:>9.0f}"

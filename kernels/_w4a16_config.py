@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -114,6 +115,7 @@ def _h2_name(cfg: tuple[int, int, int, int]) -> str:
     return "w4a16_h2<" + ",".join(map(str, cfg)) + ">"
 
 
+@functools.cache  # a module's name list, asked for on every launch: built once
 def _w4a16_names(kt: str) -> tuple[str, ...]:
     h2 = sorted({_h2_name(c) for cfgs in _H2_CFG.values() for c in cfgs}) if kt == "F16" else []
     return (*(f"w4a16_gemm<{kt},{mb},{'true' if pf else 'false'}>" for mb in (1, 2) for pf in (False, True)),
@@ -343,6 +345,7 @@ def _wg_name(kt: str, cfg: tuple[int, ...]) -> str:
     return f"w4a16_wg<{kt},{mt},{nw},{st}>" if cl == 1 else f"w4a16_wgc<{kt},{mt},{nw},{st},{cl}>"
 
 
+@functools.cache  # a module's name list, asked for on every launch: built once
 def _wg_names(kt: str) -> tuple[str, ...]:
     return tuple(_wg_name(kt, c) for c in _WG_VARIANTS)
 
@@ -356,6 +359,7 @@ def _wk_name(kt: str, cfg: tuple[int, ...]) -> str:
     return f"w4a16_wk<{kt},{mt},{nw},{wk},{st},{xsm}>"
 
 
+@functools.cache  # a module's name list, asked for on every launch: built once
 def _mma_names(kt: str) -> tuple[str, ...]:
     return (*(f"w4a16_mma<{kt},{mt},{nw},{wp}>" for mt, nw, wp in _MMA_VARIANTS),
             *(f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>" for mt, nw, wp, st in _ASYNC_VARIANTS),

@@ -16,6 +16,7 @@ of one launch); gamma/beta sent per request arrive as (B, D) and are applied per
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,6 +85,7 @@ def _ln_numpy(call: OpCall, gelu: bool) -> dict[str, Any]:
 _LN_BLOCKS = (32, 64, 128, 256, 512)  # the block sizes the layernorm kernel is built for (threads, compile-time)
 
 
+@functools.cache  # a module's name list, asked for on every launch: built once
 def _ln_names(kt: str, v: int, block: int) -> tuple[str, ...]:
     """The kernels of one layernorm module: one (dtype, vector width, block size), every chunk count, GELU or not."""
     return tuple(f"ln_rows<{kt},{v},{n},{block},{g}>" for n in (_VEC_NCH if v > 1 else _SCALAR_NCH)
@@ -195,6 +197,7 @@ def _softmax(call: OpCall) -> dict[str, Any]:
     return {"out": from_float(xp, e, dt, call.dest("out"))}
 
 
+@functools.cache  # a module's name list, asked for on every launch: built once
 def _sm_names(kt: str, vec: int) -> tuple[str, ...]:
     return (*(f"softmax_rows<{kt},{v},{n}>" for v, nchs in ((vec, _VEC_NCH), (1, _SCALAR_NCH)) for n in nchs),
             f"softmax_online<{kt}>")

@@ -182,12 +182,8 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
     out = call.dest("out")
     if out is None or not out.flags.c_contiguous:
         out = cupy.empty((m, n), dtype=x.dtype)
-    partial = cupy.empty((ksplit, m, n) if ksplit > 1 else (1,), dtype=cupy.float32)
-    counters = call.workspace.get("w4a16_counters")
-    if counters is None or counters.size < grid_x:
-        # zero once; every launch leaves them zero again. One set per stream (workspace is per stream).
-        counters = cupy.zeros(max(grid_x, 1024), dtype=cupy.uint32)
-        call.workspace["w4a16_counters"] = counters
+    partial = _partials(call, ksplit * m * n)
+    counters = _counters(call, grid_x)  # zeroed once; every launch leaves them zero again (one set per stream)
     kt = "F16" if dt == "float16" else "BF16"
     pf = "true" if mb == 1 and tuning().prefetch else "false"
     fn = get_function("gemm_w4a16.cu", _w4a16_names(kt), f"w4a16_gemm<{kt},{mb},{pf}>")
@@ -197,12 +193,33 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
 
 
 
+# (m, k, n, gs, device facts, SMs, knobs) -> w4a16_choice's answer: the table walk is asked for on every launch
+_CHOICES: dict[tuple[Any, ...], tuple[int, ...] | None] = {}
+
+
 def w4a16_choice(m: int, k: int, n: int, gs: int) -> tuple[int, ...] | None:
     """The tensor-core configuration the op takes for this shape on the current device (None: another path)."""
     from ._cuda import sm_count
 
     optin, sm90a = _device_facts()
-    return _mma_cfg(m, k, n, gs, optin, sm_count(), sm90a)
+    key = (m, k, n, gs, optin, sm_count(), sm90a, tuning())
+    if key not in _CHOICES:
+        if len(_CHOICES) >= 4096:
+            _CHOICES.clear()
+        _CHOICES[key] = _mma_cfg(m, k, n, gs, optin, key[5], sm90a)
+    return _CHOICES[key]
+
+
+def _partials(call: OpCall, n: int) -> Any:
+    """A float32 buffer of at least ``n`` elements for split-K partials (or the unused pointer of a launch without a
+    split): this stream's, kept in its workspace (launches on one stream run in order, so each may reuse it)."""
+    import cupy
+
+    buf = call.workspace.get("w4a16_partials")
+    if buf is None or buf.size < n:
+        buf = cupy.empty(max(n, 1), dtype=cupy.float32)
+        call.workspace["w4a16_partials"] = buf
+    return buf
 
 
 def _counters(call: OpCall, tiles: int) -> Any:
@@ -290,7 +307,7 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ..
         return out
     if len(cfg) >= 6:
         (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, sm_count(), cfg)
-        partial = cupy.empty((ksplit, m, n) if ksplit > 1 and len(cfg) == 6 else (1,), dtype=cupy.float32)
+        partial = _partials(call, ksplit * m * n if ksplit > 1 and len(cfg) == 6 else 1)
         fn = get_function("w4a16_mma.cu", _mma_names(kt), _wk_name(kt, cfg))
         if len(cfg) == 8:
             x = pack_x(x, m, k, 16 * cfg[0], kt)
@@ -298,7 +315,7 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ..
                                                       np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)))
         return out
     (tiles, ksplit), cpb = w4a16_mma_launch(m, k, n, sm_count(), cfg)
-    partial = cupy.empty((ksplit, m, n) if ksplit > 1 else (1,), dtype=cupy.float32)
+    partial = _partials(call, ksplit * m * n)
     mt, nw, wp, _, st = cfg
     name = f"w4a16_mma<{kt},{mt},{nw},{wp}>" if st == 0 else f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>"
     fn = get_function("w4a16_mma.cu", _mma_names(kt), name)
@@ -320,11 +337,8 @@ def _w4a16_h2(call: OpCall, m: int, k: int, n: int, gs: int) -> Any:
     out = call.dest("out")
     if out is None or not out.flags.c_contiguous:
         out = cupy.empty((m, n), dtype=x.dtype)
-    partial = cupy.empty((grid[1], m, n) if grid[1] > 1 else (1,), dtype=cupy.float32)
-    counters = call.workspace.get("w4a16_counters")
-    if counters is None or counters.size < grid[0]:
-        counters = cupy.zeros(max(grid[0], 1024), dtype=cupy.uint32)
-        call.workspace["w4a16_counters"] = counters
+    partial = _partials(call, grid[1] * m * n)
+    counters = _counters(call, grid[0])
     fn = get_function("gemm_w4a16.cu", _w4a16_names("F16"), _h2_name(cfg))
     fn(grid, (256,), (x, qw, sc, zr, partial, counters, out, np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2)))
     return out

@@ -15,7 +15,6 @@ from shmrpc.kernels._w4a16_config import (
     _WK_VARIANTS,
     _WKC_VARIANTS,
     _WKM_VARIANTS,
-    _wk_rows,
     W4A16Tuning,
     _global_split,
     _mma_cfg,
@@ -26,6 +25,7 @@ from shmrpc.kernels._w4a16_config import (
     _wg_names,
     _wg_smem,
     _wk_name,
+    _wk_rows,
     _wk_smem,
     use_tuning,
     w4a16_mma_launch,
@@ -297,3 +297,43 @@ def test_device_facts_read_once_per_device(monkeypatch) -> None:
     current[0] = 1
     assert quant._device_facts() == (48 * 1024, False) and not quant._sm90a()
     assert calls == [0, 1]
+
+
+def test_choice_is_kept_per_shape_device_and_knobs(monkeypatch) -> None:
+    """quant.w4a16_choice (no GPU: a stand-in for cupy) answers as _mma_cfg does for the device, from a kept answer
+    after the first call, and follows a change of the knobs (use_tuning) and of the device."""
+    import sys
+    from types import SimpleNamespace
+
+    from shmrpc.kernels import _cuda, quant
+
+    props = {0: {"major": 9, "minor": 0, "sharedMemPerBlockOptin": 232448, "multiProcessorCount": 132},
+             1: {"major": 8, "minor": 9, "sharedMemPerBlockOptin": 101376, "multiProcessorCount": 84}}
+    current = [0]
+    runtime = SimpleNamespace(getDevice=lambda: current[0], getDeviceProperties=lambda d: props[d])
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
+    monkeypatch.setattr(quant, "_DEVICE", {})
+    monkeypatch.setattr(quant, "_CHOICES", {})
+    monkeypatch.setattr(_cuda, "_sm", {})
+    walks = []
+    real = quant._mma_cfg
+    monkeypatch.setattr(quant, "_mma_cfg", lambda *a: walks.append(a) or real(*a))
+    with use_tuning(**vars(W4A16Tuning())):
+        first = quant.w4a16_choice(64, 8192, 8192, 128)
+        assert first == _mma_cfg(64, 8192, 8192, 128, 232448, 132, True) == (4, 1, 4, 8)
+        assert quant.w4a16_choice(64, 8192, 8192, 128) == first and len(walks) == 1  # kept
+        with use_tuning(mma=False):
+            assert quant.w4a16_choice(64, 8192, 8192, 128) is None  # other knobs: asked again
+        current[0] = 1
+        assert quant.w4a16_choice(64, 8192, 8192, 128) == _mma_cfg(64, 8192, 8192, 128, 101376, 84, False)
+        assert len(walks) == 3
+
+
+def test_name_lists_are_built_once() -> None:
+    """The module name lists asked for on every launch are the same object each time (built once)."""
+    from shmrpc.kernels._w4a16_config import _w4a16_names
+    from shmrpc.kernels.norm import _ln_names, _sm_names
+
+    for names, args in ((_mma_names, ("F16",)), (_wg_names, ("BF16",)), (_w4a16_names, ("F16",)),
+                        (_ln_names, ("F16", 8, 256)), (_sm_names, ("F16", 8))):
+        assert names(*args) is names(*args) and len(names(*args)) > 0
