@@ -23,6 +23,10 @@ CUDA_DIR = Path(__file__).with_name("cuda")
 _lock = threading.Lock()
 _modules: dict[tuple[int, str, tuple[str, ...], str | None], Any] = {}
 _sm: dict[int, int] = {}
+# get_function's answers by (device, file, id(names), arch, name) -> (names, the _modules dict, function): a launch
+# asks for its kernel every time, and hashing a module's name list (over a hundred strings) cost more than the rest.
+# An entry counts only for the very tuple it names (kept alive here, so its id is not reused) and the same _modules.
+_functions: dict[tuple[int, str, int, str | None, str], tuple[tuple[str, ...], dict[Any, Any], Any]] = {}
 
 
 def source(name: str) -> str:
@@ -42,6 +46,10 @@ def get_function(file: str, names: tuple[str, ...], name: str, arch: str | None 
     import cupy
 
     dev = cupy.cuda.runtime.getDevice()
+    fast = (dev, file, id(names), arch, name)
+    hit = _functions.get(fast)
+    if hit is not None and hit[0] is names and hit[1] is _modules:
+        return hit[2]
     key = (dev, file, names, arch)
     with _lock:
         mod = _modules.get(key)
@@ -51,7 +59,11 @@ def get_function(file: str, names: tuple[str, ...], name: str, arch: str | None 
             else:
                 mod = _ArchModule(source(file), names, arch)
             _modules[key] = mod
-    return mod.get_function(name)
+        fn = mod.get_function(name)
+        if len(_functions) >= 4096:
+            _functions.clear()
+        _functions[fast] = (names, _modules, fn)
+    return fn
 
 
 class _ArchModule:
@@ -73,9 +85,15 @@ class _ArchModule:
         cubin, self._lowered = _arch_cubin(code, names, arch, version, build, cache_dir)
         self._mod = function.Module()
         self._mod.load(cubin)
+        self._fns: dict[str, Any] = {}
 
     def get_function(self, name: str) -> Any:
-        return self._mod.get_function(self._lowered[name])
+        """The kernel ``name``, one object per name (the driver module makes a new one per call; callers keep per-function
+        state such as the shared-memory opt-in)."""
+        fn = self._fns.get(name)
+        if fn is None:
+            fn = self._fns[name] = self._mod.get_function(self._lowered[name])
+        return fn
 
 
 def _arch_cubin(code: str, names: tuple[str, ...], arch: str, version: Any,
