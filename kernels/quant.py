@@ -18,7 +18,7 @@ and the knobs that change it, are in :mod:`._w4a16_config`; this module runs the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -288,39 +288,75 @@ def pack_x(x: Any, m: int, k: int, mr: int, kt: str) -> Any:
     return xp
 
 
+class _Launch(NamedTuple):
+    """What a tensor-core launch of one shape needs besides its arrays (``_launch_of``)."""
+
+    file: str
+    names: tuple[str, ...]
+    name: str
+    arch: str | None
+    grid: tuple[int, int]
+    warps: int
+    smem: int
+    tail: tuple[Any, ...]  # the int32 arguments after the arrays: m, k, n, group rows, chunks per block
+    partials: int  # float32 split-K partials (0: the kernel takes none, w4a16_wg)
+    tiles: int  # split-K counters
+
+
+# (kt, m, k, n, gs, configuration, SMs) -> its _Launch: the geometry and names are asked for on every launch
+_LAUNCHES: dict[tuple[Any, ...], _Launch] = {}
+
+
+def _launch_of(kt: str, m: int, k: int, n: int, gs: int, cfg: tuple[int, ...], n_sm: int) -> _Launch:
+    key = (kt, m, k, n, gs, cfg, n_sm)
+    hit = _LAUNCHES.get(key)
+    if hit is not None:
+        return hit
+    if len(cfg) == 4:
+        grid, cpb, smem = w4a16_wg_launch(m, k, n, cfg)
+        launch = _Launch("w4a16_mma.cu+w4a16_wg.cu", _wg_names(kt), _wg_name(kt, cfg), "sm_90a", grid, 4, smem,
+                         _int32s(m, k, n, gs // 2, cpb), 0, 0)
+    elif len(cfg) >= 6:
+        (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, n_sm, cfg)
+        launch = _Launch("w4a16_mma.cu", _mma_names(kt), _wk_name(kt, cfg), None, (tiles, ksplit), cfg[2], smem,
+                         _int32s(m, k, n, gs // 2, cpb), ksplit * m * n if ksplit > 1 and len(cfg) == 6 else 1, tiles)
+    else:
+        (tiles, ksplit), cpb = w4a16_mma_launch(m, k, n, n_sm, cfg)
+        mt, nw, wp, _, st = cfg
+        name = f"w4a16_mma<{kt},{mt},{nw},{wp}>" if st == 0 else f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>"
+        launch = _Launch("w4a16_mma.cu", _mma_names(kt), name, None, (tiles, ksplit), wp, 0,
+                         _int32s(m, k, n, gs // 2, cpb), ksplit * m * n, tiles)
+    if len(_LAUNCHES) >= 4096:
+        _LAUNCHES.clear()
+    _LAUNCHES[key] = launch
+    return launch
+
+
+def _int32s(*values: int) -> tuple[Any, ...]:
+    return tuple(np.int32(v) for v in values)
+
+
 def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ...]) -> Any:
     """One launch of a tensor-core kernel; split-K partials summed by the last block of a column tile."""
     import cupy
 
     from ._cuda import get_function, sm_count
 
-    x, qw, sc, zr = (call.inputs[p] for p in ("x", "qweight", "scales", "zeros"))
+    inputs = call.inputs
+    x, qw, sc, zr = inputs["x"], inputs["qweight"], inputs["scales"], inputs["zeros"]
     kt = "F16" if call.in_specs["x"].dtype == "float16" else "BF16"
     out = call.dest("out")
     if out is None or not out.flags.c_contiguous or out.data.ptr % 16:
         out = cupy.empty((m, n), dtype=x.dtype)
-    if len(cfg) == 4:
-        grid, cpb, smem = w4a16_wg_launch(m, k, n, cfg)
-        fn = get_function("w4a16_mma.cu+w4a16_wg.cu", _wg_names(kt), _wg_name(kt, cfg), arch="sm_90a")
-        wk_launch(fn, grid, 4, smem, (x, qw, sc, zr, out, np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2),
-                                      np.int32(cpb)))
+    launch = _launch_of(kt, m, k, n, gs, cfg, sm_count())
+    fn = get_function(launch.file, launch.names, launch.name, launch.arch)
+    if not launch.partials:  # w4a16_wg / w4a16_wgc
+        wk_launch(fn, launch.grid, launch.warps, launch.smem, (x, qw, sc, zr, out, *launch.tail))
         return out
-    if len(cfg) >= 6:
-        (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, sm_count(), cfg)
-        partial = _partials(call, ksplit * m * n if ksplit > 1 and len(cfg) == 6 else 1)
-        fn = get_function("w4a16_mma.cu", _mma_names(kt), _wk_name(kt, cfg))
-        if len(cfg) == 8:
-            x = pack_x(x, m, k, 16 * cfg[0], kt)
-        wk_launch(fn, (tiles, ksplit), cfg[2], smem, (x, qw, sc, zr, partial, _counters(call, tiles), out, np.int32(m),
-                                                      np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)))
-        return out
-    (tiles, ksplit), cpb = w4a16_mma_launch(m, k, n, sm_count(), cfg)
-    partial = _partials(call, ksplit * m * n)
-    mt, nw, wp, _, st = cfg
-    name = f"w4a16_mma<{kt},{mt},{nw},{wp}>" if st == 0 else f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>"
-    fn = get_function("w4a16_mma.cu", _mma_names(kt), name)
-    fn((tiles, ksplit), (32 * wp,), (x, qw, sc, zr, partial, _counters(call, tiles), out,
-                                      np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)))
+    if len(cfg) == 8:
+        x = pack_x(x, m, k, 16 * cfg[0], kt)
+    wk_launch(fn, launch.grid, launch.warps, launch.smem,
+              (x, qw, sc, zr, _partials(call, launch.partials), _counters(call, launch.tiles), out, *launch.tail))
     return out
 
 

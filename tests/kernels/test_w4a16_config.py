@@ -337,3 +337,29 @@ def test_name_lists_are_built_once() -> None:
     for names, args in ((_mma_names, ("F16",)), (_wg_names, ("BF16",)), (_w4a16_names, ("F16",)),
                         (_ln_names, ("F16", 8, 256)), (_sm_names, ("F16", 8))):
         assert names(*args) is names(*args) and len(names(*args)) > 0
+
+
+@pytest.mark.parametrize("cfg", [(0, 4, 12, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1), (4, 2, 8, 0, 2, 1, 1, 2), (4, 1, 4, 8),
+                                 (1, 2, 4, 2, 3)])
+def test_launch_of_a_shape_is_its_geometry_kept(cfg) -> None:
+    """quant._launch_of: the module, kernel name, grid, warps, shared memory, int32 tail and buffer sizes of the geometry
+    functions, built once per (dtype, shape, configuration, SMs)."""
+    from shmrpc.kernels import quant
+
+    m, k, n, gs = 16, 4096, 8192, 128
+    launch = quant._launch_of("BF16", m, k, n, gs, cfg, 132)
+    assert quant._launch_of("BF16", m, k, n, gs, cfg, 132) is launch
+    assert launch.tail == (m, k, n, gs // 2, launch.tail[4]) and all(type(v).__name__ == "int32" for v in launch.tail)
+    if len(cfg) == 4:
+        grid, cpb, smem = w4a16_wg_launch(m, k, n, cfg)
+        assert (launch.name, launch.arch, launch.grid, launch.warps, launch.smem, launch.partials) == (
+            _wg_name("BF16", cfg), "sm_90a", grid, 4, smem, 0) and launch.names == _wg_names("BF16")
+    elif len(cfg) >= 6:
+        (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, 132, cfg)
+        assert (launch.name, launch.arch, launch.grid, launch.warps, launch.smem, launch.tiles) == (
+            _wk_name("BF16", cfg), None, (tiles, ksplit), cfg[2], smem, tiles)
+        assert launch.partials == (ksplit * m * n if ksplit > 1 and len(cfg) == 6 else 1)
+    else:
+        (tiles, ksplit), cpb = w4a16_mma_launch(m, k, n, 132, cfg)
+        assert launch.grid == (tiles, ksplit) and launch.smem == 0 and launch.partials == ksplit * m * n
+    assert launch.tail[4] == cpb and launch.names is _mma_names("BF16") or len(cfg) == 4
