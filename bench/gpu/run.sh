@@ -44,6 +44,7 @@
 #           W4_PROBE_ARGS: more arguments for it (e.g. --ms 1,8 --skip epi0,ldsm0)
 #   w4ab    bench/gpu/w4a16_probe.py (W4_PROBE_ARGS) of the tree against the base tree (.whl/base/), interleaved twice
 #           -> $OUT/w4a16-probe-{base,new}-rN.{json,log}
+#   launch  bench/gpu/launch_probe.py: the host's cost of one gemm_w4a16 call in pieces, the GPU held busy
 #   sass    bench/gpu/sass_loop.py: gemm_w4a16's kernels built with nvcc, the chunk loop's instructions by opcode from
 #           their SASS, and ptxas's registers -> $OUT/sass-loop.json
 #   ncu     Nsight Compute (sections: speed of light, memory, warp states with every stall reason, scheduler,
@@ -240,6 +241,9 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
           grep -E "product" "$OUT/w4a16-probe-$tree-r$r.log"
         done
       done ;;
+    launch)  # the host's cost of one gemm_w4a16 call, in pieces (bench/gpu/launch_probe.py) -> $OUT/launch-probe.json
+      echo "== bench/gpu/launch_probe.py"
+      timeout 120 python3 bench/gpu/launch_probe.py --out "$OUT/launch-probe.json" 2>&1 | grep -v JSON ;;
     sass)  # the instruction mix of gemm_w4a16's chunk loop (SASS_CFGS: w4a16_wkc template arguments, ';'-separated)
       echo "== bench/gpu/sass_loop.py"
       timeout 120 python3 bench/gpu/sass_loop.py ${SASS_CFGS:+--cfgs "$SASS_CFGS"} --out "$OUT/sass-loop.json" 2>&1 \

@@ -65,6 +65,8 @@ def test_the_chunk_loop_is_the_smallest_loop_with_the_most_hmma() -> None:
 
 def test_template_arguments_and_registers() -> None:
     assert sass_loop.template_args(_MT1) == [1, 4, 8, 3, 1, 2]
+    # a negative argument (MT = -NB, the swapped operands with NB B tiles) is mangled Lin<digits>E
+    assert sass_loop.template_args("_Z9w4a16_wkcI3F16Lin2ELi4ELi8ELi3ELi1ELi2EEvPKtPKhS2_S2_PfPjPtiiiii") == [-2, 4, 8, 3, 1, 2]
     assert sass_loop.registers(_PTXAS) == {_MT1: 254, _MT0: 154}
 
 
