@@ -55,9 +55,9 @@ def get_function(file: str, names: tuple[str, ...], name: str, arch: str | None 
         mod = _modules.get(key)
         if mod is None:
             if arch is None:
-                mod = cupy.RawModule(code=source(file), options=("-std=c++17",), name_expressions=list(names))
+                mod = _Module(cupy.RawModule(code=source(file), options=("-std=c++17",), name_expressions=list(names)))
             else:
-                mod = _ArchModule(source(file), names, arch)
+                mod = _Module(_ArchModule(source(file), names, arch))
             _modules[key] = mod
         fn = mod.get_function(name)
         if len(_functions) >= 4096:
@@ -85,14 +85,23 @@ class _ArchModule:
         cubin, self._lowered = _arch_cubin(code, names, arch, version, build, cache_dir)
         self._mod = function.Module()
         self._mod.load(cubin)
+
+    def get_function(self, name: str) -> Any:
+        return self._mod.get_function(self._lowered[name])
+
+
+class _Module:
+    """A loaded module and the functions asked of it, one object per kernel name: CuPy's modules make a new object per
+    get_function call, and the op keeps per-function state (the shared-memory opt-in of ``quant.wk_launch``)."""
+
+    def __init__(self, mod: Any) -> None:
+        self._mod = mod
         self._fns: dict[str, Any] = {}
 
     def get_function(self, name: str) -> Any:
-        """The kernel ``name``, one object per name (the driver module makes a new one per call; callers keep per-function
-        state such as the shared-memory opt-in)."""
         fn = self._fns.get(name)
         if fn is None:
-            fn = self._fns[name] = self._mod.get_function(self._lowered[name])
+            fn = self._fns[name] = self._mod.get_function(name)
         return fn
 
 

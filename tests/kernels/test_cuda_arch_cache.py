@@ -58,3 +58,58 @@ def test_an_unwritable_cache_directory_only_costs_a_compile(tmp_path) -> None:
     assert _arch_cubin("src", NAMES, "sm_90a", [12, 9], c, cache)[0] == b"cubin-1"
     assert _arch_cubin("src", NAMES, "sm_90a", [12, 9], c, cache)[0] == b"cubin-2"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+class _FreshModule:
+    """A stand-in CuPy module whose get_function makes a new object on every call, as CuPy's do."""
+
+    def __init__(self, *a, **k) -> None:
+        self.made = 0
+
+    def get_function(self, name: str) -> object:
+        self.made += 1
+        return object()
+
+
+def test_one_function_object_per_kernel_so_per_function_state_does_not_grow(monkeypatch) -> None:
+    """get_function gives the same object for the same kernel (a module's get_function makes a new one per call: the
+    op keeps its shared-memory opt-in per function object, and that table grew by one entry per launch), for another
+    module list or device a module of its own, and a replaced module table (tests) is honoured."""
+    import sys
+    from types import SimpleNamespace
+
+    from shmrpc.kernels import _cuda, quant
+
+    current = [0]
+    fake = SimpleNamespace(RawModule=_FreshModule, cuda=SimpleNamespace(runtime=SimpleNamespace(getDevice=lambda: current[0])))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(_cuda, "_modules", {})
+    monkeypatch.setattr(_cuda, "source", lambda file: "src")
+    names = ("k<1>", "k<2>")
+    a = _cuda.get_function("f.cu", names, "k<1>")
+    assert _cuda.get_function("f.cu", names, "k<1>") is a
+    assert _cuda.get_function("f.cu", tuple(list(names)), "k<1>") is a  # an equal list, another tuple object
+    assert _cuda.get_function("f.cu", names, "k<2>") is not a
+    assert next(iter(_cuda._modules.values()))._mod.made == 2  # one per kernel name, not per call
+    current[0] = 1
+    assert _cuda.get_function("f.cu", names, "k<1>") is not a  # another device: its own module
+    current[0] = 0
+    monkeypatch.setattr(_cuda, "_modules", {})
+    assert _cuda.get_function("f.cu", names, "k<1>") is not a  # a new module table: built again
+    calls: list[int] = []
+    launched = []
+
+    class Kernel:
+        max_dynamic_shared_size_bytes = 0
+
+        def __setattr__(self, k, v) -> None:
+            calls.append(v)
+
+        def __call__(self, *a, **k) -> None:
+            launched.append(a)
+
+    fn = Kernel()
+    monkeypatch.setattr(quant, "_WK_SMEM_SET", {})
+    for _ in range(5):
+        quant.wk_launch(fn, (1, 1), 4, 100 * 1024, ())
+    assert calls == [100 * 1024] and len(quant._WK_SMEM_SET) == 1 and len(launched) == 5  # opted in once
