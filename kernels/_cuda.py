@@ -24,7 +24,7 @@ _lock = threading.Lock()
 _modules: dict[tuple[int, str, tuple[str, ...], str | None], Any] = {}
 _sm: dict[int, int] = {}
 # get_function's answers by (device, file, id(names), arch, name) -> (names, the _modules dict, function): a launch
-# asks for its kernel every time, and hashing a module's name list (over a hundred strings) cost more than the rest.
+# asks for its kernel every time; this skips hashing the module's name list and taking the lock.
 # An entry counts only for the very tuple it names (kept alive here, so its id is not reused) and the same _modules.
 _functions: dict[tuple[int, str, int, str | None, str], tuple[tuple[str, ...], dict[Any, Any], Any]] = {}
 
