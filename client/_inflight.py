@@ -60,7 +60,10 @@ class Inflight:
     def __init__(self, conn: Connection, on_control: Callable[[bytes], None]) -> None:
         self._conn = conn
         self._on_control = on_control
-        self._cond = threading.Condition(threading.Lock())
+        # NOTE: the hot paths take the condition's lock itself (a C-level `with`; the condition's own is a Python
+        # call): the same lock, so notify and wait work under it
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._table: dict[int, _Entry] = {}
         self._lead = threading.Lock()  # held by the thread that pumps for everybody
         self._followers = 0  # threads waiting on the condition
@@ -83,7 +86,7 @@ class Inflight:
     def add(self, rid: int, slot: _Slot, finish: Callable[[], None] | None = None,
             deadline: float | None = None) -> None:
         """Expect a DONE for ``rid`` in ``slot``; ``finish`` runs (on the routing thread) once it came."""
-        with self._cond:
+        with self._lock:
             self._table[rid] = _Entry(slot, finish, deadline)
 
     def discard(self, rid: int) -> None:
@@ -152,7 +155,7 @@ class Inflight:
 
     def complete(self, region: int, index: int, rid: int, status: int) -> None:
         """Route a DONE that came another way than the socket (a lane's page), as if it had been received."""
-        with self._cond:
+        with self._lock:
             fin = self._answered(rid, status)
             if self._followers:
                 self._cond.notify_all()

@@ -199,9 +199,13 @@ class StepSpec:
     attrs: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True, init=False)
 class OpCall:
-    """What an implementation gets: arrays, their specs, filled attrs, destinations, ``xp``."""
+    """What an implementation gets: arrays, their specs, filled attrs, destinations, ``xp``.
+
+    ``workspace`` defaults to a new empty dict. One is made per run of every request, so ``__init__`` is
+    written out (a dataclass's generated one with a default factory costs about twice as much).
+    """
 
     xp: Any
     inputs: dict[str, Any]
@@ -209,7 +213,14 @@ class OpCall:
     out_specs: Mapping[str, TensorSpec]
     attrs: Mapping[str, Any]
     out: dict[str, Any | None]
-    workspace: dict[str, Any] = field(default_factory=dict)
+    workspace: dict[str, Any]
+
+    def __init__(self, xp: Any, inputs: dict[str, Any], in_specs: Mapping[str, TensorSpec],
+                 out_specs: Mapping[str, TensorSpec], attrs: Mapping[str, Any], out: dict[str, Any | None],
+                 workspace: dict[str, Any] | None = None) -> None:
+        self.xp, self.inputs, self.in_specs, self.out_specs = xp, inputs, in_specs, out_specs
+        self.attrs, self.out = attrs, out
+        self.workspace = {} if workspace is None else workspace
 
     def dest(self, param: str) -> Any | None:
         """The destination array for output ``param``, or None (allocate your own)."""

@@ -319,10 +319,15 @@ class Worker(Calls, Runs):
             rang_lane = doorbell in events
             if rang_lane:
                 assert lanes is not None
-                if events is not lane_rang:
-                    lanes.clear_doorbell()  # NOTE: before the scan: a request posted after it rings again
                 for lane, seq, frame in lanes.scan():
                     self._on_call(lane.identity, frame, stopping, seq)
+                if events is not lane_rang:
+                    # NOTE: the doorbell is cleared after the scan's answers went out (a system call off their way);
+                    # a request rung between the scan and the clear lost its ring to the clear, so the lanes are
+                    # read once more after it (a request rung after the clear rings again)
+                    lanes.clear_doorbell()
+                    for lane, seq, frame in lanes.scan():
+                        self._on_call(lane.identity, frame, stopping, seq)
             if self._pending and (self._launched is None or not self._launched[2]) and not self._holding(stopping):
                 # the turn's batchable requests: one run per plan (see _batch.py); while a launched batch is on the
                 # device they stay parked, and run as one batch once it is answered (the device and the loop overlap)
@@ -354,6 +359,8 @@ class Worker(Calls, Runs):
                 self.sessions.expire_pending(now)
             if attach.pending:
                 attach.expire(now)
+            # the turn's answers are out: its metrics are added now, off their way (metrics._RequestStats)
+            self.metrics.fold()
         log.info("worker %s stopped", self.config.name)
 
     def _on_attach(self, fd: int, stopping: bool) -> None:

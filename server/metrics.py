@@ -34,7 +34,9 @@ beside it (see :mod:`shmrpc.server._http`).
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,6 +71,9 @@ _GAUGES = {
 BATCH_BUCKETS: tuple[float, ...] = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 _STAGE_SET = frozenset(STAGES)
+
+#: Observations queued without a fold (the loop folds every turn) that make the next observation fold them.
+_FOLD_AT = 4096
 
 
 class _Hist:
@@ -129,14 +134,20 @@ class _RequestStats:
     """Per-request counters and histograms, kept as plain numbers and turned into metric families
     when scraped.
 
-    Only the worker's loop thread records (it answers every request), so an observation takes no
-    lock: prometheus_client's own Counter, Gauge and Histogram lock on every call, which cost more per
-    tiny request than the rest of the bookkeeping. Each op label has one :class:`_OpStats`, found with
-    one dict lookup per request. A scrape copies each dict and list in one C-level call under the GIL,
-    so it sees whole observations (at worst one request behind).
+    Only the worker's loop thread records (it answers every request), and an observation is one
+    ``deque.append`` of its numbers (:attr:`queued`): prometheus_client's own Counter, Gauge and
+    Histogram lock on every call, and even plain counters and histograms updated per request cost
+    more per tiny request than the rest of the bookkeeping. :meth:`fold` adds the queued
+    observations into the counters and histograms, under :attr:`lock`: a scrape (or a snapshot)
+    folds first, so it sees every request answered before it, and the worker's loop folds at the end
+    of each turn, after its answers went out (``Metrics.fold``), so the work is off the answers'
+    way; an observer that queues :data:`_FOLD_AT` without a fold folds then. Each op label has one
+    :class:`_OpStats`.
     """
 
     def __init__(self) -> None:
+        self.queued: deque[tuple[str, str, float, int, int, dict[str, float] | None]] = deque()
+        self.lock = threading.Lock()  # held while folding: by the loop thread or by a scrape
         self.ops: dict[str, _OpStats] = {}
         self.batches: dict[str, _Hist] = {}  # op label -> sizes of the batched runs
         self.inflight = _Level()
@@ -151,7 +162,34 @@ class _RequestStats:
             o = self.ops[op] = _OpStats(self.budgets.get(op, self.default_budget_s))
         return o
 
+    def fold(self) -> None:
+        """Add every queued observation into the counters and histograms (any thread)."""
+        q = self.queued
+        with self.lock:
+            while q:
+                op, status, seconds, nbytes_in, nbytes_out, stages = q.popleft()
+                o = self.ops.get(op)
+                if o is None:
+                    o = self.op(op)
+                c = o.status
+                c[status] = c.get(status, 0) + 1
+                o.duration.observe(seconds)
+                self.bytes_in += nbytes_in
+                self.bytes_out += nbytes_out
+                if stages:
+                    if o.budget_s and stages.get("total", seconds) > o.budget_s:
+                        o.over += 1
+                    for stage, stage_s in stages.items():
+                        if stage_s > 0 and stage in _STAGE_SET:
+                            h = o.stage.get(stage)
+                            if h is None:
+                                h = o.stage[stage] = _Hist()
+                            h.observe(stage_s)
+                elif o.budget_s and seconds > o.budget_s:
+                    o.over += 1
+
     def collect(self) -> Iterator[Metric]:
+        self.fold()
         ops = list(self.ops.items())
         req = CounterMetricFamily("shmrpc_requests", "Requests answered, by op and status.", labels=["op", "status"])
         for op, o in ops:
@@ -202,6 +240,7 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self._stats = _RequestStats()
+        self._queued = self._stats.queued
         r.register(self._stats)  # type: ignore[arg-type]
         self.slots_leased = Gauge(*_GAUGES["slots_leased"], registry=r)
         self.clients = Gauge(*_GAUGES["clients"], registry=r)
@@ -226,10 +265,12 @@ class Metrics:
     def set_budgets(self, default_s: float, per_op: dict[str, float]) -> None:
         """Time budgets of a request's run by op label (``default_s`` for the others; 0: none)."""
         st = self._stats
-        st.default_budget_s = default_s
-        st.budgets = dict(per_op)
-        for op, o in st.ops.items():
-            o.budget_s = st.budgets.get(op, default_s)
+        st.fold()  # the requests answered so far are judged by the budgets they ran under
+        with st.lock:  # a scrape's fold may add an op label meanwhile
+            st.default_budget_s = default_s
+            st.budgets = dict(per_op)
+            for op, o in st.ops.items():
+                o.budget_s = st.budgets.get(op, default_s)
 
     def observe(self, op: str, status: str, seconds: float, nbytes_in: int, nbytes_out: int,
                 stages: dict[str, float] | None = None) -> None:
@@ -243,26 +284,16 @@ class Metrics:
             nbytes_out: tensor bytes written to the slot.
             stages: seconds per stage (see :data:`STAGES`).
         """
-        st = self._stats
-        o = st.ops.get(op)
-        if o is None:
-            o = st.op(op)
-        c = o.status
-        c[status] = c.get(status, 0) + 1
-        o.duration.observe(seconds)
-        st.bytes_in += nbytes_in
-        st.bytes_out += nbytes_out
-        if stages:
-            if o.budget_s and stages.get("total", seconds) > o.budget_s:
-                o.over += 1
-            for stage, stage_s in stages.items():
-                if stage_s > 0 and stage in _STAGE_SET:
-                    h = o.stage.get(stage)
-                    if h is None:
-                        h = o.stage[stage] = _Hist()
-                    h.observe(stage_s)
-        elif o.budget_s and seconds > o.budget_s:
-            o.over += 1
+        q = self._queued
+        q.append((op, status, seconds, nbytes_in, nbytes_out, stages))
+        if len(q) >= _FOLD_AT:
+            self._stats.fold()
+
+    def fold(self) -> None:
+        """Add the observations queued by :meth:`observe` into the metrics (the loop calls it after a turn's
+        answers; a scrape and :meth:`snapshot` fold too)."""
+        if self._queued:
+            self._stats.fold()
 
     def observe_batch(self, op: str, size: int) -> None:
         """Record one batched run of ``size`` requests of op label ``op`` (loop thread only)."""

@@ -8,7 +8,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shmrpc.kernels import REGISTRY, KernelInputError, KernelRuntimeError, StepSpec, TensorSpec, select_backend
+from shmrpc.kernels import (
+    REGISTRY,
+    KernelInputError,
+    KernelResourceError,
+    KernelRuntimeError,
+    StepSpec,
+    TensorSpec,
+    select_backend,
+)
 from shmrpc.kernels._backend_base import Backend, example_array
 from shmrpc.kernels._dtypes import storage_dtype
 from shmrpc.kernels._registry import unregister
@@ -243,3 +251,36 @@ def test_the_default_bind_calls_run_each_time() -> None:
     assert seen == []
     assert bound() == {"total": 0.0} and bound() == {"total": 0.0}
     assert seen == [("plan", {"x": 1}, {"y": 2}, {"y": "Y"})] * 2
+
+
+def test_a_bound_run_copies_a_result_that_is_not_its_destination_and_maps_an_ops_failure() -> None:
+    turn: list[int] = []
+
+    def fresh_then_fail(call: OpCall) -> dict[str, Any]:
+        turn.append(1)
+        assert call.workspace == {} and call.dest("out") is not None
+        call.workspace["mine"] = 1  # a workspace of this call only: the next starts empty
+        if len(turn) == 1:
+            return {"out": call.inputs["x"] * 3}  # right shape and dtype, another array: copied into the view
+        if len(turn) == 2:
+            raise MemoryError("no room")
+        raise ValueError("bad value")
+
+    register_op(OpSpec("t_bind_fresh", inputs=("x",), outputs=("out",), infer=_same, numpy=fresh_then_fail,
+                       tolerances={"float32": (0.0, 0.0)}))
+    try:
+        with select_backend("numpy") as b:
+            plan = b.plan([StepSpec("t_bind_fresh", {"x": "x"}, {"out": "y"})], {"x": TensorSpec((2, 3), "float32")}, ["y"])
+            y = np.zeros((2, 3), np.float32)
+            bound = b.bind(plan, {"x": np.ones((2, 3), np.float32)}, {"y": y})
+            bound()
+            np.testing.assert_array_equal(y, 3.0)
+            with pytest.raises(KernelResourceError, match="out of host memory") as res_err:
+                bound()
+            with pytest.raises(KernelRuntimeError, match="ValueError: bad value") as run_err:
+                bound()
+            for ei in (res_err, run_err):
+                assert (ei.value.op, ei.value.step) == ("t_bind_fresh", 0)
+            assert isinstance(run_err.value.__cause__, ValueError)
+    finally:
+        unregister("t_bind_fresh")

@@ -3,6 +3,7 @@ the header check on plain tuples, and the plain-number metrics (in-flight gauge,
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,6 +14,7 @@ from shmrpc import kernels
 from shmrpc.kernels import StepSpec, TensorSpec
 from shmrpc.schema.errors import InternalError, InvalidRequestError, KernelError, StaleSlotError
 from shmrpc.schema.header import HEADER, Header
+from shmrpc.server import metrics as metrics_mod
 from shmrpc.server._batch import Pending, group_by_plan
 from shmrpc.server._dispatch import Dispatcher, check_header
 from shmrpc.server.metrics import Metrics
@@ -218,3 +220,53 @@ def test_equal_batchable_plans_of_several_clients_are_one_object() -> None:
     # a client's own resident tensor is in its plan: another client's equal-looking request never shares it
     r1, r2 = d.prepare(desc(16, "w"), 0, 0, 4096, client=1), d.prepare(desc(16, "w"), 0, 0, 4096, client=2)
     assert r1.plan is not None and r2.plan is not None and r1.plan != r2.plan and r1.plan is not r2.plan
+
+
+def test_observations_wait_in_a_queue_until_the_loop_or_a_scrape_folds_them() -> None:
+    m = Metrics()
+    m.observe("scale", "ok", 0.001, 8, 4, {"kernel": 0.0005, "total": 0.0006})
+    assert m._stats.ops == {}  # queued: the request's own answer did not pay for the histograms
+    m.fold()
+    assert m._stats.ops["scale"].status == {"ok": 1} and not m._stats.queued
+    m.observe("scale", "KernelError", 0.002, 0, 0)
+    snap = m.snapshot()  # a scrape folds first: every request answered before it is in it
+    assert snap["requests"] == {"scale": {"ok": 1, "KernelError": 1}}
+    assert (snap["bytes_in"], snap["bytes_out"]) == (8, 4)
+    assert _families(m)["shmrpc_stage_seconds_count[('op', 'scale'), ('stage', 'kernel')]"] == 1
+
+
+def test_observations_never_folded_by_the_loop_fold_once_the_queue_is_long() -> None:
+    m = Metrics()
+    for _ in range(metrics_mod._FOLD_AT - 1):
+        m.observe("scale", "ok", 0.001, 0, 0)
+    assert len(m._stats.queued) == metrics_mod._FOLD_AT - 1
+    m.observe("scale", "ok", 0.001, 0, 0)
+    assert not m._stats.queued and m._stats.ops["scale"].status == {"ok": metrics_mod._FOLD_AT}
+
+
+def test_scrapes_on_another_thread_lose_and_double_no_observation() -> None:
+    # the loop observes (and folds) while scrapes fold on their own thread: every request is counted once
+    m = Metrics()
+    n, stop = 30_000, threading.Event()
+    seen: list[float] = []
+
+    def scrape() -> None:
+        while not stop.is_set():
+            seen.append(_families(m).get("shmrpc_requests_total[('op', 'scale'), ('status', 'ok')]", 0.0))
+
+    t = threading.Thread(target=scrape)
+    t.start()
+    try:
+        for i in range(n):
+            m.observe("scale", "ok", 1e-6, 1, 2, {"kernel": 1e-6})
+            if i % 97 == 0:
+                m.fold()
+    finally:
+        stop.set()
+        t.join(10)
+    assert seen and seen == sorted(seen)  # never a count that goes back
+    got = _families(m)
+    assert got["shmrpc_requests_total[('op', 'scale'), ('status', 'ok')]"] == n
+    assert got["shmrpc_request_duration_seconds_count[('op', 'scale')]"] == n
+    assert got["shmrpc_stage_seconds_count[('op', 'scale'), ('stage', 'kernel')]"] == n
+    assert (got["shmrpc_bytes_in_total[]"], got["shmrpc_bytes_out_total[]"]) == (n, 2 * n)
