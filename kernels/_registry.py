@@ -117,6 +117,16 @@ InferFn = Callable[[Mapping[str, TensorSpec], Mapping[str, Any]], dict[str, Tens
 #: ``cost(in_specs, out_specs, attrs) -> FLOPs`` of one step (see :mod:`shmrpc.kernels._cost`).
 CostFn = Callable[[Mapping[str, TensorSpec], Mapping[str, TensorSpec], Mapping[str, Any]], int]
 ImplFn = Callable[["OpCall"], dict[str, Any]]
+#: ``maker(inputs, dests, in_specs, attrs)``: see :data:`NUMPY_BOUND`.
+BoundFormFn = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, "TensorSpec"], Mapping[str, Any]],
+                       "Callable[[], Any] | None"]
+
+#: Built-in NumPy implementations that have a form bound to fixed views, for the NumPy backend's bound runs (a
+#: slot's repeated requests): implementation -> ``maker(inputs, dests, in_specs, attrs)``, which returns a
+#: callable of no arguments doing exactly what the implementation does over those arrays (the same NumPy calls,
+#: writing into ``dests["out"]``), or None where the implementation itself must run. Keyed by the function,
+#: so an op whose implementation is replaced loses its bound form; users' ops have none.
+NUMPY_BOUND: dict[ImplFn, BoundFormFn] = {}
 
 
 @dataclass(frozen=True)

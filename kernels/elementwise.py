@@ -16,9 +16,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from ._common import TOL_ELEMENTWISE, require_dtype, require_float, require_same
 from ._dtypes import DTYPE_NAMES, bf16_to_f32, from_float, to_float
-from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec
+from ._registry import NUMPY_BOUND, AttrSpec, OpCall, OpSpec, TensorSpec
 from .api import register_op
 
 __all__ = ["ECHO", "VECTOR_ADD", "SCALE", "GELU", "gelu_float"]
@@ -37,6 +39,14 @@ def _echo(call: OpCall) -> dict[str, Any]:
         return {"out": x}
     call.xp.copyto(d, x)
     return {"out": d}
+
+
+def _bound_echo(ins: Mapping[str, Any], dests: Mapping[str, Any], in_specs: Mapping[str, TensorSpec],
+                attrs: Mapping[str, Any]) -> Any:
+    x, d, copyto = ins["x"], dests.get("out"), np.copyto
+    if d is None or d is x:
+        return None
+    return lambda: copyto(d, x)
 
 
 ECHO = register_op(OpSpec(
@@ -64,6 +74,14 @@ def _vector_add(call: OpCall) -> dict[str, Any]:
         f += bf16_to_f32(xp, y)
         return {"out": from_float(xp, f, dt, d)}
     return {"out": xp.add(x, y, out=d)}
+
+
+def _bound_vector_add(ins: Mapping[str, Any], dests: Mapping[str, Any], in_specs: Mapping[str, TensorSpec],
+                      attrs: Mapping[str, Any]) -> Any:
+    x, y, d, add = ins["x"], ins["y"], dests.get("out"), np.add
+    if d is None or in_specs["x"].dtype == "bfloat16":
+        return None
+    return lambda: add(x, y, out=d)
 
 
 VECTOR_ADD = register_op(OpSpec(
@@ -107,6 +125,18 @@ def _scale(call: OpCall) -> dict[str, Any]:
     return {"out": from_float(xp, f, dt, d)}
 
 
+def _bound_scale(ins: Mapping[str, Any], dests: Mapping[str, Any], in_specs: Mapping[str, TensorSpec],
+                 attrs: Mapping[str, Any]) -> Any:
+    x, d, a, b, multiply, add = ins["x"], dests.get("out"), attrs["a"], attrs["b"], np.multiply, np.add
+    if d is None or in_specs["x"].dtype not in ("float32", "float64"):
+        return None
+
+    def run() -> None:
+        multiply(x, a, out=d)
+        add(d, b, out=d)
+    return run
+
+
 SCALE = register_op(OpSpec(
     name="scale", code=3, inputs=("x",), outputs=("out",),
     attrs={"a": AttrSpec("float", 1.0), "b": AttrSpec("float", 0.0)}, infer=_infer_scale,
@@ -115,6 +145,9 @@ SCALE = register_op(OpSpec(
         "(a*x rounded, then +b rounded); float16/bfloat16 compute in float32 and round once. In place allowed.",
     example={"x": _EX},
 ))
+
+
+NUMPY_BOUND.update({_echo: _bound_echo, _vector_add: _bound_vector_add, _scale: _bound_scale})
 
 
 def gelu_float(xp: Any, f: Any) -> Any:
