@@ -52,7 +52,7 @@ from shmrpc.server._loop import Worker
 from shmrpc.server.config import WorkerConfig
 pc = time.perf_counter
 T = {"scan": [], "oncall": [], "answer": [], "wait": []}
-o_scan, o_on, o_ans = _lanes.Lanes.scan, Worker._on_call, _lanes.Lane.answer
+o_scan, o_on, o_ans = _lanes.Lanes.scan, Worker._on_call, _lanes.Lanes.answer
 try:  # the loop's wait: an epoll set (server/_poll.py), or zmq.Poller in trees before it
     from shmrpc.server._poll import LoopPoll as P
 except ImportError:
@@ -72,7 +72,7 @@ def on(self, *a, **k):
 def ans(self, *a):
     T["answer"].append(pc())
     return o_ans(self, *a)
-_lanes.Lanes.scan, Worker._on_call, _lanes.Lane.answer = scan, on, ans
+_lanes.Lanes.scan, Worker._on_call, _lanes.Lanes.answer = scan, on, ans
 w = Worker(WorkerConfig(name=sys.argv[1], backend="numpy", mlock=False, spin_us=int(sys.argv[3])))
 ''' + SERVE_STAMPED
 

@@ -4,7 +4,7 @@ One eventfd (the doorbell) is shared by every lane and polled by the loop with t
 ZeroMQ socket, so the loop waits on all lanes at once. When it fires, or while the
 loop spins, :meth:`Lanes.scan` reads each lane's call_seq; a changed one yields a
 private copy of the CALL frame, which the loop handles exactly like a CALL from
-ZeroMQ. The DONE of such a request goes back into the lane (:meth:`Lane.answer`).
+ZeroMQ. The DONE of such a request goes back into the lane (:meth:`Lanes.answer`).
 
 Awake words (schema/lane.py): an answer skips the client's eventfd while the client says it
 polls; a worker that spins (``--spin-us``) writes, with each answer, until when it will poll
@@ -17,9 +17,10 @@ from __future__ import annotations
 import mmap
 import os
 import time
-from collections.abc import Iterator
 
 from shmrpc.schema import lane as L
+
+_monotonic_ns = time.monotonic_ns
 
 __all__ = ["Lane", "Lanes"]
 
@@ -54,35 +55,6 @@ class Lane:
             os.close(self._memfd)
             self._memfd = -1
 
-    def take(self) -> tuple[int, bytes] | None:
-        """(call_seq, a copy of the CALL frame) of a new request; None when call_seq did not change (or the frame
-        is too long)."""
-        seq = self._call_seq.value
-        if seq == self.seen:
-            return None
-        frame = L.read_frame(self.page, L.CALL_SEQ)
-        if self._call_seq.value != seq:
-            return None  # the client is ringing again right now: its eventfd write will wake us for it
-        self.seen = seq
-        return None if frame is None else (seq, frame)
-
-    def answer(self, done_frame: bytes, seq: int, spin_ns: int) -> int:
-        """Write the DONE of the request rung with ``seq`` into the page, then wake the client unless it says it
-        polls; with ``spin_ns`` (the worker spins that long after a turn), say until when this worker polls the
-        lane (returned; 0 without)."""
-        L.post(self.page, self._done_seq, L.DONE_SEQ, seq, done_frame)
-        # NOTE: order is important here: the clock and the client's awake word are read after done_seq is stored
-        now = time.monotonic_ns()
-        if now >= self._client_awake.value - L.AWAKE_MARGIN_NS:
-            try:
-                os.eventfd_write(self.client_fd, 1)
-            except OSError:  # the counter is full (a client that never reads it): it is awake anyway
-                pass
-        if not spin_ns:
-            return 0
-        self._awake.value = until = now + spin_ns
-        return until
-
     def close(self) -> None:
         self.handed_over()
         del self._call_seq, self._done_seq, self._client_awake, self._awake  # they export the mapping's buffer
@@ -107,10 +79,22 @@ class Lanes:
         self.awake_until_ns = 0  # the latest time an answer said this worker polls until (0: none pending)
 
     def answer(self, lane: Lane, done_frame: bytes, seq: int) -> None:
-        """:meth:`Lane.answer`, keeping :attr:`awake_until_ns`."""
-        until = lane.answer(done_frame, seq, self.spin_ns)
-        if until > self.awake_until_ns:
-            self.awake_until_ns = until
+        """Write the DONE of ``lane``'s request rung with ``seq`` into its page, then wake the client unless it says
+        it polls; a spinning worker (``spin_ns``) also says until when it polls the lane, and keeps
+        :attr:`awake_until_ns`."""
+        L.post(lane.page, lane._done_seq, L.DONE_SEQ, seq, done_frame)
+        # NOTE: order is important here: the clock and the client's awake word are read after done_seq is stored
+        now = _monotonic_ns()
+        if now >= lane._client_awake.value - L.AWAKE_MARGIN_NS:
+            try:
+                os.eventfd_write(lane.client_fd, 1)
+            except OSError:  # the counter is full (a client that never reads it): it is awake anyway
+                pass
+        spin_ns = self.spin_ns
+        if spin_ns:
+            lane._awake.value = until = now + spin_ns
+            if until > self.awake_until_ns:
+                self.awake_until_ns = until
 
     def open(self, identity: bytes) -> Lane:
         lane = self.by_identity[identity] = Lane(identity, self.doorbell_fd)
@@ -138,12 +122,21 @@ class Lanes:
         except BlockingIOError:
             pass
 
-    def scan(self) -> Iterator[tuple[Lane, int, bytes]]:
-        """Each lane with a new request, its call_seq and a private copy of its CALL frame."""
+    def scan(self) -> list[tuple[Lane, int, bytes]]:
+        """Each lane with a new request: the lane, its call_seq and a private copy of its CALL frame (a frame too
+        long is dropped: never read, never answered)."""
+        got = []
         for lane in self._all:
-            got = lane.take()
-            if got is not None:
-                yield lane, got[0], got[1]
+            seq = lane._call_seq.value
+            if seq != lane.seen:
+                frame = L.read_frame(lane.page, L.CALL_SEQ)
+                # a call_seq changed meanwhile: the client is ringing again right now, and this lane is read again
+                # (its eventfd write, or the spinning loop's next ready(), since seen is left as it was)
+                if lane._call_seq.value == seq:
+                    lane.seen = seq
+                    if frame is not None:
+                        got.append((lane, seq, frame))
+        return got
 
     def close(self) -> None:
         for identity in list(self.by_identity):
