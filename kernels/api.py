@@ -38,7 +38,9 @@ infer           ``infer(inputs: {param: TensorSpec}, attrs) -> {output: TensorSp
 numpy / cupy    ``impl(call: OpCall) -> {output: array}``; either may be None. ``call.xp``
                 is ``numpy`` or ``cupy``; one function may serve both. A CuPy impl may use
                 any CuPy code (``ElementwiseKernel``, ``RawKernel``, ``RawModule``). Write
-                into ``call.dest(p)`` when it is not None, or return new arrays.
+                into ``call.dest(p)`` when it is not None, or return new arrays. Each run gets
+                a new ``OpCall`` (fields ``xp``, ``inputs``, ``in_specs``, ``out_specs``,
+                ``attrs``, ``out``, ``workspace``; slotted: keep state in ``workspace``)
 inplace         output 0 may be written over input 0 (request flag IN_PLACE)
 alias           output 0 *is* input 0 (nothing computed)
 elementwise     element i of every output depends on element i of the inputs only

@@ -37,6 +37,12 @@
 #           PIN_PAIRS (server:client) -> $OUT/pin-probe-S-C.json; then 64 B in-place vector_add, every path with the
 #           peers, not pinned and pinned to PIN (server:client, default 2:10), without and with --spin-us 200,
 #           interleaved twice -> $OUT/pin-{free,pinned}-spin{0,200}-rN.json (PIN_MAIN=0: the probe only)
+#   abrounds the 64 B A/B of ab with more rounds (AB_ROUNDS, default 4), every round pinned to one CPU each
+#           (AB_PIN1 server:client, default 2:10), without and with --spin-us 200 (iceoryx2 spinning beside it)
+#           -> $OUT/ab4-{,spin-}{base,new}-rN.json; then bench/lane_trace.py --lane block and spin for both trees,
+#           twice -> $OUT/lane-trace-{block,spin}-{base,new}-rN.json
+#   abblock the blocking lane and the ZeroMQ loan alone (nothing spins), the tree against the base tree, interleaved
+#           4 times, unpinned and pinned to 2:10 and 2:3 -> $OUT/abblock-{base,new}-{free,2-10,2-3}-rN.json
 #   gemmpin gemm x=16x256 w=256x256 float16 on the CuPy worker from 8 and 16 client processes (loan, both lanes),
 #           unpinned and pinned (PIN_GEMM server:clients, default the worker on 2,10 and the clients on the other
 #           CPUs), interleaved twice -> $OUT/gemmpin-{free,pinned}-rN.json
@@ -305,6 +311,48 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
             echo "== round $r, $tree: bench/lane_trace.py --lane $ln (where a lane's round trip goes)"
             PYTHONPATH=$site timeout 60 python3 bench/lane_trace.py --lane $ln --calls 20000 \
               --out "$OUT/lane-trace-$ln-$tree-r$r.json" 2>&1 | grep -v JSON
+          done
+        done
+      done ;;
+    abrounds)
+      base_site || exit 1
+      pin1=${AB_PIN1:-2:10}
+      for r in $(seq 1 "${AB_ROUNDS:-4}"); do
+        for tree in base new; do
+          site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
+          echo "== round $r, $tree: no spin"
+          PYTHONPATH=$site timeout 80 $BENCH lat --lanes --peers zmq --sizes 64 --iters 4000 --backend numpy \
+            --op vector_add --dtype float32 --in-place --server-cpus "${pin1%%:*}" --client-cpus "${pin1##*:}" -q \
+            --out "$OUT/ab4-$tree-r$r.json" 2>&1 | grep -E "^ +64B"
+          echo "== round $r, $tree: --spin-us 200, iceoryx2 spinning"
+          PYTHONPATH=$site timeout 80 $BENCH lat --lanes --peers zmq,iox2-spin --sizes 64 --iters 4000 --backend numpy \
+            --op vector_add --dtype float32 --in-place --spin-us 200 --server-cpus "${pin1%%:*}" \
+            --client-cpus "${pin1##*:}" -q --out "$OUT/ab4-spin-$tree-r$r.json" 2>&1 | grep -E "^ +64B"
+        done
+      done
+      for r in 1 2; do
+        for tree in base new; do
+          site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
+          for ln in block spin; do
+            echo "== round $r, $tree: lane_trace --lane $ln"
+            PYTHONPATH=$site timeout 60 python3 bench/lane_trace.py --lane $ln --calls 20000 \
+              --out "$OUT/lane-trace-$ln-$tree-r$r.json" 2>&1 | grep -v JSON
+          done
+        done
+      done ;;
+    abblock)
+      base_site || exit 1
+      lscpu | grep -E "Thread|Core|Socket|NUMA node0"
+      for r in 1 2 3 4; do
+        for tree in base new; do
+          site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
+          for pin in free 2:10 2:3; do
+            pa=(); [ $pin != free ] && pa=(--server-cpus "${pin%%:*}" --client-cpus "${pin##*:}")
+            echo -n "r$r $tree $pin: "
+            PYTHONPATH=$site timeout 60 $BENCH lat --transports shmrpc-lane,shmrpc --sizes 64 --iters 5000 --backend numpy \
+              --op vector_add --dtype float32 --in-place "${pa[@]}" -q --out "$OUT/abblock-$tree-${pin/:/-}-r$r.json" 2>&1 \
+              | grep -E "^ +64B" | awk '{printf "%s=%s ", $3$4$5, $8}'
+            echo
           done
         done
       done ;;
