@@ -202,14 +202,14 @@ def _wg_smem(cfg: tuple[int, ...]) -> int:
     """Dynamic shared memory of w4a16_wg / w4a16_wgc (the kernel's layout: S stages of x, weights, scales and zeros
     rounded up to 1024 bytes, or the block's float32 tile if larger; plus 1024 bytes to align the stages)."""
     mt, nword, st = cfg[:3]
-    nb, bc = (16 * mt if mt else 8), 32 * nword
+    nb, bc = _wk_rows(mt), 32 * nword  # the B operand's rows: the wgmma kernels take MT >= 0
     stage = -(-(nb * 128 + 4 * 32 * bc + 4 * 4 * bc) // 1024) * 1024
     return max(st * stage, nb * (4 * bc + 4) * 4) + 1024
 
 
 def _wk_rows(mt: int) -> int:
-    """Rows of one m-block of w4a16_wk / w4a16_wkc / w4a16_wkm: 16 per m-tile (MT > 0), 8 per B operand (MT = 0: one,
-    MT = -NB: NB)."""
+    """Rows of one m-block of w4a16_wk / w4a16_wkc / w4a16_wkm (and of w4a16_wg / w4a16_wgc, MT >= 0 only): 16 per
+    m-tile (MT > 0), 8 per B operand (MT = 0: one, MT = -NB: NB)."""
     return 16 * mt if mt > 0 else 8 * max(1, -mt)
 
 

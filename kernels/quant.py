@@ -212,25 +212,28 @@ def w4a16_choice(m: int, k: int, n: int, gs: int) -> tuple[int, ...] | None:
 
 def _partials(call: OpCall, n: int) -> Any:
     """A float32 buffer of at least ``n`` elements for split-K partials (or the unused pointer of a launch without a
-    split): this stream's, kept in its workspace (launches on one stream run in order, so each may reuse it)."""
+    split)."""
     import cupy
 
-    buf = call.workspace.get("w4a16_partials")
-    if buf is None or buf.size < n:
-        buf = cupy.empty(max(n, 1), dtype=cupy.float32)
-        call.workspace["w4a16_partials"] = buf
-    return buf
+    return _stream_buffer(call, "w4a16_partials", max(n, 1), cupy.float32, zeroed=False)
 
 
 def _counters(call: OpCall, tiles: int) -> Any:
-    """The split-K counters of this stream (zeroed once; every launch leaves them zero)."""
+    """The split-K counters (zeroed once; every launch leaves them zero)."""
     import cupy
 
-    counters = call.workspace.get("w4a16_counters")
-    if counters is None or counters.size < tiles:
-        counters = cupy.zeros(max(tiles, 1024), dtype=cupy.uint32)
-        call.workspace["w4a16_counters"] = counters
-    return counters
+    return _stream_buffer(call, "w4a16_counters", max(tiles, 1024), cupy.uint32, zeroed=True)
+
+
+def _stream_buffer(call: OpCall, key: str, n: int, dtype: Any, zeroed: bool) -> Any:
+    """``call.workspace[key]``, this stream's buffer of at least ``n`` elements (launches on one stream run in order,
+    so each may reuse it), made anew when shorter: with zeros if ``zeroed``, else uninitialized."""
+    import cupy
+
+    buf = call.workspace.get(key)
+    if buf is None or buf.size < n:
+        buf = call.workspace[key] = (cupy.zeros if zeroed else cupy.empty)(n, dtype=dtype)
+    return buf
 
 
 # function -> (the function, dynamic shared bytes opted in): per function object, not per name, since a module built
