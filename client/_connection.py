@@ -38,13 +38,13 @@ from shmrpc.schema.errors import (
 )
 from shmrpc.schema.naming import endpoint
 from shmrpc.schema.proc import process_start_ticks
+from shmrpc.schema.zmqraw import EVENTS, NOBLOCK, POLLIN, RAW_GET, RAW_RECV, RAW_SEND
 
 from ._attach import handshake
 from ._lane import ClientLane
 
 __all__ = ["Connection"]
 
-_POLLIN = int(zmq.POLLIN)
 _MAX_WAIT_MS = 100  # the longest sleep on the fd: a lost edge costs at most this, never a hang
 
 
@@ -112,10 +112,10 @@ class Connection:
         with self.lock:
             if self.closed:
                 raise ClientClosedError("the Client is closed")
-            self.sock.send(frame, copy=True)
+            RAW_SEND(self.sock, frame, 0)
             # the send may have eaten the fd's signal: make sure a thread sleeping on the fd looks
             # (a lone caller is not asleep: it looks at the socket before it sleeps)
-            queued = (self.sleepers or self.watched) and int(self.sock.getsockopt(zmq.EVENTS)) & _POLLIN
+            queued = (self.sleepers or self.watched) and RAW_GET(self.sock, EVENTS) & POLLIN
         if queued:
             self.wake()
 
@@ -130,12 +130,26 @@ class Connection:
         if self.closed:
             raise ClientClosedError("the Client is closed")
         sock, frames = self.sock, []
-        while int(sock.getsockopt(zmq.EVENTS)) & _POLLIN:
+        while RAW_GET(sock, EVENTS) & POLLIN:
             try:
-                frames.append(sock.recv(zmq.NOBLOCK))
+                frames.append(RAW_RECV(sock, NOBLOCK))
             except zmq.Again:
                 break
         return frames
+
+    def _recv_woken(self) -> list[bytes]:
+        """After the socket's fd woke a lone waiter: its first frame, taken without asking ``zmq.EVENTS`` first (a
+        system call in libzmq; a receive that finds its pipe idle processes the socket's commands itself); the rest,
+        if any, at the next :meth:`drain`, which asks before any wait. With another thread asleep on the fd or an
+        event loop watching it, everything queued, as :meth:`_recv_all`."""
+        if self.sleepers or self.watched:
+            return self._recv_all()
+        if self.closed:
+            raise ClientClosedError("the Client is closed")
+        try:
+            return [RAW_RECV(self.sock, NOBLOCK)]
+        except zmq.Again:
+            return []
 
     def _exited(self) -> WorkerGoneError:
         self.gone = f"worker {self.name!r} (pid {self.worker_pid}) exited"
@@ -156,12 +170,12 @@ class Connection:
             if self.closed:
                 return [], False
             sock, frames = self.sock, list[bytes]()
-            while len(frames) < limit and int(sock.getsockopt(zmq.EVENTS)) & _POLLIN:
+            while len(frames) < limit and RAW_GET(sock, EVENTS) & POLLIN:
                 try:
-                    frames.append(sock.recv(zmq.NOBLOCK))
+                    frames.append(RAW_RECV(sock, NOBLOCK))
                 except zmq.Again:
                     break
-            more = len(frames) == limit and bool(int(sock.getsockopt(zmq.EVENTS)) & _POLLIN)
+            more = len(frames) == limit and bool(RAW_GET(sock, EVENTS) & POLLIN)
             return (route(frames) if frames else []), more
 
     @property
@@ -205,6 +219,7 @@ class Connection:
             ready = self._ospoll.poll(wait_ms)
         finally:
             self.sleepers -= 1
+        woken = False  # by the socket's fd alone
         for fd, _ in ready:
             if fd == self.pidfd:
                 raise self._exited()
@@ -213,8 +228,10 @@ class Connection:
                     os.eventfd_read(self._wake_fd)
                 except OSError:
                     pass
+            else:
+                woken = True
         with self.lock:
-            frames = self._recv_all()
+            frames = self._recv_woken() if woken and len(ready) == 1 else self._recv_all()
             return route(frames) if frames else []
 
     def worker_alive(self) -> bool:

@@ -92,13 +92,23 @@ class Calls:
     def _drain_socket(self, stopping: bool) -> None:
         sock, poller = self._sock, self._poller
         assert sock is not None and poller is not None
-        for _ in range(256):  # bounded, so completions and pidfds get their turn
-            if not _RAW_GET(sock, _EVENTS) & _POLLIN:  # cheaper than catching zmq.Again
+        for i in range(256):  # bounded, so completions and pidfds get their turn
+            # a ROUTER message: the peer's routing id, then its frames (libzmq never delivers a routing id alone)
+            if i == 0:
+                # the poll said the socket's fd turned readable: almost always a message, so receive it without
+                # asking zmq.EVENTS first (a system call in libzmq; a receive that finds its pipe idle processes
+                # the socket's commands itself, and then says Again only when nothing is queued)
+                try:
+                    identity = _RAW_RECV(sock, _NOBLOCK)
+                except zmq.Again:
+                    poller.used = False  # the receive asked the socket, as zmq.EVENTS would have
+                    return
+            elif _RAW_GET(sock, _EVENTS) & _POLLIN:  # cheaper than catching zmq.Again
+                identity = _RAW_RECV(sock, _NOBLOCK)
+            else:
                 poller.used = False  # asked after every send and receive of the turn so far
                 return
             poller.used = True
-            # a ROUTER message: the peer's routing id, then its frames (libzmq never delivers a routing id alone)
-            identity = _RAW_RECV(sock, _NOBLOCK)
             frame = _RAW_RECV(sock, _NOBLOCK)
             if _RAW_GET(sock, _RCVMORE):  # every message is one frame: say so rather than ignore it
                 n = 1

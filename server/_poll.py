@@ -27,18 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from shmrpc.schema.zmqraw import EVENTS, POLLIN, RAW_GET, RAW_RECV, RAW_SEND
+
 if TYPE_CHECKING:
     from ._lanes import Lanes
 
 __all__ = ["LoopPoll"]
 
-# The loop calls libzmq through pyzmq's Cython socket with plain ints (here and in ._calls): the sugar layer's
-# send/recv_multipart build enum flags (`NOBLOCK | SNDMORE`) and lists per message, and its getsockopt(EVENTS) wraps
-# the answer in an enum.
-_ZMQ_SOCKET: Any = zmq.Socket.__mro__[1]  # zmq.backend's Socket (send, recv, get)
-_RAW_SEND, _RAW_RECV, _RAW_GET = _ZMQ_SOCKET.send, _ZMQ_SOCKET.recv, _ZMQ_SOCKET.get
-_POLLIN = int(zmq.POLLIN)  # a plain int: `int & IntFlag` goes through the enum machinery
-_EVENTS = int(zmq.EVENTS)
+# The loop calls libzmq through pyzmq's Cython socket with plain ints (here and in ._calls; schema.zmqraw says why)
+_RAW_SEND, _RAW_RECV, _RAW_GET, _POLLIN, _EVENTS = RAW_SEND, RAW_RECV, RAW_GET, POLLIN, EVENTS
 
 
 class LoopPoll:
