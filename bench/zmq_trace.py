@@ -98,20 +98,25 @@ def run_shmrpc(calls: int, tmp: str) -> dict[str, float]:
                               stdout=subprocess.PIPE, text=True)
     pc, last = time.perf_counter, {}
     conn = _connection.Connection
-    o_send, o_recv_all = conn.send, conn._recv_all
+    # the receives: _recv_all, and in trees since c2dd247 also _recv_woken (a lone waiter's first after a wake-up)
+    o_send, o_recvs = conn.send, {n: getattr(conn, n) for n in ("_recv_all", "_recv_woken") if hasattr(conn, n)}
 
     def send(self: Any, frame: bytes) -> None:
         last["send"] = pc()
         o_send(self, frame)
         last["sent"] = pc()
 
-    def recv_all(self: Any) -> list[bytes]:
-        got = o_recv_all(self)
-        if got:
-            last["got"] = pc()
-        return got
+    def stamped(orig: Any) -> Any:
+        def recv(self: Any) -> list[bytes]:
+            got = orig(self)
+            if got:
+                last["got"] = pc()
+            return got
+        return recv
 
-    conn.send, conn._recv_all = send, recv_all  # type: ignore[method-assign]
+    conn.send = send  # type: ignore[method-assign]
+    for n, orig in o_recvs.items():
+        setattr(conn, n, stamped(orig))
     rows = []
     try:
         assert worker.stdout is not None and worker.stdin is not None
@@ -131,7 +136,9 @@ def run_shmrpc(calls: int, tmp: str) -> dict[str, float]:
         with open(stamps) as f:
             w = json.load(f)
     finally:
-        conn.send, conn._recv_all = o_send, o_recv_all  # type: ignore[method-assign]
+        conn.send = o_send  # type: ignore[method-assign]
+        for n, orig in o_recvs.items():
+            setattr(conn, n, orig)
         worker.wait(30)
     wake, on, sent = w["wake"], w["oncall"], w["sent"]
     parts: dict[str, list[float]] = {k: [] for k in _SHM_PARTS}
