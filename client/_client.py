@@ -313,12 +313,9 @@ class Client(Calls):
                 if done is None:
                     return False
                 self._inflight.complete(*lane_done(done, stale))
-            if len(self._inflight):
+            if not (self._inflight.add_alone(rid, s) if future is None else
+                    self._inflight.add_alone(rid, s, future._finish, future._deadline)):
                 return False
-            if future is None:
-                self._inflight.add(rid, s)
-            else:
-                self._inflight.add(rid, s, future._finish, future._deadline)
             lane.ring(m.pack_call(s.region, s.index, rid, s.generation), rid)
             return True
 

@@ -89,6 +89,15 @@ class Inflight:
         with self._lock:
             self._table[rid] = _Entry(slot, finish, deadline)
 
+    def add_alone(self, rid: int, slot: _Slot, finish: Callable[[], None] | None = None,
+                  deadline: float | None = None) -> bool:
+        """:meth:`add`, only when nothing else is in flight (a lane carries a request only then); False: not added."""
+        with self._lock:
+            if self._table:
+                return False
+            self._table[rid] = _Entry(slot, finish, deadline)
+            return True
+
     def discard(self, rid: int) -> None:
         """Stop expecting ``rid`` (its CALL was never sent)."""
         with self._cond:

@@ -57,7 +57,8 @@ class Loan:
         self._done = False
         self._memo: dict[Any, tuple[bytes, int, int, tuple[str, ...]]] = {}  # descriptors, by (op, attrs, ...)
         self._outputs: tuple[str, ...] = ()  # what the request in flight asked for, in order
-        self._out_views: tuple[Any, Any, dict[str, np.ndarray]] | None = None  # (check, buffer, its views)
+        # (check, buffer, its views, the response bytes and the outputs asked of the last response checked)
+        self._out_views: tuple[Any, Any, dict[str, np.ndarray], bytes, tuple[str, ...]] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -165,6 +166,9 @@ class Loan:
         payload = bytes(mv[HEADER_NBYTES:HEADER_NBYTES + h_len])
         # the check of a response is a function of its bytes, the outputs asked for and the slot's size: a
         # response byte-identical to one checked before needs no second look (the key compares them all)
+        made = self._out_views
+        if made is not None and made[1] is s.buf and payload == made[3] and self._outputs == made[4]:
+            return {name: a.view() for name, a in made[2].items()}  # this loan's last response, again
         key = (payload, self._outputs, len(mv))
         checks = self._c._out_checks
         check = checks.get(key)
@@ -176,13 +180,14 @@ class Loan:
             check = read_outputs(resp, self._outputs, len(mv))
             bounded_put(checks, key, check)
         buf = s.buf
-        made = self._out_views
         if made is None or made[0] is not check or made[1] is not buf:
             # the views of one check over one buffer are always the same: made once, handed out as fresh views
-            made = self._out_views = (check, buf, {
-                name: np.frombuffer(buf, dtype=dt, count=count, offset=off).reshape(shape)
-                for name, dt, count, off, shape in check.outputs})
-        return {name: a.view() for name, a in made[2].items()}
+            views = {name: np.frombuffer(buf, dtype=dt, count=count, offset=off).reshape(shape)
+                     for name, dt, count, off, shape in check.outputs}
+        else:
+            views = made[2]
+        self._out_views = (check, buf, views, payload, self._outputs)
+        return {name: a.view() for name, a in views.items()}
 
     def send(self, op: str | Pipeline, *, timeout_s: float | None = None, in_place: bool = False,
              keep: tuple[str, ...] = (), **attrs: Any) -> dict[str, np.ndarray]:

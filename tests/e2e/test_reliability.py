@@ -118,16 +118,19 @@ def test_response_changed_in_the_slot_is_a_typed_error(worker: WorkerProc, monke
     with Client(worker.name, timeout_s=10) as c, c.loan(4096) as req:
         req.array("x", 64, np.float32)[...] = 1.0
         np.testing.assert_array_equal(req.send("echo")["out"], 1.0)
-        # the client checks a response's bytes once and remembers them as checked; these patches change what
-        # the same bytes decode to, so the memory is emptied with each (changed bytes are a new key anyway)
+        # the client checks a response's bytes once and remembers them as checked (the client's table, and the
+        # loan's last response); these patches change what the same bytes decode to, so both memories are emptied
+        # with each (changed bytes are a new key anyway)
         monkeypatch.setattr(_loan, "_decode", mangled)
         c._out_checks.clear()
+        req._out_views = None
         with pytest.raises(RequestError) as e:
             req.send("echo")
         assert e.value.field == "shape" and e.value.tensor == "out"
         monkeypatch.setattr(_loan, "_decode", lambda payload: dataclasses.replace(
             real(payload), outputs=tuple(t._replace(name="tuo") for t in real(payload).outputs)))
         c._out_checks.clear()
+        req._out_views = None
         with pytest.raises(RequestError) as e:  # a renamed output: not what the request asked for
             req.send("echo")
         assert e.value.field == "outputs"
