@@ -126,6 +126,18 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
   timeout 90 $BENCH lat --lanes --peers zmq,iox2,iox2-spin --sizes 64,1M --iters 5000 --connect-iters 50 "$@" -q \
     --out "$OUT/$name.json" 2>&1 | tail -30
 }
+lane_traces() {  # bench/lane_trace.py for the base tree and the tree, twice, each lane of "$@"
+  for r in 1 2; do
+    for tree in base new; do
+      site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
+      for ln in "$@"; do
+        echo "== round $r, $tree: bench/lane_trace.py --lane $ln (where a lane's round trip goes)"
+        PYTHONPATH=$site timeout 60 python3 bench/lane_trace.py --lane "$ln" --calls 20000 \
+          --out "$OUT/lane-trace-$ln-$tree-r$r.json" 2>&1 | grep -v JSON
+      done
+    done
+  done
+}
 base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed beside /tmp/site
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-base \
     .whl/base/*.whl
@@ -304,16 +316,7 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
         done
       done
       [ "${AB_TRACE:-1}" = 0 ] && continue
-      for r in 1 2; do
-        for tree in base new; do
-          site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
-          for ln in block ${AB_SPIN:+spin}; do
-            echo "== round $r, $tree: bench/lane_trace.py --lane $ln (where a lane's round trip goes)"
-            PYTHONPATH=$site timeout 60 python3 bench/lane_trace.py --lane $ln --calls 20000 \
-              --out "$OUT/lane-trace-$ln-$tree-r$r.json" 2>&1 | grep -v JSON
-          done
-        done
-      done ;;
+      lane_traces block ${AB_SPIN:+spin} ;;
     abrounds)
       base_site || exit 1
       pin1=${AB_PIN1:-2:10}
@@ -330,16 +333,7 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
             --client-cpus "${pin1##*:}" -q --out "$OUT/ab4-spin-$tree-r$r.json" 2>&1 | grep -E "^ +64B"
         done
       done
-      for r in 1 2; do
-        for tree in base new; do
-          site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
-          for ln in block spin; do
-            echo "== round $r, $tree: lane_trace --lane $ln"
-            PYTHONPATH=$site timeout 60 python3 bench/lane_trace.py --lane $ln --calls 20000 \
-              --out "$OUT/lane-trace-$ln-$tree-r$r.json" 2>&1 | grep -v JSON
-          done
-        done
-      done ;;
+      lane_traces block spin ;;
     abblock)
       base_site || exit 1
       lscpu | grep -E "Thread|Core|Socket|NUMA node0"
