@@ -38,6 +38,7 @@ from shmrpc.schema.errors import (
 from shmrpc.schema.header import HEADER_NBYTES, Flag, Header
 from shmrpc.schema.layout import TENSOR_ALIGN, align_up, format_size, tensor_align
 
+_KERNEL_ERRORS = (kernels.KernelInputError, kernels.KernelRuntimeError)  # what run_error maps to a KernelError
 log = logging.getLogger("shmrpc.server")
 
 __all__ = ["Prepared", "Dispatcher", "kernel_error", "error_response", "resident_name"]
@@ -341,14 +342,23 @@ class Dispatcher:
             return {}
         try:
             return bound() or {}
-        except (kernels.KernelInputError, kernels.KernelRuntimeError) as e:
+        except Exception as e:  # noqa: BLE001 - a backend bug must not take the worker down
+            err = self.run_error(prep, e)
+            if err is e:
+                raise
+            raise err from (None if isinstance(e, _KERNEL_ERRORS) else e)
+
+    def run_error(self, prep: Prepared, e: Exception) -> RequestError:
+        """The RequestError a run of ``prep`` that raised ``e`` answers with (:meth:`run_bound`'s mapping): a
+        KernelInputError / KernelRuntimeError as a KernelError with the op's location (a KernelFatalError also
+        marks the backend :attr:`fatal`), a RequestError as itself, anything else as an InternalError."""
+        if isinstance(e, _KERNEL_ERRORS):
             if isinstance(e, kernels.KernelFatalError):
                 self.fatal = str(e)  # a sticky CUDA error: this process cannot use the GPU any more
-            raise kernel_error(e, prep.desc.steps[0].op) from None
-        except RequestError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a backend bug must not take the worker down
-            raise InternalError(f"the backend failed: {type(e).__name__}: {e}", op=prep.desc.steps[0].op) from e
+            return kernel_error(e, prep.desc.steps[0].op)
+        if isinstance(e, RequestError):
+            return e
+        return InternalError(f"the backend failed: {type(e).__name__}: {e}", op=prep.desc.steps[0].op)
 
 
     def run_batch(self, plan: Plan, items: list[tuple[Prepared, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]]
