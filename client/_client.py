@@ -313,8 +313,8 @@ class Client(Calls):
                 if done is None:
                     return False
                 self._inflight.complete(*lane_done(done, stale))
-            if not (self._inflight.add_alone(rid, s) if future is None else
-                    self._inflight.add_alone(rid, s, future._finish, future._deadline)):
+            finish, deadline = (None, None) if future is None else (future._finish, future._deadline)
+            if not self._inflight.add_alone(rid, s, finish, deadline):
                 return False
             lane.ring(m.pack_call(s.region, s.index, rid, s.generation), rid)
             return True

@@ -214,7 +214,7 @@ class OpCall:
     """What an implementation gets: arrays, their specs, filled attrs, destinations, ``xp``.
 
     ``workspace`` defaults to a new empty dict. One is made per run of every request, so ``__init__`` is
-    written out (a dataclass's generated one with a default factory costs about twice as much).
+    written out (a dataclass's generated one runs its default factory through more Python).
     """
 
     xp: Any

@@ -25,11 +25,12 @@ from shmrpc.schema.errors import BusyError, InternalError, InvalidRequestError, 
 from shmrpc.schema.header import HEADER, HEADER_NBYTES
 from shmrpc.schema.messages import NO_RESPONSE
 from shmrpc.schema.naming import attach_path
+from shmrpc.schema.zmqraw import EVENTS, NOBLOCK, POLLIN, RAW_GET, RAW_RECV, RAW_SEND, RCVMORE, SNDMORE
 
 from ._batch import Pending
 from ._dispatch import Dispatcher, Prepared, check_header
 from ._lease import Slot
-from ._poll import _EVENTS, _POLLIN, _RAW_GET, _RAW_RECV, _RAW_SEND, LoopPoll
+from ._poll import LoopPoll
 from ._primed import Express, Primed, PrimedSlots
 from ._sessions import _refusal
 from ._shared import SharedOwners
@@ -45,9 +46,7 @@ __all__ = ["Calls"]
 
 log = logging.getLogger("shmrpc.server")
 
-_NOBLOCK = int(zmq.NOBLOCK)
-_NOBLOCK_SNDMORE = int(zmq.NOBLOCK | zmq.SNDMORE)
-_RCVMORE = int(zmq.RCVMORE)
+_NOBLOCK_SNDMORE = NOBLOCK | SNDMORE
 _HEADER_UNPACK = HEADER.unpack_from
 _CALL_NBYTES = m.CALL_STRUCT.size
 _TRACED_CALL_NBYTES = m.CALL_STRUCT.size + m.TRACE_STRUCT.size
@@ -99,21 +98,21 @@ class Calls:
                 # asking zmq.EVENTS first (a system call in libzmq; a receive that finds its pipe idle processes
                 # the socket's commands itself, and then says Again only when nothing is queued)
                 try:
-                    identity = _RAW_RECV(sock, _NOBLOCK)
+                    identity = RAW_RECV(sock, NOBLOCK)
                 except zmq.Again:
                     poller.used = False  # the receive asked the socket, as zmq.EVENTS would have
                     return
-            elif _RAW_GET(sock, _EVENTS) & _POLLIN:  # cheaper than catching zmq.Again
-                identity = _RAW_RECV(sock, _NOBLOCK)
+            elif RAW_GET(sock, EVENTS) & POLLIN:  # cheaper than catching zmq.Again
+                identity = RAW_RECV(sock, NOBLOCK)
             else:
                 poller.used = False  # asked after every send and receive of the turn so far
                 return
             poller.used = True
-            frame = _RAW_RECV(sock, _NOBLOCK)
-            if _RAW_GET(sock, _RCVMORE):  # every message is one frame: say so rather than ignore it
+            frame = RAW_RECV(sock, NOBLOCK)
+            if RAW_GET(sock, RCVMORE):  # every message is one frame: say so rather than ignore it
                 n = 1
-                while _RAW_GET(sock, _RCVMORE):
-                    _RAW_RECV(sock, _NOBLOCK)
+                while RAW_GET(sock, RCVMORE):
+                    RAW_RECV(sock, NOBLOCK)
                     n += 1
                 self._refuse(identity, "bad_message", f"a message is one frame, this one had {n}", "frames")
                 continue
@@ -128,8 +127,8 @@ class Calls:
         try:
             assert self._sock is not None and self._poller is not None
             self._poller.used = True
-            _RAW_SEND(self._sock, identity, _NOBLOCK_SNDMORE)
-            _RAW_SEND(self._sock, frame, _NOBLOCK)
+            RAW_SEND(self._sock, identity, _NOBLOCK_SNDMORE)
+            RAW_SEND(self._sock, frame, NOBLOCK)
         except (zmq.Again, zmq.ZMQError) as e:  # peer gone (ROUTER_MANDATORY) or its queue full
             log.debug("could not send to a client: %s", e)
 

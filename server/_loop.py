@@ -45,6 +45,7 @@ from shmrpc.schema.control import ErrorReply, State
 from shmrpc.schema.errors import InternalError
 from shmrpc.schema.messages import NO_RESPONSE
 from shmrpc.schema.naming import attach_path, endpoint, socket_path
+from shmrpc.schema.zmqraw import POLLIN
 
 from . import checks
 from ._attach import AttachListener, set_dumpable
@@ -54,7 +55,7 @@ from ._dispatch import Dispatcher, Launched
 from ._lanes import Lanes
 from ._lease import Leases, Slot
 from ._observe import Observer
-from ._poll import _POLLIN, LoopPoll
+from ._poll import LoopPoll
 from ._primed import PrimedSlots
 from ._runs import Done, Runs
 from ._sessions import Sessions
@@ -274,7 +275,7 @@ class Worker(Calls, Runs):
         doorbell = lanes.doorbell_fd if lanes is not None else -1
         if lanes is not None:
             poller.watch_lanes(lanes)
-        lane_rang = {doorbell: _POLLIN}  # the events of a turn whose lane request the spin found
+        lane_rang = {doorbell: POLLIN}  # the events of a turn whose lane request the spin found
         polled: set[int] = set()  # pidfds of clients and attach connections waiting for their HELLO
         pidfds: set[int] = set()
         waiting: set[int] = set()

@@ -27,15 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from shmrpc.schema.zmqraw import EVENTS, POLLIN, RAW_GET, RAW_RECV, RAW_SEND
+# the loop calls libzmq through pyzmq's Cython socket with plain ints (here and in ._calls; schema.zmqraw says why)
+from shmrpc.schema.zmqraw import EVENTS, POLLIN, RAW_GET
 
 if TYPE_CHECKING:
     from ._lanes import Lanes
 
 __all__ = ["LoopPoll"]
 
-# The loop calls libzmq through pyzmq's Cython socket with plain ints (here and in ._calls; schema.zmqraw says why)
-_RAW_SEND, _RAW_RECV, _RAW_GET, _POLLIN, _EVENTS = RAW_SEND, RAW_RECV, RAW_GET, POLLIN, EVENTS
 
 
 class LoopPoll:
@@ -72,7 +71,7 @@ class LoopPoll:
         queued = 0
         if self.used:
             self.used = False
-            queued = _RAW_GET(sock, _EVENTS) & _POLLIN
+            queued = RAW_GET(sock, EVENTS) & POLLIN
         lanes = self._lanes
         found = False
         if timeout_ms and lanes is not None and lanes.awake_until_ns:  # (ready() reads after the clock: in order)
@@ -88,5 +87,5 @@ class LoopPoll:
         if found and lanes is not None:
             events[lanes.doorbell_fd] = select.POLLIN
         if events.pop(self._zfd, 0) or queued:  # the reader asks the socket again before it receives
-            events[sock] = _POLLIN
+            events[sock] = POLLIN
         return events
