@@ -148,8 +148,13 @@ class Loan:
         return rid
 
     def _wait(self, rid: int, deadline: float) -> None:
+        c = self._c
+        lane = c._t.lane
+        if lane is not None and lane.busy == rid:  # rung through the lane: its answer is read from the page
+            c._lane_wait(lane, rid, deadline)
+            return
         s = self._s
-        self._c._await_answer(rid, lambda: s.in_flight != rid, deadline)
+        c._await_answer(rid, lambda: s.in_flight != rid, deadline)
 
     def _response(self, rid: int) -> dict[str, np.ndarray]:
         s, mv = self._s, self._live()

@@ -182,7 +182,7 @@ def _w4a16_cupy(call: OpCall) -> dict[str, Any]:
     out = call.dest("out")
     if out is None or not out.flags.c_contiguous:
         out = cupy.empty((m, n), dtype=x.dtype)
-    partial = _partials(call, ksplit * m * n)
+    partial = _partials(call, ksplit * m * n if ksplit > 1 else 1)  # no split: the kernel never reads it
     counters = _counters(call, grid_x)  # zeroed once; every launch leaves them zero again (one set per stream)
     kt = "F16" if dt == "float16" else "BF16"
     pf = "true" if mb == 1 and tuning().prefetch else "false"
@@ -328,7 +328,7 @@ def _launch_of(kt: str, m: int, k: int, n: int, gs: int, cfg: tuple[int, ...], n
         mt, nw, wp, _, st = cfg
         name = f"w4a16_mma<{kt},{mt},{nw},{wp}>" if st == 0 else f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>"
         launch = _Launch("w4a16_mma.cu", _mma_names(kt), name, None, (tiles, ksplit), wp, 0,
-                         _int32s(m, k, n, gs // 2, cpb), ksplit * m * n, tiles)
+                         _int32s(m, k, n, gs // 2, cpb), ksplit * m * n if ksplit > 1 else 1, tiles)
     if len(_LAUNCHES) >= 4096:
         _LAUNCHES.clear()
     _LAUNCHES[key] = launch
@@ -376,7 +376,7 @@ def _w4a16_h2(call: OpCall, m: int, k: int, n: int, gs: int) -> Any:
     out = call.dest("out")
     if out is None or not out.flags.c_contiguous:
         out = cupy.empty((m, n), dtype=x.dtype)
-    partial = _partials(call, grid[1] * m * n)
+    partial = _partials(call, grid[1] * m * n if grid[1] > 1 else 1)
     counters = _counters(call, grid[0])
     fn = get_function("gemm_w4a16.cu", _w4a16_names("F16"), _h2_name(cfg))
     fn(grid, (256,), (x, qw, sc, zr, partial, counters, out, np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2)))

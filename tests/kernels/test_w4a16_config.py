@@ -361,5 +361,5 @@ def test_launch_of_a_shape_is_its_geometry_kept(cfg) -> None:
         assert launch.partials == (ksplit * m * n if ksplit > 1 and len(cfg) == 6 else 1)
     else:
         (tiles, ksplit), cpb = w4a16_mma_launch(m, k, n, 132, cfg)
-        assert launch.grid == (tiles, ksplit) and launch.smem == 0 and launch.partials == ksplit * m * n
+        assert launch.grid == (tiles, ksplit) and launch.smem == 0 and launch.partials == (ksplit * m * n if ksplit > 1 else 1)
     assert launch.tail[4] == cpb and launch.names is _mma_names("BF16") or len(cfg) == 4
