@@ -95,19 +95,18 @@ def main() -> int:
             assert worker.stdout is not None and worker.stdin is not None
             assert worker.stdout.readline().strip() == "ready", "the worker did not start"
             pc, last = time.perf_counter, {}
-            o_ring, o_answer = _lane.ClientLane.ring, _lane.ClientLane.answer
+            o_ring, o_wait = _lane.ClientLane.ring, _lane.ClientLane.wait
 
             def ring(self: object, *a: object) -> None:
                 last["ring"] = pc()
                 o_ring(self, *a)  # type: ignore[arg-type]
 
-            def answer(self: object) -> bytes | None:
-                got = o_answer(self)  # type: ignore[arg-type]
-                if got is not None:
-                    last["seen"] = pc()
+            def wait(self: object, *a: object) -> bytes:  # "seen": the lane's wait returns the DONE it read
+                got = o_wait(self, *a)  # type: ignore[arg-type]
+                last["seen"] = pc()
                 return got
 
-            _lane.ClientLane.ring, _lane.ClientLane.answer = ring, answer  # type: ignore[method-assign]
+            _lane.ClientLane.ring, _lane.ClientLane.wait = ring, wait  # type: ignore[method-assign]
             rows = []
             with Client(name, timeout_s=30, lane=args.lane) as c, c.loan(4096) as req:
                 req.array("x", (16,), np.float32)[...] = 1
