@@ -25,6 +25,7 @@
 #   pool    1 worker vs 2 workers (`serve --devices`, one GPU each), 8 client processes through
 #           shmrpc.client.Pool sending gemm against a resident weight (bench/pool.py); then
 #           `shmrpc bench async` and `shmrpc bench threads` on this host's cores (NumPy worker)
+#   (the stages that compare against a base tree record BASE_COMMIT, if given, as the base runs' commit)
 #   ab      the tree sent against a base tree (the wheel in .whl/base/, installed beside it), interleaved twice:
 #           64 B in-place vector_add on the NumPy worker, loan and lanes next to zmq, and 8 and 16 client
 #           processes (loan and blocking lane) -> $OUT/ab-{base,new}-rN.json, $OUT/ab-clients-{base,new}-rN.json;
@@ -129,10 +130,10 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
 lane_traces() {  # bench/lane_trace.py for the base tree and the tree, twice, each lane of "$@"
   for r in 1 2; do
     for tree in base new; do
-      site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
+      site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
       for ln in "$@"; do
         echo "== round $r, $tree: bench/lane_trace.py --lane $ln (where a lane's round trip goes)"
-        PYTHONPATH=$site timeout 60 python3 bench/lane_trace.py --lane "$ln" --calls 20000 \
+        PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 60 python3 bench/lane_trace.py --lane "$ln" --calls 20000 \
           --out "$OUT/lane-trace-$ln-$tree-r$r.json" 2>&1 | grep -v JSON
       done
     done
@@ -252,9 +253,9 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
       base_site || exit 1
       for r in 1 2; do
         for tree in base new; do
-          site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
+          site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
           echo "== round $r, $tree: bench/gpu/w4a16_probe.py ${W4_PROBE_ARGS:-}"
-          PYTHONPATH=$site timeout 100 python3 bench/gpu/w4a16_probe.py ${W4_PROBE_ARGS:-} \
+          PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 100 python3 bench/gpu/w4a16_probe.py ${W4_PROBE_ARGS:-} \
             --out "$OUT/w4a16-probe-$tree-r$r.json" > "$OUT/w4a16-probe-$tree-r$r.log" 2>&1
           grep -E "product" "$OUT/w4a16-probe-$tree-r$r.log"
         done
@@ -300,17 +301,17 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
       abpin=(); [ -n "${AB_PIN:-}" ] && abpin=(--server-cpus "${AB_PIN%%:*}" --client-cpus "${AB_PIN##*:}")
       for r in 1 2; do
         for tree in base new; do
-          site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
+          site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
           echo "== round $r, $tree: 64 B vector_add in place (NumPy worker), lanes next to zmq; 8 and 16 clients"
-          PYTHONPATH=$site timeout 60 $BENCH lat --lanes --peers zmq --sizes 64 --iters 3000 --backend numpy \
+          PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 60 $BENCH lat --lanes --peers zmq --sizes 64 --iters 3000 --backend numpy \
             --op vector_add --dtype float32 --in-place "${abpin[@]}" -q --out "$OUT/ab-$tree-r$r.json" 2>&1 | grep -E "^ +64B"
           if [ -n "${AB_SPIN:-}" ]; then  # the same with the worker and the shmrpc clients spinning AB_SPIN µs
             echo "== round $r, $tree: the same, --spin-us $AB_SPIN, next to iceoryx2 spinning"
-            PYTHONPATH=$site timeout 60 $BENCH lat --lanes --peers zmq,iox2-spin --sizes 64 --iters 3000 --backend numpy \
+            PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 60 $BENCH lat --lanes --peers zmq,iox2-spin --sizes 64 --iters 3000 --backend numpy \
               --op vector_add --dtype float32 --in-place --spin-us "$AB_SPIN" "${abpin[@]}" -q --out "$OUT/ab-spin-$tree-r$r.json" \
               2>&1 | grep -E "^ +64B"
           fi
-          PYTHONPATH=$site timeout 60 $BENCH lat --transports shmrpc,shmrpc-lane --clients 8,16 --iters 3000 \
+          PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 60 $BENCH lat --transports shmrpc,shmrpc-lane --clients 8,16 --iters 3000 \
             --backend numpy --op vector_add --dtype float32 --sizes 64 -q --out "$OUT/ab-clients-$tree-r$r.json" \
             2>&1 | grep -E "^shmrpc"
         done
@@ -322,13 +323,13 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
       pin1=${AB_PIN1:-2:10}
       for r in $(seq 1 "${AB_ROUNDS:-4}"); do
         for tree in base new; do
-          site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
+          site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
           echo "== round $r, $tree: no spin"
-          PYTHONPATH=$site timeout 80 $BENCH lat --lanes --peers zmq --sizes 64 --iters 4000 --backend numpy \
+          PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 80 $BENCH lat --lanes --peers zmq --sizes 64 --iters 4000 --backend numpy \
             --op vector_add --dtype float32 --in-place --server-cpus "${pin1%%:*}" --client-cpus "${pin1##*:}" -q \
             --out "$OUT/ab4-$tree-r$r.json" 2>&1 | grep -E "^ +64B"
           echo "== round $r, $tree: --spin-us 200, iceoryx2 spinning"
-          PYTHONPATH=$site timeout 80 $BENCH lat --lanes --peers zmq,iox2-spin --sizes 64 --iters 4000 --backend numpy \
+          PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 80 $BENCH lat --lanes --peers zmq,iox2-spin --sizes 64 --iters 4000 --backend numpy \
             --op vector_add --dtype float32 --in-place --spin-us 200 --server-cpus "${pin1%%:*}" \
             --client-cpus "${pin1##*:}" -q --out "$OUT/ab4-spin-$tree-r$r.json" 2>&1 | grep -E "^ +64B"
         done
@@ -339,11 +340,11 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
       lscpu | grep -E "Thread|Core|Socket|NUMA node0"
       for r in 1 2 3 4; do
         for tree in base new; do
-          site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
+          site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
           for pin in free 2:10 2:3; do
             pa=(); [ $pin != free ] && pa=(--server-cpus "${pin%%:*}" --client-cpus "${pin##*:}")
             echo -n "r$r $tree $pin: "
-            PYTHONPATH=$site timeout 60 $BENCH lat --transports shmrpc-lane,shmrpc --sizes 64 --iters 5000 --backend numpy \
+            PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 60 $BENCH lat --transports shmrpc-lane,shmrpc --sizes 64 --iters 5000 --backend numpy \
               --op vector_add --dtype float32 --in-place "${pa[@]}" -q --out "$OUT/abblock-$tree-${pin/:/-}-r$r.json" 2>&1 \
               | grep -E "^ +64B" | awk '{printf "%s=%s ", $3$4$5, $8}'
             echo
@@ -354,12 +355,12 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
       base_site || exit 1
       for r in 1 2; do
         for arm in ${GEMMAB_ARMS:-base nolaunch new}; do
-          site=/tmp/site; [ "$arm" = base ] && site=/tmp/site-base:/tmp/site
+          site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$arm" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
           launch=1; [ "$arm" = nolaunch ] && launch=0
           singles=0; [ "$arm" = singles ] && singles=1
           wargs=""; [ "$arm" = wspin ] && wargs="--spin-us 200"; [ "$arm" = bwait ] && wargs="--batch-wait-us 100"
           echo "== round $r, $arm: gemm x=16x256 w=256x256 float16 on the CuPy worker, 8 and 16 clients"
-          SHMRPC_CUDA_LAUNCH_BATCHES=$launch SHMRPC_CUDA_BATCH_SINGLES=$singles PYTHONPATH=$site timeout 90 $BENCH lat \
+          SHMRPC_CUDA_LAUNCH_BATCHES=$launch SHMRPC_CUDA_BATCH_SINGLES=$singles PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 90 $BENCH lat \
             --transports shmrpc,shmrpc-lane,shmrpc-lane-spin --clients 8,16 --iters 2000 --warmup 50 --backend cupy \
             --op gemm --shape x=16x256 --shape w=256x256 --dtype float16 --worker-args "$wargs" -q \
             --out "$OUT/gemmab-$arm-r$r.json" 2>&1 | grep -E "^shmrpc"
@@ -378,9 +379,9 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
       base_site || exit 1
       for r in 1 2; do
         for tree in base new; do
-          site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site
+          site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
           echo "== round $r, $tree: 64 B scale on the CuPy worker, lanes next to zmq"
-          PYTHONPATH=$site timeout 90 $BENCH lat --lanes --peers zmq --sizes 64 --iters 3000 --backend cupy \
+          PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 90 $BENCH lat --lanes --peers zmq --sizes 64 --iters 3000 --backend cupy \
             --op scale --attr a=2 --attr b=1 --dtype float32 -q --out "$OUT/scaleab-$tree-r$r.json" 2>&1 | grep -E "^ +64B"
         done
       done ;;
