@@ -42,6 +42,7 @@
 #           (AB_PIN1 server:client, default 2:10), without and with --spin-us 200 (iceoryx2 spinning beside it)
 #           -> $OUT/ab4-{,spin-}{base,new}-rN.json; then bench/lane_trace.py --lane block and spin for both trees,
 #           twice -> $OUT/lane-trace-{block,spin}-{base,new}-rN.json
+#   ltrace  only the lane traces of abrounds (bench/lane_trace.py, blocking and spinning, base tree and tree, twice)
 #   abblock the blocking lane and the ZeroMQ loan alone (nothing spins), the tree against the base tree, interleaved
 #           4 times, unpinned and pinned to 2:10 and 2:3 -> $OUT/abblock-{base,new}-{free,2-10,2-3}-rN.json
 #   gemmpin gemm x=16x256 w=256x256 float16 on the CuPy worker from 8 and 16 client processes (loan, both lanes),
@@ -334,6 +335,9 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
             --client-cpus "${pin1##*:}" -q --out "$OUT/ab4-spin-$tree-r$r.json" 2>&1 | grep -E "^ +64B"
         done
       done
+      lane_traces block spin ;;
+    ltrace)
+      base_site || exit 1
       lane_traces block spin ;;
     abblock)
       base_site || exit 1
