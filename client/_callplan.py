@@ -47,14 +47,15 @@ class CallPlan:
     desc: tuple[bytes, int, int, tuple[str, ...]]
 
 
-def signature(op: Any, inputs: tuple[tuple[str, tuple[int, ...], str], ...], attrs: dict[str, Any],
+def signature(op: Any, inputs: tuple[tuple[str, tuple[int, ...], Any], ...], attrs: dict[str, Any],
               in_place: bool, keep: tuple[str, ...], out_nbytes: int | None) -> Any:
-    """The plan cache's key; None when an attribute cannot be hashed (that call takes the general path).
+    """The plan cache's key (``inputs``: name, shape and NumPy dtype of each); None when an attribute cannot be
+    hashed (that call's plan is made every time).
 
     Attribute values carry their type: ``a=1``, ``a=1.0`` and ``a=True`` compare equal in Python but
     are encoded differently on the wire.
     """
-    key = (op, inputs, tuple((k, type(v), v) for k, v in attrs.items()), in_place, keep, out_nbytes)
+    key = (op, inputs, tuple((k, type(v), v) for k, v in attrs.items()) if attrs else (), in_place, keep, out_nbytes)
     try:
         hash(key)
     except TypeError:

@@ -137,15 +137,17 @@ class Calls:
         the slot, the descriptor bytes written, ring, wait, the response checked, outputs copied out."""
         self._check()
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
-        try:
-            inputs = tuple((k, a.shape, dtypes.name_of_numpy(a.dtype)) for k, a in arrays.items())
-        except KeyError:
-            bad = next(k for k, a in arrays.items() if _cannot_travel(a.dtype))
-            raise InvalidRequestError(f"array {bad!r} has dtype {arrays[bad].dtype}, which cannot travel",
-                                      tensor=bad, field="dtype") from None
-        key = signature(op, inputs, attrs, in_place, keep, out_nbytes)
+        # the key holds the NumPy dtypes themselves (their wire names are looked up only to make a plan)
+        key = signature(op, tuple([(k, a.shape, a.dtype) for k, a in arrays.items()]), attrs, in_place, keep,
+                        out_nbytes)
         plan = self._plans.get(key) if key is not None else None
         if plan is None:
+            try:
+                inputs = tuple((k, a.shape, dtypes.name_of_numpy(a.dtype)) for k, a in arrays.items())
+            except KeyError:
+                bad = next(k for k, a in arrays.items() if _cannot_travel(a.dtype))
+                raise InvalidRequestError(f"array {bad!r} has dtype {arrays[bad].dtype}, which cannot travel",
+                                          tensor=bad, field="dtype") from None
             plan, sure = self._plan_call(op, inputs, attrs, in_place, keep, out_nbytes)
             if key is not None and sure:
                 bounded_put(self._plans, key, plan)
@@ -154,16 +156,20 @@ class Calls:
         try:
             mv = loan._live()
             for a, (off, nbytes) in zip(arrays.values(), plan.writes):
-                if nbytes:
-                    mv[off:off + nbytes] = a.reshape(-1).view(np.uint8).data  # the one copy in, bytes as they are
+                if nbytes:  # the one copy in, bytes as they are
+                    try:
+                        src = a.data.cast("B")  # (C-contiguous: _plain_inputs checked)
+                    except (ValueError, TypeError):  # a dtype without a buffer format (ml_dtypes' bfloat16)
+                        src = a.reshape(-1).view(np.uint8).data
+                    mv[off:off + nbytes] = src
             loan._tensors, loan._cursor = list(plan.tensors), plan.cursor
             rid = loan._publish(plan.desc)
             loan._wait(rid, deadline)
-            out = loan._response(rid)
             if copy:  # copies: no view of the slot is handed out, so the next call() may use the same loan
-                out = {k: v.copy() for k, v in out.items()}
+                out = {k: v.copy() for k, v in loan._response(rid, fresh=False).items()}
                 kept = True
-            return out
+                return out
+            return loan._response(rid)
         finally:
             if kept:
                 self._keep(loan)

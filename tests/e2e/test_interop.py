@@ -88,6 +88,15 @@ def test_bfloat16_by_wire_name(client: Client) -> None:
         np.testing.assert_array_equal(out.view(np.uint16), [0x4000, 0x4080, 0xC0C0])  # 2.0, 4.0, -6.0
 
 
+def test_ml_dtypes_bfloat16_arrays_through_call(client: Client) -> None:
+    # an ml_dtypes bfloat16 array has no buffer format: call() copies its bytes in through a uint8 view
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed (pip install ml-dtypes to run this)")
+    x = np.array([1.0, 2.0, -3.0], ml_dtypes.bfloat16)
+    for _ in range(2):  # the first call makes the signature's plan, the second takes the steady path
+        out = client.call("scale", x=x, a=2.0)["out"]
+        np.testing.assert_array_equal(out.view(np.uint16), [0x4000, 0x4080, 0xC0C0])  # 2.0, 4.0, -6.0
+
+
 # ------------------------------------------------------------------ PyTorch (skipped where absent)
 
 
