@@ -93,6 +93,8 @@ class Runs:
     if TYPE_CHECKING:
         def _send(self, identity: bytes, frame: bytes) -> None: ...
 
+        def _on_call(self, identity: bytes, frame: bytes, stopping: bool, lane: int = 0) -> None: ...
+
         def stop(self) -> None: ...
 
     def _run_pending(self) -> None:
@@ -154,15 +156,30 @@ class Runs:
     def _spin(self, poller: LoopPoll, lane_rang: dict[int, int], end: float) -> dict[Any, int]:
         """Spin until ``end`` (time.perf_counter) for the next events: with lanes, their call_seq words are read on
         every pass and the poll (a system call) runs every SPIN_POLL_S; without, the poll runs on every pass.
-        Returns ``lane_rang`` for a lane's request, the poll's events, or none once ``end`` passed or an executor's
-        answer is queued (the caller polled just before: the first poll here comes SPIN_POLL_S later)."""
+
+        A lane's request found here is served here (``_on_call``, as the loop's turn would), and the spin goes on:
+        the next request of a lane finds the loop spinning again as soon as the answer is out, not after a turn's
+        bookkeeping and a poll. Parked requests (a batch), a launched run, an executor's answer or a stop end the
+        spin at once (the loop's turn takes them), and so does ``end``: the loop turns at least every spin.
+
+        Returns ``lane_rang`` for a lane's request (or once ``end`` passed after serving any here), the poll's
+        events, or none once ``end`` passed or an executor's answer is queued (the caller polled just before: the
+        first poll here comes SPIN_POLL_S later)."""
         lanes = self._lanes
         now = time.perf_counter()
         next_poll = now + SPIN_POLL_S
+        served = False
         while now < end and not self._done:
             if lanes is not None:
                 if lanes.ready():
-                    return lane_rang
+                    if self._pending or self._launched is not None or self._stopping:
+                        return lane_rang
+                    for lane, seq, frame in lanes.scan():
+                        self._on_call(lane.identity, frame, False, seq)
+                    served = True
+                    if self._pending or self._launched is not None or self.dispatch.fatal:
+                        return lane_rang
+                    # on to the poll's turn below: it runs every SPIN_POLL_S, the lanes busy or not
                 if now < next_poll:
                     now = time.perf_counter()
                     continue
@@ -171,7 +188,9 @@ class Runs:
             if events:
                 return events
             now = time.perf_counter()
-        return {}
+        # NOTE: after a request served here, never an empty answer: the caller would sleep in its poll, and the
+        # answer said this worker polls the lane for a while yet (its awake word): the turn runs, then a new spin
+        return lane_rang if served else {}
 
     def _run_elsewhere(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], primed: Primed,
                        t0: float, lane: int) -> None:

@@ -16,6 +16,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -186,6 +187,64 @@ def test_several_clients_ring_their_lanes_at_once(worker: WorkerProc, mode: str)
     for p in procs:
         out, err = p.communicate(timeout=50)
         assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
+
+
+_HAMMER_CHILD = textwrap.dedent("""
+    import os, sys, numpy as np
+    from shmrpc.client import Client
+    rng = np.random.default_rng(7)
+    n = 0
+    with Client(sys.argv[1], lane="spin", spin_us=1000, timeout_s=30) as c, c.loan(4096) as req:
+        x, y = req.array("x", (8,), np.float32), req.array("y", (8,), np.float32)
+        while not os.path.exists(sys.argv[2]):
+            a, b = rng.standard_normal(8, dtype=np.float32), rng.standard_normal(8, dtype=np.float32)
+            x[...], y[...] = a, b
+            out = req.send("vector_add")["out"]
+            assert np.array_equal(out, a + b), (n, out, a + b)
+            n += 1
+            if n == 200:
+                print("ready", flush=True)
+        assert c._t.lane is not None and c._t.lane.seq == n
+    print("ok", n, flush=True)
+""")
+
+
+def test_a_lane_kept_busy_leaves_the_spinning_worker_serving_everything_else(
+        spawn_worker: Callable[..., WorkerProc], tmp_path: Path) -> None:
+    # a lane client sending without a pause: its requests are served inside the spinning loop's spin, and the loop
+    # must still turn: ZeroMQ calls answered, STATE answered, a client that dies seen, all while the lane is busy
+    w = spawn_worker("--spin-us", "300")
+    stop = tmp_path / "stop"
+    hammer = subprocess.Popen([sys.executable, "-c", _HAMMER_CHILD, w.name, str(stop)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert hammer.stdout is not None and hammer.stdout.readline().strip() == "ready"
+        rng = np.random.default_rng(9)
+        with Client(w.name, timeout_s=30) as c:  # no lane: over ZeroMQ
+            for _ in range(50):
+                a = rng.standard_normal(8)
+                np.testing.assert_allclose(c.call("scale", x=a, a=3.0)["out"], 3 * a)
+            victim = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+                import sys, time
+                import numpy as np
+                from shmrpc.client import Client
+                c = Client(sys.argv[1])
+                c.call("echo", x=np.zeros(4))
+                print("ready", flush=True)
+                time.sleep(60)
+                """), w.name], stdout=subprocess.PIPE, text=True)
+            assert victim.stdout is not None and victim.stdout.readline().strip() == "ready"
+            wait_for_state(w.name, lambda st: len(st["clients"]) == 3, "three clients")
+            victim.kill()
+            victim.communicate(timeout=10)
+            wait_for_state(w.name, lambda st: len(st["clients"]) == 2, "the killed client's session ended")
+            np.testing.assert_allclose(c.call("scale", x=np.ones(3), a=2.0)["out"], 2.0)
+            assert hammer.poll() is None, "the lane client stopped before the checks were done"
+    finally:
+        stop.touch()
+        out, err = hammer.communicate(timeout=30)
+    assert hammer.returncode == 0 and out.split()[0] == "ok", err[-2000:]
+    assert int(out.split()[1]) > 200  # its lane stayed busy through the checks
 
 
 def test_a_spinning_worker_serves_lanes_zeromq_and_a_dying_client(spawn_worker: Callable[..., WorkerProc]) -> None:
