@@ -1,4 +1,5 @@
-"""The round-trip traces (bench/zmq_trace.py, bench/lane_trace.py) run end to end and write what they print.
+"""The round-trip traces (bench/zmq_trace.py, bench/lane_trace.py) and the client CPU probe (bench/client_cpu.py) run
+end to end and write what they print.
 
 Each starts its own worker (and, for the ZeroMQ trace, a bare pyzmq echo) in child processes over real sockets;
 a short run must give every interval of both sides, each positive and shorter than its round trip, in a JSON
@@ -73,3 +74,15 @@ def test_write_probe_without_argv_records_this_processs_command(tmp_path: Path, 
     monkeypatch.setattr("sys.argv", [str(tmp_path / "bench" / "p.py"), "--calls", "7"])
     doc = json.loads(write_probe({"mode": "some-probe"}, None, tmp_path / "p.json").read_text())
     assert doc["command"] == "bench/p.py --calls 7"  # the program's path relative to the working directory
+
+
+@pytest.mark.timeout(180)
+def test_client_cpu_times_the_loan_and_call_of_each_tree(tmp_path: Path) -> None:
+    doc = _run("client_cpu.py", "--calls", "300", "--rounds", "2", "--tree", "a=", "--tree", "b=",
+               out=tmp_path / "c.json")
+    assert doc["mode"] == "client-cpu" and "verdicts" not in doc and doc["command"].startswith("bench/client_cpu.py")
+    assert set(doc["runs"]) == {"a", "b"} and all(len(rs) == 2 for rs in doc["runs"].values())
+    for med in doc["medians"].values():
+        assert set(med) == {"loan_us", "call_us", "replay_us"}
+        # a call() is a loan's send plus its copies, and both include the replay
+        assert 0 < med["replay_us"] < med["loan_us"] < med["call_us"], med
