@@ -15,14 +15,14 @@ machine the round trip moves by more than a change of a µs on one side; the CPU
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
 import signal
-import statistics
 import subprocess
 import sys
+
+from worker_cpu import ab_parser, ab_rounds, tree_env  # (bench/, beside this program)
 
 _CHILD = r"""
 import json, sys, timeit
@@ -88,12 +88,7 @@ print(json.dumps(out))
 
 
 def _one(name: str, pythonpath: str, calls: int) -> dict[str, float]:
-    env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    else:
-        env.pop("PYTHONPATH", None)
-    got = subprocess.run([sys.executable, "-c", _CHILD, name, str(calls)], env=env, capture_output=True, text=True,
+    got = subprocess.run([sys.executable, "-c", _CHILD, name, str(calls)], env=tree_env(pythonpath), capture_output=True, text=True,
                          timeout=600, check=False)
     if got.returncode != 0:
         raise SystemExit(f"the client child failed:\n{got.stderr[-3000:]}")
@@ -101,38 +96,18 @@ def _one(name: str, pythonpath: str, calls: int) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", type=int, default=20000)
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--tree", action="append", required=True, metavar="LABEL=PYTHONPATH")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    trees = [t.split("=", 1) for t in args.tree]
+    args = ab_parser(__doc__).parse_args()
     name = f"ccpu-{os.getpid()}-{secrets.token_hex(3)}"
     worker = subprocess.Popen([sys.executable, "-m", "shmrpc.server", "serve", "--name", name, "--backend", "numpy",
                                "--no-mlock", "--log-level", "WARNING", "--slots", "64K:16", "--lease", "4"],
                               stdout=subprocess.PIPE, text=True)
-    runs: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
     try:
         assert worker.stdout is not None and "ready" in worker.stdout.readline(), "the worker did not start"
-        for r in range(args.rounds):
-            for label, path in trees if r % 2 == 0 else list(reversed(trees)):  # ABBA: neither goes first each time
-                runs[label].append(_one(name, path, args.calls))
-                print(f"round {r + 1} {label:<8} " + "  ".join(f"{k} {v:6.2f}" for k, v in runs[label][-1].items()),
-                      flush=True)
+        ab_rounds("client-cpu", args.tree, args.rounds, args.calls, lambda _, path: _one(name, path, args.calls),
+                  "µs of client CPU per request, the replay included", args.out)
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.communicate(timeout=30)
-    medians = {label: {k: round(statistics.median(x[k] for x in rs), 2) for k in rs[0]} for label, rs in runs.items()}
-    print("\nmedians over rounds (µs of client CPU per request, the replay included)")
-    for label, med in medians.items():
-        print(f"  {label:<8} " + "  ".join(f"{k} {v:6.2f}" for k, v in med.items()))
-    if args.out:
-        from shmrpc.bench._report import write_probe
-
-        doc = {"mode": "client-cpu", "calls": args.calls, "rounds": args.rounds,
-               "trees": {label: (path or "this checkout") for label, path in trees}, "runs": runs, "medians": medians}
-        write_probe(doc, None, args.out)
     return 0
 
 

@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -55,11 +56,7 @@ def _one(label: str, pythonpath: str, calls: int) -> dict[str, float]:
     from shmrpc.client import Client
 
     name = f"wcpu-{os.getpid()}-{secrets.token_hex(3)}"
-    env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    else:
-        env.pop("PYTHONPATH", None)
+    env = tree_env(pythonpath)
     worker = subprocess.Popen([sys.executable, "-m", "shmrpc.server", "serve", "--name", name, "--backend", "numpy",
                                "--no-mlock", "--log-level", "WARNING", "--slots", "64K:16", "--lease", "4"],
                               env=env, stdout=subprocess.PIPE, text=True)
@@ -77,30 +74,53 @@ def _one(label: str, pythonpath: str, calls: int) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    args = ab_parser(__doc__).parse_args()
+    ab_rounds("worker-cpu", args.tree, args.rounds, args.calls, lambda label, path: _one(label, path, args.calls),
+              "µs per request", args.out)
+    return 0
+
+
+def tree_env(pythonpath: str) -> dict[str, str]:
+    """This process's environment with ``PYTHONPATH`` set to a tree's (empty: none, this checkout)."""
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    else:
+        env.pop("PYTHONPATH", None)
+    return env
+
+
+def ab_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options of an A/B between trees: --calls, --rounds, --tree LABEL=PYTHONPATH (repeated), --out."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--tree", action="append", required=True, metavar="LABEL=PYTHONPATH")
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    trees = [t.split("=", 1) for t in args.tree]
+    return ap
+
+
+def ab_rounds(mode: str, tree_args: list[str], rounds: int, calls: int,
+              measure: Callable[[str, str], dict[str, float]], unit: str, out: str | None) -> None:
+    """``measure(label, pythonpath)`` of each ``LABEL=PYTHONPATH`` tree, ``rounds`` times interleaved ABBA; prints each
+    round and the medians over rounds (in ``unit``), and writes them to ``out`` (``write_probe``) when given."""
+    trees = [t.split("=", 1) for t in tree_args]
     runs: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
-    for r in range(args.rounds):
+    for r in range(rounds):
         for label, path in trees if r % 2 == 0 else list(reversed(trees)):  # ABBA: neither goes first each time
-            runs[label].append(_one(label, path, args.calls))
-            print(f"round {r + 1} {label:<8} " + "  ".join(f"{k} {v:7.1f}" for k, v in runs[label][-1].items()),
+            runs[label].append(measure(label, path))
+            print(f"round {r + 1} {label:<8} " + "  ".join(f"{k} {v:7.2f}" for k, v in runs[label][-1].items()),
                   flush=True)
     medians = {label: {k: round(statistics.median(x[k] for x in rs), 2) for k in rs[0]} for label, rs in runs.items()}
-    print("\nmedians over rounds (µs per request)")
+    print(f"\nmedians over rounds ({unit})")
     for label, med in medians.items():
-        print(f"  {label:<8} " + "  ".join(f"{k} {v:7.1f}" for k, v in med.items()))
-    if args.out:
+        print(f"  {label:<8} " + "  ".join(f"{k} {v:7.2f}" for k, v in med.items()))
+    if out:
         from shmrpc.bench._report import write_probe
 
-        doc = {"mode": "worker-cpu", "calls": args.calls, "rounds": args.rounds,
+        doc = {"mode": mode, "calls": calls, "rounds": rounds,
                "trees": {label: (path or "this checkout") for label, path in trees}, "runs": runs, "medians": medians}
-        write_probe(doc, None, args.out)
-    return 0
+        write_probe(doc, None, out)
 
 
 if __name__ == "__main__":

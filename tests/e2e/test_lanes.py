@@ -189,6 +189,29 @@ def test_several_clients_ring_their_lanes_at_once(worker: WorkerProc, mode: str)
         assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
 
 
+_VICTIM_CHILD = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    from shmrpc.client import Client
+    c = Client(sys.argv[1], lane=sys.argv[2] or None)
+    c.call("echo", x=np.zeros(4))
+    print("ready", flush=True)
+    time.sleep(60)
+""")
+
+
+def _a_client_dies(name: str, lane: str | None, clients: int) -> None:
+    """Start a client (with ``lane``) that makes one call and waits; once the worker counts ``clients`` sessions,
+    SIGKILL it and wait until the worker has ended its session."""
+    victim = subprocess.Popen([sys.executable, "-c", _VICTIM_CHILD, name, lane or ""], stdout=subprocess.PIPE,
+                              text=True)
+    assert victim.stdout is not None and victim.stdout.readline().strip() == "ready"
+    wait_for_state(name, lambda st: len(st["clients"]) == clients, f"{clients} clients")
+    victim.kill()
+    victim.communicate(timeout=10)  # also closes its pipe
+    wait_for_state(name, lambda st: len(st["clients"]) == clients - 1, "the killed client's session ended")
+
+
 _HAMMER_CHILD = textwrap.dedent("""
     import os, sys, numpy as np
     from shmrpc.client import Client
@@ -224,20 +247,7 @@ def test_a_lane_kept_busy_leaves_the_spinning_worker_serving_everything_else(
             for _ in range(50):
                 a = rng.standard_normal(8)
                 np.testing.assert_allclose(c.call("scale", x=a, a=3.0)["out"], 3 * a)
-            victim = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
-                import sys, time
-                import numpy as np
-                from shmrpc.client import Client
-                c = Client(sys.argv[1])
-                c.call("echo", x=np.zeros(4))
-                print("ready", flush=True)
-                time.sleep(60)
-                """), w.name], stdout=subprocess.PIPE, text=True)
-            assert victim.stdout is not None and victim.stdout.readline().strip() == "ready"
-            wait_for_state(w.name, lambda st: len(st["clients"]) == 3, "three clients")
-            victim.kill()
-            victim.communicate(timeout=10)
-            wait_for_state(w.name, lambda st: len(st["clients"]) == 2, "the killed client's session ended")
+            _a_client_dies(w.name, None, clients=3)
             np.testing.assert_allclose(c.call("scale", x=np.ones(3), a=2.0)["out"], 2.0)
             assert hammer.poll() is None, "the lane client stopped before the checks were done"
     finally:
@@ -262,19 +272,5 @@ def test_a_spinning_worker_serves_lanes_zeromq_and_a_dying_client(spawn_worker: 
         for p in procs:
             out, err = p.communicate(timeout=50)
             assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
-        victim = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
-            import sys, time
-            import numpy as np
-            from shmrpc.client import Client
-            c = Client(sys.argv[1], lane="spin")
-            c.call("echo", x=np.zeros(4))
-            print("ready", flush=True)
-            time.sleep(60)
-            """), w.name], stdout=subprocess.PIPE, text=True)
-        assert victim.stdout is not None and victim.stdout.readline().strip() == "ready"
-        wait_for_state(w.name, lambda st: len(st["clients"]) == 2, "two clients")
-        victim.kill()
-        victim.communicate(timeout=10)  # also closes its pipe
-        # its pidfd was seen by the spinning loop
-        wait_for_state(w.name, lambda st: len(st["clients"]) == 1, "the killed client's session ended")
+        _a_client_dies(w.name, "spin", clients=2)  # its pidfd was seen by the spinning loop
         np.testing.assert_allclose(c.call("scale", x=np.ones(3), a=2.0)["out"], 2.0)
