@@ -144,7 +144,9 @@ def test_a_client_that_dies_with_a_lane_is_noticed_and_its_lane_dropped(worker: 
         np.testing.assert_array_equal(c.call("vector_add", x=np.ones(2), y=np.ones(2))["out"], 2.0)
 
 
-def test_garbage_in_the_lane_page_never_stops_the_worker(worker: WorkerProc) -> None:
+@pytest.mark.parametrize("spin_us", ["0", "300"])  # a spinning worker reads the page inside its spin
+def test_garbage_in_the_lane_page_never_stops_the_worker(spawn_worker: Callable[..., WorkerProc], spin_us: str) -> None:
+    worker = spawn_worker("--spin-us", spin_us)
     rng = np.random.default_rng(7)
     with Client(worker.name, lane="block") as c:
         lane = c._t.lane
