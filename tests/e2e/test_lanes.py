@@ -25,6 +25,8 @@ from wire import wait_for_state
 
 from shmrpc.client import Client, KernelError, UnknownOpError, WorkerGoneError
 from shmrpc.schema import lane as L
+from shmrpc.schema import messages as m
+from shmrpc.schema.errors import RequestError
 
 if TYPE_CHECKING:
     from conftest import WorkerProc
@@ -142,6 +144,27 @@ def test_a_client_that_dies_with_a_lane_is_noticed_and_its_lane_dropped(worker: 
     wait_for_state(worker.name, lambda s: not s["clients"], "the dead client's session ended")
     with Client(worker.name, lane="block") as c:  # and the worker still serves lanes
         np.testing.assert_array_equal(c.call("vector_add", x=np.ones(2), y=np.ones(2))["out"], 2.0)
+
+
+def test_a_lane_answer_for_another_request_or_not_a_done_is_refused(worker: WorkerProc,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # the page is shared with the worker: the client checks what it reads there before it routes it
+    with Client(worker.name, lane="block", timeout_s=10) as c, c.loan(4096) as req:
+        lane = c._t.lane
+        assert lane is not None
+        req.array("x", (4,), np.float32)[...] = 1
+        np.testing.assert_array_equal(req.send("echo")["out"], 1)
+        rid, s = 7, req._s
+        for frame in (m.pack_done(s.region, s.index, rid + 1, 0), b"\x00" * 5, m.pack_call(0, 0, rid, 1)[:13]):
+            monkeypatch.setattr(lane, "wait", lambda *a, f=frame: f)
+            with pytest.raises(RequestError) as ei:
+                c._lane_wait(lane, rid, time.monotonic() + 5)
+            assert ei.value.field == "lane", frame
+        monkeypatch.setattr(lane, "wait", lambda *a: m.pack_done(s.region, s.index, rid, 0))
+        c._inflight.add(rid, s)
+        s.in_flight = rid
+        c._lane_wait(lane, rid, time.monotonic() + 5)  # its own DONE: routed, the slot answered
+        assert rid not in c._inflight and s.in_flight is None and s.status == 0
 
 
 @pytest.mark.parametrize("spin_us", ["0", "300"])  # a spinning worker reads the page inside its spin
