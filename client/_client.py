@@ -67,8 +67,6 @@ __all__ = ["Client", "Loan", "CallFuture", "Resident"]  # Loan, CallFuture, Resi
 from ._loan import CallFuture, Loan
 from ._slot import Resident, _Slot, fork_generation, forked_since
 
-_DONE_UNPACK = m.DONE_STRUCT.unpack
-
 
 class Client(Calls):
     """A connection to a shmrpc worker, found by name.
@@ -333,13 +331,7 @@ class Client(Calls):
         except WorkerGoneError:
             self._inflight.worker_exited()
             raise
-        try:
-            region, index, got, status = _DONE_UNPACK(done)[1:]  # lane_done(), written out
-        except Exception:  # noqa: BLE001 - the page is shared: never trust it
-            got = -1
-        if got != rid:
-            lane_done(done, rid)  # raises the error that says what is wrong
-        self._inflight.complete(region, index, got, status)
+        self._inflight.complete(*lane_done(done, rid))
 
     def _pump(self, deadline: float | None, until: Any) -> None:
         """Wait until ``until()`` (evaluated under the in-flight table's lock: no locks in it)."""

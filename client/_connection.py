@@ -47,6 +47,8 @@ __all__ = ["Connection"]
 
 _MAX_WAIT_MS = 100  # the longest sleep on the fd: a lost edge costs at most this, never a hang
 
+_DONE_UNPACK = m.DONE_STRUCT.unpack
+
 
 class Connection:
     """The verified handshake with worker ``name``, then one DEALER connection under the session's token."""
@@ -275,12 +277,12 @@ def lane_done(frame: bytes, request_id: int) -> tuple[int, int, int, int]:
         RequestError: the page holds no DONE for this request (the page is shared: never trust it).
     """
     try:
-        done = m.unpack_done(frame)
+        _, region, slot, rid, status = _DONE_UNPACK(frame)  # m.unpack_done without its call: once per lane request
     except Exception:  # noqa: BLE001
         raise RequestError("the lane's answer is not a DONE frame", field="lane") from None
-    if done[2] != request_id:
-        raise RequestError(f"the lane's answer is for request {done[2]}, not {request_id}", field="lane")
-    return done
+    if rid != request_id:
+        raise RequestError(f"the lane's answer is for request {rid}, not {request_id}", field="lane")
+    return region, slot, rid, status
 
 
 def control_error(reply: ErrorReply) -> RequestError:

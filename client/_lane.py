@@ -28,8 +28,7 @@ from shmrpc.schema.errors import ConnectError, Timeout, WorkerGoneError
 
 __all__ = ["ClientLane"]
 
-_CALL_FRAME, _CALL_LEN, _MARGIN_NS = L.CALL_FRAME, L.CALL_LEN, L.AWAKE_MARGIN_NS
-_LEN_PACK, _READ_FRAME, _DONE_SEQ = L.LEN.pack_into, L.read_frame, L.DONE_SEQ
+_MARGIN_NS = L.AWAKE_MARGIN_NS
 _perf_counter, _monotonic_ns = time.perf_counter, time.monotonic_ns
 _EARLY_S = 2e-4  # a spinning lane that waits for a long answer starts spinning this long (or 15%) before it is due
 
@@ -71,11 +70,7 @@ class ClientLane:
             self._said_ns = said
         else:
             self._awake.value = 0
-        n = len(frame)  # L.post, written out: one call less per request
-        self.page[_CALL_FRAME:_CALL_FRAME + n] = frame
-        _LEN_PACK(self.page, _CALL_LEN, n)
-        # NOTE: order is important here: call_seq last, it publishes the frame.
-        self._call_seq.value = self.seq
+        L.post(self.page, self._call_seq, L.CALL_SEQ, self.seq, frame)
         self.busy = request_id
         self._rung = _perf_counter()
         # NOTE: order is important here: the clock and the worker's awake word are read after call_seq is stored
@@ -118,11 +113,10 @@ class ClientLane:
             while self._done_seq.value != seq and _perf_counter() < end:
                 pass
         while True:
-            if self._done_seq.value == seq:  # self.answer(), written out
-                frame = _READ_FRAME(self.page, _DONE_SEQ)
-                self.busy = 0
+            got = self.answer()
+            if got is not None:
                 self._last_s = _perf_counter() - self._rung
-                return frame or b""
+                return got
             wait_s = -1.0 if deadline is None else max(0.0, deadline - time.monotonic() + 1e-3)
             events = self._poll.poll(self._cap(wait_s))
             for fd, _ in events:

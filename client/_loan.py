@@ -152,9 +152,9 @@ class Loan:
         lane = c._t.lane
         if lane is not None and lane.busy == rid:  # rung through the lane: its answer is read from the page
             c._lane_wait(lane, rid, deadline)
-            return
-        s = self._s
-        c._await_answer(rid, lambda: s.in_flight != rid, deadline)
+        else:
+            s = self._s
+            c._pump(deadline, lambda: s.in_flight != rid)
 
     def _response(self, rid: int, fresh: bool = True) -> dict[str, np.ndarray]:
         """The outputs of the answered request ``rid``, checked: fresh views of the slot, or with ``fresh`` False

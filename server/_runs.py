@@ -393,12 +393,8 @@ class Runs:
         self.metrics.observe(prep.op, "ok", time.perf_counter() - t0, prep.nbytes_in, prep.nbytes_out, stages)
         self._inflight.value -= 1
         done = _DONE_PACK(_DONE, s.region, s.index, rid, 0)
-        if lane:  # _reply, written out
-            lanes = self._lanes
-            if lanes is not None:
-                ln = lanes.by_identity.get(ex.identity)
-                if ln is not None:
-                    lanes.answer(ln, done, lane)
+        if lane:
+            self._reply(ex.identity, done, lane)
         else:
             self._send(ex.identity, done)
         s.in_flight = False
