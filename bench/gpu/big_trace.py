@@ -1,0 +1,194 @@
+"""Where a 256 MiB request's time goes outside the worker's own span: timestamps on both sides, CuPy worker.
+
+    python bench/gpu/big_trace.py [--reps 20] [--out FILE.json]
+
+The request of ``bench/gpu_e2e.py --only graphs`` (256 MiB float32 in, ``scale`` out of place, the loan sent
+again; its chunk graph launched by the loop), over ZeroMQ, then through the blocking lane, then the spinning
+lane, each with a fresh worker (a child process whose loop is instrumented, ``SERVE_STAMPED`` of
+``bench/lane_trace.py``). Stamps (``time.perf_counter``, CLOCK_MONOTONIC: comparable between the processes):
+the client's ``send`` entry, its ring (ZeroMQ send or lane ring), its wake-up (the return of its poll on the
+socket, or the lane's wait), ``send``'s return; the worker's ``_on_call`` entry, the launch (``_await_launched``
+entry), the device found done (``_finish_launched`` entry), the DONE (``_send`` or ``Lanes.answer`` entry), and
+each poll's entry and return with its timeout. Prints the median of each interval over the reps and writes
+them to ``--out``: what the client sees against the worker's metric (``_on_call`` to DONE) is the gap the
+duplex ratio of ``gpu_e2e.py`` pays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from lane_trace import SERVE_STAMPED  # noqa: E402  (bench/, beside this directory)
+
+_WORKER = '''
+import json, sys, threading, time
+from shmrpc.server import _lanes, _poll
+from shmrpc.server._loop import Worker
+from shmrpc.server.config import DEFAULT_LEASE, WorkerConfig
+from shmrpc.schema.layout import parse_geometry
+pc = time.perf_counter
+T = {"oncall": [], "launched": [], "found": [], "done": [], "poll_in": [], "poll_out": [], "poll_ms": []}
+P = _poll.LoopPoll
+o_poll, o_on, o_aw, o_fin, o_send, o_ans = (P.poll, Worker._on_call, Worker._await_launched, Worker._finish_launched,
+                                            Worker._send, _lanes.Lanes.answer)
+def poll(self, timeout=None, *a):
+    T["poll_in"].append(pc()); T["poll_ms"].append(-1 if timeout is None else timeout)
+    try:
+        return o_poll(self, timeout, *a)
+    finally:
+        T["poll_out"].append(pc())
+def on(self, *a, **k):
+    T["oncall"].append(pc())
+    return o_on(self, *a, **k)
+def aw(self, *a):
+    if not T["launched"] or T["launched"][-1] < T["oncall"][-1]:
+        T["launched"].append(pc())
+    return o_aw(self, *a)
+def fin(self):
+    if self._launched is not None:
+        T["found"].append(pc())
+    return o_fin(self)
+def send(self, identity, frame):
+    if frame[:1] == b"D":
+        T["done"].append(pc())
+    return o_send(self, identity, frame)
+def ans(self, *a):
+    T["done"].append(pc())
+    return o_ans(self, *a)
+P.poll, Worker._on_call, Worker._await_launched, Worker._finish_launched = poll, on, aw, fin
+Worker._send, _lanes.Lanes.answer = send, ans
+w = Worker(WorkerConfig(name=sys.argv[1], backend=sys.argv[4], mlock=False, geometry=parse_geometry("64K:4,520M:1"),
+                        lease=DEFAULT_LEASE[:2]))
+''' + SERVE_STAMPED
+
+
+class _Poll:
+    """A client connection's poll object, its returns stamped."""
+
+    def __init__(self, inner: object, stamps: list[float]) -> None:
+        self._inner, self._stamps = inner, stamps
+
+    def poll(self, *a: object) -> object:
+        got = self._inner.poll(*a)  # type: ignore[attr-defined]
+        self._stamps.append(time.perf_counter())
+        return got
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def trace(lane: str | None, reps: int, backend: str) -> dict[str, float]:
+    from shmrpc.client import Client, _connection, _lane
+    from shmrpc.schema import messages as m
+
+    name = f"btrace-{os.getpid()}-{secrets.token_hex(3)}"
+    with tempfile.TemporaryDirectory(prefix="shmrpc-btrace-") as tmp:
+        stamps = os.path.join(tmp, "worker.json")
+        worker = subprocess.Popen([sys.executable, "-c", _WORKER, name, stamps, "0", backend], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        rows, woke = [], []
+        try:
+            assert worker.stdout is not None and worker.stdin is not None
+            assert worker.stdout.readline().strip() == "ready", "the worker did not start"
+            pc, last = time.perf_counter, {}
+            o_send, o_ring, o_wait = _connection.Connection.send, _lane.ClientLane.ring, _lane.ClientLane.wait
+
+            def send(self: object, frame: bytes, *a: object) -> object:
+                if frame[:1] == m.CALL:
+                    last["ring"] = pc()
+                return o_send(self, frame, *a)  # type: ignore[arg-type]
+
+            def ring(self: object, *a: object) -> None:
+                last["ring"] = pc()
+                o_ring(self, *a)  # type: ignore[arg-type]
+
+            def wait(self: object, *a: object) -> bytes:
+                got = o_wait(self, *a)  # type: ignore[arg-type]
+                woke.append(pc())
+                return got
+
+            _connection.Connection.send, _lane.ClientLane.ring = send, ring  # type: ignore[method-assign]
+            _lane.ClientLane.wait = wait  # type: ignore[method-assign]
+            try:
+                n = (256 << 20) // 4
+                with Client(name, timeout_s=60, lane=lane) as c, c.loan(512 << 20) as req:
+                    c._t._ospoll = _Poll(c._t._ospoll, woke)
+                    req.array("x", n, np.float32)[:] = 1.0
+                    for _ in range(3):  # the chunk graph is captured on the request's second sight
+                        req.send("scale", a=2.0, b=1.0)
+                    for _ in range(reps):
+                        t0 = pc()
+                        req.send("scale", a=2.0, b=1.0)
+                        rows.append((t0, last["ring"], pc()))
+                    worker.stdin.write("\n")
+                    worker.stdin.flush()
+                    assert worker.stdout.readline().strip() == "done"
+            finally:
+                _connection.Connection.send, _lane.ClientLane.ring, _lane.ClientLane.wait = o_send, o_ring, o_wait
+            with open(stamps) as f:
+                w = json.load(f)
+        finally:
+            worker.wait(60)
+    parts: dict[str, list[float]] = {k: [] for k in (
+        "client: send to ring", "ring to the worker's _on_call", "_on_call to launched", "launched to found done",
+        "found done to DONE", "DONE to the client's wake-up", "client: wake-up to send's return",
+        "worker: _on_call to DONE (its metric's span)", "worker: its poll before the CALL, returned to _on_call",
+        "worker: DONE to its next poll", "round trip")}
+    polls_before: list[float] = []
+    for t0, r, t1 in rows:
+        i = bisect.bisect_left(w["oncall"], r)
+        j = bisect.bisect_left(w["done"], w["oncall"][i]) if i < len(w["oncall"]) else len(w["done"])
+        if i >= len(w["oncall"]) or j >= len(w["done"]):
+            continue
+        on, done = w["oncall"][i], w["done"][j]
+        k = bisect.bisect_left(w["launched"], on)  # none on the NumPy backend (its large runs go to the executor)
+        la = w["launched"][k] if k < len(w["launched"]) and w["launched"][k] < done else on
+        k = bisect.bisect_left(w["found"], la)
+        fo = w["found"][k] if k < len(w["found"]) and w["found"][k] <= done else done
+        wk = woke[bisect.bisect_left(woke, done)]
+        pb = bisect.bisect_left(w["poll_out"], on) - 1
+        pn = bisect.bisect_left(w["poll_in"], done)
+        polls_before.append(w["poll_ms"][pb])
+        for k, v in zip(parts, (r - t0, on - r, la - on, fo - la, done - fo, wk - done, t1 - wk, done - on,
+                                on - w["poll_out"][pb], w["poll_in"][pn] - done, t1 - t0)):
+            parts[k].append(v)
+    med = {k: round(statistics.median(v) * 1e6, 1) for k, v in parts.items() if v}
+    med["worker: timeout of its poll before the CALL (ms, median)"] = statistics.median(polls_before)
+    return med
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--backend", default="cupy", help="the worker's backend (numpy: to try this program without a GPU)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    out: dict[str, dict[str, float]] = {}
+    for lane in (None, "block", "spin"):
+        label = lane or "zmq"
+        med = trace(lane, args.reps, args.backend)
+        out[label] = med
+        print(f"== {label}: medians of {args.reps} requests, µs", flush=True)
+        for k, v in med.items():
+            print(f"  {k:<58} {v:9.1f}", flush=True)
+    if args.out:
+        from shmrpc.bench._report import write_probe
+
+        write_probe({"mode": "big-trace", "reps": args.reps, "backend": args.backend, "median_us": out}, None, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
