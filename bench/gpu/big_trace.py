@@ -6,8 +6,8 @@ The request of ``bench/gpu_e2e.py --only graphs`` (256 MiB float32 in, ``scale``
 again; its chunk graph launched by the loop), over ZeroMQ, then through the blocking lane, then the spinning
 lane, each with a fresh worker (a child process whose loop is instrumented, ``SERVE_STAMPED`` of
 ``bench/lane_trace.py``). Stamps (``time.perf_counter``, CLOCK_MONOTONIC: comparable between the processes):
-the client's ``send`` entry, its ring (ZeroMQ send or lane ring), its wake-up (the return of its poll on the
-socket, or the lane's wait), ``send``'s return; the worker's ``_on_call`` entry, the launch (``_await_launched``
+the client's ``send`` entry, its ring (ZeroMQ send or lane ring), the DONE routed (from the socket or the
+lane's page), ``send``'s return; the worker's ``_on_call`` entry, the launch (``_await_launched``
 entry), the device found done (``_finish_launched`` entry), the DONE (``_send`` or ``Lanes.answer`` entry), and
 each poll's entry and return with its timeout. Prints the median of each interval over the reps and writes
 them to ``--out``: what the client sees against the worker's metric (``_on_call`` to DONE) is the gap the
@@ -68,42 +68,82 @@ def ans(self, *a):
     T["done"].append(pc())
     return o_ans(self, *a)
 P.poll, Worker._on_call, Worker._await_launched, Worker._finish_launched = poll, on, aw, fin
+T["graph_start_s"], T["graph_device_s"] = [], []
+try:  # the chunk graph's launch on the host (ChunkGraphs.start) and its time on the device (the last run's)
+    from shmrpc.kernels import _cuda_graph as G
+    o_start = G.ChunkGraphs.start
+    def start(self, *a):
+        t = pc()
+        h = o_start(self, *a)
+        T["graph_start_s"].append(pc() - t)
+        if h is not None and h._g.last_s:
+            T["graph_device_s"].append(h._g.last_s)
+        return h
+    G.ChunkGraphs.start = start
+except ImportError:  # no CuPy
+    pass
 Worker._send, _lanes.Lanes.answer = send, ans
+PULSE_S = float(sys.argv[5]) / 1e6
+if PULSE_S:  # trial: PULSE_S before a launched run is due, a frame its client ignores (or its lane's eventfd)
+    import os
+    from shmrpc.server import _runs
+    o_else = Worker._run_elsewhere
+    def run_elsewhere(self, identity, s, view, hdr, primed, t0, lane):
+        o_else(self, identity, s, view, hdr, primed, t0, lane)
+        self._pulse_to = (identity, lane)
+    Worker._run_elsewhere = run_elsewhere
+    def aw2(self, poller, lane_rang, timeout_ms):
+        h, lanes = self._launched[0], self._lanes
+        now = time.perf_counter()
+        eta = getattr(h, "eta", 0.0)
+        pulse_at = eta - PULSE_S if eta and getattr(self, "_pulse_to", None) else 0.0
+        wake = eta - max(_runs._LAUNCHED_EARLY_S, 0.15 * (eta - now)) if eta else now
+        if pulse_at:
+            wake = min(wake, pulse_at)
+        end, next_poll, give_up = max(now, wake) + _runs._LAUNCHED_SPIN_S, now, now + timeout_ms / 1000
+        while now < give_up:
+            if h.done():
+                self._finish_launched()
+                return poller.poll(0)
+            if pulse_at and now >= pulse_at:
+                identity, ln = self._pulse_to
+                self._pulse_to, pulse_at = None, 0.0
+                if ln:
+                    os.eventfd_write(self._lanes.by_identity[identity].client_fd, 1)
+                else:
+                    o_send(self, identity, b"P")
+            if lanes is not None and lanes.ready():
+                return lane_rang
+            if now >= next_poll:
+                wait_ms = int((wake - now) * 1000) if wake - now >= 1e-3 else 0 if now < end else 1
+                events = poller.poll(min(wait_ms, timeout_ms))
+                if events:
+                    return events
+                next_poll = now + _runs.SPIN_POLL_S
+            now = time.perf_counter()
+        return {}
+    o_aw = aw2
 w = Worker(WorkerConfig(name=sys.argv[1], backend=sys.argv[4], mlock=False, geometry=parse_geometry("64K:4,520M:1"),
                         lease=DEFAULT_LEASE[:2]))
 ''' + SERVE_STAMPED
 
 
-class _Poll:
-    """A client connection's poll object, its returns stamped."""
-
-    def __init__(self, inner: object, stamps: list[float]) -> None:
-        self._inner, self._stamps = inner, stamps
-
-    def poll(self, *a: object) -> object:
-        got = self._inner.poll(*a)  # type: ignore[attr-defined]
-        self._stamps.append(time.perf_counter())
-        return got
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._inner, name)
-
-
-def trace(lane: str | None, reps: int, backend: str) -> dict[str, float]:
-    from shmrpc.client import Client, _connection, _lane
+def trace(lane: str | None, reps: int, backend: str, pulse_us: int = 0, prewake_us: int = 0) -> dict[str, float]:
+    from shmrpc.client import Client, _connection, _inflight, _lane, _loan
     from shmrpc.schema import messages as m
 
     name = f"btrace-{os.getpid()}-{secrets.token_hex(3)}"
     with tempfile.TemporaryDirectory(prefix="shmrpc-btrace-") as tmp:
         stamps = os.path.join(tmp, "worker.json")
-        worker = subprocess.Popen([sys.executable, "-c", _WORKER, name, stamps, "0", backend], stdin=subprocess.PIPE,
+        worker = subprocess.Popen([sys.executable, "-c", _WORKER, name, stamps, "0", backend,
+                                   str(pulse_us)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True)
         rows, woke = [], []
         try:
             assert worker.stdout is not None and worker.stdin is not None
             assert worker.stdout.readline().strip() == "ready", "the worker did not start"
             pc, last = time.perf_counter, {}
-            o_send, o_ring, o_wait = _connection.Connection.send, _lane.ClientLane.ring, _lane.ClientLane.wait
+            o_send, o_ring = _connection.Connection.send, _lane.ClientLane.ring
 
             def send(self: object, frame: bytes, *a: object) -> object:
                 if frame[:1] == m.CALL:
@@ -114,17 +154,28 @@ def trace(lane: str | None, reps: int, backend: str) -> dict[str, float]:
                 last["ring"] = pc()
                 o_ring(self, *a)  # type: ignore[arg-type]
 
-            def wait(self: object, *a: object) -> bytes:
-                got = o_wait(self, *a)  # type: ignore[arg-type]
+            o_answered = _inflight.Inflight._answered
+
+            def answered(self: object, *a: object) -> object:  # the DONE routed, from the socket or the lane
                 woke.append(pc())
-                return got
+                return o_answered(self, *a)  # type: ignore[arg-type]
 
             _connection.Connection.send, _lane.ClientLane.ring = send, ring  # type: ignore[method-assign]
-            _lane.ClientLane.wait = wait  # type: ignore[method-assign]
+            _inflight.Inflight._answered = answered  # type: ignore[method-assign]
+            o_lwait, took = _loan.Loan._wait, [0.0]
+            if prewake_us:  # trial: the client sleeps until prewake_us before its last round trip's time, then waits
+
+                def lwait(self: object, rid: int, deadline: float) -> None:
+                    left = last["ring"] + took[0] - prewake_us / 1e6 - pc()
+                    if left > 1e-3:
+                        time.sleep(left)
+                    o_lwait(self, rid, deadline)  # type: ignore[arg-type]
+                    took[0] = pc() - last["ring"]
+
+                _loan.Loan._wait = lwait  # type: ignore[method-assign]
             try:
                 n = (256 << 20) // 4
                 with Client(name, timeout_s=60, lane=lane) as c, c.loan(512 << 20) as req:
-                    c._t._ospoll = _Poll(c._t._ospoll, woke)
                     req.array("x", n, np.float32)[:] = 1.0
                     for _ in range(3):  # the chunk graph is captured on the request's second sight
                         req.send("scale", a=2.0, b=1.0)
@@ -136,14 +187,16 @@ def trace(lane: str | None, reps: int, backend: str) -> dict[str, float]:
                     worker.stdin.flush()
                     assert worker.stdout.readline().strip() == "done"
             finally:
-                _connection.Connection.send, _lane.ClientLane.ring, _lane.ClientLane.wait = o_send, o_ring, o_wait
+                _connection.Connection.send, _lane.ClientLane.ring = o_send, o_ring
+                _inflight.Inflight._answered = o_answered  # type: ignore[method-assign]
+                _loan.Loan._wait = o_lwait  # type: ignore[method-assign]
             with open(stamps) as f:
                 w = json.load(f)
         finally:
             worker.wait(60)
     parts: dict[str, list[float]] = {k: [] for k in (
         "client: send to ring", "ring to the worker's _on_call", "_on_call to launched", "launched to found done",
-        "found done to DONE", "DONE to the client's wake-up", "client: wake-up to send's return",
+        "found done to DONE", "DONE to the client routing it", "client: routed to send's return",
         "worker: _on_call to DONE (its metric's span)", "worker: its poll before the CALL, returned to _on_call",
         "worker: DONE to its next poll", "round trip")}
     polls_before: list[float] = []
@@ -166,6 +219,10 @@ def trace(lane: str | None, reps: int, backend: str) -> dict[str, float]:
             parts[k].append(v)
     med = {k: round(statistics.median(v) * 1e6, 1) for k, v in parts.items() if v}
     med["worker: timeout of its poll before the CALL (ms, median)"] = statistics.median(polls_before)
+    for k, label in (("graph_start_s", "worker: ChunkGraphs.start (the graph's launch) on the host"),
+                     ("graph_device_s", "worker: the chunk graph's last run on the device")):
+        if w[k]:
+            med[label] = round(statistics.median(w[k][-reps:]) * 1e6, 1)
     return med
 
 
@@ -173,16 +230,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--backend", default="cupy", help="the worker's backend (numpy: to try this program without a GPU)")
+    ap.add_argument("--trials", type=int, default=0, metavar="US",
+                    help="also, interleaved over --rounds, over ZeroMQ and the blocking lane: the worker sends its "
+                         "client a frame (a lane: its eventfd) US µs before a launched run is due (pulse), the client "
+                         "sleeps until US µs before its last round trip's time (prewake), and both")
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     out: dict[str, dict[str, float]] = {}
-    for lane in (None, "block", "spin"):
-        label = lane or "zmq"
-        med = trace(lane, args.reps, args.backend)
-        out[label] = med
-        print(f"== {label}: medians of {args.reps} requests, µs", flush=True)
-        for k, v in med.items():
-            print(f"  {k:<58} {v:9.1f}", flush=True)
+    arms = [("", 0, 0)]
+    if args.trials:
+        arms += [("pulse", args.trials, 0), ("prewake", 0, args.trials), ("both", args.trials, args.trials)]
+    for r in range(args.rounds if args.trials else 1):
+        for arm, pulse, prewake in arms:
+            for lane in ((None, "block") if args.trials else (None, "block", "spin")):
+                label = ", ".join(x for x in (lane or "zmq", arm, f"round {r + 1}" if args.trials else "") if x)
+                med = trace(lane, args.reps, args.backend, pulse, prewake)
+                out[label] = med
+                print(f"== {label}: medians of {args.reps} requests, µs", flush=True)
+                for k, v in med.items():
+                    print(f"  {k:<58} {v:9.1f}", flush=True)
     if args.out:
         from shmrpc.bench._report import write_probe
 

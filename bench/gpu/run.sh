@@ -44,7 +44,7 @@
 #           twice -> $OUT/lane-trace-{block,spin}-{base,new}-rN.json
 #   ltrace  only the lane traces of abrounds (bench/lane_trace.py, blocking and spinning, base tree and tree, twice)
 #   bigtrace  bench/gpu/big_trace.py: the 256 MiB request of the graphs stage stamped on both sides, over ZeroMQ and
-#           through both lanes (BT_REPS requests each, default 20) -> $OUT/big-trace.json
+#           through both lanes (BT_REPS requests each, default 20; BT_ARGS: more arguments, e.g. --trials 250) -> $OUT/big-trace.json
 #   abblock the blocking lane and the ZeroMQ loan alone (nothing spins), the tree against the base tree, interleaved
 #           4 times, unpinned and pinned to 2:10 and 2:3 -> $OUT/abblock-{base,new}-{free,2-10,2-3}-rN.json
 #   gemmpin gemm x=16x256 w=256x256 float16 on the CuPy worker from 8 and 16 client processes (loan, both lanes),
@@ -343,7 +343,7 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
       lane_traces block spin ;;
     bigtrace)
       echo "== bench/gpu/big_trace.py (where a 256 MiB request's time goes outside the worker's span)"
-      timeout 200 python3 bench/gpu/big_trace.py --reps ${BT_REPS:-20} --out "$OUT/big-trace.json" 2>&1 | grep -v JSON ;;
+      timeout 400 python3 bench/gpu/big_trace.py --reps ${BT_REPS:-20} ${BT_ARGS:-} --out "$OUT/big-trace.json" 2>&1 | grep -v JSON ;;
     abblock)
       base_site || exit 1
       lscpu | grep -E "Thread|Core|Socket|NUMA node0"
