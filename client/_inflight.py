@@ -67,6 +67,7 @@ class Inflight:
         self._table: dict[int, _Entry] = {}
         self._lead = threading.Lock()  # held by the thread that pumps for everybody
         self._followers = 0  # threads waiting on the condition
+        self.pulses = 0  # PULSE frames received (a DONE near: schema/messages.py)
         self._receiver: threading.Thread | None = None
         self._stop = False
 
@@ -122,6 +123,8 @@ class Inflight:
                     fin = self._answered(rid, status)
                     if fin is not None:
                         finishers.append(fin)
+                elif frame == m.PULSE:  # a DONE is near: the frame's only work was waking this process
+                    self.pulses += 1
                 else:
                     self._on_control(frame)
             if self._followers:

@@ -38,6 +38,10 @@ T = TypeVar("T")
 #: Run batchable plans jointly in :meth:`NumpyBackend.run_batch` (False: request by request); the
 #: environment's ``SHMRPC_NUMPY_BATCH_JOINT=1`` turns it on at import (the batching tests' workers).
 BATCH_JOINT = os.environ.get("SHMRPC_NUMPY_BATCH_JOINT", "") == "1"
+#: With BATCH_JOINT, a request launched alone (:meth:`NumpyBackend.launch`) says it is done this many seconds after
+#: its launch, and when (its ``eta``), as a device run would (``SHMRPC_NUMPY_LAUNCH_S``; 0: done at once, no eta):
+#: the worker's wait for a long device run, and its PULSE, are tested this way without a GPU.
+LAUNCH_S = float(os.environ.get("SHMRPC_NUMPY_LAUNCH_S", "0") or 0)
 
 
 def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
@@ -232,7 +236,7 @@ class NumpyBackend(Backend):
         :meth:`launch_batch`; users' ops are never run by the caller's thread this way). Else None."""
         if not BATCH_JOINT or not all(st.op.builtin for st in plan.steps):
             return None
-        return _Deferred(lambda: self.run(plan, inputs, outputs))
+        return _Deferred(lambda: self.run(plan, inputs, outputs), LAUNCH_S)
 
     def launch_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
                      ) -> BatchLaunch | None:
@@ -279,16 +283,17 @@ class NumpyBackend(Backend):
 
 
 class _Deferred(Generic[T]):
-    """A run "launched" on NumPy: nothing runs until :meth:`finish`."""
+    """A run "launched" on NumPy: nothing runs until :meth:`finish`; ``seconds`` > 0: done (and due: ``eta``) that
+    long after the launch, else done at once and its ``eta`` not known (0)."""
 
-    __slots__ = ("_run",)
-    eta = 0.0  # not known
+    __slots__ = ("_run", "eta")
 
-    def __init__(self, run: Callable[[], T]) -> None:
+    def __init__(self, run: Callable[[], T], seconds: float = 0.0) -> None:
         self._run = run
+        self.eta = time.perf_counter() + seconds if seconds > 0 else 0.0
 
     def done(self) -> bool:
-        return True
+        return time.perf_counter() >= self.eta
 
     def finish(self) -> T:
         return self._run()

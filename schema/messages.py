@@ -33,6 +33,8 @@ m     MANAGED     w -> c     JSON: resident ({name: {shape, dtype}}) or dropped 
 S     STATUS      c -> w     empty: ask for the worker's state (no lease needed)
 s     STATE       w -> c     JSON: regions, leases, in-flight requests, counters
 E     ERROR       w -> c     JSON: code, kind, message, field, and id when it answers ACQUIRE or MANAGE
+P     PULSE       w -> c     empty: a DONE of this client is due within about 0.2 ms (a launched request
+                             of 1 ms or more nearing its end); the client discards it
 ====  ==========  =========  ==============================================
 
 Size: a message to the worker is at most :data:`MAX_MESSAGE_NBYTES`; the worker's socket
@@ -53,7 +55,7 @@ from typing import Any
 
 __all__ = [
     "PROTOCOL_VERSION", "MAX_MESSAGE_NBYTES",
-    "HELLO", "WELCOME", "CALL", "DONE", "ACQUIRE", "GRANT", "RELEASE", "BYE", "STATUS", "STATE", "ERROR",
+    "HELLO", "WELCOME", "CALL", "DONE", "ACQUIRE", "GRANT", "RELEASE", "BYE", "STATUS", "STATE", "ERROR", "PULSE",
     "MANAGE", "MANAGED", "ATTACH_MAX_NBYTES", "TOKEN_NBYTES",
     "CALL_STRUCT", "DONE_STRUCT", "SLOT_STRUCT", "TRACE_STRUCT", "NO_RESPONSE",
     "pack_json", "unpack_json", "pack_call", "unpack_call", "pack_done", "unpack_done",
@@ -83,6 +85,7 @@ MANAGED = b"m"
 STATUS = b"S"
 STATE = b"s"
 ERROR = b"E"
+PULSE = b"P"
 
 CALL_STRUCT = struct.Struct("<cxHIII")  # kind, pad, region, slot, request_id, generation: 16 B
 DONE_STRUCT = struct.Struct("<cxHIIH")  # kind, pad, region, slot, request_id, status: 14 B

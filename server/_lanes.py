@@ -25,6 +25,15 @@ _monotonic_ns = time.monotonic_ns
 __all__ = ["Lane", "Lanes"]
 
 
+def _wake(lane: Lane, now: int) -> None:
+    """Write the client's eventfd, unless its awake word says it polls the page past ``now`` (CLOCK_MONOTONIC ns)."""
+    if now >= lane._client_awake.value - L.AWAKE_MARGIN_NS:
+        try:
+            os.eventfd_write(lane.client_fd, 1)
+        except OSError:  # the counter is full (a client that never reads it): it is awake anyway
+            pass
+
+
 class Lane:
     """One client's lane: its page (our own mapping) and its eventfd."""
 
@@ -85,16 +94,18 @@ class Lanes:
         L.post(lane.page, lane._done_seq, L.DONE_SEQ, seq, done_frame)
         # NOTE: order is important here: the clock and the client's awake word are read after done_seq is stored
         now = _monotonic_ns()
-        if now >= lane._client_awake.value - L.AWAKE_MARGIN_NS:
-            try:
-                os.eventfd_write(lane.client_fd, 1)
-            except OSError:  # the counter is full (a client that never reads it): it is awake anyway
-                pass
+        _wake(lane, now)
         spin_ns = self.spin_ns
         if spin_ns:
             lane._awake.value = until = now + spin_ns
             if until > self.awake_until_ns:
                 self.awake_until_ns = until
+
+    @staticmethod
+    def pulse(lane: Lane) -> None:
+        """Wake the client of ``lane`` ahead of its answer (no DONE in the page yet: it waits again), unless it says
+        it polls."""
+        _wake(lane, _monotonic_ns())
 
     def open(self, identity: bytes) -> Lane:
         lane = self.by_identity[identity] = Lane(identity, self.doorbell_fd)

@@ -90,6 +90,7 @@ class Worker(Calls, Runs):
         self._pending: list[Pending] = []  # batchable requests of this turn of the loop (see _batch.py)
         # a batch or a request on the device, what answers it once it is done, whether it is a batch (_await_launched)
         self._launched: tuple[Launched | RunLaunch, Callable[[], None], bool] | None = None
+        self._pulse: tuple[float, bytes, int] | None = None  # the launched request's PULSE still to send (_runs.py)
         self._max_batch = config.max_batch
         self._batch_wait_s = config.batch_wait_us / 1e6  # --batch-wait-us (Runs._holding)
         self._last_batch, self._hold_until, self._hold_for = (0, 0.0), 0.0, 0

@@ -49,6 +49,12 @@ log = logging.getLogger("shmrpc.server")
 SPIN_POLL_S = 5e-6  # while spinning with lanes, poll the socket and fds this often (lanes are read in between)
 _LAUNCHED_SPIN_S = 2e-3  # a launched run is awaited spinning this long from when it is due, then by polls of 1 ms
 _LAUNCHED_EARLY_S = 5e-4  # ... and spinning from this long (or 15% of what is left, if more) before it is due
+# A launched request due at least PULSE_MIN_S after its launch gets a PULSE (its lane: a write of the client's eventfd)
+# PULSE_LEAD_S before it is due, so the DONE after it finds the client's threads, and ZeroMQ's on both sides, awake:
+# on the GPU host a thread asleep for milliseconds woke 60-80 µs late, three in a row for a DONE over ZeroMQ
+# (docs/architecture.md "Launched runs"). PULSE_LEAD_S < _LAUNCHED_EARLY_S: the loop spins by then.
+PULSE_LEAD_S = 2e-4
+PULSE_MIN_S = 1e-3
 _BATCH_RECENT_S = 2e-3  # --batch-wait-us holds parked requests only this soon (or 20 waits) after a batched run
 _OK_FLAGS = int(Flag.RESPONSE)
 _ERROR_FLAGS = int(Flag.RESPONSE | Flag.ERROR)
@@ -80,6 +86,7 @@ class Runs:
     _lanes: Lanes | None
     _wake_w: int
     _stopping: bool
+    _pulse: tuple[float, bytes, int] | None  # (when, identity, lane) of the launched request's PULSE still to send
 
     leases: Leases
     sessions: Sessions
@@ -201,6 +208,9 @@ class Runs:
             h = self.dispatch.launch(primed.prep, primed.views)
             if h is not None:
                 self._launched = (h, lambda: self._complete(identity, s, view, hdr, primed, t0, lane, h.finish), False)
+                eta = h.eta
+                if eta and eta - time.perf_counter() >= PULSE_MIN_S:
+                    self._pulse = (eta - PULSE_LEAD_S, identity, lane)
                 return
         assert self._executor is not None
         self._executor.submit(self._run_async, identity, s, view, hdr, primed, t0, lane)
@@ -215,11 +225,17 @@ class Runs:
         now = time.perf_counter()
         eta = getattr(h, "eta", 0.0)
         wake = eta - max(_LAUNCHED_EARLY_S, 0.15 * (eta - now)) if eta else now
-        end, next_poll, give_up = max(now, wake) + _LAUNCHED_SPIN_S, now, now + timeout_ms / 1000
+        # NOTE: spinning ends _LAUNCHED_SPIN_S after the run is due, not after the spin began: a run 15% of which is
+        # more than that (over about 13 ms) was found done only by the polls of 1 ms
+        end, next_poll, give_up = max(now, eta) + _LAUNCHED_SPIN_S, now, now + timeout_ms / 1000
         while now < give_up:
             if h.done():
                 self._finish_launched()
                 return poller.poll(0)
+            pulse = self._pulse
+            if pulse is not None and now >= pulse[0]:
+                self._pulse = None
+                self._send_pulse(pulse[1], pulse[2])
             if lanes is not None and lanes.ready():
                 return lane_rang
             if now >= next_poll:
@@ -231,9 +247,19 @@ class Runs:
             now = time.perf_counter()
         return {}
 
+    def _send_pulse(self, identity: bytes, lane: int) -> None:
+        """Tell a client that its launched request is nearly done: a PULSE frame, or a write of its lane's eventfd
+        (the client wakes, finds no DONE, and waits again)."""
+        if lane and self._lanes is not None:
+            ln = self._lanes.by_identity.get(identity)
+            if ln is not None:
+                self._lanes.pulse(ln)
+            return
+        self._send(identity, m.PULSE)
+
     def _finish_launched(self) -> None:
         """Wait for the launched run (if any) and answer it."""
-        launched, self._launched = self._launched, None
+        launched, self._launched, self._pulse = self._launched, None, None
         if launched is None:
             return
         launched[1]()
