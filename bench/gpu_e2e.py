@@ -251,7 +251,7 @@ def chunk_sweep(sizes: list[str], pipelines: list[str], streams: int, reps: int)
     return rows
 
 
-def graphs_ab(reps: int, rounds: int, graph_chunks: list[str]) -> list[dict[str, object]]:
+def graphs_ab(reps: int, rounds: int, graph_chunks: list[str], paths: list[str] | None = None) -> list[dict[str, object]]:
     """Section 7: the 256 MiB request through a worker with chunk graphs off and on (the default chunks, and
     each setting of ``graph_chunks``: "8M/1M" = 8 MiB chunks ramping from 1 MiB at both ends), interleaved."""
     rows: list[dict[str, object]] = []
@@ -263,6 +263,11 @@ def graphs_ab(reps: int, rounds: int, graph_chunks: list[str]) -> list[dict[str,
     for size in graph_chunks:
         chunk, _, first = size.partition("/")
         variants.append((f"graph {size}", {"SHMRPC_CHUNK_BYTES": chunk, "SHMRPC_CHUNK_MIN_BYTES": first or chunk}))
+    if paths:
+        unknown = set(paths) - {label for label, _ in variants}
+        if unknown:
+            raise SystemExit(f"--graph-paths: no such path {sorted(unknown)}")
+        variants = [v for v in variants if v[0] in paths]
     for r in range(rounds):
         for label, env in variants:
             ceiling = duplex_ceiling()["duplex_gbps"]
@@ -428,6 +433,8 @@ def main() -> int:
     ap.add_argument("--memories", default="hostalloc,memfd,anon", help="host memory kinds of --only copies")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of --only graphs / gemmab")
     ap.add_argument("--gemm-clients", default="call,loan", help="client modes of --only gemmab: call, loan")
+    ap.add_argument("--graph-paths", default="", help="the paths of --only graphs to run, ';'-separated labels "
+                    "(default: all), e.g. 'graph;graph, blocking lane'")
     ap.add_argument("--graph-chunks", default="", help="more chunk settings for the graph workers of --only graphs, "
                                                         "e.g. 8M/1M,16M/1M")
     ap.add_argument("--only", default="", help="sections to run, of big,tiny,rps,pageable,sweep,copies,graphs,gemmab (default: "
@@ -477,7 +484,8 @@ def main() -> int:
     if "graphs" in only:
         print("\n| round | chunk path | 256 MiB in+out | duplex ceiling (just before) | ratio | client / worker per request "
               "| correct |\n|---|---|---|---|---|---|---|", flush=True)
-        res["graphs_through_worker"] = graphs_ab(args.reps, args.rounds, list(filter(None, args.graph_chunks.split(","))))
+        res["graphs_through_worker"] = graphs_ab(args.reps, args.rounds, list(filter(None, args.graph_chunks.split(","))),
+                                                   list(filter(None, args.graph_paths.split(";"))))
     if "gemmab" in only:
         print("\n| round | clients | CUDA graphs | gemm, 8 client processes | worker's own mean per request |\n"
               "|---|---|---|---|---|", flush=True)

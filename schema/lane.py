@@ -21,7 +21,9 @@ every host shmrpc supports; each side writes only its own cache lines)::
 Ringing: the client writes call_frame and call_len, then call_seq (# NOTE: order is
 important here: the seq is the publication point), then writes 1 to the worker's
 eventfd. Answering: the worker writes done_frame and done_len, then done_seq, then
-writes 1 to the client's eventfd. The side that waits may spin on the other's seq
+writes 1 to the client's eventfd. The worker may also write the client's eventfd with no
+new done_seq (a PULSE: an answer due soon, schema/messages.py); the client then finds no
+DONE and waits again. The side that waits may spin on the other's seq
 word for a bounded time; when it stops spinning it blocks in poll() on its eventfd
 (with the peer's pidfd), and after every wake-up reads the seq word again.
 

@@ -43,6 +43,8 @@
 #           -> $OUT/ab4-{,spin-}{base,new}-rN.json; then bench/lane_trace.py --lane block and spin for both trees,
 #           twice -> $OUT/lane-trace-{block,spin}-{base,new}-rN.json
 #   ltrace  only the lane traces of abrounds (bench/lane_trace.py, blocking and spinning, base tree and tree, twice)
+#   graphab the 256 MiB request of the graphs stage over ZeroMQ and both lanes (launched chunk graph), the tree against
+#           .whl/base/, interleaved twice -> $OUT/graphab-{base,new}-rN.json
 #   bigtrace  bench/gpu/big_trace.py: the 256 MiB request of the graphs stage stamped on both sides, over ZeroMQ and
 #           through both lanes (BT_REPS requests each, default 20; BT_ARGS: more arguments, e.g. --trials 250) -> $OUT/big-trace.json
 #   abblock the blocking lane and the ZeroMQ loan alone (nothing spins), the tree against the base tree, interleaved
@@ -341,6 +343,16 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
     ltrace)
       base_site || exit 1
       lane_traces block spin ;;
+    graphab)
+      base_site || exit 1
+      for r in 1 2; do
+        for tree in base new; do
+          site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
+          echo "== round $r, $tree: bench/gpu_e2e.py --only graphs (256 MiB: ZeroMQ, blocking lane, spinning lane)"
+          PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 120 python3 bench/gpu_e2e.py --only graphs --rounds 1 --reps 12 \
+            --graph-paths "graph;graph, blocking lane;graph, spinning lane" --out "$OUT/graphab-$tree-r$r.json" 2>&1 | tail -5
+        done
+      done ;;
     bigtrace)
       echo "== bench/gpu/big_trace.py (where a 256 MiB request's time goes outside the worker's span)"
       timeout 400 python3 bench/gpu/big_trace.py --reps ${BT_REPS:-20} ${BT_ARGS:-} --out "$OUT/big-trace.json" 2>&1 | grep -v JSON ;;
