@@ -45,6 +45,8 @@
 #   ltrace  only the lane traces of abrounds (bench/lane_trace.py, blocking and spinning, base tree and tree, twice)
 #   graphab the 256 MiB request of the graphs stage over ZeroMQ and both lanes (launched chunk graph), the tree against
 #           .whl/base/, interleaved twice -> $OUT/graphab-{base,new}-rN.json
+#   graphgap  bench/gpu/graph_gap_probe.py: the 256 MiB request's chunk graph launched on its idle stream and behind a
+#           2 ms kernel, in process: whether the device waits for the host's launch -> $OUT/graph-gap-probe.json
 #   bigtrace  bench/gpu/big_trace.py: the 256 MiB request of the graphs stage stamped on both sides, over ZeroMQ and
 #           through both lanes (BT_REPS requests each, default 20; BT_ARGS: more arguments, e.g. --trials 250) -> $OUT/big-trace.json
 #   abblock the blocking lane and the ZeroMQ loan alone (nothing spins), the tree against the base tree, interleaved
@@ -353,6 +355,9 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
             --graph-paths "graph;graph, blocking lane;graph, spinning lane" --out "$OUT/graphab-$tree-r$r.json" 2>&1 | tail -5
         done
       done ;;
+    graphgap)
+      echo "== bench/gpu/graph_gap_probe.py (does the device wait for the chunk graph's launch?)"
+      timeout 120 python3 bench/gpu/graph_gap_probe.py --reps 20 --out "$OUT/graph-gap-probe.json" 2>&1 | grep -v JSON ;;
     bigtrace)
       echo "== bench/gpu/big_trace.py (where a 256 MiB request's time goes outside the worker's span)"
       timeout 400 python3 bench/gpu/big_trace.py --reps ${BT_REPS:-20} ${BT_ARGS:-} --out "$OUT/big-trace.json" 2>&1 | grep -v JSON ;;
