@@ -7,7 +7,7 @@ The request of ``bench/gpu_e2e.py --only graphs`` (``scale``, 256 MiB float32 in
 through ``CupyBackend.launch`` (``ChunkGraphs.start``: an event, the graph's launch, an event). Per rep, interleaved:
 ``idle``: launched on its idle stream, as the worker does; ``queued``: launched behind a kernel that keeps that stream
 busy for 2 ms, so the host's launch is over before the device reaches the graph. Both report the device's time from the
-first event to the last (``ChunkStarted.finish``, the graph's ``last_s``), and ``idle`` the host's time in
+first event to the last (``ChunkStarted.finish`` behind the backend's handle, the graph's ``last_s``), and ``idle`` the host's time in
 ``ChunkGraphs.start``. If the device starts the graph's work while the host still launches it, the two device times are
 the same; if it waits for the launch, ``idle`` is longer by about the launch's host time.
 """
@@ -54,7 +54,7 @@ def main() -> int:
                                     "queued_host_start_s": []}
     h = be.launch(plan, {"x": x}, {"out": o})
     assert h is not None, "no launched graph"
-    stream = h._g.stream  # the graph's own stream
+    stream = h._started._g.stream  # the graph's own stream
     h.finish()
     for _ in range(args.reps):
         for mode in ("idle", "queued"):
@@ -67,7 +67,7 @@ def main() -> int:
             t1 = time.perf_counter()
             h.finish()
             rows[f"{mode}_host_start_s"].append(t1 - t0)
-            rows[f"{mode}_device_s"].append(h._g.last_s)
+            rows[f"{mode}_device_s"].append(h._started._g.last_s)
     ok = bool(np.array_equal(o, 2 * x + 1))
     med = {k: statistics.median(v) * 1e6 for k, v in rows.items()}
     print(f"256 MiB scale through the chunk graph, medians of {args.reps} reps, output checked: {ok}")
