@@ -68,12 +68,22 @@ def ans(self, *a):
     T["done"].append(pc())
     return o_ans(self, *a)
 P.poll, Worker._on_call, Worker._await_launched, Worker._finish_launched = poll, on, aw, fin
-T["graph_start_s"], T["graph_device_s"] = [], []
+T["graph_start_s"], T["graph_device_s"], T["else_in"], T["launch_in"], T["start_in"] = [], [], [], [], []
+from shmrpc.server import _dispatch
+o_else0, o_dlaunch = Worker._run_elsewhere, _dispatch.Dispatcher.launch
+def else0(self, *a):
+    T["else_in"].append(pc())
+    return o_else0(self, *a)
+def dlaunch(self, *a):
+    T["launch_in"].append(pc())
+    return o_dlaunch(self, *a)
+Worker._run_elsewhere, _dispatch.Dispatcher.launch = else0, dlaunch
 try:  # the chunk graph's launch on the host (ChunkGraphs.start) and its time on the device (the last run's)
     from shmrpc.kernels import _cuda_graph as G
     o_start = G.ChunkGraphs.start
     def start(self, *a):
         t = pc()
+        T["start_in"].append(t)
         h = o_start(self, *a)
         T["graph_start_s"].append(pc() - t)
         if h is not None and h._g.last_s:
@@ -198,7 +208,8 @@ def trace(lane: str | None, reps: int, backend: str, pulse_us: int = 0, prewake_
         "client: send to ring", "ring to the worker's _on_call", "_on_call to launched", "launched to found done",
         "found done to DONE", "DONE to the client routing it", "client: routed to send's return",
         "worker: _on_call to DONE (its metric's span)", "worker: its poll before the CALL, returned to _on_call",
-        "worker: DONE to its next poll", "round trip")}
+        "worker: DONE to its next poll", "round trip", "worker: _on_call to _run_elsewhere",
+        "worker: _run_elsewhere to Dispatcher.launch", "worker: Dispatcher.launch to ChunkGraphs.start")}
     polls_before: list[float] = []
     for t0, r, t1 in rows:
         i = bisect.bisect_left(w["oncall"], r)
@@ -214,9 +225,15 @@ def trace(lane: str | None, reps: int, backend: str, pulse_us: int = 0, prewake_
         pb = bisect.bisect_left(w["poll_out"], on) - 1
         pn = bisect.bisect_left(w["poll_in"], done)
         polls_before.append(w["poll_ms"][pb])
+        later = []  # the launch's steps after _on_call, where this request took them
+        for key in ("else_in", "launch_in", "start_in"):
+            k = bisect.bisect_left(w[key], later[-1] if later else on)
+            later.append(w[key][k] if k < len(w[key]) and w[key][k] < done else float("nan"))
         for k, v in zip(parts, (r - t0, on - r, la - on, fo - la, done - fo, wk - done, t1 - wk, done - on,
-                                on - w["poll_out"][pb], w["poll_in"][pn] - done, t1 - t0)):
-            parts[k].append(v)
+                                on - w["poll_out"][pb], w["poll_in"][pn] - done, t1 - t0, later[0] - on,
+                                later[1] - later[0], later[2] - later[1])):
+            if v == v:  # not nan
+                parts[k].append(v)
     med = {k: round(statistics.median(v) * 1e6, 1) for k, v in parts.items() if v}
     med["worker: timeout of its poll before the CALL (ms, median)"] = statistics.median(polls_before)
     for k, label in (("graph_start_s", "worker: ChunkGraphs.start (the graph's launch) on the host"),

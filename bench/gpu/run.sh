@@ -44,7 +44,8 @@
 #           twice -> $OUT/lane-trace-{block,spin}-{base,new}-rN.json
 #   ltrace  only the lane traces of abrounds (bench/lane_trace.py, blocking and spinning, base tree and tree, twice)
 #   graphab the 256 MiB request of the graphs stage over ZeroMQ and both lanes (launched chunk graph), the tree against
-#           .whl/base/, interleaved twice -> $OUT/graphab-{base,new}-rN.json
+#           .whl/base/, interleaved GRAPHAB_ROUNDS times (default 2); GRAPHAB_PATHS: the paths, ';'-separated labels of
+#           bench/gpu_e2e.py (default "graph;graph, blocking lane;graph, spinning lane") -> $OUT/graphab-{base,new}-rN.json
 #   graphgap  bench/gpu/graph_gap_probe.py: the 256 MiB request's chunk graph launched on its idle stream and behind a
 #           2 ms kernel, in process: whether the device waits for the host's launch -> $OUT/graph-gap-probe.json
 #   bigtrace  bench/gpu/big_trace.py: the 256 MiB request of the graphs stage stamped on both sides, over ZeroMQ and
@@ -347,12 +348,13 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
       lane_traces block spin ;;
     graphab)
       base_site || exit 1
-      for r in 1 2; do
+      for r in $(seq "${GRAPHAB_ROUNDS:-2}"); do
         for tree in base new; do
           site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
-          echo "== round $r, $tree: bench/gpu_e2e.py --only graphs (256 MiB: ZeroMQ, blocking lane, spinning lane)"
+          echo "== round $r, $tree: bench/gpu_e2e.py --only graphs (256 MiB: ${GRAPHAB_PATHS:-ZeroMQ, blocking lane, spinning lane})"
           PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 120 python3 bench/gpu_e2e.py --only graphs --rounds 1 --reps 12 \
-            --graph-paths "graph;graph, blocking lane;graph, spinning lane" --out "$OUT/graphab-$tree-r$r.json" 2>&1 | tail -5
+            --graph-paths "${GRAPHAB_PATHS:-graph;graph, blocking lane;graph, spinning lane}" \
+            --out "$OUT/graphab-$tree-r$r.json" 2>&1 | tail -5
         done
       done ;;
     graphgap)
