@@ -217,16 +217,21 @@ class Runs:
 
     def _await_launched(self, poller: LoopPoll, lane_rang: dict[int, int], timeout_ms: int) -> dict[Any, int]:
         """The next events while a launched run is on the device, answering it as soon as it is done: a run whose
-        duration is known (its ``eta``) is awaited in a poll until shortly before it is due; then, and for the
-        others from the start (small batches), the loop spins (lanes read, the poll every SPIN_POLL_S), and past
-        _LAUNCHED_SPIN_S polls 1 ms at a time. No events within ``timeout_ms``: none (the loop's periodic work runs)."""
+        duration is known (its ``eta``) is awaited in a poll until shortly before it is due (15% of what is left, at
+        least _LAUNCHED_EARLY_S), then by polls of 1 ms until _LAUNCHED_SPIN_S before it is due; from then, and for
+        the others from the start (small batches), the loop spins (lanes read, the poll every SPIN_POLL_S) until
+        _LAUNCHED_SPIN_S past when it is due (or past the start), then polls 1 ms at a time. A request's PULSE goes
+        out in the spin, PULSE_LEAD_S before it is due. No events within ``timeout_ms``: none (the loop's periodic
+        work runs)."""
         assert self._launched is not None
         h, lanes = self._launched[0], self._lanes
         now = time.perf_counter()
         eta = getattr(h, "eta", 0.0)
         wake = eta - max(_LAUNCHED_EARLY_S, 0.15 * (eta - now)) if eta else now
-        # NOTE: spinning ends _LAUNCHED_SPIN_S after the run is due, not after the spin began: a run 15% of which is
-        # more than that (over about 13 ms) was found done only by the polls of 1 ms
+        # NOTE: the spin is around when the run is due, not from the wake-up: spinning from 15% early would keep a
+        # core busy for 15% of a long run, and ending 2 ms after the wake-up left a run of over about 13 ms to the
+        # 1 ms polls at the moment it finished (before 2026-12-01)
+        spin_from = eta - _LAUNCHED_SPIN_S
         end, next_poll, give_up = max(now, eta) + _LAUNCHED_SPIN_S, now, now + timeout_ms / 1000
         while now < give_up:
             if h.done():
@@ -239,7 +244,10 @@ class Runs:
             if lanes is not None and lanes.ready():
                 return lane_rang
             if now >= next_poll:
-                wait_ms = int((wake - now) * 1000) if wake - now >= 1e-3 else 0 if now < end else 1
+                if wake - now >= 1e-3:
+                    wait_ms = int((wake - now) * 1000)
+                else:
+                    wait_ms = 0 if spin_from <= now < end else 1
                 events = poller.poll(min(wait_ms, timeout_ms))
                 if events:
                     return events

@@ -87,16 +87,20 @@ def test_a_long_launched_request_over_zeromq_is_pulsed_shortly_before_its_done(
         c.call("vector_add", x=np.ones(4, np.float32), y=np.ones(4, np.float32))  # small: on the loop thread
         assert c._inflight.pulses == 0
         frames = _stamp_frames(c)
-        for _ in range(3):
+        pulsed = 0
+        for _ in range(4):
             del frames[:]
             t0, t1, check = _send_big(c)
             check()
             kinds = [k for _, k in frames]
-            assert kinds.count(m.PULSE) == 1 and kinds.index(m.PULSE) < kinds.index(m.DONE), kinds
-            pulse_at = frames[kinds.index(m.PULSE)][0]
-            # sent PULSE_LEAD_S before the run is due: late in the run, not at its launch
-            assert pulse_at - t0 > RUN_S / 2, (pulse_at - t0, t1 - t0)
-        assert c._inflight.pulses == 3
+            assert kinds.count(m.PULSE) <= 1 and kinds[-1] == m.DONE, kinds
+            if m.PULSE in kinds:
+                pulsed += 1
+                # sent PULSE_LEAD_S before the run is due: late in the run, not at its launch
+                assert frames[kinds.index(m.PULSE)][0] - t0 > RUN_S / 2, (frames[0][0] - t0, t1 - t0)
+        # the loop polls 1 ms at a time until 2 ms before the run is due: a machine loaded enough to oversleep one of
+        # those polls by 1.8 ms finds the run done, and sends the DONE without its pulse
+        assert pulsed >= 2 and c._inflight.pulses == pulsed
 
 
 def test_a_launched_request_shorter_than_the_pulse_minimum_gets_no_pulse(
@@ -115,16 +119,21 @@ def test_a_long_launched_request_through_the_blocking_lane_wakes_its_client_befo
         ln = c._t.lane
         assert ln is not None
         wakes = ln._poll = _Wakes(ln._poll)  # type: ignore[assignment]
-        for _ in range(3):
+        pulsed = 0
+        for _ in range(4):
             del wakes.at[:]
             _drain(ln.fd)
             t0, t1, check = _send_big(c)
             check()
             assert c._inflight.pulses == 0  # nothing came over ZeroMQ
-            # two writes of the client's eventfd (which it never reads: its epoll is edge-triggered), the pulse's
-            # and the DONE's; its first wake-up late in the run, not at the launch (one wake-up may see both)
-            assert _drain(ln.fd) == 2
+            # the writes of the client's eventfd (which it never reads: its epoll is edge-triggered): the DONE's,
+            # and the pulse's before it (see the test above for a loaded machine); the first wake-up late in the run,
+            # not at the launch (one wake-up may see both)
+            writes = _drain(ln.fd)
+            assert writes in (1, 2)
+            pulsed += writes == 2
             assert wakes.at and wakes.at[0] > t0 + RUN_S / 2, ([t - t0 for t in wakes.at], t1 - t0)
+        assert pulsed >= 2
 
 
 def test_a_spinning_lane_client_is_answered_right_after_pulses(spawn_worker: Callable[..., WorkerProc]) -> None:
