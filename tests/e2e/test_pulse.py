@@ -8,6 +8,7 @@ as a device run of that length would. The client here is this process: its frame
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -146,3 +147,18 @@ def test_a_spinning_lane_client_is_answered_right_after_pulses(spawn_worker: Cal
         x = np.arange(16, dtype=np.float32)
         for _ in range(50):  # short requests after the long ones
             np.testing.assert_array_equal(c.call("vector_add", x=x, y=x)["out"], 2 * x)
+
+
+def test_an_async_client_routes_pulses_off_its_event_loop(spawn_worker: Callable[..., WorkerProc]) -> None:
+    from shmrpc.client import AsyncClient
+
+    w = spawn_worker(env=_launching(RUN_S))
+    x, y = np.arange(N, dtype=np.float32), np.full(N, 0.5, np.float32)
+
+    async def main() -> int:
+        async with await AsyncClient.connect(w.name, timeout_s=30) as c:
+            for _ in range(4):
+                np.testing.assert_array_equal((await c.call("vector_add", x=x, y=y))["out"], x + y)
+            return int(c.client._inflight.pulses)
+
+    assert asyncio.run(main()) >= 2  # see the ZeroMQ test above for a loaded machine
