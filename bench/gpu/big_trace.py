@@ -1,9 +1,9 @@
-"""Where a 256 MiB request's time goes outside the worker's own span: timestamps on both sides, CuPy worker.
+"""Where a large request's time goes outside the worker's own span: timestamps on both sides, CuPy worker.
 
-    python bench/gpu/big_trace.py [--reps 20] [--out FILE.json]
+    python bench/gpu/big_trace.py [--reps 20] [--mib 256] [--lanes zmq,block,spin] [--out FILE.json]
 
-The request of ``bench/gpu_e2e.py --only graphs`` (256 MiB float32 in, ``scale`` out of place, the loan sent
-again; its chunk graph launched by the loop), over ZeroMQ, then through the blocking lane, then the spinning
+The request of ``bench/gpu_e2e.py --only graphs`` (256 MiB float32 in, or ``--mib``; ``scale`` out of place, the loan
+sent again; its chunk graph launched by the loop), over ZeroMQ, then through the blocking lane, then the spinning
 lane, each with a fresh worker (a child process whose loop is instrumented, ``SERVE_STAMPED`` of
 ``bench/lane_trace.py``). Stamps (``time.perf_counter``, CLOCK_MONOTONIC: comparable between the processes):
 the client's ``send`` entry, its ring (ZeroMQ send or lane ring), the DONE routed (from the socket or the
@@ -133,20 +133,21 @@ if PULSE_S:  # trial: PULSE_S before a launched run is due, a frame its client i
             now = time.perf_counter()
         return {}
     o_aw = aw2
-w = Worker(WorkerConfig(name=sys.argv[1], backend=sys.argv[4], mlock=False, geometry=parse_geometry("64K:4,520M:1"),
+w = Worker(WorkerConfig(name=sys.argv[1], backend=sys.argv[4], mlock=False, geometry=parse_geometry(f"64K:4,{2 * int(sys.argv[6]) + 8}M:1"),
                         lease=DEFAULT_LEASE[:2]))
 ''' + SERVE_STAMPED
 
 
-def trace(lane: str | None, reps: int, backend: str, pulse_us: int = 0, prewake_us: int = 0) -> dict[str, float]:
+def trace(lane: str | None, reps: int, backend: str, pulse_us: int = 0, prewake_us: int = 0, mib: int = 256
+          ) -> dict[str, float]:
     from shmrpc.client import Client, _connection, _inflight, _lane, _loan
     from shmrpc.schema import messages as m
 
     name = f"btrace-{os.getpid()}-{secrets.token_hex(3)}"
     with tempfile.TemporaryDirectory(prefix="shmrpc-btrace-") as tmp:
         stamps = os.path.join(tmp, "worker.json")
-        worker = subprocess.Popen([sys.executable, "-c", _WORKER, name, stamps, "0", backend,
-                                   str(pulse_us)], stdin=subprocess.PIPE,
+        worker = subprocess.Popen([sys.executable, "-c", _WORKER, name, stamps, "0", backend, str(pulse_us), str(mib)],
+                                  stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True)
         rows, woke = [], []
         try:
@@ -184,8 +185,8 @@ def trace(lane: str | None, reps: int, backend: str, pulse_us: int = 0, prewake_
 
                 _loan.Loan._wait = lwait  # type: ignore[method-assign]
             try:
-                n = (256 << 20) // 4
-                with Client(name, timeout_s=60, lane=lane) as c, c.loan(512 << 20) as req:
+                n = (mib << 20) // 4
+                with Client(name, timeout_s=60, lane=lane) as c, c.loan(2 * mib << 20) as req:
                     req.array("x", n, np.float32)[:] = 1.0
                     for _ in range(3):  # the chunk graph is captured on the request's second sight
                         req.send("scale", a=2.0, b=1.0)
@@ -252,6 +253,8 @@ def main() -> int:
                          "client a frame (a lane: its eventfd) US µs before a launched run is due (pulse), the client "
                          "sleeps until US µs before its last round trip's time (prewake), and both")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--mib", type=int, default=256, help="MiB in and MiB out per request (default 256)")
+    ap.add_argument("--lanes", default="zmq,block,spin", help="the paths to trace (without --trials)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     out: dict[str, dict[str, float]] = {}
@@ -260,9 +263,10 @@ def main() -> int:
         arms += [("pulse", args.trials, 0), ("prewake", 0, args.trials), ("both", args.trials, args.trials)]
     for r in range(args.rounds if args.trials else 1):
         for arm, pulse, prewake in arms:
-            for lane in ((None, "block") if args.trials else (None, "block", "spin")):
+            paths = [None if p == "zmq" else p for p in args.lanes.split(",")]
+            for lane in ((None, "block") if args.trials else paths):
                 label = ", ".join(x for x in (lane or "zmq", arm, f"round {r + 1}" if args.trials else "") if x)
-                med = trace(lane, args.reps, args.backend, pulse, prewake)
+                med = trace(lane, args.reps, args.backend, pulse, prewake, args.mib)
                 out[label] = med
                 print(f"== {label}: medians of {args.reps} requests, µs", flush=True)
                 for k, v in med.items():
@@ -270,7 +274,8 @@ def main() -> int:
     if args.out:
         from shmrpc.bench._report import write_probe
 
-        write_probe({"mode": "big-trace", "reps": args.reps, "backend": args.backend, "median_us": out}, None, args.out)
+        write_probe({"mode": "big-trace", "reps": args.reps, "backend": args.backend, "mib": args.mib, "median_us": out},
+                    None, args.out)
     return 0
 
 
