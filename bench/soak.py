@@ -17,7 +17,9 @@ warm-up (10 % of the calls; for a client that reconnected, again 5000 calls afte
 reconnect, since its new Client's descriptor cache fills again) and at the end, still connected (the worker: after warm-up and
 just before the kill, then after warm-up of the successor and at 95 % of the calls); ``/dev/shm``
 entries before and after. RSS counts the region pages a process touched (``RssShmem``) as
-well as its own memory (``RssAnon``); both are recorded. Prints a table; writes ``bench/results/soak-<date>.json``.
+well as its own memory (``RssAnon``); both are recorded. Also counted: the PULSE frames the clients received (over
+ZeroMQ, before a launched request's DONE); the environment's ``SHMRPC_*`` settings are recorded. Prints a table;
+writes ``bench/results/soak-<date>.json``.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def client_main(name: str, seed: int, calls: int, spin_us: int = 0, lane: str = 
     warm: dict[str, int] = {}
     rewarm: dict[str, int] = {}
     rewarm_at = -1
+    pulses = 0  # PULSE frames the client's connections received (a DONE of a launched request near)
     c: Any = None
     connect_retries = 0
     t0 = time.perf_counter()
@@ -110,6 +113,7 @@ def client_main(name: str, seed: int, calls: int, spin_us: int = 0, lane: str = 
         except (WorkerGoneError, ConnectError, Timeout, RequestError) as e:
             raised[type(e).__name__] = raised.get(type(e).__name__, 0) + 1
             if not isinstance(e, RequestError):
+                pulses += c._inflight.pulses
                 c.close()
                 c = None
                 reconnects += 1
@@ -123,9 +127,10 @@ def client_main(name: str, seed: int, calls: int, spin_us: int = 0, lane: str = 
             print(f"progress {i}", flush=True)
     end = proc_facts()  # still connected, like at warm-up
     if c is not None:
+        pulses += c._inflight.pulses
         c.close()
     print(json.dumps({"seed": seed, "calls": calls, "ok": ok, "wrong": wrong, "raised": raised,
-                      "reconnects": reconnects, "connect_retries": connect_retries, "elapsed_s": time.perf_counter() - t0, "warm": warm,
+                      "reconnects": reconnects, "connect_retries": connect_retries, "pulses": pulses, "elapsed_s": time.perf_counter() - t0, "warm": warm,
                       "rewarm": rewarm, "end": end}), flush=True)
 
 
@@ -244,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in (r or {}).get("raised", {}).items():
             raised[k] = raised.get(k, 0) + v
     errors = [r["error"] for r in results if r and "error" in r]
+    pulses = sum(r.get("pulses", 0) for r in results if r)
     growth = {
         "worker_first_rss_pct": _growth(w_facts.get("first_warm", {}), w_facts.get("first_before_kill", {}), "VmRSS"),
         "worker_first_rss_anon_pct": _growth(w_facts.get("first_warm", {}), w_facts.get("first_before_kill", {}),
@@ -277,10 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"worker facts: {json.dumps(w_facts)}")
     print(f"growth after warm-up: {json.dumps(growth)}")
     print(f"judged: RSS growth {rss} %, fds grew: {fds_grew}")
-    print(f"/dev/shm entries: {shm_before} before, {shm_after} after; client errors: {errors}")
+    print(f"/dev/shm entries: {shm_before} before, {shm_after} after; client errors: {errors}; PULSE frames received: "
+          f"{pulses}")
     result = {
         "program": "bench/soak.py", "date": started.isoformat(timespec="seconds"),
         "command": " ".join(["python", "bench/soak.py", *(argv if argv is not None else sys.argv[1:])]),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SHMRPC_")}, "pulses": pulses,
         "seed": seed, "clients": args.clients, "calls_per_client": args.calls, "elapsed_s": round(elapsed, 2),
         "calls_per_s": round((ok + wrong) / elapsed, 1), "ok": ok, "wrong": wrong, "raised": raised,
         "client_errors": errors, "worker": {"slots": SLOTS, "lease": LEASE, "backend": "numpy",
