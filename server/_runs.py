@@ -47,12 +47,12 @@ __all__ = ["Done", "Runs", "write_response", "SPIN_POLL_S"]
 log = logging.getLogger("shmrpc.server")
 
 SPIN_POLL_S = 5e-6  # while spinning with lanes, poll the socket and fds this often (lanes are read in between)
-_LAUNCHED_SPIN_S = 2e-3  # a launched run is awaited spinning this long from when it is due, then by polls of 1 ms
-_LAUNCHED_EARLY_S = 5e-4  # ... and spinning from this long (or 15% of what is left, if more) before it is due
+_LAUNCHED_SPIN_S = 2e-3  # a launched run is spun for from this long before it is due to this long after, then polled 1 ms
+_LAUNCHED_EARLY_S = 5e-4  # ... after one poll until this long (or 15% of what is left, if more) before it is due
 # A launched request due at least PULSE_MIN_S after its launch gets a PULSE (its lane: a write of the client's eventfd)
 # PULSE_LEAD_S before it is due, so the DONE after it finds the client's threads, and ZeroMQ's on both sides, awake:
 # on the GPU host a thread asleep for milliseconds woke 60-80 µs late, three in a row for a DONE over ZeroMQ
-# (docs/architecture.md "Launched runs"). PULSE_LEAD_S < _LAUNCHED_EARLY_S: the loop spins by then.
+# (docs/architecture.md "The PULSE"). PULSE_LEAD_S < _LAUNCHED_EARLY_S <= _LAUNCHED_SPIN_S: the loop spins by then.
 PULSE_LEAD_S = 2e-4
 PULSE_MIN_S = 1e-3
 _BATCH_RECENT_S = 2e-3  # --batch-wait-us holds parked requests only this soon (or 20 waits) after a batched run
