@@ -105,6 +105,20 @@ def test_a_long_launched_request_over_zeromq_is_pulsed_shortly_before_its_done(
         assert pulsed >= 2 and c._inflight.pulses == pulsed
 
 
+def test_a_client_that_does_not_know_the_pulse_ignores_it(spawn_worker: Callable[..., WorkerProc],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # a client of the same protocol version from before the PULSE: the frame reaches its control handler, which drops
+    # any frame it cannot decode (docs/protocol.md); its answers are unchanged
+    monkeypatch.setattr(m, "PULSE", b"\x00")  # this process's client no longer tells the frame apart
+    w = spawn_worker(env=_launching(RUN_S))
+    with Client(w.name, timeout_s=30) as c:
+        frames = _stamp_frames(c)
+        for _ in range(4):
+            _send_big(c)[2]()
+        assert c._inflight.pulses == 0
+        assert [k for _, k in frames].count(b"P") >= 2  # they came, and were dropped
+
+
 def test_a_launched_request_shorter_than_the_pulse_minimum_gets_no_pulse(
         spawn_worker: Callable[..., WorkerProc]) -> None:
     w = spawn_worker(env=_launching(_runs.PULSE_MIN_S / 4))
