@@ -51,7 +51,8 @@ _LAUNCHED_SPIN_S = 2e-3  # a launched run is spun for from this long before it i
 _LAUNCHED_EARLY_S = 5e-4  # ... after one poll until this long (or 15% of what is left, if more) before it is due
 # A launched request due at least PULSE_MIN_S after its launch gets a PULSE (its lane: a write of the client's eventfd)
 # PULSE_LEAD_S before it is due, so the DONE after it finds the client's threads, and ZeroMQ's on both sides, awake:
-# on the GPU host a thread asleep for milliseconds woke 60-80 µs late, three in a row for a DONE over ZeroMQ
+# on the GPU host a thread asleep for milliseconds woke tens of µs later than one asleep for µs, and a DONE over
+# ZeroMQ wakes three in a row
 # (docs/architecture.md "The PULSE"). PULSE_LEAD_S < _LAUNCHED_EARLY_S <= _LAUNCHED_SPIN_S: the loop spins by then.
 PULSE_LEAD_S = 2e-4
 PULSE_MIN_S = 1e-3
