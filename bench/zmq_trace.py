@@ -143,7 +143,9 @@ def run_shmrpc(calls: int, tmp: str) -> dict[str, float]:
     wake, on, sent = w["wake"], w["oncall"], w["sent"]
     parts: dict[str, list[float]] = {k: [] for k in _SHM_PARTS}
     for t0, s, sd, got, t1 in rows[len(rows) // 2:]:
-        i = bisect.bisect_left(on, sd)
+        # NOTE: this request's _on_call is the first after the client began its send (every earlier one came before
+        # the previous answer); not after the send returned: on a loaded machine the worker may take the CALL first
+        i = bisect.bisect_left(on, s)
         k = bisect.bisect_left(sent, on[i]) if i < len(on) else len(sent)
         if k >= len(sent):
             continue
