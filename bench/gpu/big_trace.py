@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from math import nan
 
 import numpy as np
 
@@ -229,9 +230,10 @@ def trace(lane: str | None, reps: int, backend: str, pulse_us: int = 0, prewake_
         later = []  # the launch's steps after _on_call, where this request took them
         for key in ("else_in", "launch_in", "start_in"):
             k = bisect.bisect_left(w[key], later[-1] if later else on)
-            later.append(w[key][k] if k < len(w[key]) and w[key][k] < done else float("nan"))
+            later.append(w[key][k] if k < len(w[key]) and w[key][k] < done else nan)
         for k, v in zip(parts, (r - t0, on - r, la - on, fo - la, done - fo, wk - done, t1 - wk, done - on,
-                                on - w["poll_out"][pb], w["poll_in"][pn] - done, t1 - t0, later[0] - on,
+                                on - w["poll_out"][pb], w["poll_in"][pn] - done if pn < len(w["poll_in"]) else nan,
+                                t1 - t0, later[0] - on,
                                 later[1] - later[0], later[2] - later[1])):
             if v == v:  # not nan
                 parts[k].append(v)

@@ -1,5 +1,5 @@
-"""The round-trip traces (bench/zmq_trace.py, bench/lane_trace.py) and the client CPU probe (bench/client_cpu.py) run
-end to end and write what they print.
+"""The round-trip traces (bench/zmq_trace.py, bench/lane_trace.py, bench/gpu/big_trace.py on the NumPy backend's
+stand-in device) and the client CPU probe (bench/client_cpu.py) run end to end and write what they print.
 
 Each starts its own worker (and, for the ZeroMQ trace, a bare pyzmq echo) in child processes over real sockets;
 a short run must give every interval of both sides, each positive and shorter than its round trip, in a JSON
@@ -9,6 +9,7 @@ document with the command and the machine but no goal verdicts (``write_probe``)
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,21 @@ def test_client_cpu_times_the_loan_and_call_of_each_tree(tmp_path: Path) -> None
         assert set(med) == {"loan_us", "call_us", "replay_us"}
         # a call() is a loan's send plus its copies, and both include the replay
         assert 0 < med["replay_us"] < med["loan_us"] < med["call_us"], med
+
+
+def test_big_trace_times_a_launched_request_and_its_pulse(tmp_path: Path) -> None:
+    # bench/gpu/big_trace.py on the NumPy backend's stand-in device (a 4 MiB request launched, due 20 ms later):
+    # the launch, the wait for the run, the PULSE and the DONE, over ZeroMQ and through the blocking lane
+    env = dict(os.environ, SHMRPC_NUMPY_BATCH_JOINT="1", SHMRPC_NUMPY_LAUNCH_S="0.02")
+    out = tmp_path / "b.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "big_trace.py"), "--reps", "4", "--backend",
+                           "numpy", "--mib", "4", "--lanes", "zmq,block", "--out", str(out)],
+                          capture_output=True, text=True, timeout=150, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "big-trace" and doc["mib"] == 4 and set(doc["median_us"]) == {"zmq", "block"}
+    for path, med in doc["median_us"].items():
+        span = med["worker: _on_call to DONE (its metric's span)"]
+        # found done no sooner than due (20 ms after the launch, which is a little before the wait's first stamp)
+        assert 0.9 * 0.02e6 <= med["launched to found done"] < span < med["round trip"], (path, med)
+        assert med["DONE to the client routing it"] > 0 and med["_on_call to launched"] > 0, (path, med)
