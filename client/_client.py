@@ -276,15 +276,6 @@ class Client(Calls):
             s.in_flight = None
             raise
 
-    def _await_answer(self, rid: int, until: Any, deadline: float) -> None:
-        """Return once ``until()`` (the answer to ``rid`` came): from the lane's page, or pumping the socket for
-        every waiter while no other thread does. Raises Timeout or WorkerGoneError."""
-        lane = self._t.lane
-        if lane is not None and lane.busy == rid:
-            self._lane_wait(lane, rid, deadline)
-        else:
-            self._inflight.wait(until, deadline)
-
     def _forget_future(self, rid: int) -> None:
         """The future of ``rid`` gave up waiting: a late DONE only frees its slot."""
         self._inflight.forget_future(rid)

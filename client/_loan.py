@@ -147,14 +147,17 @@ class Loan:
         c._ring(s, rid, trace, future)
         return rid
 
-    def _wait(self, rid: int, deadline: float) -> None:
+    def _wait(self, rid: int, deadline: float, until: Any = None) -> None:
+        """Return once the answer to ``rid`` came: from the lane's page when it was rung there, else pumping the
+        socket for every waiter while no other thread does, until ``until()`` (default: the slot is answered).
+        Raises Timeout or WorkerGoneError."""
         c = self._c
         lane = c._t.lane
         if lane is not None and lane.busy == rid:  # rung through the lane: its answer is read from the page
             c._lane_wait(lane, rid, deadline)
         else:
             s = self._s
-            c._pump(deadline, lambda: s.in_flight != rid)
+            c._pump(deadline, until or (lambda: s.in_flight != rid))
 
     def _response(self, rid: int, fresh: bool = True) -> dict[str, np.ndarray]:
         """The outputs of the answered request ``rid``, checked: fresh views of the slot, or with ``fresh`` False
@@ -264,7 +267,7 @@ class _Answer(Future):  # type: ignore[type-arg]
         c, s, rid = self._c, self._loan._s, self._rid
         c._check()
         try:
-            c._await_answer(rid, lambda: self.done() or s.in_flight != rid, deadline)
+            self._loan._wait(rid, deadline, lambda: self.done() or s.in_flight != rid)
         except Timeout:
             if deadline < self._deadline:
                 raise  # only the caller's shorter wait ran out; the request still runs

@@ -11,7 +11,8 @@ lane's page), ``send``'s return; the worker's ``_on_call`` entry, the launch (``
 entry), the device found done (``_finish_launched`` entry), the DONE (``_send`` or ``Lanes.answer`` entry), and
 each poll's entry and return with its timeout. Prints the median of each interval over the reps and writes
 them to ``--out``: what the client sees against the worker's metric (``_on_call`` to DONE) is the gap the
-duplex ratio of ``gpu_e2e.py`` pays.
+duplex ratio of ``gpu_e2e.py`` pays. (The trials of 2026-12-01, a pulse patched into the worker and a client
+pre-wake, ran with this program at ce63eb0, ``--trials``; the PULSE is built into the worker since, and they went.)
 """
 
 from __future__ import annotations
@@ -94,60 +95,20 @@ try:  # the chunk graph's launch on the host (ChunkGraphs.start) and its time on
 except ImportError:  # no CuPy
     pass
 Worker._send, _lanes.Lanes.answer = send, ans
-PULSE_S = float(sys.argv[5]) / 1e6
-if PULSE_S:  # trial: PULSE_S before a launched run is due, a frame its client ignores (or its lane's eventfd)
-    import os
-    from shmrpc.server import _runs
-    o_else = Worker._run_elsewhere
-    def run_elsewhere(self, identity, s, view, hdr, primed, t0, lane):
-        o_else(self, identity, s, view, hdr, primed, t0, lane)
-        self._pulse_to = (identity, lane)
-    Worker._run_elsewhere = run_elsewhere
-    def aw2(self, poller, lane_rang, timeout_ms):
-        h, lanes = self._launched[0], self._lanes
-        now = time.perf_counter()
-        eta = getattr(h, "eta", 0.0)
-        pulse_at = eta - PULSE_S if eta and getattr(self, "_pulse_to", None) else 0.0
-        wake = eta - max(_runs._LAUNCHED_EARLY_S, 0.15 * (eta - now)) if eta else now
-        if pulse_at:
-            wake = min(wake, pulse_at)
-        end, next_poll, give_up = max(now, wake) + _runs._LAUNCHED_SPIN_S, now, now + timeout_ms / 1000
-        while now < give_up:
-            if h.done():
-                self._finish_launched()
-                return poller.poll(0)
-            if pulse_at and now >= pulse_at:
-                identity, ln = self._pulse_to
-                self._pulse_to, pulse_at = None, 0.0
-                if ln:
-                    os.eventfd_write(self._lanes.by_identity[identity].client_fd, 1)
-                else:
-                    o_send(self, identity, b"P")
-            if lanes is not None and lanes.ready():
-                return lane_rang
-            if now >= next_poll:
-                wait_ms = int((wake - now) * 1000) if wake - now >= 1e-3 else 0 if now < end else 1
-                events = poller.poll(min(wait_ms, timeout_ms))
-                if events:
-                    return events
-                next_poll = now + _runs.SPIN_POLL_S
-            now = time.perf_counter()
-        return {}
-    o_aw = aw2
-w = Worker(WorkerConfig(name=sys.argv[1], backend=sys.argv[4], mlock=False, geometry=parse_geometry(f"64K:4,{2 * int(sys.argv[6]) + 8}M:1"),
+w = Worker(WorkerConfig(name=sys.argv[1], backend=sys.argv[4], mlock=False,
+                        geometry=parse_geometry(f"64K:4,{2 * int(sys.argv[5]) + 8}M:1"),
                         lease=DEFAULT_LEASE[:2]))
 ''' + SERVE_STAMPED
 
 
-def trace(lane: str | None, reps: int, backend: str, pulse_us: int = 0, prewake_us: int = 0, mib: int = 256
-          ) -> dict[str, float]:
-    from shmrpc.client import Client, _connection, _inflight, _lane, _loan
+def trace(lane: str | None, reps: int, backend: str, mib: int = 256) -> dict[str, float]:
+    from shmrpc.client import Client, _connection, _inflight, _lane
     from shmrpc.schema import messages as m
 
     name = f"btrace-{os.getpid()}-{secrets.token_hex(3)}"
     with tempfile.TemporaryDirectory(prefix="shmrpc-btrace-") as tmp:
         stamps = os.path.join(tmp, "worker.json")
-        worker = subprocess.Popen([sys.executable, "-c", _WORKER, name, stamps, "0", backend, str(pulse_us), str(mib)],
+        worker = subprocess.Popen([sys.executable, "-c", _WORKER, name, stamps, "0", backend, str(mib)],
                                   stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True)
         rows, woke = [], []
@@ -174,17 +135,6 @@ def trace(lane: str | None, reps: int, backend: str, pulse_us: int = 0, prewake_
 
             _connection.Connection.send, _lane.ClientLane.ring = send, ring  # type: ignore[method-assign]
             _inflight.Inflight._answered = answered  # type: ignore[method-assign]
-            o_lwait, took = _loan.Loan._wait, [0.0]
-            if prewake_us:  # trial: the client sleeps until prewake_us before its last round trip's time, then waits
-
-                def lwait(self: object, rid: int, deadline: float) -> None:
-                    left = last["ring"] + took[0] - prewake_us / 1e6 - pc()
-                    if left > 1e-3:
-                        time.sleep(left)
-                    o_lwait(self, rid, deadline)  # type: ignore[arg-type]
-                    took[0] = pc() - last["ring"]
-
-                _loan.Loan._wait = lwait  # type: ignore[method-assign]
             try:
                 n = (mib << 20) // 4
                 with Client(name, timeout_s=60, lane=lane) as c, c.loan(2 * mib << 20) as req:
@@ -201,7 +151,6 @@ def trace(lane: str | None, reps: int, backend: str, pulse_us: int = 0, prewake_
             finally:
                 _connection.Connection.send, _lane.ClientLane.ring = o_send, o_ring
                 _inflight.Inflight._answered = o_answered  # type: ignore[method-assign]
-                _loan.Loan._wait = o_lwait  # type: ignore[method-assign]
             with open(stamps) as f:
                 w = json.load(f)
         finally:
@@ -250,29 +199,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--backend", default="cupy", help="the worker's backend (numpy: to try this program without a GPU)")
-    ap.add_argument("--trials", type=int, default=0, metavar="US",
-                    help="also, interleaved over --rounds, over ZeroMQ and the blocking lane: the worker sends its "
-                         "client a frame (a lane: its eventfd) US µs before a launched run is due (pulse), the client "
-                         "sleeps until US µs before its last round trip's time (prewake), and both")
-    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--mib", type=int, default=256, help="MiB in and MiB out per request (default 256)")
-    ap.add_argument("--lanes", default="zmq,block,spin", help="the paths to trace (without --trials)")
+    ap.add_argument("--lanes", default="zmq,block,spin", help="the paths to trace")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     out: dict[str, dict[str, float]] = {}
-    arms = [("", 0, 0)]
-    if args.trials:
-        arms += [("pulse", args.trials, 0), ("prewake", 0, args.trials), ("both", args.trials, args.trials)]
-    for r in range(args.rounds if args.trials else 1):
-        for arm, pulse, prewake in arms:
-            paths = [None if p == "zmq" else p for p in args.lanes.split(",")]
-            for lane in ((None, "block") if args.trials else paths):
-                label = ", ".join(x for x in (lane or "zmq", arm, f"round {r + 1}" if args.trials else "") if x)
-                med = trace(lane, args.reps, args.backend, pulse, prewake, args.mib)
-                out[label] = med
-                print(f"== {label}: medians of {args.reps} requests, µs", flush=True)
-                for k, v in med.items():
-                    print(f"  {k:<58} {v:9.1f}", flush=True)
+    for lane in [None if p == "zmq" else p for p in args.lanes.split(",")]:
+        label = lane or "zmq"
+        med = trace(lane, args.reps, args.backend, args.mib)
+        out[label] = med
+        print(f"== {label}: medians of {args.reps} requests, µs", flush=True)
+        for k, v in med.items():
+            print(f"  {k:<58} {v:9.1f}", flush=True)
     if args.out:
         from shmrpc.bench._report import write_probe
 

@@ -49,7 +49,7 @@
 #   graphgap  bench/gpu/graph_gap_probe.py: the 256 MiB request's chunk graph launched on its idle stream and behind a
 #           2 ms kernel, in process: whether the device waits for the host's launch -> $OUT/graph-gap-probe.json
 #   bigtrace  bench/gpu/big_trace.py: the 256 MiB request of the graphs stage stamped on both sides, over ZeroMQ and
-#           through both lanes (BT_REPS requests each, default 20; BT_ARGS: more arguments, e.g. --trials 250) -> $OUT/big-trace.json
+#           through both lanes (BT_REPS requests each, default 20; BT_ARGS: more arguments, e.g. --mib 768) -> $OUT/big-trace.json
 #   abblock the blocking lane and the ZeroMQ loan alone (nothing spins), the tree against the base tree, interleaved
 #           4 times, unpinned and pinned to 2:10 and 2:3 -> $OUT/abblock-{base,new}-{free,2-10,2-3}-rN.json
 #   gemmpin gemm x=16x256 w=256x256 float16 on the CuPy worker from 8 and 16 client processes (loan, both lanes),

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
+from support.procstat import cpu_s
 
 from shmrpc.bench._peers import PEERS, start_peer_server
 from shmrpc.bench._runner import RunConfig, measure_bandwidth, measure_latency, run_clients
@@ -53,13 +53,6 @@ def test_a_missing_ucx_is_a_skip_with_its_extra_named(monkeypatch: pytest.Monkey
         start_peer_server("ucx")
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @pytest.mark.timeout(60)
 def test_the_spinning_iceoryx2_server_takes_no_core_while_no_client_calls() -> None:
     # the bench starts every peer's server before its first measurement: one that spun throughout took a core (or
@@ -72,8 +65,8 @@ def test_the_spinning_iceoryx2_server_takes_no_core_while_no_client_calls() -> N
         pid = server._proc.pid
         assert pid is not None
         time.sleep(0.1)
-        cpu0, t0 = _cpu_s(pid), time.monotonic()
+        cpu0, t0 = cpu_s(pid), time.monotonic()
         time.sleep(1.0)
-        used = (_cpu_s(pid) - cpu0) / (time.monotonic() - t0)
+        used = (cpu_s(pid) - cpu0) / (time.monotonic() - t0)
         assert used < 0.3, f"the idle spinning server used {used:.0%} of a core"
         assert t.reply_bytes(t.roundtrip()) == t.payload_bytes()  # and it still answers

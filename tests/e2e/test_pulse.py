@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.procstat import cpu_s
 
 from shmrpc.client import Client
 from shmrpc.schema import messages as m
@@ -179,13 +180,6 @@ def test_an_async_client_routes_pulses_off_its_event_loop(spawn_worker: Callable
     assert asyncio.run(main()) >= 2  # see the ZeroMQ test above for a loaded machine
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def test_the_loop_spins_only_near_when_a_long_launched_run_is_due(spawn_worker: Callable[..., WorkerProc]) -> None:
     # a run of 0.5 s: the loop wakes 75 ms before it is due (15%), polls 1 ms at a time until 2 ms before, and spins
     # from there; spinning from the wake-up would burn 75 ms of CPU per request
@@ -193,8 +187,8 @@ def test_the_loop_spins_only_near_when_a_long_launched_run_is_due(spawn_worker: 
     w = spawn_worker(env=_launching(run_s))
     with Client(w.name, timeout_s=30) as c:
         _send_big(c)[2]()
-        cpu0 = _cpu_s(w.pid)
+        cpu0 = cpu_s(w.pid)
         for _ in range(4):
             _send_big(c)[2]()
-        used = _cpu_s(w.pid) - cpu0
+        used = cpu_s(w.pid) - cpu0
     assert used < 4 * 0.15 * run_s / 2, used  # half of what spinning the 15% would take (0.15 s)
