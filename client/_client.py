@@ -52,7 +52,7 @@ from shmrpc.schema.optable import OpEntry, parse_op_table
 from ._attach import set_dumpable
 from ._callplan import CallPlan, OutputCheck
 from ._calls import Calls
-from ._connection import Connection, control_error, lane_done
+from ._connection import Connection, control_error
 from ._inflight import Inflight
 from ._interop import as_input
 from ._lane import ClientLane
@@ -66,6 +66,8 @@ __all__ = ["Client", "Loan", "CallFuture", "Resident"]  # Loan, CallFuture, Resi
 
 from ._loan import CallFuture, Loan
 from ._slot import Resident, _Slot, fork_generation, forked_since
+
+_CALL_PACK = m.CALL_STRUCT.pack
 
 
 class Client(Calls):
@@ -174,7 +176,6 @@ class Client(Calls):
             self._regions, [_Slot(r, i, self._regions[r].geometry.slot_nbytes(i), g, False) for r, i, g in w["lease"]],
             self._t.send, linger_s)
         self._inflight = Inflight(self._t, self._on_control)
-        self._lane_lock = threading.Lock()
         self._borrow_gate = threading.BoundedSemaphore(2)  # threads waiting at the worker for a borrowed slot
         self._control: dict[int | None, ControlMessage] = {}  # replies by the id of the request they answer
         self._asking: set[int] = set()  # ids of ACQUIRE/MANAGE still waited for
@@ -259,18 +260,18 @@ class Client(Calls):
 
     def _ring(self, s: _Slot, rid: int, trace: bytes, future: Any) -> None:
         """Ring the worker for request ``rid``, written in ``s``: through the lane when it may carry it (a
-        request whose own caller waits, no receiver thread, nothing else in flight), else over ZeroMQ, with a
-        trace context tail when traced. ``future`` (if any) is finished by whichever thread routes the answer."""
+        request whose own caller waits, no receiver thread, nothing else in flight: :meth:`Inflight.ring_lane`),
+        else over ZeroMQ, with a trace context tail when traced. ``future`` (if any) is finished by whichever thread
+        routes the answer; the lane's waiter reads its answer in the page (:meth:`_lane_wait`)."""
         lane = self._t.lane
+        finish, deadline = (None, None) if future is None else (future._finish, future._deadline)
+        frame = _CALL_PACK(m.CALL, s.region, s.index, rid, s.generation)
         if (lane is not None and not trace and (future is None or not self._inflight.receiving)
-                and self._lane_ring(lane, rid, s, future)):
+                and self._inflight.ring_lane(lane, frame, rid, s, finish, deadline)):
             return
-        if future is None:
-            self._inflight.add(rid, s)
-        else:
-            self._inflight.add(rid, s, future._finish, future._deadline)
+        self._inflight.add(rid, s, finish, deadline)
         try:
-            self._t.send(m.pack_call(s.region, s.index, rid, s.generation) + trace)
+            self._t.send(frame + trace)
         except BaseException:
             self._inflight.discard(rid)
             s.in_flight = None
@@ -294,35 +295,20 @@ class Client(Calls):
             return
         self._slots.release(s)
 
-    def _lane_ring(self, lane: ClientLane, rid: int, s: _Slot, future: Any = None) -> bool:
-        """Ring request ``rid`` (in ``s``) through the lane when it is free and nothing else is in flight;
-        False: the caller rings over ZeroMQ. The lane's waiter reads its answer in the page (:meth:`_lane_wait`)."""
-        with self._lane_lock:  # check-and-ring is one step: two threads never share the lane
-            if lane.busy:  # a request that timed out earlier: collect its answer if it came, else keep off
-                stale = lane.busy
-                done = lane.answer()
-                if done is None:
-                    return False
-                self._inflight.complete(*lane_done(done, stale))
-            finish, deadline = (None, None) if future is None else (future._finish, future._deadline)
-            if not self._inflight.add_alone(rid, s, finish, deadline):
-                return False
-            lane.ring(m.pack_call(s.region, s.index, rid, s.generation), rid)
-            return True
-
-    def _lane_wait(self, lane: ClientLane, rid: int, deadline: float) -> None:
-        """Wait for the lane's answer to ``rid`` and route it like a DONE from the socket.
+    def _lane_wait(self, lane: ClientLane, deadline: float) -> None:
+        """Wait for the answer to the request in the lane and route it like a DONE from the socket.
 
         Raises:
             Timeout: ``deadline`` passed first (the request stays in the lane; a later ring collects it).
             WorkerGoneError: the worker exited (every waiter and future learns it too).
+            RequestError: the page's answer is not that request's DONE.
         """
         try:
             done = lane.wait(deadline, self._t.pidfd, self.name)
         except WorkerGoneError:
             self._inflight.worker_exited()
             raise
-        self._inflight.complete(*lane_done(done, rid))
+        self._inflight.complete(*done)
 
     def _pump(self, deadline: float | None, until: Any) -> None:
         """Wait until ``until()`` (evaluated under the in-flight table's lock: no locks in it)."""

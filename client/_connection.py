@@ -47,7 +47,6 @@ __all__ = ["Connection"]
 
 _MAX_WAIT_MS = 100  # the longest sleep on the fd: a lost edge costs at most this, never a hang
 
-_DONE_UNPACK = m.DONE_STRUCT.unpack
 
 
 class Connection:
@@ -268,21 +267,6 @@ class Connection:
             if self.lane is not None:
                 self.lane.close()
                 self.lane = None
-
-
-def lane_done(frame: bytes, request_id: int) -> tuple[int, int, int, int]:
-    """The DONE a lane's page holds for ``request_id`` (region, slot, request_id, status).
-
-    Raises:
-        RequestError: the page holds no DONE for this request (the page is shared: never trust it).
-    """
-    try:
-        _, region, slot, rid, status = _DONE_UNPACK(frame)  # m.unpack_done without its call: once per lane request
-    except Exception:  # noqa: BLE001
-        raise RequestError("the lane's answer is not a DONE frame", field="lane") from None
-    if rid != request_id:
-        raise RequestError(f"the lane's answer is for request {rid}, not {request_id}", field="lane")
-    return region, slot, rid, status
 
 
 def control_error(reply: ErrorReply) -> RequestError:

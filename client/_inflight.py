@@ -34,6 +34,7 @@ from shmrpc.schema import messages as m
 from shmrpc.schema.errors import Timeout, WorkerGoneError
 
 from ._connection import Connection
+from ._lane import ClientLane
 from ._slot import _Slot
 
 __all__ = ["Inflight"]
@@ -90,14 +91,30 @@ class Inflight:
         with self._lock:
             self._table[rid] = _Entry(slot, finish, deadline)
 
-    def add_alone(self, rid: int, slot: _Slot, finish: Callable[[], None] | None = None,
-                  deadline: float | None = None) -> bool:
-        """:meth:`add`, only when nothing else is in flight (a lane carries a request only then); False: not added."""
+    def ring_lane(self, lane: ClientLane, frame: bytes, rid: int, slot: _Slot,
+                  finish: Callable[[], None] | None = None, deadline: float | None = None) -> bool:
+        """:meth:`add` and ring the CALL ``frame`` through ``lane``, only when nothing else is in flight (a lane
+        carries a request only then: check and ring are one step under the table's lock); False: not added.
+
+        A request left in the lane by a wait that timed out is collected first if its answer came (else the lane
+        stays busy and this one goes over ZeroMQ).
+        """
+        fin = None
         with self._lock:
-            if self._table:
-                return False
-            self._table[rid] = _Entry(slot, finish, deadline)
-            return True
+            if lane.busy:
+                done = lane.answer()  # (a malformed answer raises here: the caller's request was not added)
+                if done is None:
+                    return False
+                fin = self._answered(done[2], done[3])
+                if self._followers:
+                    self._cond.notify_all()
+            ok = not self._table
+            if ok:
+                lane.ring(frame, rid)
+                self._table[rid] = _Entry(slot, finish, deadline)  # after the ring (under the lock): off its way
+        if fin is not None:
+            fin()
+        return ok
 
     def discard(self, rid: int) -> None:
         """Stop expecting ``rid`` (its CALL was never sent)."""

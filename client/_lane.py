@@ -24,13 +24,17 @@ import stat
 import time
 
 from shmrpc.schema import lane as L
-from shmrpc.schema.errors import ConnectError, Timeout, WorkerGoneError
+from shmrpc.schema import messages as m
+from shmrpc.schema.errors import ConnectError, RequestError, Timeout, WorkerGoneError
 
 __all__ = ["ClientLane"]
 
 _MARGIN_NS = L.AWAKE_MARGIN_NS
 _perf_counter, _monotonic_ns = time.perf_counter, time.monotonic_ns
 _EARLY_S = 2e-4  # a spinning lane that waits for a long answer starts spinning this long (or 15%) before it is due
+_DONE_NBYTES = m.DONE_STRUCT.size
+_DONE_UNPACK_FROM = m.DONE_STRUCT.unpack_from
+_LEN_UNPACK_FROM = L.LEN.unpack_from
 
 
 
@@ -77,20 +81,34 @@ class ClientLane:
         if _monotonic_ns() >= self._worker_awake.value - _MARGIN_NS:
             os.eventfd_write(self.doorbell_fd, 1)
 
-    def answer(self) -> bytes | None:
-        """The DONE frame for the request in the lane, once the worker wrote it (else None)."""
+    def answer(self) -> tuple[int, int, int, int] | None:
+        """The DONE of the request in the lane once the worker wrote it, as (region, slot, request_id, status); else
+        None.
+
+        Raises:
+            RequestError: the page holds no DONE for that request (the page is shared: never trust it).
+        """
         if self._done_seq.value != self.seq:
             return None
-        frame = L.read_frame(self.page, L.DONE_SEQ)
-        self.busy = 0
-        return frame or b""
+        page = self.page
+        # read straight from the page, once: the worker writes done_frame only before done_seq
+        n, = _LEN_UNPACK_FROM(page, L.DONE_LEN)
+        kind, region, slot, rid, status = _DONE_UNPACK_FROM(page, L.DONE_FRAME)
+        busy, self.busy = self.busy, 0
+        if n != _DONE_NBYTES or kind != m.DONE:
+            raise RequestError("the lane's answer is not a DONE frame", field="lane")
+        if rid != busy:
+            raise RequestError(f"the lane's answer is for request {rid}, not {busy}", field="lane")
+        return region, slot, rid, status
 
-    def wait(self, deadline: float | None, pidfd: int | None, name: str) -> bytes:
-        """Spin up to ``spin_s``, then block until the DONE of the request in the lane; returns it.
+    def wait(self, deadline: float | None, pidfd: int | None, name: str) -> tuple[int, int, int, int]:
+        """Spin up to ``spin_s``, then block until the DONE of the request in the lane; returns it as :meth:`answer`
+        does.
 
         Raises:
             Timeout: ``deadline`` (time.monotonic) passed first.
             WorkerGoneError: the worker process exited.
+            RequestError: the page's answer is not the DONE of the request in the lane.
         """
         # no local of the seq word: a traceback through this frame would keep the page mapped after close()
         seq = self.seq

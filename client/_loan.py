@@ -134,8 +134,10 @@ class Loan:
 
     def _publish(self, desc: tuple[bytes, int, int, tuple[str, ...]], trace: bytes = b"",
                  future: _Answer | None = None) -> int:
-        """Write the descriptor bytes and the header of ``desc`` (see ``Client._describe``) and ring."""
-        c, s, mv = self._c, self._s, self._live()
+        """Write the descriptor bytes and the header of ``desc`` (see ``Client._describe``) and ring (the caller
+        checked that the loan is live)."""
+        c, s = self._c, self._s
+        mv: memoryview = s.mv  # type: ignore[assignment]
         payload, op_code, flags, self._outputs = desc
         rid = c._next_rid()
         mv[HEADER_NBYTES:HEADER_NBYTES + len(payload)] = payload
@@ -154,14 +156,17 @@ class Loan:
         c = self._c
         lane = c._t.lane
         if lane is not None and lane.busy == rid:  # rung through the lane: its answer is read from the page
-            c._lane_wait(lane, rid, deadline)
+            c._lane_wait(lane, deadline)
         else:
             s = self._s
             c._pump(deadline, until or (lambda: s.in_flight != rid))
 
-    def _response(self, rid: int, fresh: bool = True) -> dict[str, np.ndarray]:
+    def _response(self, rid: int, fresh: bool = True,
+                  ahead: tuple[Any, dict[str, np.ndarray]] | None = None) -> dict[str, np.ndarray]:
         """The outputs of the answered request ``rid``, checked: fresh views of the slot, or with ``fresh`` False
-        the loan's own views (for a caller that only copies them out and hands none of them on)."""
+        the loan's own views (for a caller that only copies them out and hands none of them on). ``ahead``: the
+        loan's last response checked and fresh views of it, made while the request ran (used if this response
+        is that one again)."""
         s, mv = self._s, self._live()
         status = s.status if s.status is not None else 0
         if status & NO_RESPONSE:
@@ -179,7 +184,11 @@ class Loan:
         made = self._out_views
         if made is not None and made[1] is s.buf and payload == made[3] and self._outputs == made[4]:
             # this loan's last response, again
-            return {name: a.view() for name, a in made[2].items()} if fresh else made[2]
+            if not fresh:
+                return made[2]
+            if ahead is not None and ahead[0] is made:
+                return ahead[1]
+            return {name: a.view() for name, a in made[2].items()}
         key = (payload, self._outputs, len(mv))
         checks = self._c._out_checks
         check = checks.get(key)
@@ -209,10 +218,14 @@ class Loan:
         """
         c = self._c
         c._check()
-        deadline = time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s)
         rid = self._post(op, attrs, in_place, keep)
+        # NOTE: the worker has the request from here: what the answer's way needs is made now, off the round trip
+        # (the deadline; fresh views for an answer like the last one, which is the usual answer of a loan sent again)
+        deadline = time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s)
+        made = self._out_views
+        ahead = None if made is None else (made, {name: a.view() for name, a in made[2].items()})
         self._wait(rid, deadline)
-        return self._response(rid)
+        return self._response(rid, ahead=ahead)
 
     def release(self) -> None:
         """Give the slot back (it stays reserved while views of it are alive). Idempotent."""

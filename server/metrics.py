@@ -165,28 +165,37 @@ class _RequestStats:
     def fold(self) -> None:
         """Add every queued observation into the counters and histograms (any thread)."""
         q = self.queued
+        # NOTE: this runs once per request answered: the histograms' buckets are counted here, not through
+        # _Hist.observe, and an op label's numbers are looked up again only when the label changes (a turn's
+        # requests are mostly of one op)
         with self.lock:
+            last: str | None = None
+            b_in = b_out = 0
             while q:
                 op, status, seconds, nbytes_in, nbytes_out, stages = q.popleft()
-                o = self.ops.get(op)
-                if o is None:
-                    o = self.op(op)
-                c = o.status
-                c[status] = c.get(status, 0) + 1
-                o.duration.observe(seconds)
-                self.bytes_in += nbytes_in
-                self.bytes_out += nbytes_out
+                if op is not last:
+                    last, o = op, self.ops.get(op) or self.op(op)
+                    counts, dur, per_stage, budget_s = o.status, o.duration, o.stage, o.budget_s
+                    dur_counts, bounds = dur.counts, dur.bounds
+                counts[status] = counts.get(status, 0) + 1
+                dur_counts[bisect_left(bounds, seconds)] += 1  # bucket le=b holds values <= b
+                dur.sum += seconds
+                b_in += nbytes_in
+                b_out += nbytes_out
                 if stages:
-                    if o.budget_s and stages.get("total", seconds) > o.budget_s:
+                    if budget_s and stages.get("total", seconds) > budget_s:
                         o.over += 1
                     for stage, stage_s in stages.items():
                         if stage_s > 0 and stage in _STAGE_SET:
-                            h = o.stage.get(stage)
+                            h = per_stage.get(stage)
                             if h is None:
-                                h = o.stage[stage] = _Hist()
-                            h.observe(stage_s)
-                elif o.budget_s and seconds > o.budget_s:
+                                h = per_stage[stage] = _Hist()
+                            h.counts[bisect_left(h.bounds, stage_s)] += 1
+                            h.sum += stage_s
+                elif budget_s and seconds > budget_s:
                     o.over += 1
+            self.bytes_in += b_in
+            self.bytes_out += b_out
 
     def collect(self) -> Iterator[Metric]:
         self.fold()

@@ -146,8 +146,7 @@ def test_a_client_that_dies_with_a_lane_is_noticed_and_its_lane_dropped(worker: 
         np.testing.assert_array_equal(c.call("vector_add", x=np.ones(2), y=np.ones(2))["out"], 2.0)
 
 
-def test_a_lane_answer_for_another_request_or_not_a_done_is_refused(worker: WorkerProc,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lane_answer_for_another_request_or_not_a_done_is_refused(worker: WorkerProc) -> None:
     # the page is shared with the worker: the client checks what it reads there before it routes it
     with Client(worker.name, lane="block", timeout_s=10) as c, c.loan(4096) as req:
         lane = c._t.lane
@@ -155,16 +154,23 @@ def test_a_lane_answer_for_another_request_or_not_a_done_is_refused(worker: Work
         req.array("x", (4,), np.float32)[...] = 1
         np.testing.assert_array_equal(req.send("echo")["out"], 1)
         rid, s = 7, req._s
-        for frame in (m.pack_done(s.region, s.index, rid + 1, 0), b"\x00" * 5, m.pack_call(0, 0, rid, 1)[:13]):
-            monkeypatch.setattr(lane, "wait", lambda *a, f=frame: f)
+        done_seq = L.seq_word(lane._map, L.DONE_SEQ)  # the worker's half of the page, written here as it would
+        bad = (m.pack_done(s.region, s.index, rid + 1, 0), b"\x00" * 5, m.pack_call(0, 0, rid, 1)[:13],
+               m.pack_call(0, 0, rid, 1)[:14])  # another request's DONE, too short, a CALL cut short, a CALL
+        for frame in bad:
+            lane.busy = rid
+            L.post(lane.page, done_seq, L.DONE_SEQ, lane.seq, frame)
             with pytest.raises(RequestError) as ei:
-                c._lane_wait(lane, rid, time.monotonic() + 5)
+                c._lane_wait(lane, time.monotonic() + 5)
             assert ei.value.field == "lane", frame
-        monkeypatch.setattr(lane, "wait", lambda *a: m.pack_done(s.region, s.index, rid, 0))
+            assert lane.busy == 0  # that answer is taken: the lane is free again
         c._inflight.add(rid, s)
         s.in_flight = rid
-        c._lane_wait(lane, rid, time.monotonic() + 5)  # its own DONE: routed, the slot answered
+        lane.busy = rid
+        L.post(lane.page, done_seq, L.DONE_SEQ, lane.seq, m.pack_done(s.region, s.index, rid, 0))
+        c._lane_wait(lane, time.monotonic() + 5)  # its own DONE: routed, the slot answered
         assert rid not in c._inflight and s.in_flight is None and s.status == 0
+        del done_seq  # it exports the page's buffer: gone before the client unmaps it
 
 
 @pytest.mark.parametrize("spin_us", ["0", "300"])  # a spinning worker reads the page inside its spin
