@@ -1,5 +1,6 @@
 """The round-trip traces (bench/zmq_trace.py, bench/lane_trace.py, bench/gpu/big_trace.py on the NumPy backend's
-stand-in device) and the client CPU probe (bench/client_cpu.py) run end to end and write what they print.
+stand-in device), the client CPU probe (bench/client_cpu.py) and the metrics fold probe (bench/metrics_fold.py) run end
+to end and write what they print.
 
 Each starts its own worker (and, for the ZeroMQ trace, a bare pyzmq echo) in child processes over real sockets;
 a short run must give every interval of both sides, each positive and shorter than its round trip, in a JSON
@@ -87,6 +88,14 @@ def test_client_cpu_times_the_loan_and_call_of_each_tree(tmp_path: Path) -> None
         assert set(med) == {"loan_us", "call_us", "replay_us"}
         # a call() is a loan's send plus its copies, and both include the replay
         assert 0 < med["replay_us"] < med["loan_us"] < med["call_us"], med
+
+
+def test_metrics_fold_times_observe_and_fold_of_each_tree(tmp_path: Path) -> None:
+    doc = _run("metrics_fold.py", "--calls", "200", "--rounds", "2", "--tree", "a=", "--tree", "b=", out=tmp_path / "f.json")
+    assert doc["mode"] == "metrics-fold" and "verdicts" not in doc and doc["command"].startswith("bench/metrics_fold.py")
+    assert set(doc["runs"]) == {"a", "b"} and all(len(rs) == 2 for rs in doc["runs"].values())
+    for med in doc["medians"].values():
+        assert set(med) == {"observe_us", "fold_us"} and all(0 < v < 1000 for v in med.values()), med
 
 
 def test_big_trace_times_a_launched_request_and_its_pulse(tmp_path: Path) -> None:

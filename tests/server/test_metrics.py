@@ -102,3 +102,35 @@ def test_histograms_match_prometheus_client() -> None:
     stage = samples(m.registry, "shmrpc_stage_seconds")
     assert {le: v for (name, le), v in stage.items() if name.endswith("_bucket")} == \
         {le: v for (name, le), v in want.items() if name.endswith("_bucket")}
+
+
+def test_a_fold_of_interleaved_ops_keeps_each_op_apart() -> None:
+    # the fold looks an op label's numbers up again only when the label changes: labels, statuses, budgets and
+    # stages interleaved at random must each land in their own op's counts (a fold mid-way too)
+    import random
+
+    m = Metrics()
+    m.set_budgets(0.0, {"scale": 0.01})
+    rng = random.Random(11)
+    requests: dict[str, dict[str, int]] = {}
+    count: dict[str, int] = {}
+    total: dict[str, float] = {}
+    over: dict[str, int] = {}
+    for i in range(600):
+        op, status = rng.choice(["echo", "scale", "gemm"]), rng.choice(["ok", "KernelError"])
+        v = 10 ** rng.uniform(-4, -1)
+        stages = {"h2d": 0.0, "kernel": v / 2, "total": v / 3} if i % 3 else None
+        m.observe(op, status, v, 3, 5, stages)
+        requests.setdefault(op, {})[status] = requests.get(op, {}).get(status, 0) + 1
+        count[op] = count.get(op, 0) + 1
+        total[op] = total.get(op, 0.0) + v
+        if op == "scale" and (v / 3 if stages else v) > 0.01:
+            over[op] = over.get(op, 0) + 1
+        if i == 300:
+            m.fold()
+    snap = m.snapshot()
+    assert snap["requests"] == requests
+    assert {op: d["count"] for op, d in snap["duration"].items()} == count
+    assert {op: d["sum_s"] for op, d in snap["duration"].items()} == pytest.approx(total)
+    assert snap["over_budget"] == over and over["scale"] > 0
+    assert snap["bytes_in"] == 3 * 600 and snap["bytes_out"] == 5 * 600
