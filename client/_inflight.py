@@ -96,12 +96,15 @@ class Inflight:
         """:meth:`add` and ring the CALL ``frame`` through ``lane``, only when nothing else is in flight (a lane
         carries a request only then: check and ring are one step under the table's lock); False: not added.
 
-        A request left in the lane by a wait that timed out is collected first if its answer came (else the lane
-        stays busy and this one goes over ZeroMQ).
+        A synchronous request (no ``finish``) holds the lane's wait from its ring: its caller reads the answer
+        (:meth:`claim_lane` takes it for a future's). A request left in the lane by a wait that gave up is
+        collected first if its answer came (else the lane stays busy and this one goes over ZeroMQ).
         """
         fin = None
         with self._lock:
             if lane.busy:
+                if lane.waiting:  # its answer is another thread's to read
+                    return False
                 done = lane.answer()  # (a malformed answer raises here: the caller's request was not added)
                 if done is None:
                     return False
@@ -111,10 +114,20 @@ class Inflight:
             ok = not self._table
             if ok:
                 lane.ring(frame, rid)
+                lane.waiting = finish is None
                 self._table[rid] = _Entry(slot, finish, deadline)  # after the ring (under the lock): off its way
         if fin is not None:
             fin()
         return ok
+
+    def claim_lane(self, lane: ClientLane, rid: int) -> bool:
+        """Take the wait for ``rid`` in ``lane`` (a future's request that rode it) unless another thread holds it or
+        the answer was collected; False: wait for it the other way (the pump)."""
+        with self._lock:
+            if lane.busy != rid or lane.waiting:
+                return False
+            lane.waiting = True
+            return True
 
     def discard(self, rid: int) -> None:
         """Stop expecting ``rid`` (its CALL was never sent)."""

@@ -45,6 +45,9 @@ class ClientLane:
         self.doorbell_fd, self.fd, self.spin_s = doorbell_fd, own_fd, spin_s
         self.seq = 0
         self.busy = 0  # the request_id in the lane, 0 when none
+        # a thread waits for that request's answer, or is about to (set under the client's in-flight lock: see
+        # Inflight.ring_lane); only that thread reads it, and no other ring collects it meanwhile
+        self.waiting = False
         self._rung = 0.0  # time.perf_counter() of the last ring
         self._last_s = 0.0  # ring to answer of the last request
         try:
@@ -103,13 +106,19 @@ class ClientLane:
 
     def wait(self, deadline: float | None, pidfd: int | None, name: str) -> tuple[int, int, int, int]:
         """Spin up to ``spin_s``, then block until the DONE of the request in the lane; returns it as :meth:`answer`
-        does.
+        does. The caller holds the lane's wait (:attr:`waiting`); it is let go on return or raise.
 
         Raises:
             Timeout: ``deadline`` (time.monotonic) passed first.
             WorkerGoneError: the worker process exited.
             RequestError: the page's answer is not the DONE of the request in the lane.
         """
+        try:
+            return self._wait(deadline, pidfd, name)
+        finally:
+            self.waiting = False  # answered, or given up on: a later ring may collect a late answer
+
+    def _wait(self, deadline: float | None, pidfd: int | None, name: str) -> tuple[int, int, int, int]:
         # no local of the seq word: a traceback through this frame would keep the page mapped after close()
         seq = self.seq
         if pidfd is not None and not hasattr(self, "_pidfd"):

@@ -151,11 +151,13 @@ class Loan:
 
     def _wait(self, rid: int, deadline: float, until: Any = None) -> None:
         """Return once the answer to ``rid`` came: from the lane's page when it was rung there, else pumping the
-        socket for every waiter while no other thread does, until ``until()`` (default: the slot is answered).
-        Raises Timeout or WorkerGoneError."""
+        socket for every waiter while no other thread does, until ``until()`` (default: the slot is answered; a
+        future's own condition otherwise). Raises Timeout or WorkerGoneError."""
         c = self._c
         lane = c._t.lane
-        if lane is not None and lane.busy == rid:  # rung through the lane: its answer is read from the page
+        # rung through the lane: its answer is read from the page, by the thread that holds the lane's wait (a
+        # synchronous request's holds it from its ring; a future's waiter takes it)
+        if lane is not None and lane.busy == rid and (until is None or c._inflight.claim_lane(lane, rid)):
             c._lane_wait(lane, deadline)
         else:
             s = self._s

@@ -146,6 +146,45 @@ def test_a_client_that_dies_with_a_lane_is_noticed_and_its_lane_dropped(worker: 
         np.testing.assert_array_equal(c.call("vector_add", x=np.ones(2), y=np.ones(2))["out"], 2.0)
 
 
+@pytest.mark.parametrize("mode", ["block", "spin"])
+def test_threads_sharing_a_lane_client_each_get_their_own_answer(worker: WorkerProc, mode: str) -> None:
+    # the lane carries one request at a time; a thread that rings while another's answer sits unread in the page
+    # must leave it to its waiter (it goes over ZeroMQ), not collect it and ring over it: the waiter would then
+    # read the other's DONE (RequestError) or sleep through the wake-up its eventfd had for both (Timeout)
+    errors: list[str] = []
+    carried = [0]
+    with Client(worker.name, lane=mode, spin_us=20, timeout_s=10) as c:
+        lane = c._t.lane
+        assert lane is not None
+        ring = lane.ring
+
+        def counted(frame: bytes, rid: int) -> None:
+            carried[0] += 1
+            ring(frame, rid)
+
+        lane.ring = counted  # type: ignore[method-assign]
+
+        def run(k: int) -> None:
+            try:
+                with c.loan(4096) as req:
+                    x, y = req.array("x", (8,), np.float32), req.array("y", (8,), np.float32)
+                    for i in range(400):
+                        x[...], y[...] = i, k
+                        np.testing.assert_array_equal(req.send("vector_add")["out"], i + k)
+            except Exception as e:  # noqa: BLE001 - reported below with the others
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(50)
+        assert not errors, errors[:3]
+        assert 0 < carried[0] < 1200  # some went through the lane, the rest over ZeroMQ
+        assert not lane.busy and not lane.waiting
+        np.testing.assert_array_equal(c.call("vector_add", x=np.ones(2), y=np.ones(2))["out"], 2.0)
+
+
 def test_a_lane_answer_for_another_request_or_not_a_done_is_refused(worker: WorkerProc) -> None:
     # the page is shared with the worker: the client checks what it reads there before it routes it
     with Client(worker.name, lane="block", timeout_s=10) as c, c.loan(4096) as req:
