@@ -11,7 +11,10 @@ Measures, between two processes of this interpreter (a fork), with no shmrpc cod
   waiting in a level-triggered epoll set (then reading the eventfd), or edge-triggered without
   reading it back (how a lane's client waits);
 * and, in one process, the cost of the calls a lane round trip makes: ``eventfd_write`` with no
-  waiter, ``zmq.Poller.poll(0)`` over the worker loop's kind of poll set, ``select.poll(0)``.
+  waiter, ``zmq.Poller.poll(0)`` over the worker loop's kind of poll set, ``select.poll(0)``; and of the
+  Python pieces both sides' hot paths are made of (a clock read, a lock taken and let go, an empty
+  method call, a header unpacked from a memoryview, a 368-byte descriptor copied out of one, a 64 B
+  ``numpy.add`` into its output), each timed over batches of 1000 calls (p50 / p99 of the batches).
 
 Prints a table of p50 / p99 in µs and writes JSON (date, host, command) to ``--out``.
 """
@@ -137,6 +140,54 @@ def calls(iters: int) -> dict[str, list[float]]:
     return res
 
 
+def python_costs(iters: int) -> dict[str, list[float]]:
+    import mmap
+    import struct
+    import threading
+
+    import numpy as np
+
+    class _O:
+        def m(self, a: int, b: int) -> None:
+            pass
+
+    page = mmap.mmap(-1, 4096)
+    mv = memoryview(page)
+    header = struct.Struct("<IHIHI")
+    x, y = np.ones(16, np.float32), np.ones(16, np.float32)
+    lock, o, add, n = threading.Lock(), _O(), np.add, 1000
+
+    def locked() -> None:
+        with lock:
+            pass
+
+    pieces: dict[str, Any] = {
+        "time.perf_counter()": time.perf_counter,
+        "time.monotonic_ns()": time.monotonic_ns,
+        "a Lock taken and let go (with), in a call": locked,
+        "an empty method call, 2 arguments": lambda: o.m(1, 2),
+        "a 16 B header unpacked from a memoryview": lambda: header.unpack_from(mv, 0),
+        "368 B copied out of a memoryview (bytes)": lambda: bytes(mv[16:384]),
+        "numpy.add of 16 float32 into its output": lambda: add(x, y, x),
+    }
+    empty = lambda: None  # noqa: E731 - what the lambda around each piece costs, taken off
+    res: dict[str, list[float]] = {k: [] for k in pieces}
+    for i in range(1 + max(5, iters // n)):  # the first round warms up and is not kept
+        t0 = time.perf_counter()
+        for _ in range(n):
+            empty()
+        base = (time.perf_counter() - t0) / n
+        for k, fn in pieces.items():
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            if i:
+                res[k].append(max(0.0, (time.perf_counter() - t0) / n - base))
+    mv.release()
+    page.close()
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=20000)
@@ -147,6 +198,7 @@ def main() -> int:
                                     "the same, level-triggered epoll + read": eventfd(args.iters, "epoll"),
                                     "the same, edge-triggered epoll, no read": eventfd(args.iters, "epoll-et")}
     rows.update(calls(args.iters))
+    rows.update(python_costs(args.iters * 5))
     table: dict[str, dict[str, float]] = {}
     print(f"{'what':<44} {'p50 µs':>8} {'p99 µs':>8}")
     for k, v in rows.items():

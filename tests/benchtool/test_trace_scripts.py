@@ -1,6 +1,6 @@
 """The round-trip traces (bench/zmq_trace.py, bench/lane_trace.py, bench/gpu/big_trace.py on the NumPy backend's
-stand-in device), the client CPU probe (bench/client_cpu.py) and the metrics fold probe (bench/metrics_fold.py) run end
-to end and write what they print.
+stand-in device), the client CPU probe (bench/client_cpu.py), the metrics fold probe (bench/metrics_fold.py) and the
+floors probe (bench/gpu/floor_probe.py) run end to end and write what they print.
 
 Each starts its own worker (and, for the ZeroMQ trace, a bare pyzmq echo) in child processes over real sockets;
 a short run must give every interval of both sides, each positive and shorter than its round trip, in a JSON
@@ -96,6 +96,20 @@ def test_metrics_fold_times_observe_and_fold_of_each_tree(tmp_path: Path) -> Non
     assert set(doc["runs"]) == {"a", "b"} and all(len(rs) == 2 for rs in doc["runs"].values())
     for med in doc["medians"].values():
         assert set(med) == {"observe_us", "fold_us"} and all(0 < v < 1000 for v in med.values()), med
+
+
+def test_floor_probe_times_the_round_trips_and_the_pieces_of_a_hot_path(tmp_path: Path) -> None:
+    out = tmp_path / "floor.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "floor_probe.py"), "--iters", "300", "--out",
+                           str(out)], capture_output=True, text=True, timeout=150, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    res = doc["results"]
+    assert doc["mode"] == "floor-probe" and len(res) == 14, sorted(res)
+    for trip in ("round trip, spinning on a shared seq word", "round trip, blocking on eventfds"):
+        assert 0 < res[trip]["p50_us"] <= res[trip]["p99_us"], (trip, res[trip])
+    for piece in ("time.perf_counter()", "a Lock taken and let go (with), in a call", "numpy.add of 16 float32 into its output"):
+        assert 0 <= res[piece]["p50_us"] < 50, (piece, res[piece])
 
 
 def test_big_trace_times_a_launched_request_and_its_pulse(tmp_path: Path) -> None:
