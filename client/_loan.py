@@ -197,6 +197,9 @@ class Loan:
         if check is None:
             resp = _decode(payload)
             if resp.status:
+                # NOTE: no view of the slot in this frame when it raises: a traceback kept by the caller would keep
+                # the slot from going back when the loan ends (send's own frame lets go of its views the same way)
+                made = ahead = None
                 raise from_wire(resp.status, resp.message, op=resp.op, step=resp.step, tensor=resp.tensor,
                                 field=resp.field)
             check = read_outputs(resp, self._outputs, len(mv))
@@ -226,8 +229,12 @@ class Loan:
         deadline = time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s)
         made = self._out_views
         ahead = None if made is None else (made, {name: a.view() for name, a in made[2].items()})
-        self._wait(rid, deadline)
-        return self._response(rid, ahead=ahead)
+        made = None
+        try:
+            self._wait(rid, deadline)
+            return self._response(rid, ahead=ahead)
+        finally:
+            ahead = None  # views of the slot: never kept by a traceback through this frame (see _response)
 
     def release(self) -> None:
         """Give the slot back (it stays reserved while views of it are alive). Idempotent."""

@@ -181,3 +181,23 @@ def test_a_response_rewritten_in_the_slot_is_checked_again(worker: WorkerProc) -
                 req._response(h.request_id)
             assert e.value.field == field
         np.testing.assert_array_equal(req.send("echo")["out"], 1.0)  # the worker rewrites it: all well again
+
+
+def test_a_loan_send_that_raises_keeps_no_view_of_its_slot_in_the_error(worker: WorkerProc) -> None:
+    # Loan.send makes fresh views of the last response while the request runs; an error it raises (and whoever keeps
+    # it, with its traceback) must not hold them: the slot goes back when the loan ends
+    x = np.arange(16, dtype=np.float32)
+    with Client(worker.name, timeout_s=10) as c:
+        req = c.loan(4096)
+        req.array("x", 16, np.float32)[:] = x
+        np.testing.assert_array_equal(req.send("scale", a=2.0)["out"], 2 * x)
+        req.resident("y", "no-such-tensor", (16,), np.float32)
+        with pytest.raises(RequestError) as ei:  # the worker's answer is an error, after one with views
+            req.send("vector_add")
+        assert ei.value.field or ei.value.tensor, ei.value  # named, by the worker
+        kept = ei.value  # its traceback runs through send's frame
+        s = req._s
+        req.release()
+        assert s.mv is None, "a view of the slot outlived the loan"
+        assert kept.__traceback__ is not None
+        np.testing.assert_array_equal(c.call("scale", x=x, a=3.0)["out"], 3 * x)
