@@ -308,6 +308,8 @@ class Client(Calls):
         except WorkerGoneError:
             self._inflight.worker_exited()
             raise
+        finally:
+            lane.waiting = False  # answered, or given up on: a later ring may collect a late answer
         self._inflight.complete(*done)
 
     def _pump(self, deadline: float | None, until: Any) -> None:

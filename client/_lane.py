@@ -106,19 +106,13 @@ class ClientLane:
 
     def wait(self, deadline: float | None, pidfd: int | None, name: str) -> tuple[int, int, int, int]:
         """Spin up to ``spin_s``, then block until the DONE of the request in the lane; returns it as :meth:`answer`
-        does. The caller holds the lane's wait (:attr:`waiting`); it is let go on return or raise.
+        does. The caller holds the lane's wait (:attr:`waiting`) and lets it go when this returns or raises.
 
         Raises:
             Timeout: ``deadline`` (time.monotonic) passed first.
             WorkerGoneError: the worker process exited.
             RequestError: the page's answer is not the DONE of the request in the lane.
         """
-        try:
-            return self._wait(deadline, pidfd, name)
-        finally:
-            self.waiting = False  # answered, or given up on: a later ring may collect a late answer
-
-    def _wait(self, deadline: float | None, pidfd: int | None, name: str) -> tuple[int, int, int, int]:
         # no local of the seq word: a traceback through this frame would keep the page mapped after close()
         seq = self.seq
         if pidfd is not None and not hasattr(self, "_pidfd"):
