@@ -13,6 +13,10 @@ Awake words (schema/lane.py): a ring skips the worker's doorbell while the worke
 the lane (``serve --spin-us``), and a lane that will spin from its ring says until when, so the
 worker's answer can skip our eventfd; a wait then never sleeps past the latest time it said
 without reading done_seq after it.
+
+Early wake (schema/lane.py): a blocking wait woken with no DONE in the page, whose taken_seq says the worker is
+working on our request, polls done_seq for at most ``EARLY_SPIN_NS`` (its awake word says so) before it blocks
+again: the worker woke us ahead of a quick answer, so that our wake-up overlaps its work.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ _EARLY_S = 2e-4  # a spinning lane that waits for a long answer starts spinning 
 _DONE_NBYTES = m.DONE_STRUCT.size
 _DONE_UNPACK_FROM = m.DONE_STRUCT.unpack_from
 _LEN_UNPACK_FROM = L.LEN.unpack_from
+_EARLY_SPIN_NS = L.EARLY_SPIN_NS
+_EARLY_SPIN_S = L.EARLY_SPIN_NS / 1e9
 
 
 
@@ -62,6 +68,7 @@ class ClientLane:
         self.page = memoryview(self._map)
         self._call_seq, self._done_seq = L.seq_word(self._map, L.CALL_SEQ), L.seq_word(self._map, L.DONE_SEQ)
         self._awake, self._worker_awake = L.seq_word(self._map, L.CLIENT_AWAKE), L.seq_word(self._map, L.WORKER_AWAKE)
+        self._taken = L.seq_word(self._map, L.TAKEN_SEQ)
         self._spin_ns = int(spin_s * 1e9)
         self._said_ns = 0  # the latest time our awake word said we poll until: no sleep past it unread
         # edge-triggered: every DONE the worker signals is one event, so a wake-up needs no read of the eventfd;
@@ -133,11 +140,21 @@ class ClientLane:
             end = _perf_counter() + spin_s
             while self._done_seq.value != seq and _perf_counter() < end:
                 pass
+        early = True
         while True:
             got = self.answer()
             if got is not None:
                 self._last_s = _perf_counter() - self._rung
                 return got
+            if early and self._taken.value == seq:  # woken ahead of a quick answer: poll for it a bounded time
+                early = False
+                self._awake.value = said = _monotonic_ns() + _EARLY_SPIN_NS
+                if said > self._said_ns:
+                    self._said_ns = said
+                end = _perf_counter() + _EARLY_SPIN_S
+                while self._done_seq.value != seq and _perf_counter() < end:
+                    pass
+                continue
             wait_s = -1.0 if deadline is None else max(0.0, deadline - time.monotonic() + 1e-3)
             events = self._poll.poll(self._cap(wait_s))
             for fd, _ in events:
@@ -159,7 +176,7 @@ class ClientLane:
         return left_s if wait_s < 0 else min(wait_s, left_s)
 
     def close(self) -> None:
-        del self._call_seq, self._done_seq, self._awake, self._worker_awake  # they export the mapping's buffer
+        del self._call_seq, self._done_seq, self._awake, self._worker_awake, self._taken  # they export the mapping's buffer
         self.page.release()
         try:
             self._map.close()

@@ -17,13 +17,24 @@ every host shmrpc supports; each side writes only its own cache lines)::
        136     4  worker      done_len    u32: bytes of done_frame
        144    64  worker      done_frame  a DONE frame exactly as on ZeroMQ (messages.pack_done)
        224     8  worker      worker_awake u64: CLOCK_MONOTONIC ns until which the worker polls call_seq (0: none)
+       232     8  worker      taken_seq   u64: the call_seq the worker has taken and is working on (0: none yet)
 
 Ringing: the client writes call_frame and call_len, then call_seq (# NOTE: order is
 important here: the seq is the publication point), then writes 1 to the worker's
 eventfd. Answering: the worker writes done_frame and done_len, then done_seq, then
 writes 1 to the client's eventfd. The worker may also write the client's eventfd with no
 new done_seq (a PULSE: an answer due soon, schema/messages.py); the client then finds no
-DONE and waits again. The side that waits may spin on the other's seq
+DONE and waits again.
+
+Early wake: a worker whose last answer in a lane came soon after it took that request
+(within EARLY_WAKE_NS) writes taken_seq when it takes the next one and wakes a client
+that does not poll at once, before running the request, so that the client's wake-up
+(about 10 µs on a host whose idle CPUs halt) overlaps the request's work instead of
+following it. A client woken with no DONE in the page whose taken_seq is the call_seq
+it rang polls done_seq for at most EARLY_SPIN_NS (saying so in client_awake, so the
+DONE may skip its eventfd write), then blocks again: a core is busy only while an
+answer that the worker said is near is pending, and for a bounded time. A client that
+ignores taken_seq only gets an extra wake-up, never a lost one. The side that waits may spin on the other's seq
 word for a bounded time; when it stops spinning it blocks in poll() on its eventfd
 (with the peer's pidfd), and after every wake-up reads the seq word again.
 
@@ -53,7 +64,8 @@ from typing import Any
 
 __all__ = [
     "LANE_NBYTES", "FRAME_MAX", "CALL_SEQ", "CALL_LEN", "CALL_FRAME", "DONE_SEQ", "DONE_LEN", "DONE_FRAME",
-    "CLIENT_AWAKE", "WORKER_AWAKE", "AWAKE_MARGIN_NS", "SEQ", "LEN", "post", "read_frame", "seq_word",
+    "CLIENT_AWAKE", "WORKER_AWAKE", "TAKEN_SEQ", "AWAKE_MARGIN_NS", "EARLY_WAKE_NS", "EARLY_SPIN_NS", "SEQ", "LEN",
+    "post", "read_frame", "seq_word",
 ]
 
 LANE_NBYTES = 4096
@@ -61,9 +73,16 @@ FRAME_MAX = 64  # the longest frame either side accepts (a CALL is 16 B, a DONE 
 CALL_SEQ, CALL_LEN, CALL_FRAME = 0, 8, 16
 DONE_SEQ, DONE_LEN, DONE_FRAME = 128, 136, 144
 CLIENT_AWAKE, WORKER_AWAKE = 96, 224  # each in a cache line its writer owns
+TAKEN_SEQ = 232  # the worker's line
 # A ring or answer within this much of the other side's advertised end of polling still wakes it: the margin
 # covers the time a seq store takes to be seen by another core (nanoseconds) many times over.
 AWAKE_MARGIN_NS = 50_000
+# Early wake: the worker wakes a blocking client when it takes a request if the lane's last request was answered within
+# this long of its take; a client so woken polls for the DONE at most EARLY_SPIN_NS before it blocks again. The spin
+# outlasts the margin by as much as a prediction may miss: a DONE within EARLY_SPIN_NS - AWAKE_MARGIN_NS of the
+# client's wake-up skips its eventfd write.
+EARLY_WAKE_NS = 50_000
+EARLY_SPIN_NS = 150_000
 SEQ = struct.Struct("<Q")  # for reading a seq word in tests and tools; the two sides use seq_word()
 
 

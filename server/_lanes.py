@@ -6,6 +6,10 @@ loop spins, :meth:`Lanes.scan` reads each lane's call_seq; a changed one yields 
 private copy of the CALL frame, which the loop handles exactly like a CALL from
 ZeroMQ. The DONE of such a request goes back into the lane (:meth:`Lanes.answer`).
 
+Early wake (schema/lane.py): a lane whose last request was answered within ``EARLY_WAKE_NS`` of its take has
+its client woken by the scan that takes the next one, before the request runs: the client's wake-up then
+overlaps the request's work. ``taken_seq`` tells the client the answer is near (it polls a bounded time).
+
 Awake words (schema/lane.py): an answer skips the client's eventfd while the client says it
 polls; a worker that spins (``--spin-us``) writes, with each answer, until when it will poll
 that lane, and :attr:`Lanes.awake_until_ns` keeps the latest such time: the loop's poll
@@ -47,12 +51,15 @@ class Lane:
             self.page = memoryview(self._map)
             self._call_seq, self._done_seq = L.seq_word(self._map, L.CALL_SEQ), L.seq_word(self._map, L.DONE_SEQ)
             self._client_awake, self._awake = L.seq_word(self._map, L.CLIENT_AWAKE), L.seq_word(self._map, L.WORKER_AWAKE)
+            self._taken = L.seq_word(self._map, L.TAKEN_SEQ)
             self.client_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         except BaseException:
             os.close(self._memfd)
             raise
         self._doorbell_fd = doorbell_fd
         self.seen = 0  # the last call_seq taken
+        self.took_ns = 0  # CLOCK_MONOTONIC ns of its take
+        self.quick = False  # the last request was answered within EARLY_WAKE_NS of its take: wake the client early
 
     def fds(self) -> list[int]:
         """The fds handed to the client with the WELCOME: page, doorbell, the client's eventfd (ours stay open)."""
@@ -66,7 +73,7 @@ class Lane:
 
     def close(self) -> None:
         self.handed_over()
-        del self._call_seq, self._done_seq, self._client_awake, self._awake  # they export the mapping's buffer
+        del self._call_seq, self._done_seq, self._client_awake, self._awake, self._taken  # they export the mapping's buffer
         self.page.release()
         try:
             self._map.close()
@@ -95,6 +102,7 @@ class Lanes:
         # NOTE: order is important here: the clock and the client's awake word are read after done_seq is stored
         now = _monotonic_ns()
         _wake(lane, now)
+        lane.quick = now - lane.took_ns <= L.EARLY_WAKE_NS
         spin_ns = self.spin_ns
         if spin_ns:
             lane._awake.value = until = now + spin_ns
@@ -135,7 +143,8 @@ class Lanes:
 
     def scan(self) -> list[tuple[Lane, int, bytes]]:
         """Each lane with a new request: the lane, its call_seq and a private copy of its CALL frame (a frame too
-        long is dropped: never read, never answered)."""
+        long is dropped: never read, never answered). A lane whose last answer was quick says it took the request
+        (``taken_seq``) and wakes its client now, unless the client polls (the early wake, schema/lane.py)."""
         got = []
         for lane in self._all:
             seq = lane._call_seq.value
@@ -146,6 +155,12 @@ class Lanes:
                 if lane._call_seq.value == seq:
                     lane.seen = seq
                     if frame is not None:
+                        lane.took_ns = now = _monotonic_ns()
+                        if lane.quick:
+                            # NOTE: order is important here: taken_seq before the wake-up, which the client follows
+                            # by reading it
+                            lane._taken.value = seq
+                            _wake(lane, now)
                         got.append((lane, seq, frame))
         return got
 

@@ -52,8 +52,9 @@ def test_a_polling_client_is_answered_without_its_eventfd_and_a_blocking_one_wit
             got = _writes(lane.fd)
             if mode == "spin":  # it said it polls 50 ms: the worker skipped (nearly) every write
                 assert got < n // 2, got
-            else:  # it sleeps on its eventfd: every answer wrote it
-                assert got == n
+            else:  # it sleeps on its eventfd: every request wrote it once or twice (an early wake, then its answer
+                # unless the client said it polls by then: tests/e2e/test_lane_early_wake.py)
+                assert n <= got <= 2 * n, got
             assert max(slow) < 2.0  # no answer waited for a lost wake-up
 
 

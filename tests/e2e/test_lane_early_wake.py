@@ -1,0 +1,217 @@
+"""The lanes' early wake (schema/lane.py): a worker whose last answer in a lane was quick wakes a blocking client
+when it takes the next request, before running it; the client, woken with taken_seq at its request and no DONE,
+polls for a bounded time, then blocks again. Each side on its own, then against a real worker process."""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+
+from shmrpc.client import Client
+from shmrpc.client._lane import ClientLane
+from shmrpc.schema import lane as L
+from shmrpc.schema import messages as m
+from shmrpc.server._lanes import Lane, Lanes
+
+if TYPE_CHECKING:
+    from conftest import WorkerProc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+
+def _writes(fd: int) -> int:
+    """How many eventfd writes ``fd`` got since it was last read (and reset it)."""
+    try:
+        return os.eventfd_read(fd)
+    except BlockingIOError:
+        return 0
+
+
+def _ring(lane: Lane, seq: int) -> None:
+    """What a client's ring puts in the page (no doorbell: the test scans by hand)."""
+    L.post(lane.page, L.seq_word(lane._map, L.CALL_SEQ), L.CALL_SEQ, seq, b"c" * 16)
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_THREAD)
+    return r.ru_utime + r.ru_stime
+
+
+@pytest.fixture
+def lanes() -> Iterator[Lanes]:
+    ls = Lanes()
+    try:
+        yield ls
+    finally:
+        ls.close()
+
+
+def test_a_lane_answered_quickly_has_its_client_woken_when_the_next_request_is_taken(lanes: Lanes) -> None:
+    lane = lanes.open(b"client-1")
+    taken = L.seq_word(lane._map, L.TAKEN_SEQ)
+    client_awake = L.seq_word(lane._map, L.CLIENT_AWAKE)
+    try:
+        _ring(lane, 1)
+        assert [seq for _, seq, _ in lanes.scan()] == [1]
+        assert _writes(lane.client_fd) == 0 and taken.value == 0  # no answer yet to tell how long one takes
+        lane.took_ns += 1_000_000_000  # answered at once, however loaded this machine is
+        lanes.answer(lane, m.pack_done(0, 0, 1, 0), 1)
+        assert _writes(lane.client_fd) == 1  # the answer's own wake-up
+        _ring(lane, 2)
+        assert [seq for _, seq, _ in lanes.scan()] == [2]
+        # the last answer came within EARLY_WAKE_NS of its take: taken_seq and a wake-up, before any answer
+        assert taken.value == 2 and _writes(lane.client_fd) == 1
+        lane.took_ns -= 2 * L.EARLY_WAKE_NS  # this request takes long
+        lanes.answer(lane, m.pack_done(0, 0, 2, 0), 2)
+        assert _writes(lane.client_fd) == 1
+        _ring(lane, 3)
+        lanes.scan()
+        assert taken.value == 2 and _writes(lane.client_fd) == 0  # after a slow answer: no early wake
+        lanes.answer(lane, m.pack_done(0, 0, 3, 0), 3)
+        _writes(lane.client_fd)
+        client_awake.value = time.monotonic_ns() + 10_000_000_000  # a client that polls needs no wake-up
+        _ring(lane, 4)
+        lanes.scan()
+        assert taken.value == 4 and _writes(lane.client_fd) == 0
+    finally:
+        del taken, client_awake
+        lanes.drop(b"client-1")
+
+
+class _FakeWorker:
+    """The worker's half of a page a ClientLane maps: what a worker writes, by hand."""
+
+    def __init__(self) -> None:
+        self.page_fd = os.memfd_create("test-lane", os.MFD_CLOEXEC)
+        os.fchmod(self.page_fd, 0o600)
+        os.ftruncate(self.page_fd, L.LANE_NBYTES)
+        import mmap
+        self.map = mmap.mmap(self.page_fd, L.LANE_NBYTES)
+        self.doorbell, self.own = os.eventfd(0, os.EFD_NONBLOCK), os.eventfd(0, os.EFD_NONBLOCK)
+
+    def client(self) -> ClientLane:
+        return ClientLane(os.dup(self.page_fd), os.dup(self.doorbell), os.dup(self.own), os.geteuid(), 0.0)
+
+    def take(self, seq: int) -> None:
+        L.seq_word(self.map, L.TAKEN_SEQ).value = seq
+        os.eventfd_write(self.own, 1)
+
+    def answer(self, seq: int, rid: int) -> None:
+        L.post(memoryview(self.map), L.seq_word(self.map, L.DONE_SEQ), L.DONE_SEQ, seq, m.pack_done(0, 0, rid, 0))
+        if time.monotonic_ns() >= L.seq_word(self.map, L.CLIENT_AWAKE).value - L.AWAKE_MARGIN_NS:
+            os.eventfd_write(self.own, 1)
+
+    def close(self) -> None:
+        self.map.close()
+        for fd in (self.page_fd, self.doorbell, self.own):
+            os.close(fd)
+
+
+@pytest.mark.parametrize("took", [True, False])
+def test_a_blocking_wait_polls_a_bounded_time_only_when_its_request_was_taken(took: bool) -> None:
+    # woken with no DONE: with taken_seq at its request it says it polls and polls at most EARLY_SPIN_NS, without it
+    # it blocks at once; either way an answer 50 ms later (the worker wakes it: the time said has passed) is got,
+    # and the wait's CPU stays far under the 50 ms it waited
+    w = _FakeWorker()
+    lane = w.client()
+    try:
+        lane.ring(b"c" * 16, 7)
+        if took:
+            w.take(1)
+        else:
+            os.eventfd_write(w.own, 1)  # a wake-up left by an earlier answer
+        t = threading.Timer(0.05, w.answer, (1, 7))
+        t.start()
+        t0, c0 = time.monotonic(), _cpu_s()
+        assert lane.wait(t0 + 10, None, "w") == (0, 0, 7, 0)
+        wall, cpu = time.monotonic() - t0, _cpu_s() - c0
+        t.join()
+        said = L.seq_word(w.map, L.CLIENT_AWAKE).value
+        assert wall >= 0.045 and cpu < 0.02, (wall, cpu)
+        if took:
+            assert 0 < said <= t0 * 1e9 + 0.02e9  # it said until when it polled: soon after its wake-up
+        else:
+            assert said == 0
+    finally:
+        lane.close()
+        w.close()
+
+
+def test_a_client_woken_early_takes_an_answer_that_skipped_its_wake_up() -> None:
+    # a worker process that keeps the awake rule (schema/lane.py): it answers once the woken client says it polls,
+    # and writes the eventfd only when that time is within AWAKE_MARGIN_NS; the client gets every answer, and the
+    # polls it said it does let some answers skip the write (a busy machine may delay one past the time said)
+    import multiprocessing
+
+    w = _FakeWorker()
+    lane = w.client()
+    ctx = multiprocessing.get_context("fork")
+    skipped = ctx.Value("i", 0)
+
+    def worker(n: int) -> None:
+        for seq in range(1, n + 1):
+            deadline = time.monotonic() + 1
+            while L.seq_word(w.map, L.CALL_SEQ).value != seq and time.monotonic() < deadline:
+                pass
+            w.take(seq)
+            while L.seq_word(w.map, L.CLIENT_AWAKE).value == 0 and time.monotonic() < deadline:
+                pass  # until the woken client says it polls
+            if time.monotonic_ns() < L.seq_word(w.map, L.CLIENT_AWAKE).value - L.AWAKE_MARGIN_NS:
+                skipped.value += 1
+            w.answer(seq, 100 + seq)
+
+    n = 20
+    try:
+        p = ctx.Process(target=worker, args=(n,))
+        p.start()
+        for seq in range(1, n + 1):
+            lane.ring(b"c" * 16, 100 + seq)
+            assert lane.wait(time.monotonic() + 10, None, "w") == (0, 0, 100 + seq, 0)
+        p.join(10)
+        assert p.exitcode == 0
+        assert skipped.value > 0
+    finally:
+        lane.close()
+        w.close()
+
+
+def test_a_blocking_lane_client_is_woken_early_by_a_real_worker_and_only_for_quick_requests(
+        worker: WorkerProc) -> None:
+    rng = np.random.default_rng(5)
+    with Client(worker.name, lane="block", timeout_s=10) as c, c.loan(16 << 20) as req:
+        lane = c._t.lane
+        assert lane is not None
+        taken = L.seq_word(lane._map, L.TAKEN_SEQ)
+        try:
+            x, y = req.array("x", (16,), np.float32), req.array("y", (16,), np.float32)
+            early = 0
+            for _ in range(300):
+                a, b = rng.standard_normal(16, dtype=np.float32), rng.standard_normal(16, dtype=np.float32)
+                x[...], y[...] = a, b
+                np.testing.assert_array_equal(req.send("vector_add")["out"], a + b)
+                early += taken.value == lane.seq
+            # the worker answers a 64 B add well within EARLY_WAKE_NS, so it takes the next request early (a loaded
+            # machine may make one slow now and then: the one after it is taken without an early wake)
+            assert early >= 100, early
+        finally:
+            del taken
+    with Client(worker.name, lane="block", timeout_s=10) as c, c.loan(16 << 20) as req:
+        lane = c._t.lane
+        assert lane is not None
+        taken = L.seq_word(lane._map, L.TAKEN_SEQ)
+        try:
+            x, y = req.array("x", (1 << 20,), np.float32), req.array("y", (1 << 20,), np.float32)
+            x[...], y[...] = 1.0, 2.0
+            for _ in range(3):  # 4 MiB adds: each takes far more than EARLY_WAKE_NS
+                np.testing.assert_array_equal(req.send("vector_add")["out"], 3.0)
+                x[...] = 1.0
+            assert taken.value == 0  # never taken early: every answer in this lane was slow
+        finally:
+            del taken
