@@ -51,7 +51,10 @@
 #   bigtrace  bench/gpu/big_trace.py: the 256 MiB request of the graphs stage stamped on both sides, over ZeroMQ and
 #           through both lanes (BT_REPS requests each, default 20; BT_ARGS: more arguments, e.g. --mib 768) -> $OUT/big-trace.json
 #   abblock the blocking lane and the ZeroMQ loan alone (nothing spins), the tree against the base tree, interleaved
-#           4 times, unpinned and pinned to 2:10 and 2:3 -> $OUT/abblock-{base,new}-{free,2-10,2-3}-rN.json
+#           4 times, unpinned and pinned to 2:10 and 2:3 -> $OUT/abblock-{base,new}-{free,2-10,2-3}-rN.json;
+#           ABBLOCK_TRANSPORTS: the transports (default shmrpc-lane,shmrpc; e.g. add shmrpc-call-lane); prints p50s
+#   lanecpu bench/lane_cpu.py: the client's and the worker's CPU per 64 B request through the blocking lane and its
+#           p50, the tree against .whl/base/, 4 rounds interleaved, unpinned and pinned to 2:10 -> $OUT/lane-cpu-{free,2-10}.json
 #   gemmpin gemm x=16x256 w=256x256 float16 on the CuPy worker from 8 and 16 client processes (loan, both lanes),
 #           unpinned and pinned (PIN_GEMM server:clients, default the worker on 2,10 and the clients on the other
 #           CPUs), interleaved twice -> $OUT/gemmpin-{free,pinned}-rN.json
@@ -372,12 +375,21 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
           for pin in free 2:10 2:3; do
             pa=(); [ $pin != free ] && pa=(--server-cpus "${pin%%:*}" --client-cpus "${pin##*:}")
             echo -n "r$r $tree $pin: "
-            PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 60 $BENCH lat --transports shmrpc-lane,shmrpc --sizes 64 --iters 5000 --backend numpy \
-              --op vector_add --dtype float32 --in-place "${pa[@]}" -q --out "$OUT/abblock-$tree-${pin/:/-}-r$r.json" 2>&1 \
-              | grep -E "^ +64B" | awk '{printf "%s=%s ", $3$4$5, $8}'
+            PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 60 $BENCH lat --transports "${ABBLOCK_TRANSPORTS:-shmrpc-lane,shmrpc}" \
+              --sizes 64 --iters 5000 --backend numpy --op vector_add --dtype float32 --in-place "${pa[@]}" -q \
+              --out "$OUT/abblock-$tree-${pin/:/-}-r$r.json" 2>&1 | grep -E "^ +64B" \
+              | awk '{for (i = 3; i <= NF; i++) if ($i ~ /^[0-9]+$/) break; l = ""; for (j = 3; j < i; j++) l = l $j; printf "%s=%s ", l, $(i + 2)}'
             echo
           done
         done
+      done ;;
+    lanecpu)
+      base_site || exit 1
+      for pin in free 2:10; do
+        pa=(); [ $pin != free ] && pa=(--cpus "$pin")
+        echo "== bench/lane_cpu.py, blocking lane, $pin"
+        timeout 200 python3 bench/lane_cpu.py --calls 20000 --rounds 4 --tree "base=/tmp/site-base:/tmp/site" \
+          --tree new=/tmp/site "${pa[@]}" --out "$OUT/lane-cpu-${pin/:/-}.json"
       done ;;
     gemmab)
       base_site || exit 1

@@ -1,5 +1,5 @@
 """The round-trip traces (bench/zmq_trace.py, bench/lane_trace.py, bench/gpu/big_trace.py on the NumPy backend's
-stand-in device), the client CPU probe (bench/client_cpu.py), the metrics fold probe (bench/metrics_fold.py) and the
+stand-in device), the client CPU probe (bench/client_cpu.py), the lanes' CPU probe (bench/lane_cpu.py), the metrics fold probe (bench/metrics_fold.py) and the
 floors probe (bench/gpu/floor_probe.py) run end to end and write what they print.
 
 Each starts its own worker (and, for the ZeroMQ trace, a bare pyzmq echo) in child processes over real sockets;
@@ -88,6 +88,18 @@ def test_client_cpu_times_the_loan_and_call_of_each_tree(tmp_path: Path) -> None
         assert set(med) == {"loan_us", "call_us", "replay_us"}
         # a call() is a loan's send plus its copies, and both include the replay
         assert 0 < med["replay_us"] < med["loan_us"] < med["call_us"], med
+
+
+@pytest.mark.timeout(180)
+def test_lane_cpu_times_both_sides_of_each_tree(tmp_path: Path) -> None:
+    doc = _run("lane_cpu.py", "--calls", "300", "--rounds", "2", "--tree", "a=", "--tree", "b=", "--cpus", "0:0",
+               out=tmp_path / "l.json")
+    assert doc["mode"] == "lane-cpu-block" and "verdicts" not in doc and doc["command"].startswith("bench/lane_cpu.py")
+    assert set(doc["runs"]) == {"a", "b"} and all(len(rs) == 2 for rs in doc["runs"].values())
+    for med in doc["medians"].values():
+        assert set(med) == {"client_cpu_us", "worker_cpu_us", "p50_us"}, med
+        # both on one CPU: the round trip holds both sides' CPU (the worker's is read in clock ticks: coarse)
+        assert 0 < med["client_cpu_us"] < med["p50_us"] * 3 and med["worker_cpu_us"] >= 0 and med["p50_us"] < 1e5, med
 
 
 def test_metrics_fold_times_observe_and_fold_of_each_tree(tmp_path: Path) -> None:
