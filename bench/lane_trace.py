@@ -1,10 +1,11 @@
 """Where a lane's round trip goes: timestamps on both sides, one client, one worker.
 
-    python bench/lane_trace.py [--calls 20000] [--lane spin|block] [--out FILE.json]
+    python bench/lane_trace.py [--calls 20000] [--lane spin|block] [--call] [--out FILE.json]
 
 Starts a NumPy worker (in a child process whose loop is instrumented; with ``--lane spin`` it spins
 200 µs, ``--spin-us 200``, with ``--lane block`` it does not spin) and a ``Client(lane=...)`` in this
-process, sends ``--calls`` 64 B in-place ``vector_add`` loan round trips and stamps, with
+process, sends ``--calls`` 64 B in-place ``vector_add`` loan round trips (``--call``: ``call()``s, inputs copied in
+and the output copied out; "send" below is then the call) and stamps, with
 ``time.perf_counter`` (CLOCK_MONOTONIC: comparable between the processes): the client's ``send``
 entry, its ring, the worker's lane scan that took the request, its ``_on_call`` entry, the DONE
 written into the page, the client seeing it, ``send``'s return, and the worker's next wait after the
@@ -81,6 +82,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--lane", choices=("spin", "block"), default="spin")
+    ap.add_argument("--call", action="store_true", help="time call()s instead of a loan's sends")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from shmrpc.client import Client, _lane
@@ -111,11 +113,20 @@ def main() -> int:
             with Client(name, timeout_s=30, lane=args.lane) as c, c.loan(4096) as req:
                 req.array("x", (16,), np.float32)[...] = 1
                 req.array("y", (16,), np.float32)[...] = 0
+                x, y = np.ones(16, np.float32), np.zeros(16, np.float32)
+
+                def send() -> object:
+                    return req.send("vector_add", in_place=True)
+
+                if args.call:
+                    def send() -> object:
+                        return c.call("vector_add", x=x, y=y, in_place=True)
+
                 for _ in range(500):
-                    req.send("vector_add", in_place=True)
+                    send()
                 for _ in range(args.calls):
                     t0 = pc()
-                    req.send("vector_add", in_place=True)
+                    send()
                     rows.append((t0, last["ring"], last["seen"], pc()))
                 worker.stdin.write("\n")
                 worker.stdin.flush()
@@ -147,7 +158,7 @@ def main() -> int:
     if args.out:
         from shmrpc.bench._report import write_probe
 
-        write_probe({"mode": "lane-trace", "lane": args.lane, "calls": args.calls, "median_us": med},
+        write_probe({"mode": "lane-trace", "lane": args.lane, "call": args.call, "calls": args.calls, "median_us": med},
                     None, args.out)
     return 0
 

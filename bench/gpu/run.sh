@@ -42,7 +42,8 @@
 #           (AB_PIN1 server:client, default 2:10), without and with --spin-us 200 (iceoryx2 spinning beside it)
 #           -> $OUT/ab4-{,spin-}{base,new}-rN.json; then bench/lane_trace.py --lane block and spin for both trees,
 #           twice -> $OUT/lane-trace-{block,spin}-{base,new}-rN.json
-#   ltrace  only the lane traces of abrounds (bench/lane_trace.py, blocking and spinning, base tree and tree, twice)
+#   ltrace  only the lane traces of abrounds (bench/lane_trace.py, blocking and spinning, base tree and tree, twice);
+#           LTRACE_LANES: the lanes (default "block spin"; block-call: call() through the blocking lane)
 #   graphab the 256 MiB request of the graphs stage over ZeroMQ and both lanes (launched chunk graph), the tree against
 #           .whl/base/, interleaved GRAPHAB_ROUNDS times (default 2); GRAPHAB_PATHS: the paths, ';'-separated labels of
 #           bench/gpu_e2e.py (default "graph;graph, blocking lane;graph, spinning lane") -> $OUT/graphab-{base,new}-rN.json
@@ -138,13 +139,14 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
   timeout 90 $BENCH lat --lanes --peers zmq,iox2,iox2-spin --sizes 64,1M --iters 5000 --connect-iters 50 "$@" -q \
     --out "$OUT/$name.json" 2>&1 | tail -30
 }
-lane_traces() {  # bench/lane_trace.py for the base tree and the tree, twice, each lane of "$@"
+lane_traces() {  # bench/lane_trace.py for the base tree and the tree, twice, each lane of "$@" (block-call: --call)
   for r in 1 2; do
     for tree in base new; do
       site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
       for ln in "$@"; do
-        echo "== round $r, $tree: bench/lane_trace.py --lane $ln (where a lane's round trip goes)"
-        PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 60 python3 bench/lane_trace.py --lane "$ln" --calls 20000 \
+        lane=${ln%-call} more=(); [ "$lane" != "$ln" ] && more=(--call)
+        echo "== round $r, $tree: bench/lane_trace.py --lane $lane ${more[*]} (where a lane's round trip goes)"
+        PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 60 python3 bench/lane_trace.py --lane "$lane" "${more[@]}" --calls 20000 \
           --out "$OUT/lane-trace-$ln-$tree-r$r.json" 2>&1 | grep -v JSON
       done
     done
@@ -348,7 +350,7 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
       lane_traces block spin ;;
     ltrace)
       base_site || exit 1
-      lane_traces block spin ;;
+      lane_traces ${LTRACE_LANES:-block spin} ;;
     graphab)
       base_site || exit 1
       for r in $(seq "${GRAPHAB_ROUNDS:-2}"); do

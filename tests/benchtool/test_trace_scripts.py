@@ -54,9 +54,10 @@ def test_zmq_trace_times_both_sides_of_both_transports(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_lane_trace_times_the_blocking_lane(tmp_path: Path) -> None:
-    doc = _run("lane_trace.py", "--calls", "600", "--lane", "block", out=tmp_path / "l.json")
-    assert doc["mode"] == "lane-trace" and doc["lane"] == "block" and "verdicts" not in doc
+@pytest.mark.parametrize("call", [False, True])
+def test_lane_trace_times_the_blocking_lane(tmp_path: Path, call: bool) -> None:
+    doc = _run("lane_trace.py", "--calls", "600", "--lane", "block", *(["--call"] if call else []), out=tmp_path / "l.json")
+    assert doc["mode"] == "lane-trace" and doc["lane"] == "block" and doc["call"] is call and "verdicts" not in doc
     assert len(doc["median_us"]) == 8
     _check_parts(doc["median_us"], "round trip", outside=("worker: DONE written to its next wait",))
 
