@@ -31,6 +31,7 @@ from ._trace import ClientTracing
 
 if TYPE_CHECKING:
     from ._client import Client
+    from ._connection import Connection
 
 __all__ = ["Calls"]
 
@@ -53,6 +54,7 @@ class Calls:
     _params: dict[str, frozenset[str]]
     _desc_cache: dict[Any, tuple[bytes, int, int, tuple[str, ...]]]
     _sizer: OutputSizer
+    _t: Connection
 
     def _client(self) -> Client:
         """This client, typed as the :class:`~._client.Client` it is (loans and futures hold the whole of it)."""
@@ -151,6 +153,9 @@ class Calls:
             plan, sure = self._plan_call(op, inputs, attrs, in_place, keep, out_nbytes)
             if key is not None and sure:
                 bounded_put(self._plans, key, plan)
+        lane = self._t.lane
+        if lane is not None and not lane.busy and plan.cursor <= _SOON_MAX_NBYTES and not self._inflight:
+            lane.soon()  # the early ring: the worker wakes while the inputs are copied in (schema/lane.py)
         loan = self._call_loan(plan.need, deadline)
         kept = False
         try:
@@ -337,6 +342,9 @@ class Calls:
 
 
 _KEEP_ANY_NBYTES = 64 << 10  # a kept call() loan's slot up to this size serves any smaller call
+# the early ring: a call() through an idle lane whose descriptor and inputs end within this many bytes of the slot's
+# start (copied in within a few µs) wakes the worker before copying them; a larger copy would outlast the worker's poll
+_SOON_MAX_NBYTES = 64 << 10
 _SCALARS = (int, float, bool, str)  # attribute values the steady path takes without asking is_array_like
 
 

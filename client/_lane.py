@@ -14,6 +14,9 @@ the lane (``serve --spin-us``), and a lane that will spin from its ring says unt
 worker's answer can skip our eventfd; a wait then never sleeps past the latest time it said
 without reading done_seq after it.
 
+Early ring (schema/lane.py): ``call()`` of small inputs through an idle lane wakes the worker before it copies
+them in (:meth:`ClientLane.soon`); the worker then polls the lane a bounded time, and the ring finds it awake.
+
 Early wake (schema/lane.py): a blocking wait woken with no DONE in the page, whose taken_seq says the worker is
 working on our request, polls done_seq for at most ``EARLY_SPIN_NS`` (its awake word says so) before it blocks
 again: the worker woke us ahead of a quick answer, so that our wake-up overlaps its work.
@@ -68,13 +71,21 @@ class ClientLane:
         self.page = memoryview(self._map)
         self._call_seq, self._done_seq = L.seq_word(self._map, L.CALL_SEQ), L.seq_word(self._map, L.DONE_SEQ)
         self._awake, self._worker_awake = L.seq_word(self._map, L.CLIENT_AWAKE), L.seq_word(self._map, L.WORKER_AWAKE)
-        self._taken = L.seq_word(self._map, L.TAKEN_SEQ)
+        self._taken, self._soon = L.seq_word(self._map, L.TAKEN_SEQ), L.seq_word(self._map, L.CALL_SOON)
         self._spin_ns = int(spin_s * 1e9)
         self._said_ns = 0  # the latest time our awake word said we poll until: no sleep past it unread
         # edge-triggered: every DONE the worker signals is one event, so a wake-up needs no read of the eventfd;
         # an event left by an answer found by spinning wakes the next wait once, for nothing
         self._poll = select.epoll()
         self._poll.register(own_fd, select.EPOLLIN | select.EPOLLET)
+
+    def soon(self) -> None:
+        """Tell the worker the next request comes soon (the early ring: before ``call()`` copies its inputs in), so
+        that its wake-up overlaps the copies; nothing while it says it polls the lane."""
+        if _monotonic_ns() >= self._worker_awake.value - _MARGIN_NS:
+            self._soon.value = self.seq + 1
+            # NOTE: order is important here: call_soon before the doorbell, which the worker follows by reading it
+            os.eventfd_write(self.doorbell_fd, 1)
 
     def ring(self, frame: bytes, request_id: int) -> None:
         """Publish a CALL frame in the page and wake the worker unless it says it polls the lane."""
@@ -176,7 +187,7 @@ class ClientLane:
         return left_s if wait_s < 0 else min(wait_s, left_s)
 
     def close(self) -> None:
-        del self._call_seq, self._done_seq, self._awake, self._worker_awake, self._taken  # they export the mapping's buffer
+        del self._call_seq, self._done_seq, self._awake, self._worker_awake, self._taken, self._soon  # they export the mapping's buffer
         self.page.release()
         try:
             self._map.close()

@@ -13,6 +13,7 @@ every host shmrpc supports; each side writes only its own cache lines)::
          8     4  client      call_len    u32: bytes of call_frame (the worker refuses > 64)
         16    64  client      call_frame  a CALL frame exactly as on ZeroMQ (messages.pack_call)
         96     8  client      client_awake u64: CLOCK_MONOTONIC ns until which the client polls done_seq (0: none)
+       104     8  client      call_soon   u64: the call_seq of a request the client is about to ring (0: none)
        128     8  worker      done_seq    u64: set to the call_seq it answers, after done_frame
        136     4  worker      done_len    u32: bytes of done_frame
        144    64  worker      done_frame  a DONE frame exactly as on ZeroMQ (messages.pack_done)
@@ -37,6 +38,15 @@ answer that the worker said is near is pending, and for a bounded time. A client
 ignores taken_seq only gets an extra wake-up, never a lost one. The side that waits may spin on the other's seq
 word for a bounded time; when it stops spinning it blocks in poll() on its eventfd
 (with the peer's pidfd), and after every wake-up reads the seq word again.
+
+Early ring: a client about to ring a request whose inputs it copies into the slot first
+(``call()``) may write call_soon (the call_seq it will ring) and the worker's eventfd before
+the copies, unless the worker says it polls. A worker that finds a lane's call_soon at the
+lane's next call_seq, with no new request yet, reads the lanes until a request is there, for
+at most SOON_NS: its wake-up overlaps the client's copies. It says nothing in worker_awake
+(the ring still writes the doorbell). It does so once per call_seq of a lane, so a client
+that announces requests it never rings costs the worker at most one such poll per request it
+does ring.
 
 Awake words: a side that will poll the other's seq word until a time T says so in
 its awake word (the client before its call_seq, for the request it rings; the
@@ -64,7 +74,8 @@ from typing import Any
 
 __all__ = [
     "LANE_NBYTES", "FRAME_MAX", "CALL_SEQ", "CALL_LEN", "CALL_FRAME", "DONE_SEQ", "DONE_LEN", "DONE_FRAME",
-    "CLIENT_AWAKE", "WORKER_AWAKE", "TAKEN_SEQ", "AWAKE_MARGIN_NS", "EARLY_WAKE_NS", "EARLY_SPIN_NS", "SEQ", "LEN",
+    "CLIENT_AWAKE", "WORKER_AWAKE", "TAKEN_SEQ", "CALL_SOON", "AWAKE_MARGIN_NS", "EARLY_WAKE_NS", "EARLY_SPIN_NS",
+    "SOON_NS", "SEQ", "LEN",
     "post", "read_frame", "seq_word",
 ]
 
@@ -74,6 +85,7 @@ CALL_SEQ, CALL_LEN, CALL_FRAME = 0, 8, 16
 DONE_SEQ, DONE_LEN, DONE_FRAME = 128, 136, 144
 CLIENT_AWAKE, WORKER_AWAKE = 96, 224  # each in a cache line its writer owns
 TAKEN_SEQ = 232  # the worker's line
+CALL_SOON = 104  # the client's line
 # A ring or answer within this much of the other side's advertised end of polling still wakes it: the margin
 # covers the time a seq store takes to be seen by another core (nanoseconds) many times over.
 AWAKE_MARGIN_NS = 50_000
@@ -83,6 +95,8 @@ AWAKE_MARGIN_NS = 50_000
 # client's wake-up skips its eventfd write.
 EARLY_WAKE_NS = 50_000
 EARLY_SPIN_NS = 150_000
+# Early ring: how long a worker polls the lanes for a request a client said it is about to ring.
+SOON_NS = 50_000
 SEQ = struct.Struct("<Q")  # for reading a seq word in tests and tools; the two sides use seq_word()
 
 

@@ -10,6 +10,10 @@ Early wake (schema/lane.py): a lane whose last request was answered within ``EAR
 its client woken by the scan that takes the next one, before the request runs: the client's wake-up then
 overlaps the request's work. ``taken_seq`` tells the client the answer is near (it polls a bounded time).
 
+Early ring (schema/lane.py): a lane whose ``call_soon`` is its next call_seq, with no new request yet, makes the
+scan set :attr:`Lanes.soon_until_ns`: the loop then reads the lanes until a request is there or that time has
+passed, once per call_seq of that lane.
+
 Awake words (schema/lane.py): an answer skips the client's eventfd while the client says it
 polls; a worker that spins (``--spin-us``) writes, with each answer, until when it will poll
 that lane, and :attr:`Lanes.awake_until_ns` keeps the latest such time: the loop's poll
@@ -51,7 +55,7 @@ class Lane:
             self.page = memoryview(self._map)
             self._call_seq, self._done_seq = L.seq_word(self._map, L.CALL_SEQ), L.seq_word(self._map, L.DONE_SEQ)
             self._client_awake, self._awake = L.seq_word(self._map, L.CLIENT_AWAKE), L.seq_word(self._map, L.WORKER_AWAKE)
-            self._taken = L.seq_word(self._map, L.TAKEN_SEQ)
+            self._taken, self._soon = L.seq_word(self._map, L.TAKEN_SEQ), L.seq_word(self._map, L.CALL_SOON)
             self.client_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         except BaseException:
             os.close(self._memfd)
@@ -60,6 +64,7 @@ class Lane:
         self.seen = 0  # the last call_seq taken
         self.took_ns = 0  # CLOCK_MONOTONIC ns of its take
         self.quick = False  # the last request was answered within EARLY_WAKE_NS of its take: wake the client early
+        self.soon_for = -1  # the last call_seq after which an early ring was honoured (once per call_seq)
 
     def fds(self) -> list[int]:
         """The fds handed to the client with the WELCOME: page, doorbell, the client's eventfd (ours stay open)."""
@@ -73,7 +78,7 @@ class Lane:
 
     def close(self) -> None:
         self.handed_over()
-        del self._call_seq, self._done_seq, self._client_awake, self._awake, self._taken  # they export the mapping's buffer
+        del self._call_seq, self._done_seq, self._client_awake, self._awake, self._taken, self._soon  # they export the mapping's buffer
         self.page.release()
         try:
             self._map.close()
@@ -93,6 +98,7 @@ class Lanes:
         self._all: tuple[Lane, ...] = ()  # by_identity's lanes, for the scans
         self.spin_ns = spin_ns  # the loop spins this long after a turn (--spin-us): answers say so; 0: they do not
         self.awake_until_ns = 0  # the latest time an answer said this worker polls until (0: none pending)
+        self.soon_until_ns = 0  # an early ring was taken: the loop reads the lanes until a request or then (0: none)
 
     def answer(self, lane: Lane, done_frame: bytes, seq: int) -> None:
         """Write the DONE of ``lane``'s request rung with ``seq`` into its page, then wake the client unless it says
@@ -148,7 +154,11 @@ class Lanes:
         got = []
         for lane in self._all:
             seq = lane._call_seq.value
-            if seq != lane.seen:
+            if seq == lane.seen:
+                if lane._soon.value == seq + 1 and lane.soon_for != seq:  # an early ring: the request comes soon
+                    lane.soon_for = seq
+                    self.soon_until_ns = _monotonic_ns() + L.SOON_NS
+            else:
                 frame = L.read_frame(lane.page, L.CALL_SEQ)
                 # a call_seq changed meanwhile: the client is ringing again right now, and this lane is read again
                 # (its eventfd write, or the spinning loop's next ready(), since seen is left as it was)

@@ -301,6 +301,15 @@ class Worker(Calls, Runs):
                 events = self._await_launched(poller, lane_rang, timeout_ms)
             elif self._hold_until:  # parked requests waiting for the rest of their batch (--batch-wait-us)
                 events = self._spin(poller, lane_rang, self._hold_until)
+            elif lanes is not None and lanes.soon_until_ns:
+                # a lane's client said it is about to ring (the early ring: call() copying its inputs in): read the
+                # lanes until a request is there or the scan's time has passed, so that the ring finds this loop
+                # awake (its doorbell write comes too and is cleared by a later turn)
+                left_s = (lanes.soon_until_ns - time.monotonic_ns()) / 1e9
+                lanes.soon_until_ns = 0
+                events = self._await_soon(poller, lane_rang, time.perf_counter() + left_s)
+                if not events and not self._done:
+                    events = poller.poll(timeout_ms)
             elif spin_s:
                 # --spin-us: poll without sleeping for a while before blocking, so a request arriving soon
                 # finds the loop awake (one scheduler wake-up less per request; costs a core while it spins).

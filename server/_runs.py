@@ -200,6 +200,26 @@ class Runs:
         # answer said this worker polls the lane for a while yet (its awake word): the turn runs, then a new spin
         return lane_rang if served else {}
 
+    def _await_soon(self, poller: LoopPoll, lane_rang: dict[int, int], end: float) -> dict[Any, int]:
+        """Read the lanes until one has a request (``lane_rang``: the loop's turn takes it) or ``end``
+        (time.perf_counter) has passed ({}), polling the other fds every SPIN_POLL_S (their events, if any): the
+        wait after an early ring (schema/lane.py). Unlike :meth:`_spin` it serves nothing and ends at the first
+        request, so the loop's turn and its next wait are the usual ones."""
+        lanes = self._lanes
+        assert lanes is not None
+        now = time.perf_counter()
+        next_poll = now + SPIN_POLL_S
+        while now < end and not self._done:
+            if lanes.ready():
+                return lane_rang
+            if now >= next_poll:
+                events = poller.poll(0)
+                if events:
+                    return events
+                next_poll = now + SPIN_POLL_S
+            now = time.perf_counter()
+        return {}
+
     def _run_elsewhere(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], primed: Primed,
                        t0: float, lane: int) -> None:
         """A request too big for the loop thread: launched on the device and answered by the loop once it is done

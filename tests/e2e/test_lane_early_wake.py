@@ -1,6 +1,8 @@
-"""The lanes' early wake (schema/lane.py): a worker whose last answer in a lane was quick wakes a blocking client
-when it takes the next request, before running it; the client, woken with taken_seq at its request and no DONE,
-polls for a bounded time, then blocks again. Each side on its own, then against a real worker process."""
+"""The lanes' early wake and early ring (schema/lane.py). Early wake: a worker whose last answer in a lane was quick
+wakes a blocking client when it takes the next request, before running it; the client, woken with taken_seq at its
+request and no DONE, polls for a bounded time, then blocks again. Early ring: a client about to copy a call()'s
+inputs in wakes the worker first, which then polls the lanes a bounded time, once per request. Each side on its own,
+then against a real worker process."""
 
 from __future__ import annotations
 
@@ -215,3 +217,76 @@ def test_a_blocking_lane_client_is_woken_early_by_a_real_worker_and_only_for_qui
             assert taken.value == 0  # never taken early: every answer in this lane was slow
         finally:
             del taken
+
+
+def test_a_lane_that_announces_its_next_request_has_the_worker_poll_for_it_once_per_request(lanes: Lanes) -> None:
+    lane = lanes.open(b"client-1")
+    soon = L.seq_word(lane._map, L.CALL_SOON)
+    try:
+        soon.value = 1  # the next call_seq: a request comes soon
+        t0 = time.monotonic_ns()
+        assert lanes.scan() == []
+        until = lanes.soon_until_ns
+        assert t0 + L.SOON_NS <= until <= time.monotonic_ns() + L.SOON_NS  # the loop reads the lanes until then
+        assert L.seq_word(lane._map, L.WORKER_AWAKE).value == 0 and lanes.awake_until_ns == 0  # and promises nothing
+        lanes.soon_until_ns = 0
+        assert lanes.scan() == [] and lanes.soon_until_ns == 0  # once per request
+        _ring(lane, 1)
+        assert [seq for _, seq, _ in lanes.scan()] == [1] and lanes.soon_until_ns == 0  # 1 is no longer the next
+        soon.value = 7  # not the next call_seq: nothing
+        assert lanes.scan() == [] and lanes.soon_until_ns == 0
+        soon.value = 2
+        assert lanes.scan() == [] and lanes.soon_until_ns > until
+    finally:
+        del soon
+        lanes.drop(b"client-1")
+
+
+def test_a_client_rings_early_unless_the_worker_says_it_polls() -> None:
+    w = _FakeWorker()
+    lane = w.client()
+    try:
+        lane.ring(b"c" * 16, 5)
+        _writes(w.doorbell)
+        lane.soon()
+        assert L.seq_word(w.map, L.CALL_SOON).value == 2 and _writes(w.doorbell) == 1
+        L.seq_word(w.map, L.WORKER_AWAKE).value = time.monotonic_ns() + 10_000_000_000  # a spinning worker
+        L.seq_word(w.map, L.CALL_SOON).value = 0
+        lane.soon()
+        assert L.seq_word(w.map, L.CALL_SOON).value == 0 and _writes(w.doorbell) == 0
+    finally:
+        lane.close()
+        w.close()
+
+
+def test_call_through_a_blocking_lane_rings_a_real_worker_early_and_an_idle_announcement_is_harmless(
+        worker: WorkerProc) -> None:
+    # the worker's side is the unit test above; here: call() announces every request it rings through an idle lane,
+    # the answers are right, and announcements never followed by a request leave the worker serving
+    rng = np.random.default_rng(6)
+    with Client(worker.name, lane="block", timeout_s=10) as c:
+        lane = c._t.lane
+        assert lane is not None
+        soon = L.seq_word(lane._map, L.CALL_SOON)
+        try:
+            announced = 0
+            for _ in range(300):
+                a, b = rng.standard_normal(16, dtype=np.float32), rng.standard_normal(16, dtype=np.float32)
+                np.testing.assert_array_equal(c.call("vector_add", x=a, y=b)["out"], a + b)
+                announced += soon.value == lane.seq
+            assert announced == 300
+            with c.loan(4096) as req:  # a loan's send does not announce (its few µs before the ring gain nothing)
+                req.array("x", (4,), np.float32)[...] = 1
+                req.array("y", (4,), np.float32)[...] = 1
+                np.testing.assert_array_equal(req.send("vector_add")["out"], 2.0)
+                assert soon.value == lane.seq - 1
+            for _ in range(50):  # announced, never rung
+                soon.value = lane.seq + 1
+                os.eventfd_write(lane.doorbell_fd, 1)
+                time.sleep(2 * L.SOON_NS / 1e9)
+            a = np.ones(4, np.float32)
+            t0 = time.monotonic()
+            np.testing.assert_array_equal(c.call("vector_add", x=a, y=a)["out"], 2.0)
+            assert time.monotonic() - t0 < 2.0
+        finally:
+            del soon
