@@ -166,9 +166,9 @@ class Lanes:
                     lane.seen = seq
                     if frame is not None:
                         lane.took_ns = now = _monotonic_ns()
-                        if lane.quick:
+                        if lane.quick and now >= lane._client_awake.value - L.AWAKE_MARGIN_NS:  # (_wake's test)
                             # NOTE: order is important here: taken_seq before the wake-up, which the client follows
-                            # by reading it
+                            # by reading it; a client that polls (its awake word) needs neither
                             lane._taken.value = seq
                             _wake(lane, now)
                         got.append((lane, seq, frame))
