@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 
-from worker_cpu import ab_parser, ab_rounds, tree_env  # (bench/, beside this program)
+from worker_cpu import ab_parser, ab_rounds, start_worker, tree_env  # (bench/, beside this program)
 
 _CHILD = r"""
 import json, sys, time, timeit
@@ -101,11 +101,8 @@ def _one(name: str, pythonpath: str, calls: int) -> dict[str, float]:
 def main() -> int:
     args = ab_parser(__doc__).parse_args()
     name = f"ccpu-{os.getpid()}-{secrets.token_hex(3)}"
-    worker = subprocess.Popen([sys.executable, "-m", "shmrpc.server", "serve", "--name", name, "--backend", "numpy",
-                               "--no-mlock", "--log-level", "WARNING", "--slots", "64K:16", "--lease", "4"],
-                              stdout=subprocess.PIPE, text=True)
+    worker = start_worker(name)
     try:
-        assert worker.stdout is not None and "ready" in worker.stdout.readline(), "the worker did not start"
         ab_rounds("client-cpu", args.tree, args.rounds, args.calls, lambda _, path: _one(name, path, args.calls),
                   "µs of client CPU per request, the replay included", args.out)
     finally:

@@ -15,17 +15,20 @@ change that moves a wake-up moves the round trip and where the CPU goes; this sa
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 from worker_cpu import ab_parser, ab_rounds, tree_env  # (bench/, beside this program)
 
 _CHILD = r"""
-import json, os, resource, secrets, signal, statistics, subprocess, sys, time
+import json, os, resource, secrets, signal, statistics, sys, time
 import numpy as np
 from shmrpc.client import Client
 
 calls, lane, cpus = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+sys.path.insert(0, sys.argv[4])  # bench/, for worker_cpu.start_worker
+from worker_cpu import start_worker
 tick = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
@@ -41,11 +44,8 @@ def own_cpu():
 
 
 name = f"lcpu-{os.getpid()}-{secrets.token_hex(3)}"
-w = subprocess.Popen([sys.executable, "-m", "shmrpc.server", "serve", "--name", name, "--backend", "numpy",
-                      "--no-mlock", "--log-level", "WARNING", "--slots", "64K:16", "--lease", "4"],
-                     stdout=subprocess.PIPE, text=True)
+w = start_worker(name)
 try:
-    assert w.stdout is not None and "ready" in w.stdout.readline(), "the worker did not start"
     if cpus:
         s, c = cpus.split(":")
         os.sched_setaffinity(w.pid, {int(s)})
@@ -73,7 +73,8 @@ finally:
 
 
 def _one(label: str, pythonpath: str, calls: int, lane: str, cpus: str) -> dict[str, float]:
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(calls), lane, cpus], env=tree_env(pythonpath),
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(calls), lane, cpus, os.path.dirname(os.path.abspath(__file__))],
+                          env=tree_env(pythonpath),
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise SystemExit(f"{label}: the child failed:\n{proc.stderr}")

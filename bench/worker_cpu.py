@@ -52,16 +52,24 @@ def _phase(c: object, pid: int, calls: int) -> tuple[float, float]:
     return cpu / calls * 1e6, wall / calls * 1e6
 
 
+def start_worker(name: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """A NumPy worker named ``name`` (``shmrpc serve`` with ``env``, default this process's), once it says it is
+    ready; the caller stops it (SIGTERM)."""
+    worker = subprocess.Popen([sys.executable, "-m", "shmrpc.server", "serve", "--name", name, "--backend", "numpy",
+                               "--no-mlock", "--log-level", "WARNING", "--slots", "64K:16", "--lease", "4"],
+                              env=env, stdout=subprocess.PIPE, text=True)
+    if worker.stdout is None or "ready" not in worker.stdout.readline():
+        worker.kill()
+        raise SystemExit(f"worker {name} did not start")
+    return worker
+
+
 def _one(label: str, pythonpath: str, calls: int) -> dict[str, float]:
     from shmrpc.client import Client
 
     name = f"wcpu-{os.getpid()}-{secrets.token_hex(3)}"
-    env = tree_env(pythonpath)
-    worker = subprocess.Popen([sys.executable, "-m", "shmrpc.server", "serve", "--name", name, "--backend", "numpy",
-                               "--no-mlock", "--log-level", "WARNING", "--slots", "64K:16", "--lease", "4"],
-                              env=env, stdout=subprocess.PIPE, text=True)
+    worker = start_worker(name, tree_env(pythonpath))
     try:
-        assert worker.stdout is not None and "ready" in worker.stdout.readline(), f"{label}: worker did not start"
         out: dict[str, float] = {}
         with Client(name, timeout_s=30) as c:
             out["zmq_cpu_us"], out["zmq_wall_us"] = _phase(c, worker.pid, calls)

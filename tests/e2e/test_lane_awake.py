@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
+from support.eventfd import writes as _writes
 
 from shmrpc.client import Client
 from shmrpc.client._lane import ClientLane
@@ -19,14 +20,6 @@ if TYPE_CHECKING:
     from conftest import WorkerProc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
-
-
-def _writes(fd: int) -> int:
-    """How many eventfd writes ``fd`` got since it was last read (and reset it)."""
-    try:
-        return os.eventfd_read(fd)
-    except BlockingIOError:
-        return 0
 
 
 @pytest.mark.parametrize("gap_s", [0.0, 0.0005])
