@@ -25,7 +25,9 @@ important here: the seq is the publication point), then writes 1 to the worker's
 eventfd. Answering: the worker writes done_frame and done_len, then done_seq, then
 writes 1 to the client's eventfd. The worker may also write the client's eventfd with no
 new done_seq (a PULSE: an answer due soon, schema/messages.py); the client then finds no
-DONE and waits again.
+DONE and waits again. The side that waits may spin on the other's seq word for a bounded
+time; when it stops spinning it blocks in poll() on its eventfd (with the peer's pidfd),
+and after every wake-up reads the seq word again.
 
 Early wake: a worker whose last answer in a lane came soon after it took that request
 (within EARLY_WAKE_NS) writes taken_seq when it takes the next one and wakes a client
@@ -35,9 +37,7 @@ following it. A client woken with no DONE in the page whose taken_seq is the cal
 it rang polls done_seq for at most EARLY_SPIN_NS (saying so in client_awake, so the
 DONE may skip its eventfd write), then blocks again: a core is busy only while an
 answer that the worker said is near is pending, and for a bounded time. A client that
-ignores taken_seq only gets an extra wake-up, never a lost one. The side that waits may spin on the other's seq
-word for a bounded time; when it stops spinning it blocks in poll() on its eventfd
-(with the peer's pidfd), and after every wake-up reads the seq word again.
+ignores taken_seq only gets an extra wake-up, never a lost one.
 
 Early ring: a client about to ring a request whose inputs it copies into the slot first
 (``call()``) may write call_soon (the call_seq it will ring) and the worker's eventfd before
