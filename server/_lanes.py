@@ -29,17 +29,23 @@ import time
 from shmrpc.schema import lane as L
 
 _monotonic_ns = time.monotonic_ns
+_MARGIN_NS, _EARLY_WAKE_NS, _SOON_NS = L.AWAKE_MARGIN_NS, L.EARLY_WAKE_NS, L.SOON_NS
 
 __all__ = ["Lane", "Lanes"]
 
 
 def _wake(lane: Lane, now: int) -> None:
     """Write the client's eventfd, unless its awake word says it polls the page past ``now`` (CLOCK_MONOTONIC ns)."""
-    if now >= lane._client_awake.value - L.AWAKE_MARGIN_NS:
-        try:
-            os.eventfd_write(lane.client_fd, 1)
-        except OSError:  # the counter is full (a client that never reads it): it is awake anyway
-            pass
+    if now >= lane._client_awake.value - _MARGIN_NS:
+        _write(lane)
+
+
+def _write(lane: Lane) -> None:
+    """Write the client's eventfd."""
+    try:
+        os.eventfd_write(lane.client_fd, 1)
+    except OSError:  # the counter is full (a client that never reads it): it is awake anyway
+        pass
 
 
 class Lane:
@@ -108,7 +114,7 @@ class Lanes:
         # NOTE: order is important here: the clock and the client's awake word are read after done_seq is stored
         now = _monotonic_ns()
         _wake(lane, now)
-        lane.quick = now - lane.took_ns <= L.EARLY_WAKE_NS
+        lane.quick = now - lane.took_ns <= _EARLY_WAKE_NS
         spin_ns = self.spin_ns
         if spin_ns:
             lane._awake.value = until = now + spin_ns
@@ -157,7 +163,7 @@ class Lanes:
             if seq == lane.seen:
                 if lane._soon.value == seq + 1 and lane.soon_for != seq:  # an early ring: the request comes soon
                     lane.soon_for = seq
-                    self.soon_until_ns = _monotonic_ns() + L.SOON_NS
+                    self.soon_until_ns = _monotonic_ns() + _SOON_NS
             else:
                 frame = L.read_frame(lane.page, L.CALL_SEQ)
                 # a call_seq changed meanwhile: the client is ringing again right now, and this lane is read again
@@ -166,11 +172,11 @@ class Lanes:
                     lane.seen = seq
                     if frame is not None:
                         lane.took_ns = now = _monotonic_ns()
-                        if lane.quick and now >= lane._client_awake.value - L.AWAKE_MARGIN_NS:  # (_wake's test)
+                        if lane.quick and now >= lane._client_awake.value - _MARGIN_NS:  # (as _wake tests)
                             # NOTE: order is important here: taken_seq before the wake-up, which the client follows
                             # by reading it; a client that polls (its awake word) needs neither
                             lane._taken.value = seq
-                            _wake(lane, now)
+                            _write(lane)
                         got.append((lane, seq, frame))
         return got
 

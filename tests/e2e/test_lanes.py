@@ -223,6 +223,9 @@ def test_garbage_in_the_lane_page_never_stops_the_worker(spawn_worker: Callable[
             # a call_seq that changes, over a length and a frame of random bytes
             L.LEN.pack_into(lane.page, L.CALL_LEN, int(rng.integers(0, 1 << 32)) if i % 3 else int(rng.integers(0, 65)))
             lane.page[L.CALL_FRAME:L.CALL_FRAME + 64] = rng.bytes(64)
+            # and garbage in the words of the early ring and the early wake (the worker's own: a client can write it)
+            for word in (L.CALL_SOON, L.TAKEN_SEQ):
+                L.SEQ.pack_into(lane.page, word, int(rng.integers(0, 1 << 64, dtype=np.uint64)))
             L.SEQ.pack_into(lane.page, L.CALL_SEQ, int(rng.integers(0, 1 << 64, dtype=np.uint64)))
             os.eventfd_write(lane.doorbell_fd, 1)
         lane.seq = L.SEQ.unpack_from(lane.page, L.CALL_SEQ)[0]  # go on from what the page holds now
