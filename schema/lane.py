@@ -48,9 +48,19 @@ at most SOON_NS: its wake-up overlaps the client's copies. It says nothing in wo
 that announces requests it never rings costs the worker at most one such poll per request it
 does ring.
 
+Linger: a worker that answers a lane's request, when it took that request within twice
+its linger time of the lane's answer before (LINGER_NS unless ``serve --lane-linger-us``
+says otherwise; 0: never; twice, because the take counts the worker's own wake-up when it
+slept), reads the lanes for the linger time after the DONE instead of sleeping, and says
+so in worker_awake: a client that comes back at once finds it awake (no wake-up of the
+worker's, no doorbell write of its own). A lane whose client comes back later does not
+make the worker linger after its next answer, so a core is busy only while a lane's
+requests follow each other closely, and at most the linger time per request.
+
 Awake words: a side that will poll the other's seq word until a time T says so in
 its awake word (the client before its call_seq, for the request it rings; the
-worker after a DONE, for the next request, while it spins: ``serve --spin-us``).
+worker after a DONE, for the next request, while it spins, ``serve --spin-us``, or
+lingers).
 The other side, after its own seq store, reads the clock and that word, and skips
 its eventfd write when the clock is more than AWAKE_MARGIN_NS before T: a poller
 needs no wake-up, and the write is a system call. What makes a skipped write
@@ -75,7 +85,7 @@ from typing import Any
 __all__ = [
     "LANE_NBYTES", "FRAME_MAX", "CALL_SEQ", "CALL_LEN", "CALL_FRAME", "DONE_SEQ", "DONE_LEN", "DONE_FRAME",
     "CLIENT_AWAKE", "WORKER_AWAKE", "TAKEN_SEQ", "CALL_SOON", "AWAKE_MARGIN_NS", "EARLY_WAKE_NS", "EARLY_SPIN_NS",
-    "SOON_NS", "SEQ", "LEN",
+    "SOON_NS", "LINGER_NS", "SEQ", "LEN",
     "post", "read_frame", "seq_word",
 ]
 
@@ -97,6 +107,10 @@ EARLY_WAKE_NS = 50_000
 EARLY_SPIN_NS = 150_000
 # Early ring: how long a worker polls the lanes for a request a client said it is about to ring.
 SOON_NS = 50_000
+# Linger: how long a worker reads the lanes after answering a lane whose client came back within this long after its
+# previous answer (the default of ``serve --lane-linger-us``). Longer than AWAKE_MARGIN_NS, so that a client coming
+# back within the difference skips the doorbell.
+LINGER_NS = 100_000
 SEQ = struct.Struct("<Q")  # for reading a seq word in tests and tools; the two sides use seq_word()
 
 

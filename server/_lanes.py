@@ -14,8 +14,12 @@ Early ring (schema/lane.py): a lane whose ``call_soon`` is its next call_seq, wi
 scan set :attr:`Lanes.soon_until_ns`: the loop then reads the lanes until a request is there or that time has
 passed, once per call_seq of that lane.
 
+Linger (schema/lane.py): a lane whose request was taken within twice ``linger_ns`` of its last answer (``Lane.back``,
+set by the scan that takes it) has the answer to that request followed by :attr:`Lanes.linger_until_ns`: the
+loop reads the lanes until then before it sleeps.
+
 Awake words (schema/lane.py): an answer skips the client's eventfd while the client says it
-polls; a worker that spins (``--spin-us``) writes, with each answer, until when it will poll
+polls; a worker that spins (``--spin-us``) or lingers writes, with each answer, until when it will poll
 that lane, and :attr:`Lanes.awake_until_ns` keeps the latest such time: the loop's poll
 (``_poll.LoopPoll``) never sleeps past it without reading every lane again after it.
 """
@@ -69,6 +73,8 @@ class Lane:
         self._doorbell_fd = doorbell_fd
         self.seen = 0  # the last call_seq taken
         self.took_ns = 0  # CLOCK_MONOTONIC ns of its take
+        self.answered_ns = 0  # CLOCK_MONOTONIC ns of its last answer (0: none yet)
+        self.back = False  # its last request was taken within twice the linger time of the answer before: linger after it
         self.quick = False  # the last request was answered within EARLY_WAKE_NS of its take: wake the client early
         self.soon_for = -1  # the last call_seq after which an early ring was honoured (once per call_seq)
 
@@ -98,26 +104,34 @@ class Lane:
 class Lanes:
     """Every lane of the worker, by session token, and the doorbell they share."""
 
-    def __init__(self, spin_ns: int = 0) -> None:
+    def __init__(self, spin_ns: int = 0, linger_ns: int = 0) -> None:
         self.doorbell_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self.by_identity: dict[bytes, Lane] = {}
         self._all: tuple[Lane, ...] = ()  # by_identity's lanes, for the scans
         self.spin_ns = spin_ns  # the loop spins this long after a turn (--spin-us): answers say so; 0: they do not
+        self.linger_ns = linger_ns  # the loop reads the lanes this long after answering a lane whose client is back
+        self.linger_until_ns = 0  # the latest such answer's end of lingering (0: none pending)
         self.awake_until_ns = 0  # the latest time an answer said this worker polls until (0: none pending)
         self.soon_until_ns = 0  # an early ring was taken: the loop reads the lanes until a request or then (0: none)
 
     def answer(self, lane: Lane, done_frame: bytes, seq: int) -> None:
         """Write the DONE of ``lane``'s request rung with ``seq`` into its page, then wake the client unless it says
-        it polls; a spinning worker (``spin_ns``) also says until when it polls the lane, and keeps
-        :attr:`awake_until_ns`."""
+        it polls; a spinning worker (``spin_ns``), or one that lingers after this lane's answer (``Lane.back``), also
+        says until when it polls the lane, and keeps :attr:`awake_until_ns` (and :attr:`linger_until_ns`)."""
         L.post(lane.page, lane._done_seq, L.DONE_SEQ, seq, done_frame)
         # NOTE: order is important here: the clock and the client's awake word are read after done_seq is stored
         now = _monotonic_ns()
         _wake(lane, now)
         lane.quick = now - lane.took_ns <= _EARLY_WAKE_NS
-        spin_ns = self.spin_ns
-        if spin_ns:
-            lane._awake.value = until = now + spin_ns
+        lane.answered_ns = now
+        hold_ns = self.spin_ns
+        if lane.back and self.linger_ns > hold_ns:
+            hold_ns = self.linger_ns
+            # NOTE: the loop reads this before it sleeps: whatever it does next, it reads the lanes until then
+            if now + hold_ns > self.linger_until_ns:
+                self.linger_until_ns = now + hold_ns
+        if hold_ns:
+            lane._awake.value = until = now + hold_ns
             if until > self.awake_until_ns:
                 self.awake_until_ns = until
 
@@ -156,8 +170,10 @@ class Lanes:
     def scan(self) -> list[tuple[Lane, int, bytes]]:
         """Each lane with a new request: the lane, its call_seq and a private copy of its CALL frame (a frame too
         long is dropped: never read, never answered). A lane whose last answer was quick says it took the request
-        (``taken_seq``) and wakes its client now, unless the client polls (the early wake, schema/lane.py)."""
+        (``taken_seq``) and wakes its client now, unless the client polls (the early wake, schema/lane.py); a lane
+        whose request is taken within twice the linger time of its last answer is marked for lingering after this one."""
         got = []
+        back_ns = 2 * self.linger_ns  # (the take counts the worker's own wake-up when it slept)
         for lane in self._all:
             seq = lane._call_seq.value
             if seq == lane.seen:
@@ -172,6 +188,7 @@ class Lanes:
                     lane.seen = seq
                     if frame is not None:
                         lane.took_ns = now = _monotonic_ns()
+                        lane.back = now - lane.answered_ns <= back_ns
                         if lane.quick and now >= lane._client_awake.value - _MARGIN_NS:  # (as _wake tests)
                             # NOTE: order is important here: taken_seq before the wake-up, which the client follows
                             # by reading it; a client that polls (its awake word) needs neither

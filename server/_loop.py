@@ -145,7 +145,9 @@ class Worker(Calls, Runs):
             self.leases = Leases([self.regions[0].geometry], cfg.lease, self._zero,
                                  max_borrowed_slots=cfg.client_max_slots, max_borrowed_bytes=cfg.client_max_bytes)
             self._waiters = Waiters(self.leases.sizes, cfg.client_max_waiters)
-            self._lanes = Lanes(cfg.spin_us * 1000) if cfg.lanes else None
+            # lingering needs a second CPU: on one, the client it waits for could not run meanwhile
+            linger_ns = cfg.lane_linger_us * 1000 if (os.cpu_count() or 1) > 1 else 0
+            self._lanes = Lanes(cfg.spin_us * 1000, linger_ns) if cfg.lanes else None
             self.sessions = Sessions(cfg, regions=self.regions, views=self._views, backend=self.backend,
                                      leases=self.leases, waiters=self._waiters, metrics=self.metrics,
                                      shared=self.shared, send=self._send, started=self._started,
@@ -310,13 +312,18 @@ class Worker(Calls, Runs):
                 events = self._await_soon(poller, lane_rang, time.perf_counter() + left_s)
                 if not events and not self._done:
                     events = poller.poll(timeout_ms)
-            elif spin_s:
+            elif spin_s or (lanes is not None and lanes.linger_until_ns):
                 # --spin-us: poll without sleeping for a while before blocking, so a request arriving soon
                 # finds the loop awake (one scheduler wake-up less per request; costs a core while it spins).
                 # With lanes, the lanes' call_seq words are read in between, and the poll (a system call, for
                 # the socket, the pidfds and the attach socket) runs every SPIN_POLL_S only: a lane's request
                 # is found within a fraction of a µs, its doorbell eventfd left for the next poll to clear.
-                events = poller.poll(0) or self._spin(poller, lane_rang, time.perf_counter() + spin_s)
+                # Lingering (schema/lane.py) is the same spin, until the time the last lingering answer said.
+                end = time.perf_counter() + spin_s
+                if lanes is not None and lanes.linger_until_ns:
+                    end = max(end, time.perf_counter() + (lanes.linger_until_ns - time.monotonic_ns()) / 1e9)
+                    lanes.linger_until_ns = 0
+                events = poller.poll(0) or self._spin(poller, lane_rang, end)
                 if not events and not self._done:
                     events = poller.poll(timeout_ms)
             else:

@@ -10,7 +10,7 @@ import os
 import resource
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -254,9 +254,11 @@ def test_a_client_rings_early_unless_the_worker_says_it_polls() -> None:
 
 
 def test_call_through_a_blocking_lane_rings_a_real_worker_early_and_an_idle_announcement_is_harmless(
-        worker: WorkerProc) -> None:
-    # the worker's side is the unit test above; here: call() announces every request it rings through an idle lane,
+        spawn_worker: Callable[..., WorkerProc]) -> None:
+    # the worker's side is the unit test above; here: call() announces every request it rings through an idle lane
+    # (to a worker that does not linger: one that does says it polls, and is not announced to: test_lane_linger.py),
     # the answers are right, and announcements never followed by a request leave the worker serving
+    worker = spawn_worker("--lane-linger-us", "0")
     rng = np.random.default_rng(6)
     with Client(worker.name, lane="block", timeout_s=10) as c:
         lane = c._t.lane

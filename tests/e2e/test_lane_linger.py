@@ -1,0 +1,147 @@
+"""The worker's linger (schema/lane.py): after answering a lane whose request it took within twice the linger time of
+its answer before, the worker reads the lanes that long before sleeping and says so in worker_awake; after a lane's first
+answer, after a client that came back later, and with ``--lane-linger-us 0`` it does not. The Lanes on their own,
+then against a real worker process: answers right, the rings that skipped the doorbell answered, no core busy once the
+requests stop."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+from support.procstat import cpu_s
+
+from shmrpc.client import Client
+from shmrpc.schema import lane as L
+from shmrpc.schema import messages as m
+from shmrpc.server._lanes import Lane, Lanes
+
+if TYPE_CHECKING:
+    from conftest import WorkerProc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+LINGER_NS = 1_000_000_000  # 1 s: no machine is slow enough to miss it between two lines of a test
+
+
+def _ring(lane: Lane, seq: int) -> None:
+    """What a client's ring puts in the page (no doorbell: the test scans by hand)."""
+    L.post(lane.page, L.seq_word(lane._map, L.CALL_SEQ), L.CALL_SEQ, seq, b"c" * 16)
+
+
+@pytest.fixture
+def lanes() -> Iterator[Lanes]:
+    ls = Lanes(linger_ns=LINGER_NS)
+    try:
+        yield ls
+    finally:
+        ls.close()
+
+
+def _serve(lanes: Lanes, lane: Lane, seq: int) -> int:
+    """Ring request ``seq``, take it and answer it; returns the clock read just before the answer."""
+    _ring(lane, seq)
+    assert [s for _, s, _ in lanes.scan()] == [seq]
+    t = time.monotonic_ns()
+    lanes.answer(lane, m.pack_done(0, 0, seq, 0), seq)
+    return t
+
+
+def test_the_worker_lingers_only_after_a_client_that_came_back_within_the_linger_time(lanes: Lanes) -> None:
+    lane = lanes.open(b"client-1")
+    awake = L.seq_word(lane._map, L.WORKER_AWAKE)
+    try:
+        _serve(lanes, lane, 1)  # a lane's first answer: nothing to tell how soon its client comes back
+        assert awake.value == 0 and lanes.linger_until_ns == 0 and lanes.awake_until_ns == 0
+        t = _serve(lanes, lane, 2)  # taken within 2 LINGER_NS of the answer before: linger after it, and say so
+        until = lanes.linger_until_ns
+        assert t + LINGER_NS <= until <= time.monotonic_ns() + LINGER_NS
+        assert awake.value == until == lanes.awake_until_ns
+        lanes.linger_until_ns = 0  # (the loop takes it)
+        lane.answered_ns -= 3 * LINGER_NS  # the client comes back later than twice the linger time
+        _serve(lanes, lane, 3)
+        assert lanes.linger_until_ns == 0 and awake.value == until  # no new promise (the old one has its time)
+        _serve(lanes, lane, 4)  # back at once again: lingering again
+        assert lanes.linger_until_ns > until
+    finally:
+        del awake
+        lanes.drop(b"client-1")
+
+
+def test_no_linger_time_no_lingering() -> None:
+    lanes = Lanes()
+    try:
+        lane = lanes.open(b"client-1")
+        for seq in range(1, 5):
+            _serve(lanes, lane, seq)
+        assert lanes.linger_until_ns == 0 and lanes.awake_until_ns == 0
+        assert L.SEQ.unpack_from(lane.page, L.WORKER_AWAKE)[0] == 0
+    finally:
+        lanes.close()
+
+
+def _send_loop(c: Client, n: int, gap_s: float, rng: np.random.Generator) -> tuple[list[int], float]:
+    """``n`` 64 B adds through the client's lane, ``gap_s`` apart, each checked; returns the worker's awake word after
+    each answer and the slowest round trip."""
+    lane = c._t.lane
+    assert lane is not None
+    said, slowest = [], 0.0
+    awake = L.seq_word(lane._map, L.WORKER_AWAKE)
+    try:
+        with c.loan(4096) as req:
+            x, y = req.array("x", (16,), np.float32), req.array("y", (16,), np.float32)
+            for _ in range(n):
+                a, b = rng.standard_normal(16, dtype=np.float32), rng.standard_normal(16, dtype=np.float32)
+                x[...], y[...] = a, b
+                if gap_s:
+                    time.sleep(gap_s)
+                t0 = time.monotonic()
+                np.testing.assert_array_equal(req.send("vector_add")["out"], a + b)
+                slowest = max(slowest, time.monotonic() - t0)
+                said.append(awake.value)
+    finally:
+        del awake
+    return said, slowest
+
+
+@pytest.mark.parametrize("mode", ["block", "spin"])
+def test_a_client_sending_back_to_back_finds_the_worker_lingering_and_an_idle_worker_sleeps(
+        spawn_worker: Callable[..., WorkerProc], mode: str) -> None:
+    w = spawn_worker()  # the default linger
+    rng = np.random.default_rng(7)
+    with Client(w.name, lane=mode, timeout_s=10) as c:
+        # the worker says after an answer that it reads the lanes a while yet, with a new time each: on an idle machine
+        # after nearly every one, on a loaded one less often (a send or a take delayed past twice the linger time
+        # makes the next answer say nothing); a worker that never lingers says it after none
+        for _ in range(3):
+            said, slowest = _send_loop(c, 300, 0.0, rng)
+            assert slowest < 2.0  # every ring that skipped the doorbell was read
+            lingered = len(set(said) - {0})
+            if lingered >= 30:
+                break
+        assert lingered >= 30, said
+        t0 = time.monotonic()
+        cpu0 = cpu_s(w.pid)
+        time.sleep(0.5)
+        idle = cpu_s(w.pid) - cpu0
+        assert idle < 0.1, idle  # it stopped lingering: a worker that kept polling would have used ~0.5 s
+        assert time.monotonic() - t0 < 5
+        said, slowest = _send_loop(c, 5, 0.0, rng)  # and it answers the next request after sleeping
+        assert slowest < 2.0
+
+
+def test_a_client_that_comes_back_late_or_a_worker_told_not_to_never_has_it_linger(
+        spawn_worker: Callable[..., WorkerProc]) -> None:
+    rng = np.random.default_rng(8)
+    w = spawn_worker()
+    with Client(w.name, lane="block", timeout_s=10) as c:
+        # 2 ms between an answer and the next ring: never within twice the linger time
+        said, _ = _send_loop(c, 40, 2e-3 + 2 * L.LINGER_NS / 1e9, rng)
+        assert set(said) == {0}
+    off = spawn_worker("--lane-linger-us", "0", name=w.name + "-off")
+    with Client(off.name, lane="block", timeout_s=10) as c:
+        said, _ = _send_loop(c, 200, 0.0, rng)
+        assert set(said) == {0}
