@@ -311,23 +311,9 @@ class Worker(Calls, Runs):
                 lanes.soon_until_ns = 0
                 events = self._await_soon(poller, lane_rang, time.perf_counter() + left_s)
                 if not events and not self._done:
-                    events = poller.poll(timeout_ms)
-            elif spin_s or (lanes is not None and lanes.linger_until_ns):
-                # --spin-us: poll without sleeping for a while before blocking, so a request arriving soon
-                # finds the loop awake (one scheduler wake-up less per request; costs a core while it spins).
-                # With lanes, the lanes' call_seq words are read in between, and the poll (a system call, for
-                # the socket, the pidfds and the attach socket) runs every SPIN_POLL_S only: a lane's request
-                # is found within a fraction of a µs, its doorbell eventfd left for the next poll to clear.
-                # Lingering (schema/lane.py) is the same spin, until the time the last lingering answer said.
-                end = time.perf_counter() + spin_s
-                if lanes is not None and lanes.linger_until_ns:
-                    end = max(end, time.perf_counter() + (lanes.linger_until_ns - time.monotonic_ns()) / 1e9)
-                    lanes.linger_until_ns = 0
-                events = poller.poll(0) or self._spin(poller, lane_rang, end)
-                if not events and not self._done:
-                    events = poller.poll(timeout_ms)
+                    events = self._wait(poller, lane_rang, spin_s, timeout_ms)
             else:
-                events = poller.poll(timeout_ms)
+                events = self._wait(poller, lane_rang, spin_s, timeout_ms)
             # NOTE: the work after a request's answer up to the next wait is part of the next round trip when the
             # client is woken on this core (the blocking lane): the fds other than the socket and the doorbell are
             # looked at only when the turn has any
@@ -406,6 +392,32 @@ class Worker(Calls, Runs):
                 lane.handed_over()
         for i in self.sessions.region_owner:  # a private region goes to one client only: keep no fd of it
             self.regions[i].close_fd()
+
+    def _wait(self, poller: LoopPoll, lane_rang: dict[int, int], spin_s: float, timeout_ms: int) -> dict[Any, int]:
+        """The loop's wait for its next events when nothing is in progress: a spin first while ``--spin-us`` asks for
+        one or the lanes' linger time has not passed (:meth:`_spin`), then a poll of up to ``timeout_ms``.
+
+        --spin-us: poll without sleeping for a while before blocking, so a request arriving soon finds the loop
+        awake (one scheduler wake-up less per request; costs a core while it spins). With lanes, the lanes'
+        call_seq words are read in between, and the poll (a system call, for the socket, the pidfds and the attach
+        socket) runs every SPIN_POLL_S only: a lane's request is found within a fraction of a µs, its doorbell
+        eventfd left for the next poll to clear. Lingering (schema/lane.py) is the same spin, until the time the
+        last lingering answer said."""
+        lanes = self._lanes
+        end = time.perf_counter() + spin_s if spin_s else 0.0
+        if lanes is not None and lanes.linger_until_ns:
+            # NOTE: linger_until_ns stays until it has passed: a spin that ends early (events) is followed by
+            # another one, never by a sleep while the answers' awake words say this loop reads the lanes
+            left_s = (lanes.linger_until_ns - time.monotonic_ns()) / 1e9
+            if left_s > 0:
+                end = max(end, time.perf_counter() + left_s)
+            else:
+                lanes.linger_until_ns = 0
+        if end:
+            events = poller.poll(0) or self._spin(poller, lane_rang, end)
+            if events or self._done:
+                return events
+        return poller.poll(timeout_ms)
 
     def _poll_timeout_ms(self, next_check: float) -> int:
         first = self._waiters.next_deadline() if len(self._waiters) else None

@@ -241,7 +241,8 @@ class Runs:
         duration is known (its ``eta``) is awaited in a poll until shortly before it is due (15% of what is left, at
         least _LAUNCHED_EARLY_S), then by polls of 1 ms until _LAUNCHED_SPIN_S before it is due; from then, and for
         the others from the start (small batches), the loop spins (lanes read, the poll every SPIN_POLL_S) until
-        _LAUNCHED_SPIN_S past when it is due (or past the start), then polls 1 ms at a time. A request's PULSE goes
+        _LAUNCHED_SPIN_S past when it is due (or past the start), then polls 1 ms at a time; it spins, too, while the
+        lanes' linger time has not passed. A request's PULSE goes
         out in the spin, PULSE_LEAD_S before it is due. No events within ``timeout_ms``: none (the loop's periodic
         work runs)."""
         assert self._launched is not None
@@ -269,6 +270,8 @@ class Runs:
                     wait_ms = int((wake - now) * 1000)
                 else:
                     wait_ms = 0 if spin_from <= now < end else 1
+                if wait_ms and lanes is not None and lanes.linger_until_ns > time.monotonic_ns():
+                    wait_ms = 0  # lingering (schema/lane.py): the lanes were told this loop reads them until then
                 events = poller.poll(min(wait_ms, timeout_ms))
                 if events:
                     return events
