@@ -48,14 +48,17 @@ at most SOON_NS: its wake-up overlaps the client's copies. It says nothing in wo
 that announces requests it never rings costs the worker at most one such poll per request it
 does ring.
 
-Linger: a worker that answers a lane's request, when it took that request within twice
-its linger time of the lane's answer before (LINGER_NS unless ``serve --lane-linger-us``
-says otherwise; 0: never; twice, because the take counts the worker's own wake-up when it
-slept), reads the lanes for the linger time after the DONE instead of sleeping, and says
-so in worker_awake: a client that comes back at once finds it awake (no wake-up of the
-worker's, no doorbell write of its own). A lane whose client comes back later does not
-make the worker linger after its next answer, so a core is busy only while a lane's
-requests follow each other closely, and at most the linger time per request.
+Linger: a worker that answers a lane's request reads the lanes for its linger time
+(LINGER_NS unless ``serve --lane-linger-us`` says otherwise; 0: never) after the DONE
+instead of sleeping, and says so in worker_awake, when the client came back soon after
+the lane's answer before: the worker took the request within the linger time of that
+answer if it lingered after it, within twice the linger time if it slept (the take then
+counts its own wake-up), or within the linger time if its last linger in that lane was
+in vain (the request came after it ended), until a linger pays again. A client that
+comes back at once finds it awake (no wake-up of the worker's, no doorbell write of its
+own); a lane whose client comes back later stops the lingering after at most one linger
+in vain, so a core is busy only while a lane's requests follow each other closely, and
+at most the linger time per request.
 
 Awake words: a side that will poll the other's seq word until a time T says so in
 its awake word (the client before its call_seq, for the request it rings; the

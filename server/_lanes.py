@@ -14,8 +14,9 @@ Early ring (schema/lane.py): a lane whose ``call_soon`` is its next call_seq, wi
 scan set :attr:`Lanes.soon_until_ns`: the loop then reads the lanes until a request is there or that time has
 passed, once per call_seq of that lane.
 
-Linger (schema/lane.py): a lane whose request was taken within twice ``linger_ns`` of its last answer (``Lane.back``,
-set by the scan that takes it) has the answer to that request followed by :attr:`Lanes.linger_until_ns`: the
+Linger (schema/lane.py): a lane whose client is back soon after its last answer (``Lane.back``, set by the scan that
+takes its request: within ``linger_ns`` of it when the worker lingered after that answer, else within twice that, or
+once if lingering after it was in vain) has the answer to that request followed by :attr:`Lanes.linger_until_ns`: the
 loop reads the lanes until then before it sleeps.
 
 Awake words (schema/lane.py): an answer skips the client's eventfd while the client says it
@@ -74,7 +75,9 @@ class Lane:
         self.seen = 0  # the last call_seq taken
         self.took_ns = 0  # CLOCK_MONOTONIC ns of its take
         self.answered_ns = 0  # CLOCK_MONOTONIC ns of its last answer (0: none yet)
-        self.back = False  # its last request was taken within twice the linger time of the answer before: linger after it
+        self.back = False  # its client came back soon after the answer before its last request: linger after this one
+        self.lingered = False  # the worker lingered after its last answer
+        self.vain = False  # it did, and the next request came after the linger time: once only until one comes within
         self.quick = False  # the last request was answered within EARLY_WAKE_NS of its take: wake the client early
         self.soon_for = -1  # the last call_seq after which an early ring was honoured (once per call_seq)
 
@@ -125,7 +128,8 @@ class Lanes:
         lane.quick = now - lane.took_ns <= _EARLY_WAKE_NS
         lane.answered_ns = now
         hold_ns = self.spin_ns
-        if lane.back and self.linger_ns > hold_ns:
+        lane.lingered = lingers = lane.back and self.linger_ns > hold_ns
+        if lingers:
             hold_ns = self.linger_ns
             # NOTE: the loop reads this before it sleeps: whatever it does next, it reads the lanes until then
             if now + hold_ns > self.linger_until_ns:
@@ -171,9 +175,9 @@ class Lanes:
         """Each lane with a new request: the lane, its call_seq and a private copy of its CALL frame (a frame too
         long is dropped: never read, never answered). A lane whose last answer was quick says it took the request
         (``taken_seq``) and wakes its client now, unless the client polls (the early wake, schema/lane.py); a lane
-        whose request is taken within twice the linger time of its last answer is marked for lingering after this one."""
+        whose client is back soon after its last answer (see the module's text) is marked for lingering after this one."""
         got = []
-        back_ns = 2 * self.linger_ns  # (the take counts the worker's own wake-up when it slept)
+        linger_ns = self.linger_ns
         for lane in self._all:
             seq = lane._call_seq.value
             if seq == lane.seen:
@@ -188,7 +192,12 @@ class Lanes:
                     lane.seen = seq
                     if frame is not None:
                         lane.took_ns = now = _monotonic_ns()
-                        lane.back = now - lane.answered_ns <= back_ns
+                        gap = now - lane.answered_ns
+                        if lane.lingered:  # the worker read the lanes when the request came: the gap is the client's
+                            lane.back = back = gap <= linger_ns
+                            lane.vain = not back
+                        else:  # it slept: the gap counts its own wake-up too
+                            lane.back = gap <= (linger_ns if lane.vain else 2 * linger_ns)
                         if lane.quick and now >= lane._client_awake.value - _MARGIN_NS:  # (as _wake tests)
                             # NOTE: order is important here: taken_seq before the wake-up, which the client follows
                             # by reading it; a client that polls (its awake word) needs neither

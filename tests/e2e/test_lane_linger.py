@@ -51,22 +51,36 @@ def _serve(lanes: Lanes, lane: Lane, seq: int) -> int:
     return t
 
 
-def test_the_worker_lingers_only_after_a_client_that_came_back_within_the_linger_time(lanes: Lanes) -> None:
+def test_the_worker_lingers_only_after_a_client_that_came_back_soon(lanes: Lanes) -> None:
     lane = lanes.open(b"client-1")
     awake = L.seq_word(lane._map, L.WORKER_AWAKE)
+
+    def serve_after(seq: int, gap_ns: int) -> int:
+        """Request ``seq`` taken ``gap_ns`` after the last answer (the clock is real: the test moves the answer back)."""
+        lane.answered_ns -= gap_ns
+        lanes.linger_until_ns = 0  # (the loop takes it)
+        return _serve(lanes, lane, seq)
+
     try:
         _serve(lanes, lane, 1)  # a lane's first answer: nothing to tell how soon its client comes back
         assert awake.value == 0 and lanes.linger_until_ns == 0 and lanes.awake_until_ns == 0
-        t = _serve(lanes, lane, 2)  # taken within 2 LINGER_NS of the answer before: linger after it, and say so
-        until = lanes.linger_until_ns
+        t = serve_after(2, LINGER_NS * 3 // 2)  # the worker slept: within twice the linger time (its wake-up counts)
+        until = lanes.linger_until_ns  # so it lingers after this answer, and says so
         assert t + LINGER_NS <= until <= time.monotonic_ns() + LINGER_NS
         assert awake.value == until == lanes.awake_until_ns
-        lanes.linger_until_ns = 0  # (the loop takes it)
-        lane.answered_ns -= 3 * LINGER_NS  # the client comes back later than twice the linger time
-        _serve(lanes, lane, 3)
-        assert lanes.linger_until_ns == 0 and awake.value == until  # no new promise (the old one has its time)
-        _serve(lanes, lane, 4)  # back at once again: lingering again
+        serve_after(3, LINGER_NS // 2)  # within the linger time of a lingered answer: again
         assert lanes.linger_until_ns > until
+        until = lanes.linger_until_ns
+        serve_after(4, LINGER_NS * 3 // 2)  # after the linger ended: it was in vain, no linger now
+        assert lanes.linger_until_ns == 0 and awake.value == until  # no new promise (the old one has its time)
+        serve_after(5, LINGER_NS * 3 // 2)  # the worker slept; after a linger in vain the linger time is the bound
+        assert lanes.linger_until_ns == 0
+        serve_after(6, LINGER_NS // 2)  # back within it: lingering again
+        assert lanes.linger_until_ns > until
+        serve_after(7, LINGER_NS // 2)  # that linger paid
+        assert lanes.linger_until_ns > 0
+        serve_after(8, LINGER_NS * 3)  # later than twice the linger time: none
+        assert lanes.linger_until_ns == 0
     finally:
         del awake
         lanes.drop(b"client-1")
