@@ -49,7 +49,7 @@ that announces requests it never rings costs the worker at most one such poll pe
 does ring.
 
 Linger: a worker that answers a lane's request reads the lanes for its linger time
-(LINGER_NS unless ``serve --lane-linger-us`` says otherwise; 0: never) after the DONE
+(LINGER_NS unless ``serve --linger-us`` says otherwise; 0: never) after the DONE
 instead of sleeping, and says so in worker_awake, when the client came back soon after
 the lane's answer before: the worker took the request within the linger time of that
 answer if it lingered after it, within twice the linger time if it slept (the take then
@@ -111,7 +111,7 @@ EARLY_SPIN_NS = 150_000
 # Early ring: how long a worker polls the lanes for a request a client said it is about to ring.
 SOON_NS = 50_000
 # Linger: how long a worker reads the lanes after answering a lane whose client came back within this long after its
-# previous answer (the default of ``serve --lane-linger-us``). Longer than AWAKE_MARGIN_NS, so that a client coming
+# previous answer (the default of ``serve --linger-us``). Longer than AWAKE_MARGIN_NS, so that a client coming
 # back within the difference skips the doorbell.
 LINGER_NS = 100_000
 SEQ = struct.Struct("<Q")  # for reading a seq word in tests and tools; the two sides use seq_word()

@@ -14,10 +14,9 @@ Early ring (schema/lane.py): a lane whose ``call_soon`` is its next call_seq, wi
 scan set :attr:`Lanes.soon_until_ns`: the loop then reads the lanes until a request is there or that time has
 passed, once per call_seq of that lane.
 
-Linger (schema/lane.py): a lane whose client is back soon after its last answer (``Lane.back``, set by the scan that
-takes its request: within ``linger_ns`` of it when the worker lingered after that answer, else within twice that, or
-once if lingering after it was in vain) has the answer to that request followed by :attr:`Lanes.linger_until_ns`: the
-loop reads the lanes until then before it sleeps.
+Linger (schema/lane.py): a lane whose client came back soon after its last answer (:class:`Linger`, asked by the scan
+that takes its request) has the answer to that request followed by ``Linger.until_ns``: the loop reads for requests
+until then before it sleeps. The worker's clients over ZeroMQ share the same :class:`Linger`.
 
 Awake words (schema/lane.py): an answer skips the client's eventfd while the client says it
 polls; a worker that spins (``--spin-us``) or lingers writes, with each answer, until when it will poll
@@ -30,13 +29,14 @@ from __future__ import annotations
 import mmap
 import os
 import time
+from typing import Any
 
 from shmrpc.schema import lane as L
 
 _monotonic_ns = time.monotonic_ns
 _MARGIN_NS, _EARLY_WAKE_NS, _SOON_NS = L.AWAKE_MARGIN_NS, L.EARLY_WAKE_NS, L.SOON_NS
 
-__all__ = ["Lane", "Lanes"]
+__all__ = ["Lane", "Lanes", "Linger"]
 
 
 def _wake(lane: Lane, now: int) -> None:
@@ -51,6 +51,55 @@ def _write(lane: Lane) -> None:
         os.eventfd_write(lane.client_fd, 1)
     except OSError:  # the counter is full (a client that never reads it): it is awake anyway
         pass
+
+
+class Linger:
+    """The worker's linger (schema/lane.py): whether a client came back soon after its last answer, and the latest
+    time an answer said the loop reads for requests until (``until_ns``, CLOCK_MONOTONIC ns; 0: none pending).
+
+    A client's state is five attributes of its own object (a :class:`Lane`, or the session of a client over
+    ZeroMQ): ``answered_ns`` (its last answer), ``back`` (it came back soon: linger after this request),
+    ``lingered`` (the loop lingered after its last answer), ``vain`` (how many lingers in a row its next request
+    came after) and ``skip`` (requests left that get no chance to linger after them, after lingers in vain).
+    """
+
+    VAIN_MAX = 6  # after n lingers in vain in a row, the next 2**n - 1 requests get no chance (at most 63)
+
+    __slots__ = ("ns", "until_ns")
+
+    def __init__(self, ns: int) -> None:
+        self.ns = ns  # the linger time (--linger-us); 0: never
+        self.until_ns = 0
+
+    def took(self, c: Any, now: int) -> None:
+        """``c``'s request is taken at ``now``: was it soon after its last answer? Within the linger time if the loop
+        lingered after that answer (then it read for requests when this one came); within twice that if it slept
+        (the take counts its own wake-up). A linger in vain (the request came after it) gives the next requests no
+        chance, one after the first in a row, 3 after the second, up to 63: a client whose requests come a little
+        later than the linger costs a linger in vain now and then, a client held up once loses one request's."""
+        gap = now - c.answered_ns
+        if c.lingered:
+            c.back = back = gap <= self.ns
+            if back:
+                c.vain = 0
+            else:
+                c.vain = n = min(c.vain + 1, self.VAIN_MAX)
+                c.skip = (1 << n) - 1
+        elif c.skip:
+            c.skip -= 1
+            c.back = False
+        else:
+            c.back = gap <= 2 * self.ns
+
+    def answered(self, c: Any, now: int) -> bool:
+        """``c``'s request was answered at ``now``; True when the loop lingers after it (``until_ns`` then covers
+        it)."""
+        c.answered_ns = now
+        c.lingered = lingers = c.back and self.ns > 0
+        if lingers and now + self.ns > self.until_ns:
+            # NOTE: the loop reads this before it sleeps: whatever it does next, it reads for requests until then
+            self.until_ns = now + self.ns
+        return lingers
 
 
 class Lane:
@@ -74,10 +123,8 @@ class Lane:
         self._doorbell_fd = doorbell_fd
         self.seen = 0  # the last call_seq taken
         self.took_ns = 0  # CLOCK_MONOTONIC ns of its take
-        self.answered_ns = 0  # CLOCK_MONOTONIC ns of its last answer (0: none yet)
-        self.back = False  # its client came back soon after the answer before its last request: linger after this one
-        self.lingered = False  # the worker lingered after its last answer
-        self.vain = False  # it did, and the next request came after the linger time: once only until one comes within
+        # the linger's state of this lane (Linger): its last answer, came back soon, lingered after it, in vain, skip
+        self.answered_ns, self.back, self.lingered, self.vain, self.skip = 0, False, False, 0, 0
         self.quick = False  # the last request was answered within EARLY_WAKE_NS of its take: wake the client early
         self.soon_for = -1  # the last call_seq after which an early ring was honoured (once per call_seq)
 
@@ -107,33 +154,28 @@ class Lane:
 class Lanes:
     """Every lane of the worker, by session token, and the doorbell they share."""
 
-    def __init__(self, spin_ns: int = 0, linger_ns: int = 0) -> None:
+    def __init__(self, spin_ns: int = 0, linger: Linger | None = None) -> None:
         self.doorbell_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self.by_identity: dict[bytes, Lane] = {}
         self._all: tuple[Lane, ...] = ()  # by_identity's lanes, for the scans
         self.spin_ns = spin_ns  # the loop spins this long after a turn (--spin-us): answers say so; 0: they do not
-        self.linger_ns = linger_ns  # the loop reads the lanes this long after answering a lane whose client is back
-        self.linger_until_ns = 0  # the latest such answer's end of lingering (0: none pending)
+        self.linger = Linger(0) if linger is None else linger  # the worker's, shared with its ZeroMQ clients
         self.awake_until_ns = 0  # the latest time an answer said this worker polls until (0: none pending)
         self.soon_until_ns = 0  # an early ring was taken: the loop reads the lanes until a request or then (0: none)
 
     def answer(self, lane: Lane, done_frame: bytes, seq: int) -> None:
         """Write the DONE of ``lane``'s request rung with ``seq`` into its page, then wake the client unless it says
-        it polls; a spinning worker (``spin_ns``), or one that lingers after this lane's answer (``Lane.back``), also
-        says until when it polls the lane, and keeps :attr:`awake_until_ns` (and :attr:`linger_until_ns`)."""
+        it polls; a spinning worker (``spin_ns``), or one that lingers after this lane's answer (:class:`Linger`), also
+        says until when it polls the lane, and keeps :attr:`awake_until_ns`."""
         L.post(lane.page, lane._done_seq, L.DONE_SEQ, seq, done_frame)
         # NOTE: order is important here: the clock and the client's awake word are read after done_seq is stored
         now = _monotonic_ns()
         _wake(lane, now)
         lane.quick = now - lane.took_ns <= _EARLY_WAKE_NS
-        lane.answered_ns = now
         hold_ns = self.spin_ns
-        lane.lingered = lingers = lane.back and self.linger_ns > hold_ns
-        if lingers:
-            hold_ns = self.linger_ns
-            # NOTE: the loop reads this before it sleeps: whatever it does next, it reads the lanes until then
-            if now + hold_ns > self.linger_until_ns:
-                self.linger_until_ns = now + hold_ns
+        linger = self.linger
+        if linger.answered(lane, now) and linger.ns > hold_ns:
+            hold_ns = linger.ns
         if hold_ns:
             lane._awake.value = until = now + hold_ns
             if until > self.awake_until_ns:
@@ -177,7 +219,7 @@ class Lanes:
         (``taken_seq``) and wakes its client now, unless the client polls (the early wake, schema/lane.py); a lane
         whose client is back soon after its last answer (see the module's text) is marked for lingering after this one."""
         got = []
-        linger_ns = self.linger_ns
+        linger = self.linger if self.linger.ns else None
         for lane in self._all:
             seq = lane._call_seq.value
             if seq == lane.seen:
@@ -192,12 +234,8 @@ class Lanes:
                     lane.seen = seq
                     if frame is not None:
                         lane.took_ns = now = _monotonic_ns()
-                        gap = now - lane.answered_ns
-                        if lane.lingered:  # the worker read the lanes when the request came: the gap is the client's
-                            lane.back = back = gap <= linger_ns
-                            lane.vain = not back
-                        else:  # it slept: the gap counts its own wake-up too
-                            lane.back = gap <= (linger_ns if lane.vain else 2 * linger_ns)
+                        if linger is not None:
+                            linger.took(lane, now)
                         if lane.quick and now >= lane._client_awake.value - _MARGIN_NS:  # (as _wake tests)
                             # NOTE: order is important here: taken_seq before the wake-up, which the client follows
                             # by reading it; a client that polls (its awake word) needs neither

@@ -52,7 +52,7 @@ from ._attach import AttachListener, set_dumpable
 from ._batch import Pending
 from ._calls import Calls
 from ._dispatch import Dispatcher, Launched
-from ._lanes import Lanes
+from ._lanes import Lanes, Linger
 from ._lease import Leases, Slot
 from ._observe import Observer
 from ._poll import LoopPoll
@@ -97,6 +97,7 @@ class Worker(Calls, Runs):
         self._joins = False  # park batchable requests for one joint run (--max-batch > 1 and a backend that joins)
         self._singles = False  # ... and run a lone one as a batch of one (a backend that batches singles)
         self._lanes: Lanes | None = None
+        self._linger = Linger(0)  # (schema/lane.py): the lanes' and the ZeroMQ clients'
         self._wake_r, self._wake_w = -1, -1
         self._poller: LoopPoll | None = None  # serve_forever's wait
         self._views: dict[tuple[int, int], memoryview] = {}  # (region, slot) -> the slot's bytes, made once
@@ -146,8 +147,8 @@ class Worker(Calls, Runs):
                                  max_borrowed_slots=cfg.client_max_slots, max_borrowed_bytes=cfg.client_max_bytes)
             self._waiters = Waiters(self.leases.sizes, cfg.client_max_waiters)
             # lingering needs a second CPU: on one, the client it waits for could not run meanwhile
-            linger_ns = cfg.lane_linger_us * 1000 if (os.cpu_count() or 1) > 1 else 0
-            self._lanes = Lanes(cfg.spin_us * 1000, linger_ns) if cfg.lanes else None
+            self._linger = Linger(cfg.linger_us * 1000 if (os.cpu_count() or 1) > 1 else 0)
+            self._lanes = Lanes(cfg.spin_us * 1000, self._linger) if cfg.lanes else None
             self.sessions = Sessions(cfg, regions=self.regions, views=self._views, backend=self.backend,
                                      leases=self.leases, waiters=self._waiters, metrics=self.metrics,
                                      shared=self.shared, send=self._send, started=self._started,
@@ -395,7 +396,7 @@ class Worker(Calls, Runs):
 
     def _wait(self, poller: LoopPoll, lane_rang: dict[int, int], spin_s: float, timeout_ms: int) -> dict[Any, int]:
         """The loop's wait for its next events when nothing is in progress: a spin first while ``--spin-us`` asks for
-        one or the lanes' linger time has not passed (:meth:`_spin`), then a poll of up to ``timeout_ms``.
+        one or the linger time of an answer has not passed (:meth:`_spin`), then a poll of up to ``timeout_ms``.
 
         --spin-us: poll without sleeping for a while before blocking, so a request arriving soon finds the loop
         awake (one scheduler wake-up less per request; costs a core while it spins). With lanes, the lanes'
@@ -403,16 +404,16 @@ class Worker(Calls, Runs):
         socket) runs every SPIN_POLL_S only: a lane's request is found within a fraction of a µs, its doorbell
         eventfd left for the next poll to clear. Lingering (schema/lane.py) is the same spin, until the time the
         last lingering answer said."""
-        lanes = self._lanes
+        linger = self._linger
         end = time.perf_counter() + spin_s if spin_s else 0.0
-        if lanes is not None and lanes.linger_until_ns:
-            # NOTE: linger_until_ns stays until it has passed: a spin that ends early (events) is followed by
-            # another one, never by a sleep while the answers' awake words say this loop reads the lanes
-            left_s = (lanes.linger_until_ns - time.monotonic_ns()) / 1e9
+        if linger.until_ns:
+            # NOTE: until_ns stays until it has passed: a spin that ends early (events) is followed by another one,
+            # never by a sleep while the lanes' awake words say this loop reads them
+            left_s = (linger.until_ns - time.monotonic_ns()) / 1e9
             if left_s > 0:
                 end = max(end, time.perf_counter() + left_s)
             else:
-                lanes.linger_until_ns = 0
+                linger.until_ns = 0
         if end:
             events = poller.poll(0) or self._spin(poller, lane_rang, end)
             if events or self._done:

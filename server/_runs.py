@@ -31,7 +31,7 @@ from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag
 
 from ._batch import Pending, group_by_plan
 from ._dispatch import Dispatcher, Launched, Prepared, error_response
-from ._lanes import Lanes
+from ._lanes import Lanes, Linger
 from ._lease import Slot
 from ._poll import LoopPoll
 from ._primed import Express, Primed, PrimedSlots
@@ -85,6 +85,7 @@ class Runs:
     _hold_until: float  # parked requests wait for the rest of their batch until then (0: not waiting)
     _hold_for: int  # ... or until this many are parked
     _lanes: Lanes | None
+    _linger: Linger  # (schema/lane.py): the lanes' and the ZeroMQ clients'
     _wake_w: int
     _stopping: bool
     _pulse: tuple[float, bytes, int] | None  # (when, identity, lane) of the launched request's PULSE still to send
@@ -242,7 +243,7 @@ class Runs:
         least _LAUNCHED_EARLY_S), then by polls of 1 ms until _LAUNCHED_SPIN_S before it is due; from then, and for
         the others from the start (small batches), the loop spins (lanes read, the poll every SPIN_POLL_S) until
         _LAUNCHED_SPIN_S past when it is due (or past the start), then polls 1 ms at a time; it spins, too, while the
-        lanes' linger time has not passed. A request's PULSE goes
+        linger time of an answer has not passed. A request's PULSE goes
         out in the spin, PULSE_LEAD_S before it is due. No events within ``timeout_ms``: none (the loop's periodic
         work runs)."""
         assert self._launched is not None
@@ -270,8 +271,8 @@ class Runs:
                     wait_ms = int((wake - now) * 1000)
                 else:
                     wait_ms = 0 if spin_from <= now < end else 1
-                if wait_ms and lanes is not None and lanes.linger_until_ns > time.monotonic_ns():
-                    wait_ms = 0  # lingering (schema/lane.py): the lanes were told this loop reads them until then
+                if wait_ms and self._linger.until_ns > time.monotonic_ns():
+                    wait_ms = 0  # lingering (schema/lane.py): the clients were told this loop reads until then
                 events = poller.poll(min(wait_ms, timeout_ms))
                 if events:
                     return events
@@ -403,6 +404,16 @@ class Runs:
         self._send(identity, done)
 
 
+    def _send_done(self, identity: bytes, done: bytes) -> None:
+        """A DONE over ZeroMQ, then the linger's note of the answer (schema/lane.py: the loop lingers after it when
+        the client came back soon after its answer before)."""
+        self._send(identity, done)
+        linger = self._linger
+        if linger.ns:
+            c = self.sessions.clients.get(identity)
+            if c is not None:
+                linger.answered(c, time.monotonic_ns())
+
     def _serve_express(self, ex: Express, frame: bytes, lane: int) -> bool:
         """Serve a CALL straight from its slot's :class:`Express` entry; False: it is not what the entry holds,
         the full path takes it (and replaces or drops the entry).
@@ -454,7 +465,7 @@ class Runs:
         if lane:
             self._reply(ex.identity, done, lane)
         else:
-            self._send(ex.identity, done)
+            self._send_done(ex.identity, done)
         s.in_flight = False
         s.last_owner = s.owner
         return True
@@ -486,7 +497,7 @@ class Runs:
             if lane:
                 self._reply(identity, done, lane)
             else:
-                self._send(identity, done)
+                self._send_done(identity, done)
         self.leases.end(s)
         if traced is not None:
             c = self.sessions.clients.get(identity)

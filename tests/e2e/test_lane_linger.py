@@ -1,6 +1,6 @@
 """The worker's linger (schema/lane.py): after answering a lane whose request it took within twice the linger time of
 its answer before, the worker reads the lanes that long before sleeping and says so in worker_awake; after a lane's first
-answer, after a client that came back later, and with ``--lane-linger-us 0`` it does not. The Lanes on their own,
+answer, after a client that came back later, and with ``--linger-us 0`` it does not. The Lanes on their own,
 then against a real worker process: answers right, the rings that skipped the doorbell answered, no core busy once the
 requests stop."""
 
@@ -18,7 +18,7 @@ from support.procstat import cpu_s
 from shmrpc.client import Client
 from shmrpc.schema import lane as L
 from shmrpc.schema import messages as m
-from shmrpc.server._lanes import Lane, Lanes
+from shmrpc.server._lanes import Lane, Lanes, Linger
 
 if TYPE_CHECKING:
     from conftest import WorkerProc
@@ -35,7 +35,7 @@ def _ring(lane: Lane, seq: int) -> None:
 
 @pytest.fixture
 def lanes() -> Iterator[Lanes]:
-    ls = Lanes(linger_ns=LINGER_NS)
+    ls = Lanes(linger=Linger(LINGER_NS))
     try:
         yield ls
     finally:
@@ -58,29 +58,41 @@ def test_the_worker_lingers_only_after_a_client_that_came_back_soon(lanes: Lanes
     def serve_after(seq: int, gap_ns: int) -> int:
         """Request ``seq`` taken ``gap_ns`` after the last answer (the clock is real: the test moves the answer back)."""
         lane.answered_ns -= gap_ns
-        lanes.linger_until_ns = 0  # (the loop takes it)
+        lanes.linger.until_ns = 0  # (the loop takes it)
         return _serve(lanes, lane, seq)
 
     try:
         _serve(lanes, lane, 1)  # a lane's first answer: nothing to tell how soon its client comes back
-        assert awake.value == 0 and lanes.linger_until_ns == 0 and lanes.awake_until_ns == 0
+        assert awake.value == 0 and lanes.linger.until_ns == 0 and lanes.awake_until_ns == 0
         t = serve_after(2, LINGER_NS * 3 // 2)  # the worker slept: within twice the linger time (its wake-up counts)
-        until = lanes.linger_until_ns  # so it lingers after this answer, and says so
+        until = lanes.linger.until_ns  # so it lingers after this answer, and says so
         assert t + LINGER_NS <= until <= time.monotonic_ns() + LINGER_NS
         assert awake.value == until == lanes.awake_until_ns
         serve_after(3, LINGER_NS // 2)  # within the linger time of a lingered answer: again
-        assert lanes.linger_until_ns > until
-        until = lanes.linger_until_ns
+        assert lanes.linger.until_ns > until
+        until = lanes.linger.until_ns
         serve_after(4, LINGER_NS * 3 // 2)  # after the linger ended: it was in vain, no linger now
-        assert lanes.linger_until_ns == 0 and awake.value == until  # no new promise (the old one has its time)
-        serve_after(5, LINGER_NS * 3 // 2)  # the worker slept; after a linger in vain the linger time is the bound
-        assert lanes.linger_until_ns == 0
-        serve_after(6, LINGER_NS // 2)  # back within it: lingering again
-        assert lanes.linger_until_ns > until
-        serve_after(7, LINGER_NS // 2)  # that linger paid
-        assert lanes.linger_until_ns > 0
-        serve_after(8, LINGER_NS * 3)  # later than twice the linger time: none
-        assert lanes.linger_until_ns == 0
+        assert lanes.linger.until_ns == 0 and awake.value == until  # no new promise (the old one has its time)
+        serve_after(5, LINGER_NS // 2)  # the first in vain in a row: the next request gets no chance, however soon
+        assert lanes.linger.until_ns == 0
+        serve_after(6, LINGER_NS // 2)  # then the usual rule: back soon, linger
+        assert lanes.linger.until_ns > until
+        serve_after(7, LINGER_NS * 3 // 2)  # in vain again (the second in a row): 3 requests without a chance
+        for seq in (8, 9, 10):
+            serve_after(seq, 0)
+            assert lanes.linger.until_ns == 0
+        serve_after(11, 0)
+        assert lanes.linger.until_ns > 0
+        serve_after(12, LINGER_NS // 2)  # a linger that paid: the count of lingers in vain starts again
+        assert lane.vain == 0 and lanes.linger.until_ns > 0
+        serve_after(13, LINGER_NS * 3)  # in vain once more: 1 request without a chance, as the first time
+        serve_after(14, 0)
+        assert lanes.linger.until_ns == 0
+        serve_after(15, LINGER_NS * 3)  # the worker slept, and later than twice the linger time: none
+        assert lanes.linger.until_ns == 0
+        for _ in range(20):  # a client whose requests always come a little after the linger: in vain less and less
+            serve_after(16 + _, LINGER_NS * 3 // 2)
+        assert lane.vain >= 2
     finally:
         del awake
         lanes.drop(b"client-1")
@@ -92,7 +104,7 @@ def test_no_linger_time_no_lingering() -> None:
         lane = lanes.open(b"client-1")
         for seq in range(1, 5):
             _serve(lanes, lane, seq)
-        assert lanes.linger_until_ns == 0 and lanes.awake_until_ns == 0
+        assert lanes.linger.until_ns == 0 and lanes.awake_until_ns == 0
         assert L.SEQ.unpack_from(lane.page, L.WORKER_AWAKE)[0] == 0
     finally:
         lanes.close()
@@ -156,7 +168,7 @@ def test_a_client_that_comes_back_late_or_a_worker_told_not_to_never_has_it_ling
         # 2 ms between an answer and the next ring: never within twice the linger time
         said, _ = _send_loop(c, 40, 2e-3 + 2 * L.LINGER_NS / 1e9, rng)
         assert set(said) == {0}
-    off = spawn_worker("--lane-linger-us", "0", name=w.name + "-off")
+    off = spawn_worker("--linger-us", "0", name=w.name + "-off")
     with Client(off.name, lane="block", timeout_s=10) as c:
         said, _ = _send_loop(c, 200, 0.0, rng)
         assert set(said) == {0}
@@ -167,7 +179,7 @@ def test_a_lingering_worker_woken_by_stray_doorbells_still_reads_the_lanes_until
     # writes of the doorbell with no request (anyone holding the lane may make them) end the worker's spin at its next
     # poll; it must spin again, not sleep, while its awake word says it reads the lanes: a ring 2 ms after the answer
     # skips the doorbell (the word says 10 ms) and would wait for the end of the time said (~8 ms more) if it slept
-    w = spawn_worker("--lane-linger-us", "10000")
+    w = spawn_worker("--linger-us", "10000")
     with Client(w.name, lane="block", timeout_s=10) as c, c.loan(4096) as req:
         lane = c._t.lane
         assert lane is not None
@@ -185,3 +197,33 @@ def test_a_lingering_worker_woken_by_stray_doorbells_still_reads_the_lanes_until
             took.append(time.perf_counter() - t0)
         took.sort()
         assert took[len(took) // 2] < 4e-3, took  # the median: a worker that slept would answer ~8 ms later
+
+
+def _loop_switches(pid: int) -> int:
+    """How many times the worker's loop thread (its main thread) gave up its CPU of its own accord: a sleep in poll()."""
+    with open(f"/proc/{pid}/task/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+
+
+def test_a_zeromq_client_sending_back_to_back_finds_the_worker_lingering(
+        spawn_worker: Callable[..., WorkerProc], worker_name: str) -> None:
+    # no lane: the linger is the worker's, for its ZeroMQ clients too. Lingering, its loop polls between the requests
+    # and sleeps for (nearly) none of them; told not to, it sleeps in poll() for (nearly) every one. (2 ms: a ZeroMQ
+    # round trip wakes ZeroMQ's I/O threads on both sides too, several times the default linger on a slow machine)
+    rng = np.random.default_rng(9)
+    per_request = {}
+    for linger in ("2000", "0"):
+        w = spawn_worker("--linger-us", linger, name=f"{worker_name}-{linger}")
+        with Client(w.name, timeout_s=10) as c, c.loan(4096) as req:
+            assert c._t.lane is None
+            x, y = req.array("x", (16,), np.float32), req.array("y", (16,), np.float32)
+            for _ in range(50):
+                req.send("vector_add")
+            n, s0 = 400, _loop_switches(w.pid)
+            for _ in range(n):
+                a, b = rng.standard_normal(16, dtype=np.float32), rng.standard_normal(16, dtype=np.float32)
+                x[...], y[...] = a, b
+                np.testing.assert_array_equal(req.send("vector_add")["out"], a + b)
+            per_request[linger] = (_loop_switches(w.pid) - s0) / n
+    assert per_request["0"] >= 0.8, per_request  # the control: a loop that sleeps between requests is counted
+    assert per_request["2000"] < 0.5 * per_request["0"], per_request
