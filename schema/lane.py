@@ -49,15 +49,16 @@ that announces requests it never rings costs the worker at most one such poll pe
 does ring.
 
 Linger: a worker that answers a lane's request reads the lanes for its linger time
-(LINGER_NS unless ``serve --linger-us`` says otherwise; 0: never) after the DONE
+(LINGER_NS unless ``serve --lane-linger-us`` says otherwise; 0: never) after the DONE
 instead of sleeping, and says so in worker_awake, when the client came back soon after
 the lane's answer before: the worker took the request within the linger time of that
 answer if it lingered after it, within twice the linger time if it slept (the take then
-counts its own wake-up), or within the linger time if its last linger in that lane was
-in vain (the request came after it ended), until a linger pays again. A client that
-comes back at once finds it awake (no wake-up of the worker's, no doorbell write of its
-own); a lane whose client comes back later stops the lingering after at most one linger
-in vain, so a core is busy only while a lane's requests follow each other closely, and
+counts its own wake-up). A linger in vain (the next request came after it ended) gives
+the lane's next request no chance to be lingered after, and each further one in a row
+twice as many (3, 7, ... up to 63 requests), until a linger pays again. A client that
+comes back at once finds the worker awake (no wake-up of the worker's, no doorbell write
+of its own); a lane whose client comes back later costs a linger in vain less and less
+often, so a core is busy only while a lane's requests follow each other closely, and
 at most the linger time per request.
 
 Awake words: a side that will poll the other's seq word until a time T says so in
@@ -111,7 +112,7 @@ EARLY_SPIN_NS = 150_000
 # Early ring: how long a worker polls the lanes for a request a client said it is about to ring.
 SOON_NS = 50_000
 # Linger: how long a worker reads the lanes after answering a lane whose client came back within this long after its
-# previous answer (the default of ``serve --linger-us``). Longer than AWAKE_MARGIN_NS, so that a client coming
+# previous answer (the default of ``serve --lane-linger-us``). Longer than AWAKE_MARGIN_NS, so that a client coming
 # back within the difference skips the doorbell.
 LINGER_NS = 100_000
 SEQ = struct.Struct("<Q")  # for reading a seq word in tests and tools; the two sides use seq_word()

@@ -29,7 +29,6 @@ from shmrpc.schema.zmqraw import EVENTS, NOBLOCK, POLLIN, RAW_GET, RAW_RECV, RAW
 
 from ._batch import Pending
 from ._dispatch import Dispatcher, Prepared, check_header
-from ._lanes import Linger
 from ._lease import Slot
 from ._poll import LoopPoll
 from ._primed import Express, Primed, PrimedSlots
@@ -72,7 +71,6 @@ class Calls:
     _joins: bool
     _desc_nbytes: int
     _inflight: Any  # the in-flight gauge (metrics)
-    _linger: Linger  # (schema/lane.py): the lanes' and the ZeroMQ clients'
 
     if TYPE_CHECKING:
         def _serve_express(self, ex: Express, frame: bytes, lane: int) -> bool: ...
@@ -166,10 +164,6 @@ class Calls:
                                             f"unknown message kind {kind!r}", "kind").encode())
 
     def _on_call(self, identity: bytes, frame: bytes, stopping: bool, lane: int = 0) -> None:
-        if not lane and self._linger.ns:  # a CALL over ZeroMQ: did its client come back soon (the linger)?
-            c = self.sessions.clients.get(identity)
-            if c is not None:
-                self._linger.took(c, time.monotonic_ns())
         ex = self._express.get(frame[2:8])
         if (ex is not None and ex.identity == identity and len(frame) == _CALL_NBYTES and not stopping
                 and self._serve_express(ex, frame, lane)):

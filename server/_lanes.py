@@ -16,7 +16,7 @@ passed, once per call_seq of that lane.
 
 Linger (schema/lane.py): a lane whose client came back soon after its last answer (:class:`Linger`, asked by the scan
 that takes its request) has the answer to that request followed by ``Linger.until_ns``: the loop reads for requests
-until then before it sleeps. The worker's clients over ZeroMQ share the same :class:`Linger`.
+until then before it sleeps.
 
 Awake words (schema/lane.py): an answer skips the client's eventfd while the client says it
 polls; a worker that spins (``--spin-us``) or lingers writes, with each answer, until when it will poll
@@ -54,11 +54,10 @@ def _write(lane: Lane) -> None:
 
 
 class Linger:
-    """The worker's linger (schema/lane.py): whether a client came back soon after its last answer, and the latest
-    time an answer said the loop reads for requests until (``until_ns``, CLOCK_MONOTONIC ns; 0: none pending).
+    """The worker's linger (schema/lane.py): whether a lane's client came back soon after its last answer, and the
+    latest time an answer said the loop reads the lanes until (``until_ns``, CLOCK_MONOTONIC ns; 0: none pending).
 
-    A client's state is five attributes of its own object (a :class:`Lane`, or the session of a client over
-    ZeroMQ): ``answered_ns`` (its last answer), ``back`` (it came back soon: linger after this request),
+    A lane's state is five attributes of its :class:`Lane`: ``answered_ns`` (its last answer), ``back`` (it came back soon: linger after this request),
     ``lingered`` (the loop lingered after its last answer), ``vain`` (how many lingers in a row its next request
     came after) and ``skip`` (requests left that get no chance to linger after them, after lingers in vain).
     """
@@ -159,7 +158,7 @@ class Lanes:
         self.by_identity: dict[bytes, Lane] = {}
         self._all: tuple[Lane, ...] = ()  # by_identity's lanes, for the scans
         self.spin_ns = spin_ns  # the loop spins this long after a turn (--spin-us): answers say so; 0: they do not
-        self.linger = Linger(0) if linger is None else linger  # the worker's, shared with its ZeroMQ clients
+        self.linger = Linger(0) if linger is None else linger  # the worker's: its loop reads until_ns
         self.awake_until_ns = 0  # the latest time an answer said this worker polls until (0: none pending)
         self.soon_until_ns = 0  # an early ring was taken: the loop reads the lanes until a request or then (0: none)
 

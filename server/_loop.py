@@ -97,7 +97,7 @@ class Worker(Calls, Runs):
         self._joins = False  # park batchable requests for one joint run (--max-batch > 1 and a backend that joins)
         self._singles = False  # ... and run a lone one as a batch of one (a backend that batches singles)
         self._lanes: Lanes | None = None
-        self._linger = Linger(0)  # (schema/lane.py): the lanes' and the ZeroMQ clients'
+        self._linger = Linger(0)  # the lanes' (schema/lane.py)
         self._wake_r, self._wake_w = -1, -1
         self._poller: LoopPoll | None = None  # serve_forever's wait
         self._views: dict[tuple[int, int], memoryview] = {}  # (region, slot) -> the slot's bytes, made once
@@ -147,7 +147,7 @@ class Worker(Calls, Runs):
                                  max_borrowed_slots=cfg.client_max_slots, max_borrowed_bytes=cfg.client_max_bytes)
             self._waiters = Waiters(self.leases.sizes, cfg.client_max_waiters)
             # lingering needs a second CPU: on one, the client it waits for could not run meanwhile
-            self._linger = Linger(cfg.linger_us * 1000 if (os.cpu_count() or 1) > 1 else 0)
+            self._linger = Linger(cfg.lane_linger_us * 1000 if (os.cpu_count() or 1) > 1 else 0)
             self._lanes = Lanes(cfg.spin_us * 1000, self._linger) if cfg.lanes else None
             self.sessions = Sessions(cfg, regions=self.regions, views=self._views, backend=self.backend,
                                      leases=self.leases, waiters=self._waiters, metrics=self.metrics,

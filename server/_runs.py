@@ -85,7 +85,7 @@ class Runs:
     _hold_until: float  # parked requests wait for the rest of their batch until then (0: not waiting)
     _hold_for: int  # ... or until this many are parked
     _lanes: Lanes | None
-    _linger: Linger  # (schema/lane.py): the lanes' and the ZeroMQ clients'
+    _linger: Linger  # the lanes' (schema/lane.py)
     _wake_w: int
     _stopping: bool
     _pulse: tuple[float, bytes, int] | None  # (when, identity, lane) of the launched request's PULSE still to send
@@ -272,7 +272,7 @@ class Runs:
                 else:
                     wait_ms = 0 if spin_from <= now < end else 1
                 if wait_ms and self._linger.until_ns > time.monotonic_ns():
-                    wait_ms = 0  # lingering (schema/lane.py): the clients were told this loop reads until then
+                    wait_ms = 0  # lingering (schema/lane.py): the lanes were told this loop reads them until then
                 events = poller.poll(min(wait_ms, timeout_ms))
                 if events:
                     return events
@@ -404,16 +404,6 @@ class Runs:
         self._send(identity, done)
 
 
-    def _send_done(self, identity: bytes, done: bytes) -> None:
-        """A DONE over ZeroMQ, then the linger's note of the answer (schema/lane.py: the loop lingers after it when
-        the client came back soon after its answer before)."""
-        self._send(identity, done)
-        linger = self._linger
-        if linger.ns:
-            c = self.sessions.clients.get(identity)
-            if c is not None:
-                linger.answered(c, time.monotonic_ns())
-
     def _serve_express(self, ex: Express, frame: bytes, lane: int) -> bool:
         """Serve a CALL straight from its slot's :class:`Express` entry; False: it is not what the entry holds,
         the full path takes it (and replaces or drops the entry).
@@ -465,7 +455,7 @@ class Runs:
         if lane:
             self._reply(ex.identity, done, lane)
         else:
-            self._send_done(ex.identity, done)
+            self._send(ex.identity, done)
         s.in_flight = False
         s.last_owner = s.owner
         return True
@@ -497,7 +487,7 @@ class Runs:
             if lane:
                 self._reply(identity, done, lane)
             else:
-                self._send_done(identity, done)
+                self._send(identity, done)
         self.leases.end(s)
         if traced is not None:
             c = self.sessions.clients.get(identity)

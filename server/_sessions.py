@@ -72,13 +72,6 @@ class ClientSession:
     pidfd: int | None
     start_ticks: int | None
     since: float
-    # the linger's state of this client over ZeroMQ (_lanes.Linger): its last answer, came back soon, lingered, in vain,
-    # skip
-    answered_ns: int = 0
-    back: bool = False
-    lingered: bool = False
-    vain: int = 0
-    skip: int = 0
 
 
 class Sessions:

@@ -115,9 +115,9 @@ class WorkerConfig:
         spin_us: after each wake-up, poll this long without sleeping before blocking again (0: never
             spin). Saves a scheduler wake-up per request that arrives within the window, at the cost of
             a busy core while it spins.
-        linger_us: after answering a client (through its lane or over ZeroMQ) that came back soon after its answer
-            before, read for requests this long before sleeping, so a client that comes back at once finds the
-            worker awake (schema/lane.py, Linger); 0: never. Off on a host with one CPU.
+        lane_linger_us: after answering a lane whose client came back soon after its answer before, read the lanes
+            this long before sleeping, so a client that comes back at once finds the worker awake (schema/lane.py,
+            Linger); 0: never. Off on a host with one CPU.
         lanes: grant a lane (``shmrpc.schema.lane``: a shared page and eventfds beside ZeroMQ) to a
             client whose HELLO asks for one.
         max_batch: most requests of one plan that the loop serves with one batched run when they arrive
@@ -146,7 +146,7 @@ class WorkerConfig:
     client_max_slots: int = 0
     client_max_bytes: int = 0
     spin_us: int = 0
-    linger_us: int = LINGER_NS // 1000
+    lane_linger_us: int = LINGER_NS // 1000
     lanes: bool = True
     max_clients: int = 64
     max_clients_per_uid: int = 16
@@ -194,8 +194,8 @@ class WorkerConfig:
             raise ValueError("--threads must be >= 1")
         if not 0 <= self.spin_us <= 1_000_000:
             raise ValueError(f"--spin-us must be 0..1000000, got {self.spin_us}")
-        if not 0 <= self.linger_us <= 10_000:
-            raise ValueError(f"--linger-us must be 0..10000, got {self.linger_us}")
+        if not 0 <= self.lane_linger_us <= 10_000:
+            raise ValueError(f"--lane-linger-us must be 0..10000, got {self.lane_linger_us}")
         if not 0 <= self.batch_wait_us <= 10_000:
             raise ValueError(f"--batch-wait-us must be 0..10000, got {self.batch_wait_us}")
         if not 1 <= self.max_batch <= 4096:

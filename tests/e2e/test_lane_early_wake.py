@@ -258,7 +258,7 @@ def test_call_through_a_blocking_lane_rings_a_real_worker_early_and_an_idle_anno
     # the worker's side is the unit test above; here: call() announces every request it rings through an idle lane
     # (to a worker that does not linger: one that does says it polls, and is not announced to: test_lane_linger.py),
     # the answers are right, and announcements never followed by a request leave the worker serving
-    worker = spawn_worker("--linger-us", "0")
+    worker = spawn_worker("--lane-linger-us", "0")
     rng = np.random.default_rng(6)
     with Client(worker.name, lane="block", timeout_s=10) as c:
         lane = c._t.lane

@@ -1,6 +1,6 @@
 """The worker's linger (schema/lane.py): after answering a lane whose request it took within twice the linger time of
 its answer before, the worker reads the lanes that long before sleeping and says so in worker_awake; after a lane's first
-answer, after a client that came back later, and with ``--linger-us 0`` it does not. The Lanes on their own,
+answer, after a client that came back later, and with ``--lane-linger-us 0`` it does not. The Lanes on their own,
 then against a real worker process: answers right, the rings that skipped the doorbell answered, no core busy once the
 requests stop."""
 
@@ -168,7 +168,7 @@ def test_a_client_that_comes_back_late_or_a_worker_told_not_to_never_has_it_ling
         # 2 ms between an answer and the next ring: never within twice the linger time
         said, _ = _send_loop(c, 40, 2e-3 + 2 * L.LINGER_NS / 1e9, rng)
         assert set(said) == {0}
-    off = spawn_worker("--linger-us", "0", name=w.name + "-off")
+    off = spawn_worker("--lane-linger-us", "0", name=w.name + "-off")
     with Client(off.name, lane="block", timeout_s=10) as c:
         said, _ = _send_loop(c, 200, 0.0, rng)
         assert set(said) == {0}
@@ -179,7 +179,7 @@ def test_a_lingering_worker_woken_by_stray_doorbells_still_reads_the_lanes_until
     # writes of the doorbell with no request (anyone holding the lane may make them) end the worker's spin at its next
     # poll; it must spin again, not sleep, while its awake word says it reads the lanes: a ring 2 ms after the answer
     # skips the doorbell (the word says 10 ms) and would wait for the end of the time said (~8 ms more) if it slept
-    w = spawn_worker("--linger-us", "10000")
+    w = spawn_worker("--lane-linger-us", "10000")
     with Client(w.name, lane="block", timeout_s=10) as c, c.loan(4096) as req:
         lane = c._t.lane
         assert lane is not None
@@ -198,32 +198,3 @@ def test_a_lingering_worker_woken_by_stray_doorbells_still_reads_the_lanes_until
         took.sort()
         assert took[len(took) // 2] < 4e-3, took  # the median: a worker that slept would answer ~8 ms later
 
-
-def _loop_switches(pid: int) -> int:
-    """How many times the worker's loop thread (its main thread) gave up its CPU of its own accord: a sleep in poll()."""
-    with open(f"/proc/{pid}/task/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
-
-
-def test_a_zeromq_client_sending_back_to_back_finds_the_worker_lingering(
-        spawn_worker: Callable[..., WorkerProc], worker_name: str) -> None:
-    # no lane: the linger is the worker's, for its ZeroMQ clients too. Lingering, its loop polls between the requests
-    # and sleeps for (nearly) none of them; told not to, it sleeps in poll() for (nearly) every one. (2 ms: a ZeroMQ
-    # round trip wakes ZeroMQ's I/O threads on both sides too, several times the default linger on a slow machine)
-    rng = np.random.default_rng(9)
-    per_request = {}
-    for linger in ("2000", "0"):
-        w = spawn_worker("--linger-us", linger, name=f"{worker_name}-{linger}")
-        with Client(w.name, timeout_s=10) as c, c.loan(4096) as req:
-            assert c._t.lane is None
-            x, y = req.array("x", (16,), np.float32), req.array("y", (16,), np.float32)
-            for _ in range(50):
-                req.send("vector_add")
-            n, s0 = 400, _loop_switches(w.pid)
-            for _ in range(n):
-                a, b = rng.standard_normal(16, dtype=np.float32), rng.standard_normal(16, dtype=np.float32)
-                x[...], y[...] = a, b
-                np.testing.assert_array_equal(req.send("vector_add")["out"], a + b)
-            per_request[linger] = (_loop_switches(w.pid) - s0) / n
-    assert per_request["0"] >= 0.8, per_request  # the control: a loop that sleeps between requests is counted
-    assert per_request["2000"] < 0.5 * per_request["0"], per_request

@@ -26,7 +26,7 @@ BAD = [
     (["serve", "--name", "x", "--resident-limit", "-1"], ""),
     (["serve", "--name", "x", "--client-max-bytes", "?"], ""),
     (["serve", "--name", "x", "--spin-us", "-5"], "--spin-us"),
-    (["serve", "--name", "x", "--linger-us", "-1"], "--linger-us"),
+    (["serve", "--name", "x", "--lane-linger-us", "-1"], "--lane-linger-us"),
     (["serve", "--name", "x", "--cpus", "two"], "--cpus"),
     (["serve", "--name", "x", "--cpus", "3-1"], "--cpus"),
     (["serve", "--name", "x", "--cpus", "0-99999999999"], "--cpus"),

@@ -14,7 +14,7 @@ from shmrpc.server.config import WorkerConfig
     ({"max_clients": -1}, "--max-clients"), ({"max_clients_per_uid": -1}, "--max-clients-per-uid"),
     ({"request_memory_limit_bytes": -1}, "--request-memory-limit"), ({"inline_max_flops": -1}, "--inline-max-flops"),
     ({"client_max_waiters": -1}, "--client-max-waiters"),
-    ({"linger_us": -1}, "--linger-us"), ({"linger_us": 20_000}, "--linger-us"),
+    ({"lane_linger_us": -1}, "--lane-linger-us"), ({"lane_linger_us": 20_000}, "--lane-linger-us"),
 ])
 def test_bad_values_name_their_option(kw: dict[str, object], option: str) -> None:
     with pytest.raises(ValueError, match=option):
@@ -29,8 +29,8 @@ def test_spin_default_off_and_accepted() -> None:
 def test_lane_linger_default_is_the_protocols_and_zero_turns_it_off() -> None:
     from shmrpc.schema.lane import LINGER_NS
 
-    assert WorkerConfig(name="cfgtest").linger_us * 1000 == LINGER_NS > 0
-    assert WorkerConfig(name="cfgtest", linger_us=0).linger_us == 0
+    assert WorkerConfig(name="cfgtest").lane_linger_us * 1000 == LINGER_NS > 0
+    assert WorkerConfig(name="cfgtest", lane_linger_us=0).lane_linger_us == 0
 
 
 def test_serve_refuses_a_bad_spin_with_status_2(capsys: pytest.CaptureFixture[str]) -> None:
