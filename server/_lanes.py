@@ -57,9 +57,10 @@ class Linger:
     """The worker's linger (schema/lane.py): whether a lane's client came back soon after its last answer, and the
     latest time an answer said the loop reads the lanes until (``until_ns``, CLOCK_MONOTONIC ns; 0: none pending).
 
-    A lane's state is five attributes of its :class:`Lane`: ``answered_ns`` (its last answer), ``back`` (it came back soon: linger after this request),
-    ``lingered`` (the loop lingered after its last answer), ``vain`` (how many lingers in a row its next request
-    came after) and ``skip`` (requests left that get no chance to linger after them, after lingers in vain).
+    A lane's state is five attributes of its :class:`Lane`: ``answered_ns`` (its last answer), ``back`` (its client
+    came back soon: linger after this request), ``lingered`` (the loop lingered after its last answer), ``vain`` (how
+    many lingers in a row its next request came after) and ``skip`` (requests left that get no chance to linger after
+    them, after lingers in vain).
     """
 
     VAIN_MAX = 6  # after n lingers in vain in a row, the next 2**n - 1 requests get no chance (at most 63)
@@ -67,7 +68,7 @@ class Linger:
     __slots__ = ("ns", "until_ns")
 
     def __init__(self, ns: int) -> None:
-        self.ns = ns  # the linger time (--linger-us); 0: never
+        self.ns = ns  # the linger time (--lane-linger-us); 0: never
         self.until_ns = 0
 
     def took(self, c: Any, now: int) -> None:
@@ -215,8 +216,8 @@ class Lanes:
     def scan(self) -> list[tuple[Lane, int, bytes]]:
         """Each lane with a new request: the lane, its call_seq and a private copy of its CALL frame (a frame too
         long is dropped: never read, never answered). A lane whose last answer was quick says it took the request
-        (``taken_seq``) and wakes its client now, unless the client polls (the early wake, schema/lane.py); a lane
-        whose client is back soon after its last answer (see the module's text) is marked for lingering after this one."""
+        (``taken_seq``) and wakes its client now, unless the client polls (the early wake, schema/lane.py); whether
+        its client came back soon after its last answer is noted for the linger (:meth:`Linger.took`)."""
         got = []
         linger = self.linger if self.linger.ns else None
         for lane in self._all:
