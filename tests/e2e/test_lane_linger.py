@@ -1,8 +1,8 @@
-"""The worker's linger (schema/lane.py): after answering a lane whose request it took within twice the linger time of
-its answer before, the worker reads the lanes that long before sleeping and says so in worker_awake; after a lane's first
-answer, after a client that came back later, and with ``--lane-linger-us 0`` it does not. The Lanes on their own,
-then against a real worker process: answers right, the rings that skipped the doorbell answered, no core busy once the
-requests stop."""
+"""The worker's linger (schema/lane.py): after answering a lane whose client came back soon after its answer before,
+the worker reads the lanes for the linger time before sleeping and says so in worker_awake; after a lane's first
+answer, after a client that came back later, after lingers in vain (backing off) and with ``--lane-linger-us 0`` it
+does not. The Lanes on their own, then against a real worker process: answers right, the rings that skipped the
+doorbell answered (stray doorbells too), no core busy once the requests stop."""
 
 from __future__ import annotations
 
