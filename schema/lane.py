@@ -63,8 +63,8 @@ at most the linger time per request.
 
 Awake words: a side that will poll the other's seq word until a time T says so in
 its awake word (the client before its call_seq, for the request it rings; the
-worker after a DONE, for the next request, while it spins, ``serve --spin-us``, or
-lingers).
+worker just before a DONE, for the next request, while it spins, ``serve --spin-us``, or
+lingers: a client that sees the DONE sees the word too).
 The other side, after its own seq store, reads the clock and that word, and skips
 its eventfd write when the clock is more than AWAKE_MARGIN_NS before T: a poller
 needs no wake-up, and the write is a system call. What makes a skipped write

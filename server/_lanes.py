@@ -167,19 +167,22 @@ class Lanes:
         """Write the DONE of ``lane``'s request rung with ``seq`` into its page, then wake the client unless it says
         it polls; a spinning worker (``spin_ns``), or one that lingers after this lane's answer (:class:`Linger`), also
         says until when it polls the lane, and keeps :attr:`awake_until_ns`."""
-        L.post(lane.page, lane._done_seq, L.DONE_SEQ, seq, done_frame)
-        # NOTE: order is important here: the clock and the client's awake word are read after done_seq is stored
         now = _monotonic_ns()
-        _wake(lane, now)
-        lane.quick = now - lane.took_ns <= _EARLY_WAKE_NS
         hold_ns = self.spin_ns
         linger = self.linger
         if linger.answered(lane, now) and linger.ns > hold_ns:
             hold_ns = linger.ns
         if hold_ns:
+            # NOTE: order is important here: the awake word before the DONE, so that a client that sees the DONE sees
+            # it too and rings again without the doorbell (the loop polls from here on: it blocks nowhere before)
             lane._awake.value = until = now + hold_ns
             if until > self.awake_until_ns:
                 self.awake_until_ns = until
+        L.post(lane.page, lane._done_seq, L.DONE_SEQ, seq, done_frame)
+        # NOTE: order is important here: the clock and the client's awake word are read after done_seq is stored
+        now = _monotonic_ns()
+        _wake(lane, now)
+        lane.quick = now - lane.took_ns <= _EARLY_WAKE_NS
 
     @staticmethod
     def pulse(lane: Lane) -> None:

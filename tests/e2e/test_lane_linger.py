@@ -98,6 +98,33 @@ def test_the_worker_lingers_only_after_a_client_that_came_back_soon(lanes: Lanes
         lanes.drop(b"client-1")
 
 
+def test_the_awake_word_is_written_before_the_done(lanes: Lanes, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a client that sees the DONE must see the worker's awake word of that answer too, or it rings the doorbell for
+    # nothing (and a client that wrote the word itself, as bench/client_cpu.py does, would have it overwritten)
+    from shmrpc.server import _lanes
+
+    lane = lanes.open(b"client-1")
+    awake = L.seq_word(lane._map, L.WORKER_AWAKE)
+    seen: list[tuple[int, int]] = []
+    post = _lanes.L.post
+
+    def spy(page: memoryview, word: object, seq_at: int, seq: int, frame: bytes) -> None:
+        if seq_at == L.DONE_SEQ:
+            seen.append((seq, L.SEQ.unpack_from(page, L.WORKER_AWAKE)[0]))
+        post(page, word, seq_at, seq, frame)  # type: ignore[arg-type]
+
+    try:
+        monkeypatch.setattr(_lanes.L, "post", spy)
+        _serve(lanes, lane, 1)
+        _serve(lanes, lane, 2)  # lingers after this one
+        assert seen[0] == (1, 0) and seen[1][0] == 2
+        assert seen[1][1] == lanes.linger.until_ns == awake.value > 0  # already there when the DONE was posted
+    finally:
+        monkeypatch.undo()
+        del awake
+        lanes.drop(b"client-1")
+
+
 def test_no_linger_time_no_lingering() -> None:
     lanes = Lanes()
     try:
