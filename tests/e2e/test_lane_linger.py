@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
-LINGER_NS = 1_000_000_000  # 1 s: no machine is slow enough to miss it between two lines of a test
+# the unit tests' linger time, 1 s (schema/lane.py's default is L.LINGER_NS): no machine is slow enough to miss it
+# between two lines of a test
+LONG_LINGER_NS = 1_000_000_000
 
 
 def _ring(lane: Lane, seq: int) -> None:
@@ -35,7 +37,7 @@ def _ring(lane: Lane, seq: int) -> None:
 
 @pytest.fixture
 def lanes() -> Iterator[Lanes]:
-    ls = Lanes(linger=Linger(LINGER_NS))
+    ls = Lanes(linger=Linger(LONG_LINGER_NS))
     try:
         yield ls
     finally:
@@ -64,34 +66,34 @@ def test_the_worker_lingers_only_after_a_client_that_came_back_soon(lanes: Lanes
     try:
         _serve(lanes, lane, 1)  # a lane's first answer: nothing to tell how soon its client comes back
         assert awake.value == 0 and lanes.linger.until_ns == 0 and lanes.awake_until_ns == 0
-        t = serve_after(2, LINGER_NS * 3 // 2)  # the worker slept: within twice the linger time (its wake-up counts)
+        t = serve_after(2, LONG_LINGER_NS * 3 // 2)  # the worker slept: within twice the linger time (its wake-up counts)
         until = lanes.linger.until_ns  # so it lingers after this answer, and says so
-        assert t + LINGER_NS <= until <= time.monotonic_ns() + LINGER_NS
+        assert t + LONG_LINGER_NS <= until <= time.monotonic_ns() + LONG_LINGER_NS
         assert awake.value == until == lanes.awake_until_ns
-        serve_after(3, LINGER_NS // 2)  # within the linger time of a lingered answer: again
+        serve_after(3, LONG_LINGER_NS // 2)  # within the linger time of a lingered answer: again
         assert lanes.linger.until_ns > until
         until = lanes.linger.until_ns
-        serve_after(4, LINGER_NS * 3 // 2)  # after the linger ended: it was in vain, no linger now
+        serve_after(4, LONG_LINGER_NS * 3 // 2)  # after the linger ended: it was in vain, no linger now
         assert lanes.linger.until_ns == 0 and awake.value == until  # no new promise (the old one has its time)
-        serve_after(5, LINGER_NS // 2)  # the first in vain in a row: the next request gets no chance, however soon
+        serve_after(5, LONG_LINGER_NS // 2)  # the first in vain in a row: the next request gets no chance, however soon
         assert lanes.linger.until_ns == 0
-        serve_after(6, LINGER_NS // 2)  # then the usual rule: back soon, linger
+        serve_after(6, LONG_LINGER_NS // 2)  # then the usual rule: back soon, linger
         assert lanes.linger.until_ns > until
-        serve_after(7, LINGER_NS * 3 // 2)  # in vain again (the second in a row): 3 requests without a chance
+        serve_after(7, LONG_LINGER_NS * 3 // 2)  # in vain again (the second in a row): 3 requests without a chance
         for seq in (8, 9, 10):
             serve_after(seq, 0)
             assert lanes.linger.until_ns == 0
         serve_after(11, 0)
         assert lanes.linger.until_ns > 0
-        serve_after(12, LINGER_NS // 2)  # a linger that paid: the count of lingers in vain starts again
+        serve_after(12, LONG_LINGER_NS // 2)  # a linger that paid: the count of lingers in vain starts again
         assert lane.vain == 0 and lanes.linger.until_ns > 0
-        serve_after(13, LINGER_NS * 3)  # in vain once more: 1 request without a chance, as the first time
+        serve_after(13, LONG_LINGER_NS * 3)  # in vain once more: 1 request without a chance, as the first time
         serve_after(14, 0)
         assert lanes.linger.until_ns == 0
-        serve_after(15, LINGER_NS * 3)  # the worker slept, and later than twice the linger time: none
+        serve_after(15, LONG_LINGER_NS * 3)  # the worker slept, and later than twice the linger time: none
         assert lanes.linger.until_ns == 0
         for _ in range(20):  # a client whose requests always come a little after the linger: in vain less and less
-            serve_after(16 + _, LINGER_NS * 3 // 2)
+            serve_after(16 + _, LONG_LINGER_NS * 3 // 2)
         assert lane.vain >= 2
     finally:
         del awake
