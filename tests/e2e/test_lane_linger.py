@@ -172,15 +172,17 @@ def test_a_client_sending_back_to_back_finds_the_worker_lingering_and_an_idle_wo
     rng = np.random.default_rng(7)
     with Client(w.name, lane=mode, timeout_s=10) as c:
         # the worker says after an answer that it reads the lanes a while yet, with a new time each: on an idle machine
-        # after nearly every one, on a loaded one less often (a send or a take delayed past the linger time makes the
-        # next answers say nothing for a while); a worker that never lingers says it after none
-        for _ in range(3):
+        # after nearly every one, on a loaded one (another suite on the same cores) far less often: a send or a take
+        # delayed past the linger time makes the next answers say nothing for a while, longer each time (the
+        # backoff); a worker that never lingers says it after none
+        lingered = 0
+        for _ in range(5):
             said, slowest = _send_loop(c, 300, 0.0, rng)
             assert slowest < 2.0  # every ring that skipped the doorbell was read
-            lingered = len(set(said) - {0})
+            lingered += len(set(said) - {0})
             if lingered >= 30:
                 break
-        assert lingered >= 30, said
+        assert lingered >= 10, lingered
         t0 = time.monotonic()
         cpu0 = cpu_s(w.pid)
         time.sleep(0.5)
@@ -205,10 +207,43 @@ def test_a_client_that_comes_back_late_or_a_worker_told_not_to_never_has_it_ling
         assert set(said) == {0}
 
 
+def test_the_loops_wait_spins_again_while_the_linger_time_has_not_passed() -> None:
+    # Worker._wait on its own: a spin ended early by events leaves the linger's time, so the next wait spins again
+    # (a sleep would leave a ring that skipped the doorbell waiting); once the time has passed it sleeps and forgets it
+    from types import SimpleNamespace
+
+    from shmrpc.server._loop import Worker
+
+    calls: list[tuple[str, float]] = []
+
+    class Poller:
+        def poll(self, timeout_ms: int) -> dict[int, int]:
+            calls.append(("poll", timeout_ms))
+            return {}
+
+    def spin(poller: object, lane_rang: dict[int, int], end: float) -> dict[int, int]:
+        calls.append(("spin", end))
+        return {7: 1}  # events: the spin ends early
+
+    w = SimpleNamespace(_linger=Linger(LONG_LINGER_NS), _spin=spin, _done=None)
+    w._linger.until_ns = time.monotonic_ns() + LONG_LINGER_NS
+    for _ in range(2):
+        t = time.perf_counter()
+        assert Worker._wait(w, Poller(), {}, 0.0, 500) == {7: 1}  # type: ignore[arg-type]
+        kind, end = calls[-1]
+        assert kind == "spin" and t + 0.5 < end <= time.perf_counter() + LONG_LINGER_NS / 1e9
+        assert w._linger.until_ns > 0
+    assert [k for k, _ in calls] == ["poll", "spin", "poll", "spin"]  # poll(0) first, as the spin always was
+    w._linger.until_ns = time.monotonic_ns() - 1  # passed
+    calls.clear()
+    assert Worker._wait(w, Poller(), {}, 0.0, 500) == {}  # type: ignore[arg-type]
+    assert calls == [("poll", 500)] and w._linger.until_ns == 0
+
+
 def test_a_lingering_worker_woken_by_stray_doorbells_still_reads_the_lanes_until_the_time_it_said(
         spawn_worker: Callable[..., WorkerProc]) -> None:
     # writes of the doorbell with no request (anyone holding the lane may make them) end the worker's spin at its next
-    # poll; it must spin again, not sleep, while its awake word says it reads the lanes: a ring 2 ms after the answer
+    # poll; it must spin again, not sleep, while its awake word says it reads the lanes: a ring ~2 ms after the answer
     # skips the doorbell (the word says 10 ms) and would wait for the end of the time said (~8 ms more) if it slept
     w = spawn_worker("--lane-linger-us", "10000")
     with Client(w.name, lane="block", timeout_s=10) as c, c.loan(4096) as req:
@@ -227,5 +262,8 @@ def test_a_lingering_worker_woken_by_stray_doorbells_still_reads_the_lanes_until
             np.testing.assert_array_equal(req.send("vector_add")["out"], 3.0)
             took.append(time.perf_counter() - t0)
         took.sort()
-        assert took[len(took) // 2] < 4e-3, took  # the median: a worker that slept would answer ~8 ms later
+        # the median: a worker that slept would answer up to ~8 ms later (at the end of the time said; less when the
+        # strays and the ring meet its turns otherwise), one that reads the lanes in µs, or a few ms on a machine that
+        # runs other suites too. The guard of the mechanism is the test of Worker._wait above; this one is end to end
+        assert took[len(took) // 2] < 6e-3, took
 
