@@ -1,11 +1,12 @@
 """The steady path of ``Client.call``: what a repeated call signature needs, worked out once.
 
 A call's signature is everything that decides the slot's layout and the descriptor: the op (or
-pipeline), each input's name, shape and wire dtype, the attributes with their types, ``in_place``,
+pipeline), each input's name, shape and NumPy dtype, the attributes with their types, ``in_place``,
 ``keep`` and ``out_nbytes``. The first call of a signature builds a :class:`CallPlan` (slot bytes,
 every input's offset, the descriptor bytes); later calls look the plan up by the *whole* signature
-(a dictionary key compared field by field, never a flag or a counter) and only copy their bytes
-into the slot. The response is still checked every time (see :func:`read_outputs`).
+(a dictionary key compared field by field, never a flag or a counter; :func:`steady_key` makes it in
+one pass over the keywords) and only copy their bytes into the slot. The response is still checked
+every time (see :func:`read_outputs`).
 
 Nothing here does I/O; ``Client._call_now`` (the caller) takes the slot, rings and waits.
 """
@@ -23,9 +24,12 @@ from shmrpc.schema.descriptor import ResponseDesc, TensorRef
 from shmrpc.schema.errors import RequestError
 from shmrpc.schema.layout import align_up, tensor_align
 
-__all__ = ["CallPlan", "signature", "plan_inputs", "OutputCheck", "read_outputs"]
+__all__ = ["CallPlan", "steady_key", "plan_inputs", "OutputCheck", "read_outputs"]
 
 _MAX_PLANS = 1024
+_NDARRAY = np.ndarray
+# attribute values a key takes as they are (anything else is array-like or a reference: the general path sorts it)
+_PLAIN = frozenset((int, float, bool, str, type(None), tuple))
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,8 @@ class CallPlan:
         tensors: the descriptor's input tensors (what a Loan would record).
         cursor: the slot offset after the last input (a Loan's cursor).
         desc: (descriptor bytes, op_code, header flags, output names), as ``Client._describe`` returns.
+        soon: the descriptor and inputs end near the slot's start (copied in within a few µs): such a call through
+            an idle lane rings early (``ClientLane.soon``).
     """
 
     need: int
@@ -45,22 +51,35 @@ class CallPlan:
     tensors: tuple[TensorRef, ...]
     cursor: int
     desc: tuple[bytes, int, int, tuple[str, ...]]
+    soon: bool
 
 
-def signature(op: Any, inputs: tuple[tuple[str, tuple[int, ...], Any], ...], attrs: dict[str, Any],
-              in_place: bool, keep: tuple[str, ...], out_nbytes: int | None) -> Any:
-    """The plan cache's key (``inputs``: name, shape and NumPy dtype of each); None when an attribute cannot be
-    hashed (that call's plan is made every time).
+def steady_key(op: Any, kwargs: dict[str, Any], in_place: bool, keep: Any, out_nbytes: int | None
+               ) -> tuple[tuple[Any, ...], list[np.ndarray]] | None:
+    """The plan cache's key of a call and its arrays in the order given, in one pass over the keywords; None when a
+    keyword is neither a C-contiguous NumPy array nor a plain attribute value (int, float, bool, str, None or a
+    tuple): that call goes the general way.
 
-    Attribute values carry their type: ``a=1``, ``a=1.0`` and ``a=True`` compare equal in Python but
-    are encoded differently on the wire.
+    The key holds, per keyword, its name and either the array's shape and NumPy dtype or the value with its type:
+    ``a=1``, ``a=1.0`` and ``a=True`` compare equal in Python but are encoded differently on the wire. A value that
+    cannot be hashed (a tuple holding a list) makes the lookup raise TypeError: the caller then plans that call
+    without keeping the plan. Nothing here checks that the call is valid: a key gets a plan only once the first
+    call of it was planned (``Client._plan_of``), and a call that one would refuse never gets one.
     """
-    key = (op, inputs, tuple((k, type(v), v) for k, v in attrs.items()) if attrs else (), in_place, keep, out_nbytes)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    parts: list[Any] = [op, in_place, keep, out_nbytes]
+    arrays: list[np.ndarray] = []
+    for k, v in kwargs.items():
+        t = type(v)
+        if t is _NDARRAY:
+            if not v.flags.c_contiguous:
+                return None
+            parts += (k, v.shape, v.dtype)
+            arrays.append(v)
+        elif t in _PLAIN:
+            parts += (k, t, v)
+        else:
+            return None
+    return tuple(parts), arrays
 
 
 def plan_inputs(inputs: tuple[tuple[str, tuple[int, ...], str], ...], desc_nbytes: int

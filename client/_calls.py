@@ -20,7 +20,7 @@ from shmrpc.schema.header import HEADER_NBYTES
 from shmrpc.schema.layout import Geometry, align_up, tensor_align
 from shmrpc.schema.optable import OpEntry
 
-from ._callplan import CallPlan, bounded_put, plan_inputs, signature
+from ._callplan import CallPlan, bounded_put, plan_inputs, steady_key
 from ._inflight import Inflight
 from ._interop import DeviceInput, as_input, is_array_like
 from ._loan import CallFuture, Loan
@@ -97,9 +97,18 @@ class Calls:
             BusyError, Timeout, WorkerGoneError.
         """
         if self._tracing is None:
-            plain = self._plain_inputs(op, kwargs)
-            if plain is not None:
-                return self._call_now(op, plain[0], plain[1], copy, timeout_s, out_nbytes, in_place, keep)
+            got = steady_key(op, kwargs, in_place, keep, out_nbytes)
+            if got is not None:
+                key: Any = got[0]
+                arrays = got[1]
+                try:
+                    plan = self._plans.get(key)
+                except TypeError:  # an attribute value that cannot be hashed: this call's plan is not kept
+                    plan, key = None, None
+                if plan is None:
+                    plan = self._plan_of(op, kwargs, key, in_place, keep, out_nbytes)
+                if plan is not None:
+                    return self._call_now(plan, arrays, copy, timeout_s)
         fut = self._submit(op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs)
         return fut.result()
 
@@ -132,46 +141,56 @@ class Calls:
                 attrs[k] = v
         return arrays, attrs
 
-    def _call_now(self, op: str | Pipeline, arrays: dict[str, np.ndarray], attrs: dict[str, Any], copy: bool,
-                  timeout_s: float | None, out_nbytes: int | None, in_place: bool, keep: tuple[str, ...]
+    def _plan_of(self, op: str | Pipeline, kwargs: dict[str, Any], key: Any, in_place: bool, keep: tuple[str, ...],
+                 out_nbytes: int | None) -> CallPlan | None:
+        """The plan of the first call of a signature (kept under ``key`` unless that is None), or None for a call the
+        steady path does not serve (see :meth:`_plain_inputs`).
+
+        Raises:
+            InvalidRequestError: an array's dtype cannot travel (field ``dtype``).
+        """
+        self._check()
+        plain = self._plain_inputs(op, kwargs)
+        if plain is None:
+            return None
+        arrays, attrs = plain
+        try:
+            inputs = tuple((k, a.shape, dtypes.name_of_numpy(a.dtype)) for k, a in arrays.items())
+        except KeyError:
+            bad = next(k for k, a in arrays.items() if _cannot_travel(a.dtype))
+            raise InvalidRequestError(f"array {bad!r} has dtype {arrays[bad].dtype}, which cannot travel",
+                                      tensor=bad, field="dtype") from None
+        plan, sure = self._plan_call(op, inputs, attrs, in_place, keep, out_nbytes)
+        if key is not None and sure:
+            bounded_put(self._plans, key, plan)
+        return plan
+
+    def _call_now(self, plan: CallPlan, arrays: list[np.ndarray], copy: bool, timeout_s: float | None
                   ) -> dict[str, np.ndarray]:
-        """``call()`` of host arrays, in this thread: the plan of its signature (made once), inputs copied into
-        the slot, the descriptor bytes written, ring, wait, the response checked, outputs copied out."""
+        """``call()`` of host arrays with the plan of its signature, in this thread: inputs copied into the slot, the
+        descriptor bytes written, ring, wait, the response checked, outputs copied out."""
         self._check()
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
-        # the key holds the NumPy dtypes themselves (their wire names are looked up only to make a plan)
-        key = signature(op, tuple([(k, a.shape, a.dtype) for k, a in arrays.items()]), attrs, in_place, keep,
-                        out_nbytes)
-        plan = self._plans.get(key) if key is not None else None
-        if plan is None:
-            try:
-                inputs = tuple((k, a.shape, dtypes.name_of_numpy(a.dtype)) for k, a in arrays.items())
-            except KeyError:
-                bad = next(k for k, a in arrays.items() if _cannot_travel(a.dtype))
-                raise InvalidRequestError(f"array {bad!r} has dtype {arrays[bad].dtype}, which cannot travel",
-                                          tensor=bad, field="dtype") from None
-            plan, sure = self._plan_call(op, inputs, attrs, in_place, keep, out_nbytes)
-            if key is not None and sure:
-                bounded_put(self._plans, key, plan)
         lane = self._t.lane
-        if lane is not None and not lane.busy and plan.cursor <= _SOON_MAX_NBYTES and not self._inflight:
+        if lane is not None and lane.slept and plan.soon and not lane.busy and not self._inflight:
             lane.soon()  # the early ring: the worker wakes while the inputs are copied in (schema/lane.py)
         loan = self._call_loan(plan.need, deadline)
         kept = False
         try:
-            mv = loan._live()
-            for a, (off, nbytes) in zip(arrays.values(), plan.writes):
-                if nbytes:  # the one copy in, bytes as they are
-                    try:
-                        src = a.data.cast("B")  # (C-contiguous: _plain_inputs checked)
-                    except (ValueError, TypeError):  # a dtype without a buffer format (ml_dtypes' bfloat16)
-                        src = a.reshape(-1).view(np.uint8).data
-                    mv[off:off + nbytes] = src
-            loan._tensors, loan._cursor = list(plan.tensors), plan.cursor
+            # the one copy in, through views of the slot made once per plan and loan (NumPy's assignment costs less
+            # than a memoryview's of the same bytes); the loan's own tensor list is left as it is: a kept loan serves
+            # call()s only, which send plans
+            loan._live()
+            made = loan._in_views.get(id(plan))
+            views = loan._plan_views(plan, arrays) if made is None else made[1]
+            for a, view in zip(arrays, views):
+                view[...] = a
             rid = loan._publish(plan.desc)
             loan._wait(rid, deadline)
             if copy:  # copies: no view of the slot is handed out, so the next call() may use the same loan
-                out = {k: v.copy() for k, v in loan._response(rid, fresh=False).items()}
+                out = {}
+                for k, v in loan._response(rid, fresh=False).items():
+                    out[k] = v.copy()
                 kept = True
                 return out
             return loan._response(rid)
@@ -224,7 +243,7 @@ class Calls:
             sure = True
         need = max(need + out_nbytes, self.geometry.desc_nbytes + 64)
         desc = self._describe(op, tensors, attrs, _IN_PLACE if in_place else 0, keep)
-        return CallPlan(need, writes, tensors, cursor, desc), sure
+        return CallPlan(need, writes, tensors, cursor, desc, cursor <= _SOON_MAX_NBYTES), sure
 
     def submit(self, op: str | Pipeline, *, timeout_s: float | None = None, out_nbytes: int | None = None,
                in_place: bool = False, keep: tuple[str, ...] = (), _copy: bool = True,

@@ -14,8 +14,10 @@ the lane (``serve --spin-us``), and a lane that will spin from its ring says unt
 worker's answer can skip our eventfd; a wait then never sleeps past the latest time it said
 without reading done_seq after it.
 
-Early ring (schema/lane.py): ``call()`` of small inputs through an idle lane wakes the worker before it copies
-them in (:meth:`ClientLane.soon`); the worker then polls the lane a bounded time, and the ring finds it awake.
+Early ring (schema/lane.py): ``call()`` of small inputs through an idle lane whose last ring found the worker asleep
+(:attr:`ClientLane.slept`) wakes the worker before it copies them in (:meth:`ClientLane.soon`); the worker then polls
+the lane a bounded time, and the ring finds it awake. After a ring that found it polling (a client sending back to
+back to a lingering worker) the next call() does not look: the awake word would most likely say the same.
 
 Early wake (schema/lane.py): a blocking wait woken with no DONE in the page, whose taken_seq says the worker is
 working on our request, polls done_seq for at most ``EARLY_SPIN_NS`` (its awake word says so) before it blocks
@@ -58,6 +60,9 @@ class ClientLane:
         # Inflight.ring_lane); only that thread reads it, and no other ring collects it meanwhile
         self.waiting = False
         self._rung = 0.0  # time.perf_counter() of the last ring
+        self._follow = False  # the last ring found the worker polling: its wait polls too (a blocking lane)
+        # the last ring wrote the worker's doorbell (it did not say it polled the lane): call() rings early only then
+        self.slept = True
         self._last_s = 0.0  # ring to answer of the last request
         try:
             st = os.fstat(page_fd)
@@ -93,13 +98,23 @@ class ClientLane:
         if self._spin_ns and self._last_s <= self.spin_s:  # the wait spins from now: the answer needs no eventfd
             self._awake.value = said = _monotonic_ns() + self._spin_ns
             self._said_ns = said
+            self._follow = False
+        elif self._last_s <= _EARLY_SPIN_S and (now := _monotonic_ns()) < self._worker_awake.value - _MARGIN_NS:
+            # the worker polls the lane (it lingers) and the last answer came quickly: the wait polls for this one
+            # too, a bounded time, so neither side's wake-up is on its way (and the DONE needs no eventfd)
+            self._awake.value = said = now + _EARLY_SPIN_NS
+            if said > self._said_ns:
+                self._said_ns = said
+            self._follow = True
         else:
             self._awake.value = 0
+            self._follow = False
         L.post(self.page, self._call_seq, L.CALL_SEQ, self.seq, frame)
         self.busy = request_id
         self._rung = _perf_counter()
         # NOTE: order is important here: the clock and the worker's awake word are read after call_seq is stored
-        if _monotonic_ns() >= self._worker_awake.value - _MARGIN_NS:
+        self.slept = _monotonic_ns() >= self._worker_awake.value - _MARGIN_NS
+        if self.slept:
             os.eventfd_write(self.doorbell_fd, 1)
 
     def answer(self) -> tuple[int, int, int, int] | None:
@@ -149,6 +164,10 @@ class ClientLane:
                             raise WorkerGoneError(f"worker {name!r} exited")
                 spin_s += early
             end = _perf_counter() + spin_s
+            while self._done_seq.value != seq and _perf_counter() < end:
+                pass
+        elif self._follow:  # the ring found the worker polling: poll for the DONE as long as our awake word said
+            end = self._rung + _EARLY_SPIN_S
             while self._done_seq.value != seq and _perf_counter() < end:
                 pass
         early = True

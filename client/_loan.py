@@ -30,7 +30,7 @@ from shmrpc.schema.errors import (
 from shmrpc.schema.header import HEADER, HEADER_NBYTES
 from shmrpc.schema.layout import align_up, format_size, tensor_align
 
-from ._callplan import bounded_put, read_outputs
+from ._callplan import CallPlan, bounded_put, read_outputs
 from ._pipeline import Pipeline
 from ._slot import _IN_PLACE, _RESPONSE, NO_RESPONSE, _decode, _Slot
 
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["Loan", "CallFuture"]
 
 _HEADER_UNPACK = HEADER.unpack_from
+_PLAN_VIEWS = 16  # call() plans whose input views a loan keeps
 
 
 class Loan:
@@ -59,6 +60,9 @@ class Loan:
         self._outputs: tuple[str, ...] = ()  # what the request in flight asked for, in order
         # (check, buffer, its views, the response bytes and the outputs asked of the last response checked)
         self._out_views: tuple[Any, Any, dict[str, np.ndarray], bytes, tuple[str, ...]] | None = None
+        # call() plans' input views of this slot, by id(plan): (the plan, kept alive so that its id stays its own, and
+        # a view per input, in the order of plan.writes)
+        self._in_views: dict[int, tuple[CallPlan, list[np.ndarray]]] = {}
 
     @property
     def nbytes(self) -> int:
@@ -236,12 +240,24 @@ class Loan:
         finally:
             ahead = None  # views of the slot: never kept by a traceback through this frame (see _response)
 
+    def _plan_views(self, plan: CallPlan, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Views of this slot at ``plan``'s inputs, shaped and typed as ``arrays`` (the first call of that plan on this
+        loan), kept for the next calls (at most ``_PLAN_VIEWS`` plans)."""
+        buf = self._s.buf
+        views = [np.frombuffer(buf, dtype=a.dtype, count=a.size, offset=off).reshape(a.shape)
+                 for a, (off, _) in zip(arrays, plan.writes)]
+        if len(self._in_views) >= _PLAN_VIEWS:
+            self._in_views.clear()
+        self._in_views[id(plan)] = (plan, views)
+        return views
+
     def release(self) -> None:
         """Give the slot back (it stays reserved while views of it are alive). Idempotent."""
         if self._done and self._s.mv is None:
             return
         self._done = True
         self._out_views = None  # they hold the slot's buffer: the slot is free once the caller's views are gone
+        self._in_views.clear()
         self._c._give_back_slot(self._s)
 
 

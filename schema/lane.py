@@ -61,6 +61,13 @@ of its own); a lane whose client comes back later costs a linger in vain less an
 often, so a core is busy only while a lane's requests follow each other closely, and
 at most the linger time per request.
 
+Follow: a blocking client whose ring finds the worker polling (it lingers or spins: worker_awake
+read before the ring) and whose last answer came within EARLY_SPIN_NS of its ring says in
+client_awake that it polls until EARLY_SPIN_NS from its ring and polls done_seq that long
+before it blocks. A client sending back to back to a lingering worker then has no wake-up on
+either side of its round trip, and the DONE needs no eventfd write. Its core is busy only while
+a request is pending, the worker's is busy too, and at most EARLY_SPIN_NS per request.
+
 Awake words: a side that will poll the other's seq word until a time T says so in
 its awake word (the client before its call_seq, for the request it rings; the
 worker just before a DONE, for the next request, while it spins, ``serve --spin-us``, or

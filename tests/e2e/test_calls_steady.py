@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from shmrpc.client import Client, InvalidRequestError, Pipeline, Resident
-from shmrpc.client._callplan import read_outputs, signature
+from shmrpc.client._callplan import read_outputs, steady_key
 from shmrpc.schema.descriptor import ResponseDesc, TensorRef
 from shmrpc.schema.errors import RequestError
 
@@ -36,9 +36,25 @@ def test_a_repeated_signature_carries_each_calls_own_values(worker: WorkerProc) 
         np.testing.assert_array_equal(x, np.arange(8, dtype=np.float32))  # the caller's array is never written
 
 
+def test_signatures_taking_turns_each_copy_their_own_inputs(worker: WorkerProc) -> None:
+    # the kept loan holds input views per plan (at most 16, then it starts again): twenty signatures in turn, each
+    # call's own values, the views of one plan never used for another's shape or dtype
+    rng = np.random.default_rng(5)
+    sigs = [((n,), dt) for n in (1, 3, 8, 16, 33) for dt in (np.float32, np.float64, np.int32, np.int16)]
+    assert len(sigs) == 20
+    with Client(worker.name, timeout_s=10) as c:
+        for _ in range(3):
+            for shape, dt in sigs:
+                x, y = rng.integers(-99, 99, (2, *shape)).astype(dt)
+                np.testing.assert_array_equal(c.call("vector_add", x=x, y=y)["out"], x + y)
+                np.testing.assert_allclose(c.call("scale", x=x.astype(np.float32), a=0.5)["out"], 0.5 * x)
+        assert c._kept and 0 < len(c._kept[0]._in_views) <= 16
+
+
 def test_attribute_types_are_part_of_the_signature(worker: WorkerProc) -> None:
     # 1 == 1.0 == True in Python, but they travel as different attribute types: each gets its own plan
-    assert signature("scale", (), {"a": 1}, False, (), None) != signature("scale", (), {"a": True}, False, (), None)
+    keys = [steady_key("scale", {"a": a}, False, (), None) for a in (1, 1.0, True)]
+    assert all(k is not None for k in keys) and len({k[0] for k in keys if k is not None}) == 3
     assert Pipeline().then("scale", a=1) != Pipeline().then("scale", a=True)
     assert Pipeline().then("scale", a=2.0) == Pipeline().then("scale", a=2.0)
     x = np.arange(4, dtype=np.float32)

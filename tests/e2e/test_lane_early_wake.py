@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from support.eventfd import writes as _writes
 
-from shmrpc.client import Client
+from shmrpc.client import Client, _lane
 from shmrpc.client._lane import ClientLane
 from shmrpc.schema import lane as L
 from shmrpc.schema import messages as m
@@ -135,6 +135,48 @@ def test_a_blocking_wait_polls_a_bounded_time_only_when_its_request_was_taken(to
         else:
             assert said == 0
     finally:
+        lane.close()
+        w.close()
+
+
+@pytest.mark.parametrize("case", ["polls", "slow", "asleep"])
+def test_a_blocking_ring_that_finds_the_worker_polling_polls_for_its_answer(case: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # the follow (schema/lane.py): a blocking lane whose ring finds the worker polling, its last answer quick, says
+    # it polls and polls for the DONE, which then needs no eventfd write and no wake-up; after a slow answer, or with
+    # the worker asleep, the wait blocks as before. The answer comes 20 ms after the ring: the test polls up to 5 s
+    # (EARLY_SPIN_NS stretched) so that a loaded machine cannot make it late
+    monkeypatch.setattr(_lane, "_EARLY_SPIN_NS", 5_000_000_000)
+    monkeypatch.setattr(_lane, "_EARLY_SPIN_S", 5.0)
+    w = _FakeWorker()
+    lane = w.client()
+    real, polls = lane._poll, []
+
+    class Counting:
+        def poll(self, timeout: float = -1) -> list[tuple[int, int]]:
+            polls.append(timeout)
+            return real.poll(timeout)
+
+    try:
+        if case != "asleep":
+            L.seq_word(w.map, L.WORKER_AWAKE).value = time.monotonic_ns() + 10_000_000_000
+        if case == "slow":
+            lane._last_s = 10.0  # the last answer came 10 s after its ring (longer than the stretched poll)
+        t0 = time.monotonic_ns()
+        lane.ring(b"c" * 16, 7)
+        said, rang = L.seq_word(w.map, L.CLIENT_AWAKE).value, _writes(w.doorbell)
+        lane._poll = Counting()  # type: ignore[assignment]
+        t = threading.Timer(0.02, w.answer, (1, 7))
+        t.start()
+        assert lane.wait(time.monotonic() + 10, None, "w") == (0, 0, 7, 0)
+        t.join()
+        if case == "polls":
+            assert rang == 0 and t0 + 4_000_000_000 < said and polls == []
+            assert _writes(w.own) == 0  # the answer skipped the write: the client said it polls
+        else:
+            assert said == 0 and polls and rang == (1 if case == "asleep" else 0)
+    finally:
+        lane._poll = real
         lane.close()
         w.close()
 
