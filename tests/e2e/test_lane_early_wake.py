@@ -221,7 +221,9 @@ def test_a_client_woken_early_takes_an_answer_that_skipped_its_wake_up() -> None
 
 
 def test_a_blocking_lane_client_is_woken_early_by_a_real_worker_and_only_for_quick_requests(
-        worker: WorkerProc) -> None:
+        spawn_worker: Callable[..., WorkerProc]) -> None:
+    # a worker that never lingers: its client never polls from its ring (the follow), so it is woken for each answer
+    worker = spawn_worker("--lane-linger-us", "0")
     rng = np.random.default_rng(5)
     with Client(worker.name, lane="block", timeout_s=10) as c, c.loan(16 << 20) as req:
         lane = c._t.lane
