@@ -44,6 +44,7 @@ class CallPlan:
         desc: (descriptor bytes, op_code, header flags, output names), as ``Client._describe`` returns.
         soon: the descriptor and inputs end near the slot's start (copied in within a few µs): such a call through
             an idle lane rings early (``ClientLane.soon``).
+        fits: the largest slot a kept loan may have to serve this call (a small call does not hold a large slot).
     """
 
     need: int
@@ -52,6 +53,7 @@ class CallPlan:
     cursor: int
     desc: tuple[bytes, int, int, tuple[str, ...]]
     soon: bool
+    fits: int
 
 
 def steady_key(op: Any, kwargs: dict[str, Any], in_place: bool, keep: Any, out_nbytes: int | None

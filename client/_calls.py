@@ -174,7 +174,15 @@ class Calls:
         lane = self._t.lane
         if lane is not None and lane.slept and plan.soon and not lane.busy and not self._inflight:
             lane.soon()  # the early ring: the worker wakes while the inputs are copied in (schema/lane.py)
-        loan = self._call_loan(plan.need, deadline)
+        # the kept loan when it fits and is not much larger (a small call does not hold a large slot), else a new one
+        try:
+            loan = self._kept.pop()
+        except IndexError:
+            loan = Loan(self._client(), self._take(plan.need, deadline))
+        else:
+            if not plan.need <= loan._s.nbytes <= plan.fits:
+                loan.release()
+                loan = Loan(self._client(), self._take(plan.need, deadline))
         kept = False
         try:
             # the one copy in, through views of the slot made once per plan and loan (NumPy's assignment costs less
@@ -195,34 +203,15 @@ class Calls:
                 return out
             return loan._response(rid)
         finally:
-            if kept:
-                self._keep(loan)
+            # a call() that copied its outputs out keeps its loan for the next call() (its slot open, the views of its
+            # inputs and outputs made), unless one is kept already or the slot is borrowed (it goes back to the
+            # worker as before)
+            if kept and not self._kept and not loan._s.borrowed and not self._closed:
+                self._kept.append(loan)
+                if self._closed:  # closed meanwhile by another thread: close() may have looked already
+                    self._drop_kept()
             else:
                 loan.release()
-
-    def _call_loan(self, need: int, deadline: float) -> Loan:
-        """A loan of at least ``need`` bytes for call(): the kept one when it fits and is not much larger (a small
-        call does not hold a large slot), else a new one."""
-        try:
-            loan = self._kept.pop()
-        except IndexError:
-            return Loan(self._client(), self._take(need, deadline))
-        nbytes = loan._s.nbytes
-        if need <= nbytes and (nbytes <= 4 * need or nbytes <= _KEEP_ANY_NBYTES):
-            return loan
-        loan.release()
-        return Loan(self._client(), self._take(need, deadline))
-
-    def _keep(self, loan: Loan) -> None:
-        """The end of a call() that copied its outputs out: keep its loan for the next call() (its slot open, the
-        views of its outputs made), unless one is kept already or the slot is borrowed (it goes back to the
-        worker as before)."""
-        if self._kept or loan._s.borrowed or self._closed:
-            loan.release()
-            return
-        self._kept.append(loan)
-        if self._closed:  # closed meanwhile by another thread: close() may have looked already
-            self._drop_kept()
 
     def _plan_call(self, op: str | Pipeline, inputs: tuple[tuple[str, tuple[int, ...], str], ...],
                    attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...], out_nbytes: int | None
@@ -243,7 +232,7 @@ class Calls:
             sure = True
         need = max(need + out_nbytes, self.geometry.desc_nbytes + 64)
         desc = self._describe(op, tensors, attrs, _IN_PLACE if in_place else 0, keep)
-        return CallPlan(need, writes, tensors, cursor, desc, cursor <= _SOON_MAX_NBYTES), sure
+        return CallPlan(need, writes, tensors, cursor, desc, cursor <= _SOON_MAX_NBYTES, max(4 * need, _KEEP_ANY_NBYTES)), sure
 
     def submit(self, op: str | Pipeline, *, timeout_s: float | None = None, out_nbytes: int | None = None,
                in_place: bool = False, keep: tuple[str, ...] = (), _copy: bool = True,
