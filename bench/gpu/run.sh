@@ -141,7 +141,7 @@ small() {  # small NAME ARGS...: 64 B and 1 MiB, every shmrpc path and lane next
 }
 lane_traces() {  # bench/lane_trace.py for the base tree and the tree, twice, each lane of "$@" (block-call: --call)
   for r in 1 2; do
-    for tree in base new; do
+    for tree in $(trees_of_round "$r"); do
       site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
       for ln in "$@"; do
         lane=${ln%-call} more=(); [ "$lane" != "$ln" ] && more=(--call)
@@ -151,6 +151,10 @@ lane_traces() {  # bench/lane_trace.py for the base tree and the tree, twice, ea
       done
     done
   done
+}
+trees_of_round() {  # the A/B stages' order in round $1: base first in odd rounds, the tree first in even ones (a
+  # machine that speeds up or slows down during a call then favours neither)
+  if [ $(( $1 % 2 )) = 1 ]; then echo "base new"; else echo "new base"; fi
 }
 base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed beside /tmp/site
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-base \
@@ -265,7 +269,7 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
     w4ab)  # the w4a16 probe of the tree against .whl/base/, interleaved twice (W4_PROBE_ARGS as for w4a16)
       base_site || exit 1
       for r in 1 2; do
-        for tree in base new; do
+        for tree in $(trees_of_round "$r"); do
           site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
           echo "== round $r, $tree: bench/gpu/w4a16_probe.py ${W4_PROBE_ARGS:-}"
           PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 100 python3 bench/gpu/w4a16_probe.py ${W4_PROBE_ARGS:-} \
@@ -313,7 +317,7 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
       base_site || exit 1
       abpin=(); [ -n "${AB_PIN:-}" ] && abpin=(--server-cpus "${AB_PIN%%:*}" --client-cpus "${AB_PIN##*:}")
       for r in 1 2; do
-        for tree in base new; do
+        for tree in $(trees_of_round "$r"); do
           site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
           echo "== round $r, $tree: 64 B vector_add in place (NumPy worker), lanes next to zmq; 8 and 16 clients"
           PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 60 $BENCH lat --lanes --peers zmq --sizes 64 --iters 3000 --backend numpy \
@@ -335,7 +339,7 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
       base_site || exit 1
       pin1=${AB_PIN1:-2:10}
       for r in $(seq 1 "${AB_ROUNDS:-4}"); do
-        for tree in base new; do
+        for tree in $(trees_of_round "$r"); do
           site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
           echo "== round $r, $tree: no spin"
           PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 80 $BENCH lat --lanes --peers zmq --sizes 64 --iters 4000 --backend numpy \
@@ -354,7 +358,7 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
     graphab)
       base_site || exit 1
       for r in $(seq "${GRAPHAB_ROUNDS:-2}"); do
-        for tree in base new; do
+        for tree in $(trees_of_round "$r"); do
           site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
           echo "== round $r, $tree: bench/gpu_e2e.py --only graphs (256 MiB: ${GRAPHAB_PATHS:-ZeroMQ, blocking lane, spinning lane})"
           PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 120 python3 bench/gpu_e2e.py --only graphs --rounds 1 --reps 12 \
@@ -372,7 +376,7 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
       base_site || exit 1
       lscpu | grep -E "Thread|Core|Socket|NUMA node0"
       for r in 1 2 3 4; do
-        for tree in base new; do
+        for tree in $(trees_of_round "$r"); do
           site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
           for pin in free 2:10 2:3; do
             pa=(); [ $pin != free ] && pa=(--server-cpus "${pin%%:*}" --client-cpus "${pin##*:}")
@@ -420,7 +424,7 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
     scaleab)  # the tree against .whl/base/ on the CuPy worker: 64 B scale (lanes next to zmq), interleaved twice
       base_site || exit 1
       for r in 1 2; do
-        for tree in base new; do
+        for tree in $(trees_of_round "$r"); do
           site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
           echo "== round $r, $tree: 64 B scale on the CuPy worker, lanes next to zmq"
           PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 90 $BENCH lat --lanes --peers zmq --sizes 64 --iters 3000 --backend cupy \
