@@ -89,7 +89,7 @@ def test_bfloat16_by_wire_name(client: Client) -> None:
 
 
 def test_ml_dtypes_bfloat16_arrays_through_call(client: Client) -> None:
-    # an ml_dtypes bfloat16 array has no buffer format: call() copies its bytes in through a uint8 view
+    # an ml_dtypes bfloat16 array has no buffer format: call() copies it in through a bfloat16 view of the slot
     ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed (pip install ml-dtypes to run this)")
     x = np.array([1.0, 2.0, -3.0], ml_dtypes.bfloat16)
     for _ in range(2):  # the first call makes the signature's plan, the second takes the steady path
