@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from support.eventfd import writes as _writes
 
-from shmrpc.client import Client
+from shmrpc.client import Client, _lane
 from shmrpc.client._lane import ClientLane
 from shmrpc.schema import lane as L
 
@@ -24,7 +24,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 @pytest.mark.parametrize("gap_s", [0.0, 0.0005])
 def test_a_polling_client_is_answered_without_its_eventfd_and_a_blocking_one_with_it(
-        spawn_worker: Callable[..., WorkerProc], gap_s: float) -> None:
+        spawn_worker: Callable[..., WorkerProc], gap_s: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the follow's window stretched from 150 µs to 50 ms (this process's clients only): on a loaded machine an answer
+    # may come later than 150 µs after its ring, and the client would then block and be woken as designed
+    monkeypatch.setattr(_lane, "_EARLY_SPIN_NS", 50_000_000)
+    monkeypatch.setattr(_lane, "_EARLY_SPIN_S", 0.05)
     polling = spawn_worker("--spin-us", "50000")  # the worker polls the lanes 50 ms after each turn
     asleep = spawn_worker("--lane-linger-us", "0", name=polling.name + "-asleep")  # it never polls the lanes
     rng = np.random.default_rng(3)
@@ -47,8 +51,8 @@ def test_a_polling_client_is_answered_without_its_eventfd_and_a_blocking_one_wit
             if mode == "spin":  # it said it polls 50 ms: the worker skipped (nearly) every write
                 assert got < n // 2, got
             elif w is polling:  # a blocking lane whose ring finds the worker polling polls too, after quick answers
-                # (the follow, schema/lane.py): most answers skip the write (one after a slow answer does not)
-                assert got < n, got
+                # (the follow, schema/lane.py): the answers skip the write, as a spinning lane's do
+                assert got < n // 2, got
             else:  # it sleeps on its eventfd: every request wrote it once or twice (an early wake, then its answer
                 # unless the client said it polls by then: tests/e2e/test_lane_early_wake.py)
                 assert n <= got <= 2 * n, got
