@@ -28,8 +28,9 @@ __all__ = ["CallPlan", "steady_key", "plan_inputs", "OutputCheck", "read_outputs
 
 _MAX_PLANS = 1024
 _NDARRAY = np.ndarray
-# attribute values a key takes as they are (anything else is array-like or a reference: the general path sorts it)
-_PLAIN = frozenset((int, float, bool, str, type(None), tuple))
+# attribute values a key takes as they are (anything else is array-like, a reference or refused: the general path
+# sorts it)
+_PLAIN = frozenset((int, float, bool, str))
 
 
 @dataclass(frozen=True)
@@ -59,14 +60,13 @@ class CallPlan:
 def steady_key(op: Any, kwargs: dict[str, Any], in_place: bool, keep: Any, out_nbytes: int | None
                ) -> tuple[tuple[Any, ...], list[np.ndarray]] | None:
     """The plan cache's key of a call and its arrays in the order given, in one pass over the keywords; None when a
-    keyword is neither a C-contiguous NumPy array nor a plain attribute value (int, float, bool, str, None or a
-    tuple): that call goes the general way.
+    keyword is neither a C-contiguous NumPy array nor a plain attribute value (int, float, bool or str): that call
+    goes the general way.
 
     The key holds, per keyword, its name and either the array's shape and NumPy dtype or the value with its type:
-    ``a=1``, ``a=1.0`` and ``a=True`` compare equal in Python but are encoded differently on the wire. A value that
-    cannot be hashed (a tuple holding a list) makes the lookup raise TypeError: the caller then plans that call
-    without keeping the plan. Nothing here checks that the call is valid: a key gets a plan only once the first
-    call of it was planned (``Client._plan_of``), and a call that one would refuse never gets one.
+    ``a=1``, ``a=1.0`` and ``a=True`` compare equal in Python but are encoded differently on the wire. Nothing here
+    checks that the call is valid: a key gets a plan only once the first call of it was planned
+    (``Client._plan_of``), and a call that one would refuse never gets one.
     """
     parts: list[Any] = [op, in_place, keep, out_nbytes]
     arrays: list[np.ndarray] = []

@@ -24,7 +24,7 @@ from ._callplan import CallPlan, bounded_put, plan_inputs, steady_key
 from ._inflight import Inflight
 from ._interop import DeviceInput, as_input, is_array_like
 from ._loan import CallFuture, Loan
-from ._pipeline import Pipeline, resolve
+from ._pipeline import Pipeline, check_attrs, resolve
 from ._sizing import OutputSizer
 from ._slot import _IN_PLACE, _KEEP, Resident, _Slot
 from ._trace import ClientTracing
@@ -103,7 +103,7 @@ class Calls:
                 arrays = got[1]
                 try:
                     plan = self._plans.get(key)
-                except TypeError:  # an attribute value that cannot be hashed: this call's plan is not kept
+                except TypeError:  # a `keep` given as a list: this call's plan is not kept
                     plan, key = None, None
                 if plan is None:
                     plan = self._plan_of(op, kwargs, key, in_place, keep, out_nbytes)
@@ -154,6 +154,7 @@ class Calls:
         if plain is None:
             return None
         arrays, attrs = plain
+        check_attrs(op, attrs)
         try:
             inputs = tuple((k, a.shape, dtypes.name_of_numpy(a.dtype)) for k, a in arrays.items())
         except KeyError:
@@ -326,6 +327,7 @@ class Calls:
                 arrays[k] = as_input(k, v)
             else:
                 attrs[k] = v
+        check_attrs(op, attrs)
         return arrays, attrs, residents
 
     def _describe(self, op: str | Pipeline, tensors: tuple[TensorRef, ...], attrs: dict[str, Any], flags: int,

@@ -31,7 +31,7 @@ from shmrpc.schema.header import HEADER, HEADER_NBYTES
 from shmrpc.schema.layout import align_up, format_size, tensor_align
 
 from ._callplan import CallPlan, bounded_put, read_outputs
-from ._pipeline import Pipeline
+from ._pipeline import Pipeline, check_attrs
 from ._slot import _IN_PLACE, _RESPONSE, NO_RESPONSE, _decode, _Slot
 
 if TYPE_CHECKING:
@@ -130,8 +130,13 @@ class Loan:
             raise InvalidRequestError("this loan already has a request in flight", field="slot")
         # attribute values with their types: a=1, a=1.0 and a=True are equal keys but different descriptors
         key = (op, tuple((k, type(v), v) for k, v in attrs.items()) if attrs else (), in_place, tuple(keep))
-        hit = self._memo.get(key)
+        try:
+            hit = self._memo.get(key)
+        except TypeError:  # an attribute value that cannot be hashed cannot travel either
+            check_attrs(op, attrs)
+            raise
         if hit is None:
+            check_attrs(op, attrs)
             hit = self._memo[key] = c._describe(op, tuple(self._tensors), attrs, _IN_PLACE if in_place else 0,
                                                 tuple(keep))
         return self._publish(hit, trace, future)

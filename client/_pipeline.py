@@ -10,7 +10,11 @@ from shmrpc.schema.descriptor import StepDesc
 from shmrpc.schema.errors import InvalidRequestError, UnknownOpError
 from shmrpc.schema.optable import OpEntry
 
-__all__ = ["Pipeline", "resolve"]
+__all__ = ["Pipeline", "resolve", "check_attrs"]
+
+# what an attribute value may be (schema/descriptor.py encodes these four; NumPy float64 is a float, other NumPy
+# scalars are not)
+_ATTR_TYPES = (bool, int, float, str)
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,12 @@ class Pipeline:
 
     def then(self, op: str, *, inputs: dict[str, str] | None = None, outputs: dict[str, str] | None = None,
              **attrs: Any) -> Pipeline:
-        """A new pipeline with one more step."""
+        """A new pipeline with one more step.
+
+        Raises:
+            InvalidRequestError: an attribute value that is not a bool, int, float or str (``field``: its name).
+        """
+        check_attrs(op, attrs, len(self.steps))
         p = Pipeline(self.outputs)
         p.steps = self.steps + (_Step(op, tuple(inputs.items()) if inputs is not None else None,
                                       tuple(outputs.items()) if outputs is not None else None,
@@ -58,6 +67,19 @@ class Pipeline:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Pipeline) and self._key() == other._key()
+
+
+def check_attrs(op: str | Pipeline, attrs: Mapping[str, Any], step: int = -1) -> None:
+    """Refuse an attribute value that cannot travel, before it is encoded or used in a cache key: an attribute is a
+    bool, int, float or str.
+
+    Raises:
+        InvalidRequestError: naming the attribute (``field``) and its type.
+    """
+    for k, v in attrs.items():
+        if not isinstance(v, _ATTR_TYPES):
+            raise InvalidRequestError(f"attribute {k!r} is a {type(v).__name__}: an attribute is a bool, int, float "
+                                      "or str", op=op if isinstance(op, str) else "", step=step, field=k)
 
 
 def _attrs(spec: OpEntry, op: str, step: int, given: dict[str, Any]) -> tuple[tuple[str, Any], ...]:

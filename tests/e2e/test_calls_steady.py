@@ -74,6 +74,25 @@ def test_attribute_types_are_part_of_the_signature(worker: WorkerProc) -> None:
             assert got == want, a
 
 
+@pytest.mark.parametrize("value", [None, (1, 2), [1.0], {"a": 1}, b"2"])
+def test_an_attribute_that_cannot_travel_is_refused_by_the_client_naming_it(worker: WorkerProc, value: object) -> None:
+    # an attribute is a bool, int, float or str: anything else is refused before it is encoded (it went out as an
+    # empty string, or raised TypeError from a cache key), on every path, and the client goes on
+    x = np.arange(4, dtype=np.float32)
+    with Client(worker.name, timeout_s=10) as c:
+        calls = [lambda: c.call("scale", x=x, a=value), lambda: c.submit("scale", x=x, a=value).result(10),
+                 lambda: Pipeline().then("scale", a=value)]
+        with c.loan(4096) as req:
+            req.array("x", 4, np.float32)[...] = x
+            calls.append(lambda: req.send("scale", a=value))
+            for f in calls:
+                with pytest.raises(InvalidRequestError) as ei:
+                    f()
+                assert ei.value.field == "a" and type(value).__name__ in str(ei.value)
+            np.testing.assert_allclose(req.send("scale", a=2.0)["out"], 2 * x)
+        np.testing.assert_allclose(c.call("scale", x=x, a=3.0)["out"], 3 * x)
+
+
 def test_inputs_the_steady_path_does_not_take_still_work(worker: WorkerProc) -> None:
     base = np.arange(24, dtype=np.float32).reshape(4, 6)
     with Client(worker.name, timeout_s=10) as c:
