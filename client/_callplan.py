@@ -24,13 +24,15 @@ from shmrpc.schema.descriptor import ResponseDesc, TensorRef
 from shmrpc.schema.errors import RequestError
 from shmrpc.schema.layout import align_up, tensor_align
 
-__all__ = ["CallPlan", "steady_key", "plan_inputs", "OutputCheck", "read_outputs"]
+from ._pipeline import ATTR_TYPES
+
+__all__ = ["CallPlan", "PLAIN_ATTRS", "steady_key", "plan_inputs", "OutputCheck", "read_outputs"]
 
 _MAX_PLANS = 1024
 _NDARRAY = np.ndarray
-# attribute values a key takes as they are (anything else is array-like, a reference or refused: the general path
-# sorts it)
-_PLAIN = frozenset((int, float, bool, str))
+# attribute values a key takes as they are, exactly of these types (anything else is array-like, a reference or
+# refused: the general path sorts it)
+PLAIN_ATTRS = frozenset(ATTR_TYPES)
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ def steady_key(op: Any, kwargs: dict[str, Any], in_place: bool, keep: Any, out_n
                 return None
             parts += (k, v.shape, v.dtype)
             arrays.append(v)
-        elif t in _PLAIN:
+        elif t in PLAIN_ATTRS:
             parts += (k, t, v)
         else:
             return None

@@ -20,7 +20,7 @@ from shmrpc.schema.header import HEADER_NBYTES
 from shmrpc.schema.layout import Geometry, align_up, tensor_align
 from shmrpc.schema.optable import OpEntry
 
-from ._callplan import CallPlan, bounded_put, plan_inputs, steady_key
+from ._callplan import PLAIN_ATTRS, CallPlan, bounded_put, plan_inputs, steady_key
 from ._inflight import Inflight
 from ._interop import DeviceInput, as_input, is_array_like
 from ._loan import CallFuture, Loan
@@ -133,7 +133,7 @@ class Calls:
                 if not v.flags.c_contiguous:
                     return None
                 arrays[k] = v
-            elif type(v) in _SCALARS and not pipeline and k not in params:
+            elif type(v) in PLAIN_ATTRS and not pipeline and k not in params:
                 attrs[k] = v
             elif pipeline or k in params or isinstance(v, Resident) or is_array_like(v):
                 return None
@@ -355,7 +355,6 @@ _KEEP_ANY_NBYTES = 64 << 10  # a kept call() loan's slot up to this size serves 
 # the early ring: a call() through an idle lane whose descriptor and inputs end within this many bytes of the slot's
 # start (copied in within a few µs) wakes the worker before copying them; a larger copy would outlast the worker's poll
 _SOON_MAX_NBYTES = 64 << 10
-_SCALARS = (int, float, bool, str)  # attribute values the steady path takes without asking is_array_like
 
 
 def _cannot_travel(dt: np.dtype) -> bool:

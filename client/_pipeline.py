@@ -10,11 +10,11 @@ from shmrpc.schema.descriptor import StepDesc
 from shmrpc.schema.errors import InvalidRequestError, UnknownOpError
 from shmrpc.schema.optable import OpEntry
 
-__all__ = ["Pipeline", "resolve", "check_attrs"]
+__all__ = ["Pipeline", "resolve", "check_attrs", "ATTR_TYPES"]
 
 # what an attribute value may be (schema/descriptor.py encodes these four; NumPy float64 is a float, other NumPy
 # scalars are not)
-_ATTR_TYPES = (bool, int, float, str)
+ATTR_TYPES = (bool, int, float, str)
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def check_attrs(op: str | Pipeline, attrs: Mapping[str, Any], step: int = -1) ->
         InvalidRequestError: naming the attribute (``field``) and its type.
     """
     for k, v in attrs.items():
-        if not isinstance(v, _ATTR_TYPES):
+        if not isinstance(v, ATTR_TYPES):
             raise InvalidRequestError(f"attribute {k!r} is a {type(v).__name__}: an attribute is a bool, int, float "
                                       "or str", op=op if isinstance(op, str) else "", step=step, field=k)
 
