@@ -28,7 +28,6 @@ from ._pipeline import ATTR_TYPES
 
 __all__ = ["CallPlan", "PLAIN_ATTRS", "steady_key", "plan_inputs", "OutputCheck", "read_outputs"]
 
-_MAX_PLANS = 1024
 _NDARRAY = np.ndarray
 # attribute values a key takes as they are, exactly of these types (anything else is array-like, a reference or
 # refused: the general path sorts it)
@@ -133,10 +132,3 @@ def read_outputs(resp: ResponseDesc, asked: tuple[str, ...], slot_nbytes: int) -
                                tensor=t.name, field="shape")
         outs.append((t.name, dt, t.nbytes // dt.itemsize, t.offset, tuple(t.shape)))
     return OutputCheck(tuple(outs))
-
-
-def bounded_put(cache: dict[Any, Any], key: Any, value: Any) -> None:
-    """``cache[key] = value``, emptying the cache first when it is full (signatures of a steady stream are few)."""
-    if len(cache) >= _MAX_PLANS:
-        cache.clear()
-    cache[key] = value

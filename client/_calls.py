@@ -20,7 +20,8 @@ from shmrpc.schema.header import HEADER_NBYTES
 from shmrpc.schema.layout import Geometry, align_up, tensor_align
 from shmrpc.schema.optable import OpEntry
 
-from ._callplan import PLAIN_ATTRS, CallPlan, bounded_put, plan_inputs, steady_key
+from ._caches import bounded_put
+from ._callplan import PLAIN_ATTRS, CallPlan, plan_inputs, steady_key
 from ._inflight import Inflight
 from ._interop import DeviceInput, as_input, is_array_like
 from ._loan import CallFuture, Loan
@@ -345,9 +346,7 @@ class Calls:
                                        f"({self.geometry.desc_nbytes} B): use fewer tensors or steps",
                                        field="descriptor")
         hit = (payload, steps[0].op_code, flags | (_KEEP if keep else 0), desc.outputs)
-        if len(self._desc_cache) > 4096:
-            self._desc_cache.clear()
-        self._desc_cache[key] = hit
+        bounded_put(self._desc_cache, key, hit)
         return hit
 
 

@@ -30,7 +30,8 @@ from shmrpc.schema.errors import (
 from shmrpc.schema.header import HEADER, HEADER_NBYTES
 from shmrpc.schema.layout import align_up, format_size, tensor_align
 
-from ._callplan import CallPlan, bounded_put, read_outputs
+from ._caches import bounded_put
+from ._callplan import CallPlan, read_outputs
 from ._pipeline import Pipeline, check_attrs
 from ._slot import _IN_PLACE, _RESPONSE, NO_RESPONSE, _decode, _Slot
 
@@ -137,8 +138,8 @@ class Loan:
             raise
         if hit is None:
             check_attrs(op, attrs)
-            hit = self._memo[key] = c._describe(op, tuple(self._tensors), attrs, _IN_PLACE if in_place else 0,
-                                                tuple(keep))
+            hit = c._describe(op, tuple(self._tensors), attrs, _IN_PLACE if in_place else 0, tuple(keep))
+            bounded_put(self._memo, key, hit)
         return self._publish(hit, trace, future)
 
     def _publish(self, desc: tuple[bytes, int, int, tuple[str, ...]], trace: bytes = b"",

@@ -18,11 +18,10 @@ from shmrpc.schema.layout import align_up, tensor_align
 from shmrpc.schema.optable import OpEntry
 from shmrpc.schema.planquery import decode_plan_answer, encode_plan_query
 
+from ._caches import bounded_put
 from ._pipeline import Pipeline, resolve
 
 __all__ = ["OutputSizer", "placed_nbytes"]
-
-_MAX_ENTRIES = 4096
 
 
 def placed_nbytes(sizes: list[int]) -> int:
@@ -71,7 +70,5 @@ class OutputSizer:
                 n *= d
             sizes.append(n)
         nbytes = placed_nbytes(sizes)
-        if len(self._cache) >= _MAX_ENTRIES:
-            self._cache.clear()
-        self._cache[key] = nbytes
+        bounded_put(self._cache, key, nbytes)
         return nbytes

@@ -13,6 +13,7 @@ from shmrpc.schema.descriptor import ResponseDesc, decode_response
 from shmrpc.schema.header import Flag
 from shmrpc.schema.messages import NO_RESPONSE
 
+from ._caches import CACHE_ENTRIES
 from ._region import AttachedRegion
 
 __all__ = ["Resident", "NO_RESPONSE", "forked_since"]
@@ -65,7 +66,7 @@ class _Slot:
     idle_since: float = 0.0
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=CACHE_ENTRIES)
 def _decode(payload: bytes) -> ResponseDesc:
     return decode_response(payload)
 

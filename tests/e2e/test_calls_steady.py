@@ -236,3 +236,29 @@ def test_a_loan_send_that_raises_keeps_no_view_of_its_slot_in_the_error(worker: 
         assert s.mv is None, "a view of the slot outlived the loan"
         assert kept.__traceback__ is not None
         np.testing.assert_array_equal(c.call("scale", x=x, a=3.0)["out"], 3 * x)
+
+
+def test_a_client_calling_with_ever_new_signatures_keeps_bounded_caches(worker: WorkerProc,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # every size, and every attribute value sent from one loan, is a new signature: each cache of the client is
+    # emptied when it is full rather than holding them all (a stream of random sizes grew a client's memory by ~8 MiB)
+    from shmrpc.client import _caches, _slot
+
+    assert _slot._decode.cache_info().maxsize == _caches.CACHE_ENTRIES
+    monkeypatch.setattr(_caches, "CACHE_ENTRIES", 4)
+    rng = np.random.default_rng(3)
+    with Client(worker.name, timeout_s=10) as c:
+        seen = []
+        for n in range(1, 15):
+            x = rng.standard_normal(n).astype(np.float32)
+            np.testing.assert_allclose(c.call("scale", x=x, a=2.0, b=1.0)["out"], 2 * x + 1, rtol=1e-6)
+            seen.append((len(c._plans), len(c._desc_cache), len(c._sizer)))
+        assert max(max(s) for s in seen) <= 4 and min(s[0] for s in seen[4:]) >= 1
+        with c.loan(64 << 10) as loan:
+            x = loan.array("x", (8,), np.float32)
+            x[:] = np.arange(8)
+            for a in range(10):
+                out = loan.send("scale", a=float(a), b=0.0)["out"]
+                np.testing.assert_array_equal(out, a * np.arange(8, dtype=np.float32))
+                del out
+                assert len(loan._memo) <= 4
