@@ -9,6 +9,7 @@ target (``arch``).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CUDA_DIR", "source", "get_function", "sm_count"]
+__all__ = ["CUDA_DIR", "source", "get_function", "sm_count", "launch_dependent"]
 
 CUDA_DIR = Path(__file__).with_name("cuda")
 _lock = threading.Lock()
@@ -141,3 +142,51 @@ def sm_count() -> int:
     if dev not in _sm:
         _sm[dev] = int(cupy.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"])
     return _sm[dev]
+
+
+# cuLaunchKernelEx's arguments (cuda.h): CUlaunchAttribute is a 4-byte id, then its value union (64 bytes) at offset 8;
+# CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6, its value an int (programmaticStreamSerializationAllowed)
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttr(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                ("shared_mem", ctypes.c_uint), ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttr)),
+                ("n_attrs", ctypes.c_uint)]
+
+
+_launch_ex: list[Any] = []  # [cuLaunchKernelEx, its attribute] once the driver library is loaded
+
+
+def launch_dependent(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...],
+                     shared_mem: int = 0) -> None:
+    """Launch ``fn`` (a kernel of :func:`get_function`) on the current stream as a programmatic dependent launch
+    (sm_90 and later): it may start before the kernel ahead of it in the stream has finished, so it must execute
+    ``griddepcontrol.wait`` before it reads or writes anything that kernel may touch (``wk_body`` in
+    ``cuda/w4a16_mma.cu``). ``args``: CuPy arrays (their device pointers) and NumPy int32 scalars, in order.
+    Raises ``RuntimeError`` with the driver's code if the launch fails."""
+    import cupy
+
+    if not _launch_ex:
+        lib = ctypes.CDLL("libcuda.so.1")
+        f = lib.cuLaunchKernelEx
+        f.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        f.restype = ctypes.c_int
+        attr = _LaunchAttr(_PROGRAMMATIC_STREAM_SERIALIZATION, 0, 1)
+        _launch_ex.extend((f, attr))
+    f, attr = _launch_ex
+    g = (*grid, 1, 1)
+    b = (*block, 1, 1)
+    cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, cupy.cuda.get_current_stream().ptr,
+                        ctypes.pointer(attr), 1)
+    held = [ctypes.c_void_p(a.data.ptr) if isinstance(a, cupy.ndarray) else ctypes.c_int32(int(a)) for a in args]
+    params = (ctypes.c_void_p * len(held))(*[ctypes.addressof(h) for h in held])
+    handle = fn.ptr if hasattr(fn, "ptr") else fn.kernel.ptr
+    rc = f(ctypes.byref(cfg), handle, params, None)
+    if rc:
+        raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {rc}")

@@ -261,10 +261,13 @@ def _sm90a() -> bool:
     return _device_facts()[1]
 
 
-def wk_launch(fn: Any, grid: tuple[int, int], wk: int, smem: int, args: tuple[Any, ...]) -> None:
+def wk_launch(fn: Any, grid: tuple[int, int], wk: int, smem: int, args: tuple[Any, ...], pdl: bool = False) -> None:
     """Launch the tensor-core kernel ``fn`` (w4a16_wk and its kin, w4a16_wg) as ``wk`` warps per block with ``smem``
-    bytes of dynamic shared memory (opted in once per function)."""
+    bytes of dynamic shared memory (opted in once per function); ``pdl``: as a programmatic dependent launch
+    (``_cuda.launch_dependent``; only for kernels that wait for the one before them: w4a16_wk, wkc, wkm)."""
     import cupy
+
+    from ._cuda import launch_dependent
 
     done = _WK_SMEM_SET.get(id(fn))
     if smem > 48 * 1024 and (done is None or done[0] is not fn or done[1] < smem):
@@ -274,7 +277,10 @@ def wk_launch(fn: Any, grid: tuple[int, int], wk: int, smem: int, args: tuple[An
             # Function of an sm_90a module has .ptr; a RawKernel without the property, .kernel.ptr)
             cupy.cuda.driver.funcSetAttribute(fn.ptr if hasattr(fn, "ptr") else fn.kernel.ptr, 8, smem)
         _WK_SMEM_SET[id(fn)] = (fn, smem)
-    fn(grid, (32 * wk,), args, shared_mem=smem)
+    if pdl:
+        launch_dependent(fn, grid, (32 * wk,), args, shared_mem=smem)
+    else:
+        fn(grid, (32 * wk,), args, shared_mem=smem)
 
 
 def pack_x(x: Any, m: int, k: int, mr: int, kt: str) -> Any:
@@ -304,6 +310,7 @@ class _Launch(NamedTuple):
     tail: tuple[Any, ...]  # the int32 arguments after the arrays: m, k, n, group rows, chunks per block
     partials: int  # float32 split-K partials (0: the kernel takes none, w4a16_wg)
     tiles: int  # split-K counters
+    waits: bool  # the kernel waits for the one before it (griddepcontrol.wait): it may be a programmatic dependent launch
 
 
 # (kt, m, k, n, gs, configuration, SMs) -> its _Launch: the geometry and names are asked for on every launch
@@ -318,17 +325,17 @@ def _launch_of(kt: str, m: int, k: int, n: int, gs: int, cfg: tuple[int, ...], n
     if len(cfg) == 4:
         grid, cpb, smem = w4a16_wg_launch(m, k, n, cfg)
         launch = _Launch("w4a16_mma.cu+w4a16_wg.cu", _wg_names(kt), _wg_name(kt, cfg), "sm_90a", grid, 4, smem,
-                         _int32s(m, k, n, gs // 2, cpb), 0, 0)
+                         _int32s(m, k, n, gs // 2, cpb), 0, 0, False)
     elif len(cfg) >= 6:
         (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, n_sm, cfg)
         launch = _Launch("w4a16_mma.cu", _mma_names(kt), _wk_name(kt, cfg), None, (tiles, ksplit), cfg[2], smem,
-                         _int32s(m, k, n, gs // 2, cpb), ksplit * m * n if ksplit > 1 and len(cfg) == 6 else 1, tiles)
+                         _int32s(m, k, n, gs // 2, cpb), ksplit * m * n if ksplit > 1 and len(cfg) == 6 else 1, tiles, True)
     else:
         (tiles, ksplit), cpb = w4a16_mma_launch(m, k, n, n_sm, cfg)
         mt, nw, wp, _, st = cfg
         name = f"w4a16_mma<{kt},{mt},{nw},{wp}>" if st == 0 else f"w4a16_mma_async<{kt},{mt},{nw},{wp},{st}>"
         launch = _Launch("w4a16_mma.cu", _mma_names(kt), name, None, (tiles, ksplit), wp, 0,
-                         _int32s(m, k, n, gs // 2, cpb), ksplit * m * n if ksplit > 1 else 1, tiles)
+                         _int32s(m, k, n, gs // 2, cpb), ksplit * m * n if ksplit > 1 else 1, tiles, False)
     if len(_LAUNCHES) >= 4096:
         _LAUNCHES.clear()
     _LAUNCHES[key] = launch
@@ -359,7 +366,8 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ..
     if len(cfg) == 8:
         x = pack_x(x, m, k, 16 * cfg[0], kt)
     wk_launch(fn, launch.grid, launch.warps, launch.smem,
-              (x, qw, sc, zr, _partials(call, launch.partials), _counters(call, launch.tiles), out, *launch.tail))
+              (x, qw, sc, zr, _partials(call, launch.partials), _counters(call, launch.tiles), out, *launch.tail),
+              pdl=launch.waits and tuning().pdl and _sm90a())
     return out
 
 

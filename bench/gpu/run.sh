@@ -63,6 +63,8 @@
 #           W4_PROBE_ARGS: more arguments for it (e.g. --ms 1,8 --skip epi0,ldsm0)
 #   w4ab    bench/gpu/w4a16_probe.py (W4_PROBE_ARGS) of the tree against the base tree (.whl/base/), interleaved twice
 #           -> $OUT/w4a16-probe-{base,new}-rN.{json,log}
+#   pdl     bench/gpu/pdl_probe.py: gemm_w4a16 launched as programmatic dependent launches against plain launches,
+#           the dependency checks (PDL_ARGS: more arguments, e.g. --ms 1,16)
 #   launch  bench/gpu/launch_probe.py: the host's cost of one gemm_w4a16 call in pieces, the GPU held busy
 #   sass    bench/gpu/sass_loop.py: gemm_w4a16's kernels built with nvcc, the chunk loop's instructions by opcode from
 #           their SASS, and ptxas's registers -> $OUT/sass-loop.json
@@ -277,6 +279,11 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
           grep -E "product" "$OUT/w4a16-probe-$tree-r$r.log"
         done
       done ;;
+    pdl)  # gemm_w4a16's tensor-core kernels as programmatic dependent launches against plain ones (PDL_ARGS: more
+      # arguments for bench/gpu/pdl_probe.py) -> $OUT/pdl-probe.json, its printed output in $OUT/pdl-probe.log
+      echo "== bench/gpu/pdl_probe.py ${PDL_ARGS:-}"
+      timeout 200 python3 bench/gpu/pdl_probe.py ${PDL_ARGS:-} --out "$OUT/pdl-probe.json" > "$OUT/pdl-probe.log" 2>&1
+      echo "rc $?"; sed -n '/^  M /,$p' "$OUT/pdl-probe.log"; grep -E "^error" "$OUT/pdl-probe.log" | head -5 ;;
     launch)  # the host's cost of one gemm_w4a16 call, in pieces (bench/gpu/launch_probe.py) -> $OUT/launch-probe.json
       echo "== bench/gpu/launch_probe.py"
       timeout 120 python3 bench/gpu/launch_probe.py --out "$OUT/launch-probe.json" 2>&1 | grep -v JSON ;;

@@ -476,6 +476,12 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 #ifndef W4_FIX
 #define W4_FIX 1  // 0 (probe builds only): MT = 0 dequantizes with the zero and the scale per pair (dq_pair), as before
 #endif
+#ifndef W4_PDL
+#define W4_PDL 1  // 0 (probe builds only): no griddepcontrol, no L2 prefetch before it (wk_body)
+#endif
+#ifndef W4_PDL_PF
+#define W4_PDL_PF 8  // chunks per warp whose weights wk_body prefetches into L2 before griddepcontrol.wait
+#endif
 #ifndef W4_LDSM
 #define W4_LDSM 1  // 0 (probe builds only): the A fragments read as 32-bit words, all four k16 steps before the math
 #endif
@@ -643,6 +649,25 @@ __device__ __forceinline__ void wk_body(
   const u16* sz_src = (sz_which ? zeros : scales) + col0 + 8 * sz_off;
   const u32 sz_dst = (u32)(WB + sz_which * 2 * BC + 16 * sz_off);
   const int cpg = group_rows >> 5, cpg_shift = (cpg & (cpg - 1)) == 0 ? __ffs(cpg) - 1 : -1;  // chunks per group
+#if W4_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Programmatic dependent launch (quant.wk_launch launches these kernels with the stream-serialization attribute
+  // when asked; otherwise both instructions do nothing): the next kernel of the stream may be launched now, and its
+  // blocks start as this kernel's leave their SMs. Before this block reads anything the kernel before it may write
+  // (x, the split-K partials and counters) or writes anything, it waits for that kernel to complete; meanwhile it
+  // prefetches the weights of its warps' first chunks into L2 (lane l: packed row l of a chunk, its BC bytes). A
+  // prefetch only fills L2, the GPU's point of coherence, so it cannot make a later read see stale bytes.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  {
+    const unsigned char* pf = qweight + (u64)lane * N + col0;
+    const int npf = min(nloc, W4_PDL_PF);
+    for (int j = 0; j < npf; ++j) {
+      const unsigned char* p = pf + (u64)(c_begin + warp + WK * j) * w_chunk;
+#pragma unroll
+      for (int b = 0; b < BC; b += 128) asm volatile("prefetch.global.L2 [%0];" :: "l"(p + b));
+    }
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 
   for (int m0 = 0; m0 < M; m0 += MR) {
     const int mrows = min(MR, M - m0);

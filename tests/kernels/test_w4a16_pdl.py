@@ -1,0 +1,114 @@
+"""gemm_w4a16's tensor-core kernels launched as programmatic dependent launches (``SHMRPC_W4A16_PDL=1``): the driver's
+launch structures as cuda.h lays them out; on the GPU (sm_90), the same bits as plain launches, and a kernel that may
+start before the one ahead of it finishes still reads that kernel's output (a writer that lets it launch at once, and
+two calls chained). The GPU tests skip with the reason where there is no CuPy/GPU or no sm_90."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+import pytest
+from support.w4a16 import case, check, run
+
+from shmrpc.kernels._cuda import _LaunchAttr, _LaunchConfig
+from shmrpc.kernels._w4a16_config import W4A16Tuning
+
+# a writer of x that lets the next kernel of the stream launch at its start (as w4a16_wk does), then spins about
+# `cycles` in every block before it writes x[i] = v: a dependent kernel that did not wait would read x unwritten
+_WRITE_LATE = r"""extern "C" __global__ void write_late(unsigned short* x, long long n, unsigned short v, long long cycles) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  if (threadIdx.x == 0) { long long t0 = clock64(); while (clock64() - t0 < cycles) { } }
+  __syncthreads();
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) x[i] = v;
+}"""
+
+
+def test_the_launch_structures_are_laid_out_as_cuda_h_says() -> None:
+    # CUlaunchAttribute: a 4-byte id, its value union (64 bytes) at offset 8; CUlaunchConfig: 7 unsigned ints, then
+    # the stream, the attributes and their count, 8-byte aligned
+    assert ctypes.sizeof(_LaunchAttr) == 72 and _LaunchAttr.value.offset == 8
+    assert [getattr(_LaunchConfig, f).offset for f in ("shared_mem", "stream", "attrs", "n_attrs")] == [24, 32, 40, 48]
+    assert ctypes.sizeof(_LaunchConfig) == 56
+
+
+def test_dependent_launches_are_opt_in() -> None:
+    assert W4A16Tuning.from_env({}).pdl is False
+    assert W4A16Tuning.from_env({"SHMRPC_W4A16_PDL": "1"}).pdl is True
+
+
+@pytest.fixture
+def sm90(cp: Any) -> Any:
+    from shmrpc.kernels.quant import _sm90a
+
+    if not _sm90a():
+        pytest.skip("programmatic dependent launch needs an sm_90 device")
+    return cp
+
+
+def _tuning(monkeypatch: Any, cfg: str, pdl: bool) -> None:
+    from shmrpc.kernels import _w4a16_config
+
+    monkeypatch.setattr(_w4a16_config, "_TUNING", W4A16Tuning.from_env(
+        {"SHMRPC_W4A16_MMA_M1": "1", "SHMRPC_W4A16_MMA_CFG": cfg, "SHMRPC_W4A16_PDL": "1" if pdl else "0"}))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("cfg", "m"), [("0,4,12,0,3,1,2", 1), ("0,4,8,1,3,1", 3), ("-2,4,8,0,3,1,2", 16),
+                                        ("-2,4,8,2,3,1", 12), ("2,4,8,0,3,1,2", 32), ("1,2,8,2,3,0", 13),
+                                        ("4,2,8,0,2,1,1,2", 40), ("4,2,4,1,2,1", 13)])
+def test_a_dependent_launch_gives_the_bits_of_a_plain_one(gpu, sm90, monkeypatch, cfg, m) -> None:
+    from shmrpc.kernels._w4a16_config import _mma_cfg
+
+    ins, want = case(m, 2048, 512, 64, "float16")
+    got = []
+    for pdl in (False, True):
+        _tuning(monkeypatch, cfg, pdl)
+        assert _mma_cfg(m, 2048, 512, 64) == tuple(int(v) for v in cfg.split(","))
+        got.append(run(gpu, ins, "float16"))
+        check(got[-1], want, "float16")
+    assert got[0].tobytes() == got[1].tobytes()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("cfg", "m"), [("0,4,12,0,3,1,2", 1), ("-2,4,8,2,3,1", 16), ("4,2,8,0,2,1,1,2", 40)])
+def test_a_dependent_launch_waits_for_the_kernel_before_it(sm90, monkeypatch, cfg, m) -> None:
+    cp = sm90
+    from shmrpc.kernels import REGISTRY, TensorSpec
+    from shmrpc.kernels._registry import OpCall
+    from shmrpc.kernels._w4a16_config import _mma_cfg
+    from shmrpc.kernels.quant import dequantize_int4
+
+    k = n = 2048
+    ins, _ = case(m, k, n, 64, "float16")
+    w = dequantize_int4(np, ins["q"], ins["s"], ins["z"]).astype(np.float64)
+    specs = {"x": TensorSpec((m, k), "float16"), "qweight": TensorSpec((k // 2, n), "uint8"),
+             "scales": TensorSpec((k // 64, n), "float16"), "zeros": TensorSpec((k // 64, n), "float16")}
+    op = REGISTRY["gemm_w4a16"].cupy
+    write_late = cp.RawKernel(_WRITE_LATE, "write_late")
+    with cp.cuda.Stream(non_blocking=True) as stream:
+        q, s, z = (cp.asarray(ins[v]) for v in "qsz")
+        x = cp.zeros((m, k), dtype=cp.float16)
+
+        def call(x: Any) -> Any:
+            return op(OpCall(cp, {"x": x, "qweight": q, "scales": s, "zeros": z}, specs,
+                             {"out": TensorSpec((m, n), "float16")}, {}, {}, {}))["out"]
+
+        _tuning(monkeypatch, cfg, True)
+        assert _mma_cfg(m, k, n, 64) == tuple(int(v) for v in cfg.split(","))
+        for v in (0.25, -0.5, 0.125, -0.25):  # x written by the kernel before, late: the answer is that of the new x
+            write_late((8,), (256,), (x, np.int64(m * k), np.float16(v).view(np.uint16), np.int64(200_000)))
+            got = cp.asnumpy(call(x)).astype(np.float64)
+            want = np.broadcast_to(v * w.sum(axis=0), (m, n))
+            check(got, want, "float16")
+        xr = cp.asarray(ins["x"])
+        chained = []
+        for pdl in (False, True):  # two calls chained: the second's x is the first's output
+            _tuning(monkeypatch, cfg, pdl)
+            chained.append(cp.asnumpy(call(call(xr))))
+        stream.synchronize()
+    assert chained[0].tobytes() == chained[1].tobytes()
+    check(chained[1], (ins["x"].astype(np.float64) @ w).astype(np.float16).astype(np.float64) @ w, "float16")
