@@ -163,30 +163,58 @@ class _LaunchConfig(ctypes.Structure):
 _launch_ex: list[Any] = []  # [cuLaunchKernelEx, its attribute] once the driver library is loaded
 
 
+class _Prepared:
+    """One launch geometry's cuLaunchKernelEx arguments, made once: the config, and the parameter array pointing at
+    one 8-byte slot per argument (a pointer, or an int32 in the slot's low half: little-endian)."""
+
+    __slots__ = ("fn", "handle", "cfg", "slots", "params")
+
+    def __init__(self, fn: Any, grid: tuple[int, ...], block: tuple[int, ...], shared_mem: int, stream: int, n: int,
+                 attr: _LaunchAttr) -> None:
+        self.fn = fn  # kept: the key holds its id
+        self.handle = fn.ptr if hasattr(fn, "ptr") else fn.kernel.ptr
+        g, b = (*grid, 1, 1), (*block, 1, 1)
+        self.cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, stream, ctypes.pointer(attr), 1)
+        self.slots = (ctypes.c_uint64 * n)()
+        base = ctypes.addressof(self.slots)
+        self.params = (ctypes.c_void_p * n)(*(base + 8 * i for i in range(n)))
+
+
+_PREPARED: dict[tuple[Any, ...], _Prepared] = {}
+
+
 def launch_dependent(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...],
-                     shared_mem: int = 0) -> None:
+                     shared_mem: int = 0) -> bool:
     """Launch ``fn`` (a kernel of :func:`get_function`) on the current stream as a programmatic dependent launch
     (sm_90 and later): it may start before the kernel ahead of it in the stream has finished, so it must execute
-    ``griddepcontrol.wait`` before it reads or writes anything that kernel may touch (``wk_body`` in
+    ``griddepcontrol.wait`` before it reads or writes anything that kernel may touch (``pdl_begin`` in
     ``cuda/w4a16_mma.cu``). ``args``: CuPy arrays (their device pointers) and NumPy int32 scalars, in order.
-    Raises ``RuntimeError`` with the driver's code if the launch fails."""
+
+    Returns False, launching nothing, while the stream is being captured into a CUDA graph (the caller launches as
+    usual: a graph's kernels are ordered by its edges). Raises ``RuntimeError`` with the driver's code if the launch
+    fails."""
     import cupy
 
+    stream = cupy.cuda.get_current_stream().ptr
+    if stream and cupy.cuda.runtime.streamIsCapturing(stream):
+        return False
     if not _launch_ex:
         lib = ctypes.CDLL("libcuda.so.1")
         f = lib.cuLaunchKernelEx
-        f.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         f.restype = ctypes.c_int
-        attr = _LaunchAttr(_PROGRAMMATIC_STREAM_SERIALIZATION, 0, 1)
-        _launch_ex.extend((f, attr))
-    f, attr = _launch_ex
-    g = (*grid, 1, 1)
-    b = (*block, 1, 1)
-    cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, cupy.cuda.get_current_stream().ptr,
-                        ctypes.pointer(attr), 1)
-    held = [ctypes.c_void_p(a.data.ptr) if isinstance(a, cupy.ndarray) else ctypes.c_int32(int(a)) for a in args]
-    params = (ctypes.c_void_p * len(held))(*[ctypes.addressof(h) for h in held])
-    handle = fn.ptr if hasattr(fn, "ptr") else fn.kernel.ptr
-    rc = f(ctypes.byref(cfg), handle, params, None)
+        _launch_ex.extend((f, _LaunchAttr(_PROGRAMMATIC_STREAM_SERIALIZATION, 0, 1)))
+    key = (id(fn), grid, block, shared_mem, stream, len(args))
+    p = _PREPARED.get(key)
+    if p is None or p.fn is not fn:
+        if len(_PREPARED) >= 1024:
+            _PREPARED.clear()
+        p = _PREPARED[key] = _Prepared(fn, grid, block, shared_mem, stream, len(args), _launch_ex[1])
+    slots = p.slots
+    ndarray = cupy.ndarray
+    for i, a in enumerate(args):
+        slots[i] = a.data.ptr if type(a) is ndarray else int(a) & 0xFFFFFFFF
+    rc = _launch_ex[0](ctypes.addressof(p.cfg), p.handle, ctypes.addressof(p.params), None)
     if rc:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {rc}")
+    return True

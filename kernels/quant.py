@@ -264,7 +264,8 @@ def _sm90a() -> bool:
 def wk_launch(fn: Any, grid: tuple[int, int], wk: int, smem: int, args: tuple[Any, ...], pdl: bool = False) -> None:
     """Launch the tensor-core kernel ``fn`` (w4a16_wk and its kin, w4a16_wg) as ``wk`` warps per block with ``smem``
     bytes of dynamic shared memory (opted in once per function); ``pdl``: as a programmatic dependent launch
-    (``_cuda.launch_dependent``; only for kernels that wait for the one before them: w4a16_wk, wkc, wkm)."""
+    (``_cuda.launch_dependent``; only for kernels that wait for the one before them: w4a16_wk, wkc, wkm, wg, wgc;
+    a plain launch while the stream is being captured)."""
     import cupy
 
     from ._cuda import launch_dependent
@@ -277,9 +278,7 @@ def wk_launch(fn: Any, grid: tuple[int, int], wk: int, smem: int, args: tuple[An
             # Function of an sm_90a module has .ptr; a RawKernel without the property, .kernel.ptr)
             cupy.cuda.driver.funcSetAttribute(fn.ptr if hasattr(fn, "ptr") else fn.kernel.ptr, 8, smem)
         _WK_SMEM_SET[id(fn)] = (fn, smem)
-    if pdl:
-        launch_dependent(fn, grid, (32 * wk,), args, shared_mem=smem)
-    else:
+    if not (pdl and launch_dependent(fn, grid, (32 * wk,), args, shared_mem=smem)):
         fn(grid, (32 * wk,), args, shared_mem=smem)
 
 
@@ -325,7 +324,7 @@ def _launch_of(kt: str, m: int, k: int, n: int, gs: int, cfg: tuple[int, ...], n
     if len(cfg) == 4:
         grid, cpb, smem = w4a16_wg_launch(m, k, n, cfg)
         launch = _Launch("w4a16_mma.cu+w4a16_wg.cu", _wg_names(kt), _wg_name(kt, cfg), "sm_90a", grid, 4, smem,
-                         _int32s(m, k, n, gs // 2, cpb), 0, 0, False)
+                         _int32s(m, k, n, gs // 2, cpb), 0, 0, True)
     elif len(cfg) >= 6:
         (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, n_sm, cfg)
         launch = _Launch("w4a16_mma.cu", _mma_names(kt), _wk_name(kt, cfg), None, (tiles, ksplit), cfg[2], smem,
@@ -360,14 +359,15 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ..
         out = cupy.empty((m, n), dtype=x.dtype)
     launch = _launch_of(kt, m, k, n, gs, cfg, sm_count())
     fn = get_function(launch.file, launch.names, launch.name, launch.arch)
+    pdl = launch.waits and tuning().pdl and _sm90a()
     if not launch.partials:  # w4a16_wg / w4a16_wgc
-        wk_launch(fn, launch.grid, launch.warps, launch.smem, (x, qw, sc, zr, out, *launch.tail))
+        wk_launch(fn, launch.grid, launch.warps, launch.smem, (x, qw, sc, zr, out, *launch.tail), pdl=pdl)
         return out
     if len(cfg) == 8:
         x = pack_x(x, m, k, 16 * cfg[0], kt)
     wk_launch(fn, launch.grid, launch.warps, launch.smem,
               (x, qw, sc, zr, _partials(call, launch.partials), _counters(call, launch.tiles), out, *launch.tail),
-              pdl=launch.waits and tuning().pdl and _sm90a())
+              pdl=pdl)
     return out
 
 

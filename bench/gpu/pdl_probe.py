@@ -11,9 +11,12 @@ them), one call after another of the op as the table chooses:
 
 - ``before``: the chosen kernel built with ``-DW4_PDL=0`` (no griddepcontrol, no prefetch), launched plainly, as the
   op's launch code would (the kernel before this probe's change);
-- ``plain``: the op, plain launches (the kernel's griddepcontrol instructions then do nothing; its prefetch runs);
+- ``plain``: the op, plain launches (the kernel's griddepcontrol instructions then do nothing);
 - ``pdl``: the op with ``pdl=True``;
-- ``pdl pf=0``: the chosen kernel built with ``-DW4_PDL_PF=0`` (no prefetch), launched as a dependent launch;
+- ``pdl pf=8``: the chosen kernel built with ``-DW4_PDL_PF=8`` (each warp prefetches the weights of its first 8 chunks
+  into L2 before it waits), launched as a dependent launch;
+
+(``before`` and ``pdl pf=8`` for w4a16_wk / wkc only; the wgmma kernels of M 33..64 get ``plain`` and ``pdl``)
 
 and fp16 cuBLAS of the same shape. Each timer also records the host's seconds per call (the enqueue, GPU held).
 Checks: ``pdl``'s output equals ``plain``'s bit for bit (the kernels are deterministic) and both pass the tests' rule
@@ -57,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=50)
-    ap.add_argument("--ms", default="1,8,16,32")
+    ap.add_argument("--ms", default="1,8,16,32,64")
     ap.add_argument("--shapes", default="8192x8192,4096x14336,4096x4096", help="KxN,...")
     ap.add_argument("--dep-reps", type=int, default=20)
     args = ap.parse_args(argv)
@@ -111,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                 it16 = iter(range(10**9))
                 row["cublas_fp16_seconds"] = _timer(cp, lambda x=x, it16=it16: cp.matmul(x, w16[next(it16) % n16]),  # noqa: B023
                                                     args.reps)
-                if cfg is None or len(cfg) < 6:
-                    row["note"] = "the op's kernel here is not w4a16_wk or its kin: no dependent launch"
+                if cfg is None or len(cfg) not in (4, 6, 7, 8):
+                    row["note"] = "the op's kernel here is not w4a16_wk, wg or their kin: no dependent launch"
                     res["rows"].append(row)
                     print(row, flush=True)
                     continue
@@ -131,30 +134,31 @@ def main(argv: list[str] | None = None) -> int:
                         row[f"{label}_ok"] = bool(cp.allclose(d / wmax, want / wmax, rtol=rtol, atol=atol))
                         row[f"{label}_out"] = got
                     row["pdl_equals_plain"] = bool((row.pop("pdl_out") == row.pop("plain_out")).all())
-                    (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, n_sm, cfg)
-                    partial = cp.empty((ksplit, m, n) if ksplit > 1 else (1,), dtype=cp.float32)
-                    counters = cp.zeros(max(tiles, 1024), dtype=cp.uint32)
-                    out = cp.zeros((m, n), dtype=cp.float16)
-                    for label, opts, pdl in (("before", ("-DW4_PDL=0",), False), ("pdl pf=0", ("-DW4_PDL_PF=0",), True)):
-                        key = " ".join(opts)
-                        if key not in mods:
-                            names = [_wk_name("F16", c) for c in chosen]
-                            mods[key] = cp.RawModule(code=source("w4a16_mma.cu"), options=("-std=c++17", *opts),
-                                                     name_expressions=names)
-                        fn = mods[key].get_function(_wk_name("F16", cfg))
-                        it = iter(range(10**9))
+                    if len(cfg) in (6, 7):  # the variants: of w4a16_wk / wkc only
+                        (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, n_sm, cfg)
+                        partial = cp.empty((ksplit, m, n) if ksplit > 1 else (1,), dtype=cp.float32)
+                        counters = cp.zeros(max(tiles, 1024), dtype=cp.uint32)
+                        out = cp.zeros((m, n), dtype=cp.float16)
+                        for label, opts, pdl in (("before", ("-DW4_PDL=0",), False), ("pdl pf=8", ("-DW4_PDL_PF=8",), True)):
+                            key = " ".join(opts)
+                            if key not in mods:
+                                names = [_wk_name("F16", c) for c in chosen]
+                                mods[key] = cp.RawModule(code=source("w4a16_mma.cu"), options=("-std=c++17", *opts),
+                                                         name_expressions=names)
+                            fn = mods[key].get_function(_wk_name("F16", cfg))
+                            it = iter(range(10**9))
 
-                        tail = (partial, counters, out, np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2),
-                                np.int32(cpb))
+                            tail = (partial, counters, out, np.int32(m), np.int32(k), np.int32(n), np.int32(gs // 2),
+                                    np.int32(cpb))
 
-                        def once(fn: Any = fn, it: Any = it, pdl: bool = pdl, grid: tuple[int, int] = (tiles, ksplit),
-                                 warps: int = cfg[2], smem: int = smem, tail: tuple[Any, ...] = tail,
-                                 calls: list[Any] = calls) -> None:
-                            c = calls[next(it) % len(calls)].inputs
-                            wk_launch(fn, grid, warps, smem, (c["x"], c["qweight"], c["scales"], c["zeros"], *tail),
-                                      pdl=pdl)
+                            def once(fn: Any = fn, it: Any = it, pdl: bool = pdl, grid: tuple[int, int] = (tiles, ksplit),
+                                     warps: int = cfg[2], smem: int = smem, tail: tuple[Any, ...] = tail,
+                                     calls: list[Any] = calls) -> None:
+                                c = calls[next(it) % len(calls)].inputs
+                                wk_launch(fn, grid, warps, smem, (c["x"], c["qweight"], c["scales"], c["zeros"], *tail),
+                                          pdl=pdl)
 
-                        row[f"{label}_seconds"] = _timer(cp, once, args.reps)
+                            row[f"{label}_seconds"] = _timer(cp, once, args.reps)
                 except Exception as e:  # recorded, and the run goes on
                     res["errors"].append(f"M={m} {k}x{n}: {type(e).__name__}: {e}")
                     print("error", res["errors"][-1], flush=True)
@@ -165,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             # the dependency check on this shape, M = 1 and the largest M asked: x written late by the kernel before
             for m in sorted({1, max(ms)}):
                 cfg = w4a16_choice(m, k, n, gs)
-                if cfg is None or len(cfg) < 6:
+                if cfg is None or len(cfg) not in (4, 6, 7):
                     continue
                 x = cp.zeros((m, k), dtype=cp.float16)
                 call = OpCall(cp, {"x": x, "qweight": sets[0][0], "scales": sets[0][1], "zeros": sets[0][2]}, in_specs_of(
@@ -210,13 +214,13 @@ def in_specs_of(ts: Any, m: int, k: int, n: int, g: int) -> dict[str, Any]:
 
 
 def _summary(res: dict[str, Any]) -> None:
-    print(f"\n{'M':>3} {'K x N':>11} {'cuBLAS':>7} {'before':>7} {'plain':>7} {'pdl':>7} {'pdl pf0':>7} "
+    print(f"\n{'M':>3} {'K x N':>11} {'cuBLAS':>7} {'before':>7} {'plain':>7} {'pdl':>7} {'pdl pf8':>7} "
           f"{'host plain/pdl':>15}  same ok")
     for r in res["rows"]:
         if "pdl_seconds" not in r:
             continue
         us = [r.get(k) for k in ("cublas_fp16_seconds", "before_seconds", "plain_seconds", "pdl_seconds",
-                                  "pdl pf=0_seconds")]
+                                  "pdl pf=8_seconds")]
         h = f"{r['plain_host_seconds'] * 1e6:.1f}/{r['pdl_host_seconds'] * 1e6:.1f}"
         print(f"{r['M']:>3} {str(r['K']) + 'x' + str(r['N']):>11} "
               + " ".join(f"{v * 1e6:7.1f}" if v else f"{'-':>7}" for v in us)

@@ -477,10 +477,10 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 #define W4_FIX 1  // 0 (probe builds only): MT = 0 dequantizes with the zero and the scale per pair (dq_pair), as before
 #endif
 #ifndef W4_PDL
-#define W4_PDL 1  // 0 (probe builds only): no griddepcontrol, no L2 prefetch before it (wk_body)
+#define W4_PDL 1  // 0 (probe builds only): no griddepcontrol (pdl_begin does nothing)
 #endif
 #ifndef W4_PDL_PF
-#define W4_PDL_PF 8  // chunks per warp whose weights wk_body prefetches into L2 before griddepcontrol.wait
+#define W4_PDL_PF 0  // > 0 (probe builds only): chunks per warp whose weights wk_body prefetches into L2 before pdl_begin
 #endif
 #ifndef W4_LDSM
 #define W4_LDSM 1  // 0 (probe builds only): the A fragments read as 32-bit words, all four k16 steps before the math
@@ -488,6 +488,17 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 
 // The four 8x8 matrices of an m16n8k16 A fragment (rows 0-7 / 8-15, k 0-7 / 8-15) from shared memory: a[0..3] as
 // the mma wants them; addr: this lane's row (lanes 0-15 rows 0-15 at k 0, lanes 16-31 the same rows at k 8).
+// Programmatic dependent launch (quant.wk_launch launches w4a16_wk, wkc, wkm, wg and wgc with the stream-serialization
+// attribute when asked; otherwise both instructions do nothing): the next kernel of the stream may be launched now, and
+// its blocks start as this kernel's leave their SMs; then this block waits for the kernel before it to complete, before
+// it reads anything that kernel may write (x, the split-K partials and counters) or writes anything. Called by every
+// thread before its first global access.
+__device__ __forceinline__ void pdl_begin() {
+#if W4_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 __device__ __forceinline__ void ldsm_x4(u32 addr, u32* a) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr) : "memory");
@@ -649,15 +660,9 @@ __device__ __forceinline__ void wk_body(
   const u16* sz_src = (sz_which ? zeros : scales) + col0 + 8 * sz_off;
   const u32 sz_dst = (u32)(WB + sz_which * 2 * BC + 16 * sz_off);
   const int cpg = group_rows >> 5, cpg_shift = (cpg & (cpg - 1)) == 0 ? __ffs(cpg) - 1 : -1;  // chunks per group
-#if W4_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Programmatic dependent launch (quant.wk_launch launches these kernels with the stream-serialization attribute
-  // when asked; otherwise both instructions do nothing): the next kernel of the stream may be launched now, and its
-  // blocks start as this kernel's leave their SMs. Before this block reads anything the kernel before it may write
-  // (x, the split-K partials and counters) or writes anything, it waits for that kernel to complete; meanwhile it
-  // prefetches the weights of its warps' first chunks into L2 (lane l: packed row l of a chunk, its BC bytes). A
-  // prefetch only fills L2, the GPU's point of coherence, so it cannot make a later read see stale bytes.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  {
+#if W4_PDL_PF > 0 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  {  // probe builds only: the weights of the warps' first chunks prefetched into L2 before the wait (lane l: packed row
+     // l of a chunk, its BC bytes); measured slower, with and without a dependent launch (docs/kernels.md)
     const unsigned char* pf = qweight + (u64)lane * N + col0;
     const int npf = min(nloc, W4_PDL_PF);
     for (int j = 0; j < npf; ++j) {
@@ -666,8 +671,8 @@ __device__ __forceinline__ void wk_body(
       for (int b = 0; b < BC; b += 128) asm volatile("prefetch.global.L2 [%0];" :: "l"(p + b));
     }
   }
-  asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+  pdl_begin();
 
   for (int m0 = 0; m0 < M; m0 += MR) {
     const int mrows = min(MR, M - m0);

@@ -101,6 +101,7 @@ __device__ __forceinline__ void wg_body(
   const u32 sz_dst = (u32)(XB + 4 * WB + warp * SZB + sz_which * 2 * BC + 16 * sz_off);
   const int cpg = group_rows >> 5, cpg_shift = (cpg & (cpg - 1)) == 0 ? __ffs(cpg) - 1 : -1;
   const int bpiece = (g * NT) >> 4, boff = (g * NT) & 15;
+  pdl_begin();
 
   for (int m0 = 0; m0 < M; m0 += NB) {
     const int mrows = min(NB, M - m0);

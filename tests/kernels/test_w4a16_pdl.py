@@ -1,4 +1,4 @@
-"""gemm_w4a16's tensor-core kernels launched as programmatic dependent launches (``SHMRPC_W4A16_PDL=1``): the driver's
+"""gemm_w4a16's tensor-core kernels (w4a16_wk, wkc, wkm, wg, wgc) launched as programmatic dependent launches (``SHMRPC_W4A16_PDL=1``): the driver's
 launch structures as cuda.h lays them out; on the GPU (sm_90), the same bits as plain launches, and a kernel that may
 start before the one ahead of it finishes still reads that kernel's output (a writer that lets it launch at once, and
 two calls chained). The GPU tests skip with the reason where there is no CuPy/GPU or no sm_90."""
@@ -57,24 +57,27 @@ def _tuning(monkeypatch: Any, cfg: str, pdl: bool) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("cfg", "m"), [("0,4,12,0,3,1,2", 1), ("0,4,8,1,3,1", 3), ("-2,4,8,0,3,1,2", 16),
-                                        ("-2,4,8,2,3,1", 12), ("2,4,8,0,3,1,2", 32), ("1,2,8,2,3,0", 13),
-                                        ("4,2,8,0,2,1,1,2", 40), ("4,2,4,1,2,1", 13)])
-def test_a_dependent_launch_gives_the_bits_of_a_plain_one(gpu, sm90, monkeypatch, cfg, m) -> None:
+@pytest.mark.parametrize(("cfg", "m", "k"), [("0,4,12,0,3,1,2", 1, 2048), ("0,4,8,1,3,1", 3, 2048),
+                                             ("-2,4,8,0,3,1,2", 16, 2048), ("-2,4,8,2,3,1", 12, 2048),
+                                             ("2,4,8,0,3,1,2", 32, 2048), ("1,2,8,2,3,0", 13, 2048),
+                                             ("4,2,8,0,2,1,1,2", 40, 2048), ("4,2,4,1,2,1", 13, 2048),
+                                             ("4,1,4,2", 64, 1024), ("4,2,4,4", 40, 1024), ("0,4,4,8", 5, 1024)])
+def test_a_dependent_launch_gives_the_bits_of_a_plain_one(gpu, sm90, monkeypatch, cfg, m, k) -> None:
     from shmrpc.kernels._w4a16_config import _mma_cfg
 
-    ins, want = case(m, 2048, 512, 64, "float16")
+    ins, want = case(m, k, 512, 64, "float16")
     got = []
     for pdl in (False, True):
         _tuning(monkeypatch, cfg, pdl)
-        assert _mma_cfg(m, 2048, 512, 64) == tuple(int(v) for v in cfg.split(","))
+        assert _mma_cfg(m, k, 512, 64, wg=True) == tuple(int(v) for v in cfg.split(","))
         got.append(run(gpu, ins, "float16"))
         check(got[-1], want, "float16")
     assert got[0].tobytes() == got[1].tobytes()
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("cfg", "m"), [("0,4,12,0,3,1,2", 1), ("-2,4,8,2,3,1", 16), ("4,2,8,0,2,1,1,2", 40)])
+@pytest.mark.parametrize(("cfg", "m"), [("0,4,12,0,3,1,2", 1), ("-2,4,8,2,3,1", 16), ("4,2,8,0,2,1,1,2", 40),
+                                        ("4,1,4,2", 64)])
 def test_a_dependent_launch_waits_for_the_kernel_before_it(sm90, monkeypatch, cfg, m) -> None:
     cp = sm90
     from shmrpc.kernels import REGISTRY, TensorSpec
@@ -98,7 +101,7 @@ def test_a_dependent_launch_waits_for_the_kernel_before_it(sm90, monkeypatch, cf
                              {"out": TensorSpec((m, n), "float16")}, {}, {}, {}))["out"]
 
         _tuning(monkeypatch, cfg, True)
-        assert _mma_cfg(m, k, n, 64) == tuple(int(v) for v in cfg.split(","))
+        assert _mma_cfg(m, k, n, 64, wg=True) == tuple(int(v) for v in cfg.split(","))
         for v in (0.25, -0.5, 0.125, -0.25):  # x written by the kernel before, late: the answer is that of the new x
             write_late((8,), (256,), (x, np.int64(m * k), np.float16(v).view(np.uint16), np.int64(200_000)))
             got = cp.asnumpy(call(x)).astype(np.float64)
