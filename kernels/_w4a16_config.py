@@ -28,8 +28,9 @@ class W4A16Tuning:
         prefetch: ``SHMRPC_W4A16_PF=1``: prefetch the next run in the M = 1 kernel (measured slower).
         mma: ``SHMRPC_W4A16_MMA`` (on; ``0`` turns the tensor-core path off).
         mma_m1: ``SHMRPC_W4A16_MMA_M1`` (on; ``0`` keeps M = 1 on the float32 CUDA-core kernel).
-        pdl: ``SHMRPC_W4A16_PDL=1``: launch w4a16_wk and its kin as programmatic dependent launches (sm_90), so that a
-            call overlaps the end of the kernel before it in the stream (docs/kernels.md).
+        pdl: ``SHMRPC_W4A16_PDL`` (on; ``0`` turns it off): launch the tensor-core kernels (w4a16_wk, wkc, wkm, wg,
+            wgc) as programmatic dependent launches on sm_90, so that a call overlaps the end of the kernel before it
+            in the stream (docs/kernels.md, "Programmatic dependent launch").
         mma_cfg: ``SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S"`` (w4a16_mma / w4a16_mma_async),
             ``"MT,NWORD,WK,BPS,S,XSM"`` (w4a16_wk), ``"MT,NWORD,WK,0,S,XSM,CL"`` (w4a16_wkc, clusters of CL
             blocks), ``"MT,NWORD,WK,0,S,1,1,CN"`` (w4a16_wkm, activations multicast to clusters of CN blocks) or
@@ -42,7 +43,7 @@ class W4A16Tuning:
     prefetch: bool = False
     mma: bool = True
     mma_m1: bool = True
-    pdl: bool = False
+    pdl: bool = True
     mma_cfg: tuple[int, ...] | None = None
 
     @classmethod
@@ -57,7 +58,7 @@ class W4A16Tuning:
                    dequant_min_m=int(env.get("SHMRPC_W4A16_DEQUANT_MIN_M", "5")),
                    h2=env.get("SHMRPC_W4A16_H2", "0") == "1", prefetch=env.get("SHMRPC_W4A16_PF", "0") == "1",
                    mma=env.get("SHMRPC_W4A16_MMA", "1") != "0", mma_m1=env.get("SHMRPC_W4A16_MMA_M1", "1") != "0",
-                   pdl=env.get("SHMRPC_W4A16_PDL", "0") == "1", mma_cfg=cfg)
+                   pdl=env.get("SHMRPC_W4A16_PDL", "1") != "0", mma_cfg=cfg)
 
 
 _TUNING = W4A16Tuning.from_env()

@@ -1,9 +1,9 @@
 """Probe: gemm_w4a16's tensor-core kernels launched as programmatic dependent launches (PDL) against plain launches.
 
-A plain launch starts when the kernel before it in the stream has finished. With ``SHMRPC_W4A16_PDL=1``
-(``quant.use_tuning(pdl=True)``) the op launches w4a16_wk / wkc / wkm with the stream-serialization attribute
-(``_cuda.launch_dependent``): the kernel may start as the one before it leaves the SMs, prefetches its first weight
-chunks into L2 and waits (``griddepcontrol.wait``) before it touches anything that kernel may write.
+A plain launch starts when the kernel before it in the stream has finished. By default (``SHMRPC_W4A16_PDL``, here
+``quant.use_tuning(pdl=...)``) the op launches w4a16_wk / wkc / wkm / wg / wgc with the stream-serialization attribute
+(``_cuda.launch_dependent``): the kernel may start as the one before it leaves the SMs, and waits
+(``griddepcontrol.wait``) before it touches anything that kernel may write.
 
 For M in ``--ms`` at the ``--shapes`` (group size 128) it times, with CUDA events around batches queued behind a spin
 kernel (``gpu_kernels._timer``: launch cost hidden, median of 5 batches, weight sets rotated so that L2 cannot hold
@@ -11,8 +11,8 @@ them), one call after another of the op as the table chooses:
 
 - ``before``: the chosen kernel built with ``-DW4_PDL=0`` (no griddepcontrol, no prefetch), launched plainly, as the
   op's launch code would (the kernel before this probe's change);
-- ``plain``: the op, plain launches (the kernel's griddepcontrol instructions then do nothing);
-- ``pdl``: the op with ``pdl=True``;
+- ``plain``: the op with ``pdl=False``: plain launches (the kernel's griddepcontrol instructions then do nothing);
+- ``pdl``: the op with ``pdl=True`` (the default);
 - ``pdl pf=8``: the chosen kernel built with ``-DW4_PDL_PF=8`` (each warp prefetches the weights of its first 8 chunks
   into L2 before it waits), launched as a dependent launch;
 

@@ -1,4 +1,4 @@
-"""gemm_w4a16's tensor-core kernels (w4a16_wk, wkc, wkm, wg, wgc) launched as programmatic dependent launches (``SHMRPC_W4A16_PDL=1``): the driver's
+"""gemm_w4a16's tensor-core kernels (w4a16_wk, wkc, wkm, wg, wgc) launched as programmatic dependent launches (the default; ``SHMRPC_W4A16_PDL=0`` turns them off): the driver's
 launch structures as cuda.h lays them out; on the GPU (sm_90), the same bits as plain launches, and a kernel that may
 start before the one ahead of it finishes still reads that kernel's output (a writer that lets it launch at once, and
 two calls chained). The GPU tests skip with the reason where there is no CuPy/GPU or no sm_90."""
@@ -35,9 +35,9 @@ def test_the_launch_structures_are_laid_out_as_cuda_h_says() -> None:
     assert ctypes.sizeof(_LaunchConfig) == 56
 
 
-def test_dependent_launches_are_opt_in() -> None:
-    assert W4A16Tuning.from_env({}).pdl is False
-    assert W4A16Tuning.from_env({"SHMRPC_W4A16_PDL": "1"}).pdl is True
+def test_dependent_launches_are_the_default_and_can_be_turned_off() -> None:
+    assert W4A16Tuning.from_env({}).pdl is True and W4A16Tuning().pdl is True
+    assert W4A16Tuning.from_env({"SHMRPC_W4A16_PDL": "0"}).pdl is False
 
 
 @pytest.fixture
