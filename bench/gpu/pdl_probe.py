@@ -13,10 +13,10 @@ them), one call after another of the op as the table chooses:
   op's launch code would (the kernel before this probe's change);
 - ``plain``: the op with ``pdl=False``: plain launches (the kernel's griddepcontrol instructions then do nothing);
 - ``pdl``: the op with ``pdl=True`` (the default);
-- ``pdl pf=8``: the chosen kernel built with ``-DW4_PDL_PF=8`` (each warp prefetches the weights of its first 8 chunks
-  into L2 before it waits), launched as a dependent launch;
+- ``pdl pf=N`` for each N of ``--pf`` (default 8): the chosen kernel built with ``-DW4_PDL_PF=N`` (each warp
+  prefetches the weights of its first N chunks into L2 before it waits), launched as a dependent launch;
 
-(``before`` and ``pdl pf=8`` for w4a16_wk / wkc only; the wgmma kernels of M 33..64 get ``plain`` and ``pdl``)
+(``before`` and ``pdl pf=N`` for w4a16_wk / wkc only; the wgmma kernels of M 33..64 get ``plain`` and ``pdl``)
 
 and fp16 cuBLAS of the same shape. Each timer also records the host's seconds per call (the enqueue, GPU held).
 Checks: ``pdl``'s output equals ``plain``'s bit for bit (the kernels are deterministic) and both pass the tests' rule
@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms", default="1,8,16,32,64")
     ap.add_argument("--shapes", default="8192x8192,4096x14336,4096x4096", help="KxN,...")
     ap.add_argument("--dep-reps", type=int, default=20)
+    ap.add_argument("--pf", default="8", help="comma-separated W4_PDL_PF values of the 'pdl pf=N' variants")
     args = ap.parse_args(argv)
     import cupy as cp
 
@@ -86,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     if not _sm90a():
         res["errors"].append("not an sm_90 device: no programmatic dependent launch")
     mods: dict[str, Any] = {}
+    pfs = [int(v) for v in args.pf.split(",") if v]
+    variants = [("before", ("-DW4_PDL=0",), False), *((f"pdl pf={p}", (f"-DW4_PDL_PF={p}",), True) for p in pfs)]
+    res["pf"] = pfs
     shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")]
     ms = [int(v) for v in args.ms.split(",")]
     # the kernels the op chooses in this run (w4a16_wk / wkc): the variant modules build only these
@@ -139,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                         partial = cp.empty((ksplit, m, n) if ksplit > 1 else (1,), dtype=cp.float32)
                         counters = cp.zeros(max(tiles, 1024), dtype=cp.uint32)
                         out = cp.zeros((m, n), dtype=cp.float16)
-                        for label, opts, pdl in (("before", ("-DW4_PDL=0",), False), ("pdl pf=8", ("-DW4_PDL_PF=8",), True)):
+                        for label, opts, pdl in variants:
                             key = " ".join(opts)
                             if key not in mods:
                                 names = [_wk_name("F16", c) for c in chosen]
@@ -214,13 +218,14 @@ def in_specs_of(ts: Any, m: int, k: int, n: int, g: int) -> dict[str, Any]:
 
 
 def _summary(res: dict[str, Any]) -> None:
-    print(f"\n{'M':>3} {'K x N':>11} {'cuBLAS':>7} {'before':>7} {'plain':>7} {'pdl':>7} {'pdl pf8':>7} "
-          f"{'host plain/pdl':>15}  same ok")
+    pf = [f"pdl pf={p}" for p in res.get("pf", [])]
+    cols = ["cublas_fp16", "before", "plain", "pdl", *pf]
+    print(f"\n{'M':>3} {'K x N':>11} " + " ".join(f"{c.replace('cublas_fp16', 'cuBLAS').replace('pdl pf=', 'pf'):>7}"
+                                                 for c in cols) + f" {'host plain/pdl':>15}  same ok")
     for r in res["rows"]:
         if "pdl_seconds" not in r:
             continue
-        us = [r.get(k) for k in ("cublas_fp16_seconds", "before_seconds", "plain_seconds", "pdl_seconds",
-                                  "pdl pf=8_seconds")]
+        us = [r.get(f"{c}_seconds") for c in cols]
         h = f"{r['plain_host_seconds'] * 1e6:.1f}/{r['pdl_host_seconds'] * 1e6:.1f}"
         print(f"{r['M']:>3} {str(r['K']) + 'x' + str(r['N']):>11} "
               + " ".join(f"{v * 1e6:7.1f}" if v else f"{'-':>7}" for v in us)
