@@ -9,14 +9,15 @@ For M in ``--ms`` at the ``--shapes`` (group size 128) it times, with CUDA event
 kernel (``gpu_kernels._timer``: launch cost hidden, median of 5 batches, weight sets rotated so that L2 cannot hold
 them), one call after another of the op as the table chooses:
 
-- ``before``: the chosen kernel built with ``-DW4_PDL=0`` (no griddepcontrol, no prefetch), launched plainly, as the
-  op's launch code would (the kernel before this probe's change);
+- ``before``: the chosen kernel built with ``-DW4_PDL=0 -DW4_PDL_PF=0`` (no griddepcontrol, no prefetch), launched
+  plainly, as the op's launch code would (the kernel before programmatic dependent launches);
 - ``plain``: the op with ``pdl=False``: plain launches (the kernel's griddepcontrol instructions then do nothing);
 - ``pdl``: the op with ``pdl=True`` (the default);
-- ``pdl pf=N`` for each N of ``--pf`` (default 8): the chosen kernel built with ``-DW4_PDL_PF=N`` (each warp
-  prefetches the weights of its first N chunks into L2 before it waits), launched as a dependent launch;
+- ``pdl pf=N`` and ``plain pf=N`` for each N of ``--pf`` (default 8): the chosen kernel built with ``-DW4_PDL_PF=N``
+  (each warp prefetches the weights of its first N chunks into L2 before it waits; the op's build: 1), launched as a
+  dependent launch and plainly;
 
-(``before`` and ``pdl pf=N`` for w4a16_wk / wkc only; the wgmma kernels of M 33..64 get ``plain`` and ``pdl``)
+(``before`` and the ``pf=N`` variants for w4a16_wk / wkc only; the wgmma kernels of M 33..64 get ``plain`` and ``pdl``)
 
 and fp16 cuBLAS of the same shape. Each timer also records the host's seconds per call (the enqueue, GPU held).
 Checks: ``pdl``'s output equals ``plain``'s bit for bit (the kernels are deterministic) and both pass the tests' rule
@@ -88,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         res["errors"].append("not an sm_90 device: no programmatic dependent launch")
     mods: dict[str, Any] = {}
     pfs = [int(v) for v in args.pf.split(",") if v]
-    variants = [("before", ("-DW4_PDL=0",), False), *((f"pdl pf={p}", (f"-DW4_PDL_PF={p}",), True) for p in pfs)]
+    variants = [("before", ("-DW4_PDL=0", "-DW4_PDL_PF=0"), False),
+                *((f"{how} pf={p}", (f"-DW4_PDL_PF={p}",), how == "pdl") for p in pfs for how in ("pdl", "plain"))]
     res["pf"] = pfs
     shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")]
     ms = [int(v) for v in args.ms.split(",")]
@@ -218,9 +220,8 @@ def in_specs_of(ts: Any, m: int, k: int, n: int, g: int) -> dict[str, Any]:
 
 
 def _summary(res: dict[str, Any]) -> None:
-    pf = [f"pdl pf={p}" for p in res.get("pf", [])]
-    cols = ["cublas_fp16", "before", "plain", "pdl", *pf]
-    print(f"\n{'M':>3} {'K x N':>11} " + " ".join(f"{c.replace('cublas_fp16', 'cuBLAS').replace('pdl pf=', 'pf'):>7}"
+    cols = ["cublas_fp16", "before", "plain", "pdl", *(c for p in res.get("pf", []) for c in (f"pdl pf={p}", f"plain pf={p}"))]
+    print(f"\n{'M':>3} {'K x N':>11} " + " ".join(f"{c.replace('cublas_fp16', 'cuBLAS').replace('pdl pf=', 'pf').replace('plain pf=', 'pl.pf'):>7}"
                                                  for c in cols) + f" {'host plain/pdl':>15}  same ok")
     for r in res["rows"]:
         if "pdl_seconds" not in r:

@@ -480,7 +480,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 #define W4_PDL 1  // 0 (probe builds only): no griddepcontrol (pdl_begin does nothing)
 #endif
 #ifndef W4_PDL_PF
-#define W4_PDL_PF 0  // > 0 (probe builds only): chunks per warp whose weights wk_body prefetches into L2 before pdl_begin
+#define W4_PDL_PF 1  // chunks per warp whose weights wk_body prefetches into L2 before pdl_begin (0, 2, 8: probe builds)
 #endif
 #ifndef W4_LDSM
 #define W4_LDSM 1  // 0 (probe builds only): the A fragments read as 32-bit words, all four k16 steps before the math
@@ -661,8 +661,9 @@ __device__ __forceinline__ void wk_body(
   const u32 sz_dst = (u32)(WB + sz_which * 2 * BC + 16 * sz_off);
   const int cpg = group_rows >> 5, cpg_shift = (cpg & (cpg - 1)) == 0 ? __ffs(cpg) - 1 : -1;  // chunks per group
 #if W4_PDL_PF > 0 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  {  // probe builds only: the weights of the warps' first chunks prefetched into L2 before the wait (lane l: packed row
-     // l of a chunk, its BC bytes); measured slower, with and without a dependent launch (docs/kernels.md)
+  {  // the weights of each warp's first W4_PDL_PF chunks prefetched into L2 before the wait (lane l: packed row l of a
+     // chunk, its BC bytes): with a dependent launch they come while the kernel before ends. One chunk measured 0.3-0.9
+     // µs faster than none, eight slower than none (docs/kernels.md, "Programmatic dependent launch")
     const unsigned char* pf = qweight + (u64)lane * N + col0;
     const int npf = min(nloc, W4_PDL_PF);
     for (int j = 0; j < npf; ++j) {
