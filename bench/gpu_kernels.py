@@ -111,6 +111,18 @@ def copy_ceiling(cp: Any, nbytes: int, reps: int) -> dict[str, float]:
     return {"bytes": nbytes, "seconds": s, "GBps": 2 * nbytes / s / 1e9}
 
 
+def probe_record(cp: Any, script: str, argv: list[str] | None, n_sm: int) -> dict[str, Any]:
+    """The head of a probe's JSON (bench/gpu/*_probe.py): date, device, SMs, versions, commit (SHMRPC_COMMIT), command
+    and how it times."""
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]), "sm_count": n_sm,
+        "cupy": cp.__version__, "numpy": np.__version__, "commit": os.environ.get("SHMRPC_COMMIT", "unknown"),
+        "command": " ".join(["python3", script, *(argv if argv is not None else sys.argv[1:])]),
+        "timer": "CUDA events around batches of --reps calls queued behind a spin kernel, median of 5 batches"}
+
+
 def w4a16_sets(cp: Any, k: int, n: int, gs: int = 128, l2_bytes: int = 60 << 20) -> tuple[list[tuple[Any, Any, Any]], Any]:
     """Enough (qweight, scales, zeros) sets of a K x N int4 weight that rotating through them keeps it out of L2
     (three times ``l2_bytes`` in all, two sets at least), and the random state they came from (seed 0)."""

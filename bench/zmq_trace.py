@@ -11,6 +11,10 @@ Both run a server in a child process and a client in this process, with ``time.p
 * pyzmq: a ROUTER echo (``recv_multipart`` / ``send_multipart``, as the bench's zmq peer) and a DEALER client
   sending 64 B (stamped around its send and its receive).
 
+A server's "sent" is stamped as its send is called: stamped after it, a server descheduled right after its send
+(a loaded machine) would make the client's receive come "before" it. So the send's own time counts in the next
+interval ("... sent to the client's receive"), on both transports alike.
+
 Prints the median of each interval over the last half of the calls, per round, and writes them to
 ``--out``. The stamps cost a little themselves on both: compare the two, not these with untraced runs.
 """
@@ -50,9 +54,8 @@ def on(self, *a, **k):
     T["oncall"].append(pc())
     return o_on(self, *a, **k)
 def send(self, *a):
-    r = o_send(self, *a)
     T["sent"].append(pc())
-    return r
+    return o_send(self, *a)
 Worker._on_call, Worker._send = on, send
 w = Worker(WorkerConfig(name=sys.argv[1], backend="numpy", mlock=False))
 ''' + SERVE_STAMPED
@@ -71,8 +74,8 @@ print("ready", flush=True)
 for _ in range(n):
     ident, frame = sock.recv_multipart(copy=False)
     T["got"].append(pc())
-    sock.send_multipart([ident, frame], copy=False)
     T["sent"].append(pc())
+    sock.send_multipart([ident, frame], copy=False)
 with open(sys.argv[2], "w") as f:
     json.dump(T, f)
 print("done", flush=True)

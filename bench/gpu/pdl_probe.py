@@ -32,9 +32,7 @@ is the first's output), with and without PDL, bit for bit. Prints a table and wr
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,19 +40,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpu_kernels import _timer, w4a16_sets  # noqa: E402
-
-# x's producer for the dependency check: it lets the next kernel launch at once (as w4a16_wk does), then thread 0 of
-# each block spins about `cycles` and every thread writes x[i] = v: a dependent kernel that did not wait would read x
-# before it is written
-_WRITE_LATE = r"""extern "C" __global__ void write_late(unsigned short* x, long long n, unsigned short v, long long cycles) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-  if (threadIdx.x == 0) { long long t0 = clock64(); while (clock64() - t0 < cycles) { } }
-  __syncthreads();
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) x[i] = v;
-}"""
+from gpu_kernels import _timer, probe_record, w4a16_sets  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,14 +62,9 @@ def main(argv: list[str] | None = None) -> int:
 
     spec = REGISTRY["gemm_w4a16"]
     rtol, atol = spec.tolerances["float16"]
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     n_sm = sm_count()
     res: dict[str, Any] = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "device": name, "sm_count": n_sm,
-        "cupy": cp.__version__, "numpy": np.__version__, "commit": os.environ.get("SHMRPC_COMMIT", "unknown"),
-        "command": " ".join(["python3", "bench/gpu/pdl_probe.py", *(argv if argv is not None else sys.argv[1:])]),
-        "timer": "CUDA events around batches of --reps calls queued behind a spin kernel, median of 5 batches",
+        **probe_record(cp, "bench/gpu/pdl_probe.py", argv, n_sm),
         "rows": [], "dependency": [], "errors": []}
     if not _sm90a():
         res["errors"].append("not an sm_90 device: no programmatic dependent launch")
@@ -96,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ms = [int(v) for v in args.ms.split(",")]
     # the kernels the op chooses in this run (w4a16_wk / wkc): the variant modules build only these
     chosen = sorted({c for k, n in shapes for m in {*ms, 1} if (c := w4a16_choice(m, k, n, 128)) and 6 <= len(c) <= 7})
-    write_late = cp.RawKernel(_WRITE_LATE, "write_late")
+    write_late = cp.RawKernel(source("pdl_check.cu"), "write_late", options=("-std=c++17",))  # x's producer for the dependency check
     l2 = 60 << 20
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:

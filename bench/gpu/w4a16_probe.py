@@ -42,9 +42,7 @@ case that raises is recorded under "errors" and the run goes on).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -53,7 +51,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpu_kernels import _timer, w4a16_sets  # noqa: E402
+from gpu_kernels import _timer, probe_record, w4a16_sets  # noqa: E402
 
 _READ = r"""extern "C" __global__ void read16(const uint4* __restrict__ p, long long n, unsigned int* sink) {
   unsigned int acc = 0;
@@ -116,14 +114,9 @@ def main(argv: list[str] | None = None) -> int:
 
     spec = REGISTRY["gemm_w4a16"]
     rtol, atol = spec.tolerances["float16"]
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     n_sm = sm_count()
     res: dict[str, Any] = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "device": name, "sm_count": n_sm,
-        "cupy": cp.__version__, "numpy": np.__version__, "commit": os.environ.get("SHMRPC_COMMIT", "unknown"),
-        "command": " ".join(["python3", "bench/gpu/w4a16_probe.py", *(argv if argv is not None else sys.argv[1:])]),
-        "timer": "CUDA events around batches of --reps calls queued behind a spin kernel, median of 5 batches",
+        **probe_record(cp, "bench/gpu/w4a16_probe.py", argv, n_sm),
         "check": f"max|out - ref| / max|ref| against float64 x @ dequant(w); ok = allclose(out/max|ref|, ref/max|ref|, "
                  f"rtol={rtol}, atol={atol})",
         "rows": [], "skipped": [], "errors": []}

@@ -12,19 +12,8 @@ import numpy as np
 import pytest
 from support.w4a16 import case, check, run
 
-from shmrpc.kernels._cuda import _LaunchAttr, _LaunchConfig
+from shmrpc.kernels._cuda import _LaunchAttr, _LaunchConfig, source
 from shmrpc.kernels._w4a16_config import W4A16Tuning
-
-# a writer of x that lets the next kernel of the stream launch at its start (as w4a16_wk does), then spins about
-# `cycles` in every block before it writes x[i] = v: a dependent kernel that did not wait would read x unwritten
-_WRITE_LATE = r"""extern "C" __global__ void write_late(unsigned short* x, long long n, unsigned short v, long long cycles) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-  if (threadIdx.x == 0) { long long t0 = clock64(); while (clock64() - t0 < cycles) { } }
-  __syncthreads();
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) x[i] = v;
-}"""
 
 
 def test_the_launch_structures_are_laid_out_as_cuda_h_says() -> None:
@@ -91,7 +80,7 @@ def test_a_dependent_launch_waits_for_the_kernel_before_it(sm90, monkeypatch, cf
     specs = {"x": TensorSpec((m, k), "float16"), "qweight": TensorSpec((k // 2, n), "uint8"),
              "scales": TensorSpec((k // 64, n), "float16"), "zeros": TensorSpec((k // 64, n), "float16")}
     op = REGISTRY["gemm_w4a16"].cupy
-    write_late = cp.RawKernel(_WRITE_LATE, "write_late")
+    write_late = cp.RawKernel(source("pdl_check.cu"), "write_late", options=("-std=c++17",))
     with cp.cuda.Stream(non_blocking=True) as stream:
         q, s, z = (cp.asarray(ins[v]) for v in "qsz")
         x = cp.zeros((m, k), dtype=cp.float16)
