@@ -198,7 +198,10 @@ _MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
 _MANY_TILES_FIRST: dict[int, tuple[int, ...]] = {48: (4, 2, 4, 1, 2, 1)}
 # Up to this M a table entry whose launch would add K-split partials in global memory is passed over: at M = 1 the
 # CUDA-core kernel is faster than that (4096^2: 9.4 against 9.9 us, 8192^2: 20.2 against 21.0 us, run of 07d7ec0),
-# slower than a cluster split or none (8192^2: 19.6, 4096x14336: 19.2 against 21.3 us).
+# slower than a cluster split or none (8192^2: 19.6, 4096x14336: 19.2 against 21.3 us). Not where the tensor-core
+# kernels are dependent launches (sm_90, SHMRPC_W4A16_PDL): there the split was faster at 6 of 7 shapes (us, split /
+# CUDA-core: 2048^2 5.6 / 8.2, 4096^2 7.6 / 9.5, 5120^2 10.0 / 13.2, 8192x1024 7.0 / 7.7, 11008x4096 12.6 / 17.2,
+# 14336x4096 14.6 / 20.6; 4096x11008 18.1 / 17.8), run of da170c2 (w4a16-probe-m1-2026-12-02-da170c2).
 _NO_GLOBAL_SPLIT_MAX_M = 1
 
 
@@ -252,8 +255,9 @@ def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm
         ok = _mma_known(t.mma_cfg, smem_max) and _takes(t.mma_cfg, n, n_sm, forced=True) and (wg or len(t.mma_cfg) != 4)
         return t.mma_cfg if ok else None
     row = _mma_row(m, n, n_sm)
+    split_ok = m > _NO_GLOBAL_SPLIT_MAX_M or (wg and t.pdl)  # wg: an sm_90 device, where the launches are dependent
     return next((c for c in row if _mma_known(c, smem_max) and _takes(c, n, n_sm) and (wg or len(c) != 4)
-                 and (m > _NO_GLOBAL_SPLIT_MAX_M or not _global_split(c, k, n, n_sm))), None)
+                 and (split_ok or not _global_split(c, k, n, n_sm))), None)
 
 
 def _mma_row(m: int, n: int, n_sm: int) -> tuple[tuple[int, ...], ...]:

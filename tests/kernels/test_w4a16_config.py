@@ -40,11 +40,12 @@ from shmrpc.kernels._w4a16_config import (
 def test_table_by_m(m, n, wg) -> None:
     """Every M up to 64 takes the first entry of its row that takes N: a cluster split where its CL is the split
     the column tiles ask for (2: 8192 at M <= 32, 64-column tiles of 4096 at M > 16), else the kernel with its
-    global split (or none: 14336); M = 1 never a global split (4096: the CUDA-core kernel). On an sm_90 device (wg)
+    global split (or none: 14336); M = 1 a global split only where the launches are dependent (sm_90: wg; else 4096
+    takes the CUDA-core kernel). On an sm_90 device (wg)
     M 33..64 take w4a16_wgc (MT 4, NWORD 1) with the largest cluster whose blocks fit in one wave of four per SM."""
     with use_tuning(**vars(W4A16Tuning())):  # the defaults, whatever this process's environment says
         cfg = _mma_cfg(m, 4096, n, 128, wg=wg)
-    if m > 64 or (m == 1 and n == 4096):
+    if m > 64 or (m == 1 and n == 4096 and not wg):
         assert cfg is None
         return
     row, base = _mma_row(m, n, 132), next(c for mmax, c in _MMA_TABLE if m <= mmax)
@@ -53,7 +54,7 @@ def test_table_by_m(m, n, wg) -> None:
     assert cfg is not None and cfg in row
     assert m <= _wk_rows(cfg[0])  # one m-block: the weights are read once
     assert cfg == next(c for c in row if (wg or len(c) != 4) and _takes(c, n, 132)
-                       and (m > 1 or not _global_split(c, 4096, n, 132)))
+                       and (m > 1 or wg or not _global_split(c, 4096, n, 132)))
     if 32 < m <= 64 and wg and n > 4096:  # N = 4096: 32 tiles x 8 = 256 blocks, fewer than two per SM
         assert cfg == (4, 1, 4, 4 if n == 14336 else 8)  # 112 tiles x 8 blocks would not fit in one wave
         return
@@ -80,6 +81,10 @@ def test_m1_falls_back_to_the_cuda_core_kernel() -> None:
     with use_tuning(**vars(W4A16Tuning())):
         assert _mma_cfg(1, 4096, 4096 + 64, 128) is None  # N % 128 != 0: no M = 1 entry takes it
         assert _mma_cfg(1, 4096, 4096, 128) is None  # (0, 4, 8, 1, 3, 1) would split K 4 ways in global memory
+        # ... which it does on sm_90, where the launch is a dependent one; with PDL off it does not
+        assert _mma_cfg(1, 4096, 4096, 128, wg=True) == (0, 4, 8, 1, 3, 1)
+        with use_tuning(pdl=False):
+            assert _mma_cfg(1, 4096, 4096, 128, wg=True) is None
         assert _mma_cfg(2, 4096, 4096, 128) == (0, 4, 8, 1, 3, 1)  # from M = 2 it may
         assert _mma_cfg(1, 4096, 14336, 128) == (0, 4, 8, 1, 3, 1)  # 112 column tiles: no split
         assert _mma_cfg(1, 8192, 8192, 128) == (0, 4, 12, 0, 3, 1, 2)  # the cluster split (12 warps)
