@@ -160,7 +160,7 @@ class _LaunchConfig(ctypes.Structure):
                 ("n_attrs", ctypes.c_uint)]
 
 
-_launch_ex: list[Any] = []  # [cuLaunchKernelEx, its attribute] once the driver library is loaded
+_launch_ex: list[Any] = []  # [cuLaunchKernelEx or None (not in the driver), its attribute] once looked up
 
 
 class _Prepared:
@@ -191,7 +191,7 @@ def launch_dependent(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], arg
     ``cuda/w4a16_mma.cu``). ``args``: CuPy arrays (their device pointers) and NumPy int32 scalars, in order.
 
     Returns False, launching nothing, while the stream is being captured into a CUDA graph (the caller launches as
-    usual: a graph's kernels are ordered by its edges). Raises ``RuntimeError`` with the driver's code if the launch
+    usual: a graph's kernels are ordered by its edges), and where the driver has no ``cuLaunchKernelEx``. Raises ``RuntimeError`` with the driver's code if the launch
     fails."""
     import cupy
 
@@ -199,11 +199,16 @@ def launch_dependent(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], arg
     if stream and cupy.cuda.runtime.streamIsCapturing(stream):
         return False
     if not _launch_ex:
-        lib = ctypes.CDLL("libcuda.so.1")
-        f = lib.cuLaunchKernelEx
-        f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        f.restype = ctypes.c_int
+        f: Any = None
+        try:
+            f = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+            f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+            f.restype = ctypes.c_int
+        except (OSError, AttributeError):  # a driver without it (before CUDA 12): plain launches from now on
+            f = None
         _launch_ex.extend((f, _LaunchAttr(_PROGRAMMATIC_STREAM_SERIALIZATION, 0, 1)))
+    if _launch_ex[0] is None:
+        return False
     key = (id(fn), grid, block, shared_mem, stream, len(args))
     p = _PREPARED.get(key)
     if p is None or p.fn is not fn:

@@ -29,6 +29,36 @@ def test_dependent_launches_are_the_default_and_can_be_turned_off() -> None:
     assert W4A16Tuning.from_env({"SHMRPC_W4A16_PDL": "0"}).pdl is False
 
 
+def test_a_driver_without_the_extended_launch_gets_plain_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    # no cuLaunchKernelEx in the driver (before CUDA 12): the dependent launch declines, wk_launch launches plainly
+    import sys
+    import types
+
+    from shmrpc.kernels import _cuda, quant
+
+    stream = types.SimpleNamespace(ptr=0)
+    fake = types.ModuleType("cupy")
+    fake.ndarray = type("ndarray", (), {})  # type: ignore[attr-defined]
+    fake.cuda = types.SimpleNamespace(get_current_stream=lambda: stream,  # type: ignore[attr-defined]
+                                      runtime=types.SimpleNamespace(streamIsCapturing=lambda ptr: False))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+
+    def no_driver(name: str) -> Any:
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_driver)
+    monkeypatch.setattr(_cuda, "_launch_ex", [])
+    launched = []
+
+    def kernel(grid: Any, block: Any, args: Any, shared_mem: int = 0) -> None:
+        launched.append((grid, block, shared_mem))
+
+    kernel.ptr = 1  # type: ignore[attr-defined]
+    assert _cuda.launch_dependent(kernel, (2, 1), (256,), (np.int32(3),)) is False
+    quant.wk_launch(kernel, (2, 1), 8, 1024, (np.int32(3),), pdl=True)
+    assert launched == [((2, 1), (256,), 1024)]
+
+
 @pytest.fixture
 def sm90(cp: Any) -> Any:
     from shmrpc.kernels.quant import _sm90a
