@@ -191,8 +191,9 @@ def launch_dependent(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], arg
     ``cuda/w4a16_mma.cu``). ``args``: CuPy arrays (their device pointers) and NumPy int32 scalars, in order.
 
     Returns False, launching nothing, while the stream is being captured into a CUDA graph (the caller launches as
-    usual: a graph's kernels are ordered by its edges), and where the driver has no ``cuLaunchKernelEx``. Raises ``RuntimeError`` with the driver's code if the launch
-    fails."""
+    usual: a graph's kernels are ordered by its edges), and where the driver has no ``cuLaunchKernelEx``. Raises
+    ``RuntimeError`` with the driver's code if the launch fails. The prepared arguments are per thread (the key holds
+    the thread's id): two threads never write one parameter array."""
     import cupy
 
     stream = cupy.cuda.get_current_stream().ptr
@@ -209,7 +210,7 @@ def launch_dependent(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], arg
         _launch_ex.extend((f, _LaunchAttr(_PROGRAMMATIC_STREAM_SERIALIZATION, 0, 1)))
     if _launch_ex[0] is None:
         return False
-    key = (id(fn), grid, block, shared_mem, stream, len(args))
+    key = (id(fn), grid, block, shared_mem, stream, len(args), threading.get_ident())
     p = _PREPARED.get(key)
     if p is None or p.fn is not fn:
         if len(_PREPARED) >= 1024:
