@@ -40,6 +40,7 @@ MODULES = {
                                        for b in _LN_BLOCKS for n in _ln_names(kt, v, b)),
     "softmax.cu": lambda: tuple(dict.fromkeys(n for dt, kt in _KT.items() for n in _sm_names(kt, 16 // itemsize(dt)))),
     "copy_rows.cu": lambda: (),
+    "pdl_check.cu": lambda: (),  # the dependency check's writer (tests/kernels/test_w4a16_pdl.py, bench/gpu/pdl_probe.py)
 }
 
 
