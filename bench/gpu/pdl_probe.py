@@ -92,8 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                 x = (rs.standard_normal((m, k)) / np.sqrt(k)).astype(cp.float16)
                 want = x.astype(cp.float64) @ w_ref
                 wmax = float(cp.abs(want).max())
-                in_specs = {"x": TensorSpec((m, k), "float16"), "qweight": TensorSpec((k // 2, n), "uint8"),
-                            "scales": TensorSpec((g, n), "float16"), "zeros": TensorSpec((g, n), "float16")}
+                in_specs = in_specs_of(TensorSpec, m, k, n, g)
                 calls = [OpCall(cp, {"x": x, "qweight": q, "scales": s, "zeros": z}, in_specs,
                                 {"out": TensorSpec((m, n), "float16")}, {}, {}, {}) for q, s, z in sets]
                 cfg = w4a16_choice(m, k, n, gs)
