@@ -486,8 +486,6 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 #define W4_LDSM 1  // 0 (probe builds only): the A fragments read as 32-bit words, all four k16 steps before the math
 #endif
 
-// The four 8x8 matrices of an m16n8k16 A fragment (rows 0-7 / 8-15, k 0-7 / 8-15) from shared memory: a[0..3] as
-// the mma wants them; addr: this lane's row (lanes 0-15 rows 0-15 at k 0, lanes 16-31 the same rows at k 8).
 // Programmatic dependent launch (quant.wk_launch launches w4a16_wk, wkc, wkm, wg and wgc with the stream-serialization
 // attribute when asked; otherwise both instructions do nothing): the next kernel of the stream may be launched now, and
 // its blocks start as this kernel's leave their SMs; then this block waits for the kernel before it to complete, before
@@ -499,6 +497,8 @@ __device__ __forceinline__ void pdl_begin() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+// The four 8x8 matrices of an m16n8k16 A fragment (rows 0-7 / 8-15, k 0-7 / 8-15) from shared memory: a[0..3] as
+// the mma wants them; addr: this lane's row (lanes 0-15 rows 0-15 at k 0, lanes 16-31 the same rows at k 8).
 __device__ __forceinline__ void ldsm_x4(u32 addr, u32* a) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr) : "memory");
