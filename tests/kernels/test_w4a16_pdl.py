@@ -1,7 +1,8 @@
-"""gemm_w4a16's tensor-core kernels (w4a16_wk, wkc, wkm, wg, wgc) launched as programmatic dependent launches (the default; ``SHMRPC_W4A16_PDL=0`` turns them off): the driver's
-launch structures as cuda.h lays them out; on the GPU (sm_90), the same bits as plain launches, and a kernel that may
-start before the one ahead of it finishes still reads that kernel's output (a writer that lets it launch at once, and
-two calls chained). The GPU tests skip with the reason where there is no CuPy/GPU or no sm_90."""
+"""gemm_w4a16's tensor-core kernels (w4a16_wk, wkc, wkm, wg, wgc) launched as programmatic dependent launches (the
+default; ``SHMRPC_W4A16_PDL=0`` turns them off): the driver's launch structures as cuda.h lays them out, a driver
+without the call; on the GPU (sm_90), the same bits as plain launches, and a kernel that may start before the one
+ahead of it finishes still reads that kernel's output (a writer that lets it launch at once, and two calls chained).
+The GPU tests skip with the reason where there is no CuPy/GPU or no sm_90."""
 
 from __future__ import annotations
 
