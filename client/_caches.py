@@ -4,9 +4,8 @@ A client keeps, per call signature (op, input shapes and dtypes, attributes...),
 sizes the worker answered, the call plan and the decoded response descriptor, so that a steady stream of identical
 calls works each out once. A stream of ever new signatures (random sizes) would make them grow without end: each
 holds at most :data:`CACHE_ENTRIES` and is emptied when full (a steady stream has few signatures; one that has
-more than this many gains nothing from a cache of them). At about 2 KiB per signature in all (a client of random
-sizes grew ~8 MiB with 4096 entries per cache), a client's caches stay near 2 MiB whatever it sends (docs/client.md,
-"Caches and their bounds").
+more than this many gains nothing from a cache of them). A client of random sizes grew 6.6 MiB with 4096 entries
+per cache and 1.1 MiB with this bound (bench/client_rss.py; docs/client.md, "Caches and their bounds").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The round-trip traces (bench/zmq_trace.py, bench/lane_trace.py, bench/gpu/big_trace.py on the NumPy backend's
-stand-in device), the client CPU probe (bench/client_cpu.py), the lanes' CPU probe (bench/lane_cpu.py), the metrics fold probe (bench/metrics_fold.py) and the
+stand-in device), the client CPU probe (bench/client_cpu.py), the client memory probe (bench/client_rss.py), the lanes' CPU probe (bench/lane_cpu.py), the metrics fold probe (bench/metrics_fold.py) and the
 floors probe (bench/gpu/floor_probe.py) run end to end and write what they print.
 
 Each starts its own worker (and, for the ZeroMQ trace, a bare pyzmq echo) in child processes over real sockets;
@@ -89,6 +89,16 @@ def test_client_cpu_times_the_loan_and_call_of_each_tree(tmp_path: Path) -> None
         assert set(med) == {"loan_us", "call_us", "replay_us"}
         # a call() is a loan's send plus its copies, and both include the replay
         assert 0 < med["replay_us"] < med["loan_us"] < med["call_us"], med
+
+
+@pytest.mark.timeout(180)
+def test_client_rss_reads_the_memory_of_each_tree(tmp_path: Path) -> None:
+    doc = _run("client_rss.py", "--calls", "300", "--rounds", "2", "--tree", "a=", "--tree", "b=", out=tmp_path / "r.json")
+    assert doc["mode"] == "client-rss" and "verdicts" not in doc and doc["command"].startswith("bench/client_rss.py")
+    assert set(doc["runs"]) == {"a", "b"} and all(len(rs) == 2 for rs in doc["runs"].values())
+    for rs in doc["runs"].values():
+        for r in rs:
+            assert r["rss_anon_first_kib"] > 0 and r["growth_kib"] == r["rss_anon_end_kib"] - r["rss_anon_first_kib"]
 
 
 @pytest.mark.timeout(180)
