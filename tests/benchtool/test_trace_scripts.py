@@ -87,8 +87,9 @@ def test_client_cpu_times_the_loan_and_call_of_each_tree(tmp_path: Path) -> None
     assert set(doc["runs"]) == {"a", "b"} and all(len(rs) == 2 for rs in doc["runs"].values())
     for med in doc["medians"].values():
         assert set(med) == {"loan_us", "call_us", "replay_us"}
-        # a call() is a loan's send plus its copies, and both include the replay
-        assert 0 < med["replay_us"] < med["loan_us"] < med["call_us"], med
+        # both include the replay; which of the loan and call() is quicker is the benchmark's to say, not a short
+        # run's on a shared machine (call()'s copies cost ~3 µs, less than such a run's spread)
+        assert 0 < med["replay_us"] < min(med["loan_us"], med["call_us"]), med
 
 
 @pytest.mark.timeout(180)
