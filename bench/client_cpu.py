@@ -15,14 +15,9 @@ machine the round trip moves by more than a change of a µs on one side; the CPU
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
-import signal
-import subprocess
 import sys
 
-from worker_cpu import ab_parser, ab_rounds, start_worker, tree_env  # (bench/, beside this program)
+from worker_cpu import child_main  # (bench/, beside this program)
 
 _CHILD = r"""
 import json, sys, time, timeit
@@ -90,25 +85,8 @@ print(json.dumps(out))
 """
 
 
-def _one(name: str, pythonpath: str, calls: int) -> dict[str, float]:
-    got = subprocess.run([sys.executable, "-c", _CHILD, name, str(calls)], env=tree_env(pythonpath), capture_output=True, text=True,
-                         timeout=600, check=False)
-    if got.returncode != 0:
-        raise SystemExit(f"the client child failed:\n{got.stderr[-3000:]}")
-    return {k: round(v, 3) for k, v in json.loads(got.stdout.strip().splitlines()[-1]).items()}
-
-
 def main() -> int:
-    args = ab_parser(__doc__).parse_args()
-    name = f"ccpu-{os.getpid()}-{secrets.token_hex(3)}"
-    worker = start_worker(name)
-    try:
-        ab_rounds("client-cpu", args.tree, args.rounds, args.calls, lambda _, path: _one(name, path, args.calls),
-                  "µs of client CPU per request, the replay included", args.out)
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.communicate(timeout=30)
-    return 0
+    return child_main(__doc__, "client-cpu", "ccpu", _CHILD, "µs of client CPU per request, the replay included")
 
 
 if __name__ == "__main__":

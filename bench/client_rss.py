@@ -12,14 +12,9 @@ a size drawn log-uniform from 64 B to 16 KiB (so almost every call is a new sign
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
-import signal
-import subprocess
 import sys
 
-from worker_cpu import ab_parser, ab_rounds, start_worker, tree_env  # (bench/, beside this program)
+from worker_cpu import child_main  # (bench/, beside this program)
 
 _CHILD = r"""
 import json, sys
@@ -50,25 +45,8 @@ print(json.dumps({"rss_anon_first_kib": first, "rss_anon_end_kib": end, "growth_
 """
 
 
-def _one(name: str, pythonpath: str, calls: int) -> dict[str, float]:
-    got = subprocess.run([sys.executable, "-c", _CHILD, name, str(calls)], env=tree_env(pythonpath), capture_output=True,
-                         text=True, timeout=600, check=False)
-    if got.returncode != 0:
-        raise SystemExit(f"the client child failed:\n{got.stderr[-3000:]}")
-    return json.loads(got.stdout.strip().splitlines()[-1])
-
-
 def main() -> int:
-    args = ab_parser(__doc__).parse_args()
-    name = f"crss-{os.getpid()}-{secrets.token_hex(3)}"
-    worker = start_worker(name)
-    try:
-        ab_rounds("client-rss", args.tree, args.rounds, args.calls, lambda _, path: _one(name, path, args.calls),
-                  "KiB of the client's RssAnon", args.out)
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.communicate(timeout=30)
-    return 0
+    return child_main(__doc__, "client-rss", "crss", _CHILD, "KiB of the client's RssAnon")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ change of a few µs. Medians over the rounds are printed and written to ``--out`
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import signal
@@ -129,6 +130,30 @@ def ab_rounds(mode: str, tree_args: list[str], rounds: int, calls: int,
         doc = {"mode": mode, "calls": calls, "rounds": rounds,
                "trees": {label: (path or "this checkout") for label, path in trees}, "runs": runs, "medians": medians}
         write_probe(doc, None, out)
+
+
+def child_main(doc: str | None, mode: str, prefix: str, child: str, unit: str) -> int:
+    """The main of an A/B whose measure is a child program: one NumPy worker named ``prefix-PID-HEX``; per round and
+    tree ``python -c child NAME CALLS`` with that tree's ``PYTHONPATH``, whose last line of output is a JSON object of
+    figures (floats rounded to 3 places); ``ab_rounds`` over them (``mode``, ``unit``)."""
+    args = ab_parser(doc).parse_args()
+    name = f"{prefix}-{os.getpid()}-{secrets.token_hex(3)}"
+
+    def one(_: str, pythonpath: str) -> dict[str, float]:
+        got = subprocess.run([sys.executable, "-c", child, name, str(args.calls)], env=tree_env(pythonpath),
+                             capture_output=True, text=True, timeout=600, check=False)
+        if got.returncode != 0:
+            raise SystemExit(f"the client child failed:\n{got.stderr[-3000:]}")
+        figures = json.loads(got.stdout.strip().splitlines()[-1])
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
+
+    worker = start_worker(name)
+    try:
+        ab_rounds(mode, args.tree, args.rounds, args.calls, one, unit, args.out)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.communicate(timeout=30)
+    return 0
 
 
 if __name__ == "__main__":
