@@ -22,7 +22,9 @@ median of 5 batches, weight sets rotated so that L2 cannot hold them):
   words before the math instead of by ldmatrix per k16 step: the kernel before; checked, marked ``ldsm=0``),
   ``-DW4_FIX=0`` (MT = 0 with the zero and the scale applied per weight pair, before the mma, instead of to
   each chunk's float32 sums: the kernel before; checked, marked ``fix=0``), ``-DW4_LOP=0`` (the dequantization's
-  mask-and-magic as two LOP3, as the C++ expression compiles: the kernel before; checked, marked ``lop=0``)
+  mask-and-magic as two LOP3, as the C++ expression compiles: the kernel before; checked, marked ``lop=0``),
+  ``-DW4_SUB=0`` / ``2`` (float16 at M <= 16: the weights entering the mma as MAGIC + q, the kernel before, or as
+  subnormals with the high nibbles shifted by IMAD.HI instead of SHF; checked, marked ``sub=0`` / ``sub=2``)
   and diagnostics ``-DW4_PROBE=bits``: ``64``
   (nothing: the launch of an empty kernel of the same geometry and shared memory), ``16`` (no chunk
   loop: launch, zeroing and epilogue; also with ``W4_EPI=0``), ``32`` (no epilogue: the chunk loop only),
@@ -86,6 +88,10 @@ FIX0 = {1: [(0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1)], 8: [(0, 4, 8, 0, 3, 1, 2
 # (t & mask) | MAGIC as written in C++ (-DW4_LOP=0: two LOP3 per dequantized pair instead of one), per M
 LOP0 = {1: [(0, 4, 8, 0, 3, 1, 2)], 8: [(0, 4, 8, 0, 3, 1, 2)], 16: [(1, 4, 8, 0, 3, 1, 2)], 32: [(2, 4, 8, 0, 3, 1, 2)],
         64: [(4, 2, 8, 1, 2, 1)]}
+# the weights as MAGIC + q (-DW4_SUB=0, the kernel before) or as subnormals shifted by IMAD.HI (-DW4_SUB=2), per M
+SUBV = {m: [(cfg, sub) for cfg in cfgs for sub in (0, 2)]
+        for m, cfgs in {1: [(0, 4, 12, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1)], 8: [(0, 4, 12, 0, 3, 1, 2)],
+                        16: [(-2, 4, 8, 0, 3, 1, 2), (-2, 4, 8, 1, 3, 1)]}.items()}
 # the earlier epilogue (-DW4_EPI=0) next to the same configuration with the new one, per M
 EPI0 = {1: [(0, 4, 8, 1, 3, 1)], 8: [(0, 4, 8, 1, 3, 1)], 16: [(1, 4, 8, 1, 3, 1)], 32: [(2, 2, 8, 1, 3, 1)],
         64: [(4, 2, 4, 1, 2, 1)]}
@@ -101,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms", default="1,8,16,32,64")
     ap.add_argument("--shapes", default="8192x8192,4096x14336,4096x4096", help="KxN,...")
     ap.add_argument("--budget-s", type=float, default=125.0)
-    ap.add_argument("--skip", default="", help="comma-separated groups of cases left out: epi0, diag, ldsm0, fix0, lop0")
+    ap.add_argument("--skip", default="", help="comma-separated groups of cases left out: epi0, diag, ldsm0, fix0, lop0, sub")
     args = ap.parse_args(argv)
     t_start = time.monotonic()
     import cupy as cp
@@ -123,25 +129,28 @@ def main(argv: list[str] | None = None) -> int:
     read = cp.RawKernel(_READ, "read16")
     sink = cp.zeros(1, dtype=cp.uint32)
     skip = set(filter(None, args.skip.split(",")))
-    var_mods: dict[tuple[int, int, int, int, int], Any] = {}
+    var_mods: dict[tuple[int, ...], Any] = {}
     epi0_cfgs = sorted({c for cs in EPI0.values() for c in cs})
     diag_cfgs = sorted({c for cs in DIAG_CFGS.values() for c in cs})
     ldsm0_cfgs = sorted({c for cs in LDSM0.values() for c in cs})
     fix0_cfgs = sorted({c for cs in FIX0.values() for c in cs})
     lop0_cfgs = sorted({c for cs in LOP0.values() for c in cs})
+    sub_cfgs = sorted({c for cs in SUBV.values() for c, _ in cs})
 
-    def variant_fn(bits: int, epi: int, cfg: tuple[int, ...], ldsm: int = 1, fix: int = 1, lop: int = 1) -> Any:
-        """The kernel of ``cfg`` built with -DW4_PROBE=bits -DW4_EPI=epi -DW4_LDSM=ldsm -DW4_FIX=fix -DW4_LOP=lop (one
-        module per set of switches)."""
-        if (bits, epi, ldsm, fix, lop) not in var_mods:
+    def variant_fn(bits: int, epi: int, cfg: tuple[int, ...], ldsm: int = 1, fix: int = 1, lop: int = 1,
+                   sub: int = 1) -> Any:
+        """The kernel of ``cfg`` built with -DW4_PROBE=bits -DW4_EPI=epi -DW4_LDSM=ldsm -DW4_FIX=fix -DW4_LOP=lop
+        -DW4_SUB=sub (one module per set of switches)."""
+        key = (bits, epi, ldsm, fix, lop, sub)
+        if key not in var_mods:
             cfgs = (diag_cfgs if bits else epi0_cfgs if epi == 0 else ldsm0_cfgs if ldsm == 0 else fix0_cfgs if fix == 0
-                    else lop0_cfgs)
-            var_mods[bits, epi, ldsm, fix, lop] = cp.RawModule(
+                    else lop0_cfgs if lop == 0 else sub_cfgs)
+            var_mods[key] = cp.RawModule(
                 code=source("w4a16_mma.cu"),
-                options=("-std=c++17", f"-DW4_PROBE={bits}", f"-DW4_EPI={epi}", f"-DW4_LDSM={ldsm}", f"-DW4_FIX={fix}",
-                         f"-DW4_LOP={lop}"),
+                options=("-std=c++17", *(f"-DW4_{name}={v}" for name, v in zip(("PROBE", "EPI", "LDSM", "FIX", "LOP", "SUB"),
+                                                                                  key))),
                 name_expressions=[_wk_name("F16", c) for c in cfgs])
-        return var_mods[bits, epi, ldsm, fix, lop].get_function(_wk_name("F16", cfg))
+        return var_mods[key].get_function(_wk_name("F16", cfg))
 
     l2 = 60 << 20
     for k, n in (tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")):
@@ -200,16 +209,17 @@ def main(argv: list[str] | None = None) -> int:
 
             def variant_case(cfg: tuple[int, ...], bits: int, epi: int, ldsm: int = 1, m: int = m, k: int = k, n: int = n,
                              gs: int = gs, calls: list[Any] = calls, base: dict[str, Any] = base, fix: int = 1,
-                             lop: int = 1) -> None:
+                             lop: int = 1, sub: int = 1) -> None:
                 diag = bits != 0
                 label = (f"wk {cfg}" + (f" epi={epi}" if epi != 1 else "") + (" ldsm=0" if ldsm != 1 else "")
                          + (" fix=0" if fix != 1 else "") + (" lop=0" if lop != 1 else "")
+                         + (f" sub={sub}" if sub != 1 else "")
                          + (f" probe={bits} ({DIAG_BITS[bits]})" if diag else ""))
                 if time.monotonic() - t_start > args.budget_s:
                     res["skipped"].append({**base, "case": label})
                     return
                 try:
-                    fn = variant_fn(bits, epi, cfg, ldsm, fix, lop)
+                    fn = variant_fn(bits, epi, cfg, ldsm, fix, lop, sub)
                 except Exception as e:
                     _error(res, base, label, e)
                     return
@@ -256,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
             for cfg in LOP0.get(m, []) if "lop0" not in skip else []:
                 if _takes(cfg, n, n_sm, forced=True):
                     variant_case(cfg, 0, 1, 1, lop=0)
+            for cfg, sub in SUBV.get(m, []) if "sub" not in skip else []:
+                if _takes(cfg, n, n_sm, forced=True):
+                    variant_case(cfg, 0, 1, 1, sub=sub)
             if m > 32 and k == 8192 and n == 8192 and "diag" not in skip:  # w4a16_wkm's packing of x, alone
                 try:
                     t = _timer(cp, lambda x=x, m=m, k=k: pack_x(x, m, k, 64, "F16"), args.reps)

@@ -30,6 +30,7 @@ template <class X> struct MmaOps;
 template <> struct MmaOps<F16> {
   static constexpr u32 MAGIC = 0x64006400u, ONE = 0x3C003C00u;
   static constexpr float MAGIC_F = 1024.f;  // the value of MAGIC's halves
+  static constexpr bool SUB = true;  // W4_SUB: a nibble q as the subnormal q * 2^-24 is exact, and the mma takes it
   static __device__ __forceinline__ u32 fma2(u32 a, u32 b, u32 c) {
     u32 d; asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
   }
@@ -48,6 +49,7 @@ template <> struct MmaOps<F16> {
 template <> struct MmaOps<BF16> {
   static constexpr u32 MAGIC = 0x43004300u, ONE = 0x3F803F80u;
   static constexpr float MAGIC_F = 128.f;
+  static constexpr bool SUB = false;  // q * 2^-133 times an activation would leave float32's normal range: MAGIC + q
   static __device__ __forceinline__ u32 fma2(u32 a, u32 b, u32 c) {
     u32 d; asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
   }
@@ -103,6 +105,26 @@ template <class X>
 __device__ __forceinline__ u32 dq_raw(u32 v, u32 vs, int j) {
   const u32 sel = (u32)(j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
   return and_or(__byte_perm(v, vs, sel), MmaOps<X>::MAGIC);
+}
+
+// W4_SUB (float16, w4a16_wk's FIX path): the pair of byte j as two float16 subnormals, halves q * 2^-24, exact: lo = the
+// word's low nibbles (v & 0x0F0F0F0F), hi = its high nibbles ((v >> 4) & 0x0F0F0F0F), both masked once per word; one PRMT
+// per pair takes byte j of lo and of hi, and fills the two high bytes with the sign of lo's byte j (prmt's sign mode,
+// selector bit 3), which is 0. So a pair costs one PRMT (and a quarter of the word's two LOP3 and shift) where dq_raw
+// costs PRMT + LOP3, and the sums carry no MAGIC to take off again: the chunk's float32 sums are 2^-24 sum(q x) exactly
+// as the mma adds them (wk_body applies 2^24 with the scale)
+__device__ __forceinline__ u32 dq_sub(u32 lo, u32 hi, int j) {
+  u32 d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "r"(hi), "r"((u32)(j | ((8 | j) << 4) | ((4 + j) << 8) | ((8 | j) << 12))));
+  return d;
+}
+
+// v >> 4 as the high word of v * 2^28 (IMAD.HI: the FMA pipe, which the loop leaves idle, instead of a SHF on the ALU pipe
+// that the dequantization keeps busy)
+__device__ __forceinline__ u32 shr4_fma(u32 v) {
+  u32 d;
+  asm("mul.hi.u32 %0, %1, %2;" : "=r"(d) : "r"(v), "r"(1u << 28));
+  return d;
 }
 
 __device__ __forceinline__ u32 ld_nc_u32(const void* p) {
@@ -476,6 +498,10 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 #ifndef W4_FIX
 #define W4_FIX 1  // 0 (probe builds only): MT = 0 dequantizes with the zero and the scale per pair (dq_pair), as before
 #endif
+#ifndef W4_SUB
+#define W4_SUB 1  // float16 at FIX enters the weights as q * 2^-24 (dq_sub), the high nibbles by a shift; 2: by IMAD.HI
+                  // (shr4_fma); 0: as MAGIC + q (dq_raw). 0 and 2: probe builds
+#endif
 #ifndef W4_PDL
 #define W4_PDL 1  // 0 (probe builds only): no griddepcontrol (pdl_begin does nothing)
 #endif
@@ -607,6 +633,7 @@ __device__ __forceinline__ void wk_body(
   // float32 sums; a ones-mma sums each activation row over the chunk; at the chunk's end per column
   // acc += s * (sum - (MAGIC + z) * rowsum), in float32 (the weights never rounded to the input type)
   constexpr bool FIX = TR && W4_FIX;
+  constexpr bool SUB = FIX && W4_SUB && O::SUB;  // the weights enter as q * 2^-24 (dq_sub), float16 only
   constexpr int MTA = TR ? NB : MT;  // m-tiles held (TR: NB 8-row B operands)
   constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = TR ? 8 * NB : 16 * MT, NP = BC / 16, XS = 72;
   // staged activation rows padded to 144 bytes (the reads of 8 rows at one k hit 32 banks); where that would not fit
@@ -800,6 +827,9 @@ __device__ __forceinline__ void wk_body(
             const int nt = 4 * w + j;
             if (W4_PROBE & 4) {
               d0[j] = v0 ^ (u32)nt; d1[j] = v1 ^ (u32)nt;
+            } else if (SUB) {  // the masks are made once per word (the compiler keeps them for the four j)
+              d0[j] = dq_sub(v0 & 0x0F0F0F0Fu, (W4_SUB == 2 ? shr4_fma(v0) : v0s) & 0x0F0F0F0Fu, j);
+              d1[j] = dq_sub(v1 & 0x0F0F0F0Fu, (W4_SUB == 2 ? shr4_fma(v1) : v1s) & 0x0F0F0F0Fu, j);
             } else if (FIX) {
               d0[j] = dq_raw<X>(v0, v0s, j); d1[j] = dq_raw<X>(v1, v1s, j);
             } else {
@@ -824,8 +854,9 @@ __device__ __forceinline__ void wk_body(
               for (int mt = 0; mt < MTA; ++mt) O::mma(acc[mt][4 * w + j], a[stp][mt], d0[j], d1[j]);
           }
         }
-        if (FIX) {  // xsum[nb][e] = the chunk's sum of activation row 8*nb + 2t + (e & 1) so far (A all ones)
-          const u32 ones[4] = {O::ONE, O::ONE, O::ONE, O::ONE};
+        if (FIX) {  // xsum[nb][e] = the chunk's sum of activation row 8*nb + 2t + (e & 1) so far (A all ones; SUB: all 2^-24)
+          constexpr u32 ONE = SUB ? 0x00010001u : O::ONE;
+          const u32 ones[4] = {ONE, ONE, ONE, ONE};
 #pragma unroll
           for (int nb = 0; nb < MTA; ++nb) O::mma(xsum[nb], ones, a[stp][nb][0], a[stp][nb][2]);
         }
@@ -836,7 +867,9 @@ __device__ __forceinline__ void wk_body(
         for (int p = 0; p < NC; ++p)
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            const float sc = h2f(sh[2 * p + c]), mz = -(O::MAGIC_F + h2f(sh[BC + 2 * p + c]));
+            // SUB: sum = 2^-24 sum(q x) and rowsum = 2^-24 sum(x) (the ones are 2^-24 too), so acc gathers 2^-24 s (sum(q x)
+            // - z sum(x)), which the m-block's end multiplies by 2^24 (powers of two: exact in float32)
+            const float sc = h2f(sh[2 * p + c]), mz = SUB ? -h2f(sh[BC + 2 * p + c]) : -(O::MAGIC_F + h2f(sh[BC + 2 * p + c]));
 #pragma unroll
             for (int nb = 0; nb < MTA; ++nb)
 #pragma unroll
@@ -850,6 +883,14 @@ __device__ __forceinline__ void wk_body(
       }
     }
     if ((W4_PROBE & 8) && sink == 0x9E3779B9u) acc[0][0][0] = 1.f;
+    if (SUB) {  // the sums were gathered in units of 2^-24 (the chunk loop's correction)
+#pragma unroll
+      for (int mt = 0; mt < MTA; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][nt][e] *= 0x1p24f;
+    }
     cp_async_wait<0>();
     if (W4_PROBE & 32) {
       float keep = 0.f;
