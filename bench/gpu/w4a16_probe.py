@@ -17,7 +17,7 @@ median of 5 batches, weight sets rotated so that L2 cannot hold them):
   so the product's launch code runs; a configuration the op would not take for the shape is listed
   as skipped;
 - the same kernels built from the same source with other compile-time switches and launched as the op
-  would: ``-DW4_EPI=0`` (the earlier epilogue: the WK warps' tiles added one warp after another, WK
+  would (programmatic dependent launches where the op makes them): ``-DW4_EPI=0`` (the earlier epilogue: the WK warps' tiles added one warp after another, WK
   barriers; checked like the product, marked ``epi0``), ``-DW4_LDSM=0`` (the A fragments read as 32-bit
   words before the math instead of by ldmatrix per k16 step: the kernel before; checked, marked ``ldsm=0``),
   ``-DW4_FIX=0`` (MT = 0 with the zero and the scale applied per weight pair, before the mma, instead of to
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._cuda import sm_count, source
     from shmrpc.kernels._registry import OpCall
-    from shmrpc.kernels._w4a16_config import _mma_cfg, _takes, _wk_name, use_tuning, w4a16_wk_launch
+    from shmrpc.kernels._w4a16_config import _mma_cfg, _takes, _wk_name, tuning, use_tuning, w4a16_wk_launch
     from shmrpc.kernels.quant import _sm90a, dequantize_int4, pack_x, w4a16_choice, wk_launch
 
     spec = REGISTRY["gemm_w4a16"]
@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         return var_mods[key].get_function(_wk_name("F16", cfg))
 
     l2 = 60 << 20
+    pdl = tuning().pdl and _sm90a()  # the variants are launched as the op launches its kernels
     for k, n in (tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")):
         gs = 128
         g = k // gs
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                     c = c or calls[next(it) % len(calls)].inputs
                     wk_launch(fn, (tiles, ksplit), cfg[2], smem,
                               (c["x"], c["qweight"], c["scales"], c["zeros"], partial, counters, out, np.int32(m),
-                               np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)))
+                               np.int32(k), np.int32(n), np.int32(gs // 2), np.int32(cpb)), pdl=pdl)
 
                 err: float | None = None
                 ok: bool | None = None

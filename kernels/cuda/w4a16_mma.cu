@@ -710,12 +710,18 @@ __device__ __forceinline__ void wk_body(
           reinterpret_cast<u32*>(wsm + s * STAGE + WB + SZB + mrows * XROW)[i] = 0u;
       __syncwarp();
     }
+    // the next chunk to copy: its index, its stage and its sources, advanced by one of this warp's chunks per issue (the
+    // calls come in order j = 0, 1, ...), so a chunk's copies cost adds, not 64-bit products and a division by S.
+    // This lane's activation pieces: p = lane + 32 it, row p / 8 = lane / 8 + 4 it, piece p % 8 = lane % 8
+    int nx_ch = c_begin + warp, nx_stage = gb % S;
+    const unsigned char* nx_w = w_src + (u64)nx_ch * w_chunk;
+    const u16* nx_x = x + (u64)(m0 + (lane >> 3)) * K + (u64)nx_ch * 64 + 8 * (lane & 7);
+    const u64 x_it = 4ull * (u64)K;  // 4 rows of x
     auto issue = [&](int j) {  // the warp's j-th chunk of this m-block into stage (gb + j) % S
-      const int ch = c_begin + warp + WK * j, stage = (gb + j) % S;
+      const int ch = nx_ch, stage = nx_stage;
       const u32 st_s = wsm_s + (u32)(stage * STAGE);
-      const unsigned char* wsrc = w_src + (u64)ch * w_chunk;
 #pragma unroll
-      for (int i = 0; i < NP; ++i) cp_async16_s(st_s + w_dst + (u32)(i * RPI * BC), wsrc + (u64)i * w_piece);
+      for (int i = 0; i < NP; ++i) cp_async16_s(st_s + w_dst + (u32)(i * RPI * BC), nx_w + (u64)i * w_piece);
       if (sz_lane) cp_async16_s(st_s + sz_dst, sz_src + (u64)(cpg_shift >= 0 ? ch >> cpg_shift : ch / cpg) * N);
       if (XM > 0) {
         unsigned char* st = wsm + stage * STAGE;
@@ -735,10 +741,17 @@ __device__ __forceinline__ void wk_body(
           }
         }
       } else if (XSM) {
-        for (int p = lane; p < mrows * 8; p += 32)
-          cp_async16_s(st_s + (u32)(WB + SZB + (p >> 3) * XROW + 16 * x_piece<XSW>((p >> 3) & 7, p & 7)),
-                       x + (u64)(m0 + (p >> 3)) * K + ch * 64 + 8 * (p & 7));
+#pragma unroll
+        for (int it = 0; it < (MR * 8 + 31) / 32; ++it) {
+          const int row = (lane >> 3) + 4 * it;
+          if (row < mrows)
+            cp_async16_s(st_s + (u32)(WB + SZB + row * XROW + 16 * x_piece<XSW>(row & 7, lane & 7)), nx_x + it * x_it);
+        }
       }
+      nx_ch += WK;
+      nx_stage = nx_stage + 1 == S ? 0 : nx_stage + 1;
+      nx_w += WK * w_chunk;
+      nx_x += WK * 64;
     };
     float acc[MTA][NT][4];  // TR: acc[nb][p] for B operand nb, A-tile p < NT/2
     u32 sink = 0u;           // W4_PROBE bit 3 only
@@ -751,7 +764,10 @@ __device__ __forceinline__ void wk_body(
       if (s < nloc) issue(s);
       cp_async_commit();
     }
+    int rd_stage = gb % S;  // the stage of chunk i
     for (int i = 0; i < nloc; ++i) {
+      const int rs = rd_stage;
+      rd_stage = rd_stage + 1 == S ? 0 : rd_stage + 1;
       cp_async_wait<S - 2>();
       __syncwarp();
       if (XM > 0) mbar_wait(fbar + 8 * ((gb + i) % S), (u32)(((gb + i) / S) & 1));  // the CN blocks' rows landed
@@ -759,7 +775,7 @@ __device__ __forceinline__ void wk_body(
       cp_async_commit();
       if (W4_PROBE & 1) continue;
       const int ch = c_begin + warp + WK * i;
-      const unsigned char* st = wsm + ((gb + i) % S) * STAGE;
+      const unsigned char* st = wsm + rs * STAGE;
       u32 a[4][MTA][4];  // TR: [stp][nb][0] and [stp][nb][2] are B operand nb (x rows 8*nb + g)
       // LDSM: a[stp] is read by ldmatrix inside the k16 loop below (fewer live registers, a quarter of the loads)
       if (LDSM) {
