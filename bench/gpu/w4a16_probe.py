@@ -25,7 +25,8 @@ median of 5 batches, weight sets rotated so that L2 cannot hold them):
   mask-and-magic as two LOP3, as the C++ expression compiles: the kernel before; checked, marked ``lop=0``),
   ``-DW4_SUB=0`` / ``2`` (float16 at M <= 16: the weights entering the mma as MAGIC + q, the kernel before, or as
   subnormals with the high nibbles shifted by IMAD.HI instead of SHF; checked, marked ``sub=0`` / ``sub=2``)
-  and diagnostics ``-DW4_PROBE=bits``: ``64``
+  configurations the op's module does not build (``EXTRA``: more stages or warps than the table's; checked, marked
+  ``extra``) and diagnostics ``-DW4_PROBE=bits``: ``64``
   (nothing: the launch of an empty kernel of the same geometry and shared memory), ``16`` (no chunk
   loop: launch, zeroing and epilogue; also with ``W4_EPI=0``), ``32`` (no epilogue: the chunk loop only),
   ``1`` (loads only), ``6`` (mma only); their results are wrong by construction and marked ``diag``; at M > 32 (8192 x
@@ -92,6 +93,9 @@ LOP0 = {1: [(0, 4, 8, 0, 3, 1, 2)], 8: [(0, 4, 8, 0, 3, 1, 2)], 16: [(1, 4, 8, 0
 SUBV = {m: [(cfg, sub) for cfg in cfgs for sub in (0, 2)]
         for m, cfgs in {1: [(0, 4, 12, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1)], 8: [(0, 4, 12, 0, 3, 1, 2)],
                         16: [(-2, 4, 8, 0, 3, 1, 2), (-2, 4, 8, 1, 3, 1)]}.items()}
+# configurations the op's module does not build, compiled from the product's source in a module of their own, per M
+EXTRA = {m: [(0, 4, 8, 0, 4, 1, 2), (0, 4, 16, 0, 2, 1, 2), (0, 4, 8, 2, 3, 1)] for m in (1, 8)}
+EXTRA[16] = [(-2, 4, 8, 0, 2, 1, 2)]
 # the earlier epilogue (-DW4_EPI=0) next to the same configuration with the new one, per M
 EPI0 = {1: [(0, 4, 8, 1, 3, 1)], 8: [(0, 4, 8, 1, 3, 1)], 16: [(1, 4, 8, 1, 3, 1)], 32: [(2, 2, 8, 1, 3, 1)],
         64: [(4, 2, 4, 1, 2, 1)]}
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms", default="1,8,16,32,64")
     ap.add_argument("--shapes", default="8192x8192,4096x14336,4096x4096", help="KxN,...")
     ap.add_argument("--budget-s", type=float, default=125.0)
-    ap.add_argument("--skip", default="", help="comma-separated groups of cases left out: epi0, diag, ldsm0, fix0, lop0, sub")
+    ap.add_argument("--skip", default="", help="comma-separated groups of cases left out: epi0, diag, ldsm0, fix0, lop0, sub, extra")
     args = ap.parse_args(argv)
     t_start = time.monotonic()
     import cupy as cp
@@ -136,15 +140,16 @@ def main(argv: list[str] | None = None) -> int:
     fix0_cfgs = sorted({c for cs in FIX0.values() for c in cs})
     lop0_cfgs = sorted({c for cs in LOP0.values() for c in cs})
     sub_cfgs = sorted({c for cs in SUBV.values() for c, _ in cs})
+    extra_cfgs = sorted({c for cs in EXTRA.values() for c in cs})
 
     def variant_fn(bits: int, epi: int, cfg: tuple[int, ...], ldsm: int = 1, fix: int = 1, lop: int = 1,
                    sub: int = 1) -> Any:
         """The kernel of ``cfg`` built with -DW4_PROBE=bits -DW4_EPI=epi -DW4_LDSM=ldsm -DW4_FIX=fix -DW4_LOP=lop
-        -DW4_SUB=sub (one module per set of switches)."""
+        -DW4_SUB=sub (one module per set of switches; all at the product's values: the EXTRA configurations)."""
         key = (bits, epi, ldsm, fix, lop, sub)
         if key not in var_mods:
             cfgs = (diag_cfgs if bits else epi0_cfgs if epi == 0 else ldsm0_cfgs if ldsm == 0 else fix0_cfgs if fix == 0
-                    else lop0_cfgs if lop == 0 else sub_cfgs)
+                    else lop0_cfgs if lop == 0 else sub_cfgs if sub != 1 else extra_cfgs)
             var_mods[key] = cp.RawModule(
                 code=source("w4a16_mma.cu"),
                 options=("-std=c++17", *(f"-DW4_{name}={v}" for name, v in zip(("PROBE", "EPI", "LDSM", "FIX", "LOP", "SUB"),
@@ -215,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 label = (f"wk {cfg}" + (f" epi={epi}" if epi != 1 else "") + (" ldsm=0" if ldsm != 1 else "")
                          + (" fix=0" if fix != 1 else "") + (" lop=0" if lop != 1 else "")
                          + (f" sub={sub}" if sub != 1 else "")
+                         + (" extra" if (bits, epi, ldsm, fix, lop, sub) == (0, 1, 1, 1, 1, 1) else "")
                          + (f" probe={bits} ({DIAG_BITS[bits]})" if diag else ""))
                 if time.monotonic() - t_start > args.budget_s:
                     res["skipped"].append({**base, "case": label})
@@ -270,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
             for cfg, sub in SUBV.get(m, []) if "sub" not in skip else []:
                 if _takes(cfg, n, n_sm, forced=True):
                     variant_case(cfg, 0, 1, 1, sub=sub)
+            for cfg in EXTRA.get(m, []) if "extra" not in skip else []:
+                if _takes(cfg, n, n_sm, forced=True):
+                    variant_case(cfg, 0, 1, 1)
             if m > 32 and k == 8192 and n == 8192 and "diag" not in skip:  # w4a16_wkm's packing of x, alone
                 try:
                     t = _timer(cp, lambda x=x, m=m, k=k: pack_x(x, m, k, 64, "F16"), args.reps)
