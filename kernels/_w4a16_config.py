@@ -183,9 +183,12 @@ _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # 4096 34.9 against 31.3) and tied at 64: not taken there.
 _WG_M64 = ((4, 1, 4, 8), (4, 1, 4, 4), (4, 1, 4, 2))
 _WG_PER_SM = {(4, 1): 4}  # w4a16_wg blocks an SM holds, by (MT, NWORD), where more than one (ptxas: 128 registers)
+# M 1..8 where the cluster split takes N (N = 8192): 8 warps first again since the chunk's copies run from running
+# sources (efec061; 126 registers): 8192^2 M = 1 / 2 / 4 / 8 12.5 / 12.6 / 13.0 / 13.1 us against 13.0 / 13.0 / 13.2 / 13.4
+# for 12 warps, two rounds of w4a16-probe-extra-r{1,2}-2026-12-02-5c7ce43 (12 warps had won by 4% at 164 registers).
 _MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
-    (1, ((0, 4, 12, 0, 3, 1, 2), (0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1))),
-    (8, ((0, 4, 12, 0, 3, 1, 2), (0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
+    (1, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1))),
+    (8, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
     (16, ((-2, 4, 8, 0, 3, 1, 2), (-2, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
     (32, ((2, 4, 8, 0, 3, 1, 2), (2, 2, 8, 0, 3, 1, 2), (2, 4, 8, 1, 2, 1), (2, 2, 8, 1, 3, 1), (2, 1, 4, 4, 4))),
     (48, (*_WG_M64, (4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),

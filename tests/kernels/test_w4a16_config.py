@@ -87,7 +87,7 @@ def test_m1_falls_back_to_the_cuda_core_kernel() -> None:
             assert _mma_cfg(1, 4096, 4096, 128, wg=True) is None
         assert _mma_cfg(2, 4096, 4096, 128) == (0, 4, 8, 1, 3, 1)  # from M = 2 it may
         assert _mma_cfg(1, 4096, 14336, 128) == (0, 4, 8, 1, 3, 1)  # 112 column tiles: no split
-        assert _mma_cfg(1, 8192, 8192, 128) == (0, 4, 12, 0, 3, 1, 2)  # the cluster split (12 warps)
+        assert _mma_cfg(1, 8192, 8192, 128) == (0, 4, 8, 0, 3, 1, 2)  # the cluster split (8 warps)
         assert _mma_cfg(2, 4096, 4096 + 64, 128) == _MMA_TABLE[1][1][-1]  # M = 2: the kernel after them
         with use_tuning(mma_m1=False):
             assert _mma_cfg(1, 4096, 4096, 128) is None
