@@ -24,9 +24,7 @@ median of 5 batches, weight sets rotated so that L2 cannot hold them):
   each chunk's float32 sums: the kernel before; checked, marked ``fix=0``), ``-DW4_LOP=0`` (the dequantization's
   mask-and-magic as two LOP3, as the C++ expression compiles: the kernel before; checked, marked ``lop=0``),
   ``-DW4_SUB=0`` / ``2`` (float16 at M <= 16: the weights entering the mma as MAGIC + q, the kernel before, or as
-  subnormals with the high nibbles shifted by IMAD.HI instead of SHF; checked, marked ``sub=0`` / ``sub=2``),
-  ``-DW4_RUN=0`` (M <= 16: each warp's chunks one in WK, the sums corrected after every chunk, instead of runs of two
-  chunks corrected once per run; checked, marked ``run=0``)
+  subnormals with the high nibbles shifted by IMAD.HI instead of SHF; checked, marked ``sub=0`` / ``sub=2``)
   configurations the op's module does not build (``EXTRA``: more stages or warps than the table's; checked, marked
   ``extra``) and diagnostics ``-DW4_PROBE=bits``: ``64``
   (nothing: the launch of an empty kernel of the same geometry and shared memory), ``16`` (no chunk
@@ -95,9 +93,6 @@ LOP0 = {1: [(0, 4, 8, 0, 3, 1, 2)], 8: [(0, 4, 8, 0, 3, 1, 2)], 16: [(1, 4, 8, 0
 SUBV = {m: [(cfg, sub) for cfg in cfgs for sub in (0, 2)]
         for m, cfgs in {1: [(0, 4, 12, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1)], 8: [(0, 4, 12, 0, 3, 1, 2)],
                         16: [(-2, 4, 8, 0, 3, 1, 2), (-2, 4, 8, 1, 3, 1)]}.items()}
-# at M <= 16 every WK-th chunk per warp and a correction of the sums after each (-DW4_RUN=0, the kernel before), per M
-RUN0 = {1: [(0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1)], 8: [(0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1)],
-        16: [(-2, 4, 8, 0, 3, 1, 2), (-2, 4, 8, 1, 3, 1)]}
 # configurations the op's module does not build, compiled from the product's source in a module of their own, per M
 EXTRA = {m: [(0, 4, 8, 0, 4, 1, 2), (0, 4, 16, 0, 2, 1, 2), (0, 4, 8, 2, 3, 1)] for m in (1, 8)}
 EXTRA[16] = [(-2, 4, 8, 0, 2, 1, 2)]
@@ -116,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms", default="1,8,16,32,64")
     ap.add_argument("--shapes", default="8192x8192,4096x14336,4096x4096", help="KxN,...")
     ap.add_argument("--budget-s", type=float, default=125.0)
-    ap.add_argument("--skip", default="", help="comma-separated groups of cases left out: epi0, diag, ldsm0, fix0, lop0, sub, run0, extra")
+    ap.add_argument("--skip", default="", help="comma-separated groups of cases left out: epi0, diag, ldsm0, fix0, lop0, sub, extra")
     args = ap.parse_args(argv)
     t_start = time.monotonic()
     import cupy as cp
@@ -146,20 +141,19 @@ def main(argv: list[str] | None = None) -> int:
     lop0_cfgs = sorted({c for cs in LOP0.values() for c in cs})
     sub_cfgs = sorted({c for cs in SUBV.values() for c, _ in cs})
     extra_cfgs = sorted({c for cs in EXTRA.values() for c in cs})
-    run0_cfgs = sorted({c for cs in RUN0.values() for c in cs})
 
     def variant_fn(bits: int, epi: int, cfg: tuple[int, ...], ldsm: int = 1, fix: int = 1, lop: int = 1,
-                   sub: int = 1, run: int = 1) -> Any:
+                   sub: int = 1) -> Any:
         """The kernel of ``cfg`` built with -DW4_PROBE=bits -DW4_EPI=epi -DW4_LDSM=ldsm -DW4_FIX=fix -DW4_LOP=lop
-        -DW4_SUB=sub -DW4_RUN=run (one module per set of switches; all at the product's values: the EXTRA configurations)."""
-        key = (bits, epi, ldsm, fix, lop, sub, run)
+        -DW4_SUB=sub (one module per set of switches; all at the product's values: the EXTRA configurations)."""
+        key = (bits, epi, ldsm, fix, lop, sub)
         if key not in var_mods:
             cfgs = (diag_cfgs if bits else epi0_cfgs if epi == 0 else ldsm0_cfgs if ldsm == 0 else fix0_cfgs if fix == 0
-                    else lop0_cfgs if lop == 0 else sub_cfgs if sub != 1 else run0_cfgs if run == 0 else extra_cfgs)
+                    else lop0_cfgs if lop == 0 else sub_cfgs if sub != 1 else extra_cfgs)
             var_mods[key] = cp.RawModule(
                 code=source("w4a16_mma.cu"),
-                options=("-std=c++17", *(f"-DW4_{name}={v}" for name, v in zip(("PROBE", "EPI", "LDSM", "FIX", "LOP", "SUB",
-                                                                                   "RUN"), key))),
+                options=("-std=c++17", *(f"-DW4_{name}={v}" for name, v in zip(("PROBE", "EPI", "LDSM", "FIX", "LOP", "SUB"),
+                                                                                  key))),
                 name_expressions=[_wk_name("F16", c) for c in cfgs])
         return var_mods[key].get_function(_wk_name("F16", cfg))
 
@@ -221,18 +215,18 @@ def main(argv: list[str] | None = None) -> int:
 
             def variant_case(cfg: tuple[int, ...], bits: int, epi: int, ldsm: int = 1, m: int = m, k: int = k, n: int = n,
                              gs: int = gs, calls: list[Any] = calls, base: dict[str, Any] = base, fix: int = 1,
-                             lop: int = 1, sub: int = 1, run: int = 1) -> None:
+                             lop: int = 1, sub: int = 1) -> None:
                 diag = bits != 0
                 label = (f"wk {cfg}" + (f" epi={epi}" if epi != 1 else "") + (" ldsm=0" if ldsm != 1 else "")
                          + (" fix=0" if fix != 1 else "") + (" lop=0" if lop != 1 else "")
-                         + (f" sub={sub}" if sub != 1 else "") + (" run=0" if run != 1 else "")
-                         + (" extra" if (bits, epi, ldsm, fix, lop, sub, run) == (0, 1, 1, 1, 1, 1, 1) else "")
+                         + (f" sub={sub}" if sub != 1 else "")
+                         + (" extra" if (bits, epi, ldsm, fix, lop, sub) == (0, 1, 1, 1, 1, 1) else "")
                          + (f" probe={bits} ({DIAG_BITS[bits]})" if diag else ""))
                 if time.monotonic() - t_start > args.budget_s:
                     res["skipped"].append({**base, "case": label})
                     return
                 try:
-                    fn = variant_fn(bits, epi, cfg, ldsm, fix, lop, sub, run)
+                    fn = variant_fn(bits, epi, cfg, ldsm, fix, lop, sub)
                 except Exception as e:
                     _error(res, base, label, e)
                     return
@@ -282,9 +276,6 @@ def main(argv: list[str] | None = None) -> int:
             for cfg, sub in SUBV.get(m, []) if "sub" not in skip else []:
                 if _takes(cfg, n, n_sm, forced=True):
                     variant_case(cfg, 0, 1, 1, sub=sub)
-            for cfg in RUN0.get(m, []) if "run0" not in skip else []:
-                if _takes(cfg, n, n_sm, forced=True):
-                    variant_case(cfg, 0, 1, 1, run=0)
             for cfg in EXTRA.get(m, []) if "extra" not in skip else []:
                 if _takes(cfg, n, n_sm, forced=True):
                     variant_case(cfg, 0, 1, 1)

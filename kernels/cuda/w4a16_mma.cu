@@ -502,9 +502,6 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 #define W4_SUB 1  // float16 at FIX enters the weights as q * 2^-24 (dq_sub), the high nibbles by a shift; 2: by IMAD.HI
                   // (shr4_fma); 0: as MAGIC + q (dq_raw). 0 and 2: probe builds
 #endif
-#ifndef W4_RUN
-#define W4_RUN 1  // 0 (probe builds only): at FIX a warp takes every WK-th chunk and corrects its sums after each chunk
-#endif
 #ifndef W4_PDL
 #define W4_PDL 1  // 0 (probe builds only): no griddepcontrol (pdl_begin does nothing)
 #endif
@@ -657,14 +654,7 @@ __device__ __forceinline__ void wk_body(
   const int col0 = blockIdx.x * BC;
   const int n_chunks = K >> 6;
   const int c_begin = min((int)blockIdx.y * cpb, n_chunks), c_end = min(c_begin + cpb, n_chunks);
-  // a warp's chunks: runs of CP consecutive ones, run r of the block to warp r % WK (chunk j of the warp: chunk_of(j)).
-  // FIX takes runs of two, so that the chunks of a run inside one group share one correction of the sums (W4_RUN)
-  constexpr int CP = FIX && W4_RUN ? 2 : 1;
-  const int c_here = c_end - c_begin, runs = (c_here + CP - 1) / CP;
-  const int nloc = (W4_PROBE & 16) || runs <= warp ? 0
-                   : (runs - warp + WK - 1) / WK * CP - ((runs - 1) % WK == warp ? runs * CP - c_here : 0);
-  auto chunk_of = [&](int j) { return c_begin + CP * (warp + WK * (j / CP)) + j % CP; };
-  const bool run_crosses = CP > 1 && (((group_rows >> 5) & 1) || (c_begin & 1));  // a run's two chunks in two groups
+  const int nloc = (W4_PROBE & 16) ? 0 : c_end - c_begin > warp ? (c_end - c_begin - warp + WK - 1) / WK : 0;
   const int ksplit = gridDim.y;
   if (W4_PROBE & 64) return;
   unsigned char* wsm = dsm + warp * (S * STAGE);
@@ -704,7 +694,7 @@ __device__ __forceinline__ void wk_body(
     const unsigned char* pf = qweight + (u64)lane * N + col0;
     const int npf = min(nloc, W4_PDL_PF);
     for (int j = 0; j < npf; ++j) {
-      const unsigned char* p = pf + (u64)chunk_of(j) * w_chunk;
+      const unsigned char* p = pf + (u64)(c_begin + warp + WK * j) * w_chunk;
 #pragma unroll
       for (int b = 0; b < BC; b += 128) asm volatile("prefetch.global.L2 [%0];" :: "l"(p + b));
     }
@@ -723,7 +713,7 @@ __device__ __forceinline__ void wk_body(
     // the next chunk to copy: its index, its stage and its sources, advanced by one of this warp's chunks per issue (the
     // calls come in order j = 0, 1, ...), so a chunk's copies cost adds, not 64-bit products and a division by S.
     // This lane's activation pieces: p = lane + 32 it, row p / 8 = lane / 8 + 4 it, piece p % 8 = lane % 8
-    int nx_ch = chunk_of(0), nx_stage = gb % S;
+    int nx_ch = c_begin + warp, nx_stage = gb % S;
     const unsigned char* nx_w = w_src + (u64)nx_ch * w_chunk;
     const u16* nx_x = x + (u64)(m0 + (lane >> 3)) * K + (u64)nx_ch * 64 + 8 * (lane & 7);
     const u64 x_it = 4ull * (u64)K;  // 4 rows of x
@@ -758,11 +748,10 @@ __device__ __forceinline__ void wk_body(
             cp_async16_s(st_s + (u32)(WB + SZB + row * XROW + 16 * x_piece<XSW>(row & 7, lane & 7)), nx_x + it * x_it);
         }
       }
-      const int d = (j + 1) % CP ? 1 : CP * (WK - 1) + 1;  // to the warp's next chunk: the run's next, or the next run
-      nx_ch += d;
+      nx_ch += WK;
       nx_stage = nx_stage + 1 == S ? 0 : nx_stage + 1;
-      nx_w += (u64)d * w_chunk;
-      nx_x += d * 64;
+      nx_w += WK * w_chunk;
+      nx_x += WK * 64;
     };
     float acc[MTA][NT][4];  // TR: acc[nb][p] for B operand nb, A-tile p < NT/2
     u32 sink = 0u;           // W4_PROBE bit 3 only
@@ -775,17 +764,6 @@ __device__ __forceinline__ void wk_body(
       if (s < nloc) issue(s);
       cp_async_commit();
     }
-    constexpr int NC = FIX ? NT / 2 : 1;  // FIX: the A-tiles' sums over the chunks since the last correction
-    float accc[MTA][NC][4], xsum[MTA][4];  // FIX: those sums, and the row sums (per B operand)
-    auto zero_sums = [&]() {
-#pragma unroll
-      for (int nb = 0; nb < MTA; ++nb) {
-        xsum[nb][0] = xsum[nb][1] = xsum[nb][2] = xsum[nb][3] = 0.f;
-#pragma unroll
-        for (int p = 0; p < NC; ++p) accc[nb][p][0] = accc[nb][p][1] = accc[nb][p][2] = accc[nb][p][3] = 0.f;
-      }
-    };
-    if (FIX) zero_sums();
     int rd_stage = gb % S;  // the stage of chunk i
     for (int i = 0; i < nloc; ++i) {
       const int rs = rd_stage;
@@ -796,7 +774,7 @@ __device__ __forceinline__ void wk_body(
       if (i + S - 1 < nloc && !(W4_PROBE & 2)) issue(i + S - 1);
       cp_async_commit();
       if (W4_PROBE & 1) continue;
-      const int ch = chunk_of(i);
+      const int ch = c_begin + warp + WK * i;
       const unsigned char* st = wsm + rs * STAGE;
       u32 a[4][MTA][4];  // TR: [stp][nb][0] and [stp][nb][2] are B operand nb (x rows 8*nb + g)
       // LDSM: a[stp] is read by ldmatrix inside the k16 loop below (fewer live registers, a quarter of the loads)
@@ -829,6 +807,16 @@ __device__ __forceinline__ void wk_body(
       if (!FIX) {
 #pragma unroll
         for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
+      }
+      constexpr int NC = FIX ? NT / 2 : 1;  // FIX: the A-tiles' per-chunk sums
+      float accc[MTA][NC][4], xsum[MTA][4];  // FIX: this chunk's sums, row sums (per B operand)
+      if (FIX) {
+#pragma unroll
+        for (int nb = 0; nb < MTA; ++nb) {
+          xsum[nb][0] = xsum[nb][1] = xsum[nb][2] = xsum[nb][3] = 0.f;
+#pragma unroll
+          for (int p = 0; p < NC; ++p) accc[nb][p][0] = accc[nb][p][1] = accc[nb][p][2] = accc[nb][p][3] = 0.f;
+        }
       }
       // ldmatrix.x4 row addresses: lanes 0-15 rows 0-15 at k 0, lanes 16-31 rows 0-15 at k 8 of an m-tile's k16 step
       // (logical piece 2 stp + lane/16 of row mt*16 + (lane & 15), whose row & 7 is lane & 7)
@@ -889,10 +877,7 @@ __device__ __forceinline__ void wk_body(
           for (int nb = 0; nb < MTA; ++nb) O::mma(xsum[nb], ones, a[stp][nb][0], a[stp][nb][2]);
         }
       }
-      // FIX, at the end of a run, and after its first chunk where a run may cross a group: acc[nb][p][e] (column
-      // g*NT + 2p + (e >> 1), batch row 8*nb + 2t + (e & 1)) += s * (sum - (MAGIC + z) * rowsum), with the scales and zeros
-      // in this stage (a run's chunks are of one group where none crosses one)
-      if (FIX && (CP == 1 || (i & 1) || i + 1 == nloc || run_crosses)) {
+      if (FIX) {  // acc[nb][p][e] (column g*NT + 2p + (e >> 1), batch row 8*nb + 2t + (e & 1)) += s * (sum - (MAGIC + z) * rowsum)
         const u16* sh = reinterpret_cast<const u16*>(st + WB) + g * NT;  // this lane's NT scales; its zeros BC later
 #pragma unroll
         for (int p = 0; p < NC; ++p)
@@ -907,7 +892,6 @@ __device__ __forceinline__ void wk_body(
               for (int b = 0; b < 2; ++b)
                 acc[nb][p][2 * c + b] = fmaf(sc, fmaf(mz, xsum[nb][b], accc[nb][p][2 * c + b]), acc[nb][p][2 * c + b]);
           }
-        zero_sums();
       }
       if (XM > 0) {  // this warp's reads of the stage are done (values in registers): release it in the CN blocks
         __syncwarp();
