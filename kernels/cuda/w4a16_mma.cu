@@ -14,7 +14,8 @@
 // high nibble (from v >> 4) in half 1, LOP3 masks and ORs the exponent of 1024 (float16) / 128
 // (bfloat16), so the halves are M + q exactly; FMA with -(M + z) gives q - z exactly; a multiply
 // by the group's scale rounds (q - z) * s once to the input type. The mma then multiplies exactly
-// and accumulates in float32.
+// and accumulates in float32. (w4a16_wk at MT <= 0 leaves the zero and the scale to its float32 sums, and in float16
+// enters the weights as the subnormals q * 2^-24: wk_body, dq_sub.)
 // Work split: a chunk is 64 k (32 packed rows, 4 k16 steps, always inside one group: group size
 // % 64 == 0). Warp w of block (x, y) owns columns [(x*WARPS + w)*BC, +BC) and every block takes the
 // chunks [y*cpb, +cpb): the warps of a block share the activation chunk, staged in shared memory
@@ -629,9 +630,10 @@ __device__ __forceinline__ void wk_body(
   constexpr bool TR = MT <= 0;
   constexpr int NB = TR ? (MT == 0 ? 1 : -MT) : 0;  // TR: B operands of 8 activation rows
   constexpr bool LDSM = XSM && !TR && W4_LDSM;  // A fragments from the staged activations by ldmatrix
-  // MT = 0: the weights enter the mma as MAGIC + q (dq_raw: PRMT + LOP3 per pair, no HADD2 / HMUL2), into per-chunk
+  // MT <= 0: the weights enter the mma as MAGIC + q (dq_raw: PRMT + LOP3 per pair, no HADD2 / HMUL2), into per-chunk
   // float32 sums; a ones-mma sums each activation row over the chunk; at the chunk's end per column
-  // acc += s * (sum - (MAGIC + z) * rowsum), in float32 (the weights never rounded to the input type)
+  // acc += s * (sum - (MAGIC + z) * rowsum), in float32 (the weights never rounded to the input type). In float16
+  // (SUB) as q * 2^-24 instead (dq_sub: one PRMT per pair), the ones 2^-24 too, without MAGIC in the correction
   constexpr bool FIX = TR && W4_FIX;
   constexpr bool SUB = FIX && W4_SUB && O::SUB;  // the weights enter as q * 2^-24 (dq_sub), float16 only
   constexpr int MTA = TR ? NB : MT;  // m-tiles held (TR: NB 8-row B operands)
