@@ -113,7 +113,7 @@ __device__ __forceinline__ u32 dq_raw(u32 v, u32 vs, int j) {
 // per pair takes byte j of lo and of hi, and fills the two high bytes with the sign of lo's byte j (prmt's sign mode,
 // selector bit 3), which is 0. So a pair costs one PRMT (and a quarter of the word's two LOP3 and shift) where dq_raw
 // costs PRMT + LOP3, and the sums carry no MAGIC to take off again: the chunk's float32 sums are 2^-24 sum(q x) exactly
-// as the mma adds them (wk_body applies 2^24 with the scale)
+// as the mma adds them (wk_body's m-block end multiplies by 2^24)
 __device__ __forceinline__ u32 dq_sub(u32 lo, u32 hi, int j) {
   u32 d;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "r"(hi), "r"((u32)(j | ((8 | j) << 4) | ((4 + j) << 8) | ((8 | j) << 12))));
