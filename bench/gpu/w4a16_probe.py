@@ -91,7 +91,7 @@ LOP0 = {1: [(0, 4, 8, 0, 3, 1, 2)], 8: [(0, 4, 8, 0, 3, 1, 2)], 16: [(1, 4, 8, 0
         64: [(4, 2, 8, 1, 2, 1)]}
 # the weights as MAGIC + q (-DW4_SUB=0, the kernel before) or as subnormals shifted by IMAD.HI (-DW4_SUB=2), per M
 SUBV = {m: [(cfg, sub) for cfg in cfgs for sub in (0, 2)]
-        for m, cfgs in {1: [(0, 4, 12, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1)], 8: [(0, 4, 12, 0, 3, 1, 2)],
+        for m, cfgs in {1: [(0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1)], 8: [(0, 4, 8, 0, 3, 1, 2)],
                         16: [(-2, 4, 8, 0, 3, 1, 2), (-2, 4, 8, 1, 3, 1)]}.items()}
 # configurations the op's module does not build, compiled from the product's source in a module of their own, per M
 EXTRA = {m: [(0, 4, 8, 0, 4, 1, 2), (0, 4, 16, 0, 2, 1, 2), (0, 4, 8, 2, 3, 1)] for m in (1, 8)}
