@@ -28,15 +28,13 @@ class W4A16Tuning:
         prefetch: ``SHMRPC_W4A16_PF=1``: prefetch the next run in the M = 1 kernel (measured slower).
         mma: ``SHMRPC_W4A16_MMA`` (on; ``0`` turns the tensor-core path off).
         mma_m1: ``SHMRPC_W4A16_MMA_M1`` (on; ``0`` keeps M = 1 on the float32 CUDA-core kernel).
-        pdl: ``SHMRPC_W4A16_PDL`` (on; ``0`` turns it off): launch the tensor-core kernels (w4a16_wk, wkc, wks, wkm, wg,
+        pdl: ``SHMRPC_W4A16_PDL`` (on; ``0`` turns it off): launch the tensor-core kernels (w4a16_wk, wkc, wkm, wg,
             wgc) as programmatic dependent launches on sm_90, so that a call overlaps the end of the kernel before it
             in the stream (docs/kernels.md, "Programmatic dependent launch").
         mma_cfg: ``SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S"`` (w4a16_mma / w4a16_mma_async),
             ``"MT,NWORD,WK,BPS,S,XSM"`` (w4a16_wk), ``"MT,NWORD,WK,0,S,XSM,CL"`` (w4a16_wkc, clusters of CL
-            blocks), ``"MT,NWORD,WK,0,S,1,1,CN"`` (w4a16_wkm, activations multicast to clusters of CN blocks),
-            ``"MT,NWORD,WK,0,S,XSM,CL,0,T"`` (w4a16_wks, stream-K: clusters of CL blocks share T column tiles; T = 0:
-            chosen for the shape) or ``"MT,NWORD,S,CL"`` (w4a16_wg / w4a16_wgc: wgmma, sm_90a): one forced
-            configuration (tuning only).
+            blocks), ``"MT,NWORD,WK,0,S,1,1,CN"`` (w4a16_wkm, activations multicast to clusters of CN blocks) or
+            ``"MT,NWORD,S,CL"`` (w4a16_wg / w4a16_wgc: wgmma, sm_90a): one forced configuration (tuning only).
     """
 
     blocks_per_sm: int = 2
@@ -55,7 +53,7 @@ class W4A16Tuning:
         cfg = None
         if forced:
             v = [int(p) for p in forced.split(",")]
-            cfg = tuple(v) if len(v) in (4, 6, 7, 8, 9) else (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
+            cfg = tuple(v) if len(v) in (4, 6, 7, 8) else (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
         return cls(blocks_per_sm=int(env.get("SHMRPC_W4A16_BLOCKS_PER_SM", "2")),
                    dequant_min_m=int(env.get("SHMRPC_W4A16_DEQUANT_MIN_M", "5")),
                    h2=env.get("SHMRPC_W4A16_H2", "0") == "1", prefetch=env.get("SHMRPC_W4A16_PF", "0") == "1",
@@ -161,14 +159,6 @@ _WK_VARIANTS = ((0, 4, 8, 4, 0), (0, 4, 8, 3, 1), (0, 2, 8, 4, 0), (0, 2, 8, 4, 
 _WKC_VARIANTS = ((0, 4, 8, 3, 1, 2), (0, 2, 8, 4, 0, 2), (1, 4, 8, 3, 1, 2), (1, 2, 8, 4, 1, 2), (2, 2, 8, 3, 1, 2),
                  (4, 2, 4, 2, 1, 2), (4, 2, 8, 2, 1, 2), (2, 4, 8, 2, 1, 2), (2, 4, 8, 3, 1, 2), (-2, 4, 8, 3, 1, 2),
                  (0, 4, 12, 3, 1, 2))
-# Nine numbers (MT, NWORD, WK, 0, S, XSM, CL, 0, T) name w4a16_wks (stream-K in a cluster; MT <= 0 only): clusters of CL
-# blocks along the grid's y, cluster x sharing the T column tiles x T .. x T + T - 1 (T < CL), each block an equal run
-# of their (tile, chunk) units that may cross into the next tile, the partial sums added through distributed shared
-# memory. T = 0 in the table: the T that runs the most blocks in one wave of one per SM (_wks_t). Taken (unless forced)
-# only where the tiles alone leave SMs idle and BPS = 1 would not split (round(SMs / tiles) == 1: 4096 x 14336, 112
-# tiles: T = 7, 128 blocks).
-# (MT, NWORD, WK, S, XSM, CL) of w4a16_wks built into the module
-_WKS_VARIANTS = ((0, 4, 8, 3, 1, 8), (-2, 4, 8, 2, 1, 8))
 # (MT, NWORD, WK, S, CN) of w4a16_wkm built into the module
 _WKM_VARIANTS = ((4, 2, 8, 2, 2), (4, 2, 8, 2, 1), (4, 2, 8, 2, 4), (4, 2, 6, 3, 2))
 # Four numbers (MT, NWORD, S, CL) name w4a16_wg (CL = 1) / w4a16_wgc (cuda/w4a16_wg.cu, sm_90a only): one warpgroup per
@@ -197,10 +187,9 @@ _WG_PER_SM = {(4, 1): 4}  # w4a16_wg blocks an SM holds, by (MT, NWORD), where m
 # sources (efec061; 126 registers): 8192^2 M = 1 / 2 / 4 / 8 12.5 / 12.6 / 13.0 / 13.1 us against 13.0 / 13.0 / 13.2 / 13.4
 # for 12 warps, two rounds of w4a16-probe-extra-r{1,2}-2026-12-02-5c7ce43 (12 warps had won by 4% at 164 registers).
 _MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
-    (1, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 0, 3, 1, 8, 0, 0), (0, 4, 8, 1, 3, 1))),
-    (8, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 0, 3, 1, 8, 0, 0), (0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
-    (16, ((-2, 4, 8, 0, 3, 1, 2), (-2, 4, 8, 0, 2, 1, 8, 0, 0), (-2, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 1, 3, 1),
-          (1, 2, 4, 2, 3))),
+    (1, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1))),
+    (8, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
+    (16, ((-2, 4, 8, 0, 3, 1, 2), (-2, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2), (1, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),
     (32, ((2, 4, 8, 0, 3, 1, 2), (2, 2, 8, 0, 3, 1, 2), (2, 4, 8, 1, 2, 1), (2, 2, 8, 1, 3, 1), (2, 1, 4, 4, 4))),
     (48, (*_WG_M64, (4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
     (64, (*_WG_M64, (4, 2, 8, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 4, 1, 2, 1), (4, 1, 4, 2, 3))),
@@ -240,8 +229,6 @@ def _wk_smem(cfg: tuple[int, ...]) -> int:
     mt, nword, wk, _, st, xsm = cfg[:6]
     bc, mr = 32 * nword, _wk_rows(mt)
     padded = wk * st * (36 * bc + xsm * mr * 144) + mr * (bc + 4) * 4
-    if len(cfg) == 9:  # w4a16_wks: a second block sum, then the WK warps' head-segment tiles (NS float4 per lane)
-        return padded + mr * (bc + 4) * 4 + wk * (mr // 8) * 2 * nword * 512
     if len(cfg) == 8:  # w4a16_wkm: always padded rows (as packed), then two mbarriers per warp and stage
         return padded + 16 * wk * st
     if mt > 0 and xsm and padded > _WK_SMEM_MAX:
@@ -268,32 +255,12 @@ def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm
     if k % 64 or gs % 64:
         return None
     if t.mma_cfg:
-        forced = _resolved(t.mma_cfg, n, n_sm)
-        ok = _mma_known(forced, smem_max) and _takes(forced, n, n_sm, forced=True) and (wg or len(forced) != 4)
-        return forced if ok else None
+        ok = _mma_known(t.mma_cfg, smem_max) and _takes(t.mma_cfg, n, n_sm, forced=True) and (wg or len(t.mma_cfg) != 4)
+        return t.mma_cfg if ok else None
     row = _mma_row(m, n, n_sm)
     split_ok = m > _NO_GLOBAL_SPLIT_MAX_M or (wg and t.pdl)  # wg: an sm_90 device, where the launches are dependent
-    return next((c for c in map(_resolved, row, (n,) * len(row), (n_sm,) * len(row))
-                 if _mma_known(c, smem_max) and _takes(c, n, n_sm) and (wg or len(c) != 4)
+    return next((c for c in row if _mma_known(c, smem_max) and _takes(c, n, n_sm) and (wg or len(c) != 4)
                  and (split_ok or not _global_split(c, k, n, n_sm))), None)
-
-
-def _wks_t(tiles: int, cl: int, n_sm: int) -> int:
-    """w4a16_wks: the tiles per cluster T (< CL, dividing ``tiles``) that run the most blocks in one wave of one per SM,
-    more blocks than the tiles alone; 0 where none does."""
-    best, best_blocks = 0, tiles
-    for t in range(1, cl):
-        blocks = tiles // t * cl
-        if tiles % t == 0 and best_blocks < blocks <= n_sm:
-            best, best_blocks = t, blocks
-    return best
-
-
-def _resolved(cfg: tuple[int, ...], n: int, n_sm: int) -> tuple[int, ...]:
-    """``cfg`` with a w4a16_wks T of 0 replaced by the shape's (_wks_t; 0 kept where none fits)."""
-    if len(cfg) != 9 or cfg[8] or n % (32 * cfg[1]):
-        return cfg
-    return (*cfg[:8], _wks_t(n // (32 * cfg[1]), cfg[6], n_sm))
 
 
 def _mma_row(m: int, n: int, n_sm: int) -> tuple[tuple[int, ...], ...]:
@@ -324,10 +291,6 @@ def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> boo
         return n % (128 * cfg[1]) == 0 and (forced or 2 * n_sm <= blocks <= _WG_PER_SM.get(cfg[:2], 1) * n_sm)
     if n % (32 * cfg[1]):
         return False
-    if len(cfg) == 9:  # T < CL divides the tiles, one wave; a table entry: where BPS 1 would not split the tiles alone
-        tiles, cl, tpc = n // (32 * cfg[1]), cfg[6], cfg[8]
-        return (0 < tpc < cl and tiles % tpc == 0 and tiles // tpc * cl <= n_sm
-                and (forced or (tiles < n_sm and round(n_sm / tiles) == 1)))
     if len(cfg) == 8:  # the column tiles divide into clusters of CN; a table entry: one wave that BPS 1 would not split
         tiles = n // (32 * cfg[1])
         return tiles % cfg[7] == 0 and (forced or (tiles <= n_sm and round(n_sm / tiles) == 1))
@@ -341,9 +304,6 @@ def _mma_known(cfg: tuple[int, ...], smem_max: int = _WK_SMEM_MAX) -> bool:
     """Whether ``cfg`` names a kernel built into the module (and, for w4a16_wk, one whose shared memory fits)."""
     if len(cfg) == 4:
         return cfg in _WG_VARIANTS and _wg_smem(cfg) <= min(smem_max, _WK_SMEM_MAX)
-    if len(cfg) == 9:
-        return (cfg[3] == 0 and cfg[7] == 0 and (*cfg[:3], *cfg[4:7]) in _WKS_VARIANTS
-                and _wk_smem(cfg) <= min(smem_max, _WK_SMEM_MAX))
     if len(cfg) == 8:
         return (cfg[3] == 0 and cfg[5] == 1 and cfg[6] == 1 and (*cfg[:3], cfg[4], cfg[7]) in _WKM_VARIANTS
                 and _wk_smem(cfg) <= min(smem_max, _WK_SMEM_MAX))
@@ -370,13 +330,10 @@ def w4a16_mma_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) ->
 def w4a16_wk_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) -> tuple[tuple[int, int], int, int]:
     """(grid, chunks per block, dynamic shared bytes) of w4a16_wk: a block = one 32*NWORD-column slab, WK warps;
     w4a16_wkc (seven numbers): the K split is the cluster, CL blocks (a block may get no chunk when K is short);
-    w4a16_wkm (eight numbers): no K split, the column tiles in clusters of CN along the grid's x; w4a16_wks (nine):
-    grid (tiles / T, CL), and the kernel's last argument is T, not chunks per block."""
+    w4a16_wkm (eight numbers): no K split, the column tiles in clusters of CN along the grid's x."""
     nword, bps = cfg[1], cfg[3]
     tiles = n // (32 * nword)
     chunks = k // 64
-    if len(cfg) == 9:
-        return (tiles // cfg[8], cfg[6]), cfg[8], _wk_smem(cfg)
     if len(cfg) == 8:
         return (tiles, 1), chunks, _wk_smem(cfg)
     if len(cfg) == 7:
@@ -406,8 +363,6 @@ def _wg_names(kt: str) -> tuple[str, ...]:
 
 def _wk_name(kt: str, cfg: tuple[int, ...]) -> str:
     mt, nw, wk, _, st, xsm = cfg[:6]
-    if len(cfg) == 9:
-        return f"w4a16_wks<{kt},{mt},{nw},{wk},{st},{xsm},{cfg[6]}>"
     if len(cfg) == 8:
         return f"w4a16_wkm<{kt},{mt},{nw},{wk},{st},{cfg[7]}>"
     if len(cfg) == 7:
@@ -422,5 +377,4 @@ def _mma_names(kt: str) -> tuple[str, ...]:
             *(_wk_name(kt, (mt, nw, wk, 0, st, xsm)) for mt, nw, wk, st, xsm in _WK_VARIANTS),
             *(_wk_name(kt, (mt, nw, wk, 0, st, xsm, cl)) for mt, nw, wk, st, xsm, cl in _WKC_VARIANTS),
             *(_wk_name(kt, (mt, nw, wk, 0, st, 1, 1, cn)) for mt, nw, wk, st, cn in _WKM_VARIANTS),
-            *(_wk_name(kt, (mt, nw, wk, 0, st, xsm, cl, 0, 0)) for mt, nw, wk, st, xsm, cl in _WKS_VARIANTS),
             *sorted({f"w4_xpack<{16 * v[0]}>" for v in _WKM_VARIANTS}))

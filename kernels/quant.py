@@ -264,7 +264,7 @@ def _sm90a() -> bool:
 def wk_launch(fn: Any, grid: tuple[int, int], wk: int, smem: int, args: tuple[Any, ...], pdl: bool = False) -> None:
     """Launch the tensor-core kernel ``fn`` (w4a16_wk and its kin, w4a16_wg) as ``wk`` warps per block with ``smem``
     bytes of dynamic shared memory (opted in once per function); ``pdl``: as a programmatic dependent launch
-    (``_cuda.launch_dependent``; only for kernels that wait for the one before them: w4a16_wk, wkc, wks, wkm, wg, wgc;
+    (``_cuda.launch_dependent``; only for kernels that wait for the one before them: w4a16_wk, wkc, wkm, wg, wgc;
     a plain launch while the stream is being captured)."""
     import cupy
 

@@ -10,8 +10,7 @@ M = 1 and M = 16 kernels at 8192 x 8192 by default), builds them with ``nvcc -cu
 and dumps the SASS with ``cuobjdump -sass``. (NVRTC, which the op uses, may allocate a few registers differently.)
 ``--nvrtc`` builds the modules exactly as the op does instead, with the NVRTC library of the ``nvidia-cuda-nvrtc``
 wheel (the dev extra; ``shmrpc.kernels._nvrtc``): six numbers name ``w4a16_wkc`` (sm_90), four name
-``w4a16_wg`` / ``w4a16_wgc`` (MT, NWORD, S, CL; the wgmma module, sm_90a), and ``--wks`` the same six numbers of
-``w4a16_wks`` (stream-K in a cluster, sm_90); the dump needs ``cuobjdump`` and
+``w4a16_wg`` / ``w4a16_wgc`` (MT, NWORD, S, CL; the wgmma module, sm_90a); the dump needs ``cuobjdump`` and
 ``nvdisasm`` (``pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm``, or a CUDA toolkit on PATH).
 Either way, per kernel it finds the chunk loop (the backward branch whose body holds the most HMMA or HGMMA, the
 smallest such body) and counts its instructions by opcode: one pass is one chunk of 64 k for one warp, the next
@@ -100,9 +99,8 @@ def build(cfgs: list[tuple[int, ...]], tmp: Path) -> tuple[str, str]:
     return sass, ptxas
 
 
-def build_nvrtc(cfgs: list[tuple[int, ...]], tmp: Path, wks: list[tuple[int, ...]] | None = None) -> tuple[str, str]:
-    """The op's own modules (NVRTC, as ``kernels/_cuda.py`` builds them) for ``cfgs`` (and w4a16_wks for ``wks``):
-    (SASS, ptxas's log)."""
+def build_nvrtc(cfgs: list[tuple[int, ...]], tmp: Path) -> tuple[str, str]:
+    """The op's own modules (NVRTC, as ``kernels/_cuda.py`` builds them) for ``cfgs``: (SASS, ptxas's log)."""
     import os
 
     sys.path.insert(0, str(_ROOT))
@@ -114,8 +112,7 @@ def build_nvrtc(cfgs: list[tuple[int, ...]], tmp: Path, wks: list[tuple[int, ...
     if lib is None or cuobjdump is None or nvdisasm is None:
         raise SystemExit("--nvrtc needs NVRTC, cuobjdump and nvdisasm (pip install nvidia-cuda-nvrtc "
                          "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
-    wk = (*(f"w4a16_wkc<F16,{','.join(map(str, c))}>" for c in cfgs if len(c) == 6),
-          *(f"w4a16_wks<F16,{','.join(map(str, c))}>" for c in wks or ()))
+    wk = tuple(f"w4a16_wkc<F16,{','.join(map(str, c))}>" for c in cfgs if len(c) == 6)
     wg = tuple(_wg_name("F16", c) for c in cfgs if len(c) == 4)
     sass, logs = "", ""
     env = {**os.environ, "PATH": f"{Path(nvdisasm).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -135,8 +132,6 @@ def main() -> int:
     ap.add_argument("--cfgs", default="0,4,8,3,1,2;1,4,8,3,1,2",
                     help="w4a16_wkc template arguments MT,NWORD,WK,S,XSM,CL (with --nvrtc also w4a16_wg's MT,NWORD,S,CL); "
                          "several separated by ';'")
-    ap.add_argument("--wks", default="", help="with --nvrtc: w4a16_wks template arguments MT,NWORD,WK,S,XSM,CL; several "
-                    "separated by ';'")
     ap.add_argument("--nvrtc", action="store_true", help="build as the op does, with NVRTC (no nvcc, no GPU)")
     ap.add_argument("--sass", help="analyse this cuobjdump -sass output instead of building")
     ap.add_argument("--ptxas", help="with --sass: the ptxas -v output of the same build (registers)")
@@ -147,10 +142,9 @@ def main() -> int:
         sass = Path(args.sass).read_text()
         ptxas = Path(args.ptxas).read_text() if args.ptxas else ""
     else:
-        cfgs = [tuple(int(v) for v in c.split(",")) for c in args.cfgs.split(";") if c]
-        wks = [tuple(int(v) for v in c.split(",")) for c in args.wks.split(";") if c]
+        cfgs = [tuple(int(v) for v in c.split(",")) for c in args.cfgs.split(";")]
         with tempfile.TemporaryDirectory() as tmp:
-            sass, ptxas = build_nvrtc(cfgs, Path(tmp), wks) if args.nvrtc else build(cfgs, Path(tmp))
+            sass, ptxas = (build_nvrtc if args.nvrtc else build)(cfgs, Path(tmp))
     regs = registers(ptxas)
     kernels: dict[str, Any] = {}
     for name, insns in parse_sass(sass).items():

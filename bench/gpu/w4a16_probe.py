@@ -10,8 +10,7 @@ median of 5 batches, weight sets rotated so that L2 cannot hold them):
   kernel (M = 1);
 - ``w4a16_wg`` / ``w4a16_wgc`` (``kernels/cuda/w4a16_wg.cu``: wgmma, sm_90a) in configurations (MT, NWORD, S, CL);
 - ``w4a16_wk`` (``kernels/cuda/w4a16_mma.cu``) in configurations (MT, NWORD, WK, BPS, S, XSM),
-  ``w4a16_wkc`` (clusters of CL blocks split K: (MT, NWORD, WK, 0, S, XSM, CL)), ``w4a16_wks`` (stream-K: clusters of
-  CL blocks share T column tiles, (MT, NWORD, WK, 0, S, XSM, CL, 0, T), T chosen for the shape as the table does), ``w4a16_wkm`` (x packed by chunk,
+  ``w4a16_wkc`` (clusters of CL blocks split K: (MT, NWORD, WK, 0, S, XSM, CL)), ``w4a16_wkm`` (x packed by chunk,
   clusters of CN column slabs share each activation chunk, bulk copies multicast: (MT, NWORD, WK, 0, S, 1, 1, CN)),
   and
   ``w4a16_mma_async`` (MT, NWORD, WARPS, BPS, S), through the op (``quant.use_tuning(mma_cfg=...)``),
@@ -67,14 +66,14 @@ _READ = r"""extern "C" __global__ void read16(const uint4* __restrict__ p, long 
 }"""
 
 # Per M: the configurations timed through the op: w4a16_wk (MT, NWORD, WK, BPS, S, XSM), w4a16_wkc (MT, NWORD, WK, 0,
-# S, XSM, CL), w4a16_wks (MT, NWORD, WK, 0, S, XSM, CL, 0, T; T = 0: the shape's, as the table's entry), w4a16_mma_async (MT, NWORD, WARPS, BPS, S) and w4a16_wg / w4a16_wgc (MT, NWORD, S, CL; sm_90 only); one the op would not take for the shape (e.g. clusters
+# S, XSM, CL), w4a16_mma_async (MT, NWORD, WARPS, BPS, S) and w4a16_wg / w4a16_wgc (MT, NWORD, S, CL; sm_90 only); one the op would not take for the shape (e.g. clusters
 # that do not fit in one wave) is listed under "skipped", never timed on another path under its name.
-CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 0, 3, 1, 8, 0, 0), (0, 4, 4, 8), (0, 2, 4, 8),
+CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 4, 4, 8), (0, 2, 4, 8),
             (0, 4, 12, 1, 3, 1), (0, 4, 12, 0, 3, 1, 2)],
-        8: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 0, 3, 1, 8, 0, 0), (0, 4, 4, 8), (0, 2, 4, 8),
+        8: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 4, 4, 8), (0, 2, 4, 8),
             (0, 4, 12, 1, 3, 1), (0, 4, 12, 0, 3, 1, 2)],
-        16: [(1, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2), (-2, 4, 8, 1, 3, 1), (-2, 4, 8, 0, 3, 1, 2),
-             (-2, 4, 8, 0, 2, 1, 8, 0, 0), (1, 2, 8, 1, 4, 1), (1, 2, 4, 4), (1, 2, 4, 8), (1, 4, 4, 4), (1, 4, 4, 8)],
+        16: [(1, 4, 8, 1, 3, 1), (1, 4, 8, 0, 3, 1, 2), (-2, 4, 8, 1, 3, 1), (-2, 4, 8, 0, 3, 1, 2), (1, 2, 8, 1, 4, 1), (1, 2, 4, 4), (1, 2, 4, 8), (1, 4, 4, 4),
+             (1, 4, 4, 8)],
         32: [(2, 2, 8, 1, 3, 1), (2, 2, 8, 0, 3, 1, 2), (2, 4, 8, 1, 2, 1), (2, 4, 8, 0, 2, 1, 2), (2, 4, 8, 1, 3, 1),
              (2, 4, 8, 0, 3, 1, 2), (2, 2, 4, 4), (2, 2, 4, 8), (2, 4, 4, 4), (2, 2, 6, 4)],
         64: [(4, 2, 4, 1, 2, 1), (4, 2, 4, 0, 2, 1, 2), (4, 2, 8, 1, 2, 1), (4, 2, 8, 0, 2, 1, 2), (4, 2, 4, 4),
@@ -120,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._cuda import sm_count, source
     from shmrpc.kernels._registry import OpCall
-    from shmrpc.kernels._w4a16_config import _mma_cfg, _resolved, _takes, _wk_name, tuning, use_tuning, w4a16_wk_launch
+    from shmrpc.kernels._w4a16_config import _mma_cfg, _takes, _wk_name, tuning, use_tuning, w4a16_wk_launch
     from shmrpc.kernels.quant import _sm90a, dequantize_int4, pack_x, w4a16_choice, wk_launch
 
     spec = REGISTRY["gemm_w4a16"]
@@ -200,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                 if "mma_cfg" in tuning:
                     with use_tuning(**tuning):
                         taken = _mma_cfg(m, k, n, gs, n_sm=n_sm, wg=_sm90a())
-                    if taken != _resolved(tuning["mma_cfg"], n, n_sm):
+                    if taken != tuning["mma_cfg"]:
                         res["skipped"].append({**base, "case": label, "why": "the op does not take it for this shape"})
                         return
                 try:
@@ -263,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
                 op_case("float16x2 kernel (opt-in h2)", {"mma": False, "h2": True})
             row = min(r for r in CFGS if r >= m) if m <= max(CFGS) else max(CFGS)  # other M: the list of the next M listed
             for cfg in CFGS[row]:
-                kind = {4: "wg", 5: "mma_async", 8: "wkm", 9: "wks"}.get(len(cfg), "wk")
-                op_case(f"{kind} {_resolved(cfg, n, n_sm)}" + (" (the table before)" if cfg == OLD.get(m) else ""), {"mma_cfg": cfg, "h2": False})
+                kind = {4: "wg", 5: "mma_async", 8: "wkm"}.get(len(cfg), "wk")
+                op_case(f"{kind} {cfg}" + (" (the table before)" if cfg == OLD.get(m) else ""), {"mma_cfg": cfg, "h2": False})
             for cfg in LDSM0.get(m, []) if "ldsm0" not in skip else []:
                 if _takes(cfg, n, n_sm, forced=True):
                     variant_case(cfg, 0, 1, 0)

@@ -620,7 +620,7 @@ __device__ __forceinline__ void st_out4(u16* p, const float4 v) {  // 4 outputs,
       make_uint2((u32)O::from_f(v.x) | ((u32)O::from_f(v.y) << 16), (u32)O::from_f(v.z) | ((u32)O::from_f(v.w) << 16));
 }
 
-template <class X, int MT, int NWORD, int WK, int S, int XSM, int CL, int XM, bool SK = false>
+template <class X, int MT, int NWORD, int WK, int S, int XSM, int CL, int XM>
 __device__ __forceinline__ void wk_body(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
@@ -651,21 +651,11 @@ __device__ __forceinline__ void wk_body(
   constexpr int OW = BC + 4;
   static_assert(XM == 0 || (XSM && !TR && CL == 1 && W4_PROBE == 0 && W4_EPI == 1 && PADDED <= 227 * 1024),
                 "packed activations: staged padded rows, no K split, not in probe builds");
-  static_assert(!SK || (TR && XSM && CL > 1 && XM == 0), "w4a16_wks: MT <= 0, staged activations, a cluster");
   extern __shared__ __align__(16) unsigned char dsm[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int col0 = blockIdx.x * BC;
   const int n_chunks = K >> 6;
-  // SK (w4a16_wks): the CL blocks of cluster x share the T = cpb column tiles x T .. x T + T - 1, whose T * n_chunks
-  // (tile, chunk) units, tile after tile, are split evenly: rank r takes the units [r T nc / CL, (r + 1) T nc / CL).
-  // That is at most one tile's chunks (T < CL), so a block's units lie in at most two tiles: its head segment (the
-  // end of one tile) and its tail segment (the start of the next). c_begin / c_end count units there, chunks otherwise.
-  const int c_begin = SK ? (int)blockIdx.y * cpb * n_chunks / CL : min((int)blockIdx.y * cpb, n_chunks);
-  const int c_end = SK ? ((int)blockIdx.y + 1) * cpb * n_chunks / CL : min(c_begin + cpb, n_chunks);
-  // this warp's first chunk (SK: inside its tile) and the column where its copies start (SK: that tile's; the block's
-  // slab otherwise, which is also where its outputs go)
-  const int w_ch0 = SK ? (n_chunks > 0 ? (c_begin + warp) % n_chunks : 0) : c_begin + warp;
-  const int col0 = (SK ? (int)blockIdx.x * cpb + (n_chunks > 0 ? (c_begin + warp) / n_chunks : 0) : (int)blockIdx.x) * BC;
-  const int seg_end = SK && n_chunks > 0 ? (c_begin / n_chunks + 1) * n_chunks : 0;  // SK: the first unit of the tail
+  const int c_begin = min((int)blockIdx.y * cpb, n_chunks), c_end = min(c_begin + cpb, n_chunks);
   const int nloc = (W4_PROBE & 16) ? 0 : c_end - c_begin > warp ? (c_end - c_begin - warp + WK - 1) / WK : 0;
   const int ksplit = gridDim.y;
   if (W4_PROBE & 64) return;
@@ -706,9 +696,7 @@ __device__ __forceinline__ void wk_body(
     const unsigned char* pf = qweight + (u64)lane * N + col0;
     const int npf = min(nloc, W4_PDL_PF);
     for (int j = 0; j < npf; ++j) {
-      const int chj = w_ch0 + WK * j;
-      if (SK && chj >= n_chunks) break;  // (in the next tile: not prefetched)
-      const unsigned char* p = pf + (u64)chj * w_chunk;
+      const unsigned char* p = pf + (u64)(c_begin + warp + WK * j) * w_chunk;
 #pragma unroll
       for (int b = 0; b < BC; b += 128) asm volatile("prefetch.global.L2 [%0];" :: "l"(p + b));
     }
@@ -727,19 +715,16 @@ __device__ __forceinline__ void wk_body(
     // the next chunk to copy: its index, its stage and its sources, advanced by one of this warp's chunks per issue (the
     // calls come in order j = 0, 1, ...), so a chunk's copies cost adds, not 64-bit products and a division by S.
     // This lane's activation pieces: p = lane + 32 it, row p / 8 = lane / 8 + 4 it, piece p % 8 = lane % 8
-    int nx_ch = w_ch0, nx_stage = gb % S;
-    const unsigned char* nx_wt = w_src;  // the weights of the chunk's tile (SK: moves to the next tile once)
-    const unsigned char* nx_w = nx_wt + (u64)nx_ch * w_chunk;
-    const u16* nx_sz = sz_src;
-    const u16* x_m = x + (u64)(m0 + (lane >> 3)) * K + 8 * (lane & 7);
-    const u16* nx_x = x_m + (u64)nx_ch * 64;
+    int nx_ch = c_begin + warp, nx_stage = gb % S;
+    const unsigned char* nx_w = w_src + (u64)nx_ch * w_chunk;
+    const u16* nx_x = x + (u64)(m0 + (lane >> 3)) * K + (u64)nx_ch * 64 + 8 * (lane & 7);
     const u64 x_it = 4ull * (u64)K;  // 4 rows of x
     auto issue = [&](int j) {  // the warp's j-th chunk of this m-block into stage (gb + j) % S
       const int ch = nx_ch, stage = nx_stage;
       const u32 st_s = wsm_s + (u32)(stage * STAGE);
 #pragma unroll
       for (int i = 0; i < NP; ++i) cp_async16_s(st_s + w_dst + (u32)(i * RPI * BC), nx_w + (u64)i * w_piece);
-      if (sz_lane) cp_async16_s(st_s + sz_dst, nx_sz + (u64)(cpg_shift >= 0 ? ch >> cpg_shift : ch / cpg) * N);
+      if (sz_lane) cp_async16_s(st_s + sz_dst, sz_src + (u64)(cpg_shift >= 0 ? ch >> cpg_shift : ch / cpg) * N);
       if (XM > 0) {
         unsigned char* st = wsm + stage * STAGE;
         // NOTE: order is important here: the stage released by the CN blocks (empty phase of chunk J - S) -> this
@@ -769,190 +754,150 @@ __device__ __forceinline__ void wk_body(
       nx_stage = nx_stage + 1 == S ? 0 : nx_stage + 1;
       nx_w += WK * w_chunk;
       nx_x += WK * 64;
-      if (SK && nx_ch >= n_chunks) {  // the block's tail segment: the next tile, from its chunk nx_ch - n_chunks
-        nx_ch -= n_chunks;
-        nx_wt += BC;
-        nx_sz += BC;
-        nx_w = nx_wt + (u64)nx_ch * w_chunk;
-        nx_x = x_m + (u64)nx_ch * 64;
-      }
     };
     float acc[MTA][NT][4];  // TR: acc[nb][p] for B operand nb, A-tile p < NT/2
     u32 sink = 0u;           // W4_PROBE bit 3 only
-    auto zero_acc = [&]() {
 #pragma unroll
-      for (int mt = 0; mt < MTA; ++mt)
+    for (int mt = 0; mt < MTA; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
-    };
-    zero_acc();
-    // this warp's tile as NS float4 slots, slot s of this lane at dst[s * 32 + lane] (wk_slot: its row and column),
-    // times mul
-    constexpr int NS = TR ? MTA * NT / 2 : MTA * NT;  // float4 slots per lane
-    auto put_slots = [&](float4* dst, float mul) {
-#pragma unroll
-      for (int s = 0; s < NS; ++s) {
-        const int q = s % NWORD;
-        float4 v;
-        if (TR) {
-          const int b = (s / NWORD) % 2, nb = s / (2 * NWORD);
-          v = make_float4(acc[nb][2 * q][b], acc[nb][2 * q][2 + b], acc[nb][2 * q + 1][b], acc[nb][2 * q + 1][2 + b]);
-        } else {
-          const int e = (s / NWORD) & 3, mt = s / (4 * NWORD);
-          v = make_float4(acc[mt][4 * q][e], acc[mt][4 * q + 1][e], acc[mt][4 * q + 2][e], acc[mt][4 * q + 3][e]);
-        }
-        dst[s * 32 + lane] = make_float4(v.x * mul, v.y * mul, v.z * mul, v.w * mul);
-      }
-    };
-    // SK: the warps' head-segment tiles, NS float4 slots per lane each, after the two block sums
-    float4* head = reinterpret_cast<float4*>(dsm + WK * S * STAGE + 2 * MR * OW * 4);
+      for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
 #pragma unroll
     for (int s = 0; s < S - 1; ++s) {
       if (s < nloc) issue(s);
       cp_async_commit();
     }
     int rd_stage = gb % S;  // the stage of chunk i
-    // SK: this warp's chunks in the head segment, the first n_head (its copies run on into the tail's)
-    const int n_head = SK ? min(nloc, (seg_end - c_begin - warp + WK - 1) / WK) : nloc;
-    int i = 0;
-#pragma unroll 1
-    for (int seg = SK ? 0 : 1; seg < 2; ++seg) {  // SK: the head segment's chunks, their sums put away, then the tail's
-      for (const int i_end = seg == 0 ? n_head : nloc; i < i_end; ++i) {
-        const int rs = rd_stage;
-        rd_stage = rd_stage + 1 == S ? 0 : rd_stage + 1;
-        cp_async_wait<S - 2>();
-        __syncwarp();
-        if (XM > 0) mbar_wait(fbar + 8 * ((gb + i) % S), (u32)(((gb + i) / S) & 1));  // the CN blocks' rows landed
-        if (i + S - 1 < nloc && !(W4_PROBE & 2)) issue(i + S - 1);
-        cp_async_commit();
-        if (W4_PROBE & 1) continue;
-        const int ch = c_begin + warp + WK * i;
-        const unsigned char* st = wsm + rs * STAGE;
-        u32 a[4][MTA][4];  // TR: [stp][nb][0] and [stp][nb][2] are B operand nb (x rows 8*nb + g)
-        // LDSM: a[stp] is read by ldmatrix inside the k16 loop below (fewer live registers, a quarter of the loads)
-        if (LDSM) {
-        } else if (XSM) {
-          const u32* xw = reinterpret_cast<const u32*>(st + WB + SZB);
+    for (int i = 0; i < nloc; ++i) {
+      const int rs = rd_stage;
+      rd_stage = rd_stage + 1 == S ? 0 : rd_stage + 1;
+      cp_async_wait<S - 2>();
+      __syncwarp();
+      if (XM > 0) mbar_wait(fbar + 8 * ((gb + i) % S), (u32)(((gb + i) / S) & 1));  // the CN blocks' rows landed
+      if (i + S - 1 < nloc && !(W4_PROBE & 2)) issue(i + S - 1);
+      cp_async_commit();
+      if (W4_PROBE & 1) continue;
+      const int ch = c_begin + warp + WK * i;
+      const unsigned char* st = wsm + rs * STAGE;
+      u32 a[4][MTA][4];  // TR: [stp][nb][0] and [stp][nb][2] are B operand nb (x rows 8*nb + g)
+      // LDSM: a[stp] is read by ldmatrix inside the k16 loop below (fewer live registers, a quarter of the loads)
+      if (LDSM) {
+      } else if (XSM) {
+        const u32* xw = reinterpret_cast<const u32*>(st + WB + SZB);
 #pragma unroll
-          for (int stp = 0; stp < 4; ++stp)
+        for (int stp = 0; stp < 4; ++stp)
 #pragma unroll
-            for (int mt = 0; mt < MTA; ++mt) {
-              const int ra = mt * (TR ? 8 : 16) + g, rb = ra + 8, kw = 8 * stp + t;  // rows, 32-bit word along k
-              a[stp][mt][0] = xw[x_word<XSW>(ra, kw)]; a[stp][mt][2] = xw[x_word<XSW>(ra, kw + 4)];
-              if (!TR) { a[stp][mt][1] = xw[x_word<XSW>(rb, kw)]; a[stp][mt][3] = xw[x_word<XSW>(rb, kw + 4)]; }
-            }
-        } else {
-#pragma unroll
-          for (int stp = 0; stp < 4; ++stp)
-#pragma unroll
-            for (int mt = 0; mt < MTA; ++mt) {
-              const int ra = m0 + mt * (TR ? 8 : 16) + g, rb = ra + 8, k = ch * 64 + 16 * stp + 2 * t;
-              const u16* pa = x + (u64)ra * K + k;
-              const u16* pb = x + (u64)rb * K + k;
-              const bool oka = TR ? mt * 8 + g < mrows : ra < M;
-              a[stp][mt][0] = oka ? ld_x32(pa) : 0u; a[stp][mt][2] = oka ? ld_x32(pa + 8) : 0u;
-              if (!TR) { a[stp][mt][1] = rb < M ? ld_x32(pb) : 0u; a[stp][mt][3] = rb < M ? ld_x32(pb + 8) : 0u; }
-            }
-        }
-        const u32* szw = reinterpret_cast<const u32*>(st + WB + g * NT * 2);
-        u32 s2[FIX ? 1 : NT], nz[FIX ? 1 : NT];  // FIX: unused (the zero and the scale go to the chunk's sums)
-        if (!FIX) {
-#pragma unroll
-          for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
-        }
-        constexpr int NC = FIX ? NT / 2 : 1;  // FIX: the A-tiles' per-chunk sums
-        float accc[MTA][NC][4], xsum[MTA][4];  // FIX: this chunk's sums, row sums (per B operand)
-        if (FIX) {
-#pragma unroll
-          for (int nb = 0; nb < MTA; ++nb) {
-            xsum[nb][0] = xsum[nb][1] = xsum[nb][2] = xsum[nb][3] = 0.f;
-#pragma unroll
-            for (int p = 0; p < NC; ++p) accc[nb][p][0] = accc[nb][p][1] = accc[nb][p][2] = accc[nb][p][3] = 0.f;
+          for (int mt = 0; mt < MTA; ++mt) {
+            const int ra = mt * (TR ? 8 : 16) + g, rb = ra + 8, kw = 8 * stp + t;  // rows, 32-bit word along k
+            a[stp][mt][0] = xw[x_word<XSW>(ra, kw)]; a[stp][mt][2] = xw[x_word<XSW>(ra, kw + 4)];
+            if (!TR) { a[stp][mt][1] = xw[x_word<XSW>(rb, kw)]; a[stp][mt][3] = xw[x_word<XSW>(rb, kw + 4)]; }
           }
-        }
-        // ldmatrix.x4 row addresses: lanes 0-15 rows 0-15 at k 0, lanes 16-31 rows 0-15 at k 8 of an m-tile's k16 step
-        // (logical piece 2 stp + lane/16 of row mt*16 + (lane & 15), whose row & 7 is lane & 7)
-        const u32 xa = smem_addr(st + WB + SZB) + (lane & 15) * XROW;
+      } else {
 #pragma unroll
-        for (int stp = 0; stp < 4; ++stp) {
-          if (LDSM) {
+        for (int stp = 0; stp < 4; ++stp)
 #pragma unroll
-            for (int mt = 0; mt < MTA; ++mt)
-              ldsm_x4(xa + mt * 16 * XROW + 16 * x_piece<XSW>(lane & 7, 2 * stp + (lane >> 4)), a[stp][mt]);
+          for (int mt = 0; mt < MTA; ++mt) {
+            const int ra = m0 + mt * (TR ? 8 : 16) + g, rb = ra + 8, k = ch * 64 + 16 * stp + 2 * t;
+            const u16* pa = x + (u64)ra * K + k;
+            const u16* pb = x + (u64)rb * K + k;
+            const bool oka = TR ? mt * 8 + g < mrows : ra < M;
+            a[stp][mt][0] = oka ? ld_x32(pa) : 0u; a[stp][mt][2] = oka ? ld_x32(pa + 8) : 0u;
+            if (!TR) { a[stp][mt][1] = rb < M ? ld_x32(pb) : 0u; a[stp][mt][3] = rb < M ? ld_x32(pb + 8) : 0u; }
           }
-          u32 w0[NWORD], w1[NWORD];
-          const int r0 = 8 * stp + t, r1 = r0 + 4;
-          const unsigned char* p0 = st + r0 * BC + 16 * (bpiece ^ wk_swz<NWORD>(r0)) + boff;
-          const unsigned char* p1 = st + r1 * BC + 16 * (bpiece ^ wk_swz<NWORD>(r1)) + boff;
+      }
+      const u32* szw = reinterpret_cast<const u32*>(st + WB + g * NT * 2);
+      u32 s2[FIX ? 1 : NT], nz[FIX ? 1 : NT];  // FIX: unused (the zero and the scale go to the chunk's sums)
+      if (!FIX) {
 #pragma unroll
-          for (int w = 0; w < NWORD; ++w) { w0[w] = reinterpret_cast<const u32*>(p0)[w]; w1[w] = reinterpret_cast<const u32*>(p1)[w]; }
+        for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
+      }
+      constexpr int NC = FIX ? NT / 2 : 1;  // FIX: the A-tiles' per-chunk sums
+      float accc[MTA][NC][4], xsum[MTA][4];  // FIX: this chunk's sums, row sums (per B operand)
+      if (FIX) {
 #pragma unroll
-          for (int w = 0; w < NWORD; ++w) {
-            const u32 v0 = w0[w], v0s = v0 >> 4, v1 = w1[w], v1s = v1 >> 4;
-            u32 d0[4], d1[4];  // dequantized pairs of n-tile 4w + j: packed rows r0 (d0) and r1 (d1)
+        for (int nb = 0; nb < MTA; ++nb) {
+          xsum[nb][0] = xsum[nb][1] = xsum[nb][2] = xsum[nb][3] = 0.f;
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const int nt = 4 * w + j;
-              if (W4_PROBE & 4) {
-                d0[j] = v0 ^ (u32)nt; d1[j] = v1 ^ (u32)nt;
-              } else if (SUB) {  // the masks are made once per word (the compiler keeps them for the four j)
-                d0[j] = dq_sub(v0 & 0x0F0F0F0Fu, (W4_SUB == 2 ? shr4_fma(v0) : v0s) & 0x0F0F0F0Fu, j);
-                d1[j] = dq_sub(v1 & 0x0F0F0F0Fu, (W4_SUB == 2 ? shr4_fma(v1) : v1s) & 0x0F0F0F0Fu, j);
-              } else if (FIX) {
-                d0[j] = dq_raw<X>(v0, v0s, j); d1[j] = dq_raw<X>(v1, v1s, j);
-              } else {
-                dq_pair<X>(v0, v0s, v1, v1s, j, nz[nt], s2[nt], &d0[j], &d1[j]);
-              }
-            }
-            if (W4_PROBE & 8) {
-#pragma unroll
-              for (int j = 0; j < 4; ++j) sink ^= d0[j] ^ d1[j];
-            } else if (TR) {
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {  // A-tile p = 2w + h: columns g*NT + 2p (row g), + 1 (row g + 8)
-                const u32 af[4] = {d0[2 * h], d0[2 * h + 1], d1[2 * h], d1[2 * h + 1]};
-#pragma unroll
-                for (int nb = 0; nb < MTA; ++nb)  // % NC: in bounds when !FIX
-                  O::mma(FIX ? accc[nb][(2 * w + h) % NC] : acc[nb][2 * w + h], af, a[stp][nb][0], a[stp][nb][2]);
-              }
-            } else {
-#pragma unroll
-              for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int mt = 0; mt < MTA; ++mt) O::mma(acc[mt][4 * w + j], a[stp][mt], d0[j], d1[j]);
-            }
-          }
-          if (FIX) {  // xsum[nb][e] = the chunk's sum of activation row 8*nb + 2t + (e & 1) so far (A all ones; SUB: all 2^-24)
-            constexpr u32 ONE = SUB ? 0x00010001u : O::ONE;
-            const u32 ones[4] = {ONE, ONE, ONE, ONE};
-#pragma unroll
-            for (int nb = 0; nb < MTA; ++nb) O::mma(xsum[nb], ones, a[stp][nb][0], a[stp][nb][2]);
-          }
-        }
-        if (FIX) {  // acc[nb][p][e] (column g*NT + 2p + (e >> 1), batch row 8*nb + 2t + (e & 1)) += s * (sum - (MAGIC + z) * rowsum)
-          const u16* sh = reinterpret_cast<const u16*>(st + WB) + g * NT;  // this lane's NT scales; its zeros BC later
-#pragma unroll
-          for (int p = 0; p < NC; ++p)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              // SUB: sum = 2^-24 sum(q x) and rowsum = 2^-24 sum(x) (the ones are 2^-24 too), so acc gathers 2^-24 s (sum(q x)
-              // - z sum(x)), which the m-block's end multiplies by 2^24 (powers of two: exact in float32)
-              const float sc = h2f(sh[2 * p + c]), mz = SUB ? -h2f(sh[BC + 2 * p + c]) : -(O::MAGIC_F + h2f(sh[BC + 2 * p + c]));
-#pragma unroll
-              for (int nb = 0; nb < MTA; ++nb)
-#pragma unroll
-                for (int b = 0; b < 2; ++b)
-                  acc[nb][p][2 * c + b] = fmaf(sc, fmaf(mz, xsum[nb][b], accc[nb][p][2 * c + b]), acc[nb][p][2 * c + b]);
-            }
-        }
-        if (XM > 0) {  // this warp's reads of the stage are done (values in registers): release it in the CN blocks
-          __syncwarp();
-          if (lane < CN) mbar_arrive_at(ebar + 8 * ((gb + i) % S), (u32)lane);
+          for (int p = 0; p < NC; ++p) accc[nb][p][0] = accc[nb][p][1] = accc[nb][p][2] = accc[nb][p][3] = 0.f;
         }
       }
-      if (SK && seg == 0) {  // (in units of 2^-24 so far: see below)
-        put_slots(head + warp * (NS * 32), SUB ? 0x1p24f : 1.f);
-        zero_acc();
+      // ldmatrix.x4 row addresses: lanes 0-15 rows 0-15 at k 0, lanes 16-31 rows 0-15 at k 8 of an m-tile's k16 step
+      // (logical piece 2 stp + lane/16 of row mt*16 + (lane & 15), whose row & 7 is lane & 7)
+      const u32 xa = smem_addr(st + WB + SZB) + (lane & 15) * XROW;
+#pragma unroll
+      for (int stp = 0; stp < 4; ++stp) {
+        if (LDSM) {
+#pragma unroll
+          for (int mt = 0; mt < MTA; ++mt)
+            ldsm_x4(xa + mt * 16 * XROW + 16 * x_piece<XSW>(lane & 7, 2 * stp + (lane >> 4)), a[stp][mt]);
+        }
+        u32 w0[NWORD], w1[NWORD];
+        const int r0 = 8 * stp + t, r1 = r0 + 4;
+        const unsigned char* p0 = st + r0 * BC + 16 * (bpiece ^ wk_swz<NWORD>(r0)) + boff;
+        const unsigned char* p1 = st + r1 * BC + 16 * (bpiece ^ wk_swz<NWORD>(r1)) + boff;
+#pragma unroll
+        for (int w = 0; w < NWORD; ++w) { w0[w] = reinterpret_cast<const u32*>(p0)[w]; w1[w] = reinterpret_cast<const u32*>(p1)[w]; }
+#pragma unroll
+        for (int w = 0; w < NWORD; ++w) {
+          const u32 v0 = w0[w], v0s = v0 >> 4, v1 = w1[w], v1s = v1 >> 4;
+          u32 d0[4], d1[4];  // dequantized pairs of n-tile 4w + j: packed rows r0 (d0) and r1 (d1)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int nt = 4 * w + j;
+            if (W4_PROBE & 4) {
+              d0[j] = v0 ^ (u32)nt; d1[j] = v1 ^ (u32)nt;
+            } else if (SUB) {  // the masks are made once per word (the compiler keeps them for the four j)
+              d0[j] = dq_sub(v0 & 0x0F0F0F0Fu, (W4_SUB == 2 ? shr4_fma(v0) : v0s) & 0x0F0F0F0Fu, j);
+              d1[j] = dq_sub(v1 & 0x0F0F0F0Fu, (W4_SUB == 2 ? shr4_fma(v1) : v1s) & 0x0F0F0F0Fu, j);
+            } else if (FIX) {
+              d0[j] = dq_raw<X>(v0, v0s, j); d1[j] = dq_raw<X>(v1, v1s, j);
+            } else {
+              dq_pair<X>(v0, v0s, v1, v1s, j, nz[nt], s2[nt], &d0[j], &d1[j]);
+            }
+          }
+          if (W4_PROBE & 8) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) sink ^= d0[j] ^ d1[j];
+          } else if (TR) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // A-tile p = 2w + h: columns g*NT + 2p (row g), + 1 (row g + 8)
+              const u32 af[4] = {d0[2 * h], d0[2 * h + 1], d1[2 * h], d1[2 * h + 1]};
+#pragma unroll
+              for (int nb = 0; nb < MTA; ++nb)  // % NC: in bounds when !FIX
+                O::mma(FIX ? accc[nb][(2 * w + h) % NC] : acc[nb][2 * w + h], af, a[stp][nb][0], a[stp][nb][2]);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+              for (int mt = 0; mt < MTA; ++mt) O::mma(acc[mt][4 * w + j], a[stp][mt], d0[j], d1[j]);
+          }
+        }
+        if (FIX) {  // xsum[nb][e] = the chunk's sum of activation row 8*nb + 2t + (e & 1) so far (A all ones; SUB: all 2^-24)
+          constexpr u32 ONE = SUB ? 0x00010001u : O::ONE;
+          const u32 ones[4] = {ONE, ONE, ONE, ONE};
+#pragma unroll
+          for (int nb = 0; nb < MTA; ++nb) O::mma(xsum[nb], ones, a[stp][nb][0], a[stp][nb][2]);
+        }
+      }
+      if (FIX) {  // acc[nb][p][e] (column g*NT + 2p + (e >> 1), batch row 8*nb + 2t + (e & 1)) += s * (sum - (MAGIC + z) * rowsum)
+        const u16* sh = reinterpret_cast<const u16*>(st + WB) + g * NT;  // this lane's NT scales; its zeros BC later
+#pragma unroll
+        for (int p = 0; p < NC; ++p)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            // SUB: sum = 2^-24 sum(q x) and rowsum = 2^-24 sum(x) (the ones are 2^-24 too), so acc gathers 2^-24 s (sum(q x)
+            // - z sum(x)), which the m-block's end multiplies by 2^24 (powers of two: exact in float32)
+            const float sc = h2f(sh[2 * p + c]), mz = SUB ? -h2f(sh[BC + 2 * p + c]) : -(O::MAGIC_F + h2f(sh[BC + 2 * p + c]));
+#pragma unroll
+            for (int nb = 0; nb < MTA; ++nb)
+#pragma unroll
+              for (int b = 0; b < 2; ++b)
+                acc[nb][p][2 * c + b] = fmaf(sc, fmaf(mz, xsum[nb][b], accc[nb][p][2 * c + b]), acc[nb][p][2 * c + b]);
+          }
+      }
+      if (XM > 0) {  // this warp's reads of the stage are done (values in registers): release it in the CN blocks
+        __syncwarp();
+        if (lane < CN) mbar_arrive_at(ebar + 8 * ((gb + i) % S), (u32)lane);
       }
     }
     if ((W4_PROBE & 8) && sink == 0x9E3779B9u) acc[0][0][0] = 1.f;
@@ -974,47 +919,10 @@ __device__ __forceinline__ void wk_body(
       if (keep == 1234.5f) out[0] = 0;
       return;
     }
+    constexpr int NS = TR ? MTA * NT / 2 : MTA * NT;  // float4 slots per lane
     static_assert(NS * 32 * 16 <= S * STAGE, "a warp's tile fits in its own stages");
     static_assert(NS * 32 * 16 <= MR * OW * 4, "a block's sum fits in the last tile");
-    if constexpr (SK) {
-      // the head segment's sums in head (the warps whose chunks all lay there put them away now), the tail's in each
-      // warp's own stages; each thread adds the WK warps' slots of both in warp order into the two block sums
-      __syncwarp();
-      put_slots(reinterpret_cast<float4*>(wsm), 1.f);
-      __syncthreads();
-      float4* bsum = reinterpret_cast<float4*>(tile);  // the head segment's block sum, then the tail's
-      for (int s = warp; s < NS; s += WK) {
-        float4 vh = head[s * 32 + lane], vt = reinterpret_cast<const float4*>(dsm)[s * 32 + lane];
-#pragma unroll
-        for (int w = 1; w < WK; ++w) {
-          add4(vh, head[(w * NS + s) * 32 + lane]);
-          add4(vt, reinterpret_cast<const float4*>(dsm + w * (S * STAGE))[s * 32 + lane]);
-        }
-        bsum[s * 32 + lane] = vh;
-        bsum[MR * OW / 4 + s * 32 + lane] = vt;
-      }
-      // NOTE: order is important here: block sums written -> cluster barrier -> each output slot of the cluster's T
-      // tiles added from the ranks whose head or tail lies in its tile, in rank order (deterministic) -> cluster barrier
-      cluster_sync();
-      const int T = cpb;
-      const u32 base = smem_addr(bsum);
-      for (int idx = (int)cluster_rank() * (WK * 32) + (int)threadIdx.x; idx < T * NS * 32; idx += CL * WK * 32) {
-        const int tt = idx / (NS * 32), sl = idx - tt * (NS * 32);
-        int r, c;
-        wk_slot<MT, NWORD>(sl >> 5, sl & 31, &r, &c);
-        if (r >= mrows) continue;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int rk = 0; rk < CL; ++rk) {
-          const int ua = rk * T * n_chunks / CL, ub = (rk + 1) * T * n_chunks / CL;
-          if (ua >= ub) continue;  // (K short: a rank without units)
-          if (ua / n_chunks == tt) add4(v, ld_cluster_f4(base + 16 * sl, (u32)rk));
-          else if ((ub - 1) / n_chunks == tt) add4(v, ld_cluster_f4(base + 16 * (MR * OW / 4 + sl), (u32)rk));
-        }
-        st_out4<X>(out + (u64)(m0 + r) * N + (u64)((int)blockIdx.x * T + tt) * BC + c, v);
-      }
-      cluster_sync();
-    } else if constexpr (W4_EPI == 0 && CL == 1) {  // the earlier epilogue (probe builds)
+    if constexpr (W4_EPI == 0 && CL == 1) {  // the earlier epilogue (probe builds)
       // the WK warps' tiles added in warp order in shared memory
       for (int w = 0; w < WK; ++w) {
         if (warp == w && TR) {
@@ -1054,7 +962,20 @@ __device__ __forceinline__ void wk_body(
     } else {
       // each warp's tile into its own stages (its copies are done: wait_group 0 above, then __syncwarp)
       __syncwarp();
-      put_slots(reinterpret_cast<float4*>(wsm), 1.f);
+      float4* mine = reinterpret_cast<float4*>(wsm);
+#pragma unroll
+      for (int s = 0; s < NS; ++s) {
+        const int q = s % NWORD;
+        float4 v;
+        if (TR) {
+          const int b = (s / NWORD) % 2, nb = s / (2 * NWORD);
+          v = make_float4(acc[nb][2 * q][b], acc[nb][2 * q][2 + b], acc[nb][2 * q + 1][b], acc[nb][2 * q + 1][2 + b]);
+        } else {
+          const int e = (s / NWORD) & 3, mt = s / (4 * NWORD);
+          v = make_float4(acc[mt][4 * q][e], acc[mt][4 * q + 1][e], acc[mt][4 * q + 2][e], acc[mt][4 * q + 3][e]);
+        }
+        mine[s * 32 + lane] = v;
+      }
       __syncthreads();
       float4* bsum = reinterpret_cast<float4*>(tile);
       for (int s = warp; s < NS; s += WK) {
@@ -1117,20 +1038,6 @@ __global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(WK * 32) w4a16_wkc(
     unsigned int* __restrict__ counters, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
   wk_body<X, MT, NWORD, WK, S, XSM, CL, 0>(x, qweight, scales, zeros, partial, counters, out, M, K, N, group_rows, cpb);
-}
-
-// w4a16_wks (stream-K in a cluster): the CL blocks of a cluster share T = cpb column tiles (T < CL), each block an
-// equal run of the tiles' chunks that may cross from one tile into the next (wk_body, SK); the partial sums added
-// through distributed shared memory. Grid (column tiles / T, CL). For column tiles that do not divide the SMs (e.g.
-// 112 tiles on 132 SMs: T = 7, CL = 8 runs 128 blocks where the tiles alone would run 112).
-template <class X, int MT, int NWORD, int WK, int S, int XSM, int CL>
-__global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(WK * 32) w4a16_wks(
-    const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
-    const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
-    unsigned int* __restrict__ counters, u16* __restrict__ out,
-    int M, int K, int N, int group_rows, int tiles_per_cluster) {
-  wk_body<X, MT, NWORD, WK, S, XSM, CL, 0, true>(x, qweight, scales, zeros, partial, counters, out, M, K, N, group_rows,
-                                                 tiles_per_cluster);
 }
 
 // w4a16_wkm's activations packed by chunk: xp[mb][ch][r][72] (MR rows of 64 k per m-block mb and 64-k chunk ch, rows

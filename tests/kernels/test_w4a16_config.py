@@ -15,13 +15,11 @@ from shmrpc.kernels._w4a16_config import (
     _WK_VARIANTS,
     _WKC_VARIANTS,
     _WKM_VARIANTS,
-    _WKS_VARIANTS,
     W4A16Tuning,
     _global_split,
     _mma_cfg,
     _mma_names,
     _mma_row,
-    _resolved,
     _takes,
     _wg_name,
     _wg_names,
@@ -29,7 +27,6 @@ from shmrpc.kernels._w4a16_config import (
     _wk_name,
     _wk_rows,
     _wk_smem,
-    _wks_t,
     use_tuning,
     w4a16_mma_launch,
     w4a16_wg_launch,
@@ -43,8 +40,7 @@ from shmrpc.kernels._w4a16_config import (
 def test_table_by_m(m, n, wg) -> None:
     """Every M up to 64 takes the first entry of its row that takes N: a cluster split where its CL is the split
     the column tiles ask for (2: 8192 at M <= 32, 64-column tiles of 4096 at M > 16), else the kernel with its
-    global split (or none: 14336 at M 17..32; at M <= 16 the stream-K cluster of 8 blocks over 7 of its 112 tiles);
-    M = 1 a global split only where the launches are dependent (sm_90: wg; else 4096
+    global split (or none: 14336); M = 1 a global split only where the launches are dependent (sm_90: wg; else 4096
     takes the CUDA-core kernel). On an sm_90 device (wg)
     M 33..64 take w4a16_wgc (MT 4, NWORD 1) with the largest cluster whose blocks fit in one wave of four per SM."""
     with use_tuning(**vars(W4A16Tuning())):  # the defaults, whatever this process's environment says
@@ -55,7 +51,6 @@ def test_table_by_m(m, n, wg) -> None:
     row, base = _mma_row(m, n, 132), next(c for mmax, c in _MMA_TABLE if m <= mmax)
     wgs = tuple(c for c in base if len(c) == 4)  # the table's row, its wgmma entries first, then perhaps
     assert set(row) == set(base) and row[:len(wgs)] == wgs  # _MANY_TILES_FIRST's entry (also in the row) moved up
-    row = tuple(_resolved(c, n, 132) for c in row)  # w4a16_wks entries with the shape's T
     assert cfg is not None and cfg in row
     assert m <= _wk_rows(cfg[0])  # one m-block: the weights are read once
     assert cfg == next(c for c in row if (wg or len(c) != 4) and _takes(c, n, 132)
@@ -66,10 +61,8 @@ def test_table_by_m(m, n, wg) -> None:
     tiles = n // (32 * cfg[1])
     if len(cfg) == 7:
         assert tiles * cfg[6] <= 132 and round(132 / tiles) == cfg[6]
-    if n == 14336:  # 112 column tiles of 128: no split to make (BPS = 1 picks 1) but stream-K: 16 clusters of 8
-        assert len(cfg) < 7 if m > 16 else cfg[6:] == (8, 0, 7) and len(cfg) == 9
-    elif len(cfg) == 9:
-        pytest.fail(f"stream-K taken at N = {n}: {cfg}")
+    if n == 14336:
+        assert len(cfg) < 7  # 112 column tiles of 128: no split to make (BPS = 1 picks 1)
     if 16 < m <= 32 and n in (8192, 14336):
         assert cfg[:3] == (2, 4, 8)  # the wide slab: each A fragment over 16 n-tiles, half the activation traffic
 
@@ -93,8 +86,7 @@ def test_m1_falls_back_to_the_cuda_core_kernel() -> None:
         with use_tuning(pdl=False):
             assert _mma_cfg(1, 4096, 4096, 128, wg=True) is None
         assert _mma_cfg(2, 4096, 4096, 128) == (0, 4, 8, 1, 3, 1)  # from M = 2 it may
-        assert _mma_cfg(1, 4096, 14336, 128) == (0, 4, 8, 0, 3, 1, 8, 0, 7)  # 112 column tiles: stream-K, 128 blocks
-        assert _mma_cfg(1, 4096, 14336, 128, n_sm=112) == (0, 4, 8, 1, 3, 1)  # as many SMs as tiles: no split
+        assert _mma_cfg(1, 4096, 14336, 128) == (0, 4, 8, 1, 3, 1)  # 112 column tiles: no split
         assert _mma_cfg(1, 8192, 8192, 128) == (0, 4, 8, 0, 3, 1, 2)  # the cluster split (8 warps)
         assert _mma_cfg(2, 4096, 4096 + 64, 128) == _MMA_TABLE[1][1][-1]  # M = 2: the kernel after them
         with use_tuning(mma_m1=False):
@@ -376,74 +368,3 @@ def test_launch_of_a_shape_is_its_geometry_kept(cfg) -> None:
         (tiles, ksplit), cpb = w4a16_mma_launch(m, k, n, 132, cfg)
         assert launch.grid == (tiles, ksplit) and launch.smem == 0 and launch.partials == (ksplit * m * n if ksplit > 1 else 1)
     assert launch.tail[4] == cpb and launch.names is _mma_names("BF16") or len(cfg) == 4
-
-
-@pytest.mark.parametrize("cfg", [(mt, nw, wk, 0, st, xsm, cl, 0, 0) for mt, nw, wk, st, xsm, cl in _WKS_VARIANTS])
-def test_wks_units_split_and_segments(cfg) -> None:
-    """w4a16_wks: grid (tiles / T, CL); the kernel's integer split (wk_body, SK) gives every (tile, chunk) unit of a
-    cluster to exactly one block, a block's units lie in at most two tiles (its head and tail segments) and the
-    reduction's rule (a rank adds to the tile of its first unit and, if another, of its last) names every block that
-    has units in a tile, once. Shared memory: the wkc layout, a second block sum and the warps' head tiles."""
-    mt, nw, wk, _, st, xsm, cl, _, _ = cfg
-    mr, bc = _wk_rows(mt), 32 * nw
-    ns = max(1, -mt) * 2 * nw  # float4 slots per lane (MT <= 0)
-    assert _wk_smem(cfg) == wk * st * (36 * bc + mr * 144) + 2 * mr * (bc + 4) * 4 + wk * ns * 512 <= _WK_SMEM_MAX
-    for k in (64, 128, 4480, 4096, 28672):
-        nc = k // 64
-        for n in (896, 4096, 12288, 14336):
-            tiles = n // bc
-            for t in range(1, cl):
-                c = (*cfg[:8], t)
-                if not _takes(c, n, 132, forced=True):
-                    assert tiles % t or tiles // t * cl > 132
-                    continue
-                (gx, gy), arg, smem = w4a16_wk_launch(1, k, n, 132, c)
-                assert (gx * t, gy, arg, smem) == (tiles, cl, t, _wk_smem(cfg))
-                owner = {}
-                for r in range(cl):
-                    lo, hi = r * t * nc // cl, (r + 1) * t * nc // cl
-                    assert hi - lo <= nc  # at most one tile's chunks
-                    units = range(lo, hi)
-                    assert len({u // nc for u in units}) <= 2
-                    for u in units:
-                        assert u not in owner
-                        owner[u] = r
-                    seg_end = (lo // nc + 1) * nc  # the kernel's: the first unit of the tail
-                    for w in range(wk):  # warp w's chunks u = lo + w + wk i: the first n_head in the head segment
-                        mine = units[w::wk]
-                        n_head = min(len(mine), (seg_end - lo - w + wk - 1) // wk)
-                        assert all(u < seg_end for u in mine[:n_head]) and all(u >= seg_end for u in mine[n_head:])
-                assert sorted(owner) == list(range(t * nc))
-                for tt in range(t):
-                    adds = [r for r in range(cl) if r * t * nc // cl < (r + 1) * t * nc // cl
-                            and tt in (r * t * nc // cl // nc, ((r + 1) * t * nc // cl - 1) // nc)]
-                    assert adds == sorted({owner[u] for u in range(tt * nc, (tt + 1) * nc)})
-
-
-def test_wks_tiles_per_cluster_names_and_table() -> None:
-    """_wks_t: the T < CL dividing the tiles that runs the most blocks in one wave of one per SM, more than the tiles
-    alone; a table entry (T = 0) takes only N whose tiles BPS 1 would not split (round(SMs / tiles) == 1), forced ones
-    wherever T divides the tiles in one wave; names and the environment's nine numbers."""
-    assert _wks_t(112, 8, 132) == 7 and _wks_t(96, 8, 132) == 6 and _wks_t(128, 8, 132) == 0 and _wks_t(64, 8, 132) == 4
-    assert _wks_t(112, 8, 112) == 0 and _wks_t(7, 8, 132) == 1  # 7 tiles: T = 1 (56 blocks) beats T = 7 (8)
-    cfg = (0, 4, 8, 0, 3, 1, 8, 0, 0)
-    assert _resolved(cfg, 14336, 132) == (*cfg[:8], 7) and _resolved(cfg, 14336 + 64, 132) == cfg
-    assert _takes((*cfg[:8], 7), 14336, 132) and not _takes((*cfg[:8], 4), 8192, 132)  # 64 tiles: BPS 1 splits 2 ways
-    assert _takes((*cfg[:8], 4), 8192, 132, forced=True) and not _takes((*cfg[:8], 3), 8192, 132, forced=True)
-    assert not _takes((*cfg[:8], 8), 14336, 132, forced=True) and not _takes(cfg, 14336, 132, forced=True)  # T < CL, > 0
-    assert _wk_name("F16", (*cfg[:8], 7)) == "w4a16_wks<F16,0,4,8,3,1,8>" in _mma_names("F16")
-    assert _wk_name("BF16", (-2, 4, 8, 0, 2, 1, 8, 0, 7)) == "w4a16_wks<BF16,-2,4,8,2,1,8>" in _mma_names("BF16")
-    assert W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_CFG": "0,4,8,0,3,1,8,0,0"}).mma_cfg == cfg
-    assert not _global_split((*cfg[:8], 7), 4096, 14336, 132)
-    with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=cfg))):
-        assert _mma_cfg(1, 4096, 14336, 128) == (*cfg[:8], 7)  # forced with T = 0: the shape's T
-        assert _mma_cfg(1, 4096, 896, 128) == (*cfg[:8], 1)
-        assert _mma_cfg(1, 4096, 16384, 128) is None  # 128 tiles: no T fills more SMs
-        assert _mma_cfg(1, 4096, 14336, 128, smem_max=_wk_smem(cfg) - 1) is None
-    with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=(*cfg[:8], 3)))):
-        assert _mma_cfg(1, 4096, 768, 128) == (*cfg[:8], 3)  # 6 tiles: two clusters of 8
-        assert _mma_cfg(1, 4096, 896, 128) is None  # 7 tiles: T = 3 does not divide them
-    for bad in ((0, 4, 8, 1, 3, 1, 8, 0, 7), (0, 4, 8, 0, 3, 1, 4, 0, 3), (1, 4, 8, 0, 3, 1, 8, 0, 7),
-                (0, 4, 8, 0, 3, 1, 8, 1, 7)):  # BPS 0; CL 4 and MT 1 not built; the eighth number 0
-        with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=bad))):
-            assert _mma_cfg(1, 4096, 14336, 128) is None

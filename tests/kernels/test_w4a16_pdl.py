@@ -1,4 +1,4 @@
-"""gemm_w4a16's tensor-core kernels (w4a16_wk, wkc, wks, wkm, wg, wgc) launched as programmatic dependent launches (the
+"""gemm_w4a16's tensor-core kernels (w4a16_wk, wkc, wkm, wg, wgc) launched as programmatic dependent launches (the
 default; ``SHMRPC_W4A16_PDL=0`` turns them off): the driver's launch structures as cuda.h lays them out, a driver
 without the call; on the GPU (sm_90), the same bits as plain launches, and a kernel that may start before the one
 ahead of it finishes still reads that kernel's output (a writer that lets it launch at once, and two calls chained).
@@ -81,8 +81,7 @@ def _tuning(monkeypatch: Any, cfg: str, pdl: bool) -> None:
                                              ("-2,4,8,0,3,1,2", 16, 2048), ("-2,4,8,2,3,1", 12, 2048),
                                              ("2,4,8,0,3,1,2", 32, 2048), ("1,2,8,2,3,0", 13, 2048),
                                              ("4,2,8,0,2,1,1,2", 40, 2048), ("4,2,4,1,2,1", 13, 2048),
-                                             ("4,1,4,2", 64, 1024), ("4,2,4,4", 40, 1024), ("0,4,4,8", 5, 1024),
-                                             ("0,4,8,0,3,1,8,0,2", 1, 2048), ("-2,4,8,0,2,1,8,0,4", 16, 2048)])
+                                             ("4,1,4,2", 64, 1024), ("4,2,4,4", 40, 1024), ("0,4,4,8", 5, 1024)])
 def test_a_dependent_launch_gives_the_bits_of_a_plain_one(gpu, sm90, monkeypatch, cfg, m, k) -> None:
     from shmrpc.kernels._w4a16_config import _mma_cfg
 
@@ -98,7 +97,7 @@ def test_a_dependent_launch_gives_the_bits_of_a_plain_one(gpu, sm90, monkeypatch
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("cfg", "m"), [("0,4,12,0,3,1,2", 1), ("-2,4,8,2,3,1", 16), ("4,2,8,0,2,1,1,2", 40),
-                                        ("4,1,4,2", 64), ("0,4,8,0,3,1,8,0,2", 1)])
+                                        ("4,1,4,2", 64)])
 def test_a_dependent_launch_waits_for_the_kernel_before_it(sm90, monkeypatch, cfg, m) -> None:
     cp = sm90
     from shmrpc.kernels import REGISTRY, TensorSpec
