@@ -561,6 +561,15 @@ __device__ __forceinline__ float4 ld_cluster_f4(u32 local_addr, u32 rank) {  // 
   return v;
 }
 __device__ __forceinline__ void add4(float4& v, const float4 u) { v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w; }
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+// v into block `rank`'s shared memory at the offset local_addr has here; the bytes complete_tx on that block's mbarrier
+// at the offset local_bar has here (sm_90, PTX 8.1)
+__device__ __forceinline__ void st_async_f4(u32 local_addr, float4 v, u32 local_bar, u32 rank) {
+  asm volatile("{\n\t.reg .b32 ra, rb;\n\tmapa.shared::cluster.u32 ra, %0, %5;\n\tmapa.shared::cluster.u32 rb, %6, %5;\n\t"
+               "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [ra], {%1, %2, %3, %4}, [rb];\n\t}"
+               :: "r"(local_addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(rank), "r"(local_bar) : "memory");
+}
 // mbarriers and the bulk copy multicast to the blocks of a cluster (w4a16_wkm; sm_90, PTX 8.0)
 __device__ __forceinline__ void mbar_init(u32 addr, u32 count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(addr), "r"(count) : "memory");
@@ -672,6 +681,22 @@ __device__ __forceinline__ void wk_body(
       for (int s = 0; s < S; ++s) { mbar_init(fbar + 8 * s, 1u); mbar_init(ebar + 8 * s, (u32)CN); }
     mbar_init_fence();
     cluster_sync();  // every block's barriers initialized before any copy or arrival reaches them
+  }
+  // PUSH (w4a16_wkc, CL = 2, one m-block: M <= MR, the same in both blocks): rank 1 stores its block sum into rank 0's
+  // tile (st.async), counted by one mbarrier of rank 0 (after the tile; expecting the tile's bytes); rank 0 adds and
+  // writes every output; one cluster barrier, arrived at here and waited for in the epilogue, orders the mbarrier's
+  // initialization before rank 1's stores
+  constexpr int NS = TR ? MTA * NT / 2 : MTA * NT;  // float4 slots per lane
+  constexpr bool PUSH = CL == 2 && XM == 0 && W4_EPI == 1 && !(W4_PROBE & 32);
+  const bool push = PUSH && M <= MR;
+  const u32 rbar = smem_addr(dsm + WK * S * STAGE + MR * OW * 4);
+  if (push) {
+    if (threadIdx.x == 0 && cluster_rank() == 0) {
+      mbar_init(rbar, 1u);
+      mbar_expect_tx(rbar, (u32)(NS * 32 * 16));  // its one arrival
+      mbar_init_fence();
+    }
+    cluster_arrive();
   }
   // lane's B bytes inside a tile row: logical 16-byte piece and offset in it
   const int bpiece = (g * 4 * NWORD) >> 4, boff = (g * 4 * NWORD) & 15;
@@ -919,7 +944,6 @@ __device__ __forceinline__ void wk_body(
       if (keep == 1234.5f) out[0] = 0;
       return;
     }
-    constexpr int NS = TR ? MTA * NT / 2 : MTA * NT;  // float4 slots per lane
     static_assert(NS * 32 * 16 <= S * STAGE, "a warp's tile fits in its own stages");
     static_assert(NS * 32 * 16 <= MR * OW * 4, "a block's sum fits in the last tile");
     if constexpr (W4_EPI == 0 && CL == 1) {  // the earlier epilogue (probe builds)
@@ -978,11 +1002,29 @@ __device__ __forceinline__ void wk_body(
       }
       __syncthreads();
       float4* bsum = reinterpret_cast<float4*>(tile);
+      u32 prank = 0;  // push: this block's rank
+      if (push) {
+        // NOTE: order is important here: rank 0's mbarrier initialized and armed -> cluster barrier (arrived at the
+        // start, waited for here) -> rank 1's block sum stored into rank 0's tile (st.async, complete_tx) -> rank 0
+        // waits for the mbarrier's phase 0 (acquire) before it reads the tile
+        cluster_wait();
+        prank = cluster_rank();
+        if (prank == 0) mbar_wait_cluster(rbar, 0u);
+      }
       for (int s = warp; s < NS; s += WK) {
         float4 v = reinterpret_cast<const float4*>(dsm)[s * 32 + lane];
 #pragma unroll
         for (int w = 1; w < WK; ++w) add4(v, reinterpret_cast<const float4*>(dsm + w * (S * STAGE))[s * 32 + lane]);
-        if (CL > 1) {
+        if (push) {
+          if (prank != 0) {
+            st_async_f4(smem_addr(bsum + s * 32 + lane), v, rbar, 0u);
+          } else {  // rank 0's sum, then rank 1's (the order the loads below add them in: the same bits)
+            add4(v, bsum[s * 32 + lane]);
+            int r, c;
+            wk_slot<MT, NWORD>(s, lane, &r, &c);
+            if (r < mrows) st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
+          }
+        } else if (CL > 1) {
           bsum[s * 32 + lane] = v;
         } else {
           int r, c;
@@ -993,7 +1035,8 @@ __device__ __forceinline__ void wk_body(
           }
         }
       }
-      if (CL > 1) {
+      if (push) {
+      } else if (CL > 1) {
         // NOTE: order is important here: block sums written -> cluster barrier (release / acquire) -> reads
         // of the other blocks' sums -> cluster barrier (no block leaves or reuses its tile while one still reads)
         cluster_sync();

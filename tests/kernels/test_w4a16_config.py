@@ -75,6 +75,8 @@ def test_wk_smem_activation_rows_padded_unless_too_big() -> None:
     assert _wk_smem((2, 4, 8, 0, 3, 1)) == 8 * 3 * (36 * 128 + 32 * 128) + 32 * 132 * 4  # padded: 232.5 KiB
     assert _wk_smem((0, 4, 8, 0, 3, 1)) == 8 * 3 * (36 * 128 + 8 * 144) + 8 * 132 * 4  # MT = 0: always padded
     assert _wk_smem((1, 4, 8, 0, 4, 0)) == 8 * 4 * 36 * 128 + 16 * 132 * 4  # no activations staged
+    assert _wk_smem((0, 4, 8, 0, 3, 1, 2)) == _wk_smem((0, 4, 8, 0, 3, 1)) + 16  # w4a16_wkc: its mbarrier after the tile
+    assert _wk_smem((2, 4, 8, 0, 3, 1, 2)) == _wk_smem((2, 4, 8, 0, 3, 1)) + 16 <= _WK_SMEM_MAX
 
 
 def test_m1_falls_back_to_the_cuda_core_kernel() -> None:
