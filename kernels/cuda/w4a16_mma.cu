@@ -479,12 +479,15 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 // cluster; each puts its block sum in a shared tile, a cluster barrier, then rank r adds the CL tiles' slots
 // of its share in rank order through distributed shared memory (mapa + ld.shared::cluster) and writes the
 // outputs; a second barrier keeps every tile alive until all ranks have read it: no global partials, fences
-// or counters.
+// or counters. With CL = 2 and one m-block (M <= MB, the table's case) rank 1 instead stores its block sum into rank
+// 0's tile (st.async, counted by an mbarrier of rank 0) and leaves; rank 0 adds it to its own and writes every output:
+// one cluster barrier (arrived at the start, waited for before the stores) instead of two around the reads.
 // Dynamic shared memory: WK*S*STAGE + MB*(BC+4)*4 bytes, STAGE = 36*BC + XSM*MB*XROW, MB = 16*MT (8*NB for
 // MT = -NB, 8 for MT = 0), XROW = 144 (padded rows) or, where that would pass 227 KiB, 128 (swizzled rows) (host: quant.py);
-// the last tile is the block's sum (w4a16_wkc) or the shared tile of W4_EPI = 0; w4a16_wkm adds 16*WK*S bytes of
-// mbarriers after it and always pads the rows (as packed by w4_xpack). A fragments (MT > 0, XSM):
-// one ldmatrix.x4 per m-tile per k16 step (W4_LDSM = 0, probe builds only: 32-bit loads, as before).
+// the last tile is the block's sum (w4a16_wkc, then 16 bytes for its mbarrier) or the shared tile of W4_EPI = 0;
+// w4a16_wkm adds 16*WK*S bytes of mbarriers after it and always pads the rows (as packed by w4_xpack).
+// A fragments (MT > 0, XSM): one ldmatrix.x4 per m-tile per k16 step (W4_LDSM = 0, probe builds only: 32-bit loads,
+// as before).
 // W4_PROBE (probe builds only, bench/gpu/w4a16_probe.py): bit 0 no dequant + mma (loads only), bit 1 no
 // weight loads after the first S-1 stages (math only), bit 2 raw words as B fragments (no dequant), bit 3
 // no mma (dequantized words folded into a register instead), bit 4 no chunk loop at all (launch, zeroing and
