@@ -167,7 +167,7 @@ _WKM_VARIANTS = ((4, 2, 8, 2, 2), (4, 2, 8, 2, 1), (4, 2, 8, 2, 4), (4, 2, 6, 3,
 # sm_90, and (unless forced) where its blocks make two per SM or more within one wave (_takes, _WG_PER_SM).
 _WG_VARIANTS = ((4, 2, 4, 1), (4, 2, 4, 2), (4, 2, 4, 4), (4, 2, 4, 8), (4, 1, 4, 2), (4, 1, 4, 4), (2, 2, 4, 4),
                 (2, 2, 4, 8), (2, 4, 4, 4), (1, 2, 4, 4), (1, 2, 4, 8), (1, 4, 4, 4), (1, 4, 4, 8), (0, 4, 4, 8),
-                (0, 2, 4, 8), (4, 2, 3, 4), (4, 2, 6, 4), (4, 1, 4, 8), (4, 1, 6, 4), (2, 2, 6, 4), (4, 1, 3, 8))
+                (0, 2, 4, 8), (4, 2, 3, 4), (4, 2, 6, 4), (4, 1, 4, 8), (4, 1, 6, 4), (2, 2, 6, 4))
 _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
 # on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and -07d7ec0; M 9..64 from

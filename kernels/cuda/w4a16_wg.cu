@@ -217,15 +217,8 @@ __global__ void __launch_bounds__(128) w4a16_wg(
   wg_body<X, MT, NWORD, S, 1>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
 }
 
-// Blocks per SM the registers must allow (__launch_bounds__'s second argument): five for MT 4, NWORD 1 with three
-// stages, whose shared memory (40 KiB) fits five, so that a cluster of 8 finds room in more places (four per SM leave
-// room for 62 clusters of 8 on an H200, one wave short of N = 8192's 64); 0 (unset: ptxas's own choice, 128 registers
-// at MT 4 NWORD 1; an explicit 1 made it take 144) for the others.
-template <int MT, int NWORD, int S>
-constexpr int wg_min_blocks() { return MT == 4 && NWORD == 1 && S == 3 ? 5 : 0; }
-
 template <class X, int MT, int NWORD, int S, int CL>
-__global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(128, wg_min_blocks<MT, NWORD, S>()) w4a16_wgc(
+__global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(128) w4a16_wgc(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
