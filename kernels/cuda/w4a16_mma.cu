@@ -512,6 +512,9 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 #ifndef W4_PDL_PF
 #define W4_PDL_PF 1  // chunks per warp whose weights wk_body prefetches into L2 before pdl_begin (0, 2, 8: probe builds)
 #endif
+#ifndef W4_PUSH
+#define W4_PUSH 1  // 0 (test and probe builds only): w4a16_wkc at CL = 2 keeps the two cluster barriers at one m-block too
+#endif
 #ifndef W4_LDSM
 #define W4_LDSM 1  // 0 (probe builds only): the A fragments read as 32-bit words, all four k16 steps before the math
 #endif
@@ -690,7 +693,7 @@ __device__ __forceinline__ void wk_body(
   // writes every output; one cluster barrier, arrived at here and waited for in the epilogue, orders the mbarrier's
   // initialization before rank 1's stores
   constexpr int NS = TR ? MTA * NT / 2 : MTA * NT;  // float4 slots per lane
-  constexpr bool PUSH = CL == 2 && XM == 0 && W4_EPI == 1 && !(W4_PROBE & 32);
+  constexpr bool PUSH = W4_PUSH && CL == 2 && XM == 0 && W4_EPI == 1 && !(W4_PROBE & 32);
   const bool push = PUSH && M <= MR;
   const u32 rbar = smem_addr(dsm + WK * S * STAGE + MR * OW * 4);
   if (push) {

@@ -109,6 +109,39 @@ def test_w4a16_same_bits_twice(gpu, monkeypatch, m, cfg) -> None:
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("cfg", "m", "k"), [("0,4,8,0,3,1,2", 1, 2048), ("0,4,8,0,3,1,2", 6, 4480),
+                                             ("0,4,8,0,3,1,2", 3, 64), ("-2,4,8,0,3,1,2", 16, 2048),
+                                             ("1,4,8,0,3,1,2", 9, 1024)])
+def test_w4a16_cluster_push_gives_the_bits_of_two_barriers(gpu, cp, monkeypatch, cfg, m, k, dt) -> None:
+    """w4a16_wkc with clusters of 2 and one m-block: rank 1 stores its block sum into rank 0's tile (st.async on an
+    mbarrier) and rank 0 writes every output. The same kernel built with -DW4_PUSH=0 (both ranks read both tiles between
+    two cluster barriers, as before) gives the same bits: rank 0's sum plus rank 1's, in that order, either way."""
+    import numpy as np
+
+    from shmrpc.kernels._cuda import sm_count, source
+    from shmrpc.kernels._w4a16_config import _wk_name, w4a16_wk_launch
+    from shmrpc.kernels.quant import wk_launch
+
+    n, gs = 512, 64
+    force(monkeypatch, cfg)
+    ins, want = case(m, k, n, gs, dt)
+    got = run(gpu, ins, dt)
+    check(got, want, dt)
+    c = tuple(int(v) for v in cfg.split(","))
+    kt = "F16" if dt == "float16" else "BF16"
+    mod = cp.RawModule(code=source("w4a16_mma.cu"), options=("-std=c++17", "-DW4_PUSH=0"), name_expressions=[_wk_name(kt, c)])
+    fn = mod.get_function(_wk_name(kt, c))
+    (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, sm_count(), c)
+    out = cp.zeros((m, n), dtype=cp.uint16)
+    args = (cp.asarray(ins["x"]).view(cp.uint16), cp.asarray(ins["q"]), cp.asarray(ins["s"]), cp.asarray(ins["z"]),
+            cp.empty((1,), dtype=cp.float32), cp.zeros(1024, dtype=cp.uint32), out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb)))
+    wk_launch(fn, (tiles, ksplit), c[2], smem, args)
+    two = out.get()
+    mine = got.view(np.uint16) if dt == "float16" else (got.view(np.uint32) >> 16).astype(np.uint16)
+    assert mine.tobytes() == two.tobytes()
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
 @pytest.mark.parametrize(("m", "k", "n", "env"), [(1, 8192, 256, {"SHMRPC_W4A16_MMA_M1": "0"}), (1, 4096, 8192 + 64, {}),
                                                   (3, 1024, 1024, {"SHMRPC_W4A16_MMA": "0"})])
 def test_w4a16_cuda_core_kernel_stays_tested(gpu, monkeypatch, m, k, n, env, dt) -> None:
