@@ -1042,6 +1042,7 @@ __device__ __forceinline__ void wk_body(
         }
       }
       if (push) {
+        // one m-block: done (rank 1's stores went to rank 0, which has written every output; no stage is reused)
       } else if (CL > 1) {
         // NOTE: order is important here: block sums written -> cluster barrier (release / acquire) -> reads
         // of the other blocks' sums -> cluster barrier (no block leaves or reuses its tile while one still reads)
