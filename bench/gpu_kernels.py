@@ -134,6 +134,12 @@ def w4a16_sets(cp: Any, k: int, n: int, gs: int = 128, l2_bytes: int = 60 << 20)
              rs.randint(0, 16, (g, n)).astype(cp.float16)) for _ in range(max(2, -(-3 * l2_bytes // packed)))], rs
 
 
+def in_specs_of(ts: Any, m: int, k: int, n: int, g: int) -> dict[str, Any]:
+    """gemm_w4a16's input specs (``ts``: TensorSpec) for float16 x (M, K) and a K x N int4 weight of ``g`` groups."""
+    return {"x": ts((m, k), "float16"), "qweight": ts((k // 2, n), "uint8"), "scales": ts((g, n), "float16"),
+            "zeros": ts((g, n), "float16")}
+
+
 def bench_w4a16(cp: Any, m: int, k: int, n: int, reps: int, ceiling: float, l2_bytes: int = 60 << 20) -> dict[str, Any]:
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._registry import OpCall
@@ -147,8 +153,7 @@ def bench_w4a16(cp: Any, m: int, k: int, n: int, reps: int, ceiling: float, l2_b
     x = (rs.standard_normal((m, k)) / np.sqrt(k)).astype(cp.float16)
     spec = REGISTRY["gemm_w4a16"]
     ws: dict[str, Any] = {}
-    in_specs = {"x": TensorSpec((m, k), "float16"), "qweight": TensorSpec((k // 2, n), "uint8"),
-                "scales": TensorSpec((g, n), "float16"), "zeros": TensorSpec((g, n), "float16")}
+    in_specs = in_specs_of(TensorSpec, m, k, n, g)
     out_specs = {"out": TensorSpec((m, n), "float16")}
     calls = [OpCall(cp, {"x": x, "qweight": q, "scales": s, "zeros": z}, in_specs, out_specs, {}, {}, ws) for q, s, z in sets]
     it = iter(range(10**9))

@@ -229,12 +229,12 @@ def _wk_smem(cfg: tuple[int, ...]) -> int:
     MT > 0, 128 bytes, swizzled)."""
     mt, nword, wk, _, st, xsm = cfg[:6]
     bc, mr = 32 * nword, _wk_rows(mt)
-    padded = wk * st * (36 * bc + xsm * mr * 144) + mr * (bc + 4) * 4
+    smem = wk * st * (36 * bc + xsm * mr * 144) + mr * (bc + 4) * 4  # padded rows
     if len(cfg) == 8:  # w4a16_wkm: always padded rows (as packed), then two mbarriers per warp and stage
-        return padded + 16 * wk * st
-    if mt > 0 and xsm and padded > _WK_SMEM_MAX:
-        padded = wk * st * (36 * bc + mr * 128) + mr * (bc + 4) * 4
-    return padded + (16 if len(cfg) == 7 else 0)  # w4a16_wkc: an mbarrier after the tile (the push of CL = 2)
+        return smem + 16 * wk * st
+    if mt > 0 and xsm and smem > _WK_SMEM_MAX:  # swizzled 128-byte rows
+        smem = wk * st * (36 * bc + mr * 128) + mr * (bc + 4) * 4
+    return smem + (16 if len(cfg) == 7 else 0)  # w4a16_wkc: an mbarrier after the tile (the push of CL = 2)
 
 
 def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm: int = 132,

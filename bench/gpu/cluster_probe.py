@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpu_kernels import _timer, probe_record, w4a16_sets  # noqa: E402
+from gpu_kernels import _timer, in_specs_of, probe_record, w4a16_sets  # noqa: E402
 
 # (M, K, N), configuration: the table's cluster kernels at the shapes, and the kernel without a split (The run
 # of 451995b timed w4a16_wks there, stream-K in clusters of 8, since removed: 15 clusters of 8 fit, docs/kernels.md.)
@@ -51,8 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         gs, g = 128, k // 128
         sets, rs = w4a16_sets(cp, k, n, gs, 60 << 20)
         x = (rs.standard_normal((m, k)) / 64).astype(cp.float16)
-        in_specs = {"x": TensorSpec((m, k), "float16"), "qweight": TensorSpec((k // 2, n), "uint8"),
-                    "scales": TensorSpec((g, n), "float16"), "zeros": TensorSpec((g, n), "float16")}
+        in_specs = in_specs_of(TensorSpec, m, k, n, g)
         calls = [OpCall(cp, {"x": x, "qweight": q, "scales": s, "zeros": z}, in_specs,
                         {"out": TensorSpec((m, n), "float16")}, {}, {}, {}) for q, s, z in sets]
         row: dict[str, Any] = {"M": m, "K": k, "N": n, "cfg": list(cfg)}
@@ -77,8 +77,6 @@ def main(argv: list[str] | None = None) -> int:
         sets.clear()
         cp.get_default_memory_pool().free_all_blocks()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    import json
-
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     return 0

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpu_kernels import _timer, probe_record, w4a16_sets  # noqa: E402
+from gpu_kernels import _timer, in_specs_of, probe_record, w4a16_sets  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,11 +192,6 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     return 1 if res["errors"] or any(d["wrong"] for d in res["dependency"]) else 0
-
-
-def in_specs_of(ts: Any, m: int, k: int, n: int, g: int) -> dict[str, Any]:
-    return {"x": ts((m, k), "float16"), "qweight": ts((k // 2, n), "uint8"), "scales": ts((g, n), "float16"),
-            "zeros": ts((g, n), "float16")}
 
 
 def _summary(res: dict[str, Any]) -> None:

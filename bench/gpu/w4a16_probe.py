@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpu_kernels import _timer, probe_record, w4a16_sets  # noqa: E402
+from gpu_kernels import _timer, in_specs_of, probe_record, w4a16_sets  # noqa: E402
 
 _READ = r"""extern "C" __global__ void read16(const uint4* __restrict__ p, long long n, unsigned int* sink) {
   unsigned int acc = 0;
@@ -176,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             x = (rs.standard_normal((m, k)) / np.sqrt(k)).astype(cp.float16)
             want = x.astype(cp.float64) @ w_ref
             wmax = float(cp.abs(want).max())
-            in_specs = {"x": TensorSpec((m, k), "float16"), "qweight": TensorSpec((k // 2, n), "uint8"),
-                        "scales": TensorSpec((g, n), "float16"), "zeros": TensorSpec((g, n), "float16")}
+            in_specs = in_specs_of(TensorSpec, m, k, n, g)
             calls = [OpCall(cp, {"x": x, "qweight": q, "scales": s, "zeros": z}, in_specs,
                             {"out": TensorSpec((m, n), "float16")}, {}, {}, {}) for q, s, z in sets]
             it16 = iter(range(10**9))
