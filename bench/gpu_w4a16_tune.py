@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_kernels import _timer, w4a16_sets  # noqa: E402
+from gpu_kernels import _timer, in_specs_of, w4a16_sets  # noqa: E402
 
 _M16 = [(1, 2, 4, 2, 0), (1, 1, 4, 4, 0), (1, 2, 4, 2, 4), (1, 2, 4, 4, 4), (1, 2, 4, 2, 3), (1, 1, 4, 2, 4),
         (1, 1, 4, 4, 4), (1, 1, 4, 2, 6), (1, 1, 4, 4, 6), (1, 1, 8, 2, 4), (1, 1, 8, 1, 4)]
@@ -64,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in (int(v) for v in args.ms.split(",")):
             x = (rs.standard_normal((m, k)) / np.sqrt(k)).astype(cp.float16)
             want = x.get().astype(np.float64) @ w_ref
-            in_specs = {"x": TensorSpec((m, k), "float16"), "qweight": TensorSpec((k // 2, n), "uint8"),
-                        "scales": TensorSpec((g, n), "float16"), "zeros": TensorSpec((g, n), "float16")}
+            in_specs = in_specs_of(TensorSpec, m, k, n, g)
             calls = [OpCall(cp, {"x": x, "qweight": q, "scales": s, "zeros": z}, in_specs,
                             {"out": TensorSpec((m, n), "float16")}, {}, {}, {}) for q, s, z in sets]
             it = iter(range(10**9))

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpu_kernels import w4a16_sets  # noqa: E402
+from gpu_kernels import in_specs_of, w4a16_sets  # noqa: E402
 
 
 def main() -> int:
@@ -39,8 +39,7 @@ def main() -> int:
     sets, rs = w4a16_sets(cp, k, n, gs)
     x = (rs.standard_normal((m, k)) / np.sqrt(k)).astype(cp.float16)
     spec = REGISTRY["gemm_w4a16"]
-    in_specs = {"x": TensorSpec((m, k), "float16"), "qweight": TensorSpec((k // 2, n), "uint8"),
-                "scales": TensorSpec((g, n), "float16"), "zeros": TensorSpec((g, n), "float16")}
+    in_specs = in_specs_of(TensorSpec, m, k, n, g)
     out_specs = {"out": TensorSpec((m, n), "float16")}
     ws: dict[str, object] = {}
     out = None

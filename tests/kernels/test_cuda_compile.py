@@ -14,7 +14,7 @@ import pytest
 
 from shmrpc.kernels._cuda import CUDA_DIR, source
 from shmrpc.kernels._dtypes import itemsize
-from shmrpc.kernels._nvrtc import NvrtcError, compile_cubin, load
+from shmrpc.kernels._nvrtc import OPTIONS, NvrtcError, compile_cubin, load
 from shmrpc.kernels._w4a16_config import _mma_names, _w4a16_names, _wg_names
 from shmrpc.kernels.norm import _KT, _LN_BLOCKS, _ln_names, _sm_names
 
@@ -82,3 +82,19 @@ def test_a_source_that_does_not_compile_fails() -> None:
 
 def test_every_source_is_compiled_here() -> None:
     assert {p.name for p in Path(CUDA_DIR).glob("*.cu")} == {*MODULES, "w4a16_wg.cu"}
+
+
+@pytest.mark.skipif(NVRTC is None, reason="NVRTC is not installed (pip install nvidia-cuda-nvrtc, in the dev extra)")
+def test_the_product_build_takes_the_push_epilogue() -> None:
+    """w4a16_wkc with clusters of 2 is built with the push epilogue (rank 1's sum stored into rank 0 with st.async):
+    its code differs from the -DW4_PUSH=0 build's, the two-barrier path that the GPU test
+    (test_w4a16_cluster_push_gives_the_bits_of_two_barriers) checks it against bit for bit. Were the push off by
+    default, that test would compare a build with itself."""
+    assert NVRTC is not None
+    name = "w4a16_wkc<F16,0,4,8,3,1,2>"
+    assert name in _mma_names("F16")
+    code = source("w4a16_mma.cu")
+    push = compile_cubin(NVRTC, code, (name,), "sm_90")
+    two = compile_cubin(NVRTC, code, (name,), "sm_90", (*OPTIONS, "-DW4_PUSH=0"))
+    assert push.cubin != two.cubin
+    assert compile_cubin(NVRTC, code, (name,), "sm_90", (*OPTIONS, "-DW4_PUSH=1")).cubin == push.cubin
