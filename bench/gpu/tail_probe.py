@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--cfg", default="4,1,4,8", help="the first wave's configuration")
     ap.add_argument("--tail-cols", type=int, default=256)
-    ap.add_argument("--tail-cfgs", default="4,1,4,8;4,1,4,4;4,1,4,2", help="';'-separated configurations of the tail")
+    ap.add_argument("--tail-cfgs", default="4,1,4,8;4,1,4,4;4,1,4,2;4,2,8,1,2,1;4,2,4,1,2,1", help="';'-separated configurations of the tail")
     args = ap.parse_args(argv)
     import cupy as cp
 
