@@ -103,3 +103,91 @@ def test_w4a16_wgmma_module_from_the_disk_cache(sm90, monkeypatch, tmp_path) -> 
     monkeypatch.setattr(_cuda, "_modules", {})
     monkeypatch.setattr(compiler, "_NVRTCProgram", no_compile)
     check(run(sm90, ins, "float16"), want, "float16")
+
+
+def _tail_env(monkeypatch, cfg: str, tail: bool) -> None:
+    from shmrpc.kernels import _w4a16_config
+    from shmrpc.kernels._w4a16_config import W4A16Tuning
+
+    monkeypatch.setattr(_w4a16_config, "_TUNING", W4A16Tuning.from_env(
+        {"SHMRPC_W4A16_MMA_CFG": cfg, "SHMRPC_W4A16_TAIL": "1" if tail else "0"}))
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("m", "k", "n", "resident"), [(64, 2048, 1024, 6), (33, 4480, 1024, 7), (40, 1024, 2048, 9)])
+def test_w4a16_wgc_tail_beside_the_first_wave(sm90, monkeypatch, m, k, n, resident, dt) -> None:
+    """Where the device keeps fewer w4a16_wgc clusters resident than the launch needs (here made so: ``_resident``
+    says ``resident``), the tiles past them run as a tail launch on a second stream (wg_tail_split): the first wave's
+    columns are the bits of the single launch, the tail's those of the tail's configuration over all columns, and the
+    whole matches float64."""
+    from shmrpc.kernels import quant
+    from shmrpc.kernels._w4a16_config import _WG_TAIL, wg_tail_split
+
+    cfg = (4, 1, 4, 8)
+    text, tail_text = ",".join(map(str, cfg)), ",".join(map(str, _WG_TAIL[cfg]))
+    ins, want = case(m, k, n, 128, dt)
+    _tail_env(monkeypatch, text, True)
+    asked: list[int] = []
+
+    def resident_of(fn, launch):
+        asked.append(launch.grid[0])
+        return resident
+
+    monkeypatch.setattr(quant, "_resident", resident_of)
+    n1, _ = wg_tail_split(n, cfg, resident)
+    assert n1 == resident * 128
+    split = run(sm90, ins, dt)
+    assert set(asked) == {n // 128}  # the question was asked of the whole launch
+    check(split, want, dt)
+    _tail_env(monkeypatch, text, False)
+    one = run(sm90, ins, dt)
+    _tail_env(monkeypatch, tail_text, False)
+    tail_only = run(sm90, ins, dt)
+    assert split[:, :n1].tobytes() == one[:, :n1].tobytes()
+    assert split[:, n1:].tobytes() == tail_only[:, n1:].tobytes()
+
+
+def test_w4a16_wgc_tail_not_while_captured(sm90, cp, monkeypatch) -> None:
+    """While the stream is captured into a graph the op launches w4a16_wgc once (no second stream to fork to)."""
+    import numpy as np
+
+    from shmrpc.kernels import quant
+    from shmrpc.kernels._cuda import get_function, sm_count
+
+    _tail_env(monkeypatch, "4,1,4,8", True)
+    monkeypatch.setattr(quant, "_resident", lambda fn, launch: 6)
+    m, k, n = 64, 1024, 1024
+    launch = quant._launch_of("F16", m, k, n, 128, (4, 1, 4, 8), sm_count())
+    fn = get_function(launch.file, launch.names, launch.name, launch.arch)
+    arrays = (cp.zeros((m, k), cp.float16), cp.zeros((k // 2, n), cp.uint8), cp.zeros((k // 128, n), cp.float16),
+              cp.zeros((k // 128, n), cp.float16), cp.full((m, n), cp.nan, cp.float16))
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        try:
+            assert not quant._wg_tailed(fn, launch, "F16", m, k, n, 128, (4, 1, 4, 8), arrays, False)
+        finally:
+            s.end_capture()
+        assert quant._wg_tailed(fn, launch, "F16", m, k, n, 128, (4, 1, 4, 8), arrays, False)
+    s.synchronize()
+    assert not np.isnan(cp.asnumpy(arrays[4])).any()  # both launches wrote their columns
+
+
+def test_w4a16_wgc_tail_on_this_device(sm90, monkeypatch) -> None:
+    """At M = 64, K = N = 8192 the table's w4a16_wgc needs 64 clusters of 8: the split follows what the driver says
+    it keeps resident (on an H200, 62: a tail of two tiles), and the answer matches."""
+    from shmrpc.kernels import quant
+    from shmrpc.kernels._cuda import get_function, sm_count
+    from shmrpc.kernels._w4a16_config import _mma_cfg, wg_tail_split
+
+    m, k, n = 64, 8192, 8192
+    _tail_env(monkeypatch, "", True)
+    cfg = _mma_cfg(m, k, n, 128, wg=True)
+    assert cfg == (4, 1, 4, 8)
+    launch = quant._launch_of("F16", m, k, n, 128, cfg, sm_count())
+    resident = quant._resident(get_function(launch.file, launch.names, launch.name, launch.arch), launch)
+    assert resident is not None and resident > 0
+    split = wg_tail_split(n, cfg, resident)
+    assert (split is None) == (resident >= n // 128)
+    ins, want = case(m, k, n, 128, "float16")
+    check(run(sm90, ins, "float16"), want, "float16")
