@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CUDA_DIR", "source", "get_function", "sm_count", "launch_dependent", "max_active_clusters"]
+__all__ = ["CUDA_DIR", "source", "get_function", "sm_count", "launch_dependent"]
 
 CUDA_DIR = Path(__file__).with_name("cuda")
 _lock = threading.Lock()
@@ -181,33 +181,6 @@ class _Prepared:
 
 
 _PREPARED: dict[tuple[Any, ...], _Prepared] = {}
-
-
-_occupancy: list[Any] = []  # [cuOccupancyMaxActiveClusters or None (not in the driver)] once looked up
-
-
-def max_active_clusters(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], shared_mem: int) -> int | None:
-    """How many clusters of the cluster kernel ``fn`` (its ``__cluster_dims__``) the device keeps resident at once
-    for this launch geometry (``cuOccupancyMaxActiveClusters``), or None where the driver has no such call or refuses
-    the question."""
-    if not _occupancy:
-        f: Any = None
-        try:
-            f = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters
-            f.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_void_p]
-            f.restype = ctypes.c_int
-        except (OSError, AttributeError):
-            f = None
-        _occupancy.append(f)
-    if _occupancy[0] is None:
-        return None
-    g, b = (*grid, 1, 1), (*block, 1, 1)
-    cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, None, None, 0)
-    got = ctypes.c_int(-1)
-    handle = fn.ptr if hasattr(fn, "ptr") else fn.kernel.ptr
-    if _occupancy[0](ctypes.byref(got), ctypes.c_void_p(handle), ctypes.addressof(cfg)) or got.value < 0:
-        return None
-    return got.value
 
 
 def launch_dependent(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...],

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 __all__ = ["W4A16Tuning", "tuning", "use_tuning", "w4a16_launch_config", "w4a16_mma_launch", "w4a16_wg_launch",
-           "w4a16_wk_launch", "wg_tail_split"]
+           "w4a16_wk_launch"]
 
 @dataclasses.dataclass(frozen=True)
 class W4A16Tuning:
@@ -31,9 +31,6 @@ class W4A16Tuning:
         pdl: ``SHMRPC_W4A16_PDL`` (on; ``0`` turns it off): launch the tensor-core kernels (w4a16_wk, wkc, wkm, wg,
             wgc) as programmatic dependent launches on sm_90, so that a call overlaps the end of the kernel before it
             in the stream (docs/kernels.md, "Programmatic dependent launch").
-        tail: ``SHMRPC_W4A16_TAIL=1`` (off until measured on the device): where the device keeps fewer clusters of the chosen
-            w4a16_wgc resident than its launch needs, the column tiles past them go to a tail launch on a second stream
-            (:func:`wg_tail_split`), beside the first wave instead of after it.
         mma_cfg: ``SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S"`` (w4a16_mma / w4a16_mma_async),
             ``"MT,NWORD,WK,BPS,S,XSM"`` (w4a16_wk), ``"MT,NWORD,WK,0,S,XSM,CL"`` (w4a16_wkc, clusters of CL
             blocks), ``"MT,NWORD,WK,0,S,1,1,CN"`` (w4a16_wkm, activations multicast to clusters of CN blocks) or
@@ -47,7 +44,6 @@ class W4A16Tuning:
     mma: bool = True
     mma_m1: bool = True
     pdl: bool = True
-    tail: bool = False
     mma_cfg: tuple[int, ...] | None = None
 
     @classmethod
@@ -62,8 +58,7 @@ class W4A16Tuning:
                    dequant_min_m=int(env.get("SHMRPC_W4A16_DEQUANT_MIN_M", "5")),
                    h2=env.get("SHMRPC_W4A16_H2", "0") == "1", prefetch=env.get("SHMRPC_W4A16_PF", "0") == "1",
                    mma=env.get("SHMRPC_W4A16_MMA", "1") != "0", mma_m1=env.get("SHMRPC_W4A16_MMA_M1", "1") != "0",
-                   pdl=env.get("SHMRPC_W4A16_PDL", "1") != "0",
-                   tail=env.get("SHMRPC_W4A16_TAIL", "0") == "1", mma_cfg=cfg)
+                   pdl=env.get("SHMRPC_W4A16_PDL", "1") != "0", mma_cfg=cfg)
 
 
 _TUNING = W4A16Tuning.from_env()
@@ -355,25 +350,6 @@ def w4a16_wg_launch(m: int, k: int, n: int, cfg: tuple[int, ...]) -> tuple[tuple
     the cluster of CL blocks along the grid's y (a block may get no chunk when K is short)."""
     cl = cfg[3]
     return (n // (128 * cfg[1]), cl), -(-(k // 64) // cl), _wg_smem(cfg)
-
-
-# w4a16_wgc configuration -> the configuration of its tail launch (wg_tail_split): run of TAILRUN (bench/gpu/tail_probe.py)
-_WG_TAIL: dict[tuple[int, ...], tuple[int, ...]] = {(4, 1, 4, 8): (4, 1, 4, 4)}
-_TAIL_MAX = 8  # column tiles a tail launch takes at most
-
-
-def wg_tail_split(n: int, cfg: tuple[int, ...], resident: int | None) -> tuple[int, tuple[int, ...]] | None:
-    """Where w4a16_wgc's launch at N columns needs more clusters than the device keeps resident (``resident``, from
-    ``cuOccupancyMaxActiveClusters``; None: unknown), the split of its column tiles: (the columns of the first wave,
-    the configuration of the tail launch that takes the rest, at most _TAIL_MAX tiles); else None (one launch)."""
-    tail_cfg = _WG_TAIL.get(cfg)
-    if not _TUNING.tail or tail_cfg is None or not resident:
-        return None
-    bc = 128 * cfg[1]
-    tiles = n // bc
-    if not 0 < tiles - resident <= _TAIL_MAX or (n - resident * bc) % (128 * tail_cfg[1]):
-        return None
-    return resident * bc, tail_cfg
 
 
 def _wg_name(kt: str, cfg: tuple[int, ...]) -> str:

@@ -44,7 +44,6 @@ from ._w4a16_config import (
     w4a16_mma_launch,
     w4a16_wg_launch,
     w4a16_wk_launch,
-    wg_tail_split,
 )
 from .api import register_op
 
@@ -262,9 +261,14 @@ def _sm90a() -> bool:
     return _device_facts()[1]
 
 
-def _opt_in(fn: Any, smem: int) -> None:
-    """Let ``fn`` take ``smem`` bytes of dynamic shared memory (past 48 KiB it must opt in; once per function)."""
+def wk_launch(fn: Any, grid: tuple[int, int], wk: int, smem: int, args: tuple[Any, ...], pdl: bool = False) -> None:
+    """Launch the tensor-core kernel ``fn`` (w4a16_wk and its kin, w4a16_wg) as ``wk`` warps per block with ``smem``
+    bytes of dynamic shared memory (opted in once per function); ``pdl``: as a programmatic dependent launch
+    (``_cuda.launch_dependent``; only for kernels that wait for the one before them: w4a16_wk, wkc, wkm, wg, wgc;
+    a plain launch while the stream is being captured)."""
     import cupy
+
+    from ._cuda import launch_dependent
 
     done = _WK_SMEM_SET.get(id(fn))
     if smem > 48 * 1024 and (done is None or done[0] is not fn or done[1] < smem):
@@ -274,16 +278,6 @@ def _opt_in(fn: Any, smem: int) -> None:
             # Function of an sm_90a module has .ptr; a RawKernel without the property, .kernel.ptr)
             cupy.cuda.driver.funcSetAttribute(fn.ptr if hasattr(fn, "ptr") else fn.kernel.ptr, 8, smem)
         _WK_SMEM_SET[id(fn)] = (fn, smem)
-
-
-def wk_launch(fn: Any, grid: tuple[int, int], wk: int, smem: int, args: tuple[Any, ...], pdl: bool = False) -> None:
-    """Launch the tensor-core kernel ``fn`` (w4a16_wk and its kin, w4a16_wg) as ``wk`` warps per block with ``smem``
-    bytes of dynamic shared memory (opted in once per function); ``pdl``: as a programmatic dependent launch
-    (``_cuda.launch_dependent``; only for kernels that wait for the one before them: w4a16_wk, wkc, wkm, wg, wgc;
-    a plain launch while the stream is being captured)."""
-    from ._cuda import launch_dependent
-
-    _opt_in(fn, smem)
     if not (pdl and launch_dependent(fn, grid, (32 * wk,), args, shared_mem=smem)):
         fn(grid, (32 * wk,), args, shared_mem=smem)
 
@@ -367,8 +361,7 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ..
     fn = get_function(launch.file, launch.names, launch.name, launch.arch)
     pdl = launch.waits and tuning().pdl and _sm90a()
     if not launch.partials:  # w4a16_wg / w4a16_wgc
-        if not (len(cfg) == 4 and cfg[3] > 1 and _wg_tailed(fn, launch, kt, m, k, n, gs, cfg, (x, qw, sc, zr, out), pdl)):
-            wk_launch(fn, launch.grid, launch.warps, launch.smem, (x, qw, sc, zr, out, *launch.tail), pdl=pdl)
+        wk_launch(fn, launch.grid, launch.warps, launch.smem, (x, qw, sc, zr, out, *launch.tail), pdl=pdl)
         return out
     if len(cfg) == 8:
         x = pack_x(x, m, k, 16 * cfg[0], kt)
@@ -376,71 +369,6 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ..
               (x, qw, sc, zr, _partials(call, launch.partials), _counters(call, launch.tiles), out, *launch.tail),
               pdl=pdl)
     return out
-
-
-# (function id, grid, shared bytes) -> (function, the clusters the device keeps resident or None): asked once
-_RESIDENT: dict[tuple[Any, ...], tuple[Any, int | None]] = {}
-_SIDE: dict[tuple[int, int], tuple[Any, Any, Any]] = {}  # (device, thread) -> (second stream, fork event, join event)
-
-
-def _resident(fn: Any, launch: _Launch) -> int | None:
-    """How many clusters of ``launch`` (a w4a16_wgc launch of ``fn``) the device keeps resident (None: unknown)."""
-    from ._cuda import max_active_clusters
-
-    key = (id(fn), launch.grid, launch.smem)
-    hit = _RESIDENT.get(key)
-    if hit is None or hit[0] is not fn:
-        _opt_in(fn, launch.smem)  # the occupancy of the shared memory the launch asks for
-        hit = _RESIDENT[key] = (fn, max_active_clusters(fn, launch.grid, (32 * launch.warps,), launch.smem))
-    return hit[1]
-
-
-def _wg_tailed(fn: Any, launch: _Launch, kt: str, m: int, k: int, n: int, gs: int, cfg: tuple[int, ...],
-               arrays: tuple[Any, ...], pdl: bool) -> bool:
-    """Launch w4a16_wgc as a first wave and a tail (wg_tail_split) where the device keeps fewer of its clusters
-    resident than it needs; False, launching nothing, where it keeps them all (or while the stream is captured).
-
-    The first wave is ``fn`` on the current stream over the first columns (the kernel takes N only as the row stride
-    of qweight, scales, zeros and out, so the full arrays and N are passed with a smaller grid). The tail runs on a
-    second stream that waits for an event of the current one, over the arrays from the first tail column on (the
-    same N), and the current stream waits for an event after it: the tail's clusters take the SMs the first wave
-    leaves free, and whatever follows on the current stream sees both."""
-    import threading
-
-    import cupy
-
-    from ._cuda import get_function, sm_count
-
-    split = wg_tail_split(n, cfg, _resident(fn, launch))
-    if split is None:
-        return False
-    main = cupy.cuda.get_current_stream()
-    if main.ptr and cupy.cuda.runtime.streamIsCapturing(main.ptr):
-        return False
-    n1, tail_cfg = split
-    n_sm = sm_count()
-    first = _launch_of(kt, m, k, n1, gs, cfg, n_sm)
-    tail = _launch_of(kt, m, k, n - n1, gs, tail_cfg, n_sm)
-    ft = get_function(tail.file, tail.names, tail.name, tail.arch)
-    key = (cupy.cuda.runtime.getDevice(), threading.get_ident())
-    side = _SIDE.get(key)
-    if side is None:
-        side = _SIDE[key] = (cupy.cuda.Stream(non_blocking=True), cupy.cuda.Event(disable_timing=True),
-                             cupy.cuda.Event(disable_timing=True))
-    stream, fork, join = side
-    fork.record(main)
-    stream.wait_event(fork)
-    ints = _int32s(m, k, n)
-    x, qw, sc, zr, out = arrays
-    wk_launch(fn, first.grid, first.warps, first.smem, (*arrays, *ints, *first.tail[3:]), pdl=pdl)
-    # the tail's arrays from column n1 on: qweight 1 byte per column, scales, zeros and out 2
-    ptrs = (x, np.uint64(qw.data.ptr + n1), np.uint64(sc.data.ptr + 2 * n1), np.uint64(zr.data.ptr + 2 * n1),
-            np.uint64(out.data.ptr + 2 * n1))
-    with stream:
-        wk_launch(ft, tail.grid, tail.warps, tail.smem, (*ptrs, *ints, *tail.tail[3:]))
-    join.record(stream)
-    main.wait_event(join)
-    return True
 
 
 def _w4a16_h2(call: OpCall, m: int, k: int, n: int, gs: int) -> Any:

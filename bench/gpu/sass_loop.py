@@ -9,7 +9,8 @@ explicit instantiations of ``w4a16_wkc<F16, MT, NWORD, WK, S, XSM, CL>`` (six nu
 M = 1 and M = 16 kernels at 8192 x 8192 by default), builds them with ``nvcc -cubin -arch=sm_90 -O3 -Xptxas -v``
 and dumps the SASS with ``cuobjdump -sass``. (NVRTC, which the op uses, may allocate a few registers differently.)
 ``--nvrtc`` builds the modules exactly as the op does instead, with the NVRTC library of the ``nvidia-cuda-nvrtc``
-wheel (the dev extra; ``shmrpc.kernels._nvrtc``): six numbers name ``w4a16_wkc`` (sm_90), four name
+wheel (the dev extra; ``shmrpc.kernels._nvrtc``): six numbers name ``w4a16_wkc`` (sm_90), five ``w4a16_wk`` (MT,
+NWORD, WK, S, XSM: no cluster), four name
 ``w4a16_wg`` / ``w4a16_wgc`` (MT, NWORD, S, CL; the wgmma module, sm_90a); the dump needs ``cuobjdump`` and
 ``nvdisasm`` (``pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm``, or a CUDA toolkit on PATH).
 Either way, per kernel it finds the chunk loop (the backward branch whose body holds the most HMMA or HGMMA, the
@@ -112,7 +113,7 @@ def build_nvrtc(cfgs: list[tuple[int, ...]], tmp: Path) -> tuple[str, str]:
     if lib is None or cuobjdump is None or nvdisasm is None:
         raise SystemExit("--nvrtc needs NVRTC, cuobjdump and nvdisasm (pip install nvidia-cuda-nvrtc "
                          "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
-    wk = tuple(f"w4a16_wkc<F16,{','.join(map(str, c))}>" for c in cfgs if len(c) == 6)
+    wk = tuple(f"w4a16_wk{'c' if len(c) == 6 else ''}<F16,{','.join(map(str, c))}>" for c in cfgs if len(c) in (5, 6))
     wg = tuple(_wg_name("F16", c) for c in cfgs if len(c) == 4)
     sass, logs = "", ""
     env = {**os.environ, "PATH": f"{Path(nvdisasm).parent}{os.pathsep}{os.environ.get('PATH', '')}"}

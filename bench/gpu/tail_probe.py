@@ -6,8 +6,8 @@ them resident (``cluster_probe.py``): the last two tiles run as a second wave. T
 ``--k``), with CUDA events around batches queued behind a spin kernel (``gpu_kernels._timer``, weight sets rotated so
 that L2 cannot hold them):
 
-- ``table``: the op at N = ``--n`` as the table chooses; ``table, tail on``: the same with ``SHMRPC_W4A16_TAIL=1``
-  (the op's own split: ``quant._wg_tailed``);
+- ``table``: the op at N = ``--n`` as the table chooses (733592a's op also had ``table, tail on``: its own split,
+  the tail forked as below, since removed: docs/kernels.md);
 - ``main``: the op forced to ``--cfg`` at N = n - ``--tail-cols`` (one wave);
 - ``tail CFG``: the op forced to each of ``--tail-cfgs`` at N = ``--tail-cols`` alone;
 - ``serial CFG``: main, then that tail, on one stream;
@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     side = cp.cuda.Stream(non_blocking=True)
     it = iter(range(10**9))
 
-    def run(calls: list[Any], cfg: tuple[int, ...] | None, pdl: bool, tail: bool = False) -> Any:
-        with use_tuning(mma_cfg=cfg, pdl=pdl, tail=tail):
+    def run(calls: list[Any], cfg: tuple[int, ...] | None, pdl: bool) -> Any:
+        with use_tuning(mma_cfg=cfg, pdl=pdl):
             return spec.cupy(calls[next(it) % len(calls)])["out"]
 
     def serial(tail_cfg: tuple[int, ...], pdl: bool) -> Any:
@@ -90,7 +90,6 @@ def main(argv: list[str] | None = None) -> int:
         return out
 
     cases: list[tuple[str, Any]] = [("table", lambda pdl: run(full, None, pdl)),
-                                    ("table, tail on", lambda pdl: run(full, None, pdl, True)),
                                     (f"main {args.cfg} N={n_main}", lambda pdl: run(main_calls, main_cfg, pdl))]
     for text in args.tail_cfgs.split(";"):
         c = _cfg(text)

@@ -10,7 +10,6 @@ from shmrpc.kernels._w4a16_config import (
     _MMA_TABLE,
     _MMA_VARIANTS,
     _WG_PER_SM,
-    _WG_TAIL,
     _WG_VARIANTS,
     _WK_SMEM_MAX,
     _WK_VARIANTS,
@@ -32,7 +31,6 @@ from shmrpc.kernels._w4a16_config import (
     w4a16_mma_launch,
     w4a16_wg_launch,
     w4a16_wk_launch,
-    wg_tail_split,
 )
 
 
@@ -372,28 +370,3 @@ def test_launch_of_a_shape_is_its_geometry_kept(cfg) -> None:
         (tiles, ksplit), cpb = w4a16_mma_launch(m, k, n, 132, cfg)
         assert launch.grid == (tiles, ksplit) and launch.smem == 0 and launch.partials == (ksplit * m * n if ksplit > 1 else 1)
     assert launch.tail[4] == cpb and launch.names is _mma_names("BF16") or len(cfg) == 4
-
-
-@pytest.fixture
-def tail_on():
-    with use_tuning(tail=True) as t:
-        yield t
-
-
-def test_wg_tail_split_takes_the_tiles_past_the_resident_clusters(tail_on) -> None:
-    """w4a16_wgc at N columns needs N / (128 NWORD) clusters: where the device keeps fewer resident, the first wave
-    takes as many tiles as it keeps, and a tail launch the rest (up to 8 tiles); never otherwise."""
-    cfg = (4, 1, 4, 8)
-    tail = _WG_TAIL[cfg]
-    assert tail in _WG_VARIANTS and tail[:3] == cfg[:3] and tail[3] < cfg[3]
-    assert wg_tail_split(8192, cfg, 62) == (62 * 128, tail)  # the H200: 64 clusters asked, 62 resident
-    assert wg_tail_split(8192, cfg, 56) == (56 * 128, tail)
-    assert wg_tail_split(8192, cfg, 55) is None  # more than 8 tiles left: a second wave is the lesser cost
-    assert wg_tail_split(8192, cfg, 64) is None and wg_tail_split(8192, cfg, 80) is None  # all resident
-    assert wg_tail_split(8192, cfg, None) is None and wg_tail_split(8192, cfg, 0) is None  # the driver did not say
-    assert wg_tail_split(8192, (4, 1, 4, 4), 10) is None  # no tail configuration for it
-    assert wg_tail_split(1024, cfg, 6) == (768, tail)
-    with use_tuning(tail=False):
-        assert wg_tail_split(8192, cfg, 62) is None
-    assert W4A16Tuning.from_env({"SHMRPC_W4A16_TAIL": "1"}).tail is True
-    assert W4A16Tuning.from_env({}).tail is False
