@@ -1,0 +1,105 @@
+"""Probe: gemm_w4a16's w4a16_wk / w4a16_wkc kernels built with compile-time switches of ``cuda/w4a16_mma.cu`` (probe
+builds: ``-DW4_ROT=1`` and the like) against the product build, at the same shapes and configurations.
+
+For each case ``M,K,N:configuration`` of ``--cases`` (six numbers: w4a16_wk, seven: w4a16_wkc) and each build of
+``--defs`` (';'-separated; the empty one is the op itself, forced to the configuration), it times one call after
+another as a programmatic dependent launch (``gpu_kernels._timer``: CUDA events around batches queued behind a spin
+kernel, median of 5 batches, weight sets rotated so that L2 cannot hold them), and compares the output with the op's
+(float16, relative to max |out|). Prints a table and writes JSON (date, commit from SHMRPC_COMMIT, device, command) to
+``--out``.
+
+    python3 bench/gpu/macro_probe.py --out bench/results/macro-probe-DATE-COMMIT.json \\
+        --cases "1,4096,14336:0,4,8,1,3,1" --defs ";-DW4_ROT=1;-DW4_ROT=2"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gpu_kernels import _timer, in_specs_of, probe_record, w4a16_sets  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--cases", required=True, help="M,K,N:configuration;...")
+    ap.add_argument("--defs", default=";-DW4_ROT=1;-DW4_ROT=2", help="';'-separated builds (space-separated options)")
+    args = ap.parse_args(argv)
+    import cupy as cp
+
+    from shmrpc.kernels import REGISTRY, TensorSpec
+    from shmrpc.kernels._cuda import sm_count, source
+    from shmrpc.kernels._registry import OpCall
+    from shmrpc.kernels._w4a16_config import _wk_name, w4a16_wk_launch
+    from shmrpc.kernels.quant import use_tuning, wk_launch
+
+    n_sm = sm_count()
+    res: dict[str, Any] = {**probe_record(cp, "bench/gpu/macro_probe.py", argv, n_sm), "mode": "macro-probe", "rows": []}
+    spec = REGISTRY.get("gemm_w4a16")
+    cases = [(tuple(int(v) for v in c.split(":")[0].split(",")), tuple(int(v) for v in c.split(":")[1].split(",")))
+             for c in args.cases.split(";") if c]
+    builds = args.defs.split(";")
+    mods: dict[str, Any] = {}
+    names = sorted({_wk_name("F16", cfg) for _, cfg in cases})
+    print(f"{'case':<34} {'build':<16} {'us':>7} {'max diff':>9}")
+    for (m, k, n), cfg in cases:
+        gs, g = 128, k // 128
+        sets, rs = w4a16_sets(cp, k, n, gs, 60 << 20)
+        x = (rs.standard_normal((m, k)) / np.sqrt(k)).astype(cp.float16)
+        calls = [OpCall(cp, {"x": x, "qweight": q, "scales": s, "zeros": z}, in_specs_of(TensorSpec, m, k, n, g),
+                        {"out": TensorSpec((m, n), "float16")}, {}, {}, {}) for q, s, z in sets]
+        (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, n_sm, cfg)
+        partial = cp.empty((max(1, ksplit * m * n) if len(cfg) == 6 else 1,), dtype=cp.float32)
+        counters = cp.zeros((max(tiles, 1024),), dtype=cp.uint32)
+        out = cp.empty((m, n), dtype=cp.float16)
+        with use_tuning(mma_cfg=cfg, mma_m1=True):
+            want = spec.cupy(calls[0])["out"].astype(cp.float32)
+        scale = float(cp.abs(want).max()) or 1.0
+        for opts in builds:
+            row: dict[str, Any] = {"M": m, "K": k, "N": n, "cfg": list(cfg), "build": opts or "product"}
+            it = iter(range(10**9))
+            if not opts:
+                def once(it: Any = it, cfg: tuple[int, ...] = cfg, calls: list[Any] = calls) -> Any:
+                    with use_tuning(mma_cfg=cfg, mma_m1=True):
+                        return spec.cupy(calls[next(it) % len(calls)])["out"]
+                got = once()
+            else:
+                if opts not in mods:
+                    mods[opts] = cp.RawModule(code=source("w4a16_mma.cu"), options=("-std=c++17", *opts.split()),
+                                              name_expressions=names)
+                fn = mods[opts].get_function(_wk_name("F16", cfg))
+                tail = (partial, counters, out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb)))
+
+                def once(it: Any = it, fn: Any = fn, tail: tuple[Any, ...] = tail, grid: tuple[int, int] = (tiles, ksplit),
+                         warps: int = cfg[2], smem: int = smem, calls: list[Any] = calls) -> Any:
+                    c = calls[next(it) % len(calls)].inputs
+                    wk_launch(fn, grid, warps, smem, (c["x"], c["qweight"], c["scales"], c["zeros"], *tail), pdl=True)
+                    return tail[2]
+                it0 = iter(range(10**9))
+                c0 = calls[next(it0)].inputs
+                wk_launch(fn, (tiles, ksplit), cfg[2], smem, (c0["x"], c0["qweight"], c0["scales"], c0["zeros"], *tail),
+                          pdl=True)
+                got = out
+            row["max_diff"] = float(cp.abs(got.astype(cp.float32) - want).max()) / scale
+            row["seconds"] = _timer(cp, once, args.reps)
+            res["rows"].append(row)
+            print(f"{m},{k},{n}:{','.join(map(str, cfg)):<22} {row['build']:<16} {row['seconds'] * 1e6:7.2f} "
+                  f"{row['max_diff']:9.1e}", flush=True)
+        sets.clear()
+        cp.get_default_memory_pool().free_all_blocks()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
