@@ -515,9 +515,6 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 #ifndef W4_PUSH
 #define W4_PUSH 1  // 0 (test and probe builds only): w4a16_wkc at CL = 2 keeps the two cluster barriers at one m-block too
 #endif
-#ifndef W4_ROT
-#define W4_ROT 0  // 1, 2 (probe builds only): each block's warps start their chunk runs at chunk rot (wk_body), so
-#endif          // the blocks of a launch stream different bands of K at once: 1 rot = block % runs, 2 spread evenly
 #ifndef W4_LDSM
 #define W4_LDSM 1  // 0 (probe builds only): the A fragments read as 32-bit words, all four k16 steps before the math
 #endif
@@ -676,9 +673,6 @@ __device__ __forceinline__ void wk_body(
   const int c_begin = min((int)blockIdx.y * cpb, n_chunks), c_end = min(c_begin + cpb, n_chunks);
   const int nloc = (W4_PROBE & 16) ? 0 : c_end - c_begin > warp ? (c_end - c_begin - warp + WK - 1) / WK : 0;
   const int ksplit = gridDim.y;
-  // W4_ROT: this warp's runs of chunks rotated by rot (its chunk i is its run (i + rot) % nloc)
-  const int rot = (W4_ROT == 0 || nloc == 0) ? 0
-                  : W4_ROT == 1 ? (int)(blockIdx.x % (unsigned)nloc) : (int)((blockIdx.x * (unsigned)nloc) / gridDim.x);
   if (W4_PROBE & 64) return;
   unsigned char* wsm = dsm + warp * (S * STAGE);
   float* tile = reinterpret_cast<float*>(dsm + WK * S * STAGE);
@@ -733,7 +727,7 @@ __device__ __forceinline__ void wk_body(
     const unsigned char* pf = qweight + (u64)lane * N + col0;
     const int npf = min(nloc, W4_PDL_PF);
     for (int j = 0; j < npf; ++j) {
-      const unsigned char* p = pf + (u64)(c_begin + warp + WK * ((j + rot) % nloc)) * w_chunk;
+      const unsigned char* p = pf + (u64)(c_begin + warp + WK * j) * w_chunk;
 #pragma unroll
       for (int b = 0; b < BC; b += 128) asm volatile("prefetch.global.L2 [%0];" :: "l"(p + b));
     }
@@ -752,7 +746,7 @@ __device__ __forceinline__ void wk_body(
     // the next chunk to copy: its index, its stage and its sources, advanced by one of this warp's chunks per issue (the
     // calls come in order j = 0, 1, ...), so a chunk's copies cost adds, not 64-bit products and a division by S.
     // This lane's activation pieces: p = lane + 32 it, row p / 8 = lane / 8 + 4 it, piece p % 8 = lane % 8
-    int nx_ch = c_begin + warp + WK * rot, nx_stage = gb % S, nx_left = nloc - rot;  // nx_left: issues before the wrap
+    int nx_ch = c_begin + warp, nx_stage = gb % S;
     const unsigned char* nx_w = w_src + (u64)nx_ch * w_chunk;
     const u16* nx_x = x + (u64)(m0 + (lane >> 3)) * K + (u64)nx_ch * 64 + 8 * (lane & 7);
     const u64 x_it = 4ull * (u64)K;  // 4 rows of x
@@ -791,11 +785,6 @@ __device__ __forceinline__ void wk_body(
       nx_stage = nx_stage + 1 == S ? 0 : nx_stage + 1;
       nx_w += WK * w_chunk;
       nx_x += WK * 64;
-      if (W4_ROT && --nx_left == 0) {  // past the warp's last run: on at its first
-        nx_ch -= WK * nloc;
-        nx_w -= (u64)(WK * nloc) * w_chunk;
-        nx_x -= WK * nloc * 64;
-      }
     };
     float acc[MTA][NT][4];  // TR: acc[nb][p] for B operand nb, A-tile p < NT/2
     u32 sink = 0u;           // W4_PROBE bit 3 only
@@ -818,7 +807,7 @@ __device__ __forceinline__ void wk_body(
       if (i + S - 1 < nloc && !(W4_PROBE & 2)) issue(i + S - 1);
       cp_async_commit();
       if (W4_PROBE & 1) continue;
-      const int ch = c_begin + warp + WK * (W4_ROT && i + rot >= nloc ? i + rot - nloc : i + rot);
+      const int ch = c_begin + warp + WK * i;
       const unsigned char* st = wsm + rs * STAGE;
       u32 a[4][MTA][4];  // TR: [stp][nb][0] and [stp][nb][2] are B operand nb (x rows 8*nb + g)
       // LDSM: a[stp] is read by ldmatrix inside the k16 loop below (fewer live registers, a quarter of the loads)
