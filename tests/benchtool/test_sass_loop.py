@@ -104,11 +104,14 @@ def _nvrtc_tools() -> bool:
 @pytest.mark.skipif(not _nvrtc_tools(), reason="needs NVRTC, cuobjdump and nvdisasm (pip install nvidia-cuda-nvrtc "
                                                "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
 def test_the_op_s_own_build_without_a_gpu(tmp_path) -> None:
-    """--nvrtc: the modules built as the op builds them; each kernel's chunk loop found, with its HMMA or HGMMA."""
-    sass, log = sass_loop.build_nvrtc([(0, 4, 8, 3, 1, 2), (4, 1, 4, 8)], tmp_path)
+    """--nvrtc: the modules built as the op builds them; each kernel's chunk loop found, with its HMMA or HGMMA (six
+    numbers: w4a16_wkc, five: w4a16_wk, four: w4a16_wgc)."""
+    sass, log = sass_loop.build_nvrtc([(0, 4, 8, 3, 1, 2), (0, 4, 8, 3, 1), (4, 1, 4, 8)], tmp_path)
     funcs = sass_loop.parse_sass(sass)
     regs = sass_loop.registers(log)
     wk = next(n for n in funcs if n.startswith("_Z9w4a16_wkc"))
     wg = next(n for n in funcs if n.startswith("_Z9w4a16_wgc"))
     assert sass_loop.chunk_loop(funcs[wk])[2]["HMMA"] > 0 and sass_loop.chunk_loop(funcs[wg])[2]["HGMMA"] > 0
     assert 0 < regs[wk] <= 255 and 0 < regs[wg] <= 255
+    plain = next(n for n in funcs if n.startswith("_Z8w4a16_wkI"))
+    assert sass_loop.template_args(plain) == [0, 4, 8, 3, 1] and sass_loop.chunk_loop(funcs[plain])[2]["HMMA"] > 0
