@@ -13,7 +13,10 @@ Both run a server in a child process and a client in this process, with ``time.p
 
 A server's "sent" is stamped as its send is called: stamped after it, a server descheduled right after its send
 (a loaded machine) would make the client's receive come "before" it. So the send's own time counts in the next
-interval ("... sent to the client's receive"), on both transports alike.
+interval ("... sent to the client's receive"), on both transports alike. The client's send is stamped after it returns
+("client: socket send"): a client preempted inside its send while the server runs (two busy cores) makes the next
+interval ("sent to the worker's wake-up", "sent to the server's receive") negative; their sum is the time from the
+send's call to the wake-up.
 
 Prints the median of each interval over the last half of the calls, per round, and writes them to
 ``--out``. The stamps cost a little themselves on both: compare the two, not these with untraced runs.
