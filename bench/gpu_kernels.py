@@ -123,6 +123,13 @@ def probe_record(cp: Any, script: str, argv: list[str] | None, n_sm: int) -> dic
         "timer": "CUDA events around batches of --reps calls queued behind a spin kernel, median of 5 batches"}
 
 
+def write_json(path: str, res: dict[str, Any]) -> None:
+    """A probe's document written to ``path`` (its folder made), indented."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+
+
 def w4a16_sets(cp: Any, k: int, n: int, gs: int = 128, l2_bytes: int = 60 << 20) -> tuple[list[tuple[Any, Any, Any]], Any]:
     """Enough (qweight, scales, zeros) sets of a K x N int4 weight that rotating through them keeps it out of L2
     (three times ``l2_bytes`` in all, two sets at least), and the random state they came from (seed 0)."""

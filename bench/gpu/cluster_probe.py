@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpu_kernels import _timer, in_specs_of, probe_record, w4a16_sets  # noqa: E402
+from gpu_kernels import _timer, in_specs_of, probe_record, w4a16_sets, write_json  # noqa: E402
 
 # (M, K, N), configuration: the table's cluster kernels at the shapes, and the kernel without a split (The run
 # of 451995b timed w4a16_wks there, stream-K in clusters of 8, since removed: 15 clusters of 8 fit, docs/kernels.md.)
@@ -76,9 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         print({kk: (round(v * 1e6, 2) if kk.endswith("seconds") else v) for kk, v in row.items()}, flush=True)
         sets.clear()
         cp.get_default_memory_pool().free_all_blocks()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    write_json(args.out, res)
     return 0
 
 

@@ -15,7 +15,6 @@ kernel, median of 5 batches, weight sets rotated so that L2 cannot hold them), a
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpu_kernels import _timer, in_specs_of, probe_record, w4a16_sets  # noqa: E402
+from gpu_kernels import _timer, in_specs_of, probe_record, w4a16_sets, write_json  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['max_diff']:9.1e}", flush=True)
         sets.clear()
         cp.get_default_memory_pool().free_all_blocks()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    write_json(args.out, res)
     return 0
 
 

@@ -13,13 +13,12 @@ device, command) to ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpu_kernels import _timer, probe_record  # noqa: E402
+from gpu_kernels import _timer, probe_record, write_json  # noqa: E402
 
 _SRC = r"""
 __device__ __forceinline__ uint4 ld_nc4(const uint4* p) {
@@ -97,9 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{k:>6} x {n:<6} {tiles:>6} {layout:>10} {s * 1e6:8.2f} {nbytes / s / 1e9:8.0f}", flush=True)
         ws.clear()
         cp.get_default_memory_pool().free_all_blocks()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    write_json(args.out, res)
     return 0
 
 

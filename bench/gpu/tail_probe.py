@@ -23,13 +23,12 @@ commit from SHMRPC_COMMIT, device, command) to ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpu_kernels import _timer, in_specs_of, probe_record, w4a16_sets  # noqa: E402
+from gpu_kernels import _timer, in_specs_of, probe_record, w4a16_sets, write_json  # noqa: E402
 
 
 def _cfg(text: str) -> tuple[int, ...]:
@@ -104,9 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         res["rows"].append(row)
         print(f"{'':>{len(f'M={m} K={k} N={args.n}: ')}}{label:<32} {row['pdl_seconds'] * 1e6:8.1f} "
               f"{row['plain_seconds'] * 1e6:9.1f}", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    write_json(args.out, res)
     return 0
 
 
