@@ -39,12 +39,14 @@ __device__ __forceinline__ float ld_cg_f32(const float* p) {
 // NOTE: order is important here: partials written -> fence -> count; the last block fences again -> reads.
 // Every thread of the block calls it (barriers inside).
 __device__ __forceinline__ bool last_of_split(unsigned int* counters, int ksplit) {
-  __shared__ unsigned int is_last;
+  // thread 0's answer reaches the block through __syncthreads_or, not a __shared__ variable: static shared memory would
+  // move the dynamic shared memory of the kernels that stage in it (w4a16_wk, w4a16_wkm) off 128-byte alignment, and
+  // their copies would then take twice the L2 sectors and three times the shared-memory wavefronts (docs/kernels.md)
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) is_last = (atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(ksplit - 1));
-  __syncthreads();
-  if (!is_last) return false;
+  int last = 0;
+  if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(ksplit - 1);
+  if (!__syncthreads_or(last)) return false;
   __threadfence();
   return true;
 }
