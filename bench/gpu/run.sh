@@ -72,6 +72,9 @@
 #           occupancy) on the kernel gemm_w4a16 launches for M in NCU_MS (default 1 16 64) at 8192 x 8192, driven by
 #           bench/gpu/w4a16_ncu.py -> $OUT/ncu-w4a16-mM.txt; NCU_OPCODES=1: the executed instructions by opcode and
 #           the pipes' utilization instead -> $OUT/ncu-w4a16-opcodes-mM.txt
+#   ncul2   Nsight Compute: the L2 sectors gemm_w4a16's kernels ask for against the DRAM bytes, the copies' shared-memory
+#           wavefronts, per case of NCUL2_CASES (label:cfg:M:K:N; default w4a16_wk at 112 and 128 blocks, w4a16_wkc at 128,
+#           w4a16_wk at 64) -> $OUT/ncu-l2-LABEL.txt
 #   graphs  the CUDA graphs of batches and of chunked runs: bench/gpu/tiny_probe.py --batch (in process), the
 #           256 MiB request through the worker without its graph and with it, launched by the loop or run by an
 #           executor thread, over ZeroMQ and through both lanes (bench/gpu_e2e.py --only graphs)
@@ -307,6 +310,17 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
         grep -E "^M=|w4a16|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issue Slots Busy|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|stalled_(long_scoreboard|short_scoreboard|barrier|wait|math_pipe|mio|lg_throttle|not_selected|selected|dispatch|no_instruction|branch|membar|sleeping|tex|drain|misc|imc)" \
           "$OUT/ncu-w4a16-m$mm.txt" | head -40
       done ;;
+    ncul2)  # L2 requests against DRAM bytes of gemm_w4a16's kernels (docs/kernels.md, "Where M = 1 at 4096x14336 loses its
+      # time"): NCUL2_CASES, space-separated label:cfg:M:K:N (cfg empty: the table's; commas as in SHMRPC_W4A16_MMA_CFG)
+      # -> $OUT/ncu-l2-LABEL.txt
+      met="dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,l1tex__m_xbar2l1tex_read_sectors.sum,smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldgsts.sum,smsp__inst_executed_op_ldgsts.sum,gpu__time_duration.sum"
+      for c in ${NCUL2_CASES:-wk112::1:4096:14336 wk128::1:4096:16384 wkc128::1:8192:8192 wk64:0,4,8,0,3,1:1:8192:8192}; do
+        IFS=: read -r label cfg mm kk nn <<< "$c"
+        echo "== ncu (L2): $label M=$mm K=$kk N=$nn cfg=${cfg:-table}"
+        SHMRPC_W4A16_MMA_CFG="$cfg" timeout 120 ncu --kernel-name regex:w4a16 --launch-skip 20 --launch-count 1 --metrics "$met" \
+          python3 bench/gpu/w4a16_ncu.py --m "$mm" --k "$kk" --n "$nn" > "$OUT/ncu-l2-$label.txt" 2>&1
+        grep -E "w4a16_w|dram__|lts__|xbar|wavefronts|inst_executed|gpu__time" "$OUT/ncu-l2-$label.txt" | cut -c1-120 | head -9
+      done ;;
     graphs)
       echo "== bench/gpu/tiny_probe.py --batch"
       timeout 90 python3 bench/gpu/tiny_probe.py --batch --out "$OUT/gpu-batch-graphs.json" 2>&1 | tail -12
@@ -472,7 +486,7 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
       echo "== bench/async_loop_ab.py (wrap_future vs direct finish, 3 rounds)"
       timeout 60 python3 bench/async_loop_ab.py --rounds 3 --out "$OUT/bench-async-gpuhost-loop-ab.json" \
         2>&1 | tail -16 ;;
-    *) echo "unknown stage $stage (suite, gputests, kernels, gpu, lat, bw, spin, probe, model, small, pin, gemmpin, graphspin, smallgpu, sweep, sweepgpu, pool, ab, gemmab, w4a16, graphs, gemmprof, inline1m, singlesab, loop)" ;;
+    *) echo "unknown stage $stage (suite, gputests, kernels, ncul2, gpu, lat, bw, spin, probe, model, small, pin, gemmpin, graphspin, smallgpu, sweep, sweepgpu, pool, ab, gemmab, w4a16, graphs, gemmprof, inline1m, singlesab, loop)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"
