@@ -277,7 +277,7 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
         for tree in $(trees_of_round "$r"); do
           site=/tmp/site commit=${SHMRPC_COMMIT:-}; [ "$tree" = base ] && site=/tmp/site-base:/tmp/site commit=${BASE_COMMIT:-base}
           echo "== round $r, $tree: bench/gpu/w4a16_probe.py ${W4_PROBE_ARGS:-}"
-          PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 100 python3 bench/gpu/w4a16_probe.py ${W4_PROBE_ARGS:-} \
+          PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 150 python3 bench/gpu/w4a16_probe.py ${W4_PROBE_ARGS:-} \
             --out "$OUT/w4a16-probe-$tree-r$r.json" > "$OUT/w4a16-probe-$tree-r$r.log" 2>&1
           grep -E "product" "$OUT/w4a16-probe-$tree-r$r.log"
         done
