@@ -515,9 +515,6 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 #ifndef W4_PUSH
 #define W4_PUSH 1  // 0 (test and probe builds only): w4a16_wkc at CL = 2 keeps the two cluster barriers at one m-block too
 #endif
-#ifndef W4_RUN
-#define W4_RUN 2  // chunks a warp of a FIX kernel (MT <= 0) takes one after another (1: probe builds, the kernel before)
-#endif
 #ifndef W4_LDSM
 #define W4_LDSM 1  // 0 (probe builds only): the A fragments read as 32-bit words, all four k16 steps before the math
 #endif
@@ -648,9 +645,9 @@ __device__ __forceinline__ void wk_body(
   constexpr bool TR = MT <= 0;
   constexpr int NB = TR ? (MT == 0 ? 1 : -MT) : 0;  // TR: B operands of 8 activation rows
   constexpr bool LDSM = XSM && !TR && W4_LDSM;  // A fragments from the staged activations by ldmatrix
-  // MT <= 0: the weights enter the mma as MAGIC + q (dq_raw: PRMT + LOP3 per pair, no HADD2 / HMUL2), into float32
-  // sums over the chunks of one group a warp takes in a run (RUN, below); a ones-mma sums each activation row over them;
-  // after the group's last such chunk per column acc += s * (sum - (MAGIC + z) * rowsum), in float32 (the weights never rounded to the input type). In float16
+  // MT <= 0: the weights enter the mma as MAGIC + q (dq_raw: PRMT + LOP3 per pair, no HADD2 / HMUL2), into per-chunk
+  // float32 sums; a ones-mma sums each activation row over the chunk; at the chunk's end per column
+  // acc += s * (sum - (MAGIC + z) * rowsum), in float32 (the weights never rounded to the input type). In float16
   // (SUB) as q * 2^-24 instead (dq_sub: one PRMT per pair), the ones 2^-24 too, without MAGIC in the correction
   constexpr bool FIX = TR && W4_FIX;
   constexpr bool SUB = FIX && W4_SUB && O::SUB;  // the weights enter as q * 2^-24 (dq_sub), float16 only
@@ -674,14 +671,7 @@ __device__ __forceinline__ void wk_body(
   const int col0 = blockIdx.x * BC;
   const int n_chunks = K >> 6;
   const int c_begin = min((int)blockIdx.y * cpb, n_chunks), c_end = min(c_begin + cpb, n_chunks);
-  // the warp's chunks: runs of RUN consecutive chunks, run r of warp w at c_begin + RUN * (w + WK * r), so that at any
-  // time the WK warps read neighbouring rows. FIX kernels take runs of W4_RUN: the chunks of a run that share a quant
-  // group (group_rows / 32 chunks) add their sums and row sums before one correction per group instead of one per chunk
-  constexpr int RUN = FIX ? W4_RUN : 1;
-  static_assert(RUN >= 1, "W4_RUN >= 1");
-  auto chunk_of = [&](int j) { return c_begin + RUN * warp + (j % RUN) + RUN * WK * (j / RUN); };
-  const int nall = (W4_PROBE & 16) ? 0 : c_end - c_begin, nrem = nall % (RUN * WK);
-  const int nloc = nall / (RUN * WK) * RUN + min(max(nrem - RUN * warp, 0), RUN);
+  const int nloc = (W4_PROBE & 16) ? 0 : c_end - c_begin > warp ? (c_end - c_begin - warp + WK - 1) / WK : 0;
   const int ksplit = gridDim.y;
   if (W4_PROBE & 64) return;
   unsigned char* wsm = dsm + warp * (S * STAGE);
@@ -724,8 +714,7 @@ __device__ __forceinline__ void wk_body(
   const int lrow = lane / NP, lc16 = lane % NP;
   const u32 wsm_s = smem_addr(wsm), w_dst = (u32)(lrow * BC + 16 * (lc16 ^ wk_swz<NWORD>(lrow)));
   const unsigned char* w_src = qweight + (u64)lrow * N + col0 + 16 * lc16;
-  constexpr int JUMP = RUN * WK - (RUN - 1);  // from the last chunk of a warp's run to its next run's first
-  const u64 w_chunk = 32ull * (u64)N, w_piece = (u64)RPI * (u64)N, w_jump = (u64)JUMP * w_chunk;
+  const u64 w_chunk = 32ull * (u64)N, w_piece = (u64)RPI * (u64)N;
   const bool sz_lane = lane < BC / 4;
   const int sz_which = lane / (BC / 8), sz_off = lane % (BC / 8);
   const u16* sz_src = (sz_which ? zeros : scales) + col0 + 8 * sz_off;
@@ -738,7 +727,7 @@ __device__ __forceinline__ void wk_body(
     const unsigned char* pf = qweight + (u64)lane * N + col0;
     const int npf = min(nloc, W4_PDL_PF);
     for (int j = 0; j < npf; ++j) {
-      const unsigned char* p = pf + (u64)chunk_of(j) * w_chunk;
+      const unsigned char* p = pf + (u64)(c_begin + warp + WK * j) * w_chunk;
 #pragma unroll
       for (int b = 0; b < BC; b += 128) asm volatile("prefetch.global.L2 [%0];" :: "l"(p + b));
     }
@@ -757,7 +746,7 @@ __device__ __forceinline__ void wk_body(
     // the next chunk to copy: its index, its stage and its sources, advanced by one of this warp's chunks per issue (the
     // calls come in order j = 0, 1, ...), so a chunk's copies cost adds, not 64-bit products and a division by S.
     // This lane's activation pieces: p = lane + 32 it, row p / 8 = lane / 8 + 4 it, piece p % 8 = lane % 8
-    int nx_ch = chunk_of(0), nx_stage = gb % S, nx_run = 0;
+    int nx_ch = c_begin + warp, nx_stage = gb % S;
     const unsigned char* nx_w = w_src + (u64)nx_ch * w_chunk;
     const u16* nx_x = x + (u64)(m0 + (lane >> 3)) * K + (u64)nx_ch * 64 + 8 * (lane & 7);
     const u64 x_it = 4ull * (u64)K;  // 4 rows of x
@@ -792,12 +781,10 @@ __device__ __forceinline__ void wk_body(
             cp_async16_s(st_s + (u32)(WB + SZB + row * XROW + 16 * x_piece<XSW>(row & 7, lane & 7)), nx_x + it * x_it);
         }
       }
-      const bool jump = ++nx_run == RUN;  // to chunk_of(j + 1): the next chunk of the run, or the next run's first
-      nx_run = jump ? 0 : nx_run;
-      nx_ch += jump ? JUMP : 1;
+      nx_ch += WK;
       nx_stage = nx_stage + 1 == S ? 0 : nx_stage + 1;
-      nx_w += jump ? w_jump : w_chunk;
-      nx_x += jump ? JUMP * 64 : 64;
+      nx_w += WK * w_chunk;
+      nx_x += WK * 64;
     };
     float acc[MTA][NT][4];  // TR: acc[nb][p] for B operand nb, A-tile p < NT/2
     u32 sink = 0u;           // W4_PROBE bit 3 only
@@ -805,36 +792,22 @@ __device__ __forceinline__ void wk_body(
     for (int mt = 0; mt < MTA; ++mt)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
-    constexpr int NC = FIX ? NT / 2 : 1;  // FIX: the A-tiles' sums over the chunks of one group in a run
-    float accc[MTA][NC][4], xsum[MTA][4];  // FIX: those sums, and the activation rows' sums (per B operand)
-    auto zero_run = [&]() {
-#pragma unroll
-      for (int nb = 0; nb < MTA; ++nb) {
-        xsum[nb][0] = xsum[nb][1] = xsum[nb][2] = xsum[nb][3] = 0.f;
-#pragma unroll
-        for (int p = 0; p < NC; ++p) accc[nb][p][0] = accc[nb][p][1] = accc[nb][p][2] = accc[nb][p][3] = 0.f;
-      }
-    };
-    if (FIX) zero_run();
 #pragma unroll
     for (int s = 0; s < S - 1; ++s) {
       if (s < nloc) issue(s);
       cp_async_commit();
     }
     int rd_stage = gb % S;  // the stage of chunk i
-    int rd_ch = chunk_of(0), rd_run = 0;  // chunk i, and its place in its run
     for (int i = 0; i < nloc; ++i) {
       const int rs = rd_stage;
       rd_stage = rd_stage + 1 == S ? 0 : rd_stage + 1;
-      const int ch = rd_ch;  // then chunk i + 1 (past the warp's last chunk when i + 1 == nloc)
-      rd_ch += ++rd_run == RUN ? JUMP : 1;
-      rd_run = rd_run == RUN ? 0 : rd_run;
       cp_async_wait<S - 2>();
       __syncwarp();
       if (XM > 0) mbar_wait(fbar + 8 * ((gb + i) % S), (u32)(((gb + i) / S) & 1));  // the CN blocks' rows landed
       if (i + S - 1 < nloc && !(W4_PROBE & 2)) issue(i + S - 1);
       cp_async_commit();
       if (W4_PROBE & 1) continue;
+      const int ch = c_begin + warp + WK * i;
       const unsigned char* st = wsm + rs * STAGE;
       u32 a[4][MTA][4];  // TR: [stp][nb][0] and [stp][nb][2] are B operand nb (x rows 8*nb + g)
       // LDSM: a[stp] is read by ldmatrix inside the k16 loop below (fewer live registers, a quarter of the loads)
@@ -867,6 +840,16 @@ __device__ __forceinline__ void wk_body(
       if (!FIX) {
 #pragma unroll
         for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
+      }
+      constexpr int NC = FIX ? NT / 2 : 1;  // FIX: the A-tiles' per-chunk sums
+      float accc[MTA][NC][4], xsum[MTA][4];  // FIX: this chunk's sums, row sums (per B operand)
+      if (FIX) {
+#pragma unroll
+        for (int nb = 0; nb < MTA; ++nb) {
+          xsum[nb][0] = xsum[nb][1] = xsum[nb][2] = xsum[nb][3] = 0.f;
+#pragma unroll
+          for (int p = 0; p < NC; ++p) accc[nb][p][0] = accc[nb][p][1] = accc[nb][p][2] = accc[nb][p][3] = 0.f;
+        }
       }
       // ldmatrix.x4 row addresses: lanes 0-15 rows 0-15 at k 0, lanes 16-31 rows 0-15 at k 8 of an m-tile's k16 step
       // (logical piece 2 stp + lane/16 of row mt*16 + (lane & 15), whose row & 7 is lane & 7)
@@ -927,10 +910,7 @@ __device__ __forceinline__ void wk_body(
           for (int nb = 0; nb < MTA; ++nb) O::mma(xsum[nb], ones, a[stp][nb][0], a[stp][nb][2]);
         }
       }
-      // acc[nb][p][e] (column g*NT + 2p + (e >> 1), batch row 8*nb + 2t + (e & 1)) += s * (sum - (MAGIC + z) * rowsum), once
-      // the warp's next chunk is of another group (or there is none): the sums then hold every chunk of this group the
-      // run took (the scales and zeros are the group's, in this chunk's stage)
-      if (FIX && (i + 1 == nloc || (cpg_shift >= 0 ? (rd_ch ^ ch) >> cpg_shift : rd_ch / cpg - ch / cpg))) {
+      if (FIX) {  // acc[nb][p][e] (column g*NT + 2p + (e >> 1), batch row 8*nb + 2t + (e & 1)) += s * (sum - (MAGIC + z) * rowsum)
         const u16* sh = reinterpret_cast<const u16*>(st + WB) + g * NT;  // this lane's NT scales; its zeros BC later
 #pragma unroll
         for (int p = 0; p < NC; ++p)
@@ -945,7 +925,6 @@ __device__ __forceinline__ void wk_body(
               for (int b = 0; b < 2; ++b)
                 acc[nb][p][2 * c + b] = fmaf(sc, fmaf(mz, xsum[nb][b], accc[nb][p][2 * c + b]), acc[nb][p][2 * c + b]);
           }
-        zero_run();
       }
       if (XM > 0) {  // this warp's reads of the stage are done (values in registers): release it in the CN blocks
         __syncwarp();
