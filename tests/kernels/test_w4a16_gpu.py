@@ -102,11 +102,12 @@ def test_w4a16_every_variant_without_outliers(gpu, monkeypatch, m, k, n, gs, cfg
 @pytest.mark.parametrize("cfg", ["0,4,8,1,3,1", "0,4,8,2,3,1", "0,4,8,0,3,1,2", "-2,4,8,1,3,1", "-2,4,8,0,3,1,2"])
 @pytest.mark.parametrize(("m", "k", "gs"), [(1, 1152, 128), (3, 1152, 64), (16, 1152, 128), (2, 2048, 256),
                                              (9, 4480, 128), (1, 192, 64)])
-def test_w4a16_runs_of_chunks_across_quant_groups(gpu, monkeypatch, m, k, gs, cfg, dt) -> None:
-    """The swapped-operand kernels (MT <= 0) give each warp runs of two consecutive chunks and correct the sums once per
-    quant group a run covers: 18 chunks leave warp 0 two runs and the others one; a cluster or K split that starts a
-    block at an odd chunk (9 of 18, 35 of 70) makes runs that cross a group of two chunks (group size 128); group size
-    64 is one chunk per group, 256 four (two runs per group); 3 chunks leave warps without any."""
+def test_w4a16_swapped_operands_across_quant_groups(gpu, monkeypatch, m, k, gs, cfg, dt) -> None:
+    """The swapped-operand kernels (MT <= 0) correct each chunk's sums by its quant group's zero and scale: 18 chunks
+    leave some warps one chunk more than others; a cluster or K split that starts a block at an odd chunk (9 of 18, 35
+    of 70) starts it inside a group of two chunks (group size 128); group size 64 is one chunk per group, 256 four;
+    3 chunks leave warps without any. (Written for the runs of two chunks that 88708f8 tried: it passed on the GPU with
+    them, 1357 GPU tests at d9eda08.)"""
     forced_check(gpu, monkeypatch, cfg, m, k, 512, gs, dt)
 
 
