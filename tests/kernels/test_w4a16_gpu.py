@@ -107,7 +107,7 @@ def test_w4a16_swapped_operands_across_quant_groups(gpu, monkeypatch, m, k, gs, 
     leave some warps one chunk more than others; a cluster or K split that starts a block at an odd chunk (9 of 18, 35
     of 70) starts it inside a group of two chunks (group size 128); group size 64 is one chunk per group, 256 four;
     3 chunks leave warps without any. (Written for the runs of two chunks that 88708f8 tried: it passed on the GPU with
-    them, 1357 GPU tests at d9eda08.)"""
+    them, 1357 GPU tests at d9eda08, and after the revert, 605 of this file at 6cb74a9.)"""
     forced_check(gpu, monkeypatch, cfg, m, k, 512, gs, dt)
 
 
