@@ -100,8 +100,9 @@ def build(cfgs: list[tuple[int, ...]], tmp: Path) -> tuple[str, str]:
     return sass, ptxas
 
 
-def build_nvrtc(cfgs: list[tuple[int, ...]], tmp: Path) -> tuple[str, str]:
-    """The op's own modules (NVRTC, as ``kernels/_cuda.py`` builds them) for ``cfgs``: (SASS, ptxas's log)."""
+def build_nvrtc(cfgs: list[tuple[int, ...]], tmp: Path, defs: tuple[str, ...] = ()) -> tuple[str, str]:
+    """The op's own modules (NVRTC, as ``kernels/_cuda.py`` builds them) for ``cfgs``, with the extra options ``defs``
+    (probe builds: ``-DW4_HALF=1``): (SASS, ptxas's log)."""
     import os
 
     sys.path.insert(0, str(_ROOT))
@@ -120,7 +121,7 @@ def build_nvrtc(cfgs: list[tuple[int, ...]], tmp: Path) -> tuple[str, str]:
     for file, names, arch in (("w4a16_mma.cu", wk, "sm_90"), ("w4a16_mma.cu+w4a16_wg.cu", wg, "sm_90a")):
         if not names:
             continue
-        built = compile_cubin(lib, source(file), names, arch, (*OPTIONS, "--ptxas-options=-v"))
+        built = compile_cubin(lib, source(file), names, arch, (*OPTIONS, *defs, "--ptxas-options=-v"))
         (tmp / f"{arch}.cubin").write_bytes(built.cubin)
         sass += subprocess.run([cuobjdump, "-sass", f"{arch}.cubin"], cwd=tmp, capture_output=True, text=True,
                                check=True, env=env).stdout
@@ -134,6 +135,7 @@ def main() -> int:
                     help="w4a16_wkc template arguments MT,NWORD,WK,S,XSM,CL (with --nvrtc also w4a16_wg's MT,NWORD,S,CL); "
                          "several separated by ';'")
     ap.add_argument("--nvrtc", action="store_true", help="build as the op does, with NVRTC (no nvcc, no GPU)")
+    ap.add_argument("--defs", default="", help="with --nvrtc: extra compile options, space-separated (-DW4_HALF=1)")
     ap.add_argument("--sass", help="analyse this cuobjdump -sass output instead of building")
     ap.add_argument("--ptxas", help="with --sass: the ptxas -v output of the same build (registers)")
     ap.add_argument("--note", default="", help="where a --sass dump came from (recorded in the JSON)")
@@ -145,7 +147,12 @@ def main() -> int:
     else:
         cfgs = [tuple(int(v) for v in c.split(",")) for c in args.cfgs.split(";")]
         with tempfile.TemporaryDirectory() as tmp:
-            sass, ptxas = (build_nvrtc if args.nvrtc else build)(cfgs, Path(tmp))
+            if args.nvrtc:
+                sass, ptxas = build_nvrtc(cfgs, Path(tmp), tuple(args.defs.split()))
+            else:
+                if args.defs:
+                    raise SystemExit("--defs needs --nvrtc")
+                sass, ptxas = build(cfgs, Path(tmp))
     regs = registers(ptxas)
     kernels: dict[str, Any] = {}
     for name, insns in parse_sass(sass).items():

@@ -515,6 +515,13 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 #ifndef W4_PUSH
 #define W4_PUSH 1  // 0 (test and probe builds only): w4a16_wkc at CL = 2 keeps the two cluster barriers at one m-block too
 #endif
+#ifndef W4_HALF
+#define W4_HALF 0  // 1 (probe builds only): each chunk's copies in two cp.async groups (packed rows 0-15 with the scales,
+                   // zeros and activations, then rows 16-31); the k16 steps 0-1 start once the first group has landed
+#endif
+#ifndef W4_M1
+#define W4_M1 0  // 1 (probe builds only): at M = 1 (one activation row) the chunk's correction only for batch row 2t
+#endif
 #ifndef W4_LDSM
 #define W4_LDSM 1  // 0 (probe builds only): the A fragments read as 32-bit words, all four k16 steps before the math
 #endif
@@ -651,6 +658,7 @@ __device__ __forceinline__ void wk_body(
   // (SUB) as q * 2^-24 instead (dq_sub: one PRMT per pair), the ones 2^-24 too, without MAGIC in the correction
   constexpr bool FIX = TR && W4_FIX;
   constexpr bool SUB = FIX && W4_SUB && O::SUB;  // the weights enter as q * 2^-24 (dq_sub), float16 only
+  constexpr bool HALF = W4_HALF && XM == 0;  // two copy groups per chunk (probe builds; not with packed activations)
   constexpr int MTA = TR ? NB : MT;  // m-tiles held (TR: NB 8-row B operands)
   constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = TR ? 8 * NB : 16 * MT, NP = BC / 16, XS = 72;
   // staged activation rows padded to 144 bytes (the reads of 8 rows at one k hit 32 banks); where that would not fit
@@ -737,6 +745,7 @@ __device__ __forceinline__ void wk_body(
 
   for (int m0 = 0; m0 < M; m0 += MR) {
     const int mrows = min(MR, M - m0);
+    const bool m1 = mrows == 1;  // W4_M1 only
     if (XSM && mrows < MR) {  // rows >= M stay zero: copies only ever write rows < mrows
       for (int s = 0; s < S; ++s)
         for (int i = lane; i < (MR - mrows) * (XROW / 4); i += 32)
@@ -750,11 +759,21 @@ __device__ __forceinline__ void wk_body(
     const unsigned char* nx_w = w_src + (u64)nx_ch * w_chunk;
     const u16* nx_x = x + (u64)(m0 + (lane >> 3)) * K + (u64)nx_ch * 64 + 8 * (lane & 7);
     const u64 x_it = 4ull * (u64)K;  // 4 rows of x
-    auto issue = [&](int j) {  // the warp's j-th chunk of this m-block into stage (gb + j) % S
+    // part: 0 the whole chunk; HALF: 1 its packed rows 0-15, scales, zeros and activations, 2 its rows 16-31 (then the
+    // running sources advance)
+    auto issue = [&](int j, int part) {  // the warp's j-th chunk of this m-block into stage (gb + j) % S
       const int ch = nx_ch, stage = nx_stage;
       const u32 st_s = wsm_s + (u32)(stage * STAGE);
 #pragma unroll
-      for (int i = 0; i < NP; ++i) cp_async16_s(st_s + w_dst + (u32)(i * RPI * BC), nx_w + (u64)i * w_piece);
+      for (int i = part == 2 ? NP / 2 : 0; i < (part == 1 ? NP / 2 : NP); ++i)
+        cp_async16_s(st_s + w_dst + (u32)(i * RPI * BC), nx_w + (u64)i * w_piece);
+      if (part == 2) {
+        nx_ch += WK;
+        nx_stage = nx_stage + 1 == S ? 0 : nx_stage + 1;
+        nx_w += WK * w_chunk;
+        nx_x += WK * 64;
+        return;
+      }
       if (sz_lane) cp_async16_s(st_s + sz_dst, sz_src + (u64)(cpg_shift >= 0 ? ch >> cpg_shift : ch / cpg) * N);
       if (XM > 0) {
         unsigned char* st = wsm + stage * STAGE;
@@ -781,6 +800,7 @@ __device__ __forceinline__ void wk_body(
             cp_async16_s(st_s + (u32)(WB + SZB + row * XROW + 16 * x_piece<XSW>(row & 7, lane & 7)), nx_x + it * x_it);
         }
       }
+      if (part == 1) return;
       nx_ch += WK;
       nx_stage = nx_stage + 1 == S ? 0 : nx_stage + 1;
       nx_w += WK * w_chunk;
@@ -792,20 +812,30 @@ __device__ __forceinline__ void wk_body(
     for (int mt = 0; mt < MTA; ++mt)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+    // HALF: two commit groups per chunk (issue parts 1 and 2): chunk i's first is complete once at most 2 (S - 2) + 1
+    // groups are pending, its second (after chunk i + S - 1's two are committed) once at most 2 (S - 1)
 #pragma unroll
     for (int s = 0; s < S - 1; ++s) {
-      if (s < nloc) issue(s);
+      if (s < nloc) issue(s, HALF ? 1 : 0);
       cp_async_commit();
+      if (HALF) {
+        if (s < nloc) issue(s, 2);
+        cp_async_commit();
+      }
     }
     int rd_stage = gb % S;  // the stage of chunk i
     for (int i = 0; i < nloc; ++i) {
       const int rs = rd_stage;
       rd_stage = rd_stage + 1 == S ? 0 : rd_stage + 1;
-      cp_async_wait<S - 2>();
+      cp_async_wait<HALF ? 2 * (S - 2) + 1 : S - 2>();
       __syncwarp();
       if (XM > 0) mbar_wait(fbar + 8 * ((gb + i) % S), (u32)(((gb + i) / S) & 1));  // the CN blocks' rows landed
-      if (i + S - 1 < nloc && !(W4_PROBE & 2)) issue(i + S - 1);
+      if (i + S - 1 < nloc && !(W4_PROBE & 2)) issue(i + S - 1, HALF ? 1 : 0);
       cp_async_commit();
+      if (HALF) {
+        if (i + S - 1 < nloc && !(W4_PROBE & 2)) issue(i + S - 1, 2);
+        cp_async_commit();
+      }
       if (W4_PROBE & 1) continue;
       const int ch = c_begin + warp + WK * i;
       const unsigned char* st = wsm + rs * STAGE;
@@ -856,6 +886,10 @@ __device__ __forceinline__ void wk_body(
       const u32 xa = smem_addr(st + WB + SZB) + (lane & 15) * XROW;
 #pragma unroll
       for (int stp = 0; stp < 4; ++stp) {
+        if (HALF && stp == 2) {  // packed rows 16-31 of chunk i
+          cp_async_wait<2 * (S - 1)>();
+          __syncwarp();
+        }
         if (LDSM) {
 #pragma unroll
           for (int mt = 0; mt < MTA; ++mt)
@@ -912,19 +946,23 @@ __device__ __forceinline__ void wk_body(
       }
       if (FIX) {  // acc[nb][p][e] (column g*NT + 2p + (e >> 1), batch row 8*nb + 2t + (e & 1)) += s * (sum - (MAGIC + z) * rowsum)
         const u16* sh = reinterpret_cast<const u16*>(st + WB) + g * NT;  // this lane's NT scales; its zeros BC later
+        // SUB: sum = 2^-24 sum(q x) and rowsum = 2^-24 sum(x) (the ones are 2^-24 too), so acc gathers 2^-24 s (sum(q x)
+        // - z sum(x)), which the m-block's end multiplies by 2^24 (powers of two: exact in float32)
+        auto fix = [&](int nbs) {  // batch rows 2t + b for b < nbs
 #pragma unroll
-        for (int p = 0; p < NC; ++p)
+          for (int p = 0; p < NC; ++p)
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            // SUB: sum = 2^-24 sum(q x) and rowsum = 2^-24 sum(x) (the ones are 2^-24 too), so acc gathers 2^-24 s (sum(q x)
-            // - z sum(x)), which the m-block's end multiplies by 2^24 (powers of two: exact in float32)
-            const float sc = h2f(sh[2 * p + c]), mz = SUB ? -h2f(sh[BC + 2 * p + c]) : -(O::MAGIC_F + h2f(sh[BC + 2 * p + c]));
+            for (int c = 0; c < 2; ++c) {
+              const float sc = h2f(sh[2 * p + c]), mz = SUB ? -h2f(sh[BC + 2 * p + c]) : -(O::MAGIC_F + h2f(sh[BC + 2 * p + c]));
 #pragma unroll
-            for (int nb = 0; nb < MTA; ++nb)
+              for (int nb = 0; nb < MTA; ++nb)
 #pragma unroll
-              for (int b = 0; b < 2; ++b)
-                acc[nb][p][2 * c + b] = fmaf(sc, fmaf(mz, xsum[nb][b], accc[nb][p][2 * c + b]), acc[nb][p][2 * c + b]);
-          }
+                for (int b = 0; b < nbs; ++b)
+                  acc[nb][p][2 * c + b] = fmaf(sc, fmaf(mz, xsum[nb][b], accc[nb][p][2 * c + b]), acc[nb][p][2 * c + b]);
+            }
+        };
+        if (W4_M1 && MTA == 1 && m1) fix(1);  // one activation row: batch row 2t + 1 is zero, never written out
+        else fix(2);
       }
       if (XM > 0) {  // this warp's reads of the stage are done (values in registers): release it in the CN blocks
         __syncwarp();
