@@ -516,11 +516,12 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 #define W4_PUSH 1  // 0 (test and probe builds only): w4a16_wkc at CL = 2 keeps the two cluster barriers at one m-block too
 #endif
 #ifndef W4_HALF
-#define W4_HALF 0  // 1 (probe builds only): each chunk's copies in two cp.async groups (packed rows 0-15 with the scales,
-                   // zeros and activations, then rows 16-31); the k16 steps 0-1 start once the first group has landed
+#define W4_HALF 2  // 2: at MT > 0, each chunk's copies in two cp.async groups (packed rows 0-15 with the scales, zeros and
+                   // activations, then rows 16-31), the k16 steps 0-1 started once the first group has landed; 1 (probe
+                   // builds only): at every MT; 0 (probe builds only): one group per chunk
 #endif
 #ifndef W4_M1
-#define W4_M1 0  // 1 (probe builds only): at M = 1 (one activation row) the chunk's correction only for batch row 2t
+#define W4_M1 1  // at M = 1 (one activation row) the chunk's correction only for batch row 2t (0: probe builds only)
 #endif
 #ifndef W4_LDSM
 #define W4_LDSM 1  // 0 (probe builds only): the A fragments read as 32-bit words, all four k16 steps before the math
@@ -658,7 +659,7 @@ __device__ __forceinline__ void wk_body(
   // (SUB) as q * 2^-24 instead (dq_sub: one PRMT per pair), the ones 2^-24 too, without MAGIC in the correction
   constexpr bool FIX = TR && W4_FIX;
   constexpr bool SUB = FIX && W4_SUB && O::SUB;  // the weights enter as q * 2^-24 (dq_sub), float16 only
-  constexpr bool HALF = W4_HALF && XM == 0;  // two copy groups per chunk (probe builds; not with packed activations)
+  constexpr bool HALF = XM == 0 && (W4_HALF == 1 || (W4_HALF == 2 && MT > 0));  // two copy groups per chunk
   constexpr int MTA = TR ? NB : MT;  // m-tiles held (TR: NB 8-row B operands)
   constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = TR ? 8 * NB : 16 * MT, NP = BC / 16, XS = 72;
   // staged activation rows padded to 144 bytes (the reads of 8 rows at one k hit 32 banks); where that would not fit

@@ -136,3 +136,21 @@ def test_the_product_build_takes_the_push_epilogue() -> None:
     two = compile_cubin(NVRTC, code, (name,), "sm_90", (*OPTIONS, "-DW4_PUSH=0"))
     assert push.cubin != two.cubin
     assert compile_cubin(NVRTC, code, (name,), "sm_90", (*OPTIONS, "-DW4_PUSH=1")).cubin == push.cubin
+
+
+@pytest.mark.skipif(NVRTC is None, reason="NVRTC is not installed (pip install nvidia-cuda-nvrtc, in the dev extra)")
+def test_the_product_build_splits_copies_at_mt_above_0_and_corrects_one_row_at_m_1() -> None:
+    """w4a16_wk's product build copies a chunk in two groups at MT > 0 (W4_HALF=2) and corrects one batch row at M = 1
+    (W4_M1=1): the code of an MT > 0 kernel differs from the -DW4_HALF=0 build's, that of an MT = 0 kernel from the
+    -DW4_M1=0 build's and not from the -DW4_HALF=0 build's (MT <= 0 keeps one group), so the GPU test that compares
+    the bits with those builds (test_w4a16_split_copies_and_one_row_give_the_bits_of_before) compares two codes."""
+    assert NVRTC is not None
+    code = source("w4a16_mma.cu")
+    mt2, mt0 = "w4a16_wk<F16,2,4,8,3,1>", "w4a16_wk<F16,0,4,8,3,1>"
+    assert {mt2, mt0} <= set(_mma_names("F16"))
+    built = {(name, opts): compile_cubin(NVRTC, code, (name,), "sm_90", (*OPTIONS, *opts)).cubin
+             for name in (mt2, mt0) for opts in ((), ("-DW4_HALF=0",), ("-DW4_M1=0",), ("-DW4_HALF=2", "-DW4_M1=1"))}
+    assert built[mt2, ()] != built[mt2, ("-DW4_HALF=0",)]
+    assert built[mt0, ()] != built[mt0, ("-DW4_M1=0",)]
+    assert built[mt0, ()] == built[mt0, ("-DW4_HALF=0",)]
+    assert built[mt2, ()] == built[mt2, ("-DW4_HALF=2", "-DW4_M1=1")] and built[mt0, ()] == built[mt0, ("-DW4_HALF=2", "-DW4_M1=1")]

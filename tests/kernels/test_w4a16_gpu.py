@@ -129,29 +129,60 @@ def test_w4a16_cluster_push_gives_the_bits_of_two_barriers(gpu, cp, monkeypatch,
     """w4a16_wkc with clusters of 2 and one m-block: rank 1 stores its block sum into rank 0's tile (st.async on an
     mbarrier) and rank 0 writes every output. The same kernel built with -DW4_PUSH=0 (both ranks read both tiles between
     two cluster barriers, as before) gives the same bits: rank 0's sum plus rank 1's, in that order, either way."""
-    import numpy as np
-
-    from shmrpc.kernels._cuda import sm_count, source
-    from shmrpc.kernels._w4a16_config import _wk_name, w4a16_wk_launch
-    from shmrpc.kernels.quant import wk_launch
-
     n, gs = 512, 64
     force(monkeypatch, cfg)
     ins, want = case(m, k, n, gs, dt)
     got = run(gpu, ins, dt)
     check(got, want, dt)
     c = tuple(int(v) for v in cfg.split(","))
+    assert _bits(got, dt) == _built_run(cp, ins, m, k, n, gs, c, dt, ("-DW4_PUSH=0",))
+
+
+def _bits(got, dt: str) -> bytes:
+    """The op's output as the 16-bit words a kernel writes."""
+    import numpy as np
+
+    return (got.view(np.uint16) if dt == "float16" else (got.view(np.uint32) >> 16).astype(np.uint16)).tobytes()
+
+
+def _built_run(cp, ins, m: int, k: int, n: int, gs: int, c: tuple[int, ...], dt: str, options: tuple[str, ...]) -> bytes:
+    """The output words of w4a16_wk / w4a16_wkc configuration ``c`` built from today's source with the extra compile
+    ``options`` (a probe build), launched on ``ins`` as the op launches it."""
+    import numpy as np
+
+    from shmrpc.kernels._cuda import sm_count, source
+    from shmrpc.kernels._w4a16_config import _wk_name, w4a16_wk_launch
+    from shmrpc.kernels.quant import wk_launch
+
     kt = "F16" if dt == "float16" else "BF16"
-    mod = cp.RawModule(code=source("w4a16_mma.cu"), options=("-std=c++17", "-DW4_PUSH=0"), name_expressions=[_wk_name(kt, c)])
+    mod = cp.RawModule(code=source("w4a16_mma.cu"), options=("-std=c++17", *options), name_expressions=[_wk_name(kt, c)])
     fn = mod.get_function(_wk_name(kt, c))
     (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, sm_count(), c)
     out = cp.zeros((m, n), dtype=cp.uint16)
+    partial = cp.empty((max(1, ksplit * m * n) if len(c) == 6 else 1,), dtype=cp.float32)
     args = (cp.asarray(ins["x"]).view(cp.uint16), cp.asarray(ins["q"]), cp.asarray(ins["s"]), cp.asarray(ins["z"]),
-            cp.empty((1,), dtype=cp.float32), cp.zeros(1024, dtype=cp.uint32), out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb)))
+            partial, cp.zeros(1024, dtype=cp.uint32), out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb)))
     wk_launch(fn, (tiles, ksplit), c[2], smem, args)
-    two = out.get()
-    mine = got.view(np.uint16) if dt == "float16" else (got.view(np.uint32) >> 16).astype(np.uint16)
-    assert mine.tobytes() == two.tobytes()
+    return out.get().tobytes()
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("cfg", "m", "k"), [("0,4,8,1,3,1", 1, 2048), ("0,4,8,0,3,1,2", 1, 4480),
+                                             ("0,4,8,0,3,1", 1, 1024), ("0,4,8,1,3,1", 5, 1024),
+                                             ("2,4,8,1,3,1", 32, 2048), ("2,4,8,0,3,1,2", 24, 1024),
+                                             ("4,2,8,1,2,1", 40, 1024), ("1,4,8,0,3,1,2", 9, 4480)])
+def test_w4a16_split_copies_and_one_row_give_the_bits_of_before(gpu, cp, monkeypatch, cfg, m, k, dt) -> None:
+    """The product build copies a chunk in two groups at MT > 0 (the first k16 steps start once packed rows 0-15 have
+    landed; W4_HALF) and corrects only batch row 2t of the swapped operands at M = 1 (W4_M1): the same arithmetic in
+    the same order, so the same bits as the kernel built with -DW4_HALF=0 -DW4_M1=0 (one group per chunk, both rows
+    corrected, as before), and the op's tolerance against float64."""
+    n, gs = 512, 64
+    force(monkeypatch, cfg)
+    ins, want = case(m, k, n, gs, dt)
+    got = run(gpu, ins, dt)
+    check(got, want, dt)
+    c = tuple(int(v) for v in cfg.split(","))
+    assert _bits(got, dt) == _built_run(cp, ins, m, k, n, gs, c, dt, ("-DW4_HALF=0", "-DW4_M1=0"))
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
