@@ -186,6 +186,8 @@ _WG_PER_SM = {(4, 1): 4}  # w4a16_wg blocks an SM holds, by (MT, NWORD), where m
 # M 1..8 where the cluster split takes N (N = 8192): 8 warps first again since the chunk's copies run from running
 # sources (efec061; 126 registers): 8192^2 M = 1 / 2 / 4 / 8 12.5 / 12.6 / 13.0 / 13.1 us against 13.0 / 13.0 / 13.2 / 13.4
 # for 12 warps, two rounds of w4a16-probe-extra-r{1,2}-2026-12-02-5c7ce43 (12 warps had won by 4% at 164 registers).
+# M 17..32 without a cluster (4096 x 14336): three stages before two since a chunk's copies are two groups at MT > 0
+# (W4_HALF): 18.8 against 19.6-19.7 us for two stages, two rounds of macro-probe-half-r{1,2}-2026-12-02-9b109a9.
 _MMA_TABLE: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
     (1, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1))),
     (8, ((0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1), (1, 2, 4, 2, 3))),

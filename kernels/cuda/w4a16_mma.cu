@@ -459,7 +459,8 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 // cp.async pipeline of S stages (weights [32 packed rows][BC] with 16-byte pieces swizzled so the
 // fragment reads hit distinct banks, its chunk's scales and zeros, and with XSM the activation chunk
 // [MR rows][72 halves]; without XSM the A fragments are read from global memory through L1), waits
-// with cp.async.wait_group + __syncwarp: no block barrier in the loop.
+// with cp.async.wait_group + __syncwarp: no block barrier in the loop. At MT > 0 (W4_HALF) a chunk is two copy groups,
+// packed rows 0-15 with the rest, then rows 16-31, and its k16 steps 0-1 run once the first has landed.
 // MT = 0 (M <= 8 per m-block): the operands swapped, out^T = W^T x^T: the dequantized weights are the A
 // operand (16 columns x 16 k: bytes j0 = 2p & 3 and j0 + 1 of a lane's word are rows g and g + 8 of A-tile
 // p, i.e. the columns g*NT + 2p and g*NT + 2p + 1) and 8 activation rows are B (b0 = x[g][k0+2t..],
