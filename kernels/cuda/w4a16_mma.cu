@@ -524,6 +524,15 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 #ifndef W4_M1
 #define W4_M1 1  // at M = 1 (one activation row) the chunk's correction only for batch row 2t (0: probe builds only)
 #endif
+#ifndef W4_ZLATE
+#define W4_ZLATE 0  // 1 (probe builds only): the staged activation rows >= M zeroed after the first copies are issued
+#endif
+#ifndef W4_EDEAD
+#define W4_EDEAD 0  // 1 (probe builds only): without a cluster, the epilogue stores and adds only the slots of rows < M
+#endif
+#ifndef W4_SZV
+#define W4_SZV 0  // 1 (probe builds only): the chunk's correction reads its scales and zeros as 16-byte words
+#endif
 #ifndef W4_LDSM
 #define W4_LDSM 1  // 0 (probe builds only): the A fragments read as 32-bit words, all four k16 steps before the math
 #endif
@@ -661,6 +670,7 @@ __device__ __forceinline__ void wk_body(
   constexpr bool FIX = TR && W4_FIX;
   constexpr bool SUB = FIX && W4_SUB && O::SUB;  // the weights enter as q * 2^-24 (dq_sub), float16 only
   constexpr bool HALF = XM == 0 && (W4_HALF == 1 || (W4_HALF == 2 && MT > 0));  // two copy groups per chunk
+  constexpr bool EDEAD = W4_EDEAD && CL == 1 && W4_EPI == 1;  // no cluster: every slot stays in this block
   constexpr int MTA = TR ? NB : MT;  // m-tiles held (TR: NB 8-row B operands)
   constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = TR ? 8 * NB : 16 * MT, NP = BC / 16, XS = 72;
   // staged activation rows padded to 144 bytes (the reads of 8 rows at one k hit 32 banks); where that would not fit
@@ -748,12 +758,15 @@ __device__ __forceinline__ void wk_body(
   for (int m0 = 0; m0 < M; m0 += MR) {
     const int mrows = min(MR, M - m0);
     const bool m1 = mrows == 1;  // W4_M1 only
-    if (XSM && mrows < MR) {  // rows >= M stay zero: copies only ever write rows < mrows
-      for (int s = 0; s < S; ++s)
-        for (int i = lane; i < (MR - mrows) * (XROW / 4); i += 32)
-          reinterpret_cast<u32*>(wsm + s * STAGE + WB + SZB + mrows * XROW)[i] = 0u;
-      __syncwarp();
-    }
+    auto zero_rows = [&]() {  // rows >= M stay zero: copies only ever write rows < mrows
+      if (XSM && mrows < MR) {
+        for (int s = 0; s < S; ++s)
+          for (int i = lane; i < (MR - mrows) * (XROW / 4); i += 32)
+            reinterpret_cast<u32*>(wsm + s * STAGE + WB + SZB + mrows * XROW)[i] = 0u;
+        __syncwarp();
+      }
+    };
+    if (!W4_ZLATE) zero_rows();
     // the next chunk to copy: its index, its stage and its sources, advanced by one of this warp's chunks per issue (the
     // calls come in order j = 0, 1, ...), so a chunk's copies cost adds, not 64-bit products and a division by S.
     // This lane's activation pieces: p = lane + 32 it, row p / 8 = lane / 8 + 4 it, piece p % 8 = lane % 8
@@ -825,6 +838,7 @@ __device__ __forceinline__ void wk_body(
         cp_async_commit();
       }
     }
+    if (W4_ZLATE) zero_rows();  // (the copies write rows < mrows only: no race with them)
     int rd_stage = gb % S;  // the stage of chunk i
     for (int i = 0; i < nloc; ++i) {
       const int rs = rd_stage;
@@ -874,6 +888,7 @@ __device__ __forceinline__ void wk_body(
         for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
       }
       constexpr int NC = FIX ? NT / 2 : 1;  // FIX: the A-tiles' per-chunk sums
+      constexpr bool SZV = W4_SZV && NC % 4 == 0;  // (probe builds)
       float accc[MTA][NC][4], xsum[MTA][4];  // FIX: this chunk's sums, row sums (per B operand)
       if (FIX) {
 #pragma unroll
@@ -948,6 +963,15 @@ __device__ __forceinline__ void wk_body(
       }
       if (FIX) {  // acc[nb][p][e] (column g*NT + 2p + (e >> 1), batch row 8*nb + 2t + (e & 1)) += s * (sum - (MAGIC + z) * rowsum)
         const u16* sh = reinterpret_cast<const u16*>(st + WB) + g * NT;  // this lane's NT scales; its zeros BC later
+        u32 szs[SZV ? NC : 1], szz[SZV ? NC : 1];  // W4_SZV: word p holds the halves 2p, 2p + 1
+        if (SZV) {
+#pragma unroll
+          for (int q = 0; q < NC / 4; ++q) {
+            const uint4 a4 = reinterpret_cast<const uint4*>(sh)[q], b4 = reinterpret_cast<const uint4*>(sh + BC)[q];
+            szs[4 * q] = a4.x; szs[4 * q + 1] = a4.y; szs[4 * q + 2] = a4.z; szs[4 * q + 3] = a4.w;
+            szz[4 * q] = b4.x; szz[4 * q + 1] = b4.y; szz[4 * q + 2] = b4.z; szz[4 * q + 3] = b4.w;
+          }
+        }
         // SUB: sum = 2^-24 sum(q x) and rowsum = 2^-24 sum(x) (the ones are 2^-24 too), so acc gathers 2^-24 s (sum(q x)
         // - z sum(x)), which the m-block's end multiplies by 2^24 (powers of two: exact in float32)
         auto fix = [&](int nbs) {  // batch rows 2t + b for b < nbs
@@ -955,7 +979,9 @@ __device__ __forceinline__ void wk_body(
           for (int p = 0; p < NC; ++p)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-              const float sc = h2f(sh[2 * p + c]), mz = SUB ? -h2f(sh[BC + 2 * p + c]) : -(O::MAGIC_F + h2f(sh[BC + 2 * p + c]));
+              const u16 sv = SZV ? (u16)(szs[p % (SZV ? NC : 1)] >> (16 * c)) : sh[2 * p + c];
+              const u16 zv = SZV ? (u16)(szz[p % (SZV ? NC : 1)] >> (16 * c)) : sh[BC + 2 * p + c];
+              const float sc = h2f(sv), mz = SUB ? -h2f(zv) : -(O::MAGIC_F + h2f(zv));
 #pragma unroll
               for (int nb = 0; nb < MTA; ++nb)
 #pragma unroll
@@ -1044,6 +1070,11 @@ __device__ __forceinline__ void wk_body(
           const int e = (s / NWORD) & 3, mt = s / (4 * NWORD);
           v = make_float4(acc[mt][4 * q][e], acc[mt][4 * q + 1][e], acc[mt][4 * q + 2][e], acc[mt][4 * q + 3][e]);
         }
+        if (EDEAD) {
+          int r, c;
+          wk_slot<MT, NWORD>(s, lane, &r, &c);
+          if (r >= mrows) continue;
+        }
         mine[s * 32 + lane] = v;
       }
       __syncthreads();
@@ -1058,6 +1089,11 @@ __device__ __forceinline__ void wk_body(
         if (prank == 0) mbar_wait_cluster(rbar, 0u);
       }
       for (int s = warp; s < NS; s += WK) {
+        if (EDEAD) {
+          int r, c;
+          wk_slot<MT, NWORD>(s, lane, &r, &c);
+          if (r >= mrows) continue;
+        }
         float4 v = reinterpret_cast<const float4*>(dsm)[s * 32 + lane];
 #pragma unroll
         for (int w = 1; w < WK; ++w) add4(v, reinterpret_cast<const float4*>(dsm + w * (S * STAGE))[s * 32 + lane]);
