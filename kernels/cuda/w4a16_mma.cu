@@ -525,13 +525,13 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 #define W4_M1 1  // at M = 1 (one activation row) the chunk's correction only for batch row 2t (0: probe builds only)
 #endif
 #ifndef W4_ZLATE
-#define W4_ZLATE 0  // 1 (probe builds only): the staged activation rows >= M zeroed after the first copies are issued
-#endif
+#define W4_ZLATE 1  // the staged activation rows >= M zeroed after an m-block's first copies are issued, not before
+#endif              // them (0: probe builds only)
 #ifndef W4_EDEAD
-#define W4_EDEAD 0  // 1 (probe builds only): without a cluster, the epilogue stores and adds only the slots of rows < M
+#define W4_EDEAD 1  // without a cluster, the epilogue stores and adds only the slots of rows < M (0: probe builds only)
 #endif
 #ifndef W4_SZV
-#define W4_SZV 0  // 1 (probe builds only): the chunk's correction reads its scales and zeros as 16-byte words
+#define W4_SZV 1  // the chunk's correction reads its scales and zeros as 16-byte words (0: probe builds only)
 #endif
 #ifndef W4_LDSM
 #define W4_LDSM 1  // 0 (probe builds only): the A fragments read as 32-bit words, all four k16 steps before the math
@@ -671,6 +671,7 @@ __device__ __forceinline__ void wk_body(
   constexpr bool SUB = FIX && W4_SUB && O::SUB;  // the weights enter as q * 2^-24 (dq_sub), float16 only
   constexpr bool HALF = XM == 0 && (W4_HALF == 1 || (W4_HALF == 2 && MT > 0));  // two copy groups per chunk
   constexpr bool EDEAD = W4_EDEAD && CL == 1 && W4_EPI == 1;  // no cluster: every slot stays in this block
+  constexpr bool ZLATE = W4_ZLATE && XM == 0;  // (w4a16_wkm: its rows come by bulk copy, zeroed before as always)
   constexpr int MTA = TR ? NB : MT;  // m-tiles held (TR: NB 8-row B operands)
   constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = TR ? 8 * NB : 16 * MT, NP = BC / 16, XS = 72;
   // staged activation rows padded to 144 bytes (the reads of 8 rows at one k hit 32 banks); where that would not fit
@@ -766,7 +767,7 @@ __device__ __forceinline__ void wk_body(
         __syncwarp();
       }
     };
-    if (!W4_ZLATE) zero_rows();
+    if (!ZLATE) zero_rows();
     // the next chunk to copy: its index, its stage and its sources, advanced by one of this warp's chunks per issue (the
     // calls come in order j = 0, 1, ...), so a chunk's copies cost adds, not 64-bit products and a division by S.
     // This lane's activation pieces: p = lane + 32 it, row p / 8 = lane / 8 + 4 it, piece p % 8 = lane % 8
@@ -838,7 +839,7 @@ __device__ __forceinline__ void wk_body(
         cp_async_commit();
       }
     }
-    if (W4_ZLATE) zero_rows();  // (the copies write rows < mrows only: no race with them)
+    if (ZLATE) zero_rows();  // (the copies write rows < mrows only: no race with them)
     int rd_stage = gb % S;  // the stage of chunk i
     for (int i = 0; i < nloc; ++i) {
       const int rs = rd_stage;
@@ -888,7 +889,7 @@ __device__ __forceinline__ void wk_body(
         for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
       }
       constexpr int NC = FIX ? NT / 2 : 1;  // FIX: the A-tiles' per-chunk sums
-      constexpr bool SZV = W4_SZV && NC % 4 == 0;  // (probe builds)
+      constexpr bool SZV = W4_SZV && NC % 4 == 0;
       float accc[MTA][NC][4], xsum[MTA][4];  // FIX: this chunk's sums, row sums (per B operand)
       if (FIX) {
 #pragma unroll

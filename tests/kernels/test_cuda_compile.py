@@ -139,18 +139,25 @@ def test_the_product_build_takes_the_push_epilogue() -> None:
 
 
 @pytest.mark.skipif(NVRTC is None, reason="NVRTC is not installed (pip install nvidia-cuda-nvrtc, in the dev extra)")
-def test_the_product_build_splits_copies_at_mt_above_0_and_corrects_one_row_at_m_1() -> None:
-    """w4a16_wk's product build copies a chunk in two groups at MT > 0 (W4_HALF=2) and corrects one batch row at M = 1
-    (W4_M1=1): the code of an MT > 0 kernel differs from the -DW4_HALF=0 build's, that of an MT = 0 kernel from the
-    -DW4_M1=0 build's and not from the -DW4_HALF=0 build's (MT <= 0 keeps one group), so the GPU test that compares
-    the bits with those builds (test_w4a16_split_copies_and_one_row_give_the_bits_of_before) compares two codes."""
+def test_each_loop_and_epilogue_switch_changes_the_product_where_it_applies() -> None:
+    """w4a16_wk's product build has five switches on that keep the arithmetic (W4_HALF=2: two copy groups at MT > 0;
+    W4_M1, W4_ZLATE, W4_EDEAD, W4_SZV: at MT = 0 one row's correction, the late zeroing, the epilogue's live slots,
+    16-byte scale reads). Each switched off changes the code of a kernel it applies to, and W4_HALF=0 leaves an MT = 0
+    kernel as it is (one group there already), so the GPU test that compares the product's bits with the build of all
+    five off (test_w4a16_loop_and_epilogue_switches_give_the_bits_of_before) compares two codes, and each switch is
+    in the product."""
     assert NVRTC is not None
     code = source("w4a16_mma.cu")
     mt2, mt0 = "w4a16_wk<F16,2,4,8,3,1>", "w4a16_wk<F16,0,4,8,3,1>"
     assert {mt2, mt0} <= set(_mma_names("F16"))
-    built = {(name, opts): compile_cubin(NVRTC, code, (name,), "sm_90", (*OPTIONS, *opts)).cubin
-             for name in (mt2, mt0) for opts in ((), ("-DW4_HALF=0",), ("-DW4_M1=0",), ("-DW4_HALF=2", "-DW4_M1=1"))}
-    assert built[mt2, ()] != built[mt2, ("-DW4_HALF=0",)]
-    assert built[mt0, ()] != built[mt0, ("-DW4_M1=0",)]
-    assert built[mt0, ()] == built[mt0, ("-DW4_HALF=0",)]
-    assert built[mt2, ()] == built[mt2, ("-DW4_HALF=2", "-DW4_M1=1")] and built[mt0, ()] == built[mt0, ("-DW4_HALF=2", "-DW4_M1=1")]
+
+    def cubin(name: str, *opts: str) -> bytes:
+        return compile_cubin(NVRTC, code, (name,), "sm_90", (*OPTIONS, *opts)).cubin
+
+    product0, product2 = cubin(mt0), cubin(mt2)
+    assert cubin(mt2, "-DW4_HALF=0") != product2
+    assert cubin(mt0, "-DW4_HALF=0") == product0
+    for off in ("-DW4_M1=0", "-DW4_ZLATE=0", "-DW4_EDEAD=0", "-DW4_SZV=0"):
+        assert cubin(mt0, off) != product0, off
+    on = ("-DW4_HALF=2", "-DW4_M1=1", "-DW4_ZLATE=1", "-DW4_EDEAD=1", "-DW4_SZV=1")
+    assert cubin(mt0, *on) == product0 and cubin(mt2, *on) == product2

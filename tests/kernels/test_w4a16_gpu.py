@@ -166,23 +166,32 @@ def _built_run(cp, ins, m: int, k: int, n: int, gs: int, c: tuple[int, ...], dt:
     return out.get().tobytes()
 
 
+# the switches of the chunk loop and the epilogue that leave the arithmetic as it was (docs/kernels.md, "One row's
+# correction ..."), each set to its earlier behaviour
+_BEFORE = ("-DW4_HALF=0", "-DW4_M1=0", "-DW4_ZLATE=0", "-DW4_EDEAD=0", "-DW4_SZV=0")
+
+
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
 @pytest.mark.parametrize(("cfg", "m", "k"), [("0,4,8,1,3,1", 1, 2048), ("0,4,8,0,3,1,2", 1, 4480),
                                              ("0,4,8,0,3,1", 1, 1024), ("0,4,8,1,3,1", 5, 1024),
+                                             ("0,4,8,0,3,1", 12, 1024), ("-2,4,8,0,3,1", 20, 1024),
+                                             ("-2,4,8,1,3,1", 16, 2048), ("0,4,12,0,3,1,2", 3, 2048),
                                              ("2,4,8,1,3,1", 32, 2048), ("2,4,8,0,3,1,2", 24, 1024),
                                              ("4,2,8,1,2,1", 40, 1024), ("1,4,8,0,3,1,2", 9, 4480)])
-def test_w4a16_split_copies_and_one_row_give_the_bits_of_before(gpu, cp, monkeypatch, cfg, m, k, dt) -> None:
-    """The product build copies a chunk in two groups at MT > 0 (the first k16 steps start once packed rows 0-15 have
-    landed; W4_HALF) and corrects only batch row 2t of the swapped operands at M = 1 (W4_M1): the same arithmetic in
-    the same order, so the same bits as the kernel built with -DW4_HALF=0 -DW4_M1=0 (one group per chunk, both rows
-    corrected, as before), and the op's tolerance against float64."""
+def test_w4a16_loop_and_epilogue_switches_give_the_bits_of_before(gpu, cp, monkeypatch, cfg, m, k, dt) -> None:
+    """The product build copies a chunk in two groups at MT > 0 (W4_HALF), corrects only batch row 2t of the swapped
+    operands at M = 1 (W4_M1), zeroes the staged rows >= M after an m-block's first copies are issued (W4_ZLATE),
+    stores and adds only the epilogue slots of rows < M without a cluster (W4_EDEAD) and reads the correction's scales
+    and zeros as 16-byte words (W4_SZV): the same arithmetic in the same order, so the same bits as the kernel built
+    with all five off (as before), and the op's tolerance against float64. With one m-block and several (M = 12 at
+    MT 0, 20 at MT -2: a last m-block of fewer rows), a global K split (BPS 1 on 4 tiles), none, and clusters."""
     n, gs = 512, 64
     force(monkeypatch, cfg)
     ins, want = case(m, k, n, gs, dt)
     got = run(gpu, ins, dt)
     check(got, want, dt)
     c = tuple(int(v) for v in cfg.split(","))
-    assert _bits(got, dt) == _built_run(cp, ins, m, k, n, gs, c, dt, ("-DW4_HALF=0", "-DW4_M1=0"))
+    assert _bits(got, dt) == _built_run(cp, ins, m, k, n, gs, c, dt, _BEFORE)
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
