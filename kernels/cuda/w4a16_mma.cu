@@ -528,10 +528,10 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 #define W4_ZLATE 1  // the staged activation rows >= M zeroed after an m-block's first copies are issued, not before
 #endif              // them (0: probe builds only)
 #ifndef W4_EDEAD
-#define W4_EDEAD 1  // without a cluster, the epilogue stores and adds only the slots of rows < M (0: probe builds only)
+#define W4_EDEAD 1  // MT = 0 without a cluster: the epilogue stores and adds only the slots of rows < M (0: probe builds)
 #endif
 #ifndef W4_SZV
-#define W4_SZV 1  // the chunk's correction reads its scales and zeros as 16-byte words (0: probe builds only)
+#define W4_SZV 1  // MT = 0: the chunk's correction reads its scales and zeros as 16-byte words (0: probe builds only)
 #endif
 #ifndef W4_LDSM
 #define W4_LDSM 1  // 0 (probe builds only): the A fragments read as 32-bit words, all four k16 steps before the math
@@ -670,7 +670,8 @@ __device__ __forceinline__ void wk_body(
   constexpr bool FIX = TR && W4_FIX;
   constexpr bool SUB = FIX && W4_SUB && O::SUB;  // the weights enter as q * 2^-24 (dq_sub), float16 only
   constexpr bool HALF = XM == 0 && (W4_HALF == 1 || (W4_HALF == 2 && MT > 0));  // two copy groups per chunk
-  constexpr bool EDEAD = W4_EDEAD && CL == 1 && W4_EPI == 1;  // no cluster: every slot stays in this block
+  // no cluster (every slot stays in this block), one B operand (M <= 8, rows often < MR; at MT -2 measured slower)
+  constexpr bool EDEAD = W4_EDEAD && CL == 1 && W4_EPI == 1 && MT == 0;
   constexpr bool ZLATE = W4_ZLATE && XM == 0;  // (w4a16_wkm: its rows come by bulk copy, zeroed before as always)
   constexpr int MTA = TR ? NB : MT;  // m-tiles held (TR: NB 8-row B operands)
   constexpr int NT = 4 * NWORD, BC = 32 * NWORD, MR = TR ? 8 * NB : 16 * MT, NP = BC / 16, XS = 72;
@@ -889,7 +890,7 @@ __device__ __forceinline__ void wk_body(
         for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
       }
       constexpr int NC = FIX ? NT / 2 : 1;  // FIX: the A-tiles' per-chunk sums
-      constexpr bool SZV = W4_SZV && NC % 4 == 0;
+      constexpr bool SZV = W4_SZV && NC % 4 == 0 && MT == 0;  // (at MT -2 measured slower)
       float accc[MTA][NC][4], xsum[MTA][4];  // FIX: this chunk's sums, row sums (per B operand)
       if (FIX) {
 #pragma unroll

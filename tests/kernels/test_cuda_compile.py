@@ -141,8 +141,8 @@ def test_the_product_build_takes_the_push_epilogue() -> None:
 @pytest.mark.skipif(NVRTC is None, reason="NVRTC is not installed (pip install nvidia-cuda-nvrtc, in the dev extra)")
 def test_each_loop_and_epilogue_switch_changes_the_product_where_it_applies() -> None:
     """w4a16_wk's product build has five switches on that keep the arithmetic (W4_HALF=2: two copy groups at MT > 0;
-    W4_M1, W4_ZLATE, W4_EDEAD, W4_SZV: at MT = 0 one row's correction, the late zeroing, the epilogue's live slots,
-    16-byte scale reads). Each switched off changes the code of a kernel it applies to, and W4_HALF=0 leaves an MT = 0
+    W4_M1, W4_ZLATE, W4_EDEAD, W4_SZV: one row's correction at M = 1, the late zeroing, and at MT = 0 the epilogue's
+    live slots and 16-byte scale reads). Each switched off changes the code of a kernel it applies to, and W4_HALF=0 leaves an MT = 0
     kernel as it is (one group there already), so the GPU test that compares the product's bits with the build of all
     five off (test_w4a16_loop_and_epilogue_switches_give_the_bits_of_before) compares two codes, and each switch is
     in the product."""

@@ -181,8 +181,8 @@ _BEFORE = ("-DW4_HALF=0", "-DW4_M1=0", "-DW4_ZLATE=0", "-DW4_EDEAD=0", "-DW4_SZV
 def test_w4a16_loop_and_epilogue_switches_give_the_bits_of_before(gpu, cp, monkeypatch, cfg, m, k, dt) -> None:
     """The product build copies a chunk in two groups at MT > 0 (W4_HALF), corrects only batch row 2t of the swapped
     operands at M = 1 (W4_M1), zeroes the staged rows >= M after an m-block's first copies are issued (W4_ZLATE),
-    stores and adds only the epilogue slots of rows < M without a cluster (W4_EDEAD) and reads the correction's scales
-    and zeros as 16-byte words (W4_SZV): the same arithmetic in the same order, so the same bits as the kernel built
+    and at MT = 0 stores and adds only the epilogue slots of rows < M without a cluster (W4_EDEAD) and reads the
+    correction's scales and zeros as 16-byte words (W4_SZV): the same arithmetic in the same order, so the same bits as the kernel built
     with all five off (as before), and the op's tolerance against float64. With one m-block and several (M = 12 at
     MT 0, 20 at MT -2: a last m-block of fewer rows), a global K split (BPS 1 on 4 tiles), none, and clusters."""
     n, gs = 512, 64
