@@ -3,8 +3,10 @@ dependent launches.
 
 For each configuration (w4a16_wkc, w4a16_wgc; ``--cfgs`` for others) at M x K x N it asks the driver (``cuOccupancyMaxActiveClusters``) how
 many of its clusters can be resident at once, next to the clusters the launch needs, then times the op forced to it
-(``gpu_kernels._timer``, median of batches) as a programmatic dependent launch and as a plain one. Prints a table and
-writes JSON (date, commit from SHMRPC_COMMIT, device, command) to ``--out``.
+(``gpu_kernels._timer``, median of batches) as a programmatic dependent launch and as a plain one, and its output's
+largest difference from the op's own choice (relative to max |out|). A w4a16_wg / wgc configuration of ``--cfgs`` that
+the product does not build (``"MT,NWORD,S,CL"``, e.g. clusters of 7) is compiled into the module for the run. Prints a
+table and writes JSON (date, commit from SHMRPC_COMMIT, device, command) to ``--out``.
 
     python3 bench/gpu/cluster_probe.py --out bench/results/cluster-probe-DATE-COMMIT.json
 """
@@ -35,9 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     import cupy as cp
 
     from shmrpc.kernels import REGISTRY, TensorSpec
+    from shmrpc.kernels import _w4a16_config as wcfg
     from shmrpc.kernels._cuda import _LaunchConfig, get_function, sm_count
     from shmrpc.kernels._registry import OpCall
-    from shmrpc.kernels.quant import _launch_of, use_tuning
+    from shmrpc.kernels.quant import _launch_of, use_tuning, w4a16_choice
 
     n_sm = sm_count()
     res: dict[str, Any] = {**probe_record(cp, "bench/gpu/cluster_probe.py", argv, n_sm), "mode": "cluster-probe", "rows": []}
@@ -47,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     occ.restype = ctypes.c_int
     cases = [(tuple(int(v) for v in c.split(":")[0].split(",")), tuple(int(v) for v in c.split(":")[1].split(",")))
              for c in args.cfgs.split(";") if c] or CASES
+    extra = tuple(dict.fromkeys(cfg for _, cfg in cases if len(cfg) == 4 and cfg not in wcfg._WG_VARIANTS))
+    if extra:  # probe builds: w4a16_wg / wgc configurations the product does not build, compiled into its module
+        wcfg._WG_VARIANTS = (*wcfg._WG_VARIANTS, *extra)
+        wcfg._wg_names.cache_clear()
     for (m, k, n), cfg in cases:
         gs, g = 128, k // 128
         sets, rs = w4a16_sets(cp, k, n, gs, 60 << 20)
@@ -54,7 +61,13 @@ def main(argv: list[str] | None = None) -> int:
         in_specs = in_specs_of(TensorSpec, m, k, n, g)
         calls = [OpCall(cp, {"x": x, "qweight": q, "scales": s, "zeros": z}, in_specs,
                         {"out": TensorSpec((m, n), "float16")}, {}, {}, {}) for q, s, z in sets]
-        row: dict[str, Any] = {"M": m, "K": k, "N": n, "cfg": list(cfg)}
+        row: dict[str, Any] = {"M": m, "K": k, "N": n, "cfg": list(cfg), "probe_build": cfg in extra}
+        want = spec.cupy(calls[0])["out"].astype(cp.float32)  # the op's own choice
+        with use_tuning(mma_cfg=cfg, mma_m1=True):
+            if w4a16_choice(m, k, n, gs) != cfg:
+                raise SystemExit(f"{cfg} does not take {m}x{k}x{n}")
+            got = spec.cupy(calls[0])["out"].astype(cp.float32)
+        row["max_diff"] = float(cp.abs(got - want).max()) / (float(cp.abs(want).max()) or 1.0)
         for pdl in (True, False):
             with use_tuning(mma_cfg=cfg, mma_m1=True, pdl=pdl):
                 it = iter(range(10**9))
