@@ -68,7 +68,7 @@ _READ = r"""extern "C" __global__ void read16(const uint4* __restrict__ p, long 
 # Per M: the configurations timed through the op: w4a16_wk (MT, NWORD, WK, BPS, S, XSM), w4a16_wkc (MT, NWORD, WK, 0,
 # S, XSM, CL), w4a16_mma_async (MT, NWORD, WARPS, BPS, S) and w4a16_wg / w4a16_wgc (MT, NWORD, S, CL; sm_90 only); one the op would not take for the shape (e.g. clusters
 # that do not fit in one wave) is listed under "skipped", never timed on another path under its name.
-CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 4, 4, 8), (0, 2, 4, 8),
+CFGS: dict[int, list[tuple[int, ...]]] = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 4, 4, 8), (0, 2, 4, 8),
             (0, 4, 12, 1, 3, 1), (0, 4, 12, 0, 3, 1, 2), (0, 2, 8, 1, 4, 1), (0, 4, 8, 1, 4, 0)],
         8: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 4, 4, 8), (0, 2, 4, 8),
             (0, 4, 12, 1, 3, 1), (0, 4, 12, 0, 3, 1, 2)],
@@ -83,23 +83,23 @@ CFGS = {1: [(0, 4, 8, 1, 3, 1), (0, 4, 8, 0, 3, 1, 2), (0, 4, 4, 8), (0, 2, 4, 8
 OLD = {1: (0, 4, 8, 0, 3, 1, 2), 8: (0, 4, 8, 0, 3, 1, 2), 16: (1, 4, 8, 0, 3, 1, 2), 32: (2, 2, 8, 1, 3, 1),
        64: (4, 2, 4, 1, 2, 1)}
 # the A fragments read as 32-bit words before the math (-DW4_LDSM=0, the kernel before ldmatrix), per M
-LDSM0 = {16: [(1, 4, 8, 0, 3, 1, 2)], 32: [(2, 2, 8, 1, 3, 1)], 64: [(4, 2, 8, 1, 2, 1)]}
+LDSM0: dict[int, list[tuple[int, ...]]] = {16: [(1, 4, 8, 0, 3, 1, 2)], 32: [(2, 2, 8, 1, 3, 1)], 64: [(4, 2, 8, 1, 2, 1)]}
 # MT = 0 as before W4_FIX (-DW4_FIX=0: the zero and the scale applied per weight pair by HADD2 / HMUL2), per M
-FIX0 = {1: [(0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1)], 8: [(0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1)]}
+FIX0: dict[int, list[tuple[int, ...]]] = {1: [(0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1)], 8: [(0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1)]}
 # (t & mask) | MAGIC as written in C++ (-DW4_LOP=0: two LOP3 per dequantized pair instead of one), per M
-LOP0 = {1: [(0, 4, 8, 0, 3, 1, 2)], 8: [(0, 4, 8, 0, 3, 1, 2)], 16: [(1, 4, 8, 0, 3, 1, 2)], 32: [(2, 4, 8, 0, 3, 1, 2)],
+LOP0: dict[int, list[tuple[int, ...]]] = {1: [(0, 4, 8, 0, 3, 1, 2)], 8: [(0, 4, 8, 0, 3, 1, 2)], 16: [(1, 4, 8, 0, 3, 1, 2)], 32: [(2, 4, 8, 0, 3, 1, 2)],
         64: [(4, 2, 8, 1, 2, 1)]}
 # the weights as MAGIC + q (-DW4_SUB=0, the kernel before) or as subnormals shifted by IMAD.HI (-DW4_SUB=2), per M
-SUBV = {m: [(cfg, sub) for cfg in cfgs for sub in (0, 2)]
-        for m, cfgs in {1: [(0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1)], 8: [(0, 4, 8, 0, 3, 1, 2)],
-                        16: [(-2, 4, 8, 0, 3, 1, 2), (-2, 4, 8, 1, 3, 1)]}.items()}
+_SUB_CFGS: dict[int, list[tuple[int, ...]]] = {1: [(0, 4, 8, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1)], 8: [(0, 4, 8, 0, 3, 1, 2)],
+                                              16: [(-2, 4, 8, 0, 3, 1, 2), (-2, 4, 8, 1, 3, 1)]}
+SUBV = {m: [(cfg, sub) for cfg in cfgs for sub in (0, 2)] for m, cfgs in _SUB_CFGS.items()}
 # configurations the op's module does not build, compiled from the product's source in a module of their own, per M
-EXTRA = {m: [(0, 4, 8, 0, 4, 1, 2), (0, 4, 16, 0, 2, 1, 2), (0, 4, 8, 2, 3, 1)] for m in (1, 8)}
+EXTRA: dict[int, list[tuple[int, ...]]] = {m: [(0, 4, 8, 0, 4, 1, 2), (0, 4, 16, 0, 2, 1, 2), (0, 4, 8, 2, 3, 1)] for m in (1, 8)}
 EXTRA[16] = [(-2, 4, 8, 0, 2, 1, 2)]
 # the earlier epilogue (-DW4_EPI=0) next to the same configuration with the new one, per M
-EPI0 = {1: [(0, 4, 8, 1, 3, 1)], 8: [(0, 4, 8, 1, 3, 1)], 16: [(1, 4, 8, 1, 3, 1)], 32: [(2, 2, 8, 1, 3, 1)],
+EPI0: dict[int, list[tuple[int, ...]]] = {1: [(0, 4, 8, 1, 3, 1)], 8: [(0, 4, 8, 1, 3, 1)], 16: [(1, 4, 8, 1, 3, 1)], 32: [(2, 2, 8, 1, 3, 1)],
         64: [(4, 2, 4, 1, 2, 1)]}
-DIAG_CFGS = {1: [(0, 4, 8, 0, 3, 1, 2)], 16: [(1, 4, 8, 0, 3, 1, 2)], 32: [(2, 4, 8, 0, 3, 1, 2)], 64: [(4, 2, 8, 1, 2, 1)]}
+DIAG_CFGS: dict[int, list[tuple[int, ...]]] = {1: [(0, 4, 8, 0, 3, 1, 2)], 16: [(1, 4, 8, 0, 3, 1, 2)], 32: [(2, 4, 8, 0, 3, 1, 2)], 64: [(4, 2, 8, 1, 2, 1)]}
 DIAG_BITS = {64: "nothing: the launch", 16: "no chunk loop: launch, zeroing and epilogue",
              32: "no epilogue: the chunk loop only", 1: "loads only", 6: "mma only: no weight loads, no dequant"}
 
@@ -281,10 +281,10 @@ def main(argv: list[str] | None = None) -> int:
             if m > 32 and k == 8192 and n == 8192 and "diag" not in skip:  # w4a16_wkm's packing of x, alone
                 try:
                     t = _timer(cp, lambda x=x, m=m, k=k: pack_x(x, m, k, 64, "F16"), args.reps)
-                    row = {**base, "case": "w4_xpack alone (w4a16_wkm's packing of x; a diag row)", "seconds": t,
-                           "rel_err": None, "ok": None, "diag": True}
-                    res["rows"].append(row)
-                    _print(row)
+                    diag_row = {**base, "case": "w4_xpack alone (w4a16_wkm's packing of x; a diag row)", "seconds": t,
+                                "rel_err": None, "ok": None, "diag": True}
+                    res["rows"].append(diag_row)
+                    _print(diag_row)
                 except Exception as e:
                     _error(res, base, "w4_xpack alone", e)
             for cfg in EPI0.get(m, []) if "epi0" not in skip else []:
