@@ -167,7 +167,7 @@ _WKM_VARIANTS = ((4, 2, 8, 2, 2), (4, 2, 8, 2, 1), (4, 2, 8, 2, 4), (4, 2, 6, 3,
 # sm_90, and (unless forced) where its blocks make two per SM or more within one wave (_takes, _WG_PER_SM).
 _WG_VARIANTS = ((4, 2, 4, 1), (4, 2, 4, 2), (4, 2, 4, 4), (4, 2, 4, 8), (4, 1, 4, 2), (4, 1, 4, 4), (2, 2, 4, 4),
                 (2, 2, 4, 8), (2, 4, 4, 4), (1, 2, 4, 4), (1, 2, 4, 8), (1, 4, 4, 4), (1, 4, 4, 8), (0, 4, 4, 8),
-                (0, 2, 4, 8), (4, 2, 3, 4), (4, 2, 6, 4), (4, 1, 4, 8), (4, 1, 6, 4), (2, 2, 6, 4))
+                (0, 2, 4, 8), (4, 2, 3, 4), (4, 2, 6, 4), (4, 1, 4, 8), (4, 1, 6, 4), (2, 2, 6, 4), (4, 1, 4, 7))
 _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
 # on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and -07d7ec0; M 9..64 from
@@ -181,7 +181,12 @@ _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # 36.0 / 42.1 / 47.7; 4096 x 14336 CL 4 28.0 / 28.6 / 28.9 against 35.4 / 38.2 / 47.6; 8192 x 28672 CL 2 88.4 / 90.1 /
 # 92.6 against 128.8 / 138.4 / 172.7; N = 4096 (CL 8: 256 blocks) lost at M = 33 (4096^2 15.5 against 14.4, 14336 x
 # 4096 34.9 against 31.3) and tied at 64: not taken there.
-_WG_M64 = ((4, 1, 4, 8), (4, 1, 4, 4), (4, 1, 4, 2))
+# Clusters of 7 before 8 where those of 8 make a second wave: the H200 holds 62 clusters of 8 at four blocks per SM
+# (cuOccupancyMaxActiveClusters; 124 of its 132 SMs: a cluster stays in one GPC), 69 of 7, and N = 8192 launches 64
+# (cluster-probe-cl7-2026-12-03-c25ece8: M = 33 / 48 / 64 31.3 / 32.1 / 33.1 us against 35.1 / 36.1 / 36.3 for 8).
+# Where 8's clusters fit in one wave, 7 would give each block more chunks (19 against 16 at K = 8192): not taken there.
+_WG_M64 = ((4, 1, 4, 7), (4, 1, 4, 8), (4, 1, 4, 4), (4, 1, 4, 2))
+_WG_CL8_RESIDENT = (62, 66)  # clusters of 8 resident at four blocks per SM on the H200, of the 66 a wave would hold
 _WG_PER_SM = {(4, 1): 4}  # w4a16_wg blocks an SM holds, by (MT, NWORD), where more than one (ptxas: 128 registers)
 # M 1..8 where the cluster split takes N (N = 8192): 8 warps first again since the chunk's copies run from running
 # sources (efec061; 126 registers): 8192^2 M = 1 / 2 / 4 / 8 12.5 / 12.6 / 13.0 / 13.1 us against 13.0 / 13.0 / 13.2 / 13.4
@@ -287,12 +292,17 @@ def _global_split(cfg: tuple[int, ...], k: int, n: int, n_sm: int) -> bool:
 
 
 def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> bool:
-    """Whether ``cfg`` takes N columns: 32*NWORD divides N; for w4a16_wkc, the column tiles times CL fit in one wave
+    """Whether ``cfg`` takes N columns: 32*NWORD divides N (128*NWORD for w4a16_wg / wgc: a table entry makes two
+    blocks per SM or more in one wave, clusters of 7 only where those of 8 would not all be resident); for w4a16_wkc, the column tiles times CL fit in one wave
     of one block per SM, and (unless forced) CL is the split BPS = 1 would choose, round(n_sm / tiles): the cluster
     replaces that split's global partials and never makes a split of its own."""
     if len(cfg) == 4:  # w4a16_wg: 128*NWORD columns per block; a table entry: two blocks per SM or more, one wave
-        blocks = n // (128 * cfg[1]) * cfg[3]
-        return n % (128 * cfg[1]) == 0 and (forced or 2 * n_sm <= blocks <= _WG_PER_SM.get(cfg[:2], 1) * n_sm)
+        tiles, per_sm = n // (128 * cfg[1]), _WG_PER_SM.get(cfg[:2], 1)
+        if n % (128 * cfg[1]) or not (forced or 2 * n_sm <= tiles * cfg[3] <= per_sm * n_sm):
+            return False
+        # clusters of 7 (a table entry): only where more clusters of 8 are launched than stay resident at once
+        held, wave = _WG_CL8_RESIDENT
+        return forced or cfg[3] != 7 or tiles * 8 * wave > held * per_sm * n_sm
     if n % (32 * cfg[1]):
         return False
     if len(cfg) == 8:  # the column tiles divide into clusters of CN; a table entry: one wave that BPS 1 would not split

@@ -56,7 +56,8 @@ def test_table_by_m(m, n, wg) -> None:
     assert cfg == next(c for c in row if (wg or len(c) != 4) and _takes(c, n, 132)
                        and (m > 1 or wg or not _global_split(c, 4096, n, 132)))
     if 32 < m <= 64 and wg and n > 4096:  # N = 4096: 32 tiles x 8 = 256 blocks, fewer than two per SM
-        assert cfg == (4, 1, 4, 4 if n == 14336 else 8)  # 112 tiles x 8 blocks would not fit in one wave
+        # 112 tiles x 8 (or 7) blocks would not fit in one wave; 64 x 8 would, but only 62 clusters of 8 stay resident
+        assert cfg == (4, 1, 4, 4 if n == 14336 else 7)
         return
     tiles = n // (32 * cfg[1])
     if len(cfg) == 7:
@@ -261,6 +262,8 @@ def test_wg_launch_names_and_shared_memory(cfg) -> None:
     assert not _global_split(cfg, 8192, 8192, 132)
     per_sm = _WG_PER_SM.get(cfg[:2], 1)  # a table entry: two blocks per SM or more, at most one wave
     n_max, n_min = 128 * nw * (per_sm * 132 // cl), 128 * nw * -(-264 // cl)
+    if cl == 7:  # clusters of 7: only where more clusters of 8 are launched than the 62 resident
+        n_min = max(n_min, 128 * nw * 63)
     if n_min <= n_max:
         assert _takes(cfg, n_max, 132) and not _takes(cfg, n_max + 128 * nw, 132) and _takes(cfg, n_min, 132)
         assert not _takes(cfg, n_min - 128 * nw, 132) or n_min == 128 * nw
@@ -285,6 +288,20 @@ def test_wg_table_entries_fill_the_sms_once() -> None:
         assert _mma_cfg(64, 4096, 4096 + 128, 128, wg=True) == (4, 1, 4, 8)  # 33 x 8 = 264 blocks
         assert _mma_cfg(64, 4096, 28672, 128, wg=True) == (4, 1, 4, 2)  # 224 tiles x 2 = 448
         assert _mma_cfg(40, 4096, 14336, 128, wg=True) == (4, 1, 4, 4)  # before the many-tiles entry
+
+
+def test_wg_clusters_of_7_only_where_those_of_8_make_a_second_wave() -> None:
+    """M 33..64 takes clusters of 7 where N's column tiles (128 columns) need more clusters of 8 than the H200 holds at
+    once (62 of 66: _WG_CL8_RESIDENT), clusters of 8 where they all fit, and clusters of 4 or 2 where 7 would not
+    fit one wave; a device with more SMs keeps clusters of 8 at N = 8192."""
+    with use_tuning(**vars(W4A16Tuning())):
+        for m in (33, 48, 64):
+            assert _mma_cfg(m, 8192, 128 * 62, 128, wg=True) == (4, 1, 4, 8)  # 62 clusters of 8: all resident
+            for tiles in (63, 64, 75):
+                assert _mma_cfg(m, 8192, 128 * tiles, 128, wg=True) == (4, 1, 4, 7)
+            assert _mma_cfg(m, 8192, 128 * 76, 128, wg=True) == (4, 1, 4, 4)  # 76 x 7 > 4 x 132 blocks
+            assert _mma_cfg(m, 8192, 8192, 128, n_sm=144, wg=True) == (4, 1, 4, 8)
+        assert _takes((4, 1, 4, 7), 128 * 40, 132, forced=True) and not _takes((4, 1, 4, 7), 128 * 40, 132)
 
 
 def test_device_facts_read_once_per_device(monkeypatch) -> None:
@@ -327,7 +344,7 @@ def test_choice_is_kept_per_shape_device_and_knobs(monkeypatch) -> None:
     monkeypatch.setattr(quant, "_mma_cfg", lambda *a: walks.append(a) or real(*a))
     with use_tuning(**vars(W4A16Tuning())):
         first = quant.w4a16_choice(64, 8192, 8192, 128)
-        assert first == _mma_cfg(64, 8192, 8192, 128, 232448, 132, True) == (4, 1, 4, 8)
+        assert first == _mma_cfg(64, 8192, 8192, 128, 232448, 132, True) == (4, 1, 4, 7)
         assert quant.w4a16_choice(64, 8192, 8192, 128) == first and len(walks) == 1  # kept
         with use_tuning(mma=False):
             assert quant.w4a16_choice(64, 8192, 8192, 128) is None  # other knobs: asked again

@@ -58,7 +58,7 @@ def test_w4a16_wgmma_without_outliers(sm90, monkeypatch, m, k, n, gs, cfg, dt) -
     check(run(sm90, ins, dt), want, dt)
 
 
-@pytest.mark.parametrize("cfg", ["4,2,4,4", "1,4,4,8", "0,4,4,8", "4,2,4,1"])
+@pytest.mark.parametrize("cfg", ["4,2,4,4", "1,4,4,8", "0,4,4,8", "4,2,4,1", "4,1,4,7"])
 @pytest.mark.parametrize("m", [1, 16, 64])
 def test_w4a16_wgmma_same_bits_twice(sm90, monkeypatch, m, cfg) -> None:
     """The cluster adds its ranks' tiles in a fixed order: the same inputs give the same bits."""
@@ -67,7 +67,8 @@ def test_w4a16_wgmma_same_bits_twice(sm90, monkeypatch, m, cfg) -> None:
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
-@pytest.mark.parametrize(("m", "k", "n", "want"), [(33, 1024, 8192, (4, 1, 4, 8)), (64, 2048, 14336, (4, 1, 4, 4)),
+@pytest.mark.parametrize(("m", "k", "n", "want"), [(33, 1024, 8192, (4, 1, 4, 7)), (40, 1024, 7936, (4, 1, 4, 8)),
+                                                   (64, 2048, 14336, (4, 1, 4, 4)),
                                                    (48, 1536, 28672, (4, 1, 4, 2))])
 def test_w4a16_wgmma_by_default(sm90, monkeypatch, m, k, n, want, dt) -> None:
     """The op's own table (no knob set) takes w4a16_wgc at M 33..64 where it makes two blocks per SM or more, and
