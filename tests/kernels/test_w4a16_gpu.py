@@ -121,6 +121,18 @@ def test_w4a16_same_bits_twice(gpu, monkeypatch, m, cfg) -> None:
     same_bits_twice(gpu, m)
 
 
+def _same_bits_as_build(gpu, cp, monkeypatch, cfg: str, m: int, k: int, dt: str, defs: tuple[str, ...]) -> None:
+    """The op forced to ``cfg`` (N = 512, group size 64) matches float64 within its tolerance and gives the bits of
+    the same kernel built with ``defs``."""
+    n, gs = 512, 64
+    force(monkeypatch, cfg)
+    ins, want = case(m, k, n, gs, dt)
+    got = run(gpu, ins, dt)
+    check(got, want, dt)
+    c = tuple(int(v) for v in cfg.split(","))
+    assert _bits(got, dt) == _built_run(cp, ins, m, k, n, gs, c, dt, defs)
+
+
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
 @pytest.mark.parametrize(("cfg", "m", "k"), [("0,4,8,0,3,1,2", 1, 2048), ("0,4,8,0,3,1,2", 6, 4480),
                                              ("0,4,8,0,3,1,2", 3, 64), ("-2,4,8,0,3,1,2", 16, 2048),
@@ -129,13 +141,7 @@ def test_w4a16_cluster_push_gives_the_bits_of_two_barriers(gpu, cp, monkeypatch,
     """w4a16_wkc with clusters of 2 and one m-block: rank 1 stores its block sum into rank 0's tile (st.async on an
     mbarrier) and rank 0 writes every output. The same kernel built with -DW4_PUSH=0 (both ranks read both tiles between
     two cluster barriers, as before) gives the same bits: rank 0's sum plus rank 1's, in that order, either way."""
-    n, gs = 512, 64
-    force(monkeypatch, cfg)
-    ins, want = case(m, k, n, gs, dt)
-    got = run(gpu, ins, dt)
-    check(got, want, dt)
-    c = tuple(int(v) for v in cfg.split(","))
-    assert _bits(got, dt) == _built_run(cp, ins, m, k, n, gs, c, dt, ("-DW4_PUSH=0",))
+    _same_bits_as_build(gpu, cp, monkeypatch, cfg, m, k, dt, ("-DW4_PUSH=0",))
 
 
 def _bits(got, dt: str) -> bytes:
@@ -185,13 +191,7 @@ def test_w4a16_loop_and_epilogue_switches_give_the_bits_of_before(gpu, cp, monke
     correction's scales and zeros as 16-byte words (W4_SZV): the same arithmetic in the same order, so the same bits as the kernel built
     with all five off (as before), and the op's tolerance against float64. With one m-block and several (M = 12 at
     MT 0, 20 at MT -2: a last m-block of fewer rows), a global K split (BPS 1 on 4 tiles), none, and clusters."""
-    n, gs = 512, 64
-    force(monkeypatch, cfg)
-    ins, want = case(m, k, n, gs, dt)
-    got = run(gpu, ins, dt)
-    check(got, want, dt)
-    c = tuple(int(v) for v in cfg.split(","))
-    assert _bits(got, dt) == _built_run(cp, ins, m, k, n, gs, c, dt, _BEFORE)
+    _same_bits_as_build(gpu, cp, monkeypatch, cfg, m, k, dt, _BEFORE)
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
