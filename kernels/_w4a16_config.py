@@ -294,8 +294,9 @@ def _global_split(cfg: tuple[int, ...], k: int, n: int, n_sm: int) -> bool:
 def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> bool:
     """Whether ``cfg`` takes N columns: 32*NWORD divides N (128*NWORD for w4a16_wg / wgc: a table entry makes two
     blocks per SM or more in one wave, clusters of 7 only where those of 8 would not all be resident); for
-    w4a16_wkc, the column tiles times CL fit in one wave of one block per SM, and (unless forced) CL is the split BPS = 1 would choose, round(n_sm / tiles): the cluster
-    replaces that split's global partials and never makes a split of its own."""
+    w4a16_wkc, the column tiles times CL fit in one wave of one block per SM, and (unless forced) CL is the split
+    BPS = 1 would choose, round(n_sm / tiles): the cluster replaces that split's global partials and never makes a
+    split of its own."""
     if len(cfg) == 4:  # w4a16_wg: 128*NWORD columns per block; a table entry: two blocks per SM or more, one wave
         tiles, per_sm = n // (128 * cfg[1]), _WG_PER_SM.get(cfg[:2], 1)
         if n % (128 * cfg[1]) or not (forced or 2 * n_sm <= tiles * cfg[3] <= per_sm * n_sm):
