@@ -1,7 +1,9 @@
 """Probe: gemm_w4a16's w4a16_wk / w4a16_wkc kernels built with compile-time switches of ``cuda/w4a16_mma.cu`` (probe
 builds: ``-DW4_ROT=1`` and the like) against the product build, at the same shapes and configurations.
 
-For each case ``M,K,N:configuration`` of ``--cases`` (six numbers: w4a16_wk, seven: w4a16_wkc) and each build of
+For each case ``M,K,N:configuration`` of ``--cases`` (six numbers: w4a16_wk, seven: w4a16_wkc, four: w4a16_wg /
+w4a16_wgc, whose every build, the empty one too, is compiled here for sm_90a from ``w4a16_mma.cu+w4a16_wg.cu``, so that
+a configuration the product does not build can be timed) and each build of
 ``--defs`` (';'-separated; the empty one is the op itself, forced to the configuration), it times one call after
 another as a programmatic dependent launch (``gpu_kernels._timer``: CUDA events around batches queued behind a spin
 kernel, median of 5 batches, weight sets rotated so that L2 cannot hold them), and compares the output with the op's
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,42 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpu_kernels import _timer, in_specs_of, probe_record, w4a16_sets, write_json  # noqa: E402
+
+
+def _wg_module(cp: Any, code: str, opts: str, names: list[str]) -> tuple[Any, dict[str, str]]:
+    """The wgmma module (as ``shmrpc.kernels._cuda._ArchModule`` builds it for sm_90a) with the extra options ``opts``:
+    (the loaded module, name expression -> lowered name)."""
+    from cupy.cuda import compiler, function
+
+    options = ("-std=c++17", "--device-as-default-execution-space", "-arch=sm_90a", *opts.split())
+    prog = compiler._NVRTCProgram(code, "probe_sm_90a.cu", name_expressions=names, method="cubin")
+    cubin, lowered = prog.compile(options)
+    mod = function.Module()
+    mod.load(bytes(cubin))
+    return mod, dict(lowered)
+
+
+def _op_once(spec: Any, cfg: tuple[int, ...], calls: list[Any], use_tuning: Any) -> Callable[[], Any]:
+    """One call of the op forced to ``cfg``, over ``calls`` in turn."""
+    it = iter(range(10**9))
+
+    def once() -> Any:
+        with use_tuning(mma_cfg=cfg, mma_m1=True):
+            return spec.cupy(calls[next(it) % len(calls)])["out"]
+    return once
+
+
+def _raw_once(wk_launch: Any, fn: Any, grid: tuple[int, int], warps: int, smem: int, calls: list[Any],
+              tail: tuple[Any, ...], out: Any) -> Callable[[], Any]:
+    """One dependent launch of the probe build's kernel ``fn`` over ``calls`` in turn (arguments: the call's four
+    arrays, then ``tail``); returns ``out``."""
+    it = iter(range(10**9))
+
+    def once() -> Any:
+        c = calls[next(it) % len(calls)].inputs
+        wk_launch(fn, grid, warps, smem, (c["x"], c["qweight"], c["scales"], c["zeros"], *tail), pdl=True)
+        return out
+    return once
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._cuda import sm_count, source
     from shmrpc.kernels._registry import OpCall
-    from shmrpc.kernels._w4a16_config import _wk_name, w4a16_wk_launch
+    from shmrpc.kernels._w4a16_config import _wg_name, _wk_name, w4a16_wg_launch, w4a16_wk_launch
     from shmrpc.kernels.quant import use_tuning, wk_launch
 
     n_sm = sm_count()
@@ -47,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(tuple(int(v) for v in c.split(":")[0].split(",")), tuple(int(v) for v in c.split(":")[1].split(",")))
              for c in args.cases.split(";") if c]
     builds = args.defs.split(";")
-    mods: dict[str, Any] = {}
-    names = sorted({_wk_name("F16", cfg) for _, cfg in cases})
+    mods: dict[Any, Any] = {}
+    names = sorted({_wk_name("F16", cfg) for _, cfg in cases if len(cfg) != 4})
+    wg_names = sorted({_wg_name("F16", cfg) for _, cfg in cases if len(cfg) == 4})
     print(f"{'case':<34} {'build':<16} {'us':>7} {'max diff':>9}")
     for (m, k, n), cfg in cases:
         gs, g = 128, k // 128
@@ -56,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         x = (rs.standard_normal((m, k)) / np.sqrt(k)).astype(cp.float16)
         calls = [OpCall(cp, {"x": x, "qweight": q, "scales": s, "zeros": z}, in_specs_of(TensorSpec, m, k, n, g),
                         {"out": TensorSpec((m, n), "float16")}, {}, {}, {}) for q, s, z in sets]
-        (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, n_sm, cfg)
+        if len(cfg) == 4:
+            (tiles, ksplit), cpb, smem = w4a16_wg_launch(m, k, n, cfg)
+        else:
+            (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, n_sm, cfg)
         partial = cp.empty((max(1, ksplit * m * n) if len(cfg) == 6 else 1,), dtype=cp.float32)
         counters = cp.zeros((max(tiles, 1024),), dtype=cp.uint32)
         out = cp.empty((m, n), dtype=cp.float16)
@@ -65,23 +108,21 @@ def main(argv: list[str] | None = None) -> int:
         scale = float(cp.abs(want).max()) or 1.0
         for opts in builds:
             row: dict[str, Any] = {"M": m, "K": k, "N": n, "cfg": list(cfg), "build": opts or "product"}
-            it = iter(range(10**9))
-            if not opts:
-                def once(it: Any = it, cfg: tuple[int, ...] = cfg, calls: list[Any] = calls) -> Any:
-                    with use_tuning(mma_cfg=cfg, mma_m1=True):
-                        return spec.cupy(calls[next(it) % len(calls)])["out"]
+            once: Callable[[], Any]
+            if len(cfg) == 4:
+                if ("wg", opts) not in mods:
+                    mods[("wg", opts)] = _wg_module(cp, source("w4a16_mma.cu+w4a16_wg.cu"), opts, wg_names)
+                mod, lowered = mods[("wg", opts)]
+                once = _raw_once(wk_launch, mod.get_function(lowered[_wg_name("F16", cfg)]), (tiles, ksplit), 4, smem,
+                                 calls, (out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb))), out)
+            elif not opts:
+                once = _op_once(spec, cfg, calls, use_tuning)
             else:
                 if opts not in mods:
                     mods[opts] = cp.RawModule(code=source("w4a16_mma.cu"), options=("-std=c++17", *opts.split()),
                                               name_expressions=names)
-                fn = mods[opts].get_function(_wk_name("F16", cfg))
-                tail = (partial, counters, out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb)))
-
-                def once(it: Any = it, fn: Any = fn, tail: tuple[Any, ...] = tail, grid: tuple[int, int] = (tiles, ksplit),
-                         warps: int = cfg[2], smem: int = smem, calls: list[Any] = calls) -> Any:
-                    c = calls[next(it) % len(calls)].inputs
-                    wk_launch(fn, grid, warps, smem, (c["x"], c["qweight"], c["scales"], c["zeros"], *tail), pdl=True)
-                    return tail[2]
+                once = _raw_once(wk_launch, mods[opts].get_function(_wk_name("F16", cfg)), (tiles, ksplit), cfg[2], smem,
+                                 calls, (partial, counters, out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb))), out)
             got = once()  # calls[0], as want
             row["max_diff"] = float(cp.abs(got.astype(cp.float32) - want).max()) / scale
             row["seconds"] = _timer(cp, once, args.reps)

@@ -75,6 +75,9 @@
 #   ncul2   Nsight Compute: the L2 sectors gemm_w4a16's kernels ask for against the DRAM bytes, the copies' shared-memory
 #           wavefronts, per case of NCUL2_CASES (label:cfg:M:K:N; default w4a16_wk at 112 and 128 blocks, w4a16_wkc at 128,
 #           w4a16_wk at 64) -> $OUT/ncu-l2-LABEL.txt
+#   ncusrc  Nsight Compute on one kernel per case of NCUSRC_CASES (label:cfg:M:K:N; cfg empty: the table's): the sections
+#           of ncu with the sampled warp stalls, and per SASS instruction its executed count and sampled stalls
+#           (--page source) -> $OUT/ncu-src-LABEL.txt, $OUT/ncu-src-LABEL-sass.csv
 #   graphs  the CUDA graphs of batches and of chunked runs: bench/gpu/tiny_probe.py --batch (in process), the
 #           256 MiB request through the worker without its graph and with it, launched by the loop or run by an
 #           executor thread, over ZeroMQ and through both lanes (bench/gpu_e2e.py --only graphs)
@@ -310,6 +313,21 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
         grep -E "^M=|w4a16|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issue Slots Busy|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|stalled_(long_scoreboard|short_scoreboard|barrier|wait|math_pipe|mio|lg_throttle|not_selected|selected|dispatch|no_instruction|branch|membar|sleeping|tex|drain|misc|imc)" \
           "$OUT/ncu-w4a16-m$mm.txt" | head -40
       done ;;
+    ncusrc)  # Nsight Compute per case, with the stalls per SASS instruction (sampled) -> $OUT/ncu-src-LABEL{.txt,-sass.csv}
+      for c in ${NCUSRC_CASES:-m64:4,1,4,7:64:8192:8192 m64n14k:4,1,4,4:64:4096:14336}; do
+        IFS=: read -r label cfg mm kk nn <<< "$c"
+        echo "== ncu (source): $label M=$mm K=$kk N=$nn cfg=${cfg:-table}"
+        SHMRPC_W4A16_MMA_CFG="$cfg" timeout 240 ncu --kernel-name regex:w4a16 --launch-skip 20 --launch-count 1 \
+          --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+          --section WarpStateStats --section SchedulerStats --section Occupancy --section SourceCounters \
+          --section InstructionStats --import-source no -o "/tmp/ncu-src-$label" -f \
+          python3 bench/gpu/w4a16_ncu.py --m "$mm" --k "$kk" --n "$nn" > "$OUT/ncu-src-$label.txt" 2>&1
+        ncu -i "/tmp/ncu-src-$label.ncu-rep" --print-details all >> "$OUT/ncu-src-$label.txt" 2>&1
+        ncu -i "/tmp/ncu-src-$label.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu-src-$label-sass.csv" 2>&1
+        grep -E "Duration|Issue Slots Busy|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|No Eligible|Stall" \
+          "$OUT/ncu-src-$label.txt" | cut -c1-130 | head -30
+        head -c 600 "$OUT/ncu-src-$label-sass.csv"; echo
+      done ;;
     ncul2)  # L2 requests against DRAM bytes of gemm_w4a16's kernels (docs/kernels.md, "Where M = 1 at 4096x14336 loses its
       # time"): NCUL2_CASES, space-separated label:cfg:M:K:N (cfg empty: the table's; commas as in SHMRPC_W4A16_MMA_CFG)
       # -> $OUT/ncu-l2-LABEL.txt
@@ -486,7 +504,7 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
       echo "== bench/async_loop_ab.py (wrap_future vs direct finish, 3 rounds)"
       timeout 60 python3 bench/async_loop_ab.py --rounds 3 --out "$OUT/bench-async-gpuhost-loop-ab.json" \
         2>&1 | tail -16 ;;
-    *) echo "unknown stage $stage (suite, gputests, kernels, ncul2, gpu, lat, bw, spin, probe, model, small, pin, gemmpin, graphspin, smallgpu, sweep, sweepgpu, pool, ab, gemmab, w4a16, graphs, gemmprof, inline1m, singlesab, loop)" ;;
+    *) echo "unknown stage $stage (suite, gputests, kernels, ncul2, ncusrc, gpu, lat, bw, spin, probe, model, small, pin, gemmpin, graphspin, smallgpu, sweep, sweepgpu, pool, ab, gemmab, w4a16, graphs, gemmprof, inline1m, singlesab, loop)" ;;
     esac
   done
 } 2>&1 | tee "$OUT/run-${stages// /-}.log"

@@ -587,6 +587,8 @@ __device__ __forceinline__ float4 ld_cluster_f4(u32 local_addr, u32 rank) {  // 
 __device__ __forceinline__ void add4(float4& v, const float4 u) { v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w; }
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+// an arrival that orders nothing before it (the block has nothing to publish; its reads of peers' shared memory are done)
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
 // v into block `rank`'s shared memory at the offset local_addr has here; the bytes complete_tx on that block's mbarrier
 // at the offset local_bar has here (sm_90, PTX 8.1)
 __device__ __forceinline__ void st_async_f4(u32 local_addr, float4 v, u32 local_bar, u32 rank) {
