@@ -113,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
                 if ("wg", opts) not in mods:
                     mods[("wg", opts)] = _wg_module(cp, source("w4a16_mma.cu+w4a16_wg.cu"), opts, wg_names)
                 mod, lowered = mods[("wg", opts)]
-                once = _raw_once(wk_launch, mod.get_function(lowered[_wg_name("F16", cfg)]), (tiles, ksplit), 4, smem,
-                                 calls, (out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb))), out)
+                fn = mod.get_function(lowered[_wg_name("F16", cfg)])
+                row.update(num_regs=getattr(fn, "num_regs", None), local_bytes=getattr(fn, "local_size_bytes", None))
+                once = _raw_once(wk_launch, fn, (tiles, ksplit), 4, smem, calls,
+                                 (out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb))), out)
             elif not opts:
                 once = _op_once(spec, cfg, calls, use_tuning)
             else:
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             row["seconds"] = _timer(cp, once, args.reps)
             res["rows"].append(row)
             print(f"{m},{k},{n}:{','.join(map(str, cfg)):<22} {row['build']:<16} {row['seconds'] * 1e6:7.2f} "
-                  f"{row['max_diff']:9.1e}", flush=True)
+                  f"{row['max_diff']:9.1e}" + (f" {row['num_regs']} registers" if row.get("num_regs") else ""), flush=True)
         sets.clear()
         cp.get_default_memory_pool().free_all_blocks()
     write_json(args.out, res)

@@ -33,6 +33,20 @@
 #ifndef W4_WGEPI
 #define W4_WGEPI 1
 #endif
+#ifndef W4_WGLB
+#define W4_WGLB 1  // the blocks per SM that the shared memory allows (4 at most) asked of ptxas at NWORD 1 (__launch_bounds__)
+#endif
+
+// The blocks of MT, NWORD, S that fit an SM (228 KiB of shared memory, 1 KiB of it reserved per block), at most 4 (128
+// threads of 128 registers each fill the register file): at NWORD 1 ptxas is held to that many, so that the registers
+// never cost a block per SM (the loop's allocation sits at 128, and one more register would make it 3 blocks).
+template <int MT, int NWORD, int S>
+struct WgFit {
+  static constexpr int NB = MT ? 16 * MT : 8, BC = 32 * NWORD;
+  static constexpr int STAGE = (NB * 128 + 4 * 32 * BC + 4 * 4 * BC + 1023) / 1024 * 1024, TILE = NB * (4 * BC + 4) * 4;
+  static constexpr int SMEM = (S * STAGE > TILE ? S * STAGE : TILE) + 1024, BY_SMEM = (228 * 1024) / (SMEM + 1024);
+  static constexpr int BLOCKS = W4_WGLB && NWORD == 1 ? (BY_SMEM < 4 ? BY_SMEM : 4) : 1;
+};
 
 template <class X, int NB> __device__ __forceinline__ void wg_mma(float* d, const u32* a, u64 desc);
 // One wgmma.mma_async m64nNBk16 (float32 accumulators d[NB/2], A = the four registers a, B = the descriptor), per input
@@ -227,7 +241,7 @@ __device__ __forceinline__ void wg_body(
 }
 
 template <class X, int MT, int NWORD, int S>
-__global__ void __launch_bounds__(128) w4a16_wg(
+__global__ void __launch_bounds__(128, (WgFit<MT, NWORD, S>::BLOCKS)) w4a16_wg(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
@@ -235,7 +249,7 @@ __global__ void __launch_bounds__(128) w4a16_wg(
 }
 
 template <class X, int MT, int NWORD, int S, int CL>
-__global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(128) w4a16_wgc(
+__global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(128, (WgFit<MT, NWORD, S>::BLOCKS)) w4a16_wgc(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
