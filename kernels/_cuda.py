@@ -69,12 +69,13 @@ def get_function(file: str, names: tuple[str, ...], name: str, arch: str | None 
 
 class _ArchModule:
     """A module compiled by NVRTC to a cubin for one target (``-arch=<arch>``), loaded with the driver; the cubin
-    kept in CuPy's cache directory (:func:`_arch_cubin`)."""
+    kept in CuPy's cache directory (:func:`_arch_cubin`). ``extra``: more compile options (probe builds of the bench
+    and the tests, e.g. ``("-DW4_WGEPI=0",)``; the op's own modules have none)."""
 
-    def __init__(self, code: str, names: tuple[str, ...], arch: str) -> None:
+    def __init__(self, code: str, names: tuple[str, ...], arch: str, extra: tuple[str, ...] = ()) -> None:
         from cupy.cuda import compiler, function
 
-        options = ("-std=c++17", "--device-as-default-execution-space", f"-arch={arch}")
+        options = ("-std=c++17", "--device-as-default-execution-space", f"-arch={arch}", *extra)
 
         def build() -> tuple[bytes, dict[str, str]]:
             prog = compiler._NVRTCProgram(code, "shmrpc_" + arch + ".cu", name_expressions=list(names), method="cubin")

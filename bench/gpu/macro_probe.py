@@ -3,7 +3,7 @@ builds: ``-DW4_ROT=1`` and the like) against the product build, at the same shap
 
 For each case ``M,K,N:configuration`` of ``--cases`` (six numbers: w4a16_wk, seven: w4a16_wkc, four: w4a16_wg /
 w4a16_wgc, whose every build, the empty one too, is compiled here for sm_90a from ``w4a16_mma.cu+w4a16_wg.cu``, so that
-a configuration the product does not build can be timed) and each build of
+a configuration the product does not build can be timed; ``shmrpc.kernels._cuda._ArchModule``) and each build of
 ``--defs`` (';'-separated; the empty one is the op itself, forced to the configuration), it times one call after
 another as a programmatic dependent launch (``gpu_kernels._timer``: CUDA events around batches queued behind a spin
 kernel, median of 5 batches, weight sets rotated so that L2 cannot hold them), and compares the output with the op's
@@ -29,17 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpu_kernels import _timer, in_specs_of, probe_record, w4a16_sets, write_json  # noqa: E402
 
 
-def _wg_module(cp: Any, code: str, opts: str, names: list[str]) -> tuple[Any, dict[str, str]]:
-    """The wgmma module (as ``shmrpc.kernels._cuda._ArchModule`` builds it for sm_90a) with the extra options ``opts``:
-    (the loaded module, name expression -> lowered name)."""
-    from cupy.cuda import compiler, function
-
-    options = ("-std=c++17", "--device-as-default-execution-space", "-arch=sm_90a", *opts.split())
-    prog = compiler._NVRTCProgram(code, "probe_sm_90a.cu", name_expressions=names, method="cubin")
-    cubin, lowered = prog.compile(options)
-    mod = function.Module()
-    mod.load(bytes(cubin))
-    return mod, dict(lowered)
+def _registers(cp: Any, fn: Any) -> dict[str, int]:
+    """The kernel's registers per thread and local (spilled) bytes per thread, from the driver."""
+    get = cp.cuda.driver.funcGetAttribute
+    return {"num_regs": get(4, fn.ptr), "local_bytes": get(3, fn.ptr)}  # CU_FUNC_ATTRIBUTE_NUM_REGS, LOCAL_SIZE_BYTES
 
 
 def _op_once(spec: Any, cfg: tuple[int, ...], calls: list[Any], use_tuning: Any) -> Callable[[], Any]:
@@ -75,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     import cupy as cp
 
     from shmrpc.kernels import REGISTRY, TensorSpec
-    from shmrpc.kernels._cuda import sm_count, source
+    from shmrpc.kernels._cuda import _ArchModule, sm_count, source
     from shmrpc.kernels._registry import OpCall
     from shmrpc.kernels._w4a16_config import _wg_name, _wk_name, w4a16_wg_launch, w4a16_wk_launch
     from shmrpc.kernels.quant import use_tuning, wk_launch
@@ -88,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     builds = args.defs.split(";")
     mods: dict[Any, Any] = {}
     names = sorted({_wk_name("F16", cfg) for _, cfg in cases if len(cfg) != 4})
-    wg_names = sorted({_wg_name("F16", cfg) for _, cfg in cases if len(cfg) == 4})
+    wg_names = tuple(sorted({_wg_name("F16", cfg) for _, cfg in cases if len(cfg) == 4}))
     print(f"{'case':<34} {'build':<16} {'us':>7} {'max diff':>9}")
     for (m, k, n), cfg in cases:
         gs, g = 128, k // 128
@@ -111,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             once: Callable[[], Any]
             if len(cfg) == 4:
                 if ("wg", opts) not in mods:
-                    mods[("wg", opts)] = _wg_module(cp, source("w4a16_mma.cu+w4a16_wg.cu"), opts, wg_names)
-                mod, lowered = mods[("wg", opts)]
-                fn = mod.get_function(lowered[_wg_name("F16", cfg)])
-                row.update(num_regs=getattr(fn, "num_regs", None), local_bytes=getattr(fn, "local_size_bytes", None))
+                    mods[("wg", opts)] = _ArchModule(source("w4a16_mma.cu+w4a16_wg.cu"), wg_names, "sm_90a",
+                                                     tuple(opts.split()))
+                fn = mods[("wg", opts)].get_function(_wg_name("F16", cfg))
+                row.update(_registers(cp, fn))
                 once = _raw_once(wk_launch, fn, (tiles, ksplit), 4, smem, calls,
                                  (out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb))), out)
             elif not opts:

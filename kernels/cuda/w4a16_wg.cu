@@ -22,14 +22,9 @@
 // Host guarantees: N % (128*NWORD) == 0, K % 64 == 0, group_rows % 32 == 0, 16-byte aligned contiguous arrays; M > NB
 // runs as several m-blocks (the weights read again); no device-side assert. Dynamic shared memory: max(S*STAGE,
 // NB*(128*NWORD + 4)*4) + 1024 bytes (_wg_smem on the host).
-// The K split of w4a16_wgc: rank y takes chunks [y*n/CL, (y+1)*n/CL) of the n (W4_WGBAL: the ranks differ by one chunk
-// at most; before, ceil(n/CL) each and the rest to the last rank, e.g. 19 x 6 + 14 at n = 128, CL = 7). The second
-// cluster barrier of its epilogue (W4_WGEPI) arrives without release: it only keeps every tile alive until all ranks
-// have read it, and a release there waited for this block's output stores to complete (MEMBAR.ALL.GPU).
+// The second cluster barrier of w4a16_wgc's epilogue (W4_WGEPI) arrives without release: it only keeps every tile alive
+// until all ranks have read it, and a release there waited for this block's output stores to complete (MEMBAR.ALL.GPU).
 
-#ifndef W4_WGBAL
-#define W4_WGBAL 1
-#endif
 #ifndef W4_WGEPI
 #define W4_WGEPI 1
 #endif
@@ -108,8 +103,7 @@ __device__ __forceinline__ void wg_body(
   unsigned char* const bsm = dsm + (base - smem_addr(dsm));
   const int col0 = blockIdx.x * BCB, wcol = col0 + warp * BC;
   const int n_chunks = K >> 6;
-  const int c_begin = W4_WGBAL ? (int)blockIdx.y * n_chunks / (int)gridDim.y : min((int)blockIdx.y * cpb, n_chunks);
-  const int n = W4_WGBAL ? ((int)blockIdx.y + 1) * n_chunks / (int)gridDim.y - c_begin : min(c_begin + cpb, n_chunks) - c_begin;
+  const int c_begin = min((int)blockIdx.y * cpb, n_chunks), n = min(c_begin + cpb, n_chunks) - c_begin;
   // this lane's weight copies (as w4a16_wk): piece lc16 of rows lrow + i*RPI of the warp's slab
   constexpr int NPC = BC / 16, RPI = 32 / NPC;
   const int lrow = lane / NPC, lc16 = lane % NPC;

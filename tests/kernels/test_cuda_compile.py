@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 from shmrpc.kernels._cuda import CUDA_DIR, source
 from shmrpc.kernels._dtypes import itemsize
 from shmrpc.kernels._nvrtc import OPTIONS, Compiled, NvrtcError, compile_cubin, load
-from shmrpc.kernels._w4a16_config import _mma_names, _w4a16_names, _wg_names
+from shmrpc.kernels._w4a16_config import _WG_VARIANTS, _mma_names, _w4a16_names, _wg_name, _wg_names, _wg_smem
 from shmrpc.kernels.norm import _KT, _LN_BLOCKS, _ln_names, _sm_names
 
 try:
@@ -79,7 +80,8 @@ def compiled() -> dict[tuple[str, str], list[concurrent.futures.Future[Compiled]
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2)
     futures: dict[tuple[str, str], list[concurrent.futures.Future[Compiled]]] = {}
     for key, code, names, arch in sorted(jobs, key=lambda j: -len(j[2])):
-        futures.setdefault(key, []).append(pool.submit(_compile, code, names, arch))
+        opts = (*OPTIONS, "--ptxas-options=-v") if arch == "sm_90a" else OPTIONS  # the wgmma kernels' registers
+        futures.setdefault(key, []).append(pool.submit(compile_cubin, NVRTC, code, names, arch, opts))
     pool.shutdown(wait=False)
     return futures
 
@@ -161,3 +163,59 @@ def test_each_loop_and_epilogue_switch_changes_the_product_where_it_applies() ->
         assert cubin(mt0, off) != product0, off
     on = ("-DW4_HALF=2", "-DW4_M1=1", "-DW4_ZLATE=1", "-DW4_EDEAD=1", "-DW4_SZV=1")
     assert cubin(mt0, *on) == product0 and cubin(mt2, *on) == product2
+
+
+def _registers(log: str) -> dict[str, int]:
+    """ptxas -v's registers per thread, by lowered (mangled) kernel name."""
+    out: dict[str, int] = {}
+    name = None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)'", line)
+        name = m.group(1) if m else name
+        m = re.search(r"Used (\d+) registers", line)
+        if m and name:
+            out[name] = int(m.group(1))
+    return out
+
+
+@pytest.mark.skipif(NVRTC is None, reason="NVRTC is not installed (pip install nvidia-cuda-nvrtc, in the dev extra)")
+def test_the_wgmma_kernels_keep_the_blocks_their_shared_memory_allows(compiled) -> None:
+    """w4a16_wg / w4a16_wgc at NWORD 1 (128 threads) run as many blocks per SM as their shared memory allows, up to 4
+    (228 KiB per SM, 1 KiB reserved per block; 64 K registers): held by __launch_bounds__ (W4_WGLB). Without it the
+    same source took 128 registers from the GPU host's NVRTC in the product's module and 144-146 from this one's
+    (13.5), and a probe module of a few kernels took 146 there: three blocks per SM, and 43 µs instead of 33 at M = 64,
+    8192² (docs/kernels.md, "The epilogue's barrier and the registers of the wgmma kernels")."""
+    regs: dict[str, int] = {}
+    lowered: dict[str, str] = {}
+    for f in compiled["w4a16_mma.cu+w4a16_wg.cu", "sm_90a"]:
+        regs.update(_registers(f.result().log))
+        lowered.update(f.result().lowered)
+    seen = 0
+    for cfg in _WG_VARIANTS:
+        if cfg[1] != 1:
+            continue
+        blocks = min(4, 228 * 1024 // (_wg_smem(cfg) + 1024))
+        for kt in ("F16", "BF16"):
+            used = regs[lowered[_wg_name(kt, cfg)]]
+            per_warp = -(-used // 8) * 8 * 32  # registers are given to a warp in units of 8 per thread
+            assert per_warp * 4 * blocks <= 64 * 1024, (cfg, kt, used, blocks)
+            seen += 1
+    assert seen >= 8  # (4, 1, 4, 2), (4, 1, 4, 4), (4, 1, 4, 7), (4, 1, 4, 8), ... in both dtypes
+
+
+@pytest.mark.skipif(NVRTC is None, reason="NVRTC is not installed (pip install nvidia-cuda-nvrtc, in the dev extra)")
+def test_the_relaxed_cluster_arrival_is_in_the_product() -> None:
+    """The second cluster barrier of w4a16_wgc's epilogue arrives without release (W4_WGEPI): the product's code differs
+    from the -DW4_WGEPI=0 build's, which the GPU test (test_w4a16_wgc_relaxed_arrival_gives_the_bits_of_before) checks
+    it against bit for bit, and w4a16_wg (no cluster) is the same either way."""
+    assert NVRTC is not None
+    code = source("w4a16_mma.cu+w4a16_wg.cu")
+    wgc, wg = _wg_name("F16", (4, 1, 4, 7)), _wg_name("F16", (4, 2, 4, 1))
+    assert {wgc, wg} <= set(_wg_names("F16"))
+
+    def cubin(name: str, *opts: str) -> bytes:
+        return compile_cubin(NVRTC, code, (name,), "sm_90a", (*OPTIONS, *opts)).cubin
+
+    assert cubin(wgc) != cubin(wgc, "-DW4_WGEPI=0")
+    assert cubin(wgc) == cubin(wgc, "-DW4_WGEPI=1")
+    assert cubin(wg) == cubin(wg, "-DW4_WGEPI=0")

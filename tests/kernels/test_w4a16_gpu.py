@@ -152,24 +152,45 @@ def _bits(got, dt: str) -> bytes:
 
 
 def _built_run(cp, ins, m: int, k: int, n: int, gs: int, c: tuple[int, ...], dt: str, options: tuple[str, ...]) -> bytes:
-    """The output words of w4a16_wk / w4a16_wkc configuration ``c`` built from today's source with the extra compile
-    ``options`` (a probe build), launched on ``ins`` as the op launches it."""
+    """The output words of configuration ``c`` (w4a16_wk / w4a16_wkc, or four numbers: w4a16_wg / w4a16_wgc, for
+    sm_90a) built from today's source with the extra compile ``options`` (a probe build), launched on ``ins`` as the op
+    launches it."""
     import numpy as np
 
-    from shmrpc.kernels._cuda import sm_count, source
-    from shmrpc.kernels._w4a16_config import _wk_name, w4a16_wk_launch
+    from shmrpc.kernels._cuda import _ArchModule, sm_count, source
+    from shmrpc.kernels._w4a16_config import _wg_name, _wk_name, w4a16_wg_launch, w4a16_wk_launch
     from shmrpc.kernels.quant import wk_launch
 
     kt = "F16" if dt == "float16" else "BF16"
+    out = cp.zeros((m, n), dtype=cp.uint16)
+    arrays = (cp.asarray(ins["x"]).view(cp.uint16), cp.asarray(ins["q"]), cp.asarray(ins["s"]), cp.asarray(ins["z"]))
+    if len(c) == 4:
+        name = _wg_name(kt, c)
+        fn = _ArchModule(source("w4a16_mma.cu+w4a16_wg.cu"), (name,), "sm_90a", options).get_function(name)
+        grid, cpb, smem = w4a16_wg_launch(m, k, n, c)
+        wk_launch(fn, grid, 4, smem, (*arrays, out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb))))
+        return out.get().tobytes()
     mod = cp.RawModule(code=source("w4a16_mma.cu"), options=("-std=c++17", *options), name_expressions=[_wk_name(kt, c)])
     fn = mod.get_function(_wk_name(kt, c))
     (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, sm_count(), c)
-    out = cp.zeros((m, n), dtype=cp.uint16)
     partial = cp.empty((max(1, ksplit * m * n) if len(c) == 6 else 1,), dtype=cp.float32)
-    args = (cp.asarray(ins["x"]).view(cp.uint16), cp.asarray(ins["q"]), cp.asarray(ins["s"]), cp.asarray(ins["z"]),
-            partial, cp.zeros(1024, dtype=cp.uint32), out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb)))
+    args = (*arrays, partial, cp.zeros(1024, dtype=cp.uint32), out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb)))
     wk_launch(fn, (tiles, ksplit), c[2], smem, args)
     return out.get().tobytes()
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("cfg", "m", "k"), [("4,1,4,7", 64, 1024), ("4,1,4,7", 40, 4480), ("4,1,4,4", 33, 2048),
+                                             ("4,1,4,8", 64, 128), ("4,2,4,4", 64, 1024), ("4,2,4,1", 40, 1024)])
+def test_w4a16_wgc_relaxed_arrival_gives_the_bits_of_before(gpu, cp, monkeypatch, cfg, m, k, dt) -> None:
+    """w4a16_wgc's second cluster barrier arrives without release (W4_WGEPI) and its NWORD 1 kernels are held to their
+    blocks per SM (W4_WGLB): the same kernel built with both off gives the same bits (the ranks' tiles are added in the
+    same order; K = 128: most ranks without a chunk; (4, 2, 4, 1): no cluster, the code unchanged)."""
+    from shmrpc.kernels.quant import _sm90a
+
+    if not _sm90a():
+        pytest.skip("wgmma needs an sm_90 GPU (compute capability 9.0)")
+    _same_bits_as_build(gpu, cp, monkeypatch, cfg, m, k, dt, ("-DW4_WGEPI=0", "-DW4_WGLB=0"))
 
 
 # the switches of the chunk loop and the epilogue that leave the arithmetic as it was (docs/kernels.md, "One row's
