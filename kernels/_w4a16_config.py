@@ -187,7 +187,7 @@ _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # Where 8's clusters fit in one wave, 7 would give each block more chunks (19 against 16 at K = 8192): not taken there.
 _WG_M64 = ((4, 1, 4, 7), (4, 1, 4, 8), (4, 1, 4, 4), (4, 1, 4, 2))
 _WG_CL8_RESIDENT = (62, 66)  # clusters of 8 resident at four blocks per SM on the H200, of the 66 a wave would hold
-_WG_PER_SM = {(4, 1): 4}  # w4a16_wg blocks an SM holds, by (MT, NWORD), where more than one (ptxas: 128 registers)
+_WG_PER_SM = {(4, 1): 4}  # w4a16_wg blocks an SM holds, by (MT, NWORD), where more than one (128 registers: W4_WGLB)
 # M 1..8 where the cluster split takes N (N = 8192): 8 warps first again since the chunk's copies run from running
 # sources (efec061; 126 registers): 8192^2 M = 1 / 2 / 4 / 8 12.5 / 12.6 / 13.0 / 13.1 us against 13.0 / 13.0 / 13.2 / 13.4
 # for 12 warps, two rounds of w4a16-probe-extra-r{1,2}-2026-12-02-5c7ce43 (12 warps had won by 4% at 164 registers).
