@@ -183,7 +183,7 @@ def test_the_wgmma_kernels_keep_the_blocks_their_shared_memory_allows(compiled) 
     """w4a16_wg / w4a16_wgc at NWORD 1 (128 threads) run as many blocks per SM as their shared memory allows, up to 4
     (228 KiB per SM, 1 KiB reserved per block; 64 K registers): held by __launch_bounds__ (W4_WGLB). Without it the
     same source took 128 registers from the GPU host's NVRTC in the product's module and 144-146 from this one's
-    (13.5), and a probe module of a few kernels took 146 there: three blocks per SM, and 43 µs instead of 33 at M = 64,
+    (13.5), and probe modules of a few kernels took 146-152 there: three blocks per SM, and 43 µs instead of 33 at M = 64,
     8192² (docs/kernels.md, "The epilogue's barrier and the registers of the wgmma kernels")."""
     regs: dict[str, int] = {}
     lowered: dict[str, str] = {}
