@@ -28,6 +28,9 @@
 #ifndef W4_WGEPI
 #define W4_WGEPI 1
 #endif
+#ifndef W4_WGOFF
+#define W4_WGOFF 1  // the copies' sources as 32-bit offsets from the arrays' bases (fewer 64-bit values in the loop)
+#endif
 #ifndef W4_WGLB
 #define W4_WGLB 1  // the blocks per SM that the shared memory allows (4 at most) asked of ptxas at NWORD 1 (__launch_bounds__)
 #endif
@@ -128,6 +131,25 @@ __device__ __forceinline__ void wg_body(
     for (int s = 0; s < S; ++s)  // rows >= mrows of x zero in every stage (the copies only write rows < mrows)
       for (int i = tid; i < (NB - mrows) * 32; i += 128) reinterpret_cast<u32*>(bsm + s * STAGE + mrows * 128)[i] = 0u;
     fence_proxy_async();  // those stores visible to the wgmma's reads (after the first chunk's barrier)
+#if W4_WGOFF
+    // 32-bit offsets of this thread's copies of chunk 0 (elements of x, bytes of qweight, elements of the scales),
+    // added to the arrays' bases per copy (the host keeps each array's offsets under 2^32)
+    const u32 x_o = (u32)(m0 + xr) * (u32)K + 8u * (u32)xc, w_o = (u32)lrow * (u32)N + (u32)(wcol + 16 * lc16);
+    const u32 uN = (u32)N, uK = (u32)K;
+    auto issue = [&](int j) {  // chunk j of the block into stage j % S
+      const u32 ch = (u32)(c_begin + j);
+      const u32 st = base + (u32)((j % S) * STAGE);
+      const u32 wo = w_o + ch * 32u * uN;
+#pragma unroll
+      for (int i = 0; i < NPC; ++i) cp_async16_s(st + w_dst + (u32)(i * RPI * BC), qweight + (wo + (u32)(i * RPI) * uN));
+      if (sz_lane)
+        cp_async16_s(st + sz_dst, sz_src + (cpg_shift >= 0 ? ch >> cpg_shift : ch / (u32)cpg) * uN);
+      const u32 xo = x_o + ch * 64u;
+#pragma unroll
+      for (int i = 0; i < XP; ++i)
+        if (xr + 16 * i < mrows) cp_async16_s(st + x_dst + (u32)(i * 2048), x + (xo + (u32)(16 * i) * uK));
+    };
+#else
     const u16* x_src = x + (u64)(m0 + xr) * K + 8 * xc;
     auto issue = [&](int j) {  // chunk j of the block into stage j % S
       const int ch = c_begin + j;
@@ -141,6 +163,7 @@ __device__ __forceinline__ void wg_body(
       for (int i = 0; i < XP; ++i)
         if (xr + 16 * i < mrows) cp_async16_s(st + x_dst + (u32)(i * 2048), xs + (u64)i * x_pass);
     };
+#endif
     float acc[NP][NA];
 #pragma unroll
     for (int p = 0; p < NP; ++p)
