@@ -263,6 +263,7 @@ def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm
         return None  # the opt-in float16x2 kernel
     if k % 64 or gs % 64:
         return None
+    wg = wg and _wg_offsets_fit(m, k, n)
     if t.mma_cfg:
         ok = _mma_known(t.mma_cfg, smem_max) and _takes(t.mma_cfg, n, n_sm, forced=True) and (wg or len(t.mma_cfg) != 4)
         return t.mma_cfg if ok else None
@@ -270,6 +271,13 @@ def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm
     split_ok = m > _NO_GLOBAL_SPLIT_MAX_M or (wg and t.pdl)  # wg: an sm_90 device, where the launches are dependent
     return next((c for c in row if _mma_known(c, smem_max) and _takes(c, n, n_sm) and (wg or len(c) != 4)
                  and (split_ok or not _global_split(c, k, n, n_sm))), None)
+
+
+def _wg_offsets_fit(m: int, k: int, n: int) -> bool:
+    """Whether w4a16_wg / wgc may take the shape: its copies address x, qweight, the scales and the zeros by 32-bit
+    offsets from their bases (W4_WGOFF), so x's M*K elements and qweight's K/2*N bytes (the scales' K/gs*N elements
+    are fewer) stay under 2**32; a larger layer takes the other tensor-core kernels (64-bit addresses)."""
+    return m * k < 2**32 and k // 2 * n < 2**32
 
 
 def _mma_row(m: int, n: int, n_sm: int) -> tuple[tuple[int, ...], ...]:

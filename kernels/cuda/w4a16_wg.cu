@@ -29,7 +29,8 @@
 #define W4_WGEPI 1
 #endif
 #ifndef W4_WGOFF
-#define W4_WGOFF 1  // the copies' sources as 32-bit offsets from the arrays' bases (fewer 64-bit values in the loop)
+#define W4_WGOFF 1  // the copies' sources as 32-bit offsets from the arrays' bases (fewer 64-bit values in the loop;
+                    // the host takes w4a16_wg only where they reach: _wg_offsets_fit)
 #endif
 #ifndef W4_WGLB
 #define W4_WGLB 1  // the blocks per SM that the shared memory allows (4 at most) asked of ptxas at NWORD 1 (__launch_bounds__)
@@ -133,7 +134,7 @@ __device__ __forceinline__ void wg_body(
     fence_proxy_async();  // those stores visible to the wgmma's reads (after the first chunk's barrier)
 #if W4_WGOFF
     // 32-bit offsets of this thread's copies of chunk 0 (elements of x, bytes of qweight, elements of the scales),
-    // added to the arrays' bases per copy (the host keeps each array's offsets under 2^32)
+    // added to the arrays' bases per copy (the host keeps each array's offsets under 2^32: _wg_offsets_fit)
     const u32 x_o = (u32)(m0 + xr) * (u32)K + 8u * (u32)xc, w_o = (u32)lrow * (u32)N + (u32)(wcol + 16 * lc16);
     const u32 uN = (u32)N, uK = (u32)K;
     auto issue = [&](int j) {  // chunk j of the block into stage j % S

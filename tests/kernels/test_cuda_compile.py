@@ -204,10 +204,11 @@ def test_the_wgmma_kernels_keep_the_blocks_their_shared_memory_allows(compiled) 
 
 
 @pytest.mark.skipif(NVRTC is None, reason="NVRTC is not installed (pip install nvidia-cuda-nvrtc, in the dev extra)")
-def test_the_relaxed_cluster_arrival_is_in_the_product() -> None:
-    """The second cluster barrier of w4a16_wgc's epilogue arrives without release (W4_WGEPI): the product's code differs
-    from the -DW4_WGEPI=0 build's, which the GPU test (test_w4a16_wgc_relaxed_arrival_gives_the_bits_of_before) checks
-    it against bit for bit, and w4a16_wg (no cluster) is the same either way."""
+def test_the_wgmma_switches_are_in_the_product() -> None:
+    """w4a16_wgc's second cluster barrier arrives without release (W4_WGEPI) and the wgmma kernels address their copies
+    by 32-bit offsets (W4_WGOFF): the product's code differs from each build with one of them off, which the GPU test
+    (test_w4a16_wgc_switches_give_the_bits_of_before) checks it against bit for bit; w4a16_wg (no cluster) is the same
+    with W4_WGEPI off."""
     assert NVRTC is not None
     code = source("w4a16_mma.cu+w4a16_wg.cu")
     wgc, wg = _wg_name("F16", (4, 1, 4, 7)), _wg_name("F16", (4, 2, 4, 1))
@@ -216,6 +217,9 @@ def test_the_relaxed_cluster_arrival_is_in_the_product() -> None:
     def cubin(name: str, *opts: str) -> bytes:
         return compile_cubin(NVRTC, code, (name,), "sm_90a", (*OPTIONS, *opts)).cubin
 
-    assert cubin(wgc) != cubin(wgc, "-DW4_WGEPI=0")
-    assert cubin(wgc) == cubin(wgc, "-DW4_WGEPI=1")
-    assert cubin(wg) == cubin(wg, "-DW4_WGEPI=0")
+    product, product_wg = cubin(wgc), cubin(wg)
+    assert cubin(wgc, "-DW4_WGEPI=0") != product
+    assert cubin(wgc, "-DW4_WGOFF=0") != product
+    assert cubin(wgc, "-DW4_WGEPI=1", "-DW4_WGOFF=1", "-DW4_WGLB=1") == product
+    assert cubin(wg, "-DW4_WGEPI=0") == product_wg
+    assert cubin(wg, "-DW4_WGOFF=0") != product_wg

@@ -304,6 +304,21 @@ def test_wg_clusters_of_7_only_where_those_of_8_make_a_second_wave() -> None:
         assert _takes((4, 1, 4, 7), 128 * 40, 132, forced=True) and not _takes((4, 1, 4, 7), 128 * 40, 132)
 
 
+def test_wg_only_where_its_32_bit_offsets_reach(monkeypatch) -> None:
+    """The wgmma kernels address their copies by 32-bit offsets: a layer whose qweight has 2**32 bytes or more (K/2 * N)
+    takes another tensor-core kernel from the table, and a forced wg configuration is refused (the op falls back)."""
+    from support.w4a16 import force
+
+    with use_tuning(**vars(W4A16Tuning())):
+        assert _mma_cfg(64, 2**19, 8192, 128, wg=True) == (4, 1, 4, 7)  # 2**31 bytes: still wgmma
+        big = _mma_cfg(64, 2**20, 8192, 128, wg=True)  # 2**32 bytes
+        assert big is not None and len(big) != 4
+        assert _mma_cfg(64, 2**20, 8192, 128, wg=False) == big
+    force(monkeypatch, "4,1,4,7")
+    assert _mma_cfg(64, 2**19, 8192, 128, wg=True) == (4, 1, 4, 7)
+    assert _mma_cfg(64, 2**20, 8192, 128, wg=True) is None
+
+
 def test_device_facts_read_once_per_device(monkeypatch) -> None:
     """quant._device_facts (no GPU: a stand-in for cupy): the opt-in shared memory and sm_90a, per device, read once."""
     import sys

@@ -182,15 +182,16 @@ def _built_run(cp, ins, m: int, k: int, n: int, gs: int, c: tuple[int, ...], dt:
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
 @pytest.mark.parametrize(("cfg", "m", "k"), [("4,1,4,7", 64, 1024), ("4,1,4,7", 40, 4480), ("4,1,4,4", 33, 2048),
                                              ("4,1,4,8", 64, 128), ("4,2,4,4", 64, 1024), ("4,2,4,1", 40, 1024)])
-def test_w4a16_wgc_relaxed_arrival_gives_the_bits_of_before(gpu, cp, monkeypatch, cfg, m, k, dt) -> None:
-    """w4a16_wgc's second cluster barrier arrives without release (W4_WGEPI) and its NWORD 1 kernels are held to their
-    blocks per SM (W4_WGLB): the same kernel built with both off gives the same bits (the ranks' tiles are added in the
-    same order; K = 128: most ranks without a chunk; (4, 2, 4, 1): no cluster, the code unchanged)."""
+def test_w4a16_wgc_switches_give_the_bits_of_before(gpu, cp, monkeypatch, cfg, m, k, dt) -> None:
+    """w4a16_wgc's second cluster barrier arrives without release (W4_WGEPI), its copies are addressed by 32-bit offsets
+    (W4_WGOFF) and its NWORD 1 kernels are held to their blocks per SM (W4_WGLB): the same kernel built with all three
+    off gives the same bits (the same products, the ranks' tiles added in the same order; K = 128: most ranks without
+    a chunk; (4, 2, 4, 1): no cluster)."""
     from shmrpc.kernels.quant import _sm90a
 
     if not _sm90a():
         pytest.skip("wgmma needs an sm_90 GPU (compute capability 9.0)")
-    _same_bits_as_build(gpu, cp, monkeypatch, cfg, m, k, dt, ("-DW4_WGEPI=0", "-DW4_WGLB=0"))
+    _same_bits_as_build(gpu, cp, monkeypatch, cfg, m, k, dt, ("-DW4_WGEPI=0", "-DW4_WGLB=0", "-DW4_WGOFF=0"))
 
 
 # the switches of the chunk loop and the epilogue that leave the arithmetic as it was (docs/kernels.md, "One row's
