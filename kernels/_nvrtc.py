@@ -13,10 +13,11 @@ import ctypes
 import ctypes.util
 import dataclasses
 import importlib.util
+import re
 import shutil
 from pathlib import Path
 
-__all__ = ["OPTIONS", "Compiled", "NvrtcError", "compile_cubin", "load", "tool"]
+__all__ = ["OPTIONS", "Compiled", "NvrtcError", "compile_cubin", "load", "registers", "tool"]
 
 OPTIONS = ("-std=c++17", "--device-as-default-execution-space")  # as CuPy builds a RawModule (it adds the -arch)
 
@@ -88,3 +89,17 @@ def compile_cubin(lib: ctypes.CDLL, code: str, names: tuple[str, ...], arch: str
         return Compiled(cubin.raw, log, lowered)
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def registers(ptxas: str) -> dict[str, int]:
+    """ptxas -v output (``--ptxas-options=-v`` in a compile's log, or nvcc's) -> registers per thread by mangled name."""
+    out: dict[str, int] = {}
+    name = None
+    for line in ptxas.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)'", line)
+        if m:
+            name = m.group(1)
+        m = re.search(r"Used (\d+) registers", line)
+        if m and name:
+            out[name] = int(m.group(1))
+    return out

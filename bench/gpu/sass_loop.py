@@ -75,17 +75,10 @@ def template_args(mangled: str) -> list[int]:
 
 
 def registers(ptxas: str) -> dict[str, int]:
-    """ptxas -v output -> registers per thread by mangled name."""
-    out: dict[str, int] = {}
-    name = None
-    for line in ptxas.splitlines():
-        m = re.search(r"Compiling entry function '([^']+)'", line)
-        if m:
-            name = m.group(1)
-        m = re.search(r"Used (\d+) registers", line)
-        if m and name:
-            out[name] = int(m.group(1))
-    return out
+    """ptxas -v output -> registers per thread by mangled name (``shmrpc.kernels._nvrtc.registers``)."""
+    from shmrpc.kernels._nvrtc import registers as parse
+
+    return parse(ptxas)
 
 
 def build(cfgs: list[tuple[int, ...]], tmp: Path) -> tuple[str, str]:

@@ -40,7 +40,7 @@
 // threads of 128 registers each fill the register file): at NWORD 1 ptxas is held to that many, so that the registers
 // never cost a block per SM (the loop's allocation sits at 128, and one more register would make it 3 blocks).
 template <int MT, int NWORD, int S>
-struct WgFit {
+struct WgFit {  // SMEM: the host's _wg_smem
   static constexpr int NB = MT ? 16 * MT : 8, BC = 32 * NWORD;
   static constexpr int STAGE = (NB * 128 + 4 * 32 * BC + 4 * 4 * BC + 1023) / 1024 * 1024, TILE = NB * (4 * BC + 4) * 4;
   static constexpr int SMEM = (S * STAGE > TILE ? S * STAGE : TILE) + 1024, BY_SMEM = (228 * 1024) / (SMEM + 1024);
@@ -112,13 +112,17 @@ __device__ __forceinline__ void wg_body(
   constexpr int NPC = BC / 16, RPI = 32 / NPC;
   const int lrow = lane / NPC, lc16 = lane % NPC;
   const u32 w_dst = (u32)(XB + warp * WB + lrow * BC + 16 * (lc16 ^ wk_swz<NWORD>(lrow)));
+#if !W4_WGOFF
   const unsigned char* w_src = qweight + (u64)lrow * N + wcol + 16 * lc16;
   const u64 w_chunk = 32ull * (u64)N, w_piece = (u64)RPI * (u64)N;
+#endif
   // this thread's x copies: piece xc of rows xr + 16*i (i < XP), all at the same swizzled piece (16*i keeps r & 7)
   constexpr int XP = NB >= 16 ? NB / 16 : 1;
   const int xr = tid >> 3, xc = tid & 7;
   const u32 x_dst = (u32)(xr * 128 + 16 * (xc ^ (xr & 7)));
+#if !W4_WGOFF
   const u64 x_pass = 16ull * (u64)K;
+#endif
   const bool sz_lane = lane < BC / 4;
   const int sz_which = lane / (BC / 8), sz_off = lane % (BC / 8);
   const u16* sz_src = (sz_which ? zeros : scales) + wcol + 8 * sz_off;

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import re
 import struct
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 
 from shmrpc.kernels._cuda import CUDA_DIR, source
 from shmrpc.kernels._dtypes import itemsize
-from shmrpc.kernels._nvrtc import OPTIONS, Compiled, NvrtcError, compile_cubin, load
+from shmrpc.kernels._nvrtc import OPTIONS, Compiled, NvrtcError, compile_cubin, load, registers
 from shmrpc.kernels._w4a16_config import _WG_VARIANTS, _mma_names, _w4a16_names, _wg_name, _wg_names, _wg_smem
 from shmrpc.kernels.norm import _KT, _LN_BLOCKS, _ln_names, _sm_names
 
@@ -165,19 +164,6 @@ def test_each_loop_and_epilogue_switch_changes_the_product_where_it_applies() ->
     assert cubin(mt0, *on) == product0 and cubin(mt2, *on) == product2
 
 
-def _registers(log: str) -> dict[str, int]:
-    """ptxas -v's registers per thread, by lowered (mangled) kernel name."""
-    out: dict[str, int] = {}
-    name = None
-    for line in log.splitlines():
-        m = re.search(r"Compiling entry function '([^']+)'", line)
-        name = m.group(1) if m else name
-        m = re.search(r"Used (\d+) registers", line)
-        if m and name:
-            out[name] = int(m.group(1))
-    return out
-
-
 @pytest.mark.skipif(NVRTC is None, reason="NVRTC is not installed (pip install nvidia-cuda-nvrtc, in the dev extra)")
 def test_the_wgmma_kernels_keep_the_blocks_their_shared_memory_allows(compiled) -> None:
     """w4a16_wg / w4a16_wgc at NWORD 1 (128 threads) run as many blocks per SM as their shared memory allows, up to 4
@@ -188,7 +174,7 @@ def test_the_wgmma_kernels_keep_the_blocks_their_shared_memory_allows(compiled) 
     regs: dict[str, int] = {}
     lowered: dict[str, str] = {}
     for f in compiled["w4a16_mma.cu+w4a16_wg.cu", "sm_90a"]:
-        regs.update(_registers(f.result().log))
+        regs.update(registers(f.result().log))
         lowered.update(f.result().lowered)
     seen = 0
     for cfg in _WG_VARIANTS:
