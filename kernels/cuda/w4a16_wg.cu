@@ -90,107 +90,11 @@ __device__ __forceinline__ u64 wg_desc(u32 addr) {
   return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
 }
 
-// w4a16_wgs: the K split is G groups of a cluster of CL blocks each; a cluster adds its ranks' sums through distributed
-// shared memory (rank r the float4 slices r, r + CL, ... of the tile, 128 per pass, as w4a16_wgc) and writes them as
-// its group's float32 partial; the last block of the G that hold one rank's slices of a column tile (a counter per tile
-// and rank) adds the G partials in group order, and writes the output: the same order, so the
-// same bits, whichever comes last. The block's stores are published by one release (bar.sync, then thread 0's fence
-// and atomic); the last block's loads follow thread 0's fence and a bar.sync, past L1 (ld.global.cg). One m-block only
-// (the host's guarantee: M <= 16*MT), so that a counter is taken once per launch; the last block resets it.
-#ifndef W4_WGSX
-#define W4_WGSX 1  // 0 (probe builds only): every thread fences before the block's atomic
-#endif
-#ifndef W4_WGSB
-#define W4_WGSB 4  // float4 slices per thread whose loads (distributed shared memory, then the partials) go out together
-#endif
-template <class X, int CL, int G, int NB, int BCB, int OW>
-__device__ __forceinline__ void wg_groups(u32 tb, float* partial, unsigned int* counters, u16* out, int M, int N,
-                                          int m0, int mrows, int col0, u32 rank, int tid) {
-  constexpr int IT = (NB * (BCB / 4) + CL * 128 - 1) / (CL * 128);  // this thread's float4 slices, at most
-  constexpr int U = W4_WGSB < IT ? W4_WGSB : IT;  // slices whose loads are issued together
-  const int grp = (int)blockIdx.y / CL, n4 = mrows * (BCB / 4);
-#pragma unroll 1
-  for (int i0 = 0; i0 < IT; i0 += U) {
-    float4 u[U][CL];
-#pragma unroll
-    for (int j = 0; j < U; ++j) {
-      const int idx = (int)rank * 128 + tid + (i0 + j) * CL * 128;
-      if (i0 + j < IT && idx < n4) {
-        const u32 a = tb + 4u * (u32)((idx / (BCB / 4)) * OW + 4 * (idx % (BCB / 4)));
-#pragma unroll
-        for (int rk = 0; rk < CL; ++rk) u[j][rk] = ld_cluster_f4(a, rk);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < U; ++j) {
-      const int idx = (int)rank * 128 + tid + (i0 + j) * CL * 128;
-      if (i0 + j < IT && idx < n4) {
-        float4 v = u[j][0];
-#pragma unroll
-        for (int rk = 1; rk < CL; ++rk) add4(v, u[j][rk]);
-        *reinterpret_cast<float4*>(partial + ((u64)grp * M + m0 + idx / (BCB / 4)) * N + col0 + 4 * (idx % (BCB / 4))) = v;
-      }
-    }
-  }
-#if W4_WGEPI
-  cluster_arrive_relaxed();  // every read of the peers' tiles is done; nothing to publish through the cluster
-#endif
-  unsigned int* const ctr = counters + (blockIdx.x * CL + rank);
-#if W4_WGSX
-  __syncthreads();
-  int last = 0;
-  if (tid == 0) {
-    __threadfence();  // NOTE: after the bar.sync: the release covers every store of the block before it
-    last = atomicAdd(ctr, 1u) == (unsigned int)(G - 1);
-  }
-#else
-  __threadfence();
-  __syncthreads();
-  int last = 0;
-  if (tid == 0) last = atomicAdd(ctr, 1u) == (unsigned int)(G - 1);
-#endif
-  if (__syncthreads_or(last)) {
-    __threadfence();
-#pragma unroll 1
-    for (int i0 = 0; i0 < IT; i0 += U) {
-      float4 u[U][G];
-#pragma unroll
-      for (int j = 0; j < U; ++j) {
-        const int idx = (int)rank * 128 + tid + (i0 + j) * CL * 128;
-        if (i0 + j < IT && idx < n4) {
-          const float* p = partial + ((u64)m0 + idx / (BCB / 4)) * N + col0 + 4 * (idx % (BCB / 4));
-#pragma unroll
-          for (int gp = 0; gp < G; ++gp)
-            asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];"
-                         : "=f"(u[j][gp].x), "=f"(u[j][gp].y), "=f"(u[j][gp].z), "=f"(u[j][gp].w) : "l"(p + (u64)gp * M * N));
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < U; ++j) {
-        const int idx = (int)rank * 128 + tid + (i0 + j) * CL * 128;
-        if (i0 + j < IT && idx < n4) {
-          float4 v = u[j][0];
-#pragma unroll
-          for (int gp = 1; gp < G; ++gp) add4(v, u[j][gp]);
-          st_out4<X>(out + ((u64)m0 + idx / (BCB / 4)) * N + col0 + 4 * (idx % (BCB / 4)), v);
-        }
-      }
-    }
-    if (tid == 0) *ctr = 0u;
-  }
-#if W4_WGEPI
-  cluster_wait();
-#else
-  cluster_sync();
-#endif
-}
-
-template <class X, int MT, int NWORD, int S, int CL, int G = 1>
+template <class X, int MT, int NWORD, int S, int CL>
 __device__ __forceinline__ void wg_body(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
-    int M, int K, int N, int group_rows, int cpb, float* __restrict__ partial = nullptr,
-    unsigned int* __restrict__ counters = nullptr) {
+    int M, int K, int N, int group_rows, int cpb) {
   typedef MmaOps<X> O;
   constexpr int NB = MT ? 16 * MT : 8, NA = NB / 2, NT = 4 * NWORD, BC = 32 * NWORD, NP = 2 * NWORD;
   constexpr int XB = NB * 128, WB = 32 * BC, SZB = 4 * BC;
@@ -227,7 +131,7 @@ __device__ __forceinline__ void wg_body(
   const int bpiece = (g * NT) >> 4, boff = (g * NT) & 15;
   pdl_begin();
 
-  for (int m0 = 0; m0 < (G > 1 ? 1 : M); m0 += NB) {  // w4a16_wgs: one m-block (the host's guarantee)
+  for (int m0 = 0; m0 < M; m0 += NB) {
     const int mrows = min(NB, M - m0);
     for (int s = 0; s < S; ++s)  // rows >= mrows of x zero in every stage (the copies only write rows < mrows)
       for (int i = tid; i < (NB - mrows) * 32; i += 128) reinterpret_cast<u32*>(bsm + s * STAGE + mrows * 128)[i] = 0u;
@@ -333,24 +237,20 @@ __device__ __forceinline__ void wg_body(
       // barrier (no block reuses or leaves its tile while another still reads it)
       cluster_sync();
       const u32 rank = cluster_rank(), tb = smem_addr(tile);
-      if constexpr (G > 1) {
-        wg_groups<X, CL, G, NB, BCB, OW>(tb, partial, counters, out, M, N, m0, mrows, col0, rank, tid);
-      } else {
-        for (int idx = (int)rank * 128 + tid; idx < mrows * (BCB / 4); idx += CL * 128) {
-          const int r = idx / (BCB / 4), c = 4 * (idx % (BCB / 4));
-          const u32 a = tb + 4u * (u32)(r * OW + c);
-          float4 v = ld_cluster_f4(a, 0);
+      for (int idx = (int)rank * 128 + tid; idx < mrows * (BCB / 4); idx += CL * 128) {
+        const int r = idx / (BCB / 4), c = 4 * (idx % (BCB / 4));
+        const u32 a = tb + 4u * (u32)(r * OW + c);
+        float4 v = ld_cluster_f4(a, 0);
 #pragma unroll
-          for (int rk = 1; rk < CL; ++rk) add4(v, ld_cluster_f4(a, rk));
-          st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
-        }
-#if W4_WGEPI
-        cluster_arrive_relaxed();  // every read of the peers' tiles is done (its value stored); nothing to publish
-        cluster_wait();
-#else
-        cluster_sync();
-#endif
+        for (int rk = 1; rk < CL; ++rk) add4(v, ld_cluster_f4(a, rk));
+        st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
       }
+#if W4_WGEPI
+      cluster_arrive_relaxed();  // every read of the peers' tiles is done (its value stored); nothing to publish
+      cluster_wait();
+#else
+      cluster_sync();
+#endif
     } else {
       __syncthreads();
       for (int idx = tid; idx < mrows * (BCB / 4); idx += 128) {
@@ -376,12 +276,4 @@ __global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(128, (WgFit<MT, NWO
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
   wg_body<X, MT, NWORD, S, CL>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
-}
-
-template <class X, int MT, int NWORD, int S, int CL, int G>
-__global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(128, (WgFit<MT, NWORD, S>::BLOCKS)) w4a16_wgs(
-    const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
-    const u16* __restrict__ scales, const u16* __restrict__ zeros, float* __restrict__ partial,
-    unsigned int* __restrict__ counters, u16* __restrict__ out, int M, int K, int N, int group_rows, int cpb) {
-  wg_body<X, MT, NWORD, S, CL, G>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb, partial, counters);
 }
