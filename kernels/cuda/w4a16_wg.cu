@@ -32,6 +32,13 @@
 #define W4_WGOFF 1  // the copies' sources as 32-bit offsets from the arrays' bases (fewer 64-bit values in the loop;
                     // the host takes w4a16_wg only where they reach: _wg_offsets_fit)
 #endif
+#ifndef W4_WGCP
+#define W4_WGCP 1  // a chunk's copies in one run of instructions, the scales' and x's predicated instead of branched to,
+                   // the scales' group by a multiply-high (0: probe builds only)
+#endif
+#ifndef W4_WGDS
+#define W4_WGDS 1  // the k16 steps' wgmma descriptors from the chunk's low word plus an offset (0: probe builds only)
+#endif
 #ifndef W4_WGLB
 #define W4_WGLB 1  // the blocks per SM that the shared memory allows (4 at most) asked of ptxas at NWORD 1 (__launch_bounds__)
 #endif
@@ -46,6 +53,12 @@ struct WgFit {  // SMEM: the host's _wg_smem
   static constexpr int SMEM = (S * STAGE > TILE ? S * STAGE : TILE) + 1024, BY_SMEM = (228 * 1024) / (SMEM + 1024);
   static constexpr int BLOCKS = W4_WGLB && NWORD == 1 ? (BY_SMEM < 4 ? BY_SMEM : 4) : 1;
 };
+
+// cp.async of 16 bytes when p holds (a predicated instruction: no branch around it)
+__device__ __forceinline__ void cp_async16_if(u32 dst, const void* src, bool p) {
+  asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q cp.async.cg.shared.global [%0], [%1], 16;\n\t}"
+               :: "r"(dst), "l"(src), "r"((int)p));
+}
 
 template <class X, int NB> __device__ __forceinline__ void wg_mma(float* d, const u32* a, u64 desc);
 // One wgmma.mma_async m64nNBk16 (float32 accumulators d[NB/2], A = the four registers a, B = the descriptor), per input
@@ -89,6 +102,10 @@ __device__ __forceinline__ void wg_keep(float* d) {  // the accumulators not mov
 __device__ __forceinline__ u64 wg_desc(u32 addr) {
   return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
 }
+// The same descriptor from its low word (W4_WGDS): a stage's k16 step stp is the stage's low word plus 2*stp (its
+// 32-byte offset in 16-byte units; shared addresses stay under 2^18, so the field never carries into bit 16).
+__device__ __forceinline__ u32 wg_desc_lo(u32 addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
+__device__ __forceinline__ u64 wg_desc_of(u32 lo) { return ((u64)((1024 >> 4) | (1u << 30)) << 32) | lo; }
 
 template <class X, int MT, int NWORD, int S, int CL>
 __device__ __forceinline__ void wg_body(
@@ -141,10 +158,25 @@ __device__ __forceinline__ void wg_body(
     // added to the arrays' bases per copy (the host keeps each array's offsets under 2^32: _wg_offsets_fit)
     const u32 x_o = (u32)(m0 + xr) * (u32)K + 8u * (u32)xc, w_o = (u32)lrow * (u32)N + (u32)(wcol + 16 * lc16);
     const u32 uN = (u32)N, uK = (u32)K;
+#if W4_WGCP
+    // the chunk's group of the scales: floor(ch / cpg) = the high word of 2*ch times ceil(2^31 / cpg) (exact while
+    // ch < 2^31 / cpg); the x rows this thread copies that lie in the m-block: i < xn
+    const u32 g_mul = (0x80000000u + (u32)cpg - 1u) / (u32)cpg;
+    const int xn = min(XP, max(0, (mrows - xr + 15) >> 4));
+#endif
     auto issue = [&](int j) {  // chunk j of the block into stage j % S
       const u32 ch = (u32)(c_begin + j);
       const u32 st = base + (u32)((j % S) * STAGE);
       const u32 wo = w_o + ch * 32u * uN;
+#if W4_WGCP
+      // every copy of the chunk in one run of instructions, those of some lanes predicated (no branch)
+      const u32 xo = x_o + ch * 64u;
+#pragma unroll
+      for (int i = 0; i < NPC; ++i) cp_async16_s(st + w_dst + (u32)(i * RPI * BC), qweight + (wo + (u32)(i * RPI) * uN));
+      cp_async16_if(st + sz_dst, sz_src + __umulhi(2u * ch, g_mul) * uN, sz_lane);
+#pragma unroll
+      for (int i = 0; i < XP; ++i) cp_async16_if(st + x_dst + (u32)(i * 2048), x + (xo + (u32)(16 * i) * uK), i < xn);
+#else
 #pragma unroll
       for (int i = 0; i < NPC; ++i) cp_async16_s(st + w_dst + (u32)(i * RPI * BC), qweight + (wo + (u32)(i * RPI) * uN));
       if (sz_lane)
@@ -153,6 +185,7 @@ __device__ __forceinline__ void wg_body(
 #pragma unroll
       for (int i = 0; i < XP; ++i)
         if (xr + 16 * i < mrows) cp_async16_s(st + x_dst + (u32)(i * 2048), x + (xo + (u32)(16 * i) * uK));
+#endif
     };
 #else
     const u16* x_src = x + (u64)(m0 + xr) * K + 8 * xc;
@@ -191,6 +224,9 @@ __device__ __forceinline__ void wg_body(
 #pragma unroll
       for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
       const unsigned char* wst = st + XB + warp * WB;
+#if W4_WGDS
+      const u32 dlo = wg_desc_lo(base + (u32)((i % S) * STAGE));
+#endif
 #pragma unroll
       for (int stp = 0; stp < 4; ++stp) {
         const int r0 = 8 * stp + t, r1 = r0 + 4;
@@ -214,7 +250,11 @@ __device__ __forceinline__ void wg_body(
           }
         }
         wg_fence();
+#if W4_WGDS
+        const u64 desc = wg_desc_of(dlo + 2u * (u32)stp);
+#else
         const u64 desc = wg_desc(base + (u32)((i % S) * STAGE + 32 * stp));
+#endif
 #pragma unroll
         for (int p = 0; p < NP; ++p) wg_mma<X, NB>(acc[p], a[p], desc);
         wg_commit();

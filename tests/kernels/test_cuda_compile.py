@@ -192,7 +192,8 @@ def test_the_wgmma_kernels_keep_the_blocks_their_shared_memory_allows(compiled) 
 @pytest.mark.skipif(NVRTC is None, reason="NVRTC is not installed (pip install nvidia-cuda-nvrtc, in the dev extra)")
 def test_the_wgmma_switches_are_in_the_product() -> None:
     """w4a16_wgc's second cluster barrier arrives without release (W4_WGEPI) and the wgmma kernels address their copies
-    by 32-bit offsets (W4_WGOFF): the product's code differs from each build with one of them off, which the GPU test
+    by 32-bit offsets (W4_WGOFF) and issue them in one predicated run (W4_WGCP), and make the k16 steps' descriptors from
+    the chunk's (W4_WGDS): the product's code differs from each build with one of them off, which the GPU test
     (test_w4a16_wgc_switches_give_the_bits_of_before) checks it against bit for bit; w4a16_wg (no cluster) is the same
     with W4_WGEPI off."""
     assert NVRTC is not None
@@ -206,6 +207,10 @@ def test_the_wgmma_switches_are_in_the_product() -> None:
     product, product_wg = cubin(wgc), cubin(wg)
     assert cubin(wgc, "-DW4_WGEPI=0") != product
     assert cubin(wgc, "-DW4_WGOFF=0") != product
-    assert cubin(wgc, "-DW4_WGEPI=1", "-DW4_WGOFF=1", "-DW4_WGLB=1") == product
+    assert cubin(wgc, "-DW4_WGCP=0") != product
+    assert cubin(wgc, "-DW4_WGDS=0") != product
+    assert cubin(wgc, "-DW4_WGEPI=1", "-DW4_WGOFF=1", "-DW4_WGLB=1", "-DW4_WGCP=1", "-DW4_WGDS=1") == product
     assert cubin(wg, "-DW4_WGEPI=0") == product_wg
     assert cubin(wg, "-DW4_WGOFF=0") != product_wg
+    assert cubin(wg, "-DW4_WGCP=0") != product_wg
+    assert cubin(wg, "-DW4_WGDS=0") != product_wg

@@ -121,10 +121,11 @@ def test_w4a16_same_bits_twice(gpu, monkeypatch, m, cfg) -> None:
     same_bits_twice(gpu, m)
 
 
-def _same_bits_as_build(gpu, cp, monkeypatch, cfg: str, m: int, k: int, dt: str, defs: tuple[str, ...]) -> None:
-    """The op forced to ``cfg`` (N = 512, group size 64) matches float64 within its tolerance and gives the bits of
+def _same_bits_as_build(gpu, cp, monkeypatch, cfg: str, m: int, k: int, dt: str, defs: tuple[str, ...],
+                        gs: int = 64) -> None:
+    """The op forced to ``cfg`` (N = 512, group size ``gs``) matches float64 within its tolerance and gives the bits of
     the same kernel built with ``defs``."""
-    n, gs = 512, 64
+    n = 512
     force(monkeypatch, cfg)
     ins, want = case(m, k, n, gs, dt)
     got = run(gpu, ins, dt)
@@ -180,18 +181,22 @@ def _built_run(cp, ins, m: int, k: int, n: int, gs: int, c: tuple[int, ...], dt:
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
-@pytest.mark.parametrize(("cfg", "m", "k"), [("4,1,4,7", 64, 1024), ("4,1,4,7", 40, 4480), ("4,1,4,4", 33, 2048),
-                                             ("4,1,4,8", 64, 128), ("4,2,4,4", 64, 1024), ("4,2,4,1", 40, 1024)])
-def test_w4a16_wgc_switches_give_the_bits_of_before(gpu, cp, monkeypatch, cfg, m, k, dt) -> None:
+@pytest.mark.parametrize(("cfg", "m", "k", "gs"), [("4,1,4,7", 64, 1024, 64), ("4,1,4,7", 40, 4480, 128),
+                                                   ("4,1,4,4", 33, 1536, 192), ("4,1,4,8", 64, 128, 64),
+                                                   ("4,2,4,4", 64, 1024, 128), ("4,2,4,1", 40, 1024, 64)])
+def test_w4a16_wgc_switches_give_the_bits_of_before(gpu, cp, monkeypatch, cfg, m, k, gs, dt) -> None:
     """w4a16_wgc's second cluster barrier arrives without release (W4_WGEPI), its copies are addressed by 32-bit offsets
-    (W4_WGOFF) and its NWORD 1 kernels are held to their blocks per SM (W4_WGLB): the same kernel built with all three
-    off gives the same bits (the same products, the ranks' tiles added in the same order; K = 128: most ranks without
-    a chunk; (4, 2, 4, 1): no cluster)."""
+    (W4_WGOFF) and issued in one run, predicated, the scales' group by a multiply-high (W4_WGCP), the k16 steps'
+    descriptors are the chunk's plus an offset (W4_WGDS), and its NWORD 1 kernels are held to their blocks per SM
+    (W4_WGLB): the same kernel built with all five off gives the same bits (the
+    same products, the ranks' tiles added in the same order; K = 128: most ranks without a chunk; M = 33 and 40: rows
+    of the m-block not copied; group sizes of 1, 2 and 3 chunks; (4, 2, 4, 1): no cluster)."""
     from shmrpc.kernels.quant import _sm90a
 
     if not _sm90a():
         pytest.skip("wgmma needs an sm_90 GPU (compute capability 9.0)")
-    _same_bits_as_build(gpu, cp, monkeypatch, cfg, m, k, dt, ("-DW4_WGEPI=0", "-DW4_WGLB=0", "-DW4_WGOFF=0"))
+    _same_bits_as_build(gpu, cp, monkeypatch, cfg, m, k, dt,
+                        ("-DW4_WGEPI=0", "-DW4_WGLB=0", "-DW4_WGOFF=0", "-DW4_WGCP=0", "-DW4_WGDS=0"), gs)
 
 
 # the switches of the chunk loop and the epilogue that leave the arithmetic as it was (docs/kernels.md, "One row's
