@@ -2,9 +2,8 @@
 builds: ``-DW4_ROT=1`` and the like) against the product build, at the same shapes and configurations.
 
 For each case ``M,K,N:configuration`` of ``--cases`` (six numbers: w4a16_wk, seven: w4a16_wkc, four: w4a16_wg /
-w4a16_wgc, five: MT,NWORD,S,CL,W of the probe kernel w4a16_wgw, W warpgroups per block; the wgmma ones in every build,
-the empty one too, compiled here for sm_90a from ``w4a16_mma.cu+w4a16_wg.cu``, so that a configuration the product
-does not build can be timed; ``shmrpc.kernels._cuda._ArchModule``) and each build of
+w4a16_wgc, whose every build, the empty one too, is compiled here for sm_90a from ``w4a16_mma.cu+w4a16_wg.cu``, so that
+a configuration the product does not build can be timed; ``shmrpc.kernels._cuda._ArchModule``) and each build of
 ``--defs`` (';'-separated; the empty one is the op itself, forced to the configuration), it times one call after
 another as a programmatic dependent launch (``gpu_kernels._timer``: CUDA events around batches queued behind a spin
 kernel, median of 5 batches, weight sets rotated so that L2 cannot hold them), and compares the output with the op's
@@ -63,19 +62,6 @@ def _raw_once(wk_launch: Any, fn: Any, grid: tuple[int, int], warps: int, smem: 
     return once
 
 
-def _wgw_name(cfg: tuple[int, ...]) -> str:
-    return "w4a16_wgw<F16,{}>".format(",".join(map(str, cfg)))
-
-
-def _wgw_launch(m: int, k: int, n: int, cfg: tuple[int, ...]) -> tuple[tuple[int, int], int, int]:
-    """(grid, chunks per block, dynamic shared bytes) of w4a16_wgw (MT, NWORD, S, CL, W): w4a16_wgc's, with W
-    warpgroups' columns per block and their weights' stages beside one activation stage (WgFit in w4a16_wg.cu)."""
-    mt, nword, st, cl, w = cfg
-    nb, bc = 16 * mt, 32 * nword
-    stage = -(-(nb * 128 + 4 * w * 32 * bc + 4 * w * 4 * bc) // 1024) * 1024
-    return (n // (128 * nword * w), cl), -(-(k // 64) // cl), max(st * stage, nb * (4 * w * bc + 4) * 4) + 1024
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -98,9 +84,8 @@ def main(argv: list[str] | None = None) -> int:
              for c in args.cases.split(";") if c]
     builds = args.defs.split(";")
     mods: dict[Any, Any] = {}
-    names = sorted({_wk_name("F16", cfg) for _, cfg in cases if len(cfg) > 5})
-    wg_names = tuple(sorted({_wg_name("F16", cfg) if len(cfg) == 4 else _wgw_name(cfg) for _, cfg in cases
-                             if len(cfg) <= 5}))
+    names = sorted({_wk_name("F16", cfg) for _, cfg in cases if len(cfg) != 4})
+    wg_names = tuple(sorted({_wg_name("F16", cfg) for _, cfg in cases if len(cfg) == 4}))
     print(f"{'case':<34} {'build':<16} {'us':>7} {'max diff':>9}")
     for (m, k, n), cfg in cases:
         gs, g = 128, k // 128
@@ -110,26 +95,24 @@ def main(argv: list[str] | None = None) -> int:
                         {"out": TensorSpec((m, n), "float16")}, {}, {}, {}) for q, s, z in sets]
         if len(cfg) == 4:
             (tiles, ksplit), cpb, smem = w4a16_wg_launch(m, k, n, cfg)
-        elif len(cfg) == 5:
-            (tiles, ksplit), cpb, smem = _wgw_launch(m, k, n, cfg)
         else:
             (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, n_sm, cfg)
         partial = cp.empty((max(1, ksplit * m * n) if len(cfg) == 6 else 1,), dtype=cp.float32)
         counters = cp.zeros((max(tiles, 1024),), dtype=cp.uint32)
         out = cp.empty((m, n), dtype=cp.float16)
-        with use_tuning(mma_cfg=cfg if len(cfg) != 5 else None, mma_m1=True):  # w4a16_wgw: the op's own choice
+        with use_tuning(mma_cfg=cfg, mma_m1=True):
             want = spec.cupy(calls[0])["out"].astype(cp.float32)
         scale = float(cp.abs(want).max()) or 1.0
         for opts in builds:
             row: dict[str, Any] = {"M": m, "K": k, "N": n, "cfg": list(cfg), "build": opts or "product"}
             once: Callable[[], Any]
-            if len(cfg) <= 5:
+            if len(cfg) == 4:
                 if ("wg", opts) not in mods:
                     mods[("wg", opts)] = _ArchModule(source("w4a16_mma.cu+w4a16_wg.cu"), wg_names, "sm_90a",
                                                      tuple(opts.split()))
-                fn = mods[("wg", opts)].get_function(_wg_name("F16", cfg) if len(cfg) == 4 else _wgw_name(cfg))
+                fn = mods[("wg", opts)].get_function(_wg_name("F16", cfg))
                 row.update(_registers(cp, fn))
-                once = _raw_once(wk_launch, fn, (tiles, ksplit), 4 * (cfg[4] if len(cfg) == 5 else 1), smem, calls,
+                once = _raw_once(wk_launch, fn, (tiles, ksplit), 4, smem, calls,
                                  (out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb))), out)
             elif not opts:
                 once = _op_once(spec, cfg, calls, use_tuning)
