@@ -46,13 +46,12 @@
 // The blocks of MT, NWORD, S that fit an SM (228 KiB of shared memory, 1 KiB of it reserved per block), at most 4 (128
 // threads of 128 registers each fill the register file): at NWORD 1 ptxas is held to that many, so that the registers
 // never cost a block per SM (the loop's allocation sits at 128, and one more register would make it 3 blocks).
-template <int MT, int NWORD, int S, int W = 1>
-struct WgFit {  // SMEM: the host's _wg_smem (W: warpgroups per block, w4a16_wgw)
+template <int MT, int NWORD, int S>
+struct WgFit {  // SMEM: the host's _wg_smem
   static constexpr int NB = MT ? 16 * MT : 8, BC = 32 * NWORD;
-  static constexpr int STAGE = (NB * 128 + 4 * W * 32 * BC + 4 * W * 4 * BC + 1023) / 1024 * 1024;
-  static constexpr int TILE = NB * (4 * W * BC + 4) * 4;
+  static constexpr int STAGE = (NB * 128 + 4 * 32 * BC + 4 * 4 * BC + 1023) / 1024 * 1024, TILE = NB * (4 * BC + 4) * 4;
   static constexpr int SMEM = (S * STAGE > TILE ? S * STAGE : TILE) + 1024, BY_SMEM = (228 * 1024) / (SMEM + 1024);
-  static constexpr int BLOCKS = W4_WGLB && NWORD == 1 ? (BY_SMEM < 4 / W ? BY_SMEM : 4 / W) : 1;
+  static constexpr int BLOCKS = W4_WGLB && NWORD == 1 ? (BY_SMEM < 4 ? BY_SMEM : 4) : 1;
 };
 
 // cp.async of 16 bytes when p holds (a predicated instruction: no branch around it)
@@ -108,7 +107,7 @@ __device__ __forceinline__ u64 wg_desc(u32 addr) {
 __device__ __forceinline__ u32 wg_desc_lo(u32 addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
 __device__ __forceinline__ u64 wg_desc_of(u32 lo) { return ((u64)((1024 >> 4) | (1u << 30)) << 32) | lo; }
 
-template <class X, int MT, int NWORD, int S, int CL, int W = 1>
+template <class X, int MT, int NWORD, int S, int CL>
 __device__ __forceinline__ void wg_body(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
@@ -116,9 +115,8 @@ __device__ __forceinline__ void wg_body(
   typedef MmaOps<X> O;
   constexpr int NB = MT ? 16 * MT : 8, NA = NB / 2, NT = 4 * NWORD, BC = 32 * NWORD, NP = 2 * NWORD;
   constexpr int XB = NB * 128, WB = 32 * BC, SZB = 4 * BC;
-  constexpr int T = 128 * W;  // the block's threads: W warpgroups (w4a16_wgw), every one on its own columns, one x stage
-  constexpr int STAGE = (XB + 4 * W * WB + 4 * W * SZB + 1023) / 1024 * 1024;
-  constexpr int BCB = 4 * W * BC, OW = BCB + 4;  // the block's columns; the float32 tile's row stride
+  constexpr int STAGE = (XB + 4 * WB + 4 * SZB + 1023) / 1024 * 1024;
+  constexpr int BCB = 4 * BC, OW = BCB + 4;  // the block's columns; the float32 tile's row stride
   static_assert(S >= 3, "chunk i + S - 2 is refilled while chunk i is read");
   extern __shared__ __align__(16) unsigned char dsm[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -136,9 +134,7 @@ __device__ __forceinline__ void wg_body(
   const u64 w_chunk = 32ull * (u64)N, w_piece = (u64)RPI * (u64)N;
 #endif
   // this thread's x copies: piece xc of rows xr + 16*i (i < XP), all at the same swizzled piece (16*i keeps r & 7)
-  constexpr int XR = 16 * W, XP = NB >= XR ? NB / XR : 1;  // rows per pass of the block's threads; passes
-  static_assert(W == 1 || (W == 2 && NB % XR == 0), "w4a16_wgw: two warpgroups, whole passes of x rows");
-  static_assert(W == 1 || (W4_WGOFF && W4_WGCP), "w4a16_wgw: the copies of W4_WGOFF and W4_WGCP only");
+  constexpr int XP = NB >= 16 ? NB / 16 : 1;
   const int xr = tid >> 3, xc = tid & 7;
   const u32 x_dst = (u32)(xr * 128 + 16 * (xc ^ (xr & 7)));
 #if !W4_WGOFF
@@ -147,7 +143,7 @@ __device__ __forceinline__ void wg_body(
   const bool sz_lane = lane < BC / 4;
   const int sz_which = lane / (BC / 8), sz_off = lane % (BC / 8);
   const u16* sz_src = (sz_which ? zeros : scales) + wcol + 8 * sz_off;
-  const u32 sz_dst = (u32)(XB + 4 * W * WB + warp * SZB + sz_which * 2 * BC + 16 * sz_off);
+  const u32 sz_dst = (u32)(XB + 4 * WB + warp * SZB + sz_which * 2 * BC + 16 * sz_off);
   const int cpg = group_rows >> 5, cpg_shift = (cpg & (cpg - 1)) == 0 ? __ffs(cpg) - 1 : -1;
   const int bpiece = (g * NT) >> 4, boff = (g * NT) & 15;
   pdl_begin();
@@ -155,7 +151,7 @@ __device__ __forceinline__ void wg_body(
   for (int m0 = 0; m0 < M; m0 += NB) {
     const int mrows = min(NB, M - m0);
     for (int s = 0; s < S; ++s)  // rows >= mrows of x zero in every stage (the copies only write rows < mrows)
-      for (int i = tid; i < (NB - mrows) * 32; i += T) reinterpret_cast<u32*>(bsm + s * STAGE + mrows * 128)[i] = 0u;
+      for (int i = tid; i < (NB - mrows) * 32; i += 128) reinterpret_cast<u32*>(bsm + s * STAGE + mrows * 128)[i] = 0u;
     fence_proxy_async();  // those stores visible to the wgmma's reads (after the first chunk's barrier)
 #if W4_WGOFF
     // 32-bit offsets of this thread's copies of chunk 0 (elements of x, bytes of qweight, elements of the scales),
@@ -166,7 +162,7 @@ __device__ __forceinline__ void wg_body(
     // the chunk's group of the scales: floor(ch / cpg) = the high word of 2*ch times ceil(2^31 / cpg) (exact while
     // ch < 2^31 / cpg); the x rows this thread copies that lie in the m-block: i < xn
     const u32 g_mul = (0x80000000u + (u32)cpg - 1u) / (u32)cpg;
-    const int xn = min(XP, max(0, (mrows - xr + XR - 1) >> (W == 1 ? 4 : 5)));
+    const int xn = min(XP, max(0, (mrows - xr + 15) >> 4));
 #endif
     auto issue = [&](int j) {  // chunk j of the block into stage j % S
       const u32 ch = (u32)(c_begin + j);
@@ -179,7 +175,7 @@ __device__ __forceinline__ void wg_body(
       for (int i = 0; i < NPC; ++i) cp_async16_s(st + w_dst + (u32)(i * RPI * BC), qweight + (wo + (u32)(i * RPI) * uN));
       cp_async16_if(st + sz_dst, sz_src + __umulhi(2u * ch, g_mul) * uN, sz_lane);
 #pragma unroll
-      for (int i = 0; i < XP; ++i) cp_async16_if(st + x_dst + (u32)(i * XR * 128), x + (xo + (u32)(XR * i) * uK), i < xn);
+      for (int i = 0; i < XP; ++i) cp_async16_if(st + x_dst + (u32)(i * 2048), x + (xo + (u32)(16 * i) * uK), i < xn);
 #else
 #pragma unroll
       for (int i = 0; i < NPC; ++i) cp_async16_s(st + w_dst + (u32)(i * RPI * BC), qweight + (wo + (u32)(i * RPI) * uN));
@@ -223,7 +219,7 @@ __device__ __forceinline__ void wg_body(
       if (i + S - 2 < n) issue(i + S - 2);
       cp_async_commit();
       const unsigned char* st = bsm + (i % S) * STAGE;
-      const u32* szw = reinterpret_cast<const u32*>(st + XB + 4 * W * WB + warp * SZB + g * NT * 2);
+      const u32* szw = reinterpret_cast<const u32*>(st + XB + 4 * WB + warp * SZB + g * NT * 2);
       u32 s2[NT], nz[NT];
 #pragma unroll
       for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
@@ -281,7 +277,7 @@ __device__ __forceinline__ void wg_body(
       // barrier (no block reuses or leaves its tile while another still reads it)
       cluster_sync();
       const u32 rank = cluster_rank(), tb = smem_addr(tile);
-      for (int idx = (int)rank * T + tid; idx < mrows * (BCB / 4); idx += CL * T) {
+      for (int idx = (int)rank * 128 + tid; idx < mrows * (BCB / 4); idx += CL * 128) {
         const int r = idx / (BCB / 4), c = 4 * (idx % (BCB / 4));
         const u32 a = tb + 4u * (u32)(r * OW + c);
         float4 v = ld_cluster_f4(a, 0);
@@ -297,7 +293,7 @@ __device__ __forceinline__ void wg_body(
 #endif
     } else {
       __syncthreads();
-      for (int idx = tid; idx < mrows * (BCB / 4); idx += T) {
+      for (int idx = tid; idx < mrows * (BCB / 4); idx += 128) {
         const int r = idx / (BCB / 4), c = 4 * (idx % (BCB / 4));
         st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, *reinterpret_cast<const float4*>(tile + r * OW + c));
       }
@@ -320,14 +316,4 @@ __global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(128, (WgFit<MT, NWO
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
   wg_body<X, MT, NWORD, S, CL>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
-}
-
-// w4a16_wgw (probe builds): w4a16_wgc with W warpgroups per block, each on its own 128*NWORD columns, sharing the
-// block's activation stages (x read once per block from L2 for W times the columns)
-template <class X, int MT, int NWORD, int S, int CL, int W>
-__global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(128 * W, (WgFit<MT, NWORD, S, W>::BLOCKS)) w4a16_wgw(
-    const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
-    const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
-    int M, int K, int N, int group_rows, int cpb) {
-  wg_body<X, MT, NWORD, S, CL, W>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
 }
