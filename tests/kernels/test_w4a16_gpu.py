@@ -188,9 +188,9 @@ def test_w4a16_wgc_switches_give_the_bits_of_before(gpu, cp, monkeypatch, cfg, m
     """w4a16_wgc's second cluster barrier arrives without release (W4_WGEPI), its copies are addressed by 32-bit offsets
     (W4_WGOFF) and issued in one run, predicated, the scales' group by a multiply-high (W4_WGCP), the k16 steps'
     descriptors are the chunk's plus an offset (W4_WGDS), and its NWORD 1 kernels are held to their blocks per SM
-    (W4_WGLB): the same kernel built with all five off gives the same bits (the
-    same products, the ranks' tiles added in the same order; K = 128: most ranks without a chunk; M = 33 and 40: rows
-    of the m-block not copied; group sizes of 1, 2 and 3 chunks; (4, 2, 4, 1): no cluster)."""
+    (W4_WGLB): the same kernel built with all five off gives the same bits (the same products, the ranks' tiles added
+    in the same order; K = 128: most ranks without a chunk; M = 33 and 40: rows of the m-block not copied; group sizes
+    of 1, 2 and 3 chunks; (4, 2, 4, 1): no cluster)."""
     from shmrpc.kernels.quant import _sm90a
 
     if not _sm90a():
