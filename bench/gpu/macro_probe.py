@@ -80,14 +80,18 @@ def main(argv: list[str] | None = None) -> int:
     n_sm = sm_count()
     res: dict[str, Any] = {**probe_record(cp, "bench/gpu/macro_probe.py", argv, n_sm), "mode": "macro-probe", "rows": []}
     spec = REGISTRY.get("gemm_w4a16")
-    cases = [(tuple(int(v) for v in c.split(":")[0].split(",")), tuple(int(v) for v in c.split(":")[1].split(",")))
-             for c in args.cases.split(";") if c]
+    # a third field W (four numbers only): w4a16_wgm, W warpgroups per block, each its own K slice
+    cases = [(tuple(int(v) for v in c.split(":")[0].split(",")), tuple(int(v) for v in c.split(":")[1].split(",")),
+              int(c.split(":")[2]) if c.count(":") == 2 else 0) for c in args.cases.split(";") if c]
     builds = args.defs.split(";")
     mods: dict[Any, Any] = {}
-    names = sorted({_wk_name("F16", cfg) for _, cfg in cases if len(cfg) != 4})
-    wg_names = tuple(sorted({_wg_name("F16", cfg) for _, cfg in cases if len(cfg) == 4}))
+    names = sorted({_wk_name("F16", cfg) for _, cfg, _ in cases if len(cfg) != 4})
+
+    def wg_name(cfg: tuple[int, ...], w: int) -> str:
+        return f"w4a16_wgm<F16,{','.join(map(str, cfg))},{w}>" if w else _wg_name("F16", cfg)
+    wg_names = tuple(sorted({wg_name(cfg, w) for _, cfg, w in cases if len(cfg) == 4}))
     print(f"{'case':<34} {'build':<16} {'us':>7} {'max diff':>9}")
-    for (m, k, n), cfg in cases:
+    for (m, k, n), cfg, w in cases:
         gs, g = 128, k // 128
         sets, rs = w4a16_sets(cp, k, n, gs, 60 << 20)
         x = (rs.standard_normal((m, k)) / np.sqrt(k)).astype(cp.float16)
@@ -95,24 +99,26 @@ def main(argv: list[str] | None = None) -> int:
                         {"out": TensorSpec((m, n), "float16")}, {}, {}, {}) for q, s, z in sets]
         if len(cfg) == 4:
             (tiles, ksplit), cpb, smem = w4a16_wg_launch(m, k, n, cfg)
+            if w:  # W warpgroups, each with the stages of one: K in CL*W slices
+                cpb, smem = -(-(k // 64) // (ksplit * w)), w * (smem - 1024) + 1024
         else:
             (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, n_sm, cfg)
         partial = cp.empty((max(1, ksplit * m * n) if len(cfg) == 6 else 1,), dtype=cp.float32)
         counters = cp.zeros((max(tiles, 1024),), dtype=cp.uint32)
         out = cp.empty((m, n), dtype=cp.float16)
-        with use_tuning(mma_cfg=cfg, mma_m1=True):
+        with use_tuning(mma_cfg=None if w else cfg, mma_m1=True):  # wgm: the op's own choice
             want = spec.cupy(calls[0])["out"].astype(cp.float32)
         scale = float(cp.abs(want).max()) or 1.0
         for opts in builds:
-            row: dict[str, Any] = {"M": m, "K": k, "N": n, "cfg": list(cfg), "build": opts or "product"}
+            row: dict[str, Any] = {"M": m, "K": k, "N": n, "cfg": list(cfg), "W": w, "build": opts or "product"}
             once: Callable[[], Any]
             if len(cfg) == 4:
                 if ("wg", opts) not in mods:
                     mods[("wg", opts)] = _ArchModule(source("w4a16_mma.cu+w4a16_wg.cu"), wg_names, "sm_90a",
                                                      tuple(opts.split()))
-                fn = mods[("wg", opts)].get_function(_wg_name("F16", cfg))
+                fn = mods[("wg", opts)].get_function(wg_name(cfg, w))
                 row.update(_registers(cp, fn))
-                once = _raw_once(wk_launch, fn, (tiles, ksplit), 4, smem, calls,
+                once = _raw_once(wk_launch, fn, (tiles, ksplit), 4 * max(w, 1), smem, calls,
                                  (out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb))), out)
             elif not opts:
                 once = _op_once(spec, cfg, calls, use_tuning)
@@ -126,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             row["max_diff"] = float(cp.abs(got.astype(cp.float32) - want).max()) / scale
             row["seconds"] = _timer(cp, once, args.reps)
             res["rows"].append(row)
-            print(f"{m},{k},{n}:{','.join(map(str, cfg)):<22} {row['build']:<16} {row['seconds'] * 1e6:7.2f} "
+            print(f"{m},{k},{n}:{','.join(map(str, cfg)) + (f':{w}' if w else ''):<22} {row['build']:<16} {row['seconds'] * 1e6:7.2f} "
                   f"{row['max_diff']:9.1e}" + (f" {row['num_regs']} registers" if row.get("num_regs") else ""), flush=True)
         sets.clear()
         cp.get_default_memory_pool().free_all_blocks()

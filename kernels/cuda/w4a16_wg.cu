@@ -111,7 +111,7 @@ __device__ __forceinline__ u64 wg_desc(u32 addr) {
 __device__ __forceinline__ u32 wg_desc_lo(u32 addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
 __device__ __forceinline__ u64 wg_desc_of(u32 lo) { return ((u64)((1024 >> 4) | (1u << 30)) << 32) | lo; }
 
-template <class X, int MT, int NWORD, int S, int CL>
+template <class X, int MT, int NWORD, int S, int CL, int W = 1>
 __device__ __forceinline__ void wg_body(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
@@ -123,12 +123,15 @@ __device__ __forceinline__ void wg_body(
   constexpr int BCB = 4 * BC, OW = BCB + 4;  // the block's columns; the float32 tile's row stride
   static_assert(S >= 3, "chunk i + S - 2 is refilled while chunk i is read");
   extern __shared__ __align__(16) unsigned char dsm[];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const u32 base = (smem_addr(dsm) + 1023u) & ~1023u;  // the stages, 1024-byte aligned (the host adds 1024 bytes)
+  // W warpgroups per block (w4a16_wgm): warpgroup wg takes the block's K slice wg, with its own S stages
+  const int tid = W > 1 ? (int)threadIdx.x & 127 : (int)threadIdx.x, wg = W > 1 ? (int)threadIdx.x >> 7 : 0;
+  const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const u32 base0 = (smem_addr(dsm) + 1023u) & ~1023u;  // the stages, 1024-byte aligned (the host adds 1024 bytes)
+  const u32 base = base0 + (u32)(wg * S * STAGE);
   unsigned char* const bsm = dsm + (base - smem_addr(dsm));
   const int col0 = blockIdx.x * BCB, wcol = col0 + warp * BC;
   const int n_chunks = K >> 6;
-  const int c_begin = min((int)blockIdx.y * cpb, n_chunks), n = min(c_begin + cpb, n_chunks) - c_begin;
+  const int c_begin = min(((int)blockIdx.y * W + wg) * cpb, n_chunks), n = min(c_begin + cpb, n_chunks) - c_begin;
   // this lane's weight copies (as w4a16_wk): piece lc16 of rows lrow + i*RPI of the warp's slab
   constexpr int NPC = BC / 16, RPI = 32 / NPC;
   const int lrow = lane / NPC, lc16 = lane % NPC;
@@ -221,7 +224,8 @@ __device__ __forceinline__ void wg_body(
     u32 af[2][NP][4];
     for (int i = 0; i < n; ++i) {
       cp_async_wait<S - 3>();  // chunk i's copies landed (cp.async writes need no proxy fence for the wgmma's reads)
-      __syncthreads();
+      if (W > 1) asm volatile("bar.sync %0, 128;" :: "r"(1 + wg) : "memory");  // the warpgroup's own barrier
+      else __syncthreads();
       if (i + S - 2 < n) issue(i + S - 2);
       cp_async_commit();
       const unsigned char* st = bsm + (i % S) * STAGE;
@@ -280,15 +284,29 @@ __device__ __forceinline__ void wg_body(
 #pragma unroll
       for (int i = 0; i < NA; ++i)
         tile[(8 * (i >> 2) + 2 * t + (i & 1)) * OW + warp * BC + g * NT + 2 * p + ((i >> 1) & 1)] = acc[p][i];
+    constexpr int T = 128 * W;  // the block's threads
+    const int btid = threadIdx.x;
+    float* const tile0 = reinterpret_cast<float*>(dsm + (base0 - smem_addr(dsm)));
+    if (W > 1) {  // the warpgroups' tiles added into the first, in warpgroup order
+      __syncthreads();
+      for (int idx = btid; idx < mrows * (BCB / 4); idx += T) {
+        const int r = idx / (BCB / 4), c = 4 * (idx % (BCB / 4));
+        float4 v = *reinterpret_cast<const float4*>(tile0 + r * OW + c);
+#pragma unroll
+        for (int w = 1; w < W; ++w)
+          add4(v, *reinterpret_cast<const float4*>(tile0 + w * (S * STAGE / 4) + r * OW + c));
+        *reinterpret_cast<float4*>(tile0 + r * OW + c) = v;
+      }
+    }
     if (CL > 1) {
       // NOTE: order is important here: tiles written -> cluster barrier -> reads of every block's tile -> cluster
       // barrier (no block reuses or leaves its tile while another still reads it)
       cluster_sync();
-      const u32 rank = cluster_rank(), tb = smem_addr(tile);
-      for (int idx = (int)rank * 128 + tid; idx < mrows * (BCB / 4); idx += CL * 128) {
+      const u32 rank = cluster_rank(), tb = smem_addr(tile0);
+      for (int idx = (int)rank * T + btid; idx < mrows * (BCB / 4); idx += CL * T) {
         const int r = idx / (BCB / 4), c = 4 * (idx % (BCB / 4));
         const u32 a = tb + 4u * (u32)(r * OW + c);
-        float4 v = (W4_WGPROBE & 4) ? *reinterpret_cast<const float4*>(tile + r * OW + c) : ld_cluster_f4(a, 0);
+        float4 v = (W4_WGPROBE & 4) ? *reinterpret_cast<const float4*>(tile0 + r * OW + c) : ld_cluster_f4(a, 0);
 #pragma unroll
         for (int rk = 1; rk < CL; ++rk)
           if (!(W4_WGPROBE & 4)) add4(v, ld_cluster_f4(a, rk));
@@ -302,9 +320,9 @@ __device__ __forceinline__ void wg_body(
 #endif
     } else {
       __syncthreads();
-      for (int idx = tid; idx < mrows * (BCB / 4); idx += 128) {
+      for (int idx = btid; idx < mrows * (BCB / 4); idx += T) {
         const int r = idx / (BCB / 4), c = 4 * (idx % (BCB / 4));
-        st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, *reinterpret_cast<const float4*>(tile + r * OW + c));
+        st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, *reinterpret_cast<const float4*>(tile0 + r * OW + c));
       }
       __syncthreads();
     }
@@ -325,4 +343,14 @@ __global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(128, (WgFit<MT, NWO
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
   wg_body<X, MT, NWORD, S, CL>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
+}
+
+// W4A16 with W warpgroups per block (probe): warpgroup w of block y takes K slice y*W + w with its own S stages; the
+// warpgroups' sums are added in shared memory, then the cluster's through distributed shared memory as w4a16_wgc.
+template <class X, int MT, int NWORD, int S, int CL, int W>
+__global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(128 * W, (4 / W > 1 ? 4 / W : 1)) w4a16_wgm(
+    const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
+    const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
+    int M, int K, int N, int group_rows, int cpb) {
+  wg_body<X, MT, NWORD, S, CL, W>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
 }
