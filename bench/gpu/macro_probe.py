@@ -49,6 +49,15 @@ def _op_once(spec: Any, cfg: tuple[int, ...], calls: list[Any], use_tuning: Any)
     return once
 
 
+def _op_default(spec: Any, calls: list[Any]) -> Callable[[], Any]:
+    """One call of the op as it runs by default (its own choice of kernel), over ``calls`` in turn."""
+    it = iter(range(10**9))
+
+    def once() -> Any:
+        return spec.cupy(calls[next(it) % len(calls)])["out"]
+    return once
+
+
 def _raw_once(wk_launch: Any, fn: Any, grid: tuple[int, int], warps: int, smem: int, calls: list[Any],
               tail: tuple[Any, ...], out: Any) -> Callable[[], Any]:
     """One dependent launch of the probe build's kernel ``fn`` over ``calls`` in turn (arguments: the call's four
@@ -85,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
               int(c.split(":")[2]) if c.count(":") == 2 else 0) for c in args.cases.split(";") if c]
     builds = args.defs.split(";")
     mods: dict[Any, Any] = {}
-    names = sorted({_wk_name("F16", cfg) for _, cfg, _ in cases if len(cfg) != 4})
+    names = sorted({_wk_name("F16", cfg) for _, cfg, _ in cases if len(cfg) not in (1, 4)})
 
     def wg_name(cfg: tuple[int, ...], w: int) -> str:
         return f"w4a16_wgm<F16,{','.join(map(str, cfg))},{w}>" if w else _wg_name("F16", cfg)
@@ -97,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         x = (rs.standard_normal((m, k)) / np.sqrt(k)).astype(cp.float16)
         calls = [OpCall(cp, {"x": x, "qweight": q, "scales": s, "zeros": z}, in_specs_of(TensorSpec, m, k, n, g),
                         {"out": TensorSpec((m, n), "float16")}, {}, {}, {}) for q, s, z in sets]
-        if len(cfg) == 4:
+        if cfg == (0,):  # the op's own choice, as it runs by default
+            tiles, ksplit, cpb, smem = 1, 1, 0, 0
+        elif len(cfg) == 4:
             (tiles, ksplit), cpb, smem = w4a16_wg_launch(m, k, n, cfg)
             if w:  # W warpgroups, each with the stages of one: K in CL*W slices
                 cpb, smem = -(-(k // 64) // (ksplit * w)), w * (smem - 1024) + 1024
@@ -106,13 +117,15 @@ def main(argv: list[str] | None = None) -> int:
         partial = cp.empty((max(1, ksplit * m * n) if len(cfg) == 6 else 1,), dtype=cp.float32)
         counters = cp.zeros((max(tiles, 1024),), dtype=cp.uint32)
         out = cp.empty((m, n), dtype=cp.float16)
-        with use_tuning(mma_cfg=None if w else cfg, mma_m1=True):  # wgm: the op's own choice
+        with use_tuning(mma_cfg=None if w or cfg == (0,) else cfg, mma_m1=cfg != (0,)):  # wgm: the op's own choice
             want = spec.cupy(calls[0])["out"].astype(cp.float32)
         scale = float(cp.abs(want).max()) or 1.0
         for opts in builds:
             row: dict[str, Any] = {"M": m, "K": k, "N": n, "cfg": list(cfg), "W": w, "build": opts or "product"}
             once: Callable[[], Any]
-            if len(cfg) == 4:
+            if cfg == (0,):
+                once = _op_default(spec, calls)
+            elif len(cfg) == 4:
                 if ("wg", opts) not in mods:
                     mods[("wg", opts)] = _ArchModule(source("w4a16_mma.cu+w4a16_wg.cu"), wg_names, "sm_90a",
                                                      tuple(opts.split()))
