@@ -124,7 +124,7 @@ __device__ __forceinline__ void wg_body(
   static_assert(S >= 3, "chunk i + S - 2 is refilled while chunk i is read");
   extern __shared__ __align__(16) unsigned char dsm[];
   // W warpgroups per block (w4a16_wgm): warpgroup wg takes the block's K slice wg, with its own S stages
-  const int tid = W > 1 ? (int)threadIdx.x & 127 : (int)threadIdx.x, wg = W > 1 ? (int)threadIdx.x >> 7 : 0;
+  const int tid = W > 1 ? (int)threadIdx.x & 127 : (int)threadIdx.x, wg = W > 1 ? __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0) : 0;
   const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const u32 base0 = (smem_addr(dsm) + 1023u) & ~1023u;  // the stages, 1024-byte aligned (the host adds 1024 bytes)
   const u32 base = base0 + (u32)(wg * S * STAGE);
