@@ -34,7 +34,8 @@ class W4A16Tuning:
         mma_cfg: ``SHMRPC_W4A16_MMA_CFG="MT,NWORD,WARPS,BPS,S"`` (w4a16_mma / w4a16_mma_async),
             ``"MT,NWORD,WK,BPS,S,XSM"`` (w4a16_wk), ``"MT,NWORD,WK,0,S,XSM,CL"`` (w4a16_wkc, clusters of CL
             blocks), ``"MT,NWORD,WK,0,S,1,1,CN"`` (w4a16_wkm, activations multicast to clusters of CN blocks) or
-            ``"MT,NWORD,S,CL"`` (w4a16_wg / w4a16_wgc: wgmma, sm_90a): one forced configuration (tuning only).
+            ``"MT,NWORD,S,CL"`` (w4a16_wg / w4a16_wgc: wgmma, sm_90a) or ``"MT,S,CL"`` (w4a16_wgm: four warpgroups
+            per block, NWORD 1): one forced configuration (tuning only).
     """
 
     blocks_per_sm: int = 2
@@ -53,7 +54,7 @@ class W4A16Tuning:
         cfg = None
         if forced:
             v = [int(p) for p in forced.split(",")]
-            cfg = tuple(v) if len(v) in (4, 6, 7, 8) else (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
+            cfg = tuple(v) if len(v) in (3, 4, 6, 7, 8) else (v[0], v[1], v[2], v[3], v[4] if len(v) > 4 else 0)
         return cls(blocks_per_sm=int(env.get("SHMRPC_W4A16_BLOCKS_PER_SM", "2")),
                    dequant_min_m=int(env.get("SHMRPC_W4A16_DEQUANT_MIN_M", "5")),
                    h2=env.get("SHMRPC_W4A16_H2", "0") == "1", prefetch=env.get("SHMRPC_W4A16_PF", "0") == "1",
@@ -168,6 +169,14 @@ _WKM_VARIANTS = ((4, 2, 8, 2, 2), (4, 2, 8, 2, 1), (4, 2, 8, 2, 4), (4, 2, 6, 3,
 _WG_VARIANTS = ((4, 2, 4, 1), (4, 2, 4, 2), (4, 2, 4, 4), (4, 2, 4, 8), (4, 1, 4, 2), (4, 1, 4, 4), (2, 2, 4, 4),
                 (2, 2, 4, 8), (2, 4, 4, 4), (1, 2, 4, 4), (1, 2, 4, 8), (1, 4, 4, 4), (1, 4, 4, 8), (0, 4, 4, 8),
                 (0, 2, 4, 8), (4, 2, 3, 4), (4, 2, 6, 4), (4, 1, 4, 8), (4, 1, 6, 4), (2, 2, 6, 4), (4, 1, 4, 7))
+# Three numbers (MT, S, CL) name w4a16_wgm (cuda/w4a16_wg.cu, sm_90a only): four warpgroups per block, each as a
+# w4a16_wg block with NWORD 1 on its own K slice (one block per SM: 512 threads of 128 registers, 4 x S stages), the
+# four tiles added in shared memory and then the cluster's CL through distributed shared memory: K split 4*CL ways
+# with CL - 1 tiles per block crossing between SMs (w4a16_wgc at clusters of 7: 6 of 7 per block). Taken where the
+# column tiles times CL make one wave of one block per SM, at least 0.6 of the SMs (_takes).
+_WGM_VARIANTS = ((4, 4, 1), (4, 4, 2))
+_WGM_WARPGROUPS = 4
+_WGM_MIN_FILL = 0.6  # the least share of the SMs that w4a16_wgm's blocks fill where the table takes it
 _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # Per largest M: the configurations in order of preference (the first that takes the shape is used), measured
 # on an H200 (bench/gpu/w4a16_probe.py: results w4a16-probe-2026-11-30-5df42e6 and -07d7ec0; M 9..64 from
@@ -185,7 +194,14 @@ _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # (cuOccupancyMaxActiveClusters; 124 of its 132 SMs: a cluster stays in one GPC), 69 of 7, and N = 8192 launches 64
 # (cluster-probe-cl7-2026-12-03-c25ece8: M = 33 / 48 / 64 31.3 / 32.1 / 33.1 us against 35.1 / 36.1 / 36.3 for 8).
 # Where 8's clusters fit in one wave, 7 would give each block more chunks (19 against 16 at K = 8192): not taken there.
-_WG_M64 = ((4, 1, 4, 7), (4, 1, 4, 8), (4, 1, 4, 4), (4, 1, 4, 2))
+# M 33..64 on sm_90, before those: w4a16_wgm, clusters of 2 where they fill the SMs, else none (macro-probe-wgm{,2,3}-
+# 2026-12-03-*, us, M = 64, against the op's choice before it in the same call): 8192^2 26.06 / 25.76 against 31.11 /
+# 30.73 (M = 48 25.70 against 30.25, M = 33 25.08 against 29.47), 4096 x 14336 (CL 1) 24.70 against 26.67, 8192 x 7936
+# 25.52 against 27.09, 8192 x 16384 (CL 1) 43.56 against 57.18, 28672 x 8192 72.26 against 85.31, 4096 x 8192 16.64
+# against 20.73, 8192 x 5120 (40 tiles, 80 blocks) 24.91 against 26.67. Lost where its clusters would be of 4 (4096^2
+# 21.70 against 13.64, 14336 x 4096 44.54 against 33.97) and at M <= 32 (MT 2 or less: 23.23 against 20.76 at M = 32
+# 8192^2); tied in two waves (8192 x 28672 CL 1, 224 blocks: 83.43 against 84.19): not taken there.
+_WG_M64 = ((4, 4, 2), (4, 4, 1), (4, 1, 4, 7), (4, 1, 4, 8), (4, 1, 4, 4), (4, 1, 4, 2))
 _WG_CL8_RESIDENT = (62, 66)  # clusters of 8 resident at four blocks per SM on the H200, of the 66 a wave would hold
 _WG_PER_SM = {(4, 1): 4}  # w4a16_wg blocks an SM holds, by (MT, NWORD), where more than one (128 registers: W4_WGLB)
 # M 1..8 where the cluster split takes N (N = 8192): 8 warps first again since the chunk's copies run from running
@@ -218,7 +234,10 @@ _NO_GLOBAL_SPLIT_MAX_M = 1
 
 def _wg_smem(cfg: tuple[int, ...]) -> int:
     """Dynamic shared memory of w4a16_wg / w4a16_wgc (the kernel's layout: S stages of x, weights, scales and zeros
-    rounded up to 1024 bytes, or the block's float32 tile if larger; plus 1024 bytes to align the stages)."""
+    rounded up to 1024 bytes, or the block's float32 tile if larger; plus 1024 bytes to align the stages); of
+    w4a16_wgm (three numbers), four warpgroups' stages (NWORD 1)."""
+    if len(cfg) == 3:
+        return _WGM_WARPGROUPS * (_wg_smem((cfg[0], 1, cfg[1], cfg[2])) - 1024) + 1024
     mt, nword, st = cfg[:3]
     nb, bc = _wk_rows(mt), 32 * nword  # the B operand's rows: the wgmma kernels take MT >= 0
     stage = -(-(nb * 128 + 4 * 32 * bc + 4 * 4 * bc) // 1024) * 1024
@@ -265,12 +284,17 @@ def _mma_cfg(m: int, k: int, n: int, gs: int, smem_max: int = _WK_SMEM_MAX, n_sm
         return None
     wg = wg and _wg_offsets_fit(m, k, n)
     if t.mma_cfg:
-        ok = _mma_known(t.mma_cfg, smem_max) and _takes(t.mma_cfg, n, n_sm, forced=True) and (wg or len(t.mma_cfg) != 4)
+        ok = _mma_known(t.mma_cfg, smem_max) and _takes(t.mma_cfg, n, n_sm, forced=True) and (wg or not _is_wg(t.mma_cfg))
         return t.mma_cfg if ok else None
     row = _mma_row(m, n, n_sm)
     split_ok = m > _NO_GLOBAL_SPLIT_MAX_M or (wg and t.pdl)  # wg: an sm_90 device, where the launches are dependent
-    return next((c for c in row if _mma_known(c, smem_max) and _takes(c, n, n_sm) and (wg or len(c) != 4)
+    return next((c for c in row if _mma_known(c, smem_max) and _takes(c, n, n_sm) and (wg or not _is_wg(c))
                  and (split_ok or not _global_split(c, k, n, n_sm))), None)
+
+
+def _is_wg(cfg: tuple[int, ...]) -> bool:
+    """Whether ``cfg`` names a wgmma kernel (sm_90a): w4a16_wg / wgc (four numbers) or w4a16_wgm (three)."""
+    return len(cfg) in (3, 4)
 
 
 def _wg_offsets_fit(m: int, k: int, n: int) -> bool:
@@ -285,14 +309,14 @@ def _mma_row(m: int, n: int, n_sm: int) -> tuple[tuple[int, ...], ...]:
     mmax, row = next((mmax, c) for mmax, c in _MMA_TABLE if m <= mmax)
     first = _MANY_TILES_FIRST.get(mmax)
     if first is not None and n % (32 * first[1]) == 0 and n // (32 * first[1]) > n_sm:
-        wg = tuple(c for c in row if len(c) == 4)  # the wgmma entries stay ahead of it
+        wg = tuple(c for c in row if _is_wg(c))  # the wgmma entries stay ahead of it
         return (*wg, first, *row[len(wg):])
     return row
 
 
 def _global_split(cfg: tuple[int, ...], k: int, n: int, n_sm: int) -> bool:
     """Whether ``cfg``'s launch splits K through float32 partials in global memory (not a cluster, more than one split)."""
-    if len(cfg) >= 7 or len(cfg) == 4:
+    if len(cfg) >= 7 or _is_wg(cfg):
         return False
     if len(cfg) == 6:
         return w4a16_wk_launch(1, k, n, n_sm, cfg)[0][1] > 1
@@ -305,6 +329,9 @@ def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> boo
     w4a16_wkc, the column tiles times CL fit in one wave of one block per SM, and (unless forced) CL is the split
     BPS = 1 would choose, round(n_sm / tiles): the cluster replaces that split's global partials and never makes a
     split of its own."""
+    if len(cfg) == 3:  # w4a16_wgm: 128 columns per block; a table entry: one wave of one block per SM, 0.6 of it or more
+        tiles = n // 128
+        return n % 128 == 0 and (forced or _WGM_MIN_FILL * n_sm <= tiles * cfg[2] <= n_sm)
     if len(cfg) == 4:  # w4a16_wg: 128*NWORD columns per block; a table entry: two blocks per SM or more, one wave
         tiles, per_sm = n // (128 * cfg[1]), _WG_PER_SM.get(cfg[:2], 1)
         if n % (128 * cfg[1]) or not (forced or 2 * n_sm <= tiles * cfg[3] <= per_sm * n_sm):
@@ -325,8 +352,8 @@ def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> boo
 
 def _mma_known(cfg: tuple[int, ...], smem_max: int = _WK_SMEM_MAX) -> bool:
     """Whether ``cfg`` names a kernel built into the module (and, for w4a16_wk, one whose shared memory fits)."""
-    if len(cfg) == 4:
-        return cfg in _WG_VARIANTS and _wg_smem(cfg) <= min(smem_max, _WK_SMEM_MAX)
+    if _is_wg(cfg):
+        return cfg in (_WG_VARIANTS if len(cfg) == 4 else _WGM_VARIANTS) and _wg_smem(cfg) <= min(smem_max, _WK_SMEM_MAX)
     if len(cfg) == 8:
         return (cfg[3] == 0 and cfg[5] == 1 and cfg[6] == 1 and (*cfg[:3], cfg[4], cfg[7]) in _WKM_VARIANTS
                 and _wk_smem(cfg) <= min(smem_max, _WK_SMEM_MAX))
@@ -368,20 +395,31 @@ def w4a16_wk_launch(m: int, k: int, n: int, n_sm: int, cfg: tuple[int, ...]) -> 
 
 
 def w4a16_wg_launch(m: int, k: int, n: int, cfg: tuple[int, ...]) -> tuple[tuple[int, int], int, int]:
-    """(grid, chunks per block, dynamic shared bytes) of w4a16_wg / w4a16_wgc: a block = 128*NWORD columns, the K split
-    the cluster of CL blocks along the grid's y (a block may get no chunk when K is short)."""
+    """(grid, chunks per warpgroup, dynamic shared bytes) of w4a16_wg / w4a16_wgc: a block = 128*NWORD columns, the K
+    split the cluster of CL blocks along the grid's y (a block may get no chunk when K is short); of w4a16_wgm: a block
+    = 128 columns, K split among the CL blocks' four warpgroups each."""
+    if len(cfg) == 3:
+        cl = cfg[2]
+        return (n // 128, cl), -(-(k // 64) // (_WGM_WARPGROUPS * cl)), _wg_smem(cfg)
     cl = cfg[3]
     return (n // (128 * cfg[1]), cl), -(-(k // 64) // cl), _wg_smem(cfg)
 
 
+def _wg_warps(cfg: tuple[int, ...]) -> int:
+    """Warps per block of a wgmma configuration: 4 (w4a16_wg / wgc), 16 (w4a16_wgm)."""
+    return 4 * _WGM_WARPGROUPS if len(cfg) == 3 else 4
+
+
 def _wg_name(kt: str, cfg: tuple[int, ...]) -> str:
+    if len(cfg) == 3:
+        return f"w4a16_wgm<{kt},{cfg[0]},{cfg[1]},{cfg[2]}>"
     mt, nw, st, cl = cfg
     return f"w4a16_wg<{kt},{mt},{nw},{st}>" if cl == 1 else f"w4a16_wgc<{kt},{mt},{nw},{st},{cl}>"
 
 
 @functools.cache  # a module's name list, asked for on every launch: built once
 def _wg_names(kt: str) -> tuple[str, ...]:
-    return tuple(_wg_name(kt, c) for c in _WG_VARIANTS)
+    return tuple(_wg_name(kt, c) for c in (*_WG_VARIANTS, *_WGM_VARIANTS))
 
 
 def _wk_name(kt: str, cfg: tuple[int, ...]) -> str:

@@ -32,11 +32,13 @@ from ._w4a16_config import (
     _dequant_min_m,
     _h2_cfg,
     _h2_name,
+    _is_wg,
     _mma_cfg,
     _mma_names,
     _w4a16_names,
     _wg_name,
     _wg_names,
+    _wg_warps,
     _wk_name,
     tuning,
     use_tuning,
@@ -321,10 +323,10 @@ def _launch_of(kt: str, m: int, k: int, n: int, gs: int, cfg: tuple[int, ...], n
     hit = _LAUNCHES.get(key)
     if hit is not None:
         return hit
-    if len(cfg) == 4:
+    if _is_wg(cfg):
         grid, cpb, smem = w4a16_wg_launch(m, k, n, cfg)
-        launch = _Launch("w4a16_mma.cu+w4a16_wg.cu", _wg_names(kt), _wg_name(kt, cfg), "sm_90a", grid, 4, smem,
-                         _int32s(m, k, n, gs // 2, cpb), 0, 0, True)
+        launch = _Launch("w4a16_mma.cu+w4a16_wg.cu", _wg_names(kt), _wg_name(kt, cfg), "sm_90a", grid, _wg_warps(cfg),
+                         smem, _int32s(m, k, n, gs // 2, cpb), 0, 0, True)
     elif len(cfg) >= 6:
         (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, n_sm, cfg)
         launch = _Launch("w4a16_mma.cu", _mma_names(kt), _wk_name(kt, cfg), None, (tiles, ksplit), cfg[2], smem,
@@ -360,7 +362,7 @@ def _w4a16_mma(call: OpCall, m: int, k: int, n: int, gs: int, cfg: tuple[int, ..
     launch = _launch_of(kt, m, k, n, gs, cfg, sm_count())
     fn = get_function(launch.file, launch.names, launch.name, launch.arch)
     pdl = launch.waits and tuning().pdl and _sm90a()
-    if not launch.partials:  # w4a16_wg / w4a16_wgc
+    if not launch.partials:  # w4a16_wg / w4a16_wgc / w4a16_wgm
         wk_launch(fn, launch.grid, launch.warps, launch.smem, (x, qw, sc, zr, out, *launch.tail), pdl=pdl)
         return out
     if len(cfg) == 8:

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["pdl_seconds" if pdl else "plain_seconds"] = _timer(
                     cp, lambda it=it, calls=calls: spec.cupy(calls[next(it) % len(calls)])["out"], args.reps)  # noqa: B023
         launch = _launch_of("F16", m, k, n, gs, cfg, n_sm)
-        cl = cfg[6] if len(cfg) >= 7 else cfg[3] if len(cfg) == 4 else 1
+        cl = cfg[6] if len(cfg) >= 7 else cfg[3] if len(cfg) == 4 else cfg[2] if len(cfg) == 3 else 1
         if cl > 1:
             fn = get_function(launch.file, launch.names, launch.name, launch.arch)
             handle = fn.ptr if hasattr(fn, "ptr") else fn.kernel.ptr

@@ -2,8 +2,9 @@
 builds: ``-DW4_ROT=1`` and the like) against the product build, at the same shapes and configurations.
 
 For each case ``M,K,N:configuration`` of ``--cases`` (six numbers: w4a16_wk, seven: w4a16_wkc, four: w4a16_wg /
-w4a16_wgc, whose every build, the empty one too, is compiled here for sm_90a from ``w4a16_mma.cu+w4a16_wg.cu``, so that
-a configuration the product does not build can be timed; ``shmrpc.kernels._cuda._ArchModule``) and each build of
+w4a16_wgc, three: w4a16_wgm, whose every build, the empty one too, is compiled here for sm_90a from
+``w4a16_mma.cu+w4a16_wg.cu``, so that a configuration the product does not build can be timed;
+``shmrpc.kernels._cuda._ArchModule``; ``0``: the op as it runs by default, its own choice) and each build of
 ``--defs`` (';'-separated; the empty one is the op itself, forced to the configuration), it times one call after
 another as a programmatic dependent launch (``gpu_kernels._timer``: CUDA events around batches queued behind a spin
 kernel, median of 5 batches, weight sets rotated so that L2 cannot hold them), and compares the output with the op's
@@ -83,24 +84,20 @@ def main(argv: list[str] | None = None) -> int:
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._cuda import _ArchModule, sm_count, source
     from shmrpc.kernels._registry import OpCall
-    from shmrpc.kernels._w4a16_config import _wg_name, _wk_name, w4a16_wg_launch, w4a16_wk_launch
+    from shmrpc.kernels._w4a16_config import _is_wg, _wg_name, _wg_warps, _wk_name, w4a16_wg_launch, w4a16_wk_launch
     from shmrpc.kernels.quant import use_tuning, wk_launch
 
     n_sm = sm_count()
     res: dict[str, Any] = {**probe_record(cp, "bench/gpu/macro_probe.py", argv, n_sm), "mode": "macro-probe", "rows": []}
     spec = REGISTRY.get("gemm_w4a16")
-    # a third field W (four numbers only): w4a16_wgm, W warpgroups per block, each its own K slice
-    cases = [(tuple(int(v) for v in c.split(":")[0].split(",")), tuple(int(v) for v in c.split(":")[1].split(",")),
-              int(c.split(":")[2]) if c.count(":") == 2 else 0) for c in args.cases.split(";") if c]
+    cases = [(tuple(int(v) for v in c.split(":")[0].split(",")), tuple(int(v) for v in c.split(":")[1].split(",")))
+             for c in args.cases.split(";") if c]
     builds = args.defs.split(";")
     mods: dict[Any, Any] = {}
-    names = sorted({_wk_name("F16", cfg) for _, cfg, _ in cases if len(cfg) not in (1, 4)})
-
-    def wg_name(cfg: tuple[int, ...], w: int) -> str:
-        return f"w4a16_wgm<F16,{','.join(map(str, cfg))},{w}>" if w else _wg_name("F16", cfg)
-    wg_names = tuple(sorted({wg_name(cfg, w) for _, cfg, w in cases if len(cfg) == 4}))
+    names = sorted({_wk_name("F16", cfg) for _, cfg in cases if len(cfg) >= 5})
+    wg_names = tuple(sorted({_wg_name("F16", cfg) for _, cfg in cases if _is_wg(cfg)}))
     print(f"{'case':<34} {'build':<16} {'us':>7} {'max diff':>9}")
-    for (m, k, n), cfg, w in cases:
+    for (m, k, n), cfg in cases:
         gs, g = 128, k // 128
         sets, rs = w4a16_sets(cp, k, n, gs, 60 << 20)
         x = (rs.standard_normal((m, k)) / np.sqrt(k)).astype(cp.float16)
@@ -108,30 +105,28 @@ def main(argv: list[str] | None = None) -> int:
                         {"out": TensorSpec((m, n), "float16")}, {}, {}, {}) for q, s, z in sets]
         if cfg == (0,):  # the op's own choice, as it runs by default
             tiles, ksplit, cpb, smem = 1, 1, 0, 0
-        elif len(cfg) == 4:
+        elif _is_wg(cfg):
             (tiles, ksplit), cpb, smem = w4a16_wg_launch(m, k, n, cfg)
-            if w:  # W warpgroups, each with the stages of one: K in CL*W slices
-                cpb, smem = -(-(k // 64) // (ksplit * w)), w * (smem - 1024) + 1024
         else:
             (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, n_sm, cfg)
         partial = cp.empty((max(1, ksplit * m * n) if len(cfg) == 6 else 1,), dtype=cp.float32)
         counters = cp.zeros((max(tiles, 1024),), dtype=cp.uint32)
         out = cp.empty((m, n), dtype=cp.float16)
-        with use_tuning(mma_cfg=None if w or cfg == (0,) else cfg, mma_m1=cfg != (0,)):  # wgm: the op's own choice
+        with use_tuning(mma_cfg=None if cfg == (0,) else cfg, mma_m1=cfg != (0,)):
             want = spec.cupy(calls[0])["out"].astype(cp.float32)
         scale = float(cp.abs(want).max()) or 1.0
         for opts in builds:
-            row: dict[str, Any] = {"M": m, "K": k, "N": n, "cfg": list(cfg), "W": w, "build": opts or "product"}
+            row: dict[str, Any] = {"M": m, "K": k, "N": n, "cfg": list(cfg), "build": opts or "product"}
             once: Callable[[], Any]
             if cfg == (0,):
                 once = _op_default(spec, calls)
-            elif len(cfg) == 4:
+            elif _is_wg(cfg):
                 if ("wg", opts) not in mods:
                     mods[("wg", opts)] = _ArchModule(source("w4a16_mma.cu+w4a16_wg.cu"), wg_names, "sm_90a",
                                                      tuple(opts.split()))
-                fn = mods[("wg", opts)].get_function(wg_name(cfg, w))
+                fn = mods[("wg", opts)].get_function(_wg_name("F16", cfg))
                 row.update(_registers(cp, fn))
-                once = _raw_once(wk_launch, fn, (tiles, ksplit), 4 * max(w, 1), smem, calls,
+                once = _raw_once(wk_launch, fn, (tiles, ksplit), _wg_warps(cfg), smem, calls,
                                  (out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb))), out)
             elif not opts:
                 once = _op_once(spec, cfg, calls, use_tuning)
@@ -145,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             row["max_diff"] = float(cp.abs(got.astype(cp.float32) - want).max()) / scale
             row["seconds"] = _timer(cp, once, args.reps)
             res["rows"].append(row)
-            print(f"{m},{k},{n}:{','.join(map(str, cfg)) + (f':{w}' if w else ''):<22} {row['build']:<16} {row['seconds'] * 1e6:7.2f} "
+            print(f"{m},{k},{n}:{','.join(map(str, cfg)):<22} {row['build']:<16} {row['seconds'] * 1e6:7.2f} "
                   f"{row['max_diff']:9.1e}" + (f" {row['num_regs']} registers" if row.get("num_regs") else ""), flush=True)
         sets.clear()
         cp.get_default_memory_pool().free_all_blocks()

@@ -11,7 +11,7 @@ and dumps the SASS with ``cuobjdump -sass``. (NVRTC, which the op uses, may allo
 ``--nvrtc`` builds the modules exactly as the op does instead, with the NVRTC library of the ``nvidia-cuda-nvrtc``
 wheel (the dev extra; ``shmrpc.kernels._nvrtc``): six numbers name ``w4a16_wkc`` (sm_90), five ``w4a16_wk`` (MT,
 NWORD, WK, S, XSM: no cluster), four name
-``w4a16_wg`` / ``w4a16_wgc`` (MT, NWORD, S, CL; the wgmma module, sm_90a); the dump needs ``cuobjdump`` and
+``w4a16_wg`` / ``w4a16_wgc`` (MT, NWORD, S, CL; the wgmma module, sm_90a), three ``w4a16_wgm`` (MT, S, CL); the dump needs ``cuobjdump`` and
 ``nvdisasm`` (``pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm``, or a CUDA toolkit on PATH).
 Either way, per kernel it finds the chunk loop (the backward branch whose body holds the most HMMA or HGMMA, the
 smallest such body) and counts its instructions by opcode: one pass is one chunk of 64 k for one warp, the next
@@ -108,7 +108,7 @@ def build_nvrtc(cfgs: list[tuple[int, ...]], tmp: Path, defs: tuple[str, ...] = 
         raise SystemExit("--nvrtc needs NVRTC, cuobjdump and nvdisasm (pip install nvidia-cuda-nvrtc "
                          "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     wk = tuple(f"w4a16_wk{'c' if len(c) == 6 else ''}<F16,{','.join(map(str, c))}>" for c in cfgs if len(c) in (5, 6))
-    wg = tuple(_wg_name("F16", c) for c in cfgs if len(c) == 4)
+    wg = tuple(_wg_name("F16", c) for c in cfgs if len(c) in (3, 4))
     sass, logs = "", ""
     env = {**os.environ, "PATH": f"{Path(nvdisasm).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     for file, names, arch in (("w4a16_mma.cu", wk, "sm_90"), ("w4a16_mma.cu+w4a16_wg.cu", wg, "sm_90a")):

@@ -4,9 +4,9 @@
 // registers (64 columns x 16 k per instruction: 16 per warp, each warp its own columns), and the activations are B,
 // read by the instruction from shared memory (NB rows x 16 k, NB = 16*MT, or 8 at MT = 0): one wgmma per A-tile and
 // k16 step multiplies 64 weight columns by all NB activation rows.
-// Block: one warpgroup (4 warps). Warp w owns the BC = 32*NWORD columns [col0 + w*BC, +BC), read as in w4a16_wk: a
-// lane's words of a packed row hold its n-tiles, A-tile p (p < 2*NWORD) of a lane is bytes 2p & 3 and (2p & 3) + 1
-// of word p / 2, i.e. columns g*NT + 2p (row g) and g*NT + 2p + 1 (row g + 8), dequantized with the zero and the scale
+// Block: one warpgroup (4 warps; w4a16_wgm: four, at the end). Warp w owns the BC = 32*NWORD columns [col0 + w*BC,
+// +BC), read as in w4a16_wk: a lane's words of a packed row hold its n-tiles, A-tile p (p < 2*NWORD) of a lane is
+// bytes 2p & 3 and (2p & 3) + 1 of word p / 2, i.e. columns g*NT + 2p (row g) and g*NT + 2p + 1 (row g + 8), dequantized with the zero and the scale
 // per pair (dq_pair: PRMT, LOP3, HFMA2, HMUL2; the weights rounded once to the input type, as at MT >= 1). The 4
 // warps' A-tile p together are the 64 rows of wgmma p; its accumulators (NB/2 float32 per lane) are the warp's own.
 // A chunk is 64 k. The block takes chunks [y*cpb, +cpb) (K split: w4a16_wgc, a cluster of CL blocks along y, adds its
@@ -21,7 +21,8 @@
 // m-block, never copied).
 // Host guarantees: N % (128*NWORD) == 0, K % 64 == 0, group_rows % 32 == 0, 16-byte aligned contiguous arrays; M > NB
 // runs as several m-blocks (the weights read again); no device-side assert. Dynamic shared memory: max(S*STAGE,
-// NB*(128*NWORD + 4)*4) + 1024 bytes (_wg_smem on the host).
+// NB*(128*NWORD + 4)*4) + 1024 bytes (_wg_smem on the host); w4a16_wgm (four warpgroups, each as one such block on its
+// own K slice, at the end) four times that, less 3072.
 // The second cluster barrier of w4a16_wgc's epilogue (W4_WGEPI) arrives without release: it only keeps every tile alive
 // until all ranks have read it, and a release there waited for this block's output stores to complete (MEMBAR.ALL.GPU).
 
@@ -38,10 +39,6 @@
 #endif
 #ifndef W4_WGDS
 #define W4_WGDS 1  // the k16 steps' wgmma descriptors from the chunk's low word plus an offset (0: probe builds only)
-#endif
-#ifndef W4_WGPROBE
-#define W4_WGPROBE 0  // probe builds only, bits to leave work out: 1 x's copies, 2 the weights' copies, 4 the cluster's
-                      // sums, 8 all but 8 rows of the wgmma
 #endif
 #ifndef W4_WGLB
 #define W4_WGLB 1  // the blocks per SM that the shared memory allows (4 at most) asked of ptxas at NWORD 1 (__launch_bounds__)
@@ -123,8 +120,12 @@ __device__ __forceinline__ void wg_body(
   constexpr int BCB = 4 * BC, OW = BCB + 4;  // the block's columns; the float32 tile's row stride
   static_assert(S >= 3, "chunk i + S - 2 is refilled while chunk i is read");
   extern __shared__ __align__(16) unsigned char dsm[];
-  // W warpgroups per block (w4a16_wgm): warpgroup wg takes the block's K slice wg, with its own S stages
-  const int tid = W > 1 ? (int)threadIdx.x & 127 : (int)threadIdx.x, wg = W > 1 ? __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0) : 0;
+  static_assert(W == 1 || S * STAGE >= NB * OW * 4, "a warpgroup's float32 tile fits in its stages");
+  // W warpgroups per block (w4a16_wgm): warpgroup wg takes the block's K slice wg, with its own S stages; its index
+  // through a shuffle from lane 0, so that ptxas keeps what derives from it (the stages' addresses, the wgmma
+  // descriptors) in uniform registers
+  const int tid = W > 1 ? (int)threadIdx.x & 127 : (int)threadIdx.x;
+  const int wg = W > 1 ? __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0) : 0;
   const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const u32 base0 = (smem_addr(dsm) + 1023u) & ~1023u;  // the stages, 1024-byte aligned (the host adds 1024 bytes)
   const u32 base = base0 + (u32)(wg * S * STAGE);
@@ -179,12 +180,10 @@ __device__ __forceinline__ void wg_body(
       // every copy of the chunk in one run of instructions, those of some lanes predicated (no branch)
       const u32 xo = x_o + ch * 64u;
 #pragma unroll
-      for (int i = 0; i < NPC; ++i)
-        if (!(W4_WGPROBE & 2)) cp_async16_s(st + w_dst + (u32)(i * RPI * BC), qweight + (wo + (u32)(i * RPI) * uN));
+      for (int i = 0; i < NPC; ++i) cp_async16_s(st + w_dst + (u32)(i * RPI * BC), qweight + (wo + (u32)(i * RPI) * uN));
       cp_async16_if(st + sz_dst, sz_src + __umulhi(2u * ch, g_mul) * uN, sz_lane);
 #pragma unroll
-      for (int i = 0; i < XP; ++i)
-        if (!(W4_WGPROBE & 1)) cp_async16_if(st + x_dst + (u32)(i * 2048), x + (xo + (u32)(16 * i) * uK), i < xn);
+      for (int i = 0; i < XP; ++i) cp_async16_if(st + x_dst + (u32)(i * 2048), x + (xo + (u32)(16 * i) * uK), i < xn);
 #else
 #pragma unroll
       for (int i = 0; i < NPC; ++i) cp_async16_s(st + w_dst + (u32)(i * RPI * BC), qweight + (wo + (u32)(i * RPI) * uN));
@@ -266,9 +265,7 @@ __device__ __forceinline__ void wg_body(
         const u64 desc = wg_desc(base + (u32)((i % S) * STAGE + 32 * stp));
 #endif
 #pragma unroll
-        for (int p = 0; p < NP; ++p)
-          if (W4_WGPROBE & 8) wg_mma<X, 8>(acc[p], a[p], desc);  // 8 activation rows: an eighth of the tensor work
-          else wg_mma<X, NB>(acc[p], a[p], desc);
+        for (int p = 0; p < NP; ++p) wg_mma<X, NB>(acc[p], a[p], desc);
         wg_commit();
       }
     }
@@ -306,10 +303,9 @@ __device__ __forceinline__ void wg_body(
       for (int idx = (int)rank * T + btid; idx < mrows * (BCB / 4); idx += CL * T) {
         const int r = idx / (BCB / 4), c = 4 * (idx % (BCB / 4));
         const u32 a = tb + 4u * (u32)(r * OW + c);
-        float4 v = (W4_WGPROBE & 4) ? *reinterpret_cast<const float4*>(tile0 + r * OW + c) : ld_cluster_f4(a, 0);
+        float4 v = ld_cluster_f4(a, 0);
 #pragma unroll
-        for (int rk = 1; rk < CL; ++rk)
-          if (!(W4_WGPROBE & 4)) add4(v, ld_cluster_f4(a, rk));
+        for (int rk = 1; rk < CL; ++rk) add4(v, ld_cluster_f4(a, rk));
         st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
       }
 #if W4_WGEPI
@@ -345,12 +341,14 @@ __global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(128, (WgFit<MT, NWO
   wg_body<X, MT, NWORD, S, CL>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
 }
 
-// W4A16 with W warpgroups per block (probe): warpgroup w of block y takes K slice y*W + w with its own S stages; the
-// warpgroups' sums are added in shared memory, then the cluster's through distributed shared memory as w4a16_wgc.
-template <class X, int MT, int NWORD, int S, int CL, int W>
-__global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(128 * W, (4 / W > 1 ? 4 / W : 1)) w4a16_wgm(
+// w4a16_wgm: four warpgroups per block (one block per SM: 4 x S stages of shared memory, 512 threads of 128 registers),
+// NWORD 1. Warpgroup w of block y takes K slice 4y + w of cpb chunks with its own stages and barrier; the four float32
+// tiles are added in shared memory, in warpgroup order, then the CL blocks' through distributed shared memory as in
+// w4a16_wgc. So a column tile's K is split 4*CL ways with only CL - 1 tiles per block crossing between SMs.
+template <class X, int MT, int S, int CL>
+__global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(512, 1) w4a16_wgm(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
-  wg_body<X, MT, NWORD, S, CL, W>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
+  wg_body<X, MT, 1, S, CL, 4>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
 }

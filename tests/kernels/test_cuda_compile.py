@@ -16,7 +16,15 @@ import pytest
 from shmrpc.kernels._cuda import CUDA_DIR, source
 from shmrpc.kernels._dtypes import itemsize
 from shmrpc.kernels._nvrtc import OPTIONS, Compiled, NvrtcError, compile_cubin, load, registers
-from shmrpc.kernels._w4a16_config import _WG_VARIANTS, _mma_names, _w4a16_names, _wg_name, _wg_names, _wg_smem
+from shmrpc.kernels._w4a16_config import (
+    _WG_VARIANTS,
+    _WGM_VARIANTS,
+    _mma_names,
+    _w4a16_names,
+    _wg_name,
+    _wg_names,
+    _wg_smem,
+)
 from shmrpc.kernels.norm import _KT, _LN_BLOCKS, _ln_names, _sm_names
 
 try:
@@ -187,6 +195,10 @@ def test_the_wgmma_kernels_keep_the_blocks_their_shared_memory_allows(compiled) 
             assert per_warp * 4 * blocks <= 64 * 1024, (cfg, kt, used, blocks)
             seen += 1
     assert seen >= 8  # (4, 1, 4, 2), (4, 1, 4, 4), (4, 1, 4, 7), (4, 1, 4, 8), ... in both dtypes
+    for cfg in _WGM_VARIANTS:  # w4a16_wgm: one block of 16 warps per SM (__launch_bounds__(512, 1))
+        for kt in ("F16", "BF16"):
+            used = regs[lowered[_wg_name(kt, cfg)]]
+            assert -(-used // 8) * 8 * 32 * 16 <= 64 * 1024, (cfg, kt, used)
 
 
 @pytest.mark.skipif(NVRTC is None, reason="NVRTC is not installed (pip install nvidia-cuda-nvrtc, in the dev extra)")

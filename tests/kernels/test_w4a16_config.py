@@ -11,12 +11,14 @@ from shmrpc.kernels._w4a16_config import (
     _MMA_VARIANTS,
     _WG_PER_SM,
     _WG_VARIANTS,
+    _WGM_VARIANTS,
     _WK_SMEM_MAX,
     _WK_VARIANTS,
     _WKC_VARIANTS,
     _WKM_VARIANTS,
     W4A16Tuning,
     _global_split,
+    _is_wg,
     _mma_cfg,
     _mma_names,
     _mma_row,
@@ -24,6 +26,7 @@ from shmrpc.kernels._w4a16_config import (
     _wg_name,
     _wg_names,
     _wg_smem,
+    _wg_warps,
     _wk_name,
     _wk_rows,
     _wk_smem,
@@ -41,24 +44,26 @@ def test_table_by_m(m, n, wg) -> None:
     """Every M up to 64 takes the first entry of its row that takes N: a cluster split where its CL is the split
     the column tiles ask for (2: 8192 at M <= 32, 64-column tiles of 4096 at M > 16), else the kernel with its
     global split (or none: 14336); M = 1 a global split only where the launches are dependent (sm_90: wg; else 4096
-    takes the CUDA-core kernel). On an sm_90 device (wg)
-    M 33..64 take w4a16_wgc (MT 4, NWORD 1) with the largest cluster whose blocks fit in one wave of four per SM."""
+    takes the CUDA-core kernel). On an sm_90 device (wg) M 33..64 take w4a16_wgm (four warpgroups per block) where
+    its blocks fill one wave of one per SM (8192: clusters of 2, 14336: none), else w4a16_wgc (MT 4, NWORD 1) with
+    the largest cluster whose blocks fit in one wave of four per SM."""
     with use_tuning(**vars(W4A16Tuning())):  # the defaults, whatever this process's environment says
         cfg = _mma_cfg(m, 4096, n, 128, wg=wg)
     if m > 64 or (m == 1 and n == 4096 and not wg):
         assert cfg is None
         return
     row, base = _mma_row(m, n, 132), next(c for mmax, c in _MMA_TABLE if m <= mmax)
-    wgs = tuple(c for c in base if len(c) == 4)  # the table's row, its wgmma entries first, then perhaps
+    wgs = tuple(c for c in base if _is_wg(c))  # the table's row, its wgmma entries first, then perhaps
     assert set(row) == set(base) and row[:len(wgs)] == wgs  # _MANY_TILES_FIRST's entry (also in the row) moved up
     assert cfg is not None and cfg in row
     assert m <= _wk_rows(cfg[0])  # one m-block: the weights are read once
-    assert cfg == next(c for c in row if (wg or len(c) != 4) and _takes(c, n, 132)
+    assert cfg == next(c for c in row if (wg or not _is_wg(c)) and _takes(c, n, 132)
                        and (m > 1 or wg or not _global_split(c, 4096, n, 132)))
-    if 32 < m <= 64 and wg and n > 4096:  # N = 4096: 32 tiles x 8 = 256 blocks, fewer than two per SM
-        # 112 tiles x 8 (or 7) blocks would not fit in one wave; 64 x 8 would, but only 62 clusters of 8 stay resident
-        assert cfg == (4, 1, 4, 4 if n == 14336 else 7)
+    if 32 < m <= 64 and wg and n > 4096:  # N = 4096: 32 tiles, 64 blocks in clusters of 2: under 0.6 of the SMs
+        assert cfg == (4, 4, 1 if n == 14336 else 2)  # 112 tiles x 1 and 64 x 2 blocks: one wave, over 0.6 of it
         return
+    if 32 < m <= 64 and wg:  # 32 tiles x 8 = 256 blocks, fewer than two per SM: no wgmma entry takes it
+        assert not _is_wg(cfg)
     tiles = n // (32 * cfg[1])
     if len(cfg) == 7:
         assert tiles * cfg[6] <= 132 and round(132 / tiles) == cfg[6]
@@ -279,28 +284,69 @@ def test_wg_launch_names_and_shared_memory(cfg) -> None:
             assert _mma_cfg(16, 4096, 2048, 128, wg=True) is None
 
 
+@pytest.mark.parametrize("cfg", _WGM_VARIANTS)
+def test_wgm_launch_names_and_shared_memory(cfg) -> None:
+    """w4a16_wgm (MT, S, CL): 16 warps, grid (N / 128, CL), every 64-k chunk in exactly one of the cluster's 4*CL
+    warpgroups, four times w4a16_wg's stages (NWORD 1) plus 1024 bytes, within what a block may opt in to; taken
+    only on an sm_90 device, forced wherever 128 divides N, from the table where its blocks fill 0.6 to 1 of a wave
+    of one per SM."""
+    mt, st, cl = cfg
+    one = _wg_smem((mt, 1, st, cl))
+    assert _wg_smem(cfg) == 4 * (one - 1024) + 1024 <= _WK_SMEM_MAX and _wg_warps(cfg) == 16
+    for k in (64, 128, 4480, 8192, 28672):
+        for n in (1024, 4096, 14336):
+            (tiles, ksplit), cpb, smem = w4a16_wg_launch(64, k, n, cfg)
+            assert tiles * 128 == n and ksplit == cl and smem == _wg_smem(cfg)
+            assert (4 * cl - 1) * cpb < k // 64 <= 4 * cl * cpb or (k // 64 < 4 * cl and cpb == 1)
+    name = _wg_name("F16", cfg)
+    assert name == f"w4a16_wgm<F16,{mt},{st},{cl}>"
+    assert name in _wg_names("F16") and _wg_name("BF16", cfg) in _wg_names("BF16")
+    assert W4A16Tuning.from_env({"SHMRPC_W4A16_MMA_CFG": ",".join(map(str, cfg))}).mma_cfg == cfg
+    assert not _global_split(cfg, 8192, 8192, 132)
+    low, high = -(-80 // cl), 132 // cl  # tiles: 0.6 of 132 SMs (79.2 blocks, so 80) to one wave
+    assert _takes(cfg, 128 * low, 132) and not _takes(cfg, 128 * (low - 1), 132)
+    assert _takes(cfg, 128 * high, 132) and not _takes(cfg, 128 * (high + 1), 132)
+    assert _takes(cfg, 128 * (high + 1), 132, forced=True) and not _takes(cfg, 128 * 8 + 64, 132, forced=True)
+    with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=cfg))):
+        assert _mma_cfg(64, 4096, 1024, 128, wg=True) == cfg
+        assert _mma_cfg(64, 4096, 1024, 128) is None  # not an sm_90 device
+        assert _mma_cfg(64, 4096, 1024, 128, smem_max=_wg_smem(cfg) - 1, wg=True) is None
+    for bad in ((mt, st, 3), (mt, 5, cl), (2, st, cl)):  # not built
+        with use_tuning(**vars(W4A16Tuning(mma_m1=True, mma_cfg=bad))):
+            assert _mma_cfg(64, 4096, 1024, 128, wg=True) is None
+
+
 def test_wg_table_entries_fill_the_sms_once() -> None:
     """The wgmma entries of M 33..64 are taken where their blocks make two per SM or more (of 132) and at most one
-    wave of four per SM: N = 1024 to 4096 (64 to 256 blocks) go to the kernels after them."""
+    wave of four per SM (w4a16_wgc), or 0.6 to 1 wave of one per SM (w4a16_wgm): N = 1024 to 4096 (64 to 256 blocks
+    of wgc, 16 to 64 of wgm) go to the kernels after them."""
     with use_tuning(**vars(W4A16Tuning())):
         for n in (1024, 2048, 4096):
             assert _mma_cfg(64, 4096, n, 128, wg=True) == _mma_cfg(64, 4096, n, 128)
         assert _mma_cfg(64, 4096, 4096 + 128, 128, wg=True) == (4, 1, 4, 8)  # 33 x 8 = 264 blocks
         assert _mma_cfg(64, 4096, 28672, 128, wg=True) == (4, 1, 4, 2)  # 224 tiles x 2 = 448
-        assert _mma_cfg(40, 4096, 14336, 128, wg=True) == (4, 1, 4, 4)  # before the many-tiles entry
+        assert _mma_cfg(40, 4096, 14336, 128, wg=True) == (4, 4, 1)  # before the many-tiles entry
 
 
 def test_wg_clusters_of_7_only_where_those_of_8_make_a_second_wave() -> None:
-    """M 33..64 takes clusters of 7 where N's column tiles (128 columns) need more clusters of 8 than the H200 holds at
-    once (62 of 66: _WG_CL8_RESIDENT), clusters of 8 where they all fit, and clusters of 4 or 2 where 7 would not
-    fit one wave; a device with more SMs keeps clusters of 8 at N = 8192."""
+    """w4a16_wgc takes clusters of 7 where N's column tiles (128 columns) need more clusters of 8 than the H200 holds
+    at once (62 of 66: _WG_CL8_RESIDENT), clusters of 8 where they all fit, and clusters of 4 or 2 where 7 would not
+    fit one wave; a device with more SMs keeps clusters of 8 at N = 8192. In the table of M 33..64 w4a16_wgm stands
+    before them, so they are its choice from 67 tiles (w4a16_wgm's clusters of 2 no longer fit one wave, and 67 to 79
+    blocks without a cluster fill under 0.6 of the SMs)."""
+    for n_sm, tiles in ((132, 62), (144, 64)):  # all clusters of 8 resident
+        assert _takes((4, 1, 4, 8), 128 * tiles, n_sm) and not _takes((4, 1, 4, 7), 128 * tiles, n_sm)
+    for tiles in (63, 64, 75):
+        assert _takes((4, 1, 4, 7), 128 * tiles, 132)  # (and clusters of 8 after them in the row)
+    assert not _takes((4, 1, 4, 7), 128 * 76, 132) and _takes((4, 1, 4, 4), 128 * 76, 132)  # 76 x 7 > 4 x 132 blocks
     with use_tuning(**vars(W4A16Tuning())):
         for m in (33, 48, 64):
-            assert _mma_cfg(m, 8192, 128 * 62, 128, wg=True) == (4, 1, 4, 8)  # 62 clusters of 8: all resident
-            for tiles in (63, 64, 75):
+            for tiles in (62, 64, 66):
+                assert _mma_cfg(m, 8192, 128 * tiles, 128, wg=True) == (4, 4, 2)
+            for tiles in (67, 75):
                 assert _mma_cfg(m, 8192, 128 * tiles, 128, wg=True) == (4, 1, 4, 7)
-            assert _mma_cfg(m, 8192, 128 * 76, 128, wg=True) == (4, 1, 4, 4)  # 76 x 7 > 4 x 132 blocks
-            assert _mma_cfg(m, 8192, 8192, 128, n_sm=144, wg=True) == (4, 1, 4, 8)
+            assert _mma_cfg(m, 8192, 128 * 76, 128, wg=True) == (4, 1, 4, 4)
+            assert _mma_cfg(m, 8192, 128 * 80, 128, wg=True) == (4, 4, 1)  # 80 blocks: 0.6 of 132 SMs
         assert _takes((4, 1, 4, 7), 128 * 40, 132, forced=True) and not _takes((4, 1, 4, 7), 128 * 40, 132)
 
 
@@ -310,9 +356,9 @@ def test_wg_only_where_its_32_bit_offsets_reach(monkeypatch) -> None:
     from support.w4a16 import force
 
     with use_tuning(**vars(W4A16Tuning())):
-        assert _mma_cfg(64, 2**19, 8192, 128, wg=True) == (4, 1, 4, 7)  # 2**31 bytes: still wgmma
+        assert _mma_cfg(64, 2**19, 8192, 128, wg=True) == (4, 4, 2)  # 2**31 bytes: still wgmma
         big = _mma_cfg(64, 2**20, 8192, 128, wg=True)  # 2**32 bytes
-        assert big is not None and len(big) != 4
+        assert big is not None and not _is_wg(big)
         assert _mma_cfg(64, 2**20, 8192, 128, wg=False) == big
     force(monkeypatch, "4,1,4,7")
     assert _mma_cfg(64, 2**19, 8192, 128, wg=True) == (4, 1, 4, 7)
@@ -359,7 +405,7 @@ def test_choice_is_kept_per_shape_device_and_knobs(monkeypatch) -> None:
     monkeypatch.setattr(quant, "_mma_cfg", lambda *a: walks.append(a) or real(*a))
     with use_tuning(**vars(W4A16Tuning())):
         first = quant.w4a16_choice(64, 8192, 8192, 128)
-        assert first == _mma_cfg(64, 8192, 8192, 128, 232448, 132, True) == (4, 1, 4, 7)
+        assert first == _mma_cfg(64, 8192, 8192, 128, 232448, 132, True) == (4, 4, 2)
         assert quant.w4a16_choice(64, 8192, 8192, 128) == first and len(walks) == 1  # kept
         with use_tuning(mma=False):
             assert quant.w4a16_choice(64, 8192, 8192, 128) is None  # other knobs: asked again
@@ -379,7 +425,7 @@ def test_name_lists_are_built_once() -> None:
 
 
 @pytest.mark.parametrize("cfg", [(0, 4, 12, 0, 3, 1, 2), (0, 4, 8, 1, 3, 1), (4, 2, 8, 0, 2, 1, 1, 2), (4, 1, 4, 8),
-                                 (1, 2, 4, 2, 3)])
+                                 (1, 2, 4, 2, 3), (4, 4, 2)])
 def test_launch_of_a_shape_is_its_geometry_kept(cfg) -> None:
     """quant._launch_of: the module, kernel name, grid, warps, shared memory, int32 tail and buffer sizes of the geometry
     functions, built once per (dtype, shape, configuration, SMs)."""
@@ -389,10 +435,11 @@ def test_launch_of_a_shape_is_its_geometry_kept(cfg) -> None:
     launch = quant._launch_of("BF16", m, k, n, gs, cfg, 132)
     assert quant._launch_of("BF16", m, k, n, gs, cfg, 132) is launch
     assert launch.tail == (m, k, n, gs // 2, launch.tail[4]) and all(type(v).__name__ == "int32" for v in launch.tail)
-    if len(cfg) == 4:
+    if _is_wg(cfg):
         grid, cpb, smem = w4a16_wg_launch(m, k, n, cfg)
         assert (launch.name, launch.arch, launch.grid, launch.warps, launch.smem, launch.partials) == (
-            _wg_name("BF16", cfg), "sm_90a", grid, 4, smem, 0) and launch.names == _wg_names("BF16")
+            _wg_name("BF16", cfg), "sm_90a", grid, 4 if len(cfg) == 4 else 16, smem, 0)
+        assert launch.names == _wg_names("BF16")
     elif len(cfg) >= 6:
         (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, 132, cfg)
         assert (launch.name, launch.arch, launch.grid, launch.warps, launch.smem, launch.tiles) == (
@@ -401,4 +448,4 @@ def test_launch_of_a_shape_is_its_geometry_kept(cfg) -> None:
     else:
         (tiles, ksplit), cpb = w4a16_mma_launch(m, k, n, 132, cfg)
         assert launch.grid == (tiles, ksplit) and launch.smem == 0 and launch.partials == (ksplit * m * n if ksplit > 1 else 1)
-    assert launch.tail[4] == cpb and launch.names is _mma_names("BF16") or len(cfg) == 4
+    assert launch.tail[4] == cpb and launch.names is _mma_names("BF16") or _is_wg(cfg)

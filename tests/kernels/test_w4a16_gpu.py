@@ -153,23 +153,23 @@ def _bits(got, dt: str) -> bytes:
 
 
 def _built_run(cp, ins, m: int, k: int, n: int, gs: int, c: tuple[int, ...], dt: str, options: tuple[str, ...]) -> bytes:
-    """The output words of configuration ``c`` (w4a16_wk / w4a16_wkc, or four numbers: w4a16_wg / w4a16_wgc, for
-    sm_90a) built from today's source with the extra compile ``options`` (a probe build), launched on ``ins`` as the op
+    """The output words of configuration ``c`` (w4a16_wk / w4a16_wkc, or four numbers: w4a16_wg / w4a16_wgc, three:
+    w4a16_wgm, for sm_90a) built from today's source with the extra compile ``options`` (a probe build), launched on ``ins`` as the op
     launches it."""
     import numpy as np
 
     from shmrpc.kernels._cuda import _ArchModule, sm_count, source
-    from shmrpc.kernels._w4a16_config import _wg_name, _wk_name, w4a16_wg_launch, w4a16_wk_launch
+    from shmrpc.kernels._w4a16_config import _wg_name, _wg_warps, _wk_name, w4a16_wg_launch, w4a16_wk_launch
     from shmrpc.kernels.quant import wk_launch
 
     kt = "F16" if dt == "float16" else "BF16"
     out = cp.zeros((m, n), dtype=cp.uint16)
     arrays = (cp.asarray(ins["x"]).view(cp.uint16), cp.asarray(ins["q"]), cp.asarray(ins["s"]), cp.asarray(ins["z"]))
-    if len(c) == 4:
+    if len(c) in (3, 4):
         name = _wg_name(kt, c)
         fn = _ArchModule(source("w4a16_mma.cu+w4a16_wg.cu"), (name,), "sm_90a", options).get_function(name)
         grid, cpb, smem = w4a16_wg_launch(m, k, n, c)
-        wk_launch(fn, grid, 4, smem, (*arrays, out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb))))
+        wk_launch(fn, grid, _wg_warps(c), smem, (*arrays, out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb))))
         return out.get().tobytes()
     mod = cp.RawModule(code=source("w4a16_mma.cu"), options=("-std=c++17", *options), name_expressions=[_wk_name(kt, c)])
     fn = mod.get_function(_wk_name(kt, c))
@@ -183,14 +183,15 @@ def _built_run(cp, ins, m: int, k: int, n: int, gs: int, c: tuple[int, ...], dt:
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
 @pytest.mark.parametrize(("cfg", "m", "k", "gs"), [("4,1,4,7", 64, 1024, 64), ("4,1,4,7", 40, 4480, 128),
                                                    ("4,1,4,4", 33, 1536, 192), ("4,1,4,8", 64, 128, 64),
-                                                   ("4,2,4,4", 64, 1024, 128), ("4,2,4,1", 40, 1024, 64)])
+                                                   ("4,2,4,4", 64, 1024, 128), ("4,2,4,1", 40, 1024, 64),
+                                                   ("4,4,2", 64, 1024, 64), ("4,4,1", 40, 4480, 128)])
 def test_w4a16_wgc_switches_give_the_bits_of_before(gpu, cp, monkeypatch, cfg, m, k, gs, dt) -> None:
     """w4a16_wgc's second cluster barrier arrives without release (W4_WGEPI), its copies are addressed by 32-bit offsets
     (W4_WGOFF) and issued in one run, predicated, the scales' group by a multiply-high (W4_WGCP), the k16 steps'
     descriptors are the chunk's plus an offset (W4_WGDS), and its NWORD 1 kernels are held to their blocks per SM
     (W4_WGLB): the same kernel built with all five off gives the same bits (the same products, the ranks' tiles added
     in the same order; K = 128: most ranks without a chunk; M = 33 and 40: rows of the m-block not copied; group sizes
-    of 1, 2 and 3 chunks; (4, 2, 4, 1): no cluster)."""
+    of 1, 2 and 3 chunks; (4, 2, 4, 1): no cluster; three numbers: w4a16_wgm, four warpgroups per block)."""
     from shmrpc.kernels.quant import _sm90a
 
     if not _sm90a():

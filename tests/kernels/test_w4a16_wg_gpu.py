@@ -1,4 +1,4 @@
-"""gemm_w4a16's wgmma kernels (w4a16_wg, w4a16_wgc: cuda/w4a16_wg.cu, sm_90a) on the GPU, every built variant forced:
+"""gemm_w4a16's wgmma kernels (w4a16_wg, w4a16_wgc, w4a16_wgm: cuda/w4a16_wg.cu, sm_90a) on the GPU, every built variant forced:
 against float64 x @ dequant(w) with the op's tolerance, both dtypes, activations with outliers (|x| up to 1e3) and
 float16 subnormals, and without outliers (every row at its own scale); M from 1 to above one m-block, K splits that
 leave blocks of a cluster without a chunk, groups of 64, 128 and 192 (the group index by division); the same inputs
@@ -13,9 +13,9 @@ pytestmark = pytest.mark.gpu
 
 
 def _wg() -> list[str]:
-    from shmrpc.kernels._w4a16_config import _WG_VARIANTS
+    from shmrpc.kernels._w4a16_config import _WG_VARIANTS, _WGM_VARIANTS
 
-    return [",".join(map(str, c)) for c in _WG_VARIANTS]
+    return [",".join(map(str, c)) for c in (*_WG_VARIANTS, *_WGM_VARIANTS)]
 
 
 @pytest.fixture
@@ -58,21 +58,22 @@ def test_w4a16_wgmma_without_outliers(sm90, monkeypatch, m, k, n, gs, cfg, dt) -
     check(run(sm90, ins, dt), want, dt)
 
 
-@pytest.mark.parametrize("cfg", ["4,2,4,4", "1,4,4,8", "0,4,4,8", "4,2,4,1", "4,1,4,7"])
+@pytest.mark.parametrize("cfg", ["4,2,4,4", "1,4,4,8", "0,4,4,8", "4,2,4,1", "4,1,4,7", "4,4,2", "4,4,1"])
 @pytest.mark.parametrize("m", [1, 16, 64])
 def test_w4a16_wgmma_same_bits_twice(sm90, monkeypatch, m, cfg) -> None:
-    """The cluster adds its ranks' tiles in a fixed order: the same inputs give the same bits."""
+    """The cluster adds its ranks' tiles (w4a16_wgm: first its warpgroups') in a fixed order: the same inputs give the
+    same bits."""
     force(monkeypatch, cfg)
     same_bits_twice(sm90, m)
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
-@pytest.mark.parametrize(("m", "k", "n", "want"), [(33, 1024, 8192, (4, 1, 4, 7)), (40, 1024, 7936, (4, 1, 4, 8)),
-                                                   (64, 2048, 14336, (4, 1, 4, 4)),
+@pytest.mark.parametrize(("m", "k", "n", "want"), [(33, 1024, 8192, (4, 4, 2)), (40, 1024, 7936, (4, 4, 2)),
+                                                   (64, 2048, 14336, (4, 4, 1)), (33, 1024, 8960, (4, 1, 4, 7)),
                                                    (48, 1536, 28672, (4, 1, 4, 2))])
 def test_w4a16_wgmma_by_default(sm90, monkeypatch, m, k, n, want, dt) -> None:
-    """The op's own table (no knob set) takes w4a16_wgc at M 33..64 where it makes two blocks per SM or more, and
-    matches."""
+    """The op's own table (no knob set) takes w4a16_wgm at M 33..64 where its blocks fill 0.6 to 1 wave of one per SM,
+    else w4a16_wgc where it makes two blocks per SM or more, and matches."""
     from shmrpc.kernels import _w4a16_config
     from shmrpc.kernels._w4a16_config import W4A16Tuning
     from shmrpc.kernels.quant import w4a16_choice
