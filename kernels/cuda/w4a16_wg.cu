@@ -40,10 +40,6 @@
 #ifndef W4_WGDS
 #define W4_WGDS 1  // the k16 steps' wgmma descriptors from the chunk's low word plus an offset (0: probe builds only)
 #endif
-#ifndef W4_WGPROBE
-#define W4_WGPROBE 0  // probe builds only, bits to leave work out: 1 x's copies, 2 the weights' copies, 4 the cluster's
-                      // sums, 8 all but 8 rows of the wgmma, 16 the warpgroups' sums (w4a16_wgm)
-#endif
 #ifndef W4_WGLB
 #define W4_WGLB 1  // the blocks per SM that the shared memory allows (4 at most) asked of ptxas at NWORD 1 (__launch_bounds__)
 #endif
@@ -184,12 +180,10 @@ __device__ __forceinline__ void wg_body(
       // every copy of the chunk in one run of instructions, those of some lanes predicated (no branch)
       const u32 xo = x_o + ch * 64u;
 #pragma unroll
-      for (int i = 0; i < NPC; ++i)
-        if (!(W4_WGPROBE & 2)) cp_async16_s(st + w_dst + (u32)(i * RPI * BC), qweight + (wo + (u32)(i * RPI) * uN));
+      for (int i = 0; i < NPC; ++i) cp_async16_s(st + w_dst + (u32)(i * RPI * BC), qweight + (wo + (u32)(i * RPI) * uN));
       cp_async16_if(st + sz_dst, sz_src + __umulhi(2u * ch, g_mul) * uN, sz_lane);
 #pragma unroll
-      for (int i = 0; i < XP; ++i)
-        if (!(W4_WGPROBE & 1)) cp_async16_if(st + x_dst + (u32)(i * 2048), x + (xo + (u32)(16 * i) * uK), i < xn);
+      for (int i = 0; i < XP; ++i) cp_async16_if(st + x_dst + (u32)(i * 2048), x + (xo + (u32)(16 * i) * uK), i < xn);
 #else
 #pragma unroll
       for (int i = 0; i < NPC; ++i) cp_async16_s(st + w_dst + (u32)(i * RPI * BC), qweight + (wo + (u32)(i * RPI) * uN));
@@ -271,9 +265,7 @@ __device__ __forceinline__ void wg_body(
         const u64 desc = wg_desc(base + (u32)((i % S) * STAGE + 32 * stp));
 #endif
 #pragma unroll
-        for (int p = 0; p < NP; ++p)
-          if (W4_WGPROBE & 8) wg_mma<X, 8>(acc[p], a[p], desc);
-          else wg_mma<X, NB>(acc[p], a[p], desc);
+        for (int p = 0; p < NP; ++p) wg_mma<X, NB>(acc[p], a[p], desc);
         wg_commit();
       }
     }
@@ -299,7 +291,7 @@ __device__ __forceinline__ void wg_body(
         float4 v = *reinterpret_cast<const float4*>(tile0 + r * OW + c);
 #pragma unroll
         for (int w = 1; w < W; ++w)
-          if (!(W4_WGPROBE & 16)) add4(v, *reinterpret_cast<const float4*>(tile0 + w * (S * STAGE / 4) + r * OW + c));
+          add4(v, *reinterpret_cast<const float4*>(tile0 + w * (S * STAGE / 4) + r * OW + c));
         *reinterpret_cast<float4*>(tile0 + r * OW + c) = v;
       }
     }
@@ -311,10 +303,9 @@ __device__ __forceinline__ void wg_body(
       for (int idx = (int)rank * T + btid; idx < mrows * (BCB / 4); idx += CL * T) {
         const int r = idx / (BCB / 4), c = 4 * (idx % (BCB / 4));
         const u32 a = tb + 4u * (u32)(r * OW + c);
-        float4 v = (W4_WGPROBE & 4) ? *reinterpret_cast<const float4*>(tile0 + r * OW + c) : ld_cluster_f4(a, 0);
+        float4 v = ld_cluster_f4(a, 0);
 #pragma unroll
-        for (int rk = 1; rk < CL; ++rk)
-          if (!(W4_WGPROBE & 4)) add4(v, ld_cluster_f4(a, rk));
+        for (int rk = 1; rk < CL; ++rk) add4(v, ld_cluster_f4(a, rk));
         st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
       }
 #if W4_WGEPI
