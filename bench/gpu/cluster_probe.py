@@ -1,7 +1,7 @@
 """Probe: how many clusters of gemm_w4a16's cluster kernels the device runs at once, and their time with and without
 dependent launches.
 
-For each configuration (w4a16_wkc, w4a16_wgc; ``--cfgs`` for others) at M x K x N it asks the driver (``cuOccupancyMaxActiveClusters``) how
+For each configuration (w4a16_wkc, w4a16_wgc, w4a16_wgm; ``--cfgs`` for others) at M x K x N it asks the driver (``cuOccupancyMaxActiveClusters``) how
 many of its clusters can be resident at once, next to the clusters the launch needs, then times the op forced to it
 (``gpu_kernels._timer``, median of batches) as a programmatic dependent launch and as a plain one, and its output's
 largest difference from the op's own choice (relative to max |out|). A w4a16_wg / wgc configuration of ``--cfgs`` that
@@ -25,7 +25,7 @@ from gpu_kernels import _timer, in_specs_of, probe_record, w4a16_sets, write_jso
 # (M, K, N), configuration: the table's cluster kernels at the issue's shapes, and the kernel without a split (The run
 # of 451995b timed w4a16_wks there, stream-K in clusters of 8, since removed: 15 clusters of 8 fit, docs/kernels.md.)
 CASES = [((1, 8192, 8192), (0, 4, 8, 0, 3, 1, 2)), ((1, 4096, 14336), (0, 4, 8, 1, 3, 1)),
-         ((16, 8192, 8192), (-2, 4, 8, 0, 3, 1, 2)), ((64, 8192, 8192), (4, 1, 4, 8)), ((64, 4096, 14336), (4, 1, 4, 4))]
+         ((16, 8192, 8192), (-2, 4, 8, 0, 3, 1, 2)), ((64, 8192, 8192), (4, 4, 2)), ((64, 4096, 14336), (4, 4, 1))]
 
 
 def main(argv: list[str] | None = None) -> int:
