@@ -168,7 +168,8 @@ _WKM_VARIANTS = ((4, 2, 8, 2, 2), (4, 2, 8, 2, 1), (4, 2, 8, 2, 4), (4, 2, 6, 3,
 # sm_90, and (unless forced) where its blocks make two per SM or more within one wave (_takes, _WG_PER_SM).
 _WG_VARIANTS = ((4, 2, 4, 1), (4, 2, 4, 2), (4, 2, 4, 4), (4, 2, 4, 8), (4, 1, 4, 2), (4, 1, 4, 4), (2, 2, 4, 4),
                 (2, 2, 4, 8), (2, 4, 4, 4), (1, 2, 4, 4), (1, 2, 4, 8), (1, 4, 4, 4), (1, 4, 4, 8), (0, 4, 4, 8),
-                (0, 2, 4, 8), (4, 2, 3, 4), (4, 2, 6, 4), (4, 1, 4, 8), (4, 1, 6, 4), (2, 2, 6, 4), (4, 1, 4, 7))
+                (0, 2, 4, 8), (4, 2, 3, 4), (4, 2, 6, 4), (4, 1, 4, 8), (4, 1, 6, 4), (2, 2, 6, 4), (4, 1, 4, 7),
+                (4, 1, 4, 6))
 # Three numbers (MT, S, CL) name w4a16_wgm (cuda/w4a16_wg.cu, sm_90a only): four warpgroups per block, each as a
 # w4a16_wg block with NWORD 1 on its own K slice (one block per SM: 512 threads of 128 registers, 4 x S stages), the
 # four tiles added in shared memory and then the cluster's CL through distributed shared memory: K split 4*CL ways
@@ -201,8 +202,10 @@ _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # against 20.73, 8192 x 5120 (40 tiles, 80 blocks) 24.91 against 26.67. Lost where its clusters would be of 4 (4096^2
 # 21.70 against 13.64, 14336 x 4096 44.54 against 33.97) and at M <= 32 (MT 2 or less: 23.23 against 20.76 at M = 32
 # 8192^2); tied in two waves (8192 x 28672 CL 1, 224 blocks: 83.43 against 84.19): not taken there.
-_WG_M64 = ((4, 4, 2), (4, 4, 1), (4, 1, 4, 7), (4, 1, 4, 8), (4, 1, 4, 4), (4, 1, 4, 2))
+# Clusters of 6 before 7 where those of 7 make a second wave (70 to 79 column tiles on 132 SMs; from 80 w4a16_wgm).
+_WG_M64 = ((4, 4, 2), (4, 4, 1), (4, 1, 4, 6), (4, 1, 4, 7), (4, 1, 4, 8), (4, 1, 4, 4), (4, 1, 4, 2))
 _WG_CL8_RESIDENT = (62, 66)  # clusters of 8 resident at four blocks per SM on the H200, of the 66 a wave would hold
+_WG_CL7_RESIDENT = (69, 75)  # clusters of 7 likewise (cluster-probe-wgm-2026-12-03-3f1c0c6: 69), of 75
 _WG_PER_SM = {(4, 1): 4}  # w4a16_wg blocks an SM holds, by (MT, NWORD), where more than one (128 registers: W4_WGLB)
 # M 1..8 where the cluster split takes N (N = 8192): 8 warps first again since the chunk's copies run from running
 # sources (efec061; 126 registers): 8192^2 M = 1 / 2 / 4 / 8 12.5 / 12.6 / 13.0 / 13.1 us against 13.0 / 13.0 / 13.2 / 13.4
@@ -336,9 +339,12 @@ def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> boo
         tiles, per_sm = n // (128 * cfg[1]), _WG_PER_SM.get(cfg[:2], 1)
         if n % (128 * cfg[1]) or not (forced or 2 * n_sm <= tiles * cfg[3] <= per_sm * n_sm):
             return False
-        # clusters of 7 (a table entry): only where more clusters of 8 are launched than stay resident at once
-        held, wave = _WG_CL8_RESIDENT
-        return forced or cfg[3] != 7 or tiles * 8 * wave > held * per_sm * n_sm
+        # clusters of 7 (a table entry): only where more clusters of 8 are launched than stay resident at once; of 6:
+        # only where more clusters of 7 are
+        if forced or cfg[3] not in (6, 7):
+            return True
+        held, wave = _WG_CL8_RESIDENT if cfg[3] == 7 else _WG_CL7_RESIDENT
+        return tiles * (cfg[3] + 1) * wave > held * per_sm * n_sm
     if n % (32 * cfg[1]):
         return False
     if len(cfg) == 8:  # the column tiles divide into clusters of CN; a table entry: one wave that BPS 1 would not split

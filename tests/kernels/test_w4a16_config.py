@@ -269,6 +269,8 @@ def test_wg_launch_names_and_shared_memory(cfg) -> None:
     n_max, n_min = 128 * nw * (per_sm * 132 // cl), 128 * nw * -(-264 // cl)
     if cl == 7:  # clusters of 7: only where more clusters of 8 are launched than the 62 resident
         n_min = max(n_min, 128 * nw * 63)
+    if cl == 6:  # clusters of 6: only where more clusters of 7 are launched than the 69 resident
+        n_min = max(n_min, 128 * nw * 70)
     if n_min <= n_max:
         assert _takes(cfg, n_max, 132) and not _takes(cfg, n_max + 128 * nw, 132) and _takes(cfg, n_min, 132)
         assert not _takes(cfg, n_min - 128 * nw, 132) or n_min == 128 * nw
@@ -330,22 +332,26 @@ def test_wg_table_entries_fill_the_sms_once() -> None:
 
 def test_wg_clusters_of_7_only_where_those_of_8_make_a_second_wave() -> None:
     """w4a16_wgc takes clusters of 7 where N's column tiles (128 columns) need more clusters of 8 than the H200 holds
-    at once (62 of 66: _WG_CL8_RESIDENT), clusters of 8 where they all fit, and clusters of 4 or 2 where 7 would not
-    fit one wave; a device with more SMs keeps clusters of 8 at N = 8192. In the table of M 33..64 w4a16_wgm stands
-    before them, so they are its choice from 67 tiles (w4a16_wgm's clusters of 2 no longer fit one wave, and 67 to 79
-    blocks without a cluster fill under 0.6 of the SMs)."""
+    at once (62 of 66: _WG_CL8_RESIDENT), clusters of 6 where they need more of 7 than it holds (69 of 75:
+    _WG_CL7_RESIDENT), clusters of 8 where they all fit, and clusters of 4 or 2 where 6 would not fit one wave; a
+    device with more SMs keeps clusters of 8 at N = 8192. In the table of M 33..64 w4a16_wgm stands before them, so
+    they are its choice from 67 tiles (w4a16_wgm's clusters of 2 no longer fit one wave, and 67 to 79 blocks without
+    a cluster fill under 0.6 of the SMs)."""
     for n_sm, tiles in ((132, 62), (144, 64)):  # all clusters of 8 resident
         assert _takes((4, 1, 4, 8), 128 * tiles, n_sm) and not _takes((4, 1, 4, 7), 128 * tiles, n_sm)
     for tiles in (63, 64, 75):
         assert _takes((4, 1, 4, 7), 128 * tiles, 132)  # (and clusters of 8 after them in the row)
     assert not _takes((4, 1, 4, 7), 128 * 76, 132) and _takes((4, 1, 4, 4), 128 * 76, 132)  # 76 x 7 > 4 x 132 blocks
+    assert not _takes((4, 1, 4, 6), 128 * 69, 132) and _takes((4, 1, 4, 6), 128 * 70, 132)  # 70 clusters of 7 > 69
+    assert _takes((4, 1, 4, 6), 128 * 88, 132) and not _takes((4, 1, 4, 6), 128 * 89, 132)  # 89 x 6 > 4 x 132
     with use_tuning(**vars(W4A16Tuning())):
         for m in (33, 48, 64):
             for tiles in (62, 64, 66):
                 assert _mma_cfg(m, 8192, 128 * tiles, 128, wg=True) == (4, 4, 2)
-            for tiles in (67, 75):
+            for tiles in (67, 69):
                 assert _mma_cfg(m, 8192, 128 * tiles, 128, wg=True) == (4, 1, 4, 7)
-            assert _mma_cfg(m, 8192, 128 * 76, 128, wg=True) == (4, 1, 4, 4)
+            for tiles in (70, 75, 79):
+                assert _mma_cfg(m, 8192, 128 * tiles, 128, wg=True) == (4, 1, 4, 6)
             assert _mma_cfg(m, 8192, 128 * 80, 128, wg=True) == (4, 4, 1)  # 80 blocks: 0.6 of 132 SMs
         assert _takes((4, 1, 4, 7), 128 * 40, 132, forced=True) and not _takes((4, 1, 4, 7), 128 * 40, 132)
 

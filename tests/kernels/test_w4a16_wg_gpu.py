@@ -69,7 +69,8 @@ def test_w4a16_wgmma_same_bits_twice(sm90, monkeypatch, m, cfg) -> None:
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
 @pytest.mark.parametrize(("m", "k", "n", "want"), [(33, 1024, 8192, (4, 4, 2)), (40, 1024, 7936, (4, 4, 2)),
-                                                   (64, 2048, 14336, (4, 4, 1)), (33, 1024, 8960, (4, 1, 4, 7)),
+                                                   (64, 2048, 14336, (4, 4, 1)), (33, 1024, 8832, (4, 1, 4, 7)),
+                                                   (40, 1024, 8960, (4, 1, 4, 6)),
                                                    (48, 1536, 28672, (4, 1, 4, 2))])
 def test_w4a16_wgmma_by_default(sm90, monkeypatch, m, k, n, want, dt) -> None:
     """The op's own table (no knob set) takes w4a16_wgm at M 33..64 where its blocks fill 0.6 to 1 wave of one per SM,
