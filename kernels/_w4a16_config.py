@@ -202,7 +202,9 @@ _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # against 20.73, 8192 x 5120 (40 tiles, 80 blocks) 24.91 against 26.67. Lost where its clusters would be of 4 (4096^2
 # 21.70 against 13.64, 14336 x 4096 44.54 against 33.97) and at M <= 32 (MT 2 or less: 23.23 against 20.76 at M = 32
 # 8192^2); tied in two waves (8192 x 28672 CL 1, 224 blocks: 83.43 against 84.19): not taken there.
-# Clusters of 6 before 7 where those of 7 make a second wave (70 to 79 column tiles on 132 SMs; from 80 w4a16_wgm).
+# Clusters of 6 before 7 where those of 7 make a second wave (70 to 79 column tiles on 132 SMs; from 80 w4a16_wgm):
+# macro-probe-cl6-2026-12-03-05ea538, us, M = 64: N = 8960 34.01 against 36.71 for 7, 9600 34.26 against 37.62, 10112
+# 34.48 against 44.24 for clusters of 4 (79 clusters of 6 resident: cluster-probe-cl6-2026-12-03-05ea538).
 _WG_M64 = ((4, 4, 2), (4, 4, 1), (4, 1, 4, 6), (4, 1, 4, 7), (4, 1, 4, 8), (4, 1, 4, 4), (4, 1, 4, 2))
 _WG_CL8_RESIDENT = (62, 66)  # clusters of 8 resident at four blocks per SM on the H200, of the 66 a wave would hold
 _WG_CL7_RESIDENT = (69, 75)  # clusters of 7 likewise (cluster-probe-wgm-2026-12-03-3f1c0c6: 69), of 75
