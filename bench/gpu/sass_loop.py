@@ -10,9 +10,9 @@ M = 1 and M = 16 kernels at 8192 x 8192 by default), builds them with ``nvcc -cu
 and dumps the SASS with ``cuobjdump -sass``. (NVRTC, which the op uses, may allocate a few registers differently.)
 ``--nvrtc`` builds the modules exactly as the op does instead, with the NVRTC library of the ``nvidia-cuda-nvrtc``
 wheel (the dev extra; ``shmrpc.kernels._nvrtc``): six numbers name ``w4a16_wkc`` (sm_90), five ``w4a16_wk`` (MT,
-NWORD, WK, S, XSM: no cluster), four name
-``w4a16_wg`` / ``w4a16_wgc`` (MT, NWORD, S, CL; the wgmma module, sm_90a), three ``w4a16_wgm`` (MT, S, CL); the dump
-needs ``cuobjdump`` and ``nvdisasm`` (``pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm``, or a CUDA toolkit on PATH).
+NWORD, WK, S, XSM: no cluster), four name ``w4a16_wg`` / ``w4a16_wgc`` (MT, NWORD, S, CL; the wgmma module,
+sm_90a), three ``w4a16_wgm`` (MT, S, CL); the dump needs ``cuobjdump`` and ``nvdisasm`` (``pip install
+nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm``, or a CUDA toolkit on PATH).
 Either way, per kernel it finds the chunk loop (the backward branch whose body holds the most HMMA or HGMMA, the
 smallest such body) and counts its instructions by opcode: one pass is one chunk of 64 k for one warp, the next
 chunk's copies included. Prints a table and writes JSON (date, command, machine) to ``--out``.
