@@ -206,8 +206,10 @@ _WK_SMEM_MAX = 227 * 1024  # dynamic shared memory a block may opt in to (sm_90)
 # macro-probe-cl6-2026-12-03-05ea538, us, M = 64: N = 8960 34.01 against 36.71 for 7, 9600 34.26 against 37.62, 10112
 # 34.48 against 44.24 for clusters of 4 (79 clusters of 6 resident: cluster-probe-cl6-2026-12-03-05ea538).
 _WG_M64 = ((4, 4, 2), (4, 4, 1), (4, 1, 4, 6), (4, 1, 4, 7), (4, 1, 4, 8), (4, 1, 4, 4), (4, 1, 4, 2))
-_WG_CL8_RESIDENT = (62, 66)  # clusters of 8 resident at four blocks per SM on the H200, of the 66 a wave would hold
-_WG_CL7_RESIDENT = (69, 75)  # clusters of 7 likewise (cluster-probe-wgm-2026-12-03-3f1c0c6: 69), of 75
+# Clusters of CL resident at four blocks per SM on the H200 (the driver's count), and of the clusters a wave would hold:
+# 8: 62 of 66 (cluster-probe-cl7-2026-12-03-c25ece8), 7: 69 of 75 (cluster-probe-wgm-2026-12-03-3f1c0c6). Clusters of
+# CL - 1 are a table entry only where more clusters of CL are launched than stay resident (_takes).
+_WG_RESIDENT = {8: (62, 66), 7: (69, 75)}
 _WG_PER_SM = {(4, 1): 4}  # w4a16_wg blocks an SM holds, by (MT, NWORD), where more than one (128 registers: W4_WGLB)
 # M 1..8 where the cluster split takes N (N = 8192): 8 warps first again since the chunk's copies run from running
 # sources (efec061; 126 registers): 8192^2 M = 1 / 2 / 4 / 8 12.5 / 12.6 / 13.0 / 13.1 us against 13.0 / 13.0 / 13.2 / 13.4
@@ -341,11 +343,11 @@ def _takes(cfg: tuple[int, ...], n: int, n_sm: int, forced: bool = False) -> boo
         tiles, per_sm = n // (128 * cfg[1]), _WG_PER_SM.get(cfg[:2], 1)
         if n % (128 * cfg[1]) or not (forced or 2 * n_sm <= tiles * cfg[3] <= per_sm * n_sm):
             return False
-        # clusters of 7 (a table entry): only where more clusters of 8 are launched than stay resident at once; of 6:
-        # only where more clusters of 7 are
-        if forced or cfg[3] not in (6, 7):
+        # clusters of 7 (of 6), a table entry: only where more clusters of 8 (of 7) are launched than stay resident
+        resident = _WG_RESIDENT.get(cfg[3] + 1)
+        if forced or resident is None:
             return True
-        held, wave = _WG_CL8_RESIDENT if cfg[3] == 7 else _WG_CL7_RESIDENT
+        held, wave = resident
         return tiles * (cfg[3] + 1) * wave > held * per_sm * n_sm
     if n % (32 * cfg[1]):
         return False

@@ -121,7 +121,8 @@ __device__ __forceinline__ void wg_body(
   constexpr int BCB = 4 * BC, OW = BCB + 4;  // the block's columns; the float32 tile's row stride
   static_assert(S >= 3, "chunk i + S - 2 is refilled while chunk i is read");
   extern __shared__ __align__(16) unsigned char dsm[];
-  static_assert(W == 1 || S * STAGE >= NB * OW * 4, "a warpgroup's float32 tile fits in its stages");
+  constexpr int WGB = S * STAGE;  // a warpgroup's stages (w4a16_wgm: warpgroup w's at w * WGB)
+  static_assert(W == 1 || WGB >= NB * OW * 4, "a warpgroup's float32 tile fits in its stages");
   // W warpgroups per block (w4a16_wgm): warpgroup wg takes the block's K slice wg, with its own S stages; its index
   // through a shuffle from lane 0, so that ptxas keeps what derives from it (the stages' addresses, the wgmma
   // descriptors) in uniform registers
@@ -129,7 +130,7 @@ __device__ __forceinline__ void wg_body(
   const int wg = W > 1 ? __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0) : 0;
   const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const u32 base0 = (smem_addr(dsm) + 1023u) & ~1023u;  // the stages, 1024-byte aligned (the host adds 1024 bytes)
-  const u32 base = base0 + (u32)(wg * S * STAGE);
+  const u32 base = base0 + (u32)(wg * WGB);
   unsigned char* const bsm = dsm + (base - smem_addr(dsm));
   const int col0 = blockIdx.x * BCB, wcol = col0 + warp * BC;
   const int n_chunks = K >> 6;
@@ -292,7 +293,7 @@ __device__ __forceinline__ void wg_body(
         float4 v = *reinterpret_cast<const float4*>(tile0 + r * OW + c);
 #pragma unroll
         for (int w = 1; w < W; ++w)
-          add4(v, *reinterpret_cast<const float4*>(tile0 + w * (S * STAGE / 4) + r * OW + c));
+          add4(v, *reinterpret_cast<const float4*>(tile0 + w * (WGB / 4) + r * OW + c));
         *reinterpret_cast<float4*>(tile0 + r * OW + c) = v;
       }
     }

@@ -332,8 +332,8 @@ def test_wg_table_entries_fill_the_sms_once() -> None:
 
 def test_wg_clusters_of_7_only_where_those_of_8_make_a_second_wave() -> None:
     """w4a16_wgc takes clusters of 7 where N's column tiles (128 columns) need more clusters of 8 than the H200 holds
-    at once (62 of 66: _WG_CL8_RESIDENT), clusters of 6 where they need more of 7 than it holds (69 of 75:
-    _WG_CL7_RESIDENT), clusters of 8 where they all fit, and clusters of 4 or 2 where 6 would not fit one wave; a
+    at once (62 of 66: _WG_RESIDENT), clusters of 6 where they need more of 7 than it holds (69 of 75:
+    _WG_RESIDENT), clusters of 8 where they all fit, and clusters of 4 or 2 where 6 would not fit one wave; a
     device with more SMs keeps clusters of 8 at N = 8192. In the table of M 33..64 w4a16_wgm stands before them, so
     they are its choice from 67 tiles (w4a16_wgm's clusters of 2 no longer fit one wave, and 67 to 79 blocks without
     a cluster fill under 0.6 of the SMs)."""
