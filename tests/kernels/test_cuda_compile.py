@@ -207,7 +207,8 @@ def test_the_wgmma_switches_are_in_the_product() -> None:
     by 32-bit offsets (W4_WGOFF) and issue them in one predicated run (W4_WGCP), and make the k16 steps' descriptors from
     the chunk's (W4_WGDS): the product's code differs from each build with one of them off, which the GPU test
     (test_w4a16_wgc_switches_give_the_bits_of_before) checks it against bit for bit; w4a16_wg (no cluster) is the same
-    with W4_WGEPI off."""
+    with W4_WGEPI off. float16's weights through subnormals (W4_WGSUB) change the code of float16 only (the GPU tests
+    compare its bits by scale: test_w4a16_wgmma_float16_weights_through_subnormals_by_scale)."""
     assert NVRTC is not None
     code = source("w4a16_mma.cu+w4a16_wg.cu")
     wgc, wg = _wg_name("F16", (4, 1, 4, 7)), _wg_name("F16", (4, 2, 4, 1))
@@ -221,7 +222,10 @@ def test_the_wgmma_switches_are_in_the_product() -> None:
     assert cubin(wgc, "-DW4_WGOFF=0") != product
     assert cubin(wgc, "-DW4_WGCP=0") != product
     assert cubin(wgc, "-DW4_WGDS=0") != product
-    assert cubin(wgc, "-DW4_WGEPI=1", "-DW4_WGOFF=1", "-DW4_WGLB=1", "-DW4_WGCP=1", "-DW4_WGDS=1") == product
+    assert cubin(wgc, "-DW4_WGSUB=0") != product
+    assert cubin(wgc, "-DW4_WGEPI=1", "-DW4_WGOFF=1", "-DW4_WGLB=1", "-DW4_WGCP=1", "-DW4_WGDS=1", "-DW4_WGSUB=1") == product
+    bf16 = _wg_name("BF16", (4, 4, 2))  # W4_WGSUB is float16's: bfloat16's code is the same without it
+    assert cubin(bf16, "-DW4_WGSUB=0") == cubin(bf16)
     assert cubin(wg, "-DW4_WGEPI=0") == product_wg
     assert cubin(wg, "-DW4_WGOFF=0") != product_wg
     assert cubin(wg, "-DW4_WGCP=0") != product_wg

@@ -12,15 +12,16 @@ from shmrpc.kernels import StepSpec, TensorSpec
 __all__ = ["case", "run", "force", "check", "forced_check", "same_bits_twice"]
 
 
-def case(m: int, k: int, n: int, gs: int, dt: str, outliers: bool = True) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def case(m: int, k: int, n: int, gs: int, dt: str, outliers: bool = True,
+         scales: tuple[float, float] = (0.005, 0.02)) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Inputs and float64 reference; ``outliers``: |x| up to 1e3 in row 0 and float16 subnormals in the last row. With
     them max|out| is set by row 0, so an error in the other rows can hide under the tolerance (relative to max|out|):
-    ``outliers=False`` checks every row at its own scale."""
+    ``outliers=False`` checks every row at its own scale. The quant scales are uniform in ``scales``."""
     from shmrpc.kernels.quant import dequantize_int4
 
     rng = np.random.default_rng(m * 7 + k + n)
     q = rng.integers(0, 256, (k // 2, n), dtype=np.uint8)
-    s = rng.uniform(0.005, 0.02, (k // gs, n)).astype(np.float16)
+    s = rng.uniform(*scales, (k // gs, n)).astype(np.float16)
     z = rng.integers(0, 16, (k // gs, n)).astype(np.float16)
     f = rng.standard_normal((m, k)) / np.sqrt(k)
     if outliers:
