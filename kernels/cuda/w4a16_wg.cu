@@ -46,21 +46,43 @@
 #endif
 #ifndef W4_WGSUB
 #define W4_WGSUB 1  // float16: the weights through subnormals, two instructions per register (dq_wsub); 0: dq_pair's four
-                    // (2: probe builds only, dq_wsub whatever the scales)
 #endif
 
 // W4_WGSUB (float16): a packed word's low nibbles moved to bits 3..6 of each byte (lo = (v << 3) & 0x78787878) and
 // its high nibbles left at bits 4..7 (hi = v & 0xF0F0F0F0); one PRMT per pair takes byte j of each into the low byte of
 // a half and fills the high bytes with the sign of lo's byte j, which is 0: the halves are the float16 subnormals
-// q_lo * 2^-21 and q_hi * 2^-20, exact. One HFMA2 with ss = {s * 2^17, s * 2^16} (exact: powers of two, no overflow
-// while |s| < 0.5) and zs = -z * s / 16 (rounded once) gives (q - z) * s / 16, rounded once more; the float32 sums are
-// the products / 16, and the epilogue multiplies them by 16 (exact). The weight's error: half a unit in the last place
-// of z * s and of (q - z) * s, and where (q - z) * s / 16 is under float16's normal range (|(q - z) * s| < 2^-10) at
-// most 2^-21 (half the subnormal step, times 16). A chunk whose scales in a warp's columns are not all under 0.5 in
-// magnitude (or not finite) takes dq_pair for that warp, and a multiply by 1/16 (exact there, as |s| >= 0.5 in one
-// column of the warp; in the others the same 2^-21 bound).
+// q_lo * 2^-21 and q_hi * 2^-20, exact. One HFMA2 with ss = {s * 2^(21-E), s * 2^(20-E)} (exact: powers of two) and
+// zs = -z * s * 2^-E (rounded once) gives (q - z) * s * 2^-E, rounded once more: the float32 sums are the products
+// times 2^-E, and the epilogue multiplies them by 2^E (exact). E is the warp's, for its whole K slice: 4, or more
+// where a scale of its columns in the slice is 0.5 or more in magnitude (E = 4 + k, k = the largest exponent field of
+// those finite scales less 13: ss stays under 2^16), read from the scales before the first chunk (wg_exp). The
+// weight's error: half a unit in the last place of z * s and of (q - z) * s, and where (q - z) * s * 2^-E is under
+// float16's normal range (|(q - z) * s| < 2^(E-14)) at most 2^(E-25) (half the subnormal step, times 2^E).
 __device__ __forceinline__ u32 dq_wsub(u32 lo, u32 hi, int j, u32 ss, u32 zs) {
   return MmaOps<F16>::fma2(dq_sub(lo, hi, j), ss, zs);
+}
+
+// W4_WGSUB: the warp's k (above): the largest exponent field of the finite scales of its BC columns from col in the
+// quant groups of chunks [c0, c0 + n), less 13, at least 0 (every lane gets it). A row of a group's BC scales is read
+// by BC / 8 lanes, 16 bytes each.
+template <int BC>
+__device__ __forceinline__ int wg_exp(const u16* __restrict__ scales, int N, int col, int c0, int n, int cpg, int lane) {
+  constexpr int LPG = BC / 8, GPP = 32 / LPG;  // lanes per group's row, rows per pass
+  u32 mx = 0u;
+  if (n > 0) {
+    const int g1 = (c0 + n - 1) / cpg;
+    for (int gi = c0 / cpg + lane / LPG; gi <= g1; gi += GPP) {
+      const uint4 v = *reinterpret_cast<const uint4*>(scales + (u64)gi * (u64)N + col + 8 * (lane % LPG));
+      const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int h = 0; h < 8; ++h) {
+        const u32 e = (w[h >> 1] >> (10 + 16 * (h & 1))) & 31u;
+        mx = e != 31u && e > mx ? e : mx;
+      }
+    }
+  }
+  mx = __reduce_max_sync(0xffffffffu, mx);
+  return mx > 13u ? (int)mx - 13 : 0;
 }
 
 // The blocks of MT, NWORD, S that fit an SM (228 KiB of shared memory, 1 KiB of it reserved per block), at most 4 (128
@@ -133,7 +155,7 @@ __device__ __forceinline__ void wg_body(
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
   typedef MmaOps<X> O;
-  constexpr bool SUB = W4_WGSUB && O::SUB;  // float16: dq_wsub where a chunk's scales allow, the sums / 16
+  constexpr bool SUB = W4_WGSUB && O::SUB;  // float16: dq_wsub, the sums times 2^-E (E the warp's: wg_exp)
   constexpr int NB = MT ? 16 * MT : 8, NA = NB / 2, NT = 4 * NWORD, BC = 32 * NWORD, NP = 2 * NWORD;
   constexpr int XB = NB * 128, WB = 32 * BC, SZB = 4 * BC;
   constexpr int STAGE = (XB + 4 * WB + 4 * SZB + 1023) / 1024 * 1024;
@@ -241,6 +263,13 @@ __device__ __forceinline__ void wg_body(
       if (s < n) issue(s);
       cp_async_commit();
     }
+    // W4_WGSUB: this warp's E = 4 + k for its K slice: ks = 2^(15-k) and nze = -2^-E as float16 pairs
+    u32 ks = 0u, nze = 0u;
+    if (SUB) {
+      const int k = wg_exp<BC>(scales, N, wcol, c_begin, n, cpg, lane), e = 4 + k;
+      const u32 kb = (u32)(30 - k) << 10, nb = 0x8000u | (e <= 14 ? (u32)(15 - e) << 10 : 1u << (24 - e));
+      ks = kb | (kb << 16); nze = nb | (nb << 16);
+    }
     u32 af[2][NP][4];
     for (int i = 0; i < n; ++i) {
       cp_async_wait<S - 3>();  // chunk i's copies landed (cp.async writes need no proxy fence for the wgmma's reads)
@@ -251,26 +280,18 @@ __device__ __forceinline__ void wg_body(
       const unsigned char* st = bsm + (i % S) * STAGE;
       const u32* szw = reinterpret_cast<const u32*>(st + XB + 4 * WB + warp * SZB + g * NT * 2);
       u32 s2[NT], nz[NT];
-      bool sub = false;  // W4_WGSUB: this warp's chunk through dq_wsub
-      if constexpr (SUB) {
-        u32 big = 0u;  // bit 14 or 15 of a half: |s| + 2^-5 (as bits: + 0x0800) >= 2, i.e. |s| >= 0.5, or not finite
 #pragma unroll
-        for (int c = 0; c < NT; c += 2) big |= (szw[c >> 1] & 0x7FFF7FFFu) + 0x08000800u;
-        sub = W4_WGSUB == 2 || !__any_sync(0xffffffffu, (big & 0xC000C000u) != 0u);
-      }
-      if (sub) {
-#pragma unroll
-        for (int c = 0; c < NT; c += 2) {
-          const u32 sw = szw[c >> 1], s15 = O::fma2(sw, 0x78007800u, 0x80008000u);  // s * 2^15, exact
-          const u32 zs = O::fma2(O::fma2(szw[(BC / 2) + (c >> 1)], 0xAC00AC00u, 0x80008000u), sw,
-                                 0x80008000u);  // -z / 16 (exact), times s: rounded once
-          s2[c] = O::fma2(__byte_perm(s15, s15, 0x1010), 0x40004400u, 0x80008000u);  // {s * 2^17, s * 2^16}
-          s2[c + 1] = O::fma2(__byte_perm(s15, s15, 0x3232), 0x40004400u, 0x80008000u);
+      for (int c = 0; c < NT; c += 2) {
+        if (SUB) {
+          const u32 sw = szw[c >> 1], sk = O::fma2(sw, ks, 0x80008000u);  // s * 2^(15-k), exact, under 2^14
+          const u32 zs = O::fma2(O::fma2(szw[(BC / 2) + (c >> 1)], nze, 0x80008000u), sw,
+                                 0x80008000u);  // -z * 2^-E (exact for the zeros quantize_int4 makes), times s
+          s2[c] = O::fma2(__byte_perm(sk, sk, 0x1010), 0x40004400u, 0x80008000u);  // {s * 2^(21-E), s * 2^(20-E)}
+          s2[c + 1] = O::fma2(__byte_perm(sk, sk, 0x3232), 0x40004400u, 0x80008000u);
           nz[c] = __byte_perm(zs, zs, 0x1010); nz[c + 1] = __byte_perm(zs, zs, 0x3232);
+        } else {
+          O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
         }
-      } else {
-#pragma unroll
-        for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
       }
       const unsigned char* wst = st + XB + warp * WB;
 #if W4_WGDS
@@ -289,7 +310,7 @@ __device__ __forceinline__ void wg_body(
 #pragma unroll
         for (int w = 0; w < NWORD; ++w) {
           u32 d0[4], d1[4];
-          if (__builtin_expect(sub, 1)) {
+          if (SUB) {
             const u32 lo0 = (w0[w] << 3) & 0x78787878u, hi0 = w0[w] & 0xF0F0F0F0u;
             const u32 lo1 = (w1[w] << 3) & 0x78787878u, hi1 = w1[w] & 0xF0F0F0F0u;
 #pragma unroll
@@ -301,10 +322,6 @@ __device__ __forceinline__ void wg_body(
             const u32 v0 = w0[w], v0s = v0 >> 4, v1 = w1[w], v1s = v1 >> 4;
 #pragma unroll
             for (int j = 0; j < 4; ++j) dq_pair<X>(v0, v0s, v1, v1s, j, nz[4 * w + j], s2[4 * w + j], &d0[j], &d1[j]);
-            if (SUB) {  // the sums are the products / 16 in every chunk
-#pragma unroll
-              for (int j = 0; j < 4; ++j) { d0[j] = O::fma2(d0[j], 0x2C002C00u, 0x80008000u); d1[j] = O::fma2(d1[j], 0x2C002C00u, 0x80008000u); }
-            }
           }
 #pragma unroll
           for (int h = 0; h < 2; ++h) {  // A-tile 2w + h: rows g / g + 8 = columns g*NT + 2p / + 1, k low / high
@@ -329,12 +346,13 @@ __device__ __forceinline__ void wg_body(
     cp_async_wait<0>();
     __syncthreads();  // every warp done with the stages: they hold the block's float32 tile [NB rows][OW] now
     float* tile = reinterpret_cast<float*>(bsm);
+    const float e2 = SUB ? -1.f / h2f((u16)nze) : 1.f;  // W4_WGSUB: 2^E (exact)
     // acc[p][4j + e]: weight column warp*BC + g*NT + 2p + (e >> 1), activation row 8j + 2t + (e & 1)
 #pragma unroll
     for (int p = 0; p < NP; ++p)
 #pragma unroll
       for (int i = 0; i < NA; ++i)
-        tile[(8 * (i >> 2) + 2 * t + (i & 1)) * OW + warp * BC + g * NT + 2 * p + ((i >> 1) & 1)] = SUB ? 16.f * acc[p][i] : acc[p][i];
+        tile[(8 * (i >> 2) + 2 * t + (i & 1)) * OW + warp * BC + g * NT + 2 * p + ((i >> 1) & 1)] = SUB ? e2 * acc[p][i] : acc[p][i];
     constexpr int T = 128 * W;  // the block's threads
     const int btid = threadIdx.x;
     float* const tile0 = reinterpret_cast<float*>(dsm + (base0 - smem_addr(dsm)));

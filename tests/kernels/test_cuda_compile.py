@@ -208,7 +208,7 @@ def test_the_wgmma_switches_are_in_the_product() -> None:
     the chunk's (W4_WGDS): the product's code differs from each build with one of them off, which the GPU test
     (test_w4a16_wgc_switches_give_the_bits_of_before) checks it against bit for bit; w4a16_wg (no cluster) is the same
     with W4_WGEPI off. float16's weights through subnormals (W4_WGSUB) change the code of float16 only (the GPU tests
-    compare its bits by scale: test_w4a16_wgmma_float16_weights_through_subnormals_by_scale)."""
+    check its results by scale against float64: test_w4a16_wgmma_float16_weights_through_subnormals_by_scale)."""
     assert NVRTC is not None
     code = source("w4a16_mma.cu+w4a16_wg.cu")
     wgc, wg = _wg_name("F16", (4, 1, 4, 7)), _wg_name("F16", (4, 2, 4, 1))

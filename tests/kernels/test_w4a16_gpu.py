@@ -200,61 +200,68 @@ def test_w4a16_wgc_switches_give_the_bits_of_before(gpu, cp, monkeypatch, cfg, m
                         ("-DW4_WGEPI=0", "-DW4_WGLB=0", "-DW4_WGOFF=0", "-DW4_WGCP=0", "-DW4_WGDS=0"), gs)
 
 
-def _wg_case_bits(gpu, cp, monkeypatch, cfg: str, m: int, k: int, n: int, scales: tuple[float, float],
-                  defs: tuple[str, ...] | None) -> None:
-    """The op forced to wgmma configuration ``cfg`` on float16 inputs whose quant scales are uniform in ``scales``
-    matches float64 within its tolerance (every row at its own scale), and with ``defs`` gives the bits of the same
-    kernel built with them."""
+def _wg_forced_case(monkeypatch, cfg: str, m: int, k: int, n: int, scales: tuple[float, float]):
+    """Force wgmma configuration ``cfg`` (skipped where the GPU has no wgmma); float16 inputs (no outliers) whose quant
+    scales are uniform in ``scales``, and their float64 reference."""
     from shmrpc.kernels.quant import _sm90a
 
     if not _sm90a():
         pytest.skip("wgmma needs an sm_90 GPU (compute capability 9.0)")
     force(monkeypatch, cfg)
-    ins, want = case(m, k, n, 128, "float16", outliers=False, scales=scales)
-    got = run(gpu, ins, "float16")
-    check(got, want, "float16")
-    if defs is not None:
-        c = tuple(int(v) for v in cfg.split(","))
-        assert _bits(got, "float16") == _built_run(cp, ins, m, k, n, 128, c, "float16", defs)
+    return case(m, k, n, 128, "float16", outliers=False, scales=scales)
+
+
+def _reference(ins):
+    import numpy as np
+
+    from shmrpc.kernels.quant import dequantize_int4
+
+    return ins["x"].astype(np.float64) @ dequantize_int4(np, ins["q"], ins["s"], ins["z"]).astype(np.float64)
 
 
 _WG_SUB_CFGS = ["4,4,2", "4,4,1", "4,1,4,7", "4,2,4,1"]
 
 
 @pytest.mark.parametrize("cfg", _WG_SUB_CFGS)
-@pytest.mark.parametrize(("scales", "defs"), [((0.005, 0.02), ("-DW4_WGSUB=2",)), ((0.5, 1.0), ("-DW4_WGSUB=0",)),
-                                              ((0.3, 0.7), None), ((1e-4, 5e-4), ("-DW4_WGSUB=2",)),
-                                              ((0.49, 0.4999), ("-DW4_WGSUB=2",))])
-def test_w4a16_wgmma_float16_weights_through_subnormals_by_scale(gpu, cp, monkeypatch, cfg, scales, defs) -> None:
-    """float16 (W4_WGSUB): a warp's chunk whose scales are all under 0.5 in magnitude enters its weights as subnormals
-    (one PRMT and one HFMA2 per register, dq_wsub), any other through dq_pair and a multiply by 1/16. Scales all
-    under 0.5, up to float16's last one under it (s * 2^17 = 65504), and down to 1e-4 (products under float16's
-    normal range): the bits of the build that always takes dq_wsub. Scales all from 0.5: the bits of the build
-    without it (the products scaled by 1/16 and the sums by 16, both exact). Scales either side of 0.5: warps of
-    both kinds in one launch. Each within the op's tolerance against float64."""
-    _wg_case_bits(gpu, cp, monkeypatch, cfg, 40, 2048, 512, scales, defs)
+@pytest.mark.parametrize("scales", [(0.005, 0.02), (1e-4, 5e-4), (0.49, 0.4997), (0.5, 1.0), (0.3, 0.7), (8.0, 30.0)])
+def test_w4a16_wgmma_float16_weights_through_subnormals_by_scale(gpu, monkeypatch, cfg, scales) -> None:
+    """float16 (W4_WGSUB): the weights enter as subnormals times s * 2^(21-E) (one PRMT and one HFMA2 per register),
+    E = 4 for a warp whose scales are all under 0.5, more where one is not (s * 2^17 would pass float16's largest,
+    65504, from 0.5 on). Scales of the tests elsewhere, down to 1e-4 (products under float16's normal range), up to
+    float16's last one under 0.5, from 0.5 (E = 5), either side of 0.5 (warps of both kinds in one launch), and up to
+    30 (E = 10): each within the op's tolerance against float64, every row at its own scale."""
+    ins, want = _wg_forced_case(monkeypatch, cfg, 40, 2048, 512, scales)
+    check(run(gpu, ins, "float16"), want, "float16")
 
 
 @pytest.mark.parametrize("cfg", _WG_SUB_CFGS)
-def test_w4a16_wgmma_float16_one_column_of_large_scale(gpu, cp, monkeypatch, cfg) -> None:
-    """One column with a scale of 3 in one quant group, the others under 0.5: only the warp holding that column takes
-    dq_pair, in that group's chunks, and the result matches float64 (its column at its own scale as well)."""
-    from shmrpc.kernels.quant import _sm90a
-
-    if not _sm90a():
-        pytest.skip("wgmma needs an sm_90 GPU (compute capability 9.0)")
+def test_w4a16_wgmma_float16_one_column_of_large_scale(gpu, monkeypatch, cfg) -> None:
+    """One column with a scale of 3 in one quant group, the others under 0.5: the warp holding it takes E = 7 for its
+    K slice, and the result matches float64, its column at its own scale and the other columns at theirs."""
     import numpy as np
 
-    force(monkeypatch, cfg)
-    m, k, n = 24, 2048, 512
-    ins, _ = case(m, k, n, 128, "float16", outliers=False)
+    ins, _ = _wg_forced_case(monkeypatch, cfg, 24, 2048, 512, (0.005, 0.02))
     ins["s"][5, 77] = 3.0
-    from shmrpc.kernels.quant import dequantize_int4
-
-    want = ins["x"].astype(np.float64) @ dequantize_int4(np, ins["q"], ins["s"], ins["z"]).astype(np.float64)
-    got = run(gpu, ins, "float16")
+    want, got = _reference(ins), run(gpu, ins, "float16")
     check(got, want, "float16")
     check(got[:, 77:78], want[:, 77:78], "float16")
+    rest = np.r_[0:77, 78:512]
+    check(got[:, rest], want[:, rest], "float16")
+
+
+@pytest.mark.parametrize("cfg", _WG_SUB_CFGS)
+def test_w4a16_wgmma_float16_a_scale_not_finite(gpu, monkeypatch, cfg) -> None:
+    """A scale of inf in one column and one of NaN in another: those columns' outputs are not finite, as the reference's,
+    and the other columns of their warps (whose E leaves scales that are not finite aside) match float64."""
+    import numpy as np
+
+    ins, _ = _wg_forced_case(monkeypatch, cfg, 24, 2048, 512, (0.005, 0.02))
+    ins["s"][3, 40] = np.inf
+    ins["s"][9, 100] = np.nan
+    want, got = _reference(ins), run(gpu, ins, "float16")
+    assert not np.isfinite(got[:, 40]).any() and not np.isfinite(got[:, 100]).any()
+    rest = np.r_[0:40, 41:100, 101:512]
+    check(got[:, rest], want[:, rest], "float16")
 
 
 # the switches of the chunk loop and the epilogue that leave the arithmetic as it was (docs/kernels.md, "One row's
