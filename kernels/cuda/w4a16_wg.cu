@@ -266,7 +266,18 @@ __device__ __forceinline__ void wg_body(
     // W4_WGSUB: this warp's E = 4 + k for its K slice: ks = 2^(15-k) and nze = -2^-E as float16 pairs
     u32 ks = 0u, nze = 0u;
     if (SUB) {
+#ifndef W4_WGEXP
+#define W4_WGEXP 1  // probe builds only: 0 no scan, k = 0; 2 the scan, its k consumed, then k = 0 (wrong where |s| >= 0.5)
+#endif
+#if W4_WGEXP == 1
       const int k = wg_exp<BC>(scales, N, wcol, c_begin, n, cpg, lane), e = 4 + k;
+#elif W4_WGEXP == 2
+      const int k0 = wg_exp<BC>(scales, N, wcol, c_begin, n, cpg, lane);
+      asm volatile("" :: "r"(k0));
+      const int k = 0, e = 4;
+#else
+      const int k = 0, e = 4;
+#endif
       const u32 kb = (u32)(30 - k) << 10, nb = 0x8000u | (e <= 14 ? (u32)(15 - e) << 10 : 1u << (24 - e));
       ks = kb | (kb << 16); nze = nb | (nb << 16);
     }
