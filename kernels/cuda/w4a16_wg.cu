@@ -162,6 +162,7 @@ __device__ __forceinline__ void wg_body(
   constexpr int BCB = 4 * BC, OW = BCB + 4;  // the block's columns; the float32 tile's row stride
   static_assert(S >= 3, "chunk i + S - 2 is refilled while chunk i is read");
   extern __shared__ __align__(16) unsigned char dsm[];
+  __shared__ u32 wg_ks[4 * W];  // W4_WGSUB: each warp's ks word (below)
   constexpr int WGB = S * STAGE;  // a warpgroup's stages (w4a16_wgm: warpgroup w's at w * WGB)
   static_assert(W == 1 || WGB >= NB * OW * 4, "a warpgroup's float32 tile fits in its stages");
   // W warpgroups per block (w4a16_wgm): warpgroup wg takes the block's K slice wg, with its own S stages; its index
@@ -264,13 +265,13 @@ __device__ __forceinline__ void wg_body(
       cp_async_commit();
     }
     // W4_WGSUB: this warp's E = 4 + k for its K slice: ks = 2^(15-k) and nze = -2^-E as float16 pairs
-    u32 ks = 0u, nze = 0u;
+    u32 ks = 0u;
     if (SUB) {
 #ifndef W4_WGEXP
 #define W4_WGEXP 1  // probe builds only: 0 no scan, k = 0; 2 the scan, its k consumed, then k = 0 (wrong where |s| >= 0.5)
 #endif
 #if W4_WGEXP == 1
-      const int k = wg_exp<BC>(scales, N, wcol, c_begin, n, cpg, lane), e = 4 + k;
+      const int k = __shfl_sync(0xffffffffu, wg_exp<BC>(scales, N, wcol, c_begin, n, cpg, lane), 0), e = 4 + k;
 #elif W4_WGEXP == 2
       const int k0 = wg_exp<BC>(scales, N, wcol, c_begin, n, cpg, lane);
       asm volatile("" :: "r"(k0));
@@ -279,7 +280,9 @@ __device__ __forceinline__ void wg_body(
       const int k = 0, e = 4;
 #endif
       const u32 kb = (u32)(30 - k) << 10, nb = 0x8000u | (e <= 14 ? (u32)(15 - e) << 10 : 1u << (24 - e));
-      ks = kb | (kb << 16); nze = nb | (nb << 16);
+      ks = kb | (nb << 16);  // both halves in one word, kept in shared memory (a register more would cost the loop)
+      if (lane == 0) wg_ks[threadIdx.x >> 5] = ks;
+      __syncwarp();
     }
     u32 af[2][NP][4];
     for (int i = 0; i < n; ++i) {
@@ -291,11 +294,13 @@ __device__ __forceinline__ void wg_body(
       const unsigned char* st = bsm + (i % S) * STAGE;
       const u32* szw = reinterpret_cast<const u32*>(st + XB + 4 * WB + warp * SZB + g * NT * 2);
       u32 s2[NT], nz[NT];
+      u32 ksw = 0u;  // W4_WGSUB: the warp's word, read again every chunk
+      if (SUB) asm volatile("ld.shared.u32 %0, [%1];" : "=r"(ksw) : "r"(smem_addr(&wg_ks[threadIdx.x >> 5])));
 #pragma unroll
       for (int c = 0; c < NT; c += 2) {
         if (SUB) {
-          const u32 sw = szw[c >> 1], sk = O::fma2(sw, ks, 0x80008000u);  // s * 2^(15-k), exact, under 2^14
-          const u32 zs = O::fma2(O::fma2(szw[(BC / 2) + (c >> 1)], nze, 0x80008000u), sw,
+          const u32 sw = szw[c >> 1], sk = O::fma2(sw, __byte_perm(ksw, ksw, 0x1010), 0x80008000u);  // s * 2^(15-k), exact, under 2^14
+          const u32 zs = O::fma2(O::fma2(szw[(BC / 2) + (c >> 1)], __byte_perm(ksw, ksw, 0x3232), 0x80008000u), sw,
                                  0x80008000u);  // -z * 2^-E (exact for the zeros quantize_int4 makes), times s
           s2[c] = O::fma2(__byte_perm(sk, sk, 0x1010), 0x40004400u, 0x80008000u);  // {s * 2^(21-E), s * 2^(20-E)}
           s2[c + 1] = O::fma2(__byte_perm(sk, sk, 0x3232), 0x40004400u, 0x80008000u);
@@ -357,7 +362,7 @@ __device__ __forceinline__ void wg_body(
     cp_async_wait<0>();
     __syncthreads();  // every warp done with the stages: they hold the block's float32 tile [NB rows][OW] now
     float* tile = reinterpret_cast<float*>(bsm);
-    const float e2 = SUB ? -1.f / h2f((u16)nze) : 1.f;  // W4_WGSUB: 2^E (exact)
+    const float e2 = SUB ? -1.f / h2f((u16)(wg_ks[threadIdx.x >> 5] >> 16)) : 1.f;  // W4_WGSUB: 2^E (exact)
     // acc[p][4j + e]: weight column warp*BC + g*NT + 2p + (e >> 1), activation row 8j + 2t + (e & 1)
 #pragma unroll
     for (int p = 0; p < NP; ++p)
