@@ -51,43 +51,70 @@
 // W4_WGSUB (float16): a packed word's low nibbles moved to bits 3..6 of each byte (lo = (v << 3) & 0x78787878) and
 // its high nibbles left at bits 4..7 (hi = v & 0xF0F0F0F0); one PRMT per pair takes byte j of each into the low byte of
 // a half and fills the high bytes with the sign of lo's byte j, which is 0: the halves are the float16 subnormals
-// q_lo * 2^-21 and q_hi * 2^-20, exact. One HFMA2 with ss = {s * 2^(21-E), s * 2^(20-E)} (exact: powers of two) and
-// zs = -z * s * 2^-E (rounded once) gives (q - z) * s * 2^-E, rounded once more: the float32 sums are the products
-// times 2^-E, and the epilogue multiplies them by 2^E (exact). E is the warp's, for its whole K slice: 4, or more
-// where a scale of its columns in the slice is 0.5 or more in magnitude (E = 4 + k, k = the largest exponent field of
-// those finite scales less 13: ss stays under 2^16), read from the scales before the first chunk (wg_exp). The
-// weight's error: half a unit in the last place of z * s and of (q - z) * s, and where (q - z) * s * 2^-E is under
-// float16's normal range (|(q - z) * s| < 2^(E-14)) at most 2^(E-25) (half the subnormal step, times 2^E).
+// q_lo * 2^-21 and q_hi * 2^-20, exact. One HFMA2 with ss = {s * 2^17, s * 2^16} (exact: powers of two, at most
+// 65504 while |s| < 0.5) and zs = -z * s / 16 (rounded once) gives (q - z) * s / 16, rounded once more: the float32
+// sums are the products / 16, and the epilogue multiplies them by 16 (exact). The weight's error: half a unit in the
+// last place of z * s and of (q - z) * s, and where (q - z) * s / 16 is under float16's normal range (|(q - z) * s| <
+// 2^-10) at most 2^-21 (half the subnormal step, times 16). A warp with a scale of 0.5 or more in magnitude among its
+// columns' in its K slice, or one not finite (found before its first chunk, wg_big), runs the same loop, whose sums for
+// those columns are then wrong, and recomputes its columns' share of the tile after it on CUDA cores, in float32 from
+// the global arrays (wg_fix: slow, for scales no quantizer of int4 weights makes). Nothing of that is held in a
+// register across the loop (a flag in shared memory): a register more there, or a second loop in the kernel, made it
+// slower than dq_pair.
 __device__ __forceinline__ u32 dq_wsub(u32 lo, u32 hi, int j, u32 ss, u32 zs) {
   return MmaOps<F16>::fma2(dq_sub(lo, hi, j), ss, zs);
 }
 
-// W4_WGSUB: the warp's k (above): the largest exponent field of the finite scales of its BC columns from col in the
-// quant groups of chunks [c0, c0 + n), less 13, at least 0 (every lane gets it). A row of a group's BC scales is read
-// by BC / 8 lanes, 16 bytes each.
+// W4_WGSUB: whether a scale of this lane's share of the warp's BC columns from col, in the quant groups of chunks
+// [c0, c0 + n), is 0.5 or more in magnitude, or not finite. A row of a group's BC scales is read by BC / 8 lanes,
+// 16 bytes each; per half, |s| + 2^-5 (as bits: + 0x0800) reaches 2 (bit 14) or passes inf (bit 15).
 template <int BC>
-__device__ __forceinline__ int wg_exp(const u16* __restrict__ scales, int N, int col, int c0, int n, int cpg, int lane) {
+__device__ __forceinline__ bool wg_big(const u16* __restrict__ scales, int N, int col, int c0, int n, int cpg, int lane) {
   constexpr int LPG = BC / 8, GPP = 32 / LPG;  // lanes per group's row, rows per pass
-  u32 mx = 0u;
+  u32 big = 0u;
   if (n > 0) {
     const int g1 = (c0 + n - 1) / cpg;
     for (int gi = c0 / cpg + lane / LPG; gi <= g1; gi += GPP) {
       const uint4 v = *reinterpret_cast<const uint4*>(scales + (u64)gi * (u64)N + col + 8 * (lane % LPG));
-      const u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int h = 0; h < 8; ++h) {
-        const u32 e = (w[h >> 1] >> (10 + 16 * (h & 1))) & 31u;
-        mx = e != 31u && e > mx ? e : mx;
-      }
+      big |= ((v.x & 0x7FFF7FFFu) + 0x08000800u) | ((v.y & 0x7FFF7FFFu) + 0x08000800u) |
+             ((v.z & 0x7FFF7FFFu) + 0x08000800u) | ((v.w & 0x7FFF7FFFu) + 0x08000800u);
     }
   }
-  mx = __reduce_max_sync(0xffffffffu, mx);
-  return mx > 13u ? (int)mx - 13 : 0;
+  return (big & 0xC000C000u) != 0u;
 }
 
-// The blocks of MT, NWORD, S that fit an SM (228 KiB of shared memory, 1 KiB of it reserved per block), at most 4 (128
-// threads of 128 registers each fill the register file): at NWORD 1 ptxas is held to that many, so that the registers
-// never cost a block per SM (the loop's allocation sits at 128, and one more register would make it 3 blocks).
+// W4_WGSUB: the warp's BC columns from col, rows [m0, m0 + mrows) of x, over chunks [c0, c0 + n), in float32 on CUDA
+// cores, dequantized as dequantize_int4 does, into the float32 tile (row stride OW) at column tc: where wg_big found a
+// scale dq_wsub cannot take. Eight rows at a time per column.
+template <int BC, int OW>
+__device__ __noinline__ void wg_fix(const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
+                                    const u16* __restrict__ scales, const u16* __restrict__ zeros, float* tile, int tc,
+                                    int m0, int mrows, int K, int N, int group_rows, int col, int c0, int n, int lane) {
+  for (int cc = lane; cc < BC; cc += 32) {
+    const int c = col + cc;
+    for (int r0 = 0; r0 < mrows; r0 += 8) {
+      float a[8];
+#pragma unroll
+      for (int rr = 0; rr < 8; ++rr) a[rr] = 0.f;
+      for (int pr = 32 * c0; pr < 32 * (c0 + n); ++pr) {  // packed rows: k = 2 pr, 2 pr + 1
+        const u32 b = qweight[(u64)pr * N + c];
+        const int gi = pr / group_rows;
+        const float sc = h2f(scales[(u64)gi * N + c]), z = h2f(zeros[(u64)gi * N + c]);
+        const float w0 = ((float)(b & 15u) - z) * sc, w1 = ((float)(b >> 4) - z) * sc;
+#pragma unroll
+        for (int rr = 0; rr < 8; ++rr)
+          if (r0 + rr < mrows) {
+            const u16* xr = x + (u64)(m0 + r0 + rr) * K + 2 * pr;
+            a[rr] += h2f(xr[0]) * w0 + h2f(xr[1]) * w1;
+          }
+      }
+#pragma unroll
+      for (int rr = 0; rr < 8; ++rr)
+        if (r0 + rr < mrows) tile[(r0 + rr) * OW + tc + cc] = a[rr];
+    }
+  }
+}
+
 template <int MT, int NWORD, int S>
 struct WgFit {  // SMEM: the host's _wg_smem
   static constexpr int NB = MT ? 16 * MT : 8, BC = 32 * NWORD;
@@ -149,20 +176,19 @@ __device__ __forceinline__ u64 wg_desc(u32 addr) {
 __device__ __forceinline__ u32 wg_desc_lo(u32 addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
 __device__ __forceinline__ u64 wg_desc_of(u32 lo) { return ((u64)((1024 >> 4) | (1u << 30)) << 32) | lo; }
 
-template <class X, int MT, int NWORD, int S, int CL, int W = 1>
+template <class X, int MT, int NWORD, int S, int CL, int W = 1, bool SP = false>
 __device__ __forceinline__ void wg_body(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
   typedef MmaOps<X> O;
-  constexpr bool SUB = W4_WGSUB && O::SUB;  // float16: dq_wsub, the sums times 2^-E (E the warp's: wg_exp)
   constexpr int NB = MT ? 16 * MT : 8, NA = NB / 2, NT = 4 * NWORD, BC = 32 * NWORD, NP = 2 * NWORD;
   constexpr int XB = NB * 128, WB = 32 * BC, SZB = 4 * BC;
   constexpr int STAGE = (XB + 4 * WB + 4 * SZB + 1023) / 1024 * 1024;
   constexpr int BCB = 4 * BC, OW = BCB + 4;  // the block's columns; the float32 tile's row stride
   static_assert(S >= 3, "chunk i + S - 2 is refilled while chunk i is read");
   extern __shared__ __align__(16) unsigned char dsm[];
-  __shared__ u32 wg_ks[4 * W];  // W4_WGSUB: each warp's ks word (below)
+  __shared__ u32 wg_flag[4 * W];  // W4_WGSUB: per warp, whether wg_big found a scale dq_wsub cannot take
   constexpr int WGB = S * STAGE;  // a warpgroup's stages (w4a16_wgm: warpgroup w's at w * WGB)
   static_assert(W == 1 || WGB >= NB * OW * 4, "a warpgroup's float32 tile fits in its stages");
   // W warpgroups per block (w4a16_wgm): warpgroup wg takes the block's K slice wg, with its own S stages; its index
@@ -264,25 +290,11 @@ __device__ __forceinline__ void wg_body(
       if (s < n) issue(s);
       cp_async_commit();
     }
-    // W4_WGSUB: this warp's E = 4 + k for its K slice: ks = 2^(15-k) and nze = -2^-E as float16 pairs
-    u32 ks = 0u;
-    if (SUB) {
-#ifndef W4_WGEXP
-#define W4_WGEXP 1  // probe builds only: 0 no scan, k = 0; 2 the scan, its k consumed, then k = 0 (wrong where |s| >= 0.5)
-#endif
-#if W4_WGEXP == 1
-      const int k = __shfl_sync(0xffffffffu, wg_exp<BC>(scales, N, wcol, c_begin, n, cpg, lane), 0), e = 4 + k;
-#elif W4_WGEXP == 2
-      const int k0 = wg_exp<BC>(scales, N, wcol, c_begin, n, cpg, lane);
-      asm volatile("" :: "r"(k0));
-      const int k = 0, e = 4;
-#else
-      const int k = 0, e = 4;
-#endif
-      const u32 kb = (u32)(30 - k) << 10, nb = 0x8000u | (e <= 14 ? (u32)(15 - e) << 10 : 1u << (24 - e));
-      ks = kb | (nb << 16);  // both halves in one word, kept in shared memory (a register more would cost the loop)
-      if (lane == 0) wg_ks[threadIdx.x >> 5] = ks;
-      __syncwarp();
+    // dq_wsub (SP): whether this warp's columns have a scale it cannot take in its K slice (wg_big; kept in shared
+    // memory, read after the loop)
+    if (SP && m0 == 0) {
+      const bool big = __any_sync(0xffffffffu, wg_big<BC>(scales, N, wcol, c_begin, n, cpg, lane));
+      if (lane == 0) wg_flag[threadIdx.x >> 5] = big ? 1u : 0u;
     }
     u32 af[2][NP][4];
     for (int i = 0; i < n; ++i) {
@@ -294,16 +306,14 @@ __device__ __forceinline__ void wg_body(
       const unsigned char* st = bsm + (i % S) * STAGE;
       const u32* szw = reinterpret_cast<const u32*>(st + XB + 4 * WB + warp * SZB + g * NT * 2);
       u32 s2[NT], nz[NT];
-      u32 ksw = 0u;  // W4_WGSUB: the warp's word, read again every chunk
-      if (SUB) asm volatile("ld.shared.u32 %0, [%1];" : "=r"(ksw) : "r"(smem_addr(&wg_ks[threadIdx.x >> 5])));
 #pragma unroll
       for (int c = 0; c < NT; c += 2) {
-        if (SUB) {
-          const u32 sw = szw[c >> 1], sk = O::fma2(sw, __byte_perm(ksw, ksw, 0x1010), 0x80008000u);  // s * 2^(15-k), exact, under 2^14
-          const u32 zs = O::fma2(O::fma2(szw[(BC / 2) + (c >> 1)], __byte_perm(ksw, ksw, 0x3232), 0x80008000u), sw,
-                                 0x80008000u);  // -z * 2^-E (exact for the zeros quantize_int4 makes), times s
-          s2[c] = O::fma2(__byte_perm(sk, sk, 0x1010), 0x40004400u, 0x80008000u);  // {s * 2^(21-E), s * 2^(20-E)}
-          s2[c + 1] = O::fma2(__byte_perm(sk, sk, 0x3232), 0x40004400u, 0x80008000u);
+        if (SP) {
+          const u32 sw = szw[c >> 1], s15 = O::fma2(sw, 0x78007800u, 0x80008000u);  // s * 2^15, exact, under 2^14
+          const u32 zs = O::fma2(O::fma2(szw[(BC / 2) + (c >> 1)], 0xAC00AC00u, 0x80008000u), sw,
+                                 0x80008000u);  // -z / 16 (exact for the zeros quantize_int4 makes), times s
+          s2[c] = O::fma2(__byte_perm(s15, s15, 0x1010), 0x40004400u, 0x80008000u);  // {s * 2^17, s * 2^16}
+          s2[c + 1] = O::fma2(__byte_perm(s15, s15, 0x3232), 0x40004400u, 0x80008000u);
           nz[c] = __byte_perm(zs, zs, 0x1010); nz[c + 1] = __byte_perm(zs, zs, 0x3232);
         } else {
           O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
@@ -326,7 +336,7 @@ __device__ __forceinline__ void wg_body(
 #pragma unroll
         for (int w = 0; w < NWORD; ++w) {
           u32 d0[4], d1[4];
-          if (SUB) {
+          if (SP) {
             const u32 lo0 = (w0[w] << 3) & 0x78787878u, hi0 = w0[w] & 0xF0F0F0F0u;
             const u32 lo1 = (w1[w] << 3) & 0x78787878u, hi1 = w1[w] & 0xF0F0F0F0u;
 #pragma unroll
@@ -362,13 +372,16 @@ __device__ __forceinline__ void wg_body(
     cp_async_wait<0>();
     __syncthreads();  // every warp done with the stages: they hold the block's float32 tile [NB rows][OW] now
     float* tile = reinterpret_cast<float*>(bsm);
-    const float e2 = SUB ? -1.f / h2f((u16)(wg_ks[threadIdx.x >> 5] >> 16)) : 1.f;  // W4_WGSUB: 2^E (exact)
     // acc[p][4j + e]: weight column warp*BC + g*NT + 2p + (e >> 1), activation row 8j + 2t + (e & 1)
 #pragma unroll
     for (int p = 0; p < NP; ++p)
 #pragma unroll
       for (int i = 0; i < NA; ++i)
-        tile[(8 * (i >> 2) + 2 * t + (i & 1)) * OW + warp * BC + g * NT + 2 * p + ((i >> 1) & 1)] = SUB ? e2 * acc[p][i] : acc[p][i];
+        tile[(8 * (i >> 2) + 2 * t + (i & 1)) * OW + warp * BC + g * NT + 2 * p + ((i >> 1) & 1)] = SP ? 16.f * acc[p][i] : acc[p][i];
+    if (SP && wg_flag[threadIdx.x >> 5]) {  // wg_big: this warp's columns again, on CUDA cores
+      __syncwarp();
+      wg_fix<BC, OW>(x, qweight, scales, zeros, tile, warp * BC, m0, mrows, K, N, group_rows, wcol, c_begin, n, lane);
+    }
     constexpr int T = 128 * W;  // the block's threads
     const int btid = threadIdx.x;
     float* const tile0 = reinterpret_cast<float*>(dsm + (base0 - smem_addr(dsm)));
@@ -413,12 +426,21 @@ __device__ __forceinline__ void wg_body(
   }
 }
 
+// a kernel's body: float16 through dq_wsub (W4_WGSUB), else dq_pair
+template <class X, int MT, int NWORD, int S, int CL, int W>
+__device__ __forceinline__ void wg_run(
+    const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
+    const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
+    int M, int K, int N, int group_rows, int cpb) {
+  wg_body<X, MT, NWORD, S, CL, W, W4_WGSUB && MmaOps<X>::SUB>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
+}
+
 template <class X, int MT, int NWORD, int S>
 __global__ void __launch_bounds__(128, (WgFit<MT, NWORD, S>::BLOCKS)) w4a16_wg(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
-  wg_body<X, MT, NWORD, S, 1>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
+  wg_run<X, MT, NWORD, S, 1, 1>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
 }
 
 template <class X, int MT, int NWORD, int S, int CL>
@@ -426,7 +448,7 @@ __global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(128, (WgFit<MT, NWO
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
-  wg_body<X, MT, NWORD, S, CL>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
+  wg_run<X, MT, NWORD, S, CL, 1>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
 }
 
 // w4a16_wgm: four warpgroups per block (one block per SM: 4 x S stages of shared memory, 512 threads of 128 registers),
@@ -438,5 +460,5 @@ __global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(512, 1) w4a16_wgm(
     const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
     const u16* __restrict__ scales, const u16* __restrict__ zeros, u16* __restrict__ out,
     int M, int K, int N, int group_rows, int cpb) {
-  wg_body<X, MT, 1, S, CL, 4>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
+  wg_run<X, MT, 1, S, CL, 4>(x, qweight, scales, zeros, out, M, K, N, group_rows, cpb);
 }

@@ -225,19 +225,19 @@ _WG_SUB_CFGS = ["4,4,2", "4,4,1", "4,1,4,7", "4,2,4,1"]
 @pytest.mark.parametrize("cfg", _WG_SUB_CFGS)
 @pytest.mark.parametrize("scales", [(0.005, 0.02), (1e-4, 5e-4), (0.49, 0.4997), (0.5, 1.0), (0.3, 0.7), (8.0, 30.0)])
 def test_w4a16_wgmma_float16_weights_through_subnormals_by_scale(gpu, monkeypatch, cfg, scales) -> None:
-    """float16 (W4_WGSUB): the weights enter as subnormals times s * 2^(21-E) (one PRMT and one HFMA2 per register),
-    E = 4 for a warp whose scales are all under 0.5, more where one is not (s * 2^17 would pass float16's largest,
-    65504, from 0.5 on). Scales of the tests elsewhere, down to 1e-4 (products under float16's normal range), up to
-    float16's last one under 0.5, from 0.5 (E = 5), either side of 0.5 (warps of both kinds in one launch), and up to
-    30 (E = 10): each within the op's tolerance against float64, every row at its own scale."""
+    """float16 (W4_WGSUB): the weights enter as subnormals times {s * 2^17, s * 2^16} (one PRMT and one HFMA2 per
+    register), which float16 holds while |s| < 0.5; a warp with a scale from 0.5 recomputes its columns on CUDA cores
+    after the loop (wg_fix). Scales of the tests elsewhere, down to 1e-4 (products under float16's normal range), up
+    to float16's last one under 0.5 (s * 2^17 = 65504), from 0.5, either side of 0.5 (warps of both kinds in one
+    launch), and up to 30: each within the op's tolerance against float64, every row at its own scale."""
     ins, want = _wg_forced_case(monkeypatch, cfg, 40, 2048, 512, scales)
     check(run(gpu, ins, "float16"), want, "float16")
 
 
 @pytest.mark.parametrize("cfg", _WG_SUB_CFGS)
 def test_w4a16_wgmma_float16_one_column_of_large_scale(gpu, monkeypatch, cfg) -> None:
-    """One column with a scale of 3 in one quant group, the others under 0.5: the warp holding it takes E = 7 for its
-    K slice, and the result matches float64, its column at its own scale and the other columns at theirs."""
+    """One column with a scale of 3 in one quant group, the others under 0.5: the warp holding it recomputes its
+    columns (wg_fix), and the result matches float64, its column at its own scale and the other columns at theirs."""
     import numpy as np
 
     ins, _ = _wg_forced_case(monkeypatch, cfg, 24, 2048, 512, (0.005, 0.02))
@@ -252,7 +252,7 @@ def test_w4a16_wgmma_float16_one_column_of_large_scale(gpu, monkeypatch, cfg) ->
 @pytest.mark.parametrize("cfg", _WG_SUB_CFGS)
 def test_w4a16_wgmma_float16_a_scale_not_finite(gpu, monkeypatch, cfg) -> None:
     """A scale of inf in one column and one of NaN in another: those columns' outputs are not finite, as the reference's,
-    and the other columns of their warps (whose E leaves scales that are not finite aside) match float64."""
+    and the other columns of their warps (recomputed by wg_fix) match float64."""
     import numpy as np
 
     ins, _ = _wg_forced_case(monkeypatch, cfg, 24, 2048, 512, (0.005, 0.02))
