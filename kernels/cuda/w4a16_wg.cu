@@ -55,12 +55,13 @@
 // 65504 while |s| < 0.5) and zs = -z * s / 16 (rounded once) gives (q - z) * s / 16, rounded once more: the float32
 // sums are the products / 16, and the epilogue multiplies them by 16 (exact). The weight's error: half a unit in the
 // last place of z * s and of (q - z) * s, and where (q - z) * s / 16 is under float16's normal range (|(q - z) * s| <
-// 2^-10) at most 2^-21 (half the subnormal step, times 16). A warp with a scale of 0.5 or more in magnitude among its
-// columns' in its K slice, or one not finite (found before its first chunk, wg_big), runs the same loop, whose sums for
-// those columns are then wrong, and recomputes its columns' share of the tile after it on CUDA cores, in float32 from
-// the global arrays (wg_fix: slow, for scales no quantizer of int4 weights makes). Nothing of that is held in a
-// register across the loop (a flag in shared memory): a register more there, or a second loop in the kernel, made it
-// slower than dq_pair.
+// 2^-10) at most 2^-21 (half the subnormal step, times 16). Where a column tile has a scale of 0.5 or more in magnitude
+// along K, or one not finite (each warp of the first warpgroup scans its columns' scales over the whole of K before
+// its first chunk: wg_big, a flag per warp in shared memory), the loop runs as it is and its sums for those columns
+// are wrong; the threads that store those columns' outputs compute them again instead, over the whole of K in float32
+// on CUDA cores from the global arrays (wg_fix4: slow, for scales no quantizer of int4 weights makes), and store those.
+// Nothing of that is held across the loop: a register more there, a second loop in the kernel, or a call after it made
+// the loop slower than with dq_pair.
 __device__ __forceinline__ u32 dq_wsub(u32 lo, u32 hi, int j, u32 ss, u32 zs) {
   return MmaOps<F16>::fma2(dq_sub(lo, hi, j), ss, zs);
 }
@@ -83,36 +84,26 @@ __device__ __forceinline__ bool wg_big(const u16* __restrict__ scales, int N, in
   return (big & 0xC000C000u) != 0u;
 }
 
-// W4_WGSUB: the warp's BC columns from col, rows [m0, m0 + mrows) of x, over chunks [c0, c0 + n), in float32 on CUDA
-// cores, dequantized as dequantize_int4 does, into the float32 tile (row stride OW) at column tc: where wg_big found a
-// scale dq_wsub cannot take. Eight rows at a time per column.
-template <int BC, int OW>
-__device__ __noinline__ void wg_fix(const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
-                                    const u16* __restrict__ scales, const u16* __restrict__ zeros, float* tile, int tc,
-                                    int m0, int mrows, int K, int N, int group_rows, int col, int c0, int n, int lane) {
-  for (int cc = lane; cc < BC; cc += 32) {
-    const int c = col + cc;
-    for (int r0 = 0; r0 < mrows; r0 += 8) {
-      float a[8];
+// W4_WGSUB: outputs (row, col .. col + 3) over the whole of K in float32 on CUDA cores, the weights dequantized as
+// dequantize_int4 does: where wg_big found a scale dq_wsub cannot take in those columns
+template <class X>
+__device__ __forceinline__ float4 wg_fix4(const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
+                                          const u16* __restrict__ scales, const u16* __restrict__ zeros, int row, int col,
+                                          int K, int N, int group_rows) {
+  float a[4] = {0.f, 0.f, 0.f, 0.f};
+  const u16* xr = x + (u64)row * K;
+  for (int pr = 0; pr < (K >> 1); ++pr) {  // packed rows: k = 2 pr (low nibbles), 2 pr + 1 (high)
+    const u32 w4 = *reinterpret_cast<const u32*>(qweight + (u64)pr * N + col);
+    const u64 gz = (u64)(pr / group_rows) * N + col;
+    const float x0 = X::load(xr[2 * pr]), x1 = X::load(xr[2 * pr + 1]);
 #pragma unroll
-      for (int rr = 0; rr < 8; ++rr) a[rr] = 0.f;
-      for (int pr = 32 * c0; pr < 32 * (c0 + n); ++pr) {  // packed rows: k = 2 pr, 2 pr + 1
-        const u32 b = qweight[(u64)pr * N + c];
-        const int gi = pr / group_rows;
-        const float sc = h2f(scales[(u64)gi * N + c]), z = h2f(zeros[(u64)gi * N + c]);
-        const float w0 = ((float)(b & 15u) - z) * sc, w1 = ((float)(b >> 4) - z) * sc;
-#pragma unroll
-        for (int rr = 0; rr < 8; ++rr)
-          if (r0 + rr < mrows) {
-            const u16* xr = x + (u64)(m0 + r0 + rr) * K + 2 * pr;
-            a[rr] += h2f(xr[0]) * w0 + h2f(xr[1]) * w1;
-          }
-      }
-#pragma unroll
-      for (int rr = 0; rr < 8; ++rr)
-        if (r0 + rr < mrows) tile[(r0 + rr) * OW + tc + cc] = a[rr];
+    for (int j = 0; j < 4; ++j) {
+      const u32 b = (w4 >> (8 * j)) & 255u;
+      const float sc = h2f(scales[gz + j]), z = h2f(zeros[gz + j]);
+      a[j] += x0 * (((float)(b & 15u) - z) * sc) + x1 * (((float)(b >> 4) - z) * sc);
     }
   }
+  return make_float4(a[0], a[1], a[2], a[3]);
 }
 
 template <int MT, int NWORD, int S>
@@ -188,7 +179,7 @@ __device__ __forceinline__ void wg_body(
   constexpr int BCB = 4 * BC, OW = BCB + 4;  // the block's columns; the float32 tile's row stride
   static_assert(S >= 3, "chunk i + S - 2 is refilled while chunk i is read");
   extern __shared__ __align__(16) unsigned char dsm[];
-  __shared__ u32 wg_flag[4 * W];  // W4_WGSUB: per warp, whether wg_big found a scale dq_wsub cannot take
+  __shared__ u32 wg_flag[4];  // W4_WGSUB: per warp of a column tile, whether wg_big found a scale dq_wsub cannot take
   constexpr int WGB = S * STAGE;  // a warpgroup's stages (w4a16_wgm: warpgroup w's at w * WGB)
   static_assert(W == 1 || WGB >= NB * OW * 4, "a warpgroup's float32 tile fits in its stages");
   // W warpgroups per block (w4a16_wgm): warpgroup wg takes the block's K slice wg, with its own S stages; its index
@@ -292,9 +283,11 @@ __device__ __forceinline__ void wg_body(
     }
     // dq_wsub (SP): whether this warp's columns have a scale it cannot take in its K slice (wg_big; kept in shared
     // memory, read after the loop)
-    if (SP && m0 == 0) {
-      const bool big = __any_sync(0xffffffffu, wg_big<BC>(scales, N, wcol, c_begin, n, cpg, lane));
-      if (lane == 0) wg_flag[threadIdx.x >> 5] = big ? 1u : 0u;
+    // dq_wsub (SP): whether this warp's columns have a scale along K it cannot take (wg_big over all of K, by the
+    // first warpgroup; read where the outputs are stored)
+    if (SP && m0 == 0 && wg == 0) {
+      const bool big = __any_sync(0xffffffffu, wg_big<BC>(scales, N, wcol, 0, n_chunks, cpg, lane));
+      if (lane == 0) wg_flag[warp] = big ? 1u : 0u;
     }
     u32 af[2][NP][4];
     for (int i = 0; i < n; ++i) {
@@ -378,10 +371,6 @@ __device__ __forceinline__ void wg_body(
 #pragma unroll
       for (int i = 0; i < NA; ++i)
         tile[(8 * (i >> 2) + 2 * t + (i & 1)) * OW + warp * BC + g * NT + 2 * p + ((i >> 1) & 1)] = SP ? 16.f * acc[p][i] : acc[p][i];
-    if (SP && wg_flag[threadIdx.x >> 5]) {  // wg_big: this warp's columns again, on CUDA cores
-      __syncwarp();
-      wg_fix<BC, OW>(x, qweight, scales, zeros, tile, warp * BC, m0, mrows, K, N, group_rows, wcol, c_begin, n, lane);
-    }
     constexpr int T = 128 * W;  // the block's threads
     const int btid = threadIdx.x;
     float* const tile0 = reinterpret_cast<float*>(dsm + (base0 - smem_addr(dsm)));
@@ -407,6 +396,7 @@ __device__ __forceinline__ void wg_body(
         float4 v = ld_cluster_f4(a, 0);
 #pragma unroll
         for (int rk = 1; rk < CL; ++rk) add4(v, ld_cluster_f4(a, rk));
+        if (SP && wg_flag[c / BC]) v = wg_fix4<X>(x, qweight, scales, zeros, m0 + r, col0 + c, K, N, group_rows);
         st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
       }
 #if W4_WGEPI
@@ -419,7 +409,9 @@ __device__ __forceinline__ void wg_body(
       __syncthreads();
       for (int idx = btid; idx < mrows * (BCB / 4); idx += T) {
         const int r = idx / (BCB / 4), c = 4 * (idx % (BCB / 4));
-        st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, *reinterpret_cast<const float4*>(tile0 + r * OW + c));
+        float4 v = *reinterpret_cast<const float4*>(tile0 + r * OW + c);
+        if (SP && wg_flag[c / BC]) v = wg_fix4<X>(x, qweight, scales, zeros, m0 + r, col0 + c, K, N, group_rows);
+        st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
       }
       __syncthreads();
     }
