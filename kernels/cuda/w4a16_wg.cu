@@ -7,8 +7,8 @@
 // Block: one warpgroup (4 warps; w4a16_wgm: four, at the end). Warp w owns the BC = 32*NWORD columns [col0 + w*BC,
 // +BC), read as in w4a16_wk: a lane's words of a packed row hold its n-tiles, A-tile p (p < 2*NWORD) of a lane is
 // bytes 2p & 3 and (2p & 3) + 1 of word p / 2, i.e. columns g*NT + 2p (row g) and g*NT + 2p + 1 (row g + 8),
-// dequantized with the zero and the scale per pair (dq_pair: PRMT, LOP3, HFMA2, HMUL2; the weights rounded once to
-// the input type, as at MT >= 1). The 4 warps' A-tile p together are the 64 rows of wgmma p; its accumulators (NB/2
+// dequantized with the zero and the scale per pair (bfloat16: dq_pair: PRMT, LOP3, HFMA2, HMUL2; the weights rounded
+// once to the input type, as at MT >= 1; float16: dq_wsub, PRMT and HFMA2, below). The 4 warps' A-tile p together are the 64 rows of wgmma p; its accumulators (NB/2
 // float32 per lane) are the warp's own.
 // A chunk is 64 k. The block takes chunks [y*cpb, +cpb) (K split: w4a16_wgc, a cluster of CL blocks along y, adds its
 // sums through distributed shared memory as w4a16_wkc; w4a16_wg: CL = 1, no split). S stages in shared memory, filled
