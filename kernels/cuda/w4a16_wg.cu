@@ -8,8 +8,8 @@
 // +BC), read as in w4a16_wk: a lane's words of a packed row hold its n-tiles, A-tile p (p < 2*NWORD) of a lane is
 // bytes 2p & 3 and (2p & 3) + 1 of word p / 2, i.e. columns g*NT + 2p (row g) and g*NT + 2p + 1 (row g + 8),
 // dequantized with the zero and the scale per pair (bfloat16: dq_pair: PRMT, LOP3, HFMA2, HMUL2; the weights rounded
-// once to the input type, as at MT >= 1; float16: dq_wsub, PRMT and HFMA2, below). The 4 warps' A-tile p together are the 64 rows of wgmma p; its accumulators (NB/2
-// float32 per lane) are the warp's own.
+// once to the input type, as at MT >= 1; float16: dq_wsub, PRMT and HFMA2, below). The 4 warps' A-tile p together
+// are the 64 rows of wgmma p; its accumulators (NB/2 float32 per lane) are the warp's own.
 // A chunk is 64 k. The block takes chunks [y*cpb, +cpb) (K split: w4a16_wgc, a cluster of CL blocks along y, adds its
 // sums through distributed shared memory as w4a16_wkc; w4a16_wg: CL = 1, no split). S stages in shared memory, filled
 // by cp.async: per stage [x: NB rows of 128 bytes, 16-byte piece c of row r at c ^ (r & 7): the 128-byte swizzle
@@ -106,6 +106,9 @@ __device__ __forceinline__ float4 wg_fix4(const u16* __restrict__ x, const unsig
   return make_float4(a[0], a[1], a[2], a[3]);
 }
 
+// The blocks of MT, NWORD, S that fit an SM (228 KiB of shared memory, 1 KiB of it reserved per block), at most 4 (128
+// threads of 128 registers each fill the register file): at NWORD 1 ptxas is held to that many, so that the registers
+// never cost a block per SM (the loop's allocation sits at 128, and one more register would make it 3 blocks).
 template <int MT, int NWORD, int S>
 struct WgFit {  // SMEM: the host's _wg_smem
   static constexpr int NB = MT ? 16 * MT : 8, BC = 32 * NWORD;
@@ -281,8 +284,6 @@ __device__ __forceinline__ void wg_body(
       if (s < n) issue(s);
       cp_async_commit();
     }
-    // dq_wsub (SP): whether this warp's columns have a scale it cannot take in its K slice (wg_big; kept in shared
-    // memory, read after the loop)
     // dq_wsub (SP): whether this warp's columns have a scale along K it cannot take (wg_big over all of K, by the
     // first warpgroup; read where the outputs are stored)
     if (SP && m0 == 0 && wg == 0) {
@@ -370,7 +371,8 @@ __device__ __forceinline__ void wg_body(
     for (int p = 0; p < NP; ++p)
 #pragma unroll
       for (int i = 0; i < NA; ++i)
-        tile[(8 * (i >> 2) + 2 * t + (i & 1)) * OW + warp * BC + g * NT + 2 * p + ((i >> 1) & 1)] = SP ? 16.f * acc[p][i] : acc[p][i];
+        tile[(8 * (i >> 2) + 2 * t + (i & 1)) * OW + warp * BC + g * NT + 2 * p + ((i >> 1) & 1)] =
+            SP ? 16.f * acc[p][i] : acc[p][i];  // dq_wsub: the sums were the products / 16
     constexpr int T = 128 * W;  // the block's threads
     const int btid = threadIdx.x;
     float* const tile0 = reinterpret_cast<float*>(dsm + (base0 - smem_addr(dsm)));
