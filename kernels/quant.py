@@ -400,9 +400,9 @@ GEMM_W4A16 = register_op(OpSpec(
     doc="x (M, K) float16/bfloat16, qweight (K/2, N) uint8, scales/zeros (K/gs, N) float16 as made by "
         "quantize_int4 -> out (M, N) in x's dtype = x @ ((q - zeros) * scales), float32 accumulation. "
         "CuPy: M = 1..64 on tensor cores (mma.sync, weights dequantized in registers and rounded once to x's "
-        "dtype, cp.async pipeline; float16 at M 33..64 on sm_90: (q - z) * s / 16 rounded once after -z * s / 16 was, "
-        "columns with a scale of 0.5 or more redone in float32) when K % 64 == 0, group_size % 64 == 0 and N % 64 == 0 (128 for M = 1, 32 for "
-        "M > 16); other shapes with N, K, group_size % 16 == 0 and M <= 4 or bfloat16: one CUDA-core kernel dequantizing in "
+        "dtype, cp.async pipeline; float16 at M 33..64 on sm_90: (q - z) * s / 16 rounded once after -z * s / 16 "
+        "was, columns with a scale of 0.5 or more redone in float32) when K % 64 == 0, group_size % 64 == 0 and "
+        "N % 64 == 0 (128 for M = 1, 32 for M > 16); other shapes with N, K, group_size % 16 == 0 and M <= 4 or bfloat16: one CUDA-core kernel dequantizing in "
         "registers with float32 math (SHMRPC_W4A16_H2=1 opts in to a faster float16 M <= 4 kernel that sums "
         "float16x2 products in float16 over 16 k before float32: less precise, and it overflows for |x| above "
         "~8000); float16 M >= 5 otherwise: a dequantize kernel then cuBLAS; other shapes: array code.",

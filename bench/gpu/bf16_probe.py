@@ -23,13 +23,6 @@ from gpu_kernels import _rel, _timer, in_specs_of, probe_record, w4a16_sets, wri
 _TABLE = ";".join(f"{m},{k},{n}" for k, n in ((8192, 8192), (4096, 14336)) for m in (1, 4, 16, 32, 64))
 
 
-def _as_float(a: np.ndarray, dt: str) -> np.ndarray:
-    """float64 values of an array of ``dt`` as the op stores it (bfloat16 as its 16-bit words)."""
-    if dt == "bfloat16" and a.dtype == np.uint16:
-        return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return a.astype(np.float64)
-
-
 def _rotating(spec: Any, calls: list[Any]) -> Any:
     """One op call per call of the result, through ``calls`` in turn."""
     it = iter(range(10**9))
@@ -46,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._cuda import sm_count
+    from shmrpc.kernels._dtypes import to_float
     from shmrpc.kernels._registry import OpCall
     from shmrpc.kernels.quant import dequantize_int4, w4a16_choice
 
@@ -69,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
                             {"out": TensorSpec((m, n), dt)}, {}, {}, {}) for q_, s_, z_ in sets]
             t = _timer(cp, _rotating(spec, calls), args.reps)
             got = cp.asnumpy(spec.cupy(calls[0])["out"])
-            err = _rel(_as_float(got, dt), _as_float(cp.asnumpy(x), dt) @ w)
+            xf = to_float(np, cp.asnumpy(x), dt).astype(np.float64)  # x as the op sees it (bfloat16: its words)
+            err = _rel(to_float(np, got, dt), xf @ w)
             path = w4a16_choice(m, k, n, 128)
             res["rows"].append({"M": m, "K": k, "N": n, "dtype": dt, "seconds": t, "max_rel_err_vs_float64": err,
                                 "path": list(path) if path else None})

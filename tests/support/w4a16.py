@@ -9,7 +9,7 @@ import numpy as np
 
 from shmrpc.kernels import StepSpec, TensorSpec
 
-__all__ = ["case", "run", "force", "check", "forced_check", "same_bits_twice"]
+__all__ = ["case", "reference", "run", "force", "check", "forced_check", "same_bits_twice"]
 
 
 def case(m: int, k: int, n: int, gs: int, dt: str, outliers: bool = True,
@@ -17,8 +17,6 @@ def case(m: int, k: int, n: int, gs: int, dt: str, outliers: bool = True,
     """Inputs and float64 reference; ``outliers``: |x| up to 1e3 in row 0 and float16 subnormals in the last row. With
     them max|out| is set by row 0, so an error in the other rows can hide under the tolerance (relative to max|out|):
     ``outliers=False`` checks every row at its own scale. The quant scales are uniform in ``scales``."""
-    from shmrpc.kernels.quant import dequantize_int4
-
     rng = np.random.default_rng(m * 7 + k + n)
     q = rng.integers(0, 256, (k // 2, n), dtype=np.uint8)
     s = rng.uniform(*scales, (k // gs, n)).astype(np.float16)
@@ -28,8 +26,17 @@ def case(m: int, k: int, n: int, gs: int, dt: str, outliers: bool = True,
         f[0, :3] = [1e3, -1e3, 5e2]
         f[-1, 3:40] = 3e-6  # float16 subnormals
     x = (f.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16) if dt == "bfloat16" else f.astype(np.float16)
+    ins = {"x": x, "q": q, "s": s, "z": z}
+    return ins, reference(ins, dt)
+
+
+def reference(ins: dict[str, np.ndarray], dt: str) -> np.ndarray:
+    """float64 x @ dequant(w) of ``case``'s inputs (x's 16-bit words for bfloat16)."""
+    from shmrpc.kernels.quant import dequantize_int4
+
+    x = ins["x"]
     xf = (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64) if dt == "bfloat16" else x.astype(np.float64)
-    return {"x": x, "q": q, "s": s, "z": z}, xf @ dequantize_int4(np, q, s, z).astype(np.float64)
+    return xf @ dequantize_int4(np, ins["q"], ins["s"], ins["z"]).astype(np.float64)
 
 
 def run(gpu: Any, ins: dict[str, np.ndarray], dt: str) -> np.ndarray:
