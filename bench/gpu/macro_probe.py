@@ -9,7 +9,7 @@ w4a16_wgc, three: w4a16_wgm, whose every build, the empty one too, is compiled h
 another as a programmatic dependent launch (``gpu_kernels._timer``: CUDA events around batches queued behind a spin
 kernel, median of 5 batches, weight sets rotated so that L2 cannot hold them), and compares the output with the op's
 forced to the configuration (float16, relative to max |out|; for a configuration the product does not build, the op's
-own choice). Prints a table and writes JSON (date, commit from SHMRPC_COMMIT, device, command) to
+own choice). ``--dtype bfloat16``: the activations and the output in bfloat16 (the kernels of that type). Prints a table and writes JSON (date, commit from SHMRPC_COMMIT, device, command) to
 ``--out``.
 
     python3 bench/gpu/macro_probe.py --out bench/results/macro-probe-DATE-COMMIT.json \\
@@ -78,11 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--cases", required=True, help="M,K,N:configuration;...")
     ap.add_argument("--defs", default=";-DW4_ROT=1;-DW4_ROT=2", help="';'-separated builds (space-separated options)")
+    ap.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16", help="the activations' type")
     args = ap.parse_args(argv)
     import cupy as cp
 
     from shmrpc.kernels import REGISTRY, TensorSpec
     from shmrpc.kernels._cuda import _ArchModule, sm_count, source
+    from shmrpc.kernels._dtypes import to_float
     from shmrpc.kernels._registry import OpCall
     from shmrpc.kernels._w4a16_config import _is_wg, _wg_name, _wg_warps, _wk_name, w4a16_wg_launch, w4a16_wk_launch
     from shmrpc.kernels.quant import use_tuning, wk_launch
@@ -94,15 +96,19 @@ def main(argv: list[str] | None = None) -> int:
              for c in args.cases.split(";") if c]
     builds = args.defs.split(";")
     mods: dict[Any, Any] = {}
-    names = sorted({_wk_name("F16", cfg) for _, cfg in cases if len(cfg) >= 5})
-    wg_names = tuple(sorted({_wg_name("F16", cfg) for _, cfg in cases if _is_wg(cfg)}))
+    dt = args.dtype
+    kt = "BF16" if dt == "bfloat16" else "F16"
+    names = sorted({_wk_name(kt, cfg) for _, cfg in cases if len(cfg) >= 5})
+    wg_names = tuple(sorted({_wg_name(kt, cfg) for _, cfg in cases if _is_wg(cfg)}))
     print(f"{'case':<34} {'build':<16} {'us':>7} {'max diff':>9}")
     for (m, k, n), cfg in cases:
         gs, g = 128, k // 128
         sets, rs = w4a16_sets(cp, k, n, gs, 60 << 20)
-        x = (rs.standard_normal((m, k)) / np.sqrt(k)).astype(cp.float16)
-        calls = [OpCall(cp, {"x": x, "qweight": q, "scales": s, "zeros": z}, in_specs_of(TensorSpec, m, k, n, g),
-                        {"out": TensorSpec((m, n), "float16")}, {}, {}, {}) for q, s, z in sets]
+        f = rs.standard_normal((m, k)) / np.sqrt(k)
+        x = (f.astype(cp.float32).view(cp.uint32) >> 16).astype(cp.uint16) if dt == "bfloat16" else f.astype(cp.float16)
+        specs = {**in_specs_of(TensorSpec, m, k, n, g), "x": TensorSpec((m, k), dt)}
+        calls = [OpCall(cp, {"x": x, "qweight": q, "scales": s, "zeros": z}, specs,
+                        {"out": TensorSpec((m, n), dt)}, {}, {}, {}) for q, s, z in sets]
         if cfg == (0,):  # the op's own choice, as it runs by default
             tiles, ksplit, cpb, smem = 1, 1, 0, 0
         elif _is_wg(cfg):
@@ -111,12 +117,12 @@ def main(argv: list[str] | None = None) -> int:
             (tiles, ksplit), cpb, smem = w4a16_wk_launch(m, k, n, n_sm, cfg)
         partial = cp.empty((max(1, ksplit * m * n) if len(cfg) == 6 else 1,), dtype=cp.float32)
         counters = cp.zeros((max(tiles, 1024),), dtype=cp.uint32)
-        out = cp.empty((m, n), dtype=cp.float16)
+        out = cp.empty((m, n), dtype=cp.uint16 if dt == "bfloat16" else cp.float16)
         with use_tuning(mma_cfg=None if cfg == (0,) else cfg, mma_m1=cfg != (0,)):
-            want = spec.cupy(calls[0])["out"].astype(cp.float32)
+            want = to_float(cp, spec.cupy(calls[0])["out"], dt).astype(cp.float32)
         scale = float(cp.abs(want).max()) or 1.0
         for opts in builds:
-            row: dict[str, Any] = {"M": m, "K": k, "N": n, "cfg": list(cfg), "build": opts or "product"}
+            row: dict[str, Any] = {"M": m, "K": k, "N": n, "dtype": dt, "cfg": list(cfg), "build": opts or "product"}
             once: Callable[[], Any]
             if cfg == (0,):
                 once = _op_default(spec, calls)
@@ -124,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 if ("wg", opts) not in mods:
                     mods[("wg", opts)] = _ArchModule(source("w4a16_mma.cu+w4a16_wg.cu"), wg_names, "sm_90a",
                                                      tuple(opts.split()))
-                fn = mods[("wg", opts)].get_function(_wg_name("F16", cfg))
+                fn = mods[("wg", opts)].get_function(_wg_name(kt, cfg))
                 row.update(_registers(cp, fn))
                 once = _raw_once(wk_launch, fn, (tiles, ksplit), _wg_warps(cfg), smem, calls,
                                  (out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb))), out)
@@ -134,10 +140,10 @@ def main(argv: list[str] | None = None) -> int:
                 if opts not in mods:
                     mods[opts] = cp.RawModule(code=source("w4a16_mma.cu"), options=("-std=c++17", *opts.split()),
                                               name_expressions=names)
-                once = _raw_once(wk_launch, mods[opts].get_function(_wk_name("F16", cfg)), (tiles, ksplit), cfg[2], smem,
+                once = _raw_once(wk_launch, mods[opts].get_function(_wk_name(kt, cfg)), (tiles, ksplit), cfg[2], smem,
                                  calls, (partial, counters, out, *(np.int32(v) for v in (m, k, n, gs // 2, cpb))), out)
             got = once()  # calls[0], as want
-            row["max_diff"] = float(cp.abs(got.astype(cp.float32) - want).max()) / scale
+            row["max_diff"] = float(cp.abs(to_float(cp, got, dt).astype(cp.float32) - want).max()) / scale
             row["seconds"] = _timer(cp, once, args.reps)
             res["rows"].append(row)
             print(f"{m},{k},{n}:{','.join(map(str, cfg)):<22} {row['build']:<16} {row['seconds'] * 1e6:7.2f} "

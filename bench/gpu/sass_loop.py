@@ -93,9 +93,10 @@ def build(cfgs: list[tuple[int, ...]], tmp: Path) -> tuple[str, str]:
     return sass, ptxas
 
 
-def build_nvrtc(cfgs: list[tuple[int, ...]], tmp: Path, defs: tuple[str, ...] = ()) -> tuple[str, str]:
-    """The op's own modules (NVRTC, as ``kernels/_cuda.py`` builds them) for ``cfgs``, with the extra options ``defs``
-    (probe builds: ``-DW4_HALF=1``): (SASS, ptxas's log)."""
+def build_nvrtc(cfgs: list[tuple[int, ...]], tmp: Path, defs: tuple[str, ...] = (), dtype: str = "F16"
+                ) -> tuple[str, str]:
+    """The op's own modules (NVRTC, as ``kernels/_cuda.py`` builds them) for ``cfgs`` of activations ``dtype`` (F16 or
+    BF16), with the extra options ``defs`` (probe builds: ``-DW4_HALF=1``): (SASS, ptxas's log)."""
     import os
 
     sys.path.insert(0, str(_ROOT))
@@ -107,8 +108,8 @@ def build_nvrtc(cfgs: list[tuple[int, ...]], tmp: Path, defs: tuple[str, ...] = 
     if lib is None or cuobjdump is None or nvdisasm is None:
         raise SystemExit("--nvrtc needs NVRTC, cuobjdump and nvdisasm (pip install nvidia-cuda-nvrtc "
                          "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
-    wk = tuple(f"w4a16_wk{'c' if len(c) == 6 else ''}<F16,{','.join(map(str, c))}>" for c in cfgs if len(c) in (5, 6))
-    wg = tuple(_wg_name("F16", c) for c in cfgs if len(c) in (3, 4))
+    wk = tuple(f"w4a16_wk{'c' if len(c) == 6 else ''}<{dtype},{','.join(map(str, c))}>" for c in cfgs if len(c) in (5, 6))
+    wg = tuple(_wg_name(dtype, c) for c in cfgs if len(c) in (3, 4))
     sass, logs = "", ""
     env = {**os.environ, "PATH": f"{Path(nvdisasm).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     for file, names, arch in (("w4a16_mma.cu", wk, "sm_90"), ("w4a16_mma.cu+w4a16_wg.cu", wg, "sm_90a")):
@@ -129,6 +130,8 @@ def main() -> int:
                          "several separated by ';'")
     ap.add_argument("--nvrtc", action="store_true", help="build as the op does, with NVRTC (no nvcc, no GPU)")
     ap.add_argument("--defs", default="", help="with --nvrtc: extra compile options, space-separated (-DW4_HALF=1)")
+    ap.add_argument("--dtype", choices=("F16", "BF16"), default="F16",
+                    help="with --nvrtc: the activations' type of the kernels built (default F16)")
     ap.add_argument("--sass", help="analyse this cuobjdump -sass output instead of building")
     ap.add_argument("--ptxas", help="with --sass: the ptxas -v output of the same build (registers)")
     ap.add_argument("--note", default="", help="where a --sass dump came from (recorded in the JSON)")
@@ -141,10 +144,10 @@ def main() -> int:
         cfgs = [tuple(int(v) for v in c.split(",")) for c in args.cfgs.split(";")]
         with tempfile.TemporaryDirectory() as tmp:
             if args.nvrtc:
-                sass, ptxas = build_nvrtc(cfgs, Path(tmp), tuple(args.defs.split()))
+                sass, ptxas = build_nvrtc(cfgs, Path(tmp), tuple(args.defs.split()), args.dtype)
             else:
-                if args.defs:
-                    raise SystemExit("--defs needs --nvrtc")
+                if args.defs or args.dtype != "F16":
+                    raise SystemExit("--defs and --dtype need --nvrtc")
                 sass, ptxas = build(cfgs, Path(tmp))
     regs = registers(ptxas)
     kernels: dict[str, Any] = {}

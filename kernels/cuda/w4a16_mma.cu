@@ -27,6 +27,17 @@
 // Host guarantees: N % BC == 0, K % 64 == 0, group_rows % 32 == 0, 16-byte aligned contiguous
 // arrays; M > 16*MT runs as several m-blocks (the weights are read again); no device-side assert.
 
+#ifndef W4_BFSZ
+#define W4_BFSZ 1  // bfloat16: a chunk's scales and zeros converted two per cvt.rn.bf16x2.f32 (0: probe builds only)
+#endif
+// two float16 (low, high half) to two bfloat16 in the same halves, each rounded to nearest even (sm_80)
+__device__ __forceinline__ u32 f16x2_to_bf16x2(u32 h) {
+  u32 d;
+  asm("{\n\t.reg .b16 l, h;\n\t.reg .f32 a, b;\n\tmov.b32 {l, h}, %1;\n\tcvt.f32.f16 a, l;\n\tcvt.f32.f16 b, h;\n\t"
+      "cvt.rn.bf16x2.f32 %0, b, a;\n\t}" : "=r"(d) : "r"(h));
+  return d;
+}
+
 template <class X> struct MmaOps;
 template <> struct MmaOps<F16> {
   static constexpr u32 MAGIC = 0x64006400u, ONE = 0x3C003C00u;
@@ -55,14 +66,23 @@ template <> struct MmaOps<BF16> {
     u32 d; asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
   }
   static __device__ __forceinline__ u16 from_f(float f) { return f2b(f); }
-  // float16 scales rounded to bfloat16; -(128 + z) exact
+  // float16 scales rounded to bfloat16 (nearest even, as f2b; a NaN scale stays NaN); -(128 + z) exact (made in
+  // float16, exactly: z is a small integer); both columns' values in one hardware conversion each (W4_BFSZ; 0, probe
+  // builds only: f2b per value, nine instructions each)
   static __device__ __forceinline__ void sz(u32 sw, u32 zw, u32* s2, u32* nz) {
+#if W4_BFSZ
+    const u32 zz = MmaOps<F16>::fma2(zw, 0xBC00BC00u, 0xD800D800u);  // -z - 128 per half, exact
+    const u32 sb = f16x2_to_bf16x2(sw), zb = f16x2_to_bf16x2(zz);
+    s2[0] = __byte_perm(sb, sb, 0x1010); s2[1] = __byte_perm(sb, sb, 0x3232);
+    nz[0] = __byte_perm(zb, zb, 0x1010); nz[1] = __byte_perm(zb, zb, 0x3232);
+#else
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const u16 sx = f2b(h2f((u16)(sw >> (16 * h)))), zx = f2b(-(128.f + h2f((u16)(zw >> (16 * h)))));
       s2[h] = (u32)sx | ((u32)sx << 16);
       nz[h] = (u32)zx | ((u32)zx << 16);
     }
+#endif
   }
   static __device__ __forceinline__ void mma(float* c, const u32* a, u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"

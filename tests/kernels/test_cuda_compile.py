@@ -202,6 +202,25 @@ def test_the_wgmma_kernels_keep_the_blocks_their_shared_memory_allows(compiled) 
 
 
 @pytest.mark.skipif(NVRTC is None, reason="NVRTC is not installed (pip install nvidia-cuda-nvrtc, in the dev extra)")
+def test_bfloat16_scale_conversion_is_in_the_product_and_bfloat16s_alone() -> None:
+    """bfloat16's scales and zeros are converted two per hardware instruction (W4_BFSZ) in w4a16_wk at MT >= 1 and in
+    the wgmma kernels: their bfloat16 code differs from the -DW4_BFSZ=0 build's, which the GPU tests
+    (test_w4a16_bfloat16_scales_*_give_the_bits_of_before) compare it with bit for bit, and float16's is the same."""
+    assert NVRTC is not None
+    for file, arch, names in (("w4a16_mma.cu", "sm_90", ("w4a16_wk<{},2,4,8,3,1>",)),
+                              ("w4a16_mma.cu+w4a16_wg.cu", "sm_90a", (_wg_name("{}", (4, 4, 2)), _wg_name("{}", (4, 1, 4, 7))))):
+        code = source(file)
+        for name in names:
+            bf16, f16 = name.format("BF16"), name.format("F16")
+            product = compile_cubin(NVRTC, code, (bf16,), arch).cubin
+            for kernel, opt, same in ((bf16, "-DW4_BFSZ=0", False), (bf16, "-DW4_BFSZ=1", True),
+                                      (f16, "-DW4_BFSZ=0", True)):
+                built = compile_cubin(NVRTC, code, (kernel,), arch, (*OPTIONS, opt)).cubin
+                want = product if kernel == bf16 else compile_cubin(NVRTC, code, (f16,), arch).cubin
+                assert (built == want) is same, (kernel, opt)
+
+
+@pytest.mark.skipif(NVRTC is None, reason="NVRTC is not installed (pip install nvidia-cuda-nvrtc, in the dev extra)")
 def test_the_wgmma_switches_are_in_the_product() -> None:
     """w4a16_wgc's second cluster barrier arrives without release (W4_WGEPI) and the wgmma kernels address their copies
     by 32-bit offsets (W4_WGOFF) and issue them in one predicated run (W4_WGCP), and make the k16 steps' descriptors from

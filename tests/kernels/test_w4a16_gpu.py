@@ -200,6 +200,49 @@ def test_w4a16_wgc_switches_give_the_bits_of_before(gpu, cp, monkeypatch, cfg, m
                         ("-DW4_WGEPI=0", "-DW4_WGLB=0", "-DW4_WGOFF=0", "-DW4_WGCP=0", "-DW4_WGDS=0"), gs)
 
 
+@pytest.mark.parametrize(("cfg", "m", "k", "gs"), [("2,4,8,0,3,1,2", 32, 2048, 128), ("2,2,8,1,3,1", 20, 1024, 64),
+                                                   ("1,4,8,1,3,1", 9, 4480, 128), ("4,2,8,1,2,1", 40, 1024, 64),
+                                                   ("4,1,4,7", 64, 1024, 64), ("4,4,2", 64, 4480, 128),
+                                                   ("4,4,1", 33, 1024, 64)])
+def test_w4a16_bfloat16_scales_converted_two_at_once_give_the_bits_of_before(gpu, cp, monkeypatch, cfg, m, k, gs) -> None:
+    """bfloat16 at MT >= 1 and in the wgmma kernels converts a chunk's float16 scales to bfloat16, and makes -(128 + z),
+    two columns per hardware conversion (W4_BFSZ): the same values as one software rounding per value, so the same
+    bits as the build with -DW4_BFSZ=0, and float64 within the op's tolerance."""
+    if len(cfg.split(",")) in (3, 4):
+        from shmrpc.kernels.quant import _sm90a
+
+        if not _sm90a():
+            pytest.skip("wgmma needs an sm_90 GPU (compute capability 9.0)")
+    _same_bits_as_build(gpu, cp, monkeypatch, cfg, m, k, "bfloat16", ("-DW4_BFSZ=0",), gs)
+
+
+@pytest.mark.parametrize("cfg", ["2,4,8,1,3,1", "4,2,8,1,2,1", "4,4,1"])
+def test_w4a16_bfloat16_scales_over_float16s_range_give_the_bits_of_before(gpu, cp, monkeypatch, cfg) -> None:
+    """W4_BFSZ's conversion against f2b's for every kind of float16 scale: subnormal, normal from 6e-5 to 65504 (where
+    rounding to bfloat16's 8 bits carries into the exponent too), inf and NaN (whose column's outputs are then not
+    finite either way, and stored as f2b stores a NaN)."""
+    import numpy as np
+
+    if len(cfg.split(",")) in (3, 4):
+        from shmrpc.kernels.quant import _sm90a
+
+        if not _sm90a():
+            pytest.skip("wgmma needs an sm_90 GPU (compute capability 9.0)")
+    m, k, n, gs = 40, 1024, 512, 64
+    force(monkeypatch, cfg)
+    ins, _ = case(m, k, n, gs, "bfloat16", outliers=False)
+    rng = np.random.default_rng(5)
+    s = np.exp2(rng.uniform(-24, 15.99, ins["s"].shape)).astype(np.float16)
+    s[0, 3], s[1, 7], s[2, 9], s[0, 11] = np.inf, np.nan, -np.inf, np.float16(65504)
+    s[3, :8] = np.float16(np.float16(1) + np.float16(2 ** -10) * np.arange(8))  # the ties and neighbours of 1 + 2^-8
+    ins["s"] = s
+    got = run(gpu, ins, "bfloat16")
+    assert not np.isfinite(got[:, [3, 7, 9]]).any()
+    assert np.isfinite(got[:, 1]).all()
+    c = tuple(int(v) for v in cfg.split(","))
+    assert _bits(got, "bfloat16") == _built_run(cp, ins, m, k, n, gs, c, "bfloat16", ("-DW4_BFSZ=0",))
+
+
 # the switches of the chunk loop and the epilogue that leave the arithmetic as it was (docs/kernels.md, "One row's
 # correction ..."), each set to its earlier behaviour
 _BEFORE = ("-DW4_HALF=0", "-DW4_M1=0", "-DW4_ZLATE=0", "-DW4_EDEAD=0", "-DW4_SZV=0")
