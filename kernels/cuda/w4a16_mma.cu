@@ -140,6 +140,76 @@ __device__ __forceinline__ u32 dq_sub(u32 lo, u32 hi, int j) {
   return d;
 }
 
+// dq_sub's pair times {s * 2^17, s * 2^16} plus -z * s / 16 (ss, zs; one HFMA2): (q - z) * s / 16 in float16, from
+// lo = (v << 3) & 0x78787878 (the low nibbles at bits 3..6: q * 2^-21) and hi = v & 0xF0F0F0F0 (q * 2^-20). The
+// wgmma kernels (W4_WGSUB) and w4a16_wk at MT >= 1 (W4_WKSUB) in float16; the rounding and the scales it cannot take
+// (|s| >= 0.5, not finite: w4_big, w4_fix4) are described at W4_WGSUB in w4a16_wg.cu
+__device__ __forceinline__ u32 dq_wsub(u32 lo, u32 hi, int j, u32 ss, u32 zs) {
+  return MmaOps<F16>::fma2(dq_sub(lo, hi, j), ss, zs);
+}
+
+// dq_wsub's ss and zs for the columns c, c + 1 of a scales word sw and a zeros word zw: ss[0], zs[0] for c; ss[1],
+// zs[1] for c + 1
+__device__ __forceinline__ void sz_wsub(u32 sw, u32 zw, u32* ss, u32* zs) {
+  typedef MmaOps<F16> O;
+  const u32 s15 = O::fma2(sw, 0x78007800u, 0x80008000u);  // s * 2^15, exact, under 2^14
+  const u32 z = O::fma2(O::fma2(zw, 0xAC00AC00u, 0x80008000u), sw, 0x80008000u);  // -z / 16 (exact for the zeros
+                                                                                   // quantize_int4 makes), times s
+  ss[0] = O::fma2(__byte_perm(s15, s15, 0x1010), 0x40004400u, 0x80008000u);  // {s * 2^17, s * 2^16}
+  ss[1] = O::fma2(__byte_perm(s15, s15, 0x3232), 0x40004400u, 0x80008000u);
+  zs[0] = __byte_perm(z, z, 0x1010); zs[1] = __byte_perm(z, z, 0x3232);
+}
+
+// dq_wsub's scales: whether a scale of BC columns from col, in the quant groups of chunks [c0, c0 + n), is 0.5 or more in
+// magnitude, or not finite; of those groups, this warp reads first + STEP * i (this lane's share: a row of a group's BC
+// scales is read by BC / 8 lanes, 16 bytes each; per half, |s| + 2^-5 (as bits: + 0x0800) reaches 2 (bit 14) or passes
+// inf (bit 15))
+template <int BC, int STEP>
+__device__ __forceinline__ bool w4_big(const u16* __restrict__ scales, int N, int col, int c0, int n, int cpg, int first,
+                                       int lane) {
+  constexpr int LPG = BC / 8, GPP = 32 / LPG;  // lanes per group's row, rows per pass
+  u32 big = 0u;
+  if (n > 0) {
+    const int g1 = (c0 + n - 1) / cpg;
+    for (int gi = c0 / cpg + first + STEP * (lane / LPG); gi <= g1; gi += STEP * GPP) {
+      const uint4 v = *reinterpret_cast<const uint4*>(scales + (u64)gi * (u64)N + col + 8 * (lane % LPG));
+      big |= ((v.x & 0x7FFF7FFFu) + 0x08000800u) | ((v.y & 0x7FFF7FFFu) + 0x08000800u) |
+             ((v.z & 0x7FFF7FFFu) + 0x08000800u) | ((v.w & 0x7FFF7FFFu) + 0x08000800u);
+    }
+  }
+  return (big & 0xC000C000u) != 0u;
+}
+
+// dq_wsub's scales: outputs (row, col .. col + 3) over the whole of K in float32 on CUDA cores, the weights dequantized
+// as dequantize_int4 does: where w4_big found a scale dq_wsub cannot take in those columns
+template <class X>
+__device__ __forceinline__ float4 w4_fix4(const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
+                                          const u16* __restrict__ scales, const u16* __restrict__ zeros, int row, int col,
+                                          int K, int N, int group_rows) {
+  float a[4] = {0.f, 0.f, 0.f, 0.f};
+  const u16* xr = x + (u64)row * K;
+  for (int pr = 0; pr < (K >> 1); ++pr) {  // packed rows: k = 2 pr (low nibbles), 2 pr + 1 (high)
+    const u32 w4 = *reinterpret_cast<const u32*>(qweight + (u64)pr * N + col);
+    const u64 gz = (u64)(pr / group_rows) * N + col;
+    const float x0 = X::load(xr[2 * pr]), x1 = X::load(xr[2 * pr + 1]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const u32 b = (w4 >> (8 * j)) & 255u;
+      const float sc = h2f(scales[gz + j]), z = h2f(zeros[gz + j]);
+      a[j] += x0 * (((float)(b & 15u) - z) * sc) + x1 * (((float)(b >> 4) - z) * sc);
+    }
+  }
+  return make_float4(a[0], a[1], a[2], a[3]);
+}
+// w4_fix4 as a call (w4a16_wk's epilogues: its code stays out of the chunk loop's register allocation; the mma.sync
+// kernels may call, where a call in a wgmma kernel serializes its wgmma instructions)
+template <class X>
+__device__ __noinline__ float4 w4_fix4_call(const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
+                                            const u16* __restrict__ scales, const u16* __restrict__ zeros, int row,
+                                            int col, int K, int N, int group_rows) {
+  return w4_fix4<X>(x, qweight, scales, zeros, row, col, K, N, group_rows);
+}
+
 // v >> 4 as the high word of v * 2^28 (IMAD.HI: the FMA pipe, which the loop leaves idle, instead of a SHF on the ALU pipe
 // that the dequantization keeps busy)
 __device__ __forceinline__ u32 shr4_fma(u32 v) {
@@ -527,6 +597,10 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_async(
 #define W4_SUB 1  // float16 at FIX enters the weights as q * 2^-24 (dq_sub), the high nibbles by a shift; 2: by IMAD.HI
                   // (shr4_fma); 0: as MAGIC + q (dq_raw). 0 and 2: probe builds
 #endif
+#ifndef W4_WKSUB
+#define W4_WKSUB 1  // float16 at MT >= 1: the weights through subnormals, two instructions per pair (dq_wsub) instead of
+                    // dq_pair's four; 0: dq_pair
+#endif
 #ifndef W4_PDL
 #define W4_PDL 1  // 0 (probe builds only): no griddepcontrol (pdl_begin does nothing)
 #endif
@@ -691,6 +765,12 @@ __device__ __forceinline__ void wk_body(
   // (SUB) as q * 2^-24 instead (dq_sub: one PRMT per pair), the ones 2^-24 too, without MAGIC in the correction
   constexpr bool FIX = TR && W4_FIX;
   constexpr bool SUB = FIX && W4_SUB && O::SUB;  // the weights enter as q * 2^-24 (dq_sub), float16 only
+  // MT >= 1 in float16 (W4_WKSUB): the weights as (q - z) * s / 16 by dq_wsub (PRMT, HFMA2 per pair), the sums times 16
+  // at the m-block's end. Scales dq_wsub cannot take (|s| >= 0.5, not finite; w4_big, each warp over its share of the
+  // groups of all of K before its first chunk, a flag per warp in shared memory): the loop runs as it is, and where the
+  // outputs are stored those of a flagged block are computed again over all of K in float32 (w4_fix4_call). Not in the
+  // bulk-copy kernel (XM) nor the earlier epilogue's probe builds (W4_EPI 0)
+  constexpr bool WSUB = !TR && XM == 0 && W4_WKSUB && O::SUB && W4_EPI == 1;
   constexpr bool HALF = XM == 0 && (W4_HALF == 1 || (W4_HALF == 2 && MT > 0));  // two copy groups per chunk
   // no cluster (every slot stays in this block), one B operand (M <= 8, rows often < MR; at MT -2 measured slower)
   constexpr bool EDEAD = W4_EDEAD && CL == 1 && W4_EPI == 1 && MT == 0;
@@ -720,6 +800,11 @@ __device__ __forceinline__ void wk_body(
   if (W4_PROBE & 64) return;
   unsigned char* wsm = dsm + warp * (S * STAGE);
   float* tile = reinterpret_cast<float*>(dsm + WK * S * STAGE);
+  // WSUB: per warp, whether its share of the block's scales holds one dq_wsub cannot take; in the tile's last bytes,
+  // which the epilogue's block sums (NS float4 per lane, NS below) leave unused (no static shared memory: it would move
+  // the dynamic stages off their 128-byte alignment)
+  u32* const wk_flag = reinterpret_cast<u32*>(dsm + WK * S * STAGE + (TR ? MTA * NT / 2 : MTA * NT) * 32 * 16);
+  static_assert(!WSUB || (MTA * NT * 32 * 16 + WK * 4 <= MR * (BC + 4) * 4), "the flags fit after the block sums");
   // XM > 0 (w4a16_wkm): after the tile, per warp S "full" mbarriers (its stage's activation rows have landed: one
   // arrival, this block's expect_tx, and the bytes of the CN blocks' copies) then S "empty" ones (the CN blocks' warps
   // of this index have released the stage: CN arrivals). Stages are counted over the m-blocks (gb) for the phases.
@@ -778,6 +863,18 @@ __device__ __forceinline__ void wk_body(
   }
 #endif
   pdl_begin();
+  // WSUB: whether a warp's share of the block's scales held one dq_wsub cannot take (read after the epilogue's
+  // barriers), and an output's four values as they are stored: computed again over all of K where it did
+  auto wk_flagged = [&]() {
+    u32 f = 0u;
+#pragma unroll
+    for (int w = 0; w < WK; ++w) f |= wk_flag[w];
+    return f != 0u;
+  };
+  auto fixed = [&](int m, int c, float4 v) {  // m: output row, c: column of the block
+    if (WSUB && wk_flagged()) v = w4_fix4_call<X>(x, qweight, scales, zeros, m, col0 + c, K, N, group_rows);
+    return v;
+  };
 
   for (int m0 = 0; m0 < M; m0 += MR) {
     const int mrows = min(MR, M - m0);
@@ -863,6 +960,10 @@ __device__ __forceinline__ void wk_body(
       }
     }
     if (ZLATE) zero_rows();  // (the copies write rows < mrows only: no race with them)
+    if (WSUB && m0 == 0) {  // while the first chunks' copies are in flight; read after the epilogue's barriers
+      const bool big = __any_sync(0xffffffffu, w4_big<BC, WK>(scales, N, col0, 0, n_chunks, cpg, warp, lane));
+      if (lane == 0) wk_flag[warp] = big ? 1u : 0u;
+    }
     int rd_stage = gb % S;  // the stage of chunk i
     for (int i = 0; i < nloc; ++i) {
       const int rs = rd_stage;
@@ -907,9 +1008,12 @@ __device__ __forceinline__ void wk_body(
       }
       const u32* szw = reinterpret_cast<const u32*>(st + WB + g * NT * 2);
       u32 s2[FIX ? 1 : NT], nz[FIX ? 1 : NT];  // FIX: unused (the zero and the scale go to the chunk's sums)
-      if (!FIX) {
+      if (!FIX) {  // WSUB: {s * 2^17, s * 2^16} and -z * s / 16
 #pragma unroll
-        for (int c = 0; c < NT; c += 2) O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
+        for (int c = 0; c < NT; c += 2) {
+          if (WSUB) sz_wsub(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
+          else O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
+        }
       }
       constexpr int NC = FIX ? NT / 2 : 1;  // FIX: the A-tiles' per-chunk sums
       constexpr bool SZV = W4_SZV && NC % 4 == 0 && MT == 0;  // (at MT -2 measured slower)
@@ -945,6 +1049,8 @@ __device__ __forceinline__ void wk_body(
 #pragma unroll
         for (int w = 0; w < NWORD; ++w) {
           const u32 v0 = w0[w], v0s = v0 >> 4, v1 = w1[w], v1s = v1 >> 4;
+          // WSUB: the low nibbles at bits 3..6 of each byte, the high ones at 4..7
+          const u32 lo0 = (v0 << 3) & 0x78787878u, hi0 = v0 & 0xF0F0F0F0u, lo1 = (v1 << 3) & 0x78787878u, hi1 = v1 & 0xF0F0F0F0u;
           u32 d0[4], d1[4];  // dequantized pairs of n-tile 4w + j: packed rows r0 (d0) and r1 (d1)
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
@@ -956,6 +1062,8 @@ __device__ __forceinline__ void wk_body(
               d1[j] = dq_sub(v1 & 0x0F0F0F0Fu, (W4_SUB == 2 ? shr4_fma(v1) : v1s) & 0x0F0F0F0Fu, j);
             } else if (FIX) {
               d0[j] = dq_raw<X>(v0, v0s, j); d1[j] = dq_raw<X>(v1, v1s, j);
+            } else if (WSUB) {
+              d0[j] = dq_wsub(lo0, hi0, j, s2[nt], nz[nt]); d1[j] = dq_wsub(lo1, hi1, j, s2[nt], nz[nt]);
             } else {
               dq_pair<X>(v0, v0s, v1, v1s, j, nz[nt], s2[nt], &d0[j], &d1[j]);
             }
@@ -1029,6 +1137,14 @@ __device__ __forceinline__ void wk_body(
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[mt][nt][e] *= 0x1p24f;
+    }
+    if (WSUB) {  // the sums were the products / 16 (dq_wsub)
+#pragma unroll
+      for (int mt = 0; mt < MTA; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][nt][e] *= 16.f;
     }
     cp_async_wait<0>();
     if (W4_PROBE & 32) {
@@ -1128,7 +1244,7 @@ __device__ __forceinline__ void wk_body(
             add4(v, bsum[s * 32 + lane]);
             int r, c;
             wk_slot<MT, NWORD>(s, lane, &r, &c);
-            if (r < mrows) st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
+            if (r < mrows) st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, fixed(m0 + r, c, v));
           }
         } else if (CL > 1) {
           bsum[s * 32 + lane] = v;
@@ -1136,7 +1252,7 @@ __device__ __forceinline__ void wk_body(
           int r, c;
           wk_slot<MT, NWORD>(s, lane, &r, &c);
           if (r < mrows) {
-            if (ksplit == 1) st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
+            if (ksplit == 1) st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, fixed(m0 + r, c, v));
             else *reinterpret_cast<float4*>(partial + ((u64)blockIdx.y * M + m0 + r) * N + col0 + c) = v;
           }
         }
@@ -1154,7 +1270,7 @@ __device__ __forceinline__ void wk_body(
           for (int rk = 1; rk < CL; ++rk) add4(v, ld_cluster_f4(base + 16 * idx, rk));
           int r, c;
           wk_slot<MT, NWORD>(idx >> 5, idx & 31, &r, &c);
-          if (r < mrows) st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
+          if (r < mrows) st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, fixed(m0 + r, c, v));
         }
         cluster_sync();
       } else if (XM > 0) {
@@ -1170,6 +1286,13 @@ __device__ __forceinline__ void wk_body(
   }
   if (CL > 1 || ksplit == 1 || !last_of_split(counters, ksplit)) return;
   add_partials4<O>(partial, out, M, N, col0, BC, ksplit, WK * 32, counters);
+  if (WSUB && wk_flagged()) {  // this block alone wrote these outputs (the last of the split): written again, fixed
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < M * (BC / 4); idx += WK * 32) {
+      const int m = idx / (BC / 4), c = 4 * (idx % (BC / 4));
+      st_out4<X>(out + (u64)m * N + col0 + c, w4_fix4_call<X>(x, qweight, scales, zeros, m, col0 + c, K, N, group_rows));
+    }
+  }
 }
 
 template <class X, int MT, int NWORD, int WK, int S, int XSM>

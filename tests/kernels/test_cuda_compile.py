@@ -221,6 +221,21 @@ def test_bfloat16_scale_conversion_is_in_the_product_and_bfloat16s_alone() -> No
 
 
 @pytest.mark.skipif(NVRTC is None, reason="NVRTC is not installed (pip install nvidia-cuda-nvrtc, in the dev extra)")
+def test_float16_weights_through_subnormals_at_mt_1_and_more_are_in_the_product() -> None:
+    """w4a16_wk at MT >= 1 in float16 dequantizes through subnormals (W4_WKSUB): its code differs from the
+    -DW4_WKSUB=0 build's; bfloat16's and the MT <= 0 kernels' (dq_sub, or the float32 correction) are the same. The GPU
+    tests (test_w4a16_wk_float16_*) check its results against float64 by scale."""
+    assert NVRTC is not None
+    code = source("w4a16_mma.cu")
+    for name, changed in (("w4a16_wk<F16,2,4,8,3,1>", True), ("w4a16_wkc<F16,1,4,8,3,1,2>", True),
+                          ("w4a16_wkc<F16,0,4,8,3,1,2>", False), ("w4a16_wkc<F16,-2,4,8,3,1,2>", False),
+                          ("w4a16_wk<BF16,2,4,8,3,1>", False)):
+        product = compile_cubin(NVRTC, code, (name,), "sm_90").cubin
+        assert compile_cubin(NVRTC, code, (name,), "sm_90", (*OPTIONS, "-DW4_WKSUB=1")).cubin == product, name
+        assert (compile_cubin(NVRTC, code, (name,), "sm_90", (*OPTIONS, "-DW4_WKSUB=0")).cubin != product) is changed, name
+
+
+@pytest.mark.skipif(NVRTC is None, reason="NVRTC is not installed (pip install nvidia-cuda-nvrtc, in the dev extra)")
 def test_the_wgmma_switches_are_in_the_product() -> None:
     """w4a16_wgc's second cluster barrier arrives without release (W4_WGEPI) and the wgmma kernels address their copies
     by 32-bit offsets (W4_WGOFF) and issue them in one predicated run (W4_WGCP), and make the k16 steps' descriptors from

@@ -7,7 +7,18 @@ CuPy/GPU."""
 from __future__ import annotations
 
 import pytest
-from support.w4a16 import case, check, force, forced_check, run, same_bits_twice
+from support.w4a16 import (
+    SUB_SCALES,
+    case,
+    check,
+    force,
+    forced_check,
+    run,
+    same_bits_twice,
+    wsub_by_scale,
+    wsub_one_large_column,
+    wsub_scale_not_finite,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -241,6 +252,35 @@ def test_w4a16_bfloat16_scales_over_float16s_range_give_the_bits_of_before(gpu, 
     assert np.isfinite(got[:, 1]).all()
     c = tuple(int(v) for v in cfg.split(","))
     assert _bits(got, "bfloat16") == _built_run(cp, ins, m, k, n, gs, c, "bfloat16", ("-DW4_BFSZ=0",))
+
+
+# float16 weights through subnormals in w4a16_wk at MT >= 1 (W4_WKSUB), in each of its epilogues: clusters of 2 with
+# the push (M <= 16 * MT) and without it (two m-blocks at M = 40), a global K split (the last block adds the partials),
+# no split
+_WKSUB_CFGS = ["2,4,8,0,3,1,2", "2,4,8,1,3,1", "2,4,8,0,3,1", "1,4,8,0,3,1,2", "4,2,8,1,2,1", "2,2,8,0,3,1,2"]
+
+
+@pytest.mark.parametrize("cfg", _WKSUB_CFGS)
+@pytest.mark.parametrize("scales", SUB_SCALES)
+@pytest.mark.parametrize("m", [24, 40])
+def test_w4a16_wk_float16_weights_through_subnormals_by_scale(gpu, monkeypatch, cfg, scales, m) -> None:
+    """float16 at MT >= 1 (W4_WKSUB): the weights as subnormals times {s * 2^17, s * 2^16}, one PRMT and one HFMA2 per
+    pair; the blocks whose columns have a scale from 0.5 (or not finite) compute their outputs again where they store
+    them (w4_fix4_call). Each scale range within the op's tolerance against float64, every row at its own scale."""
+    wsub_by_scale(gpu, monkeypatch, cfg, scales, m)
+
+
+@pytest.mark.parametrize("cfg", _WKSUB_CFGS)
+@pytest.mark.parametrize("m", [24, 40])
+def test_w4a16_wk_float16_one_column_of_large_scale(gpu, monkeypatch, cfg, m) -> None:
+    """One column with a scale of 3 in one quant group: its block's columns are computed again, and match."""
+    wsub_one_large_column(gpu, monkeypatch, cfg, m)
+
+
+@pytest.mark.parametrize("cfg", _WKSUB_CFGS)
+def test_w4a16_wk_float16_a_scale_not_finite(gpu, monkeypatch, cfg) -> None:
+    """A scale of inf and one of NaN: those columns are not finite, the other columns of their blocks match."""
+    wsub_scale_not_finite(gpu, monkeypatch, cfg)
 
 
 # the switches of the chunk loop and the epilogue that leave the arithmetic as it was (docs/kernels.md, "One row's

@@ -7,7 +7,17 @@ give the same bits twice. Skipped with the reason where there is no CuPy/GPU, an
 from __future__ import annotations
 
 import pytest
-from support.w4a16 import case, check, force, reference, run, same_bits_twice
+from support.w4a16 import (
+    SUB_SCALES,
+    case,
+    check,
+    force,
+    run,
+    same_bits_twice,
+    wsub_by_scale,
+    wsub_one_large_column,
+    wsub_scale_not_finite,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -113,47 +123,24 @@ _SUB_CFGS = ["4,4,2", "4,4,1", "4,1,4,7", "4,2,4,1"]
 
 
 @pytest.mark.parametrize("cfg", _SUB_CFGS)
-@pytest.mark.parametrize("scales", [(0.005, 0.02), (1e-4, 5e-4), (0.49, 0.4997), (0.5, 1.0), (0.3, 0.7), (8.0, 30.0)])
+@pytest.mark.parametrize("scales", SUB_SCALES)
 def test_w4a16_wgmma_float16_weights_through_subnormals_by_scale(sm90, monkeypatch, cfg, scales) -> None:
     """float16 (W4_WGSUB): the weights enter as subnormals times {s * 2^17, s * 2^16} (one PRMT and one HFMA2 per
     register), which float16 holds while |s| < 0.5; columns with a scale from 0.5 are computed again where their
-    outputs are stored (wg_fix4). Scales of the tests above, down to 1e-4 (products under float16's normal range), up
+    outputs are stored (w4_fix4). Scales of the tests above, down to 1e-4 (products under float16's normal range), up
     to float16's last one under 0.5 (s * 2^17 = 65504), from 0.5, either side of 0.5 (columns of both kinds in one
     launch), and up to 30: each within the op's tolerance against float64, every row at its own scale."""
-    force(monkeypatch, cfg)
-    ins, want = case(40, 2048, 512, 128, "float16", outliers=False, scales=scales)
-    check(run(sm90, ins, "float16"), want, "float16")
+    wsub_by_scale(sm90, monkeypatch, cfg, scales)
 
 
 @pytest.mark.parametrize("cfg", _SUB_CFGS)
 def test_w4a16_wgmma_float16_one_column_of_large_scale(sm90, monkeypatch, cfg) -> None:
-    """One column with a scale of 3 in one quant group, the others under 0.5: its warp's columns are computed again
-    (wg_fix4), and the result matches float64, that column at its own scale and the other columns at theirs."""
-    import numpy as np
-
-    force(monkeypatch, cfg)
-    ins, _ = case(24, 2048, 512, 128, "float16", outliers=False)
-    ins["s"][5, 77] = 3.0
-    want, got = reference(ins, "float16"), run(sm90, ins, "float16")
-    check(got, want, "float16")
-    check(got[:, 77:78], want[:, 77:78], "float16")
-    rest = np.r_[0:77, 78:512]
-    check(got[:, rest], want[:, rest], "float16")
+    """One column with a scale of 3 in one quant group: its warp's columns are computed again (w4_fix4)."""
+    wsub_one_large_column(sm90, monkeypatch, cfg)
 
 
 @pytest.mark.parametrize("cfg", _SUB_CFGS)
 def test_w4a16_wgmma_float16_a_scale_not_finite(sm90, monkeypatch, cfg) -> None:
-    """A scale of inf in one column and one of NaN in another: those columns' outputs are not finite, as the reference's,
-    and the other columns of their warps (computed again by wg_fix4) match float64."""
-    import numpy as np
-
-    force(monkeypatch, cfg)
-    ins, _ = case(24, 2048, 512, 128, "float16", outliers=False)
-    ins["s"][3, 40] = np.inf
-    ins["s"][9, 100] = np.nan
-    with np.errstate(invalid="ignore", over="ignore"):  # the reference's 0 * inf and NaN
-        want = reference(ins, "float16")
-    got = run(sm90, ins, "float16")
-    assert not np.isfinite(got[:, 40]).any() and not np.isfinite(got[:, 100]).any()
-    rest = np.r_[0:40, 41:100, 101:512]
-    check(got[:, rest], want[:, rest], "float16")
+    """A scale of inf and one of NaN: those columns are not finite, the other columns of their warps (computed again by
+    w4_fix4) match."""
+    wsub_scale_not_finite(sm90, monkeypatch, cfg)

@@ -9,7 +9,8 @@ import numpy as np
 
 from shmrpc.kernels import StepSpec, TensorSpec
 
-__all__ = ["case", "reference", "run", "force", "check", "forced_check", "same_bits_twice"]
+__all__ = ["SUB_SCALES", "case", "reference", "run", "force", "check", "forced_check", "same_bits_twice", "wsub_by_scale",
+           "wsub_one_large_column", "wsub_scale_not_finite"]
 
 
 def case(m: int, k: int, n: int, gs: int, dt: str, outliers: bool = True,
@@ -88,3 +89,46 @@ def same_bits_twice(gpu: Any, m: int) -> None:
     b = run(gpu, ins, "float16")
     assert a.tobytes() == b.tobytes()
     check(a, want, "float16")
+
+
+# float16 weights through subnormals (dq_wsub: the wgmma kernels' W4_WGSUB, w4a16_wk's W4_WKSUB at MT >= 1), which
+# take scales under 0.5; columns of a larger scale, or one not finite, are computed again where they are stored.
+# SUB_SCALES: the tests' own, down to 1e-4 (products under float16's normal range), up to float16's last one under 0.5
+# (s * 2^17 = 65504), from 0.5, either side of 0.5 (columns of both kinds in one launch), and up to 30
+SUB_SCALES = [(0.005, 0.02), (1e-4, 5e-4), (0.49, 0.4997), (0.5, 1.0), (0.3, 0.7), (8.0, 30.0)]
+
+
+def wsub_by_scale(gpu: Any, monkeypatch: Any, cfg: str, scales: tuple[float, float], m: int = 40) -> None:
+    """``cfg`` forced, float16, quant scales uniform in ``scales``, no activation outliers: within the op's tolerance
+    against float64, every row at its own scale."""
+    force(monkeypatch, cfg)
+    ins, want = case(m, 2048, 512, 128, "float16", outliers=False, scales=scales)
+    check(run(gpu, ins, "float16"), want, "float16")
+
+
+def wsub_one_large_column(gpu: Any, monkeypatch: Any, cfg: str, m: int = 24) -> None:
+    """One column with a scale of 3 in one quant group, the others under 0.5: that column and the others each match
+    float64 at their own scale."""
+    force(monkeypatch, cfg)
+    ins, _ = case(m, 2048, 512, 128, "float16", outliers=False)
+    ins["s"][5, 77] = 3.0
+    want, got = reference(ins, "float16"), run(gpu, ins, "float16")
+    check(got, want, "float16")
+    check(got[:, 77:78], want[:, 77:78], "float16")
+    rest = np.r_[0:77, 78:512]
+    check(got[:, rest], want[:, rest], "float16")
+
+
+def wsub_scale_not_finite(gpu: Any, monkeypatch: Any, cfg: str, m: int = 24) -> None:
+    """A scale of inf in one column and one of NaN in another: those columns' outputs are not finite, as the reference's,
+    and the other columns match float64."""
+    force(monkeypatch, cfg)
+    ins, _ = case(m, 2048, 512, 128, "float16", outliers=False)
+    ins["s"][3, 40] = np.inf
+    ins["s"][9, 100] = np.nan
+    with np.errstate(invalid="ignore", over="ignore"):  # the reference's 0 * inf and NaN
+        want = reference(ins, "float16")
+    got = run(gpu, ins, "float16")
+    assert not np.isfinite(got[:, 40]).any() and not np.isfinite(got[:, 100]).any()
+    rest = np.r_[0:40, 41:100, 101:512]
+    check(got[:, rest], want[:, rest], "float16")
