@@ -872,7 +872,7 @@ __device__ __forceinline__ void wk_body(
     return f != 0u;
   };
   auto fixed = [&](int m, int c, float4 v) {  // m: output row, c: column of the block
-    if (WSUB && wk_flagged()) v = w4_fix4_call<X>(x, qweight, scales, zeros, m, col0 + c, K, N, group_rows);
+    if (WSUB && W4_WKSUB != 3 && wk_flagged()) v = w4_fix4_call<X>(x, qweight, scales, zeros, m, col0 + c, K, N, group_rows);
     return v;
   };
 
@@ -961,7 +961,7 @@ __device__ __forceinline__ void wk_body(
     }
     if (ZLATE) zero_rows();  // (the copies write rows < mrows only: no race with them)
     if (WSUB && m0 == 0) {  // while the first chunks' copies are in flight; read after the epilogue's barriers
-      const bool big = __any_sync(0xffffffffu, w4_big<BC, WK>(scales, N, col0, 0, n_chunks, cpg, warp, lane));
+      const bool big = W4_WKSUB != 2 && __any_sync(0xffffffffu, w4_big<BC, WK>(scales, N, col0, 0, n_chunks, cpg, warp, lane));
       if (lane == 0) wk_flag[warp] = big ? 1u : 0u;
     }
     int rd_stage = gb % S;  // the stage of chunk i
