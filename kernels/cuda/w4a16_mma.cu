@@ -143,7 +143,7 @@ __device__ __forceinline__ u32 dq_sub(u32 lo, u32 hi, int j) {
 // dq_sub's pair times {s * 2^17, s * 2^16} plus -z * s / 16 (ss, zs; one HFMA2): (q - z) * s / 16 in float16, from
 // lo = (v << 3) & 0x78787878 (the low nibbles at bits 3..6: q * 2^-21) and hi = v & 0xF0F0F0F0 (q * 2^-20). The
 // wgmma kernels (W4_WGSUB) and w4a16_wk at MT >= 1 (W4_WKSUB) in float16; the rounding and the scales it cannot take
-// (|s| >= 0.5, not finite: w4_big, w4_fix4) are described at W4_WGSUB in w4a16_wg.cu
+// (|s| >= 0.5, not finite: computed again by w4_fix4) are described at W4_WGSUB in w4a16_wg.cu
 __device__ __forceinline__ u32 dq_wsub(u32 lo, u32 hi, int j, u32 ss, u32 zs) {
   return MmaOps<F16>::fma2(dq_sub(lo, hi, j), ss, zs);
 }
@@ -160,35 +160,15 @@ __device__ __forceinline__ void sz_wsub(u32 sw, u32 zw, u32* ss, u32* zs) {
   zs[0] = __byte_perm(z, z, 0x1010); zs[1] = __byte_perm(z, z, 0x3232);
 }
 
-// dq_wsub's scales: whether a scale of BC columns from col, in the quant groups of chunks [c0, c0 + n), is 0.5 or more in
-// magnitude, or not finite; of those groups, this warp reads first + STEP * i (this lane's share: a row of a group's BC
-// scales is read by BC / 8 lanes, 16 bytes each; per half, |s| + 2^-5 (as bits: + 0x0800) reaches 2 (bit 14) or passes
-// inf (bit 15))
-template <int BC, int STEP>
-__device__ __forceinline__ bool w4_big(const u16* __restrict__ scales, int N, int col, int c0, int n, int cpg, int first,
-                                       int lane) {
-  constexpr int LPG = BC / 8, GPP = 32 / LPG;  // lanes per group's row, rows per pass
-  u32 big = 0u;
-  if (n > 0) {
-    const int g1 = (c0 + n - 1) / cpg;
-    for (int gi = c0 / cpg + first + STEP * (lane / LPG); gi <= g1; gi += STEP * GPP) {
-      const uint4 v = *reinterpret_cast<const uint4*>(scales + (u64)gi * (u64)N + col + 8 * (lane % LPG));
-      big |= ((v.x & 0x7FFF7FFFu) + 0x08000800u) | ((v.y & 0x7FFF7FFFu) + 0x08000800u) |
-             ((v.z & 0x7FFF7FFFu) + 0x08000800u) | ((v.w & 0x7FFF7FFFu) + 0x08000800u);
-    }
-  }
-  return (big & 0xC000C000u) != 0u;
-}
-
-// dq_wsub's scales: outputs (row, col .. col + 3) over the whole of K in float32 on CUDA cores, the weights dequantized
-// as dequantize_int4 does: where w4_big found a scale dq_wsub cannot take in those columns
+// dq_wsub's scales: the sums of outputs (row, col .. col + 3) over k in [k0, k1) in float32 on CUDA cores, the weights
+// dequantized as dequantize_int4 does: where a scale dq_wsub cannot take was found in those columns
 template <class X>
 __device__ __forceinline__ float4 w4_fix4(const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
                                           const u16* __restrict__ scales, const u16* __restrict__ zeros, int row, int col,
-                                          int K, int N, int group_rows) {
+                                          int k0, int k1, int K, int N, int group_rows) {
   float a[4] = {0.f, 0.f, 0.f, 0.f};
   const u16* xr = x + (u64)row * K;
-  for (int pr = 0; pr < (K >> 1); ++pr) {  // packed rows: k = 2 pr (low nibbles), 2 pr + 1 (high)
+  for (int pr = k0 >> 1; pr < (k1 >> 1); ++pr) {  // packed rows: k = 2 pr (low nibbles), 2 pr + 1 (high)
     const u32 w4 = *reinterpret_cast<const u32*>(qweight + (u64)pr * N + col);
     const u64 gz = (u64)(pr / group_rows) * N + col;
     const float x0 = X::load(xr[2 * pr]), x1 = X::load(xr[2 * pr + 1]);
@@ -206,8 +186,8 @@ __device__ __forceinline__ float4 w4_fix4(const u16* __restrict__ x, const unsig
 template <class X>
 __device__ __noinline__ float4 w4_fix4_call(const u16* __restrict__ x, const unsigned char* __restrict__ qweight,
                                             const u16* __restrict__ scales, const u16* __restrict__ zeros, int row,
-                                            int col, int K, int N, int group_rows) {
-  return w4_fix4<X>(x, qweight, scales, zeros, row, col, K, N, group_rows);
+                                            int col, int k0, int k1, int K, int N, int group_rows) {
+  return w4_fix4<X>(x, qweight, scales, zeros, row, col, k0, k1, K, N, group_rows);
 }
 
 // v >> 4 as the high word of v * 2^28 (IMAD.HI: the FMA pipe, which the loop leaves idle, instead of a SHF on the ALU pipe
@@ -766,10 +746,11 @@ __device__ __forceinline__ void wk_body(
   constexpr bool FIX = TR && W4_FIX;
   constexpr bool SUB = FIX && W4_SUB && O::SUB;  // the weights enter as q * 2^-24 (dq_sub), float16 only
   // MT >= 1 in float16 (W4_WKSUB): the weights as (q - z) * s / 16 by dq_wsub (PRMT, HFMA2 per pair), the sums times 16
-  // at the m-block's end. Scales dq_wsub cannot take (|s| >= 0.5, not finite; w4_big, each warp over its share of the
-  // groups of all of K before its first chunk, a flag per warp in shared memory): the loop runs as it is, and where the
-  // outputs are stored those of a flagged block are computed again over all of K in float32 (w4_fix4_call). Not in the
-  // bulk-copy kernel (XM) nor the earlier epilogue's probe builds (W4_EPI 0)
+  // at the m-block's end. Scales dq_wsub cannot take (|s| >= 0.5, not finite): s * 2^17 is then not finite, which one
+  // HFMA2 per pair of columns and chunk notes (0 * s * 2^17 added into a word that stays +-0 unless one was not); the loop
+  // runs as it is, a flag per warp goes to shared memory after it, and a block with one flagged warp computes its sums
+  // again, over its own chunks, in float32 (w4_fix4_call), before they are stored, pushed or added to the other blocks'
+  // (so every K split stays right). Not in the bulk-copy kernel (XM) nor the earlier epilogue's probe builds (W4_EPI 0)
   constexpr bool WSUB = !TR && XM == 0 && W4_WKSUB && O::SUB && W4_EPI == 1;
   constexpr bool HALF = XM == 0 && (W4_HALF == 1 || (W4_HALF == 2 && MT > 0));  // two copy groups per chunk
   // no cluster (every slot stays in this block), one B operand (M <= 8, rows often < MR; at MT -2 measured slower)
@@ -800,7 +781,7 @@ __device__ __forceinline__ void wk_body(
   if (W4_PROBE & 64) return;
   unsigned char* wsm = dsm + warp * (S * STAGE);
   float* tile = reinterpret_cast<float*>(dsm + WK * S * STAGE);
-  // WSUB: per warp, whether its share of the block's scales holds one dq_wsub cannot take; in the tile's last bytes,
+  // WSUB: per warp, whether its chunks' scales held one dq_wsub cannot take; in the tile's last bytes,
   // which the epilogue's block sums (NS float4 per lane, NS below) leave unused (no static shared memory: it would move
   // the dynamic stages off their 128-byte alignment)
   u32* const wk_flag = reinterpret_cast<u32*>(dsm + WK * S * STAGE + (TR ? MTA * NT / 2 : MTA * NT) * 32 * 16);
@@ -863,18 +844,7 @@ __device__ __forceinline__ void wk_body(
   }
 #endif
   pdl_begin();
-  // WSUB: whether a warp's share of the block's scales held one dq_wsub cannot take (read after the epilogue's
-  // barriers), and an output's four values as they are stored: computed again over all of K where it did
-  auto wk_flagged = [&]() {
-    u32 f = 0u;
-#pragma unroll
-    for (int w = 0; w < WK; ++w) f |= wk_flag[w];
-    return f != 0u;
-  };
-  auto fixed = [&](int m, int c, float4 v) {  // m: output row, c: column of the block
-    if (WSUB && W4_WKSUB != 3 && wk_flagged()) v = w4_fix4_call<X>(x, qweight, scales, zeros, m, col0 + c, K, N, group_rows);
-    return v;
-  };
+  u32 wk_chk = 0u;  // WSUB: 0 * s * 2^17 of every scale of this warp's chunks, added up: +-0 while all were finite
 
   for (int m0 = 0; m0 < M; m0 += MR) {
     const int mrows = min(MR, M - m0);
@@ -960,10 +930,6 @@ __device__ __forceinline__ void wk_body(
       }
     }
     if (ZLATE) zero_rows();  // (the copies write rows < mrows only: no race with them)
-    if (WSUB && m0 == 0) {  // while the first chunks' copies are in flight; read after the epilogue's barriers
-      const bool big = W4_WKSUB != 2 && __any_sync(0xffffffffu, w4_big<BC, WK>(scales, N, col0, 0, n_chunks, cpg, warp, lane));
-      if (lane == 0) wk_flag[warp] = big ? 1u : 0u;
-    }
     int rd_stage = gb % S;  // the stage of chunk i
     for (int i = 0; i < nloc; ++i) {
       const int rs = rd_stage;
@@ -1011,8 +977,12 @@ __device__ __forceinline__ void wk_body(
       if (!FIX) {  // WSUB: {s * 2^17, s * 2^16} and -z * s / 16
 #pragma unroll
         for (int c = 0; c < NT; c += 2) {
-          if (WSUB) sz_wsub(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
-          else O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
+          if (WSUB) {
+            sz_wsub(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
+            wk_chk = MmaOps<F16>::fma2(s2[c], 0u, wk_chk);  // {s, s'} * 2^17 of columns c, c + 1 (s' * 2^16 in s2[c + 1])
+          } else {
+            O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
+          }
         }
       }
       constexpr int NC = FIX ? NT / 2 : 1;  // FIX: the A-tiles' per-chunk sums
@@ -1138,13 +1108,15 @@ __device__ __forceinline__ void wk_body(
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[mt][nt][e] *= 0x1p24f;
     }
-    if (WSUB) {  // the sums were the products / 16 (dq_wsub)
+    if (WSUB) {  // the sums were the products / 16 (dq_wsub); whether a scale of this warp's chunks was not taken
 #pragma unroll
       for (int mt = 0; mt < MTA; ++mt)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[mt][nt][e] *= 16.f;
+      const bool big = __any_sync(0xffffffffu, (wk_chk & 0x7FFF7FFFu) != 0u);
+      if (lane == 0) wk_flag[warp] = big ? 1u : 0u;  // read after the epilogue's first barrier
     }
     cp_async_wait<0>();
     if (W4_PROBE & 32) {
@@ -1237,6 +1209,15 @@ __device__ __forceinline__ void wk_body(
         float4 v = reinterpret_cast<const float4*>(dsm)[s * 32 + lane];
 #pragma unroll
         for (int w = 1; w < WK; ++w) add4(v, reinterpret_cast<const float4*>(dsm + w * (S * STAGE))[s * 32 + lane]);
+        if (WSUB) {  // a flagged block's sums over its own chunks again, in float32
+          u32 f = 0u;
+#pragma unroll
+          for (int w = 0; w < WK; ++w) f |= wk_flag[w];
+          int r, c;
+          wk_slot<MT, NWORD>(s, lane, &r, &c);
+          if (f && r < mrows)
+            v = w4_fix4_call<X>(x, qweight, scales, zeros, m0 + r, col0 + c, 64 * c_begin, 64 * c_end, K, N, group_rows);
+        }
         if (push) {
           if (prank != 0) {
             st_async_f4(smem_addr(bsum + s * 32 + lane), v, rbar, 0u);
@@ -1244,7 +1225,7 @@ __device__ __forceinline__ void wk_body(
             add4(v, bsum[s * 32 + lane]);
             int r, c;
             wk_slot<MT, NWORD>(s, lane, &r, &c);
-            if (r < mrows) st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, fixed(m0 + r, c, v));
+            if (r < mrows) st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
           }
         } else if (CL > 1) {
           bsum[s * 32 + lane] = v;
@@ -1252,7 +1233,7 @@ __device__ __forceinline__ void wk_body(
           int r, c;
           wk_slot<MT, NWORD>(s, lane, &r, &c);
           if (r < mrows) {
-            if (ksplit == 1) st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, fixed(m0 + r, c, v));
+            if (ksplit == 1) st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
             else *reinterpret_cast<float4*>(partial + ((u64)blockIdx.y * M + m0 + r) * N + col0 + c) = v;
           }
         }
@@ -1270,7 +1251,7 @@ __device__ __forceinline__ void wk_body(
           for (int rk = 1; rk < CL; ++rk) add4(v, ld_cluster_f4(base + 16 * idx, rk));
           int r, c;
           wk_slot<MT, NWORD>(idx >> 5, idx & 31, &r, &c);
-          if (r < mrows) st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, fixed(m0 + r, c, v));
+          if (r < mrows) st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
         }
         cluster_sync();
       } else if (XM > 0) {
@@ -1286,13 +1267,6 @@ __device__ __forceinline__ void wk_body(
   }
   if (CL > 1 || ksplit == 1 || !last_of_split(counters, ksplit)) return;
   add_partials4<O>(partial, out, M, N, col0, BC, ksplit, WK * 32, counters);
-  if (WSUB && wk_flagged()) {  // this block alone wrote these outputs (the last of the split): written again, fixed
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < M * (BC / 4); idx += WK * 32) {
-      const int m = idx / (BC / 4), c = 4 * (idx % (BC / 4));
-      st_out4<X>(out + (u64)m * N + col0 + c, w4_fix4_call<X>(x, qweight, scales, zeros, m, col0 + c, K, N, group_rows));
-    }
-  }
 }
 
 template <class X, int MT, int NWORD, int WK, int S, int XSM>

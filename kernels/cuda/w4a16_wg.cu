@@ -57,11 +57,29 @@
 // last place of z * s and of (q - z) * s, and where (q - z) * s / 16 is under float16's normal range (|(q - z) * s| <
 // 2^-10) at most 2^-21 (half the subnormal step, times 16). Where a column tile has a scale of 0.5 or more in magnitude
 // along K, or one not finite (each warp of the first warpgroup scans its columns' scales over the whole of K before
-// its first chunk: w4_big, a flag per warp in shared memory), the loop runs as it is and its sums for those columns
+// its first chunk: wg_big, a flag per warp in shared memory), the loop runs as it is and its sums for those columns
 // are wrong; the threads that store those columns' outputs compute them again instead, over the whole of K in float32
 // on CUDA cores from the global arrays (w4_fix4: slow, for scales no quantizer of int4 weights makes), and store those.
 // Nothing of that is held across the loop: a register more there, a second loop in the kernel, or a call after it made
 // the loop slower than with dq_pair.
+// W4_WGSUB: whether a scale of this lane's share of the warp's BC columns from col, in the quant groups of chunks
+// [c0, c0 + n), is 0.5 or more in magnitude, or not finite. A row of a group's BC scales is read by BC / 8 lanes,
+// 16 bytes each; per half, |s| + 2^-5 (as bits: + 0x0800) reaches 2 (bit 14) or passes inf (bit 15).
+template <int BC>
+__device__ __forceinline__ bool wg_big(const u16* __restrict__ scales, int N, int col, int c0, int n, int cpg, int lane) {
+  constexpr int LPG = BC / 8, GPP = 32 / LPG;  // lanes per group's row, rows per pass
+  u32 big = 0u;
+  if (n > 0) {
+    const int g1 = (c0 + n - 1) / cpg;
+    for (int gi = c0 / cpg + lane / LPG; gi <= g1; gi += GPP) {
+      const uint4 v = *reinterpret_cast<const uint4*>(scales + (u64)gi * (u64)N + col + 8 * (lane % LPG));
+      big |= ((v.x & 0x7FFF7FFFu) + 0x08000800u) | ((v.y & 0x7FFF7FFFu) + 0x08000800u) |
+             ((v.z & 0x7FFF7FFFu) + 0x08000800u) | ((v.w & 0x7FFF7FFFu) + 0x08000800u);
+    }
+  }
+  return (big & 0xC000C000u) != 0u;
+}
+
 // The blocks of MT, NWORD, S that fit an SM (228 KiB of shared memory, 1 KiB of it reserved per block), at most 4 (128
 // threads of 128 registers each fill the register file): at NWORD 1 ptxas is held to that many, so that the registers
 // never cost a block per SM (the loop's allocation sits at 128, and one more register would make it 3 blocks).
@@ -138,7 +156,7 @@ __device__ __forceinline__ void wg_body(
   constexpr int BCB = 4 * BC, OW = BCB + 4;  // the block's columns; the float32 tile's row stride
   static_assert(S >= 3, "chunk i + S - 2 is refilled while chunk i is read");
   extern __shared__ __align__(16) unsigned char dsm[];
-  __shared__ u32 wg_flag[4];  // W4_WGSUB: per warp of a column tile, whether w4_big found a scale dq_wsub cannot take
+  __shared__ u32 wg_flag[4];  // W4_WGSUB: per warp of a column tile, whether wg_big found a scale dq_wsub cannot take
   constexpr int WGB = S * STAGE;  // a warpgroup's stages (w4a16_wgm: warpgroup w's at w * WGB)
   static_assert(W == 1 || WGB >= NB * OW * 4, "a warpgroup's float32 tile fits in its stages");
   // W warpgroups per block (w4a16_wgm): warpgroup wg takes the block's K slice wg, with its own S stages; its index
@@ -240,10 +258,10 @@ __device__ __forceinline__ void wg_body(
       if (s < n) issue(s);
       cp_async_commit();
     }
-    // dq_wsub (SP): whether this warp's columns have a scale along K it cannot take (w4_big over all of K, by the
+    // dq_wsub (SP): whether this warp's columns have a scale along K it cannot take (wg_big over all of K, by the
     // first warpgroup; read where the outputs are stored)
     if (SP && m0 == 0 && wg == 0) {
-      const bool big = __any_sync(0xffffffffu, w4_big<BC, 1>(scales, N, wcol, 0, n_chunks, cpg, 0, lane));
+      const bool big = __any_sync(0xffffffffu, wg_big<BC>(scales, N, wcol, 0, n_chunks, cpg, lane));
       if (lane == 0) wg_flag[warp] = big ? 1u : 0u;
     }
     u32 af[2][NP][4];
@@ -346,7 +364,7 @@ __device__ __forceinline__ void wg_body(
         float4 v = ld_cluster_f4(a, 0);
 #pragma unroll
         for (int rk = 1; rk < CL; ++rk) add4(v, ld_cluster_f4(a, rk));
-        if (SP && wg_flag[c / BC]) v = w4_fix4<X>(x, qweight, scales, zeros, m0 + r, col0 + c, K, N, group_rows);
+        if (SP && wg_flag[c / BC]) v = w4_fix4<X>(x, qweight, scales, zeros, m0 + r, col0 + c, 0, K, K, N, group_rows);
         st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
       }
 #if W4_WGEPI
@@ -360,7 +378,7 @@ __device__ __forceinline__ void wg_body(
       for (int idx = btid; idx < mrows * (BCB / 4); idx += T) {
         const int r = idx / (BCB / 4), c = 4 * (idx % (BCB / 4));
         float4 v = *reinterpret_cast<const float4*>(tile0 + r * OW + c);
-        if (SP && wg_flag[c / BC]) v = w4_fix4<X>(x, qweight, scales, zeros, m0 + r, col0 + c, K, N, group_rows);
+        if (SP && wg_flag[c / BC]) v = w4_fix4<X>(x, qweight, scales, zeros, m0 + r, col0 + c, 0, K, K, N, group_rows);
         st_out4<X>(out + (u64)(m0 + r) * N + col0 + c, v);
       }
       __syncthreads();
