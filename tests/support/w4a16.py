@@ -106,16 +106,16 @@ def wsub_by_scale(gpu: Any, monkeypatch: Any, cfg: str, scales: tuple[float, flo
     check(run(gpu, ins, "float16"), want, "float16")
 
 
-def wsub_one_large_column(gpu: Any, monkeypatch: Any, cfg: str, m: int = 24) -> None:
-    """One column with a scale of 3 in one quant group, the others under 0.5: that column and the others each match
-    float64 at their own scale."""
+def wsub_one_large_column(gpu: Any, monkeypatch: Any, cfg: str, m: int = 24, col: int = 77) -> None:
+    """One column (``col``; a scale word holds two columns) with a scale of 3 in one quant group, the others under 0.5:
+    that column and the others each match float64 at their own scale."""
     force(monkeypatch, cfg)
     ins, _ = case(m, 2048, 512, 128, "float16", outliers=False)
-    ins["s"][5, 77] = 3.0
+    ins["s"][5, col] = 3.0
     want, got = reference(ins, "float16"), run(gpu, ins, "float16")
     check(got, want, "float16")
-    check(got[:, 77:78], want[:, 77:78], "float16")
-    rest = np.r_[0:77, 78:512]
+    check(got[:, col:col + 1], want[:, col:col + 1], "float16")
+    rest = np.r_[0:col, col + 1:512]
     check(got[:, rest], want[:, rest], "float16")
 
 
