@@ -149,8 +149,8 @@ __device__ __forceinline__ u32 dq_wsub(u32 lo, u32 hi, int j, u32 ss, u32 zs) {
 }
 
 // dq_wsub's ss and zs for the columns c, c + 1 of a scales word sw and a zeros word zw: ss[0], zs[0] for c; ss[1],
-// zs[1] for c + 1 (the wgmma kernels' form: lo at q * 2^-21, so ss = {s * 2^17, s * 2^16}, which float16 holds while
-// |s| < 0.5)
+// zs[1] for c + 1 (lo at q * 2^-21, hi at q * 2^-20, so ss = {s * 2^17, s * 2^16}, which float16 holds while |s| < 0.5;
+// lo cannot be at 2^-20 too: its byte's bit 7 fills the high bytes in dq_sub, and must be 0)
 __device__ __forceinline__ void sz_wsub(u32 sw, u32 zw, u32* ss, u32* zs) {
   typedef MmaOps<F16> O;
   const u32 s15 = O::fma2(sw, 0x78007800u, 0x80008000u);  // s * 2^15, exact, under 2^14
@@ -159,18 +159,6 @@ __device__ __forceinline__ void sz_wsub(u32 sw, u32 zw, u32* ss, u32* zs) {
   ss[0] = O::fma2(__byte_perm(s15, s15, 0x1010), 0x40004400u, 0x80008000u);  // {s * 2^17, s * 2^16}
   ss[1] = O::fma2(__byte_perm(s15, s15, 0x3232), 0x40004400u, 0x80008000u);
   zs[0] = __byte_perm(z, z, 0x1010); zs[1] = __byte_perm(z, z, 0x3232);
-}
-
-// sz_wsub for lo = (v << 4) & 0xF0F0F0F0 (both nibbles at q * 2^-20, w4a16_wk's W4_WKSUB): ss = {s * 2^16, s * 2^16},
-// which float16 holds while |s| < 1 (s * 2^15 is exact, its double rounds only where it is no longer finite). Returns
-// {s_c, s_c+1} * 2^16, whose product with 0 is +-0 while both are finite and NaN otherwise
-__device__ __forceinline__ u32 sz_wsub16(u32 sw, u32 zw, u32* ss, u32* zs) {
-  typedef MmaOps<F16> O;
-  const u32 s16 = O::fma2(O::fma2(sw, 0x78007800u, 0x80008000u), 0x40004000u, 0x80008000u);
-  const u32 z = O::fma2(O::fma2(zw, 0xAC00AC00u, 0x80008000u), sw, 0x80008000u);  // -z / 16 times s, as sz_wsub
-  ss[0] = __byte_perm(s16, s16, 0x1010); ss[1] = __byte_perm(s16, s16, 0x3232);
-  zs[0] = __byte_perm(z, z, 0x1010); zs[1] = __byte_perm(z, z, 0x3232);
-  return s16;
 }
 
 // dq_wsub's scales: the sums of outputs (row, col .. col + 3) over k in [k0, k1) in float32 on CUDA cores, the weights
@@ -759,9 +747,8 @@ __device__ __forceinline__ void wk_body(
   constexpr bool FIX = TR && W4_FIX;
   constexpr bool SUB = FIX && W4_SUB && O::SUB;  // the weights enter as q * 2^-24 (dq_sub), float16 only
   // MT >= 1 in float16 (W4_WKSUB): the weights as (q - z) * s / 16 by dq_wsub (PRMT, HFMA2 per pair), the sums times 16
-  // at the m-block's end; both nibbles as q * 2^-20 (sz_wsub16: ss = s * 2^16). Scales dq_wsub cannot take then (|s| >=
-  // 1, not finite): s * 2^16 is not finite, which one HFMA2 per pair of columns and chunk notes (0 * s * 2^16 added into
-  // a word that stays +-0 unless one was not); the loop
+  // at the m-block's end. Scales dq_wsub cannot take (|s| >= 0.5, not finite): s * 2^17 is then not finite, which two
+  // HFMA2 per pair of columns and chunk note (0 * s * 2^17 added into a word that stays +-0 unless one was not); the loop
   // runs as it is, a flag per warp goes to shared memory after it, and a block with one flagged warp computes its sums
   // again, over its own chunks, in float32 (w4_fix4_call), before they are stored, pushed or added to the other blocks'
   // (so every K split stays right). Not in the bulk-copy kernel (XM) nor the earlier epilogue's probe builds (W4_EPI 0)
@@ -858,7 +845,7 @@ __device__ __forceinline__ void wk_body(
   }
 #endif
   pdl_begin();
-  u32 wk_chk = 0u;  // WSUB: 0 * s * 2^16 of every scale of this warp's chunks, added up: +-0 while all were finite
+  u32 wk_chk = 0u;  // WSUB: 0 * s * 2^17 of every scale of this warp's chunks, added up: +-0 while all were finite
 
   for (int m0 = 0; m0 < M; m0 += MR) {
     const int mrows = min(MR, M - m0);
@@ -991,8 +978,9 @@ __device__ __forceinline__ void wk_body(
       if (!FIX) {  // WSUB: {s * 2^17, s * 2^16} and -z * s / 16
 #pragma unroll
         for (int c = 0; c < NT; c += 2) {
-          if (WSUB) {  // 0 * {s, s'} * 2^16 of columns c, c + 1 into the check
-            wk_chk = MmaOps<F16>::fma2(sz_wsub16(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c), 0u, wk_chk);
+          if (WSUB) {  // 0 * {s * 2^17, s * 2^16} of columns c and c + 1 into the check
+            sz_wsub(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
+            wk_chk = MmaOps<F16>::fma2(s2[c], 0u, MmaOps<F16>::fma2(s2[c + 1], 0u, wk_chk));
           } else {
             O::sz(szw[c >> 1], szw[(BC / 2) + (c >> 1)], s2 + c, nz + c);
           }
@@ -1032,8 +1020,8 @@ __device__ __forceinline__ void wk_body(
 #pragma unroll
         for (int w = 0; w < NWORD; ++w) {
           const u32 v0 = w0[w], v0s = v0 >> 4, v1 = w1[w], v1s = v1 >> 4;
-          // WSUB: the low nibbles moved to bits 4..7 of each byte, the high ones there already (both q * 2^-20)
-          const u32 lo0 = (v0 << 4) & 0xF0F0F0F0u, hi0 = v0 & 0xF0F0F0F0u, lo1 = (v1 << 4) & 0xF0F0F0F0u, hi1 = v1 & 0xF0F0F0F0u;
+          // WSUB: the low nibbles at bits 3..6 of each byte, the high ones at 4..7
+          const u32 lo0 = (v0 << 3) & 0x78787878u, hi0 = v0 & 0xF0F0F0F0u, lo1 = (v1 << 3) & 0x78787878u, hi1 = v1 & 0xF0F0F0F0u;
           u32 d0[4], d1[4];  // dequantized pairs of n-tile 4w + j: packed rows r0 (d0) and r1 (d1)
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
