@@ -8,9 +8,9 @@ w4a16_wgc, three: w4a16_wgm, whose every build, the empty one too, is compiled h
 ``--defs`` (';'-separated; the empty one is the op itself, forced to the configuration), it times one call after
 another as a programmatic dependent launch (``gpu_kernels._timer``: CUDA events around batches queued behind a spin
 kernel, median of 5 batches, weight sets rotated so that L2 cannot hold them), and compares the output with the op's
-forced to the configuration (float16, relative to max |out|; for a configuration the product does not build, the op's
-own choice). ``--dtype bfloat16``: the activations and the output in bfloat16 (the kernels of that type). Prints a table and writes JSON (date, commit from SHMRPC_COMMIT, device, command) to
-``--out``.
+forced to the configuration (relative to max |out|; for a configuration the product does not build, the op's own
+choice). ``--dtype bfloat16``: the activations and the output in bfloat16 (the kernels of that type; float16 by
+default). Prints a table and writes JSON (date, commit from SHMRPC_COMMIT, device, command) to ``--out``.
 
     python3 bench/gpu/macro_probe.py --out bench/results/macro-probe-DATE-COMMIT.json \\
         --cases "1,4096,14336:0,4,8,1,3,1" --defs ";-DW4_ROT=1;-DW4_ROT=2"

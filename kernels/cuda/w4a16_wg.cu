@@ -62,6 +62,7 @@
 // on CUDA cores from the global arrays (w4_fix4: slow, for scales no quantizer of int4 weights makes), and store those.
 // Nothing of that is held across the loop: a register more there, a second loop in the kernel, or a call after it made
 // the loop slower than with dq_pair.
+
 // W4_WGSUB: whether a scale of this lane's share of the warp's BC columns from col, in the quant groups of chunks
 // [c0, c0 + n), is 0.5 or more in magnitude, or not finite. A row of a group's BC scales is read by BC / 8 lanes,
 // 16 bytes each; per half, |s| + 2^-5 (as bits: + 0x0800) reaches 2 (bit 14) or passes inf (bit 15).

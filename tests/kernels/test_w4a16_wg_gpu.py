@@ -127,9 +127,8 @@ _SUB_CFGS = ["4,4,2", "4,4,1", "4,1,4,7", "4,2,4,1"]
 def test_w4a16_wgmma_float16_weights_through_subnormals_by_scale(sm90, monkeypatch, cfg, scales) -> None:
     """float16 (W4_WGSUB): the weights enter as subnormals times {s * 2^17, s * 2^16} (one PRMT and one HFMA2 per
     register), which float16 holds while |s| < 0.5; columns with a scale from 0.5 are computed again where their
-    outputs are stored (w4_fix4). Scales of the tests above, down to 1e-4 (products under float16's normal range), up
-    to float16's last one under 0.5 (s * 2^17 = 65504), from 0.5, either side of 0.5 (columns of both kinds in one
-    launch), and up to 30: each within the op's tolerance against float64, every row at its own scale."""
+    outputs are stored (w4_fix4). Each range of SUB_SCALES within the op's tolerance against float64, every row at its
+    own scale."""
     wsub_by_scale(sm90, monkeypatch, cfg, scales)
 
 

@@ -98,10 +98,19 @@ def same_bits_twice(gpu: Any, m: int) -> None:
 SUB_SCALES = [(0.005, 0.02), (1e-4, 5e-4), (0.49, 0.4997), (0.5, 1.0), (0.3, 0.7), (8.0, 30.0)]
 
 
+def _force_taken(monkeypatch: Any, cfg: str, m: int) -> None:
+    """Force ``cfg`` and check that the op takes it for the M x 2048 x 512 shapes below on an sm_90a device (the one these
+    tests run on; elsewhere they skip), so that the kernel under test is the one run."""
+    from shmrpc.kernels._w4a16_config import _mma_cfg
+
+    force(monkeypatch, cfg)
+    assert _mma_cfg(m, 2048, 512, 128, wg=True) == tuple(int(v) for v in cfg.split(","))
+
+
 def wsub_by_scale(gpu: Any, monkeypatch: Any, cfg: str, scales: tuple[float, float], m: int = 40) -> None:
     """``cfg`` forced, float16, quant scales uniform in ``scales``, no activation outliers: within the op's tolerance
     against float64, every row at its own scale."""
-    force(monkeypatch, cfg)
+    _force_taken(monkeypatch, cfg, m)
     ins, want = case(m, 2048, 512, 128, "float16", outliers=False, scales=scales)
     check(run(gpu, ins, "float16"), want, "float16")
 
@@ -109,7 +118,7 @@ def wsub_by_scale(gpu: Any, monkeypatch: Any, cfg: str, scales: tuple[float, flo
 def wsub_one_large_column(gpu: Any, monkeypatch: Any, cfg: str, m: int = 24, col: int = 77) -> None:
     """One column (``col``; a scale word holds two columns) with a scale of 3 in one quant group, the others under 0.5:
     that column and the others each match float64 at their own scale."""
-    force(monkeypatch, cfg)
+    _force_taken(monkeypatch, cfg, m)
     ins, _ = case(m, 2048, 512, 128, "float16", outliers=False)
     ins["s"][5, col] = 3.0
     want, got = reference(ins, "float16"), run(gpu, ins, "float16")
@@ -122,7 +131,7 @@ def wsub_one_large_column(gpu: Any, monkeypatch: Any, cfg: str, m: int = 24, col
 def wsub_scale_not_finite(gpu: Any, monkeypatch: Any, cfg: str, m: int = 24) -> None:
     """A scale of inf in one column and one of NaN in another: those columns' outputs are not finite, as the reference's,
     and the other columns match float64."""
-    force(monkeypatch, cfg)
+    _force_taken(monkeypatch, cfg, m)
     ins, _ = case(m, 2048, 512, 128, "float16", outliers=False)
     ins["s"][3, 40] = np.inf
     ins["s"][9, 100] = np.nan
