@@ -56,6 +56,9 @@
 #           ABBLOCK_TRANSPORTS: the transports (default shmrpc-lane,shmrpc; e.g. add shmrpc-call-lane); prints p50s
 #   lanecpu bench/lane_cpu.py: the client's and the worker's CPU per 64 B request through the blocking lane and its
 #           p50, the tree against .whl/base/, 4 rounds interleaved, unpinned and pinned to 2:10 -> $OUT/lane-cpu-{free,2-10}.json
+#   btl     bench/gpu/batch_timeline.py: the worker's steps per launched batch (launch, device, answers, the gap to the
+#           next launch) under 8 gemm clients, per transport (BTL_TRANSPORTS) and arm (BTL_ARMS: default, singles, bwait)
+#           -> $OUT/batch-timeline-TRANSPORT-ARM.json
 #   gemmpin gemm x=16x256 w=256x256 float16 on the CuPy worker from 8 and 16 client processes (loan, both lanes),
 #           unpinned and pinned (PIN_GEMM server:clients, default the worker on 2,10 and the clients on the other
 #           CPUs), interleaved twice -> $OUT/gemmpin-{free,pinned}-rN.json
@@ -485,6 +488,16 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
       timeout 200 python3 bench/gpu/gemm_profile.py --clients 8 --transport shmrpc-lane-spin --iters 2000 \
         --out "$OUT/gemm-profile" 2>&1 | tail -3
       sed -n '1,/===== worker: top 45 by cumulative/p' "$OUT/gemm-profile/profile.txt" | grep -E "^ +[0-9]" | head -40 ;;
+    btl)  # bench/gpu/batch_timeline.py: the worker's steps per launched batch, 8 gemm clients (BTL_TRANSPORTS, BTL_ARMS)
+      for tr in ${BTL_TRANSPORTS:-shmrpc-lane-spin shmrpc-lane}; do
+        for arm in ${BTL_ARMS:-default singles bwait}; do
+          singles=0; [ "$arm" = singles ] && singles=1
+          wargs=""; [ "$arm" = bwait ] && wargs="--batch-wait-us 100"
+          echo "== $tr, $arm: the worker's steps per launched batch, 8 clients of gemm x=16x256 w=256x256 float16"
+          SHMRPC_CUDA_BATCH_SINGLES=$singles timeout 120 python3 bench/gpu/batch_timeline.py --clients 8 \
+            --transport "$tr" --worker-args "$wargs" --out "$OUT/batch-timeline-$tr-$arm.json" 2>&1 | tail -18
+        done
+      done ;;
     inline1m)
       for r in 1 2; do
         for arm in executor inline; do
