@@ -55,6 +55,16 @@ wrap(Runs, "_finish_launched", "F")
 wrap(Runs, "_complete", "X")
 wrap(Dispatcher, "launch_batch", "L", lambda s, a: len(a[1]))
 wrap(Dispatcher, "run_batch", "R", lambda s, a: len(a[1]))
+from shmrpc.server._dispatch import Launched
+from shmrpc.server._lanes import Lanes
+from shmrpc.server._loop import Worker
+from shmrpc.server.metrics import Metrics
+wrap(Launched, "finish", "G")
+wrap(Runs, "_done_sent", "D")
+wrap(Metrics, "fold", "M")
+wrap(Worker, "_wait", "W")
+wrap(Runs, "_spin", "S")
+wrap(Lanes, "scan", "N")
 out = sys.argv.pop(1)
 atexit.register(lambda: json.dump(stamps, open(out, "w")))
 sys.argv[0] = "shmrpc"
@@ -70,34 +80,31 @@ def _q(xs: list[float]) -> dict[str, float]:
             "p75": round(xs[3 * len(xs) // 4], 2)}
 
 
-def analyse(stamps: list[list[int | str]], skip_s: float) -> dict[str, object]:
-    """The steps of each launched batch, from the stamps (µs)."""
-    t_first = stamps[0][0] if stamps else 0
-    ev = [(int(t), str(tag), int(n)) for t, tag, n in stamps if int(t) - int(t_first) >= skip_s * 1e9]
-    launches = []  # (start, end, B)
-    finishes = []  # (start, end)
-    calls = []  # (start, end)
-    syncs = []  # (start, end, kind, B)
-    opened: dict[str, tuple[int, int]] = {}
-    for t, tag, n in ev:
+_PARTS = {"C": "on_call", "G": "finish (synchronize)", "D": "done_sent", "M": "metrics fold", "W": "wait",
+          "S": "spin", "N": "lanes scan", "X": "lone complete", "R": "run_batch"}
+
+
+def analyse(stamps: list[list[int | str]]) -> dict[str, object]:
+    """The steps of each launched batch, from the stamps (µs); per window (the answer, the gap after it), the time
+    of each wrapped method whose call began in it (nested calls are counted in their caller too: _spin serves
+    requests itself, _wait may spin)."""
+    iv: dict[str, list[tuple[int, int, int]]] = {}
+    opened: dict[str, list[tuple[int, int]]] = {}
+    for t, tag, n in stamps:
+        t, tag, n = int(t), str(tag), int(n)
         if tag.isupper():
-            opened[tag] = (t, n)
+            opened.setdefault(tag, []).append((t, n))
             continue
-        start = opened.pop(tag.upper(), None)
-        if start is None:
+        stack = opened.get(tag.upper())
+        if not stack:
             continue
-        if tag == "l" and n:
-            launches.append((start[0], t, start[1]))
-        elif tag == "f":
-            finishes.append((start[0], t))
-        elif tag == "c":
-            calls.append((start[0], t))
-        elif tag == "r":
-            syncs.append((start[0], t, "run_batch", start[1]))
-        elif tag == "x":
-            syncs.append((start[0], t, "complete", 1))
+        start = stack.pop()
+        iv.setdefault(tag.upper(), []).append((start[0], t, start[1] if tag != "l" else start[1] * n))
+    launches = [(s, e, b) for s, e, b in iv.get("L", []) if b]
+    finishes = iv.get("F", [])
     rows = []
-    fi = ci = si = 0
+    fi = 0
+    idx = {tag: 0 for tag in _PARTS}
     for i in range(len(launches) - 1):
         s0, e0, b = launches[i]
         s1 = launches[i + 1][0]
@@ -105,37 +112,38 @@ def analyse(stamps: list[list[int | str]], skip_s: float) -> dict[str, object]:
             fi += 1
         if fi >= len(finishes) or finishes[fi][0] > s1:
             continue
-        f0, f1 = finishes[fi]
-        while ci < len(calls) and calls[ci][0] < f1:
-            ci += 1
-        n_calls, t_calls = 0, 0
-        j = ci
-        while j < len(calls) and calls[j][0] < s1:
-            n_calls += 1
-            t_calls += calls[j][1] - calls[j][0]
-            j += 1
-        while si < len(syncs) and syncs[si][0] < f1:
-            si += 1
-        n_sync, t_sync = 0, 0
-        k = si
-        while k < len(syncs) and syncs[k][0] < s1:
-            if syncs[k][2] == "run_batch" or syncs[k][3] == 1:
-                n_sync += 1
-                t_sync += syncs[k][1] - syncs[k][0]
-            k += 1
-        rows.append({"B": b, "launch": (e0 - s0) / 1e3, "device": (f0 - e0) / 1e3, "answer": (f1 - f0) / 1e3,
-                     "after": (s1 - f1) / 1e3, "cycle": (s1 - s0) / 1e3, "calls_after": n_calls,
-                     "calls_after_us": t_calls / 1e3, "sync_after": n_sync, "sync_after_us": t_sync / 1e3})
+        f0, f1 = finishes[fi][0], finishes[fi][1]
+        row: dict[str, float] = {"B": b, "launch": (e0 - s0) / 1e3, "device": (f0 - e0) / 1e3, "answer": (f1 - f0) / 1e3,
+                                 "after": (s1 - f1) / 1e3, "cycle": (s1 - s0) / 1e3}
+        for tag, name in _PARTS.items():
+            lst = iv.get(tag, [])
+            j = idx[tag]
+            while j < len(lst) and lst[j][0] < e0:
+                j += 1
+            idx[tag] = j
+            for win, (a, z) in (("device", (e0, f0)), ("answer", (f0, f1)), ("after", (f1, s1))):
+                n_, t_ = 0, 0
+                k = j
+                while k < len(lst) and lst[k][0] < z:
+                    if lst[k][0] >= a:
+                        n_ += 1
+                        t_ += lst[k][1] - lst[k][0]
+                    k += 1
+                if n_:
+                    row[f"{win}: {name} (calls)"] = n_
+                    row[f"{win}: {name} (us)"] = t_ / 1e3
+        rows.append(row)
     out: dict[str, object] = {"batches": len(rows)}
-    for key in ("B", "launch", "device", "answer", "after", "cycle", "calls_after", "calls_after_us", "sync_after",
-                "sync_after_us"):
-        out[key] = _q([float(r[key]) for r in rows])  # type: ignore[arg-type]
-    call_us = [(e - s) / 1e3 for s, e in calls]
-    out["on_call_us"] = _q(call_us)
-    out["lone_complete_us"] = _q([(e - s) / 1e3 for s, e, kind, _ in syncs if kind == "complete"])
-    out["run_batch_us"] = _q([(e - s) / 1e3 for s, e, kind, _ in syncs if kind == "run_batch"])
-    out["requests"] = len(calls)
-    out["lone_runs"] = sum(1 for s in syncs if s[2] == "complete")
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    for key in keys:
+        out[key] = _q([float(r.get(key, 0.0)) for r in rows])
+    out["on_call_us"] = _q([(e - s) / 1e3 for s, e, _ in iv.get("C", [])])
+    out["lone_complete_us"] = _q([(e - s) / 1e3 for s, e, _ in iv.get("X", [])])
+    out["run_batch_us"] = _q([(e - s) / 1e3 for s, e, _ in iv.get("R", [])])
+    out["requests"] = len(iv.get("C", []))
+    out["lone_runs"] = len(iv.get("X", []))
     out["launched_requests"] = sum(b for _, _, b in launches)
     return out
 
@@ -147,7 +155,6 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--backend", default="cupy")
     ap.add_argument("--worker-args", default="", help="more arguments for shmrpc serve, space-separated")
-    ap.add_argument("--skip-s", type=float, default=0.0, help="leave out the stamps of the first seconds")
     ap.add_argument("--out", default="bench/out/gpu/batch-timeline.json")
     args = ap.parse_args()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -187,16 +194,16 @@ def main() -> int:
     timed = [s for s in stamps if s[0] >= skip_from]
     result = {"command": " ".join(sys.argv), "clients": args.clients, "transport": args.transport,
               "worker_args": args.worker_args, "bench_exit": bench.returncode, "elapsed_s": round(elapsed, 1),
-              "requests_per_s": rates, "steps_us": analyse(timed, args.skip_s)}
+              "requests_per_s": rates, "steps_us": analyse(timed)}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     os.unlink(stamps_path)
     st = result["steps_us"]
     assert isinstance(st, dict)
     print(f"{args.transport} x{args.clients} {args.worker_args!r}: (requests/s, mean batch) {rates}")
-    for key in ("B", "launch", "device", "answer", "after", "cycle", "calls_after", "calls_after_us", "sync_after",
-                "sync_after_us", "on_call_us", "lone_complete_us", "run_batch_us"):
-        print(f"  {key:16} {st[key]}")
+    for key, v in st.items():
+        if isinstance(v, dict) and v.get("n"):
+            print(f"  {key:40} p25 {v['p25']:8.2f}  p50 {v['p50']:8.2f}  p75 {v['p75']:8.2f}  (n {v['n']})")
     print(f"  requests {st['requests']}, launched {st['launched_requests']}, lone runs {st['lone_runs']}")
     if bench.returncode:
         print(bench.stdout[-2000:], bench.stderr[-2000:])
