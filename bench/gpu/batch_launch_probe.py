@@ -66,7 +66,9 @@ def main() -> int:
             be.run_batch(plan, items)
         else:
             h.finish()
-    assert be.launch_batch(plan, items) is not None, "no launched batch: the gathered graph was not captured"
+    h = be.launch_batch(plan, items)
+    assert h is not None, "no launched batch: the gathered graph was not captured"
+    h.finish()
     cp.cuda.Device().synchronize()
     # the whole: launch, the device (spin on done()), finish
     launch_t, device_t, finish_t = [], [], []
