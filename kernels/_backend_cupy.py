@@ -123,7 +123,8 @@ class CupyBackend(Backend):
                                                    self._tls, self._batch_graphs._sh)
         self._chunk_graphs = ChunkGraphs(cupy, LARGE_GRAPH_CACHE, 2, self._tls)
         self._small_runs = 0
-        self._batch_plans: dict[tuple[int, int], tuple[Plan, BatchPlan]] = {}
+        self._batch_plans: dict[tuple[int, int], tuple[Plan, BatchPlan, bool]] = {}
+        self._small_plans: dict[int, tuple[Plan, bool]] = {}  # _cupy_runs._small_batchable's answers
         with self._dev:
             self._host_access = _gather.HostAccess(cupy, device)
         self._checked = _gather.CheckedItems(self._host_access)  # a batch's per-request checks, by view identity

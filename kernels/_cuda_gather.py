@@ -192,14 +192,17 @@ class CheckedItems:
     worker hands a slot's views over as the same objects every time, so a batch of requests seen before is
     checked by identity alone. An entry holds weak references only (a region's views must not outlive its
     client) and serves a request whose every view is the very object it was made from; it is made only where
-    the checks handed the views back as they came (views already of their storage dtype). Entries are
-    forgotten when the host ranges change (:attr:`HostAccess.version`) and all at once past ``limit``."""
+    the checks handed the views back as they came (views already of their storage dtype). A hit hands the
+    request's own mappings back when they are dicts of exactly the plan's views in its order (the worker's),
+    else new ones; either is only read. Entries are forgotten when the host ranges change
+    (:attr:`HostAccess.version`) and all at once past ``limit``."""
 
     def __init__(self, access: HostAccess, limit: int = 4096) -> None:
         self._access = access
         self._limit = limit
         self._version = access.version
         self._entries: dict[tuple[int, ...], tuple[Any, ...]] = {}
+        self._names: dict[int, tuple[Plan, tuple[str, ...], tuple[str, ...]]] = {}  # per plan: its views' names
 
     def get(self, plan: Plan, ins: Mapping[str, np.ndarray], outs: Mapping[str, np.ndarray], host_io: HostIO) -> Checked:
         """The checks of this request (``host_io``: the backend's, raising its typed error for a bad view)."""
@@ -207,22 +210,39 @@ class CheckedItems:
         if access.version != self._version:
             self._entries.clear()
             self._version = access.version
-        names = [n for n in plan.inputs if n not in plan.resident]
-        vin, vout = [ins.get(n) for n in names], [outs.get(n) for n in plan.outputs]
-        key = (id(plan), *map(id, vin), *map(id, vout))
+        pn = self._names.get(id(plan))
+        if pn is None or pn[0] is not plan:
+            if len(self._names) >= 256:
+                self._names.clear()
+            pn = self._names[id(plan)] = (plan, tuple(n for n in plan.inputs if n not in plan.resident),
+                                          tuple(plan.outputs))
+        names, onames = pn[1], pn[2]
+        exact = tuple(ins) == names and tuple(outs) == onames  # the worker's views: the plan's names, in its order
+        if exact:
+            views = [*ins.values(), *outs.values()]
+        else:
+            views = [ins.get(n) for n in names] + [outs.get(n) for n in onames]  # type: ignore[operator, assignment]
+        key = (id(plan), *map(id, views))
         e = self._entries.get(key)
-        if e is not None and e[0]() is plan and all(r() is v for r, v in zip(e[1], (*vin, *vout))):
-            return dict(zip(names, vin)), dict(zip(plan.outputs, vout)), True, e[2]  # type: ignore[arg-type]
+        if e is not None and e[0]() is plan:
+            for r, v in zip(e[1], views):
+                if r() is not v:
+                    break
+            else:
+                if exact and type(ins) is dict and type(outs) is dict:  # handed back as they came (no copy)
+                    return ins, outs, True, e[2]
+                k = len(names)
+                return dict(zip(names, views[:k])), dict(zip(onames, views[k:])), True, e[2]  # type: ignore[arg-type]
         host_in, host_out = host_io(plan, ins, outs)
-        views = [*host_in.values(), *host_out.values()]
-        contiguous = all(v.flags.c_contiguous for v in views)
+        checked = [*host_in.values(), *host_out.values()]
+        contiguous = all(v.flags.c_contiguous for v in checked)
         addrs = None
-        if contiguous and access.supported and all(access.usable(v) for v in views):
+        if contiguous and access.supported and all(access.usable(v) for v in checked):
             addrs = (tuple(address(v) for v in host_in.values()), tuple(address(v) for v in host_out.values()))
-        if contiguous and all(a is b for a, b in zip(views, (*vin, *vout))):
+        if contiguous and all(a is b for a, b in zip(checked, views)):
             if len(self._entries) >= self._limit:
                 self._entries.clear()
-            self._entries[key] = (weakref.ref(plan), tuple(weakref.ref(v) for v in views), addrs)
+            self._entries[key] = (weakref.ref(plan), tuple(weakref.ref(v) for v in checked), addrs)
         return host_in, host_out, contiguous, addrs
 
     def clear(self) -> None:
@@ -329,6 +349,29 @@ def _rows_out(addrs: Sequence[Sequence[int]], srcs: Sequence[tuple[int, int, int
     return rows
 
 
+def row_filler(table: RowTable, dsts: Sequence[tuple[int, int]], srcs: Sequence[tuple[int, int, int]]
+               ) -> Callable[[tuple[list[list[int]], list[list[int]]]], None]:
+    """The filler of a gathered graph's own ``table``: writes a batch's gather rows (:func:`_rows_in` over ``dsts``)
+    and scatter rows (:func:`_rows_out` over ``srcs``) before a launch. Every batch of one graph has the same rows but
+    for the host addresses, so the first call writes them whole and the later ones only the gather rows' sources and
+    the scatter rows' destinations."""
+    cin = [i for i, (_, per) in enumerate(dsts) if per]  # the columns that have rows, in _rows_in's order
+    cout = [i for i, (_, per, _) in enumerate(srcs) if per]
+    cols: list[np.ndarray] = []
+
+    def rows(a: tuple[list[list[int]], list[list[int]]]) -> None:
+        if not cols:
+            r_in, r_out = _rows_in(a[0], dsts), _rows_out(a[1], srcs)
+            table.flat[:len(r_in)] = r_in
+            table.flat[len(r_in):len(r_in) + len(r_out)] = r_out
+            n_in, n_out = len(r_in) // 4, len(r_out) // 4
+            cols.extend((table.tab[:n_in, 0], table.tab[n_in:n_in + n_out, 1]))
+            return
+        cols[0][:] = [x for i in cin for x in a[0][i]]
+        cols[1][:] = [x for i in cout for x in a[1][i]]
+    return rows
+
+
 def issue_gathered(cp: Any, step: Step, plan: Plan, bp: BatchPlan, addrs: tuple[list[list[int]], list[list[int]]],
                    resident: Mapping[str, Any], stream: Any, workspace: dict[str, Any], copying_out: list[bool],
                    table: RowTable, bufs: dict[str, Any] | None = None, xp: Any = None) -> dict[str, Any]:
@@ -413,13 +456,7 @@ class GatherGraphs(_BatchCaptures):
             def fill(used: dict[str, Any]) -> Any:
                 dsts = [(bufs[n].data.ptr, plan.inputs[n].nbytes) for n in plan.inputs if n not in plan.resident]
                 srcs = out_sources(plan, bp, {n: used["#d2h." + n] for n in plan.outputs})
-                n_in = len(_rows_in(addrs[0], dsts)) // 4
-
-                def rows(a: tuple[list[list[int]], list[list[int]]]) -> None:
-                    table.flat[:4 * n_in] = _rows_in(a[0], dsts)
-                    r = _rows_out(a[1], srcs)
-                    table.flat[4 * n_in:4 * n_in + len(r)] = r
-                return rows
+                return row_filler(table, dsts, srcs)
 
             with self._sh.capture_lock:
                 return self._capture(key, plan, checked, resident, copying_out, issue, fill, addrs)

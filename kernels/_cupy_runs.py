@@ -158,7 +158,7 @@ def launch_batch(be: CupyBackend, plan: Plan, items: Items) -> BatchLaunch | Non
     other batch: None (see :meth:`Backend.launch_batch`)."""
     gg = be._gather_graphs
     if not LAUNCH_BATCHES or (len(items) < 2 and not _single_batch(be, plan, items)) or be.inject_fault \
-            or not be.gather_batches or not gg.eligible(plan) or plan_bytes(plan) > GRAPH_MAX_BYTES or not batchable(plan):
+            or not be.gather_batches or not gg.eligible(plan) or not _small_batchable(be, plan):
         return None
     prepared = _prepare(be, plan, items, True)
     if prepared is None:
@@ -191,21 +191,36 @@ def _prepare(be: CupyBackend, plan: Plan, items: Items, gather: bool
         resident = be._lookup_resident(plan)
     except OpError:
         return None
-    bp = _batch_plan(be, plan, len(items))
-    addrs = _columns(got) if gather and _gather.gatherable(plan, bp) and all(g[3] is not None for g in got) else None
+    bp, gatherable = _batch_plan(be, plan, len(items))
+    addrs = _columns(got) if gather and gatherable and all(g[3] is not None for g in got) else None
     return got, resident, bp, addrs
 
 
-def _batch_plan(be: CupyBackend, plan: Plan, size: int) -> BatchPlan:
-    """The batch plan of (``plan``, ``size``), kept by the backend (all forgotten past 256)."""
+def _batch_plan(be: CupyBackend, plan: Plan, size: int) -> tuple[BatchPlan, bool]:
+    """The batch plan of (``plan``, ``size``) and whether a gathered run may serve it (``_gather.gatherable``),
+    kept by the backend (all forgotten past 256): a plan's specs do not change."""
     entry = be._batch_plans.get((id(plan), size))
     if entry is not None and entry[0] is plan:
-        return entry[1]
+        return entry[1], entry[2]
     if len(be._batch_plans) > 256:
         be._batch_plans.clear()
     bp = batch_plan(plan, size)
-    be._batch_plans[(id(plan), size)] = (plan, bp)
-    return bp
+    gatherable = _gather.gatherable(plan, bp)
+    be._batch_plans[(id(plan), size)] = (plan, bp, gatherable)
+    return bp, gatherable
+
+
+def _small_batchable(be: CupyBackend, plan: Plan) -> bool:
+    """``batchable(plan)`` and ``plan_bytes(plan) <= GRAPH_MAX_BYTES``, kept per plan by the backend (all forgotten past
+    256): what a launched batch asks of its plan before anything else, on every batch."""
+    entry = be._small_plans.get(id(plan))
+    if entry is not None and entry[0] is plan:
+        return entry[1]
+    if len(be._small_plans) > 256:
+        be._small_plans.clear()
+    ok = plan_bytes(plan) <= GRAPH_MAX_BYTES and batchable(plan)
+    be._small_plans[id(plan)] = (plan, ok)
+    return ok
 
 
 class _Launched:

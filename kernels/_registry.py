@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._dtypes import DTYPE_NAMES
+from ._dtypes import DTYPE_NAMES, itemsize
 from ._errors import KernelInputError
 
 __all__ = [
@@ -73,8 +73,6 @@ class TensorSpec:
     @property
     def nbytes(self) -> int:
         """Bytes of the tensor's data."""
-        from ._dtypes import itemsize
-
         return self.size * itemsize(self.dtype)
 
 

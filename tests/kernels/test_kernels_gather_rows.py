@@ -175,6 +175,11 @@ def test_checked_items_are_remembered_by_view_identity_and_forgotten_when_ranges
     assert first[2] and first[3] == ((x.ctypes.data, y.ctypes.data), (o.ctypes.data,)) and len(calls) == 1
     again = items.get(plan, {"y": y, "x": x}, {"o": o}, host_io)  # the same objects in other dicts: no new check
     assert len(calls) == 1 and again[3] == first[3] and again[0]["x"] is x and again[1]["o"] is o
+    assert list(again[0]) == ["x", "y"] and again[0] is not ins  # another order: new dicts, in the plan's order
+    same = items.get(plan, ins, outs, host_io)  # the plan's views in its order (the worker's): handed back as they came
+    assert len(calls) == 1 and same[0] is ins and same[1] is outs and same[3] == first[3]
+    extra = items.get(plan, {"x": x, "y": y, "z": o}, outs, host_io)  # a name the plan has not: not handed back
+    assert len(calls) == 1 and extra[0] == ins and extra[0] is not ins
     x2 = np.frombuffer(region, np.float32, 4, 256)  # another view object: checked
     assert items.get(plan, {"x": x2, "y": y}, outs, host_io)[3] == ((x2.ctypes.data, y.ctypes.data), (o.ctypes.data,))
     assert len(calls) == 2
@@ -195,3 +200,22 @@ def test_checked_items_are_remembered_by_view_identity_and_forgotten_when_ranges
     assert len(calls) == n + 1  # the first request's entry still serves
     rt.pinned, _ = [], access.remove(region.ctypes.data)  # the range is gone: every entry with it
     assert items.get(plan, ins, outs, host_io)[3] is None and len(calls) == n + 2
+
+
+@pytest.mark.parametrize("pers", [(96, 40), (96, 0, 40)])
+def test_a_gathered_graphs_rows_after_the_first_batch_change_only_their_host_addresses(pers: tuple[int, ...]) -> None:
+    """``row_filler``: every batch's table equals the whole rows of that batch (:func:`_rows_in`, :func:`_rows_out`),
+    though after the first only the host address columns are written; a tensor of no bytes has no rows."""
+    size, rng = 5, np.random.default_rng(1)
+    dsts = [(1 << 40 | i << 20, per) for i, per in enumerate(pers)]
+    srcs = [(1 << 41, 24, 24), (1 << 41 | 1 << 20, 0, 0), (1 << 41 | 2 << 20, 8, 0)]
+    table = _HostTable()
+    table.reserve(size * (len(dsts) + len(srcs)))
+    fill = gather.row_filler(table, dsts, srcs)
+    for _ in range(4):
+        addrs = ([[int(a) for a in rng.integers(1, 1 << 47, size)] for _ in dsts],
+                 [[int(a) for a in rng.integers(1, 1 << 47, size)] for _ in srcs])
+        fill(addrs)
+        want = gather._rows_in(addrs[0], dsts) + gather._rows_out(addrs[1], srcs)
+        assert len(want) == 4 * size * (sum(1 for p in pers if p) + 2)
+        assert table.flat[:len(want)].tolist() == want
