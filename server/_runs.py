@@ -300,8 +300,15 @@ class Runs:
             self._drain_done()
 
     def _answer_batch(self, group: list[Pending], h: Launched) -> None:
-        for q, status, stages in self._respond_batch(group, h.finish()):
-            self._done_sent(q.identity, q.slot, q.hdr, status, q.t0, stages, q.primed.prep, lane=q.lane)
+        results = h.finish()
+        traces = self.observe.traces
+        for q, r in zip(group, results):
+            s = q.slot
+            if type(r) is dict and not traces and s.owner is not None and not s.freeing:
+                self._ok_sent(q.identity, s, q.view, q.hdr[0], q.hdr[1], q.hdr[2], q.primed.prep, q.t0, r, q.lane)
+                continue
+            for p, status, stages in self._respond_batch([q], [r]):  # an error, a trace, a slot gone: the full way
+                self._done_sent(p.identity, s, p.hdr, status, p.t0, stages, p.primed.prep, lane=p.lane)
 
     def _execute_batch(self, group: list[Pending]) -> list[tuple[Pending, int, dict[str, float]]]:
         """Run one batch and write every request's response (or its own error) into its slot."""
@@ -443,22 +450,27 @@ class Runs:
             if self.dispatch.fatal:
                 self._drain_done()
             return True
-        # the success half of _execute and _done_sent, inline: response, metrics, DONE, lease end
+        self._ok_sent(ex.identity, s, view, rid, h[1], gen, prep, t0, stages, lane)
+        return True
+
+    def _ok_sent(self, identity: bytes, s: Slot, view: memoryview, rid: int, op_code: int, gen: int, prep: Prepared,
+                 t0: float, stages: dict[str, float], lane: int) -> None:
+        """The success half of :meth:`_execute` and :meth:`_done_sent` in one call: response, metrics, DONE, lease end;
+        for a slot still its owner's (not freeing) and no trace to end (the express path, a launched batch's answers)."""
         payload = prep.response
         n = len(payload)
         view[HEADER_NBYTES:HEADER_NBYTES + n] = payload
         # NOTE: order is important here: the header goes last, after the descriptor it describes.
-        _HEADER_PACK(view, 0, rid, h[1], n, _OK_FLAGS, gen)
+        _HEADER_PACK(view, 0, rid, op_code, n, _OK_FLAGS, gen)
         self.metrics.observe(prep.op, "ok", time.perf_counter() - t0, prep.nbytes_in, prep.nbytes_out, stages)
         self._inflight.value -= 1
         done = _DONE_PACK(_DONE, s.region, s.index, rid, 0)
         if lane:
-            self._reply(ex.identity, done, lane)
+            self._reply(identity, done, lane)
         else:
-            self._send(ex.identity, done)
+            self._send(identity, done)
         s.in_flight = False
         s.last_owner = s.owner
-        return True
 
     def _finish(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], err: RequestError,
                 t0: float, stages: dict[str, float], prep: Prepared | None, lane: int) -> None:
