@@ -192,7 +192,8 @@ def main() -> int:
     call_starts = [t for t, tag, _ in stamps if tag == "C"]
     skip_from = call_starts[-want] if len(call_starts) >= want else (stamps[0][0] if stamps else 0)
     timed = [s for s in stamps if s[0] >= skip_from]
-    result = {"command": " ".join(sys.argv), "clients": args.clients, "transport": args.transport,
+    result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": os.environ.get("SHMRPC_COMMIT", "unknown"),
+              "cpu_count": os.cpu_count(), "command": " ".join(sys.argv), "clients": args.clients, "transport": args.transport,
               "worker_args": args.worker_args, "bench_exit": bench.returncode, "elapsed_s": round(elapsed, 1),
               "requests_per_s": rates, "steps_us": analyse(timed)}
     with open(args.out, "w") as f:

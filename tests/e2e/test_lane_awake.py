@@ -85,6 +85,29 @@ def test_a_client_wait_stops_at_the_time_it_said_then_reads_once_more() -> None:
         lane.close()  # closes the page's mapping and both eventfds
 
 
+def test_a_spinning_lane_after_an_answer_over_its_budget_says_how_long_its_wait_will_spin() -> None:
+    # a wait after a last answer over the spin budget sleeps first unless that sleep would be 1 ms or less; skipping it,
+    # the wait spins for the budget and the early margin from the start, and the ring says so (the worker's answer then
+    # needs no eventfd write); a wait that will sleep first says nothing
+    page = os.memfd_create("test-lane", os.MFD_CLOEXEC)
+    os.fchmod(page, 0o600)
+    os.ftruncate(page, L.LANE_NBYTES)
+    doorbell, own = os.eventfd(0, os.EFD_NONBLOCK), os.eventfd(0, os.EFD_NONBLOCK)
+    lane = ClientLane(page, doorbell, own, os.geteuid(), 2e-4)
+    try:
+        for seq, (last, spins_ns) in enumerate([(1.5e-4, 200_000), (2.5e-4, 400_000), (1.15e-3, 400_000), (1.5e-3, 0)], 1):
+            lane._last_s = last
+            before = time.monotonic_ns()
+            lane.ring(b"c" * 16, seq)
+            said = L.seq_word(lane._map, L.CLIENT_AWAKE).value
+            if spins_ns:
+                assert before + spins_ns <= said <= time.monotonic_ns() + spins_ns and lane._said_ns == said, (last, said)
+            else:
+                assert said == 0, last
+    finally:
+        lane.close()
+
+
 def test_a_client_that_writes_garbage_awake_words_costs_only_itself(worker: WorkerProc) -> None:
     # the page is the client's to write: a worker_awake far in the future makes its own rings skip the doorbell of a
     # worker that does not spin (its calls then time out), and nobody else's request waits for it
