@@ -21,15 +21,14 @@ Medians and quartiles of each over the batches of the timed part (the bench's sc
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import secrets
-import signal
 import statistics
-import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gemm_profile import gemm_client_args, gemm_clients  # noqa: E402
 
 _WORKER = r"""
 import atexit, json, runpy, sys, time
@@ -149,42 +148,15 @@ def analyse(stamps: list[list[int | str]]) -> dict[str, object]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--transport", default="shmrpc-lane-spin")
-    ap.add_argument("--iters", type=int, default=2000)
-    ap.add_argument("--backend", default="cupy")
+    ap = gemm_client_args(__doc__)
     ap.add_argument("--worker-args", default="", help="more arguments for shmrpc serve, space-separated")
     ap.add_argument("--out", default="bench/out/gpu/batch-timeline.json")
     args = ap.parse_args()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    name = f"btl-{os.getpid()}-{secrets.token_hex(3)}"
     stamps_path = args.out + ".stamps"
-    worker = subprocess.Popen([sys.executable, "-c", _WORKER, stamps_path, "serve", "--name", name, "--backend",
-                               args.backend, "--log-level", "WARNING", "--slots", "1M:64", "--lease", "4",
-                               "--max-clients-per-uid", "20", *args.worker_args.split()],
-                              stdout=subprocess.PIPE, text=True)
-    bench_json = args.out + ".bench.json"
-    try:
-        assert worker.stdout is not None
-        line = worker.stdout.readline()
-        if "ready" not in line:
-            raise SystemExit(f"the worker did not start: {line!r}")
-        t0 = time.monotonic()
-        bench = subprocess.run([sys.executable, "-m", "shmrpc.bench", "lat", "--name", name,
-                                "--transports", args.transport, "--clients", str(args.clients),
-                                "--iters", str(args.iters), "--warmup", "50", "--backend", args.backend,
-                                "--op", "gemm", "--shape", "x=16x256", "--shape", "w=256x256",
-                                "--dtype", "float16", "-q", "--out", bench_json],
-                               capture_output=True, text=True, timeout=240)
-        elapsed = time.monotonic() - t0
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(60)
-    rates = {}
-    with open(bench_json) as f:
-        for r in json.load(f).get("scaling", []):
-            rates[f"{r['transport']} x{r['clients']}"] = (round(r["calls_per_s"]), r.get("worker", {}).get("mean_batch"))
+    bench, elapsed, rates = gemm_clients([sys.executable, "-c", _WORKER, stamps_path], "btl", args.transport,
+                                         args.clients, args.iters, args.backend, args.out + ".bench.json",
+                                         tuple(args.worker_args.split()))
     with open(stamps_path) as f:
         stamps = json.load(f)
     # the scaling loop is the bench's last part: its requests are the last clients x iters ones received

@@ -25,46 +25,61 @@ import sys
 import time
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def gemm_client_args(doc: str | None) -> argparse.ArgumentParser:
+    """A parser with the arguments of :func:`gemm_clients`'s runs: --clients, --transport, --iters, --backend."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--transport", default="shmrpc-lane-spin")
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--backend", default="cupy")
-    ap.add_argument("--top", type=int, default=45)
-    ap.add_argument("--out", default="bench/out/gpu/gemm-profile")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    name = f"gprof-{os.getpid()}-{secrets.token_hex(3)}"
-    prof = os.path.join(args.out, "worker.prof")
-    worker = subprocess.Popen([sys.executable, "-m", "cProfile", "-o", prof, "-m", "shmrpc.server", "serve",
-                               "--name", name, "--backend", args.backend, "--log-level", "WARNING",
-                               "--slots", "1M:64", "--lease", "4", "--max-clients-per-uid", "20"],
+    return ap
+
+
+def gemm_clients(worker_cmd: list[str], tag: str, transport: str, clients: int, iters: int, backend: str,
+                 bench_json: str, worker_args: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess[str], float,
+                                                                      dict[str, tuple[int, float | None]]]:
+    """Start a worker by ``worker_cmd`` (the command before ``serve``: e.g. ``python -m shmrpc.server``) with the
+    arguments of the small-gemm sweep, run ``shmrpc bench lat`` against it (``clients`` processes of gemm x=16x256 @
+    w=256x256 float16 through ``transport``, its JSON to ``bench_json``), stop the worker with SIGTERM and wait for it.
+    Returns the bench's process, its seconds, and (requests/s, mean batch) per transport and client count."""
+    name = f"{tag}-{os.getpid()}-{secrets.token_hex(3)}"
+    worker = subprocess.Popen([*worker_cmd, "serve", "--name", name, "--backend", backend, "--log-level", "WARNING",
+                               "--slots", "1M:64", "--lease", "4", "--max-clients-per-uid", "20", *worker_args],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert worker.stdout is not None
         line = worker.stdout.readline()  # the ready line
         if "ready" not in line:
             raise SystemExit(f"the worker did not start: {line!r}")
-        bench_json = os.path.join(args.out, "bench.json")
         t0 = time.monotonic()
-        bench = subprocess.run([sys.executable, "-m", "shmrpc.bench", "lat", "--name", name,
-                                "--transports", args.transport, "--clients", str(args.clients),
-                                "--iters", str(args.iters), "--warmup", "50", "--backend", args.backend,
-                                "--op", "gemm", "--shape", "x=16x256", "--shape", "w=256x256",
-                                "--dtype", "float16", "-q", "--out", bench_json],
-                               capture_output=True, text=True, timeout=240)
+        bench = subprocess.run([sys.executable, "-m", "shmrpc.bench", "lat", "--name", name, "--transports", transport,
+                                "--clients", str(clients), "--iters", str(iters), "--warmup", "50", "--backend", backend,
+                                "--op", "gemm", "--shape", "x=16x256", "--shape", "w=256x256", "--dtype", "float16",
+                                "-q", "--out", bench_json], capture_output=True, text=True, timeout=240)
         elapsed = time.monotonic() - t0
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
-    rates = {}
+    rates: dict[str, tuple[int, float | None]] = {}
     try:
         with open(bench_json) as f:
             for r in json.load(f).get("scaling", []):
                 rates[f"{r['transport']} x{r['clients']}"] = (round(r["calls_per_s"]), r.get("worker", {}).get("mean_batch"))
     except (OSError, ValueError):
         pass
+    return bench, elapsed, rates
+
+
+def main() -> int:
+    ap = gemm_client_args(__doc__)
+    ap.add_argument("--top", type=int, default=45)
+    ap.add_argument("--out", default="bench/out/gpu/gemm-profile")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    prof = os.path.join(args.out, "worker.prof")
+    bench, elapsed, rates = gemm_clients([sys.executable, "-m", "cProfile", "-o", prof, "-m", "shmrpc.server"], "gprof",
+                                         args.transport, args.clients, args.iters, args.backend,
+                                         os.path.join(args.out, "bench.json"))
     st = pstats.Stats(prof)
     total = st.total_tt  # type: ignore[attr-defined]
     text = io.StringIO()
