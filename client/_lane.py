@@ -41,6 +41,12 @@ __all__ = ["ClientLane"]
 _MARGIN_NS = L.AWAKE_MARGIN_NS
 _perf_counter, _monotonic_ns = time.perf_counter, time.monotonic_ns
 _EARLY_S = 2e-4  # a spinning lane that waits for a long answer starts spinning this long (or 15%) before it is due
+_SLEEP_MIN_S = 1e-3  # ... after a sleep, unless that sleep would be this long or less (then it spins at once)
+
+
+def _early_s(last_s: float) -> float:
+    """How long before a long answer is due (``last_s`` after its ring, as the last one) a spinning lane spins."""
+    return max(_EARLY_S, 0.15 * last_s)
 _DONE_NBYTES = m.DONE_STRUCT.size
 _DONE_UNPACK_FROM = m.DONE_STRUCT.unpack_from
 _LEN_UNPACK_FROM = L.LEN.unpack_from
@@ -124,8 +130,8 @@ class ClientLane:
         last = self._last_s
         if last <= self.spin_s:
             return self._spin_ns
-        early = max(_EARLY_S, 0.15 * last)
-        return int((self.spin_s + early) * 1e9) if last - early <= 1e-3 else 0
+        early = _early_s(last)
+        return int((self.spin_s + early) * 1e9) if last - early <= _SLEEP_MIN_S else 0
 
     def answer(self) -> tuple[int, int, int, int] | None:
         """The DONE of the request in the lane once the worker wrote it, as (region, slot, request_id, status); else
@@ -164,11 +170,11 @@ class ClientLane:
         if self.spin_s:
             spin_s, last = self.spin_s, self._last_s
             if last > spin_s:  # the last answer came after the spin budget: sleep through most of this one's wait
-                early = max(_EARLY_S, 0.15 * last)
+                early = _early_s(last)
                 sleep_s = self._rung + last - early - time.perf_counter()
                 if deadline is not None:
                     sleep_s = min(sleep_s, deadline - time.monotonic())
-                if sleep_s > 1e-3 and self._done_seq.value != seq:
+                if sleep_s > _SLEEP_MIN_S and self._done_seq.value != seq:
                     for fd, _ in self._poll.poll(self._cap(sleep_s)):  # an answer sooner wakes it (our eventfd)
                         if fd == pidfd:
                             raise WorkerGoneError(f"worker {name!r} exited")

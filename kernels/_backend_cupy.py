@@ -46,7 +46,6 @@ from . import _cuda_chunks
 from . import _cuda_gather as _gather
 from . import _cupy_runs as _runs
 from ._backend_base import Backend, check_result
-from ._batch import BatchPlan
 from ._cuda_batch import BatchGraphs
 from ._cuda_chunks import CHUNK_BYTES, CHUNK_STREAMS, CHUNK_THRESHOLD_BYTES
 from ._cuda_graph import ChunkGraphs, GraphCache
@@ -123,8 +122,9 @@ class CupyBackend(Backend):
                                                    self._tls, self._batch_graphs._sh)
         self._chunk_graphs = ChunkGraphs(cupy, LARGE_GRAPH_CACHE, 2, self._tls)
         self._small_runs = 0
-        self._batch_plans: dict[tuple[int, int], tuple[Plan, BatchPlan, bool]] = {}
-        self._small_plans: dict[int, tuple[Plan, bool]] = {}  # _cupy_runs._small_batchable's answers
+        # what _cupy_runs derives from a plan alone: (id, size) -> (plan, (batch plan, gatherable)); (id, 0) -> (plan,
+        # whether a launched batch may serve it)
+        self._plan_facts: dict[tuple[int, int], tuple[Plan, Any]] = {}
         with self._dev:
             self._host_access = _gather.HostAccess(cupy, device)
         self._checked = _gather.CheckedItems(self._host_access)  # a batch's per-request checks, by view identity

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -197,30 +197,30 @@ def _prepare(be: CupyBackend, plan: Plan, items: Items, gather: bool
 
 
 def _batch_plan(be: CupyBackend, plan: Plan, size: int) -> tuple[BatchPlan, bool]:
-    """The batch plan of (``plan``, ``size``) and whether a gathered run may serve it (``_gather.gatherable``),
-    kept by the backend (all forgotten past 256): a plan's specs do not change."""
-    entry = be._batch_plans.get((id(plan), size))
-    if entry is not None and entry[0] is plan:
-        return entry[1], entry[2]
-    if len(be._batch_plans) > 256:
-        be._batch_plans.clear()
-    bp = batch_plan(plan, size)
-    gatherable = _gather.gatherable(plan, bp)
-    be._batch_plans[(id(plan), size)] = (plan, bp, gatherable)
-    return bp, gatherable
+    """The batch plan of (``plan``, ``size``) and whether a gathered run may serve it (``_gather.gatherable``)."""
+    def make() -> tuple[BatchPlan, bool]:
+        bp = batch_plan(plan, size)
+        return bp, _gather.gatherable(plan, bp)
+    return _kept(be, (id(plan), size), plan, make)
 
 
 def _small_batchable(be: CupyBackend, plan: Plan) -> bool:
-    """``batchable(plan)`` and ``plan_bytes(plan) <= GRAPH_MAX_BYTES``, kept per plan by the backend (all forgotten past
-    256): what a launched batch asks of its plan before anything else, on every batch."""
-    entry = be._small_plans.get(id(plan))
+    """``batchable(plan)`` and ``plan_bytes(plan) <= GRAPH_MAX_BYTES``: what a launched batch asks of its plan before
+    anything else, on every batch."""
+    return _kept(be, (id(plan), 0), plan, lambda: plan_bytes(plan) <= GRAPH_MAX_BYTES and batchable(plan))
+
+
+def _kept(be: CupyBackend, key: tuple[int, int], plan: Plan, make: Callable[[], Any]) -> Any:
+    """``make()``'s value for ``plan``, kept by the backend under ``key`` (all forgotten past 256): a plan's specs do
+    not change, so what is derived from them alone is made once per plan."""
+    entry = be._plan_facts.get(key)
     if entry is not None and entry[0] is plan:
         return entry[1]
-    if len(be._small_plans) > 256:
-        be._small_plans.clear()
-    ok = plan_bytes(plan) <= GRAPH_MAX_BYTES and batchable(plan)
-    be._small_plans[id(plan)] = (plan, ok)
-    return ok
+    if len(be._plan_facts) > 256:
+        be._plan_facts.clear()
+    value = make()
+    be._plan_facts[key] = (plan, value)
+    return value
 
 
 class _Launched:

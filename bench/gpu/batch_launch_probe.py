@@ -26,18 +26,12 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiny_probe import _gemm_views  # noqa: E402
+from tiny_probe import _gemm_views, timed  # noqa: E402
 
 
 def med_us(fn: Callable[[], Any], n: int) -> float:
-    for _ in range(50):
-        fn()
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        fn()
-        ts.append(time.perf_counter_ns() - t0)
-    return float(np.median(ts)) / 1e3
+    """The median of ``n`` calls of ``fn`` after a warm-up (tiny_probe's ``timed``), in µs."""
+    return float(np.median(timed(fn, n))) * 1e6
 
 
 def main() -> int:

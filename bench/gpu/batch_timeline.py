@@ -14,9 +14,12 @@ Per launched batch (``Dispatcher.launch_batch`` answered a handle) the steps fro
                 noticing it: it reads the lanes meanwhile)
     answer      _finish_launched: the finish (a synchronize that should find the event done) and the answers
     after       from the answers' end to the next launch (requests received, a lone request run, the turn's end)
-    in after    the requests received (_on_call), their time, and the lone or synchronous runs in that gap
 
-Medians and quartiles of each over the batches of the timed part (the bench's scaling loop), with requests/s.
+and per window (device, answer, after) the calls and the time of each wrapped method that began in it: the
+requests received (_on_call), the finish's synchronize, the answers (_done_sent, _ok_sent), the metrics fold, the waits and
+spins, the lane scans, lone and synchronous runs (a nested call counts in its caller too). Medians and quartiles
+of each over the batches of the timed part (the bench's scaling loop, the last clients x iters requests), with
+requests/s.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ import atexit, json, runpy, sys, time
 stamps = []
 _ns = time.perf_counter_ns
 def wrap(cls, name, tag, size=None):
-    f = getattr(cls, name)
+    f = getattr(cls, name, None)
+    if f is None:  # a tree without it
+        return
     def w(self, *a, **k):
         stamps.append((_ns(), tag, size(self, a) if size else 0))
         r = None
@@ -60,6 +65,7 @@ from shmrpc.server._loop import Worker
 from shmrpc.server.metrics import Metrics
 wrap(Launched, "finish", "G")
 wrap(Runs, "_done_sent", "D")
+wrap(Runs, "_ok_sent", "O")
 wrap(Metrics, "fold", "M")
 wrap(Worker, "_wait", "W")
 wrap(Runs, "_spin", "S")
@@ -79,7 +85,7 @@ def _q(xs: list[float]) -> dict[str, float]:
             "p75": round(xs[3 * len(xs) // 4], 2)}
 
 
-_PARTS = {"C": "on_call", "G": "finish (synchronize)", "D": "done_sent", "M": "metrics fold", "W": "wait",
+_PARTS = {"C": "on_call", "G": "finish (synchronize)", "D": "done_sent", "O": "ok_sent", "M": "metrics fold", "W": "wait",
           "S": "spin", "N": "lanes scan", "X": "lone complete", "R": "run_batch"}
 
 

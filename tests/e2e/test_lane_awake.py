@@ -15,6 +15,7 @@ from support.eventfd import writes as _writes
 from shmrpc.client import Client, _lane
 from shmrpc.client._lane import ClientLane
 from shmrpc.schema import lane as L
+from shmrpc.schema import messages as m
 
 if TYPE_CHECKING:
     from conftest import WorkerProc
@@ -105,6 +106,53 @@ def test_a_spinning_lane_after_an_answer_over_its_budget_says_how_long_its_wait_
             else:
                 assert said == 0, last
     finally:
+        lane.close()
+
+
+@pytest.mark.parametrize("last_s", [1.5e-4, 2.5e-4, 1.15e-3])
+def test_a_spinning_wait_finds_an_answer_posted_just_inside_the_time_its_ring_said_without_sleeping(
+        monkeypatch: pytest.MonkeyPatch, last_s: float) -> None:
+    # the promise kept by the wait itself: a worker that reads the awake word skips the eventfd write, so an answer
+    # posted 10 µs before the time the ring said must be found by the spin, never by a sleep (a fake clock of 1 µs per
+    # read; done_seq hides the DONE until then; the epoll fails the test if the wait blocks in it)
+    clock = [1000.0]
+
+    def fake_perf_counter() -> float:
+        clock[0] += 1e-6
+        return clock[0]
+
+    monkeypatch.setattr(_lane, "_perf_counter", fake_perf_counter)
+    page = os.memfd_create("test-lane", os.MFD_CLOEXEC)
+    os.fchmod(page, 0o600)
+    os.ftruncate(page, L.LANE_NBYTES)
+    doorbell, own = os.eventfd(0, os.EFD_NONBLOCK), os.eventfd(0, os.EFD_NONBLOCK)
+    lane = ClientLane(page, doorbell, own, os.geteuid(), 2e-4)
+    real_poll = lane._poll
+    try:
+        lane._last_s = last_s
+        mono = time.monotonic_ns()
+        lane.ring(b"c" * 16, 7)
+        window_s = (L.seq_word(lane._map, L.CLIENT_AWAKE).value - mono) / 1e9
+        assert window_s > 1.5e-4
+        done = L.seq_word(lane._map, L.DONE_SEQ)
+        L.post(lane.page, done, L.DONE_SEQ, lane.seq, m.DONE_STRUCT.pack(m.DONE, 1, 2, 7, 0))
+        due = lane._rung + window_s - 1e-5
+
+        class HiddenUntilDue:
+            @property
+            def value(self) -> int:
+                return lane.seq if clock[0] >= due else 0
+
+        class NoSleep:
+            def poll(self, timeout: float = -1) -> list[tuple[int, int]]:
+                raise AssertionError(f"the wait slept (timeout {timeout}) before the time its ring said")
+
+        lane._done_seq, lane._poll = HiddenUntilDue(), NoSleep()  # type: ignore[assignment]
+        del done
+        assert lane.wait(None, None, "test") == (1, 2, 7, 0)
+        assert clock[0] >= due
+    finally:
+        lane._poll = real_poll
         lane.close()
 
 
