@@ -42,9 +42,6 @@ BATCH_JOINT = os.environ.get("SHMRPC_NUMPY_BATCH_JOINT", "") == "1"
 #: its launch, and when (its ``eta``), as a device run would (``SHMRPC_NUMPY_LAUNCH_S``; 0: done at once, no eta):
 #: the worker's wait for a long device run, and its PULSE, are tested this way without a GPU.
 LAUNCH_S = float(os.environ.get("SHMRPC_NUMPY_LAUNCH_S", "0") or 0)
-#: ... and a launched batch (:meth:`NumpyBackend.launch_batch`) this many (``SHMRPC_NUMPY_LAUNCH_BATCH_S``; 0: at once):
-#: the worker's batches launched behind one another (``--launch-depth``) are tested this way.
-LAUNCH_BATCH_S = float(os.environ.get("SHMRPC_NUMPY_LAUNCH_BATCH_S", "0") or 0)
 
 
 def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
@@ -248,7 +245,7 @@ class NumpyBackend(Backend):
         ``batches_singles``). Else None."""
         if not BATCH_JOINT or not items:
             return None
-        return _Deferred(lambda: self.run_batch(plan, items), LAUNCH_BATCH_S)
+        return _Deferred(lambda: self.run_batch(plan, items))
 
     def run_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
                   ) -> list[dict[str, float] | Exception]:

@@ -47,12 +47,6 @@ that plan, whatever their slots::
                     must equal the warm run's), with a table of the graph's own
     afterwards      this batch's rows into that table (NumPy), graph.launch, one synchronize
 
-A key has a second graph for a batch that comes while its first is out (:meth:`GatherGraphs.start` launched it and
-:meth:`Started.finish` has not returned: its table and stacked buffers are still read): ``run`` serves such a batch
-by the key's second graph, seen and captured as the first was, and ``start`` launches the second while the first is
-out. So two batches of one key may be on the device at once (the worker's ``--launch-depth``), one after the other
-on the graphs' stream.
-
 The rows are filled only from :meth:`HostAccess.addresses`, checked for every batch, so a graph
 reads and writes no host address those checks did not pass. A batch of overlapping views (in place)
 is served by an existing graph (every input is gathered before any output is scattered), but a key
@@ -444,12 +438,6 @@ class GatherGraphs(_BatchCaptures):
             return None
         key = _gather_key(plan, bp, resident)
         g = self._lookup(key)
-        if g is not None and g is not False and g is not _NONE and g.pending:
-            # NOTE: the key's graph is out (a launch not finished, which still reads its table and buffers): its
-            # second graph serves this batch, captured as the first was, so that two batches of one key may be on
-            # the device at once (start)
-            key = (*key, _SECOND)
-            g = self._lookup(key)
         if g is False or g is _NONE:
             return None
         if g is None:
@@ -481,15 +469,11 @@ class GatherGraphs(_BatchCaptures):
 
     def start(self, plan: Plan, bp: BatchPlan, addrs: tuple[list[list[int]], list[list[int]]], resident: Mapping[str, Any]
               ) -> Started | None:
-        """Launch the graph of this batch's key without waiting for it, or its second graph while the first is out
-        (None: no graph yet, or both are in use by other launches: run it the other way). The graph stays this
-        thread's until :meth:`Started.finish`."""
-        key = _gather_key(plan, bp, resident)
-        g = self._claim(key)
+        """Launch the graph of this batch's key without waiting for it (None: no graph yet, or that graph is in use
+        by another launch: run it the other way). The graph stays this thread's until :meth:`Started.finish`."""
+        g = self._claim(_gather_key(plan, bp, resident))
         if g is None:
-            g = self._claim((*key, _SECOND))
-            if g is None:
-                return None
+            return None
         try:
             with self._sh.launch_lock:
                 g.fill(addrs)
@@ -501,10 +485,6 @@ class GatherGraphs(_BatchCaptures):
         g.pending = True
         self.launches += 1
         return Started(g)
-
-
-#: The last element of the key of a key's second graph (:meth:`GatherGraphs.run`): never a device address.
-_SECOND = "second"
 
 
 def _gather_key(plan: Plan, bp: BatchPlan, resident: Mapping[str, Any]) -> tuple[Any, ...]:

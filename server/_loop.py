@@ -88,9 +88,8 @@ class Worker(Calls, Runs):
         self._executor: ThreadPoolExecutor | None = None
         self._done: collections.deque[Done] = collections.deque()  # what the executor answered, for the loop
         self._pending: list[Pending] = []  # batchable requests of this turn of the loop (see _batch.py)
-        # the runs on the device, oldest first (Runs._launched): a large request alone, or up to --launch-depth batches
-        self._launched: collections.deque[tuple[Launched | RunLaunch, Callable[[], None], bool]] = collections.deque()
-        self._launch_depth = config.launch_depth
+        # a batch or a request on the device, what answers it once it is done, whether it is a batch (_await_launched)
+        self._launched: tuple[Launched | RunLaunch, Callable[[], None], bool] | None = None
         self._pulse: tuple[float, bytes, int] | None = None  # the launched request's PULSE still to send (_runs.py)
         self._max_batch = config.max_batch
         self._batch_wait_s = config.batch_wait_us / 1e6  # --batch-wait-us (Runs._holding)
@@ -301,7 +300,7 @@ class Worker(Calls, Runs):
                     poller.register(fd)
                 polled = wanted
             timeout_ms = 50 if stopping else self._poll_timeout_ms(next_check)
-            if self._launched:
+            if self._launched is not None:
                 events = self._await_launched(poller, lane_rang, timeout_ms)
             elif self._hold_until:  # parked requests waiting for the rest of their batch (--batch-wait-us)
                 events = self._spin(poller, lane_rang, self._hold_until)
@@ -334,10 +333,9 @@ class Worker(Calls, Runs):
                     lanes.clear_doorbell()
                     for lane, seq, frame in lanes.scan():
                         self._on_call(lane.identity, frame, stopping, seq)
-            if self._pending and self._may_run_pending() and not self._holding(stopping):
-                # the turn's batchable requests: one run per plan (see _batch.py); while --launch-depth batches are
-                # on the device they stay parked, and run as one batch once the oldest is answered (the device and
-                # the loop overlap; with a depth of 2 the loop answers one batch while the next one runs)
+            if self._pending and (self._launched is None or not self._launched[2]) and not self._holding(stopping):
+                # the turn's batchable requests: one run per plan (see _batch.py); while a launched batch is on the
+                # device they stay parked, and run as one batch once it is answered (the device and the loop overlap)
                 self._run_pending()
             others = len(events) > rang_sock + rang_lane  # the wake pipe, the attach socket, pidfds
             if others and wake_r in events:  # NOTE: read before the completions are drained: one queued later rings

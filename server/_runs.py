@@ -15,7 +15,6 @@ A request of an armed slot (:mod:`._primed`) is served and answered by :meth:`Ru
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import os
 import struct
@@ -77,10 +76,8 @@ class Runs:
     _executor: ThreadPoolExecutor | None
     _done: collections.deque[Done]
     _pending: list[Pending]
-    # the runs on the device, oldest first: each with what answers it once it is done and whether it is a batch
-    # (_await_launched); a large request is launched only alone, batches up to _launch_depth at once
-    _launched: collections.deque[tuple[Launched | RunLaunch, Callable[[], None], bool]]
-    _launch_depth: int  # --launch-depth
+    # a batch or a request on the device, what answers it once it is done, whether it is a batch (_await_launched)
+    _launched: tuple[Launched | RunLaunch, Callable[[], None], bool] | None
     _max_batch: int
     _singles: bool  # a lone parked request runs as a batch of one (Backend.batches_singles)
     _batch_wait_s: float  # --batch-wait-us
@@ -109,19 +106,6 @@ class Runs:
 
         def stop(self) -> None: ...
 
-    def _may_run_pending(self) -> bool:
-        """Whether the parked requests run at the end of this turn: nothing is on the device, or a large request is
-        (they run beside it, on the loop), or fewer batches than ``--launch-depth`` are (they are launched behind
-        them); else they stay parked until the oldest batch is answered."""
-        launched = self._launched
-        return not launched or not launched[0][2] or len(launched) < self._launch_depth
-
-    def _launch_room(self) -> bool:
-        """Whether a batch may be launched now: nothing is on the device, or fewer batches than ``--launch-depth``
-        (and no large request) are."""
-        launched = self._launched
-        return not launched or (launched[0][2] and len(launched) < self._launch_depth)
-
     def _run_pending(self) -> None:
         """The end of a turn: run the parked batchable requests, one batch per plan (see :mod:`._batch`)."""
         pending, self._pending = self._pending, []
@@ -143,14 +127,12 @@ class Runs:
             if inline:
                 plan = p.primed.prep.plan
                 assert plan is not None
-                # at most --launch-depth batches on the device, and a large request alone: without room (batches
-                # launched earlier, in this turn or before, or a large request), this batch runs here and now
-                h = self.dispatch.launch_batch(plan, [(q.primed.prep, q.primed.views) for q in group]) \
-                    if self._launch_room() else None
+                # one launched run at a time: with one out (a batch launched earlier in this turn, or a large
+                # request), this batch runs here and now
+                h = None if self._launched is not None else \
+                    self.dispatch.launch_batch(plan, [(q.primed.prep, q.primed.views) for q in group])
                 if h is not None:  # on the device: the loop goes on, and answers the batch once it is done
-                    if self._launched:
-                        self.metrics.launched_behind()
-                    self._launched.append((h, functools.partial(self._answer_batch, group, h), True))
+                    self._launched = (h, lambda g=group, h=h: self._answer_batch(g, h), True)
                     continue
                 for q, status, stages in self._execute_batch(group):
                     self._done_sent(q.identity, q.slot, q.hdr, status, q.t0, stages, q.primed.prep, lane=q.lane)
@@ -199,12 +181,12 @@ class Runs:
         while now < end and not self._done:
             if lanes is not None:
                 if lanes.ready():
-                    if self._pending or self._launched or self._stopping:
+                    if self._pending or self._launched is not None or self._stopping:
                         return lane_rang
                     for lane, seq, frame in lanes.scan():
                         self._on_call(lane.identity, frame, False, seq)
                     served = True
-                    if self._pending or self._launched or self.dispatch.fatal:
+                    if self._pending or self._launched is not None or self.dispatch.fatal:
                         return lane_rang
                     # on to the poll's turn below: it runs every SPIN_POLL_S, the lanes busy or not
                 if now < next_poll:
@@ -244,11 +226,10 @@ class Runs:
         """A request too big for the loop thread: launched on the device and answered by the loop once it is done
         (``backend.launch``: a large request its chunk graph serves; one launched run at a time), else run by
         the executor."""
-        if not self._launched:  # a large request is launched alone
+        if self._launched is None:
             h = self.dispatch.launch(primed.prep, primed.views)
             if h is not None:
-                self._launched.append((h, lambda: self._complete(identity, s, view, hdr, primed, t0, lane, h.finish),
-                                       False))
+                self._launched = (h, lambda: self._complete(identity, s, view, hdr, primed, t0, lane, h.finish), False)
                 eta = h.eta
                 if eta and eta - time.perf_counter() >= PULSE_MIN_S:
                     self._pulse = (eta - PULSE_LEAD_S, identity, lane)
@@ -265,8 +246,8 @@ class Runs:
         linger time of an answer has not passed. A request's PULSE goes
         out in the spin, PULSE_LEAD_S before it is due. No events within ``timeout_ms``: none (the loop's periodic
         work runs)."""
-        assert self._launched
-        h, lanes = self._launched[0][0], self._lanes  # the oldest: runs on one stream finish in launch order
+        assert self._launched is not None
+        h, lanes = self._launched[0], self._lanes
         now = time.perf_counter()
         eta = getattr(h, "eta", 0.0)
         wake = eta - max(_LAUNCHED_EARLY_S, 0.15 * (eta - now)) if eta else now
@@ -310,11 +291,10 @@ class Runs:
         self._send(identity, m.PULSE)
 
     def _finish_launched(self) -> None:
-        """Wait for the oldest launched run (if any) and answer it."""
-        if not self._launched:
+        """Wait for the launched run (if any) and answer it."""
+        launched, self._launched, self._pulse = self._launched, None, None
+        if launched is None:
             return
-        launched = self._launched.popleft()
-        self._pulse = None  # a large request's, launched alone
         launched[1]()
         if self.dispatch.fatal:
             self._drain_done()

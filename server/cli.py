@@ -108,9 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-wait-us", type=int, default=0, metavar="US",
                    help="after a batched run of N requests, hold fewer than N parked requests up to US µs, spinning, "
                         "for the rest to arrive (soon after that run only; 0: never) (default %(default)s)")
-    s.add_argument("--launch-depth", type=int, default=2, metavar="N",
-                   help="most batched runs on the device at once: requests that arrive while a batch runs are "
-                        "launched behind it (1: parked until it is answered) (default %(default)s)")
     s.add_argument("--lane-linger-us", type=int, default=LINGER_NS // 1000, metavar="US",
                    help="after answering a lane whose client came back soon after its last answer, read the lanes "
                         "US µs before sleeping (0: never; off on a one-CPU host) (default %(default)s)")
@@ -267,7 +264,7 @@ def _serve(args: argparse.Namespace) -> int:
             name=args.name, geometry=geometry, lease=lease, backend=args.backend, metrics_port=args.metrics_port,
             mlock=not args.no_mlock, threads=args.threads, inline_max_nbytes=parse_size(args.inline_max),
             spin_us=args.spin_us, lane_linger_us=args.lane_linger_us, lanes=not args.no_lanes, max_batch=args.max_batch,
-            batch_wait_us=args.batch_wait_us, launch_depth=args.launch_depth,
+            batch_wait_us=args.batch_wait_us,
             resident_limit_bytes=parse_size(args.resident_limit), allow_uids=tuple(args.allow_uid), register_host=not args.no_register,
             dumpable=args.dumpable,
             isolation=args.isolation, client_max_slots=args.client_max_slots,

@@ -126,10 +126,6 @@ class WorkerConfig:
             long, the loop spinning, for the others to arrive (answered clients sending again), before they
             run; 0 (default): never wait. Only soon after a batched run (2 ms, or 20 times the setting if
             longer), so a lone client never waits.
-        launch_depth: most batched runs launched on the device at once (a backend that launches them:
-            ``Backend.launch_batch``). With 2 (default), requests that arrive while one batch is on the device are
-            launched behind it, and the loop answers one batch while the next runs; 1: they stay parked until the
-            batch on the device is answered.
     """
 
     name: str
@@ -166,7 +162,6 @@ class WorkerConfig:
     otel: bool = False
     max_batch: int = 64
     batch_wait_us: int = 0
-    launch_depth: int = 2
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -205,8 +200,6 @@ class WorkerConfig:
             raise ValueError(f"--batch-wait-us must be 0..10000, got {self.batch_wait_us}")
         if not 1 <= self.max_batch <= 4096:
             raise ValueError(f"--max-batch must be 1..4096 (1: no batching), got {self.max_batch}")
-        if not 1 <= self.launch_depth <= 4:
-            raise ValueError(f"--launch-depth must be 1..4, got {self.launch_depth}")
 
     def private_geometry(self, lease: tuple[int, ...] | None = None) -> Geometry | None:
         """The geometry of a client's own region: ``lease[c]`` slots of each class (default: ``self.lease``;

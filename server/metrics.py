@@ -150,7 +150,6 @@ class _RequestStats:
         self.lock = threading.Lock()  # held while folding: by the loop thread or by a scrape
         self.ops: dict[str, _OpStats] = {}
         self.batches: dict[str, _Hist] = {}  # op label -> sizes of the batched runs
-        self.launched_behind = 0  # batches launched while another launched run was on the device
         self.inflight = _Level()
         self.bytes_in = 0
         self.bytes_out = 0
@@ -228,8 +227,6 @@ class _RequestStats:
         for op, h in list(self.batches.items()):
             batch.add_metric([op], h.cumulative(), h.sum)
         yield batch
-        yield CounterMetricFamily("shmrpc_batches_launched_behind", "Batched runs launched on the device while "
-                                  "another batch was still running there (--launch-depth).", value=self.launched_behind)
         yield CounterMetricFamily("shmrpc_bytes_in", "Tensor bytes read from slots.", value=self.bytes_in)
         yield CounterMetricFamily("shmrpc_bytes_out", "Tensor bytes written to slots.", value=self.bytes_out)
         yield GaugeMetricFamily(*_GAUGES["inflight"], value=self.inflight.value)
@@ -313,10 +310,6 @@ class Metrics:
         if h is None:
             h = self._stats.batches[op] = _Hist(BATCH_BUCKETS)
         h.observe(size)
-
-    def launched_behind(self) -> None:
-        """Count one batched run launched while another was still on the device (loop thread only)."""
-        self._stats.launched_behind += 1
 
     def serve(self, port: int = 0, addr: str = "127.0.0.1", token: str | None = None,
               health: HealthFn | None = None) -> None:

@@ -7,9 +7,7 @@ are wrapped to stamp their start and end (``time.perf_counter_ns``, a list appen
 cProfile), runs ``shmrpc bench lat`` against it (``--clients`` processes of gemm x=16x256 @ w=256x256 float16,
 x and w sent with every request), stops the worker with SIGTERM and reads the stamps it wrote at exit.
 
-Per launched batch (``Dispatcher.launch_batch`` answered a handle) whose answers went out before the next launch
-(with ``--launch-depth 2`` a batch may be launched behind another: those are counted, ``launched_behind``, with the
-sizes of all launches, ``launch_sizes``) the steps from one launch to the next:
+Per launched batch (``Dispatcher.launch_batch`` answered a handle) the steps from one launch to the next:
 
     launch      launch_batch's own time (checks, rows, graph launch)
     device      from the launch's return to the loop's finish of it (the device's work, and the loop's delay in
@@ -152,16 +150,6 @@ def analyse(stamps: list[list[int | str]]) -> dict[str, object]:
     out["requests"] = len(iv.get("C", []))
     out["lone_runs"] = len(iv.get("X", []))
     out["launched_requests"] = sum(b for _, _, b in launches)
-    out["launch_sizes"] = _q([float(b) for _, _, b in launches])
-    # launched behind: a launch that began while an earlier one was not finished yet (--launch-depth 2); the rows
-    # above take a batch only when its finish came before the next launch
-    events = sorted([(s, 1) for s, _, _ in launches] + [(f, -1) for f, _, _ in finishes])
-    out_now, behind = 0, 0
-    for _, d in events:
-        if d > 0 and out_now > 0:
-            behind += 1
-        out_now = max(0, out_now + d)
-    out["launched_behind"] = behind
     return out
 
 
@@ -195,8 +183,7 @@ def main() -> int:
     for key, v in st.items():
         if isinstance(v, dict) and v.get("n"):
             print(f"  {key:40} p25 {v['p25']:8.2f}  p50 {v['p50']:8.2f}  p75 {v['p75']:8.2f}  (n {v['n']})")
-    print(f"  requests {st['requests']}, launched {st['launched_requests']}, lone runs {st['lone_runs']}, "
-          f"launched behind {st['launched_behind']}")
+    print(f"  requests {st['requests']}, launched {st['launched_requests']}, lone runs {st['lone_runs']}")
     if bench.returncode:
         print(bench.stdout[-2000:], bench.stderr[-2000:])
     return 0

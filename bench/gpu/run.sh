@@ -91,7 +91,6 @@
 #           off (SHMRPC_CUDA_LAUNCH_BATCHES=0) as a third arm -> $OUT/gemmab-{base,nolaunch,new}-rN.json; GEMMAB_ARMS
 #           picks the arms, among them wspin: the tree with the worker spinning 200 µs (--spin-us 200) between turns,
 #           bwait: the tree with --batch-wait-us 100 (parked requests wait for the rest of their batch),
-#           depth1: the tree with --launch-depth 1 (one launched batch at a time, as before 2026-12-03),
 #           and singles: the tree with lone requests run as batches of one (SHMRPC_CUDA_BATCH_SINGLES=1; the tree
 #           of 69c6f96, where that was the default, ran this arm as "new" and the default of today as "nosingles")
 #   singlesab 64 B float32 scale on the CuPy worker (loan, call(), lanes, next to zmq), lone requests as batches of
@@ -448,7 +447,6 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
           launch=1; [ "$arm" = nolaunch ] && launch=0
           singles=0; [ "$arm" = singles ] && singles=1
           wargs=""; [ "$arm" = wspin ] && wargs="--spin-us 200"; [ "$arm" = bwait ] && wargs="--batch-wait-us 100"
-          [ "$arm" = depth1 ] && wargs="--launch-depth 1"
           echo "== round $r, $arm: gemm x=16x256 w=256x256 float16 on the CuPy worker, 8 and 16 clients"
           SHMRPC_CUDA_LAUNCH_BATCHES=$launch SHMRPC_CUDA_BATCH_SINGLES=$singles PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 90 $BENCH lat \
             --transports shmrpc,shmrpc-lane,shmrpc-lane-spin --clients 8,16 --iters 2000 --warmup 50 --backend cupy \
@@ -494,7 +492,7 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
       for tr in ${BTL_TRANSPORTS:-shmrpc-lane-spin shmrpc-lane}; do
         for arm in ${BTL_ARMS:-default singles bwait}; do
           singles=0; [ "$arm" = singles ] && singles=1
-          wargs=""; [ "$arm" = bwait ] && wargs="--batch-wait-us 100"; [ "$arm" = depth1 ] && wargs="--launch-depth 1"
+          wargs=""; [ "$arm" = bwait ] && wargs="--batch-wait-us 100"
           echo "== $tr, $arm: the worker's steps per launched batch, 8 clients of gemm x=16x256 w=256x256 float16"
           SHMRPC_CUDA_BATCH_SINGLES=$singles timeout 120 python3 bench/gpu/batch_timeline.py --clients 8 \
             --transport "$tr" --worker-args "$wargs" --out "$OUT/batch-timeline-$tr-$arm.json" 2>&1 | tail -18

@@ -199,37 +199,6 @@ def test_one_batch_per_plan_and_at_most_max_batch(spawn_worker: Callable[..., Wo
         assert _answered(w, "gelu") == 6
 
 
-@pytest.mark.parametrize("depth", [1, 2])
-def test_a_batch_that_arrives_while_one_is_on_the_device_is_launched_behind_it(
-        spawn_worker: Callable[..., WorkerProc], depth: int) -> None:
-    """--launch-depth: a batch is launched (NumPy's stand-in device: done 1 s after its launch); requests that arrive
-    meanwhile are launched behind it as the next batch (depth 2), or stay parked until it is answered (depth 1).
-    Every answer is right, in its own slot; ``shmrpc_batches_launched_behind_total`` counts the batch launched
-    behind."""
-    w = spawn_worker("--metrics-port", "0", "--launch-depth", str(depth), lease="8,1,0,0",
-                     env=dict(_joint(), SHMRPC_NUMPY_LAUNCH_BATCH_S="1.0"))
-    rng = np.random.default_rng(depth)
-    xs = [rng.standard_normal(16).astype(np.float32) for _ in range(5)]
-    with Client(w.name, timeout_s=30) as c:
-        c.call("echo", x=np.zeros(1, np.float32))  # the ZeroMQ handshake is done
-        with _stopped(w):
-            first = [c.submit("scale", x=x, a=3.0, b=1.0, in_place=True) for x in xs[:3]]
-            wait_unread(3 * _CALL_WIRE_NBYTES)
-        deadline = time.monotonic() + 10
-        while _batches(w, "scale") != (1, 3):  # launched: on the stand-in device for 1 s
-            assert time.monotonic() < deadline, _batches(w, "scale")
-            time.sleep(0.005)
-        assert not any(f.done() for f in first)
-        with _stopped(w):
-            second = [c.submit("scale", x=x, a=3.0, b=1.0, in_place=True) for x in xs[3:]]
-            wait_unread(2 * _CALL_WIRE_NBYTES)
-        outs = [f.result(timeout=30) for f in first + second]
-    for x, out in zip(xs, outs):
-        np.testing.assert_allclose(out["out"], 3.0 * x + 1.0, rtol=1e-6)
-    assert _batches(w, "scale") == (2, 5) and _answered(w, "scale") == 5
-    assert _samples(w).get("shmrpc_batches_launched_behind_total", 0) == (1 if depth == 2 else 0)
-
-
 def test_max_batch_1_never_batches(spawn_worker: Callable[..., WorkerProc]) -> None:
     w = spawn_worker("--metrics-port", "0", "--max-batch", "1", lease="8,1,0,0", env=_joint())
     xs = [np.full(16, i, np.float32) for i in range(5)]

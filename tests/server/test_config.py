@@ -15,8 +15,6 @@ from shmrpc.server.config import WorkerConfig
     ({"request_memory_limit_bytes": -1}, "--request-memory-limit"), ({"inline_max_flops": -1}, "--inline-max-flops"),
     ({"client_max_waiters": -1}, "--client-max-waiters"),
     ({"lane_linger_us": -1}, "--lane-linger-us"), ({"lane_linger_us": 20_000}, "--lane-linger-us"),
-    ({"launch_depth": 0}, "--launch-depth"), ({"launch_depth": 5}, "--launch-depth"),
-    ({"max_batch": 0}, "--max-batch"), ({"batch_wait_us": -1}, "--batch-wait-us"),
 ])
 def test_bad_values_name_their_option(kw: dict[str, object], option: str) -> None:
     with pytest.raises(ValueError, match=option):
@@ -33,11 +31,6 @@ def test_lane_linger_default_is_the_protocols_and_zero_turns_it_off() -> None:
 
     assert WorkerConfig(name="cfgtest").lane_linger_us * 1000 == LINGER_NS > 0
     assert WorkerConfig(name="cfgtest", lane_linger_us=0).lane_linger_us == 0
-
-
-def test_launch_depth_default_two() -> None:
-    assert WorkerConfig(name="cfgtest").launch_depth == 2
-    assert WorkerConfig(name="cfgtest", launch_depth=1).launch_depth == 1
 
 
 def test_serve_refuses_a_bad_spin_with_status_2(capsys: pytest.CaptureFixture[str]) -> None:
