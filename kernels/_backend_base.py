@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -13,10 +13,41 @@ from ._errors import KernelFatalError, KernelInputError, KernelResourceError, Ke
 from ._plan import Plan, ResolvedStep, build_plan
 from ._registry import REGISTRY, StepSpec, TensorSpec
 
-__all__ = ["Backend", "BatchLaunch", "BoundRun", "RunLaunch", "check_host", "check_result", "example_array"]
+__all__ = ["Backend", "BatchItem", "BatchLaunch", "BoundRun", "ItemViews", "RunLaunch", "check_host", "check_result",
+           "example_array"]
 
 #: A run of one plan over fixed views: ``bound()`` -> stage seconds, raising what ``Backend.run`` raises.
 BoundRun = Callable[[], dict[str, float]]
+
+
+class ItemViews:
+    """One request's views, ``(inputs, outputs)`` by name, as one object that unpacks and indexes as that pair.
+
+    A caller that makes one per request and keeps it, unchanged, for as long as the request's views stay the same
+    (the worker: one per slot's validated request) lets a backend remember what it checked of a batch item by the
+    object's identity: weakly, so that nothing keeps a region's views alive. Its mappings must not change once it
+    is made. Any other pair is checked view by view, as before."""
+
+    __slots__ = ("ins", "outs", "__weakref__")
+
+    def __init__(self, ins: dict[str, np.ndarray], outs: dict[str, np.ndarray]) -> None:
+        self.ins, self.outs = ins, outs
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return iter((self.ins, self.outs))
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        return (self.ins, self.outs)[i]
+
+    def __len__(self) -> int:
+        return 2
+
+    def __repr__(self) -> str:
+        return f"ItemViews(ins={list(self.ins)}, outs={list(self.outs)})"
+
+
+#: A batch item: one request's (inputs, outputs) views, as a pair or as an :class:`ItemViews`.
+BatchItem = tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | ItemViews
 
 
 class BatchLaunch(Protocol):
@@ -253,8 +284,7 @@ class Backend:
             return self.run(plan, inputs, outputs, keep_as)
         return bound
 
-    def run_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
-                  ) -> list[dict[str, float] | Exception]:
+    def run_batch(self, plan: Plan, items: Sequence[BatchItem]) -> list[dict[str, float] | Exception]:
         """Run ``plan`` over several requests: ``items`` is one (inputs, outputs) pair of views per request.
 
         Returns, per item in order, its stage seconds or the exception its run raised (an
@@ -275,8 +305,7 @@ class Backend:
         (as :meth:`launch_batch`, for one request). Here: None."""
         return None
 
-    def launch_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
-                     ) -> BatchLaunch | None:
+    def launch_batch(self, plan: Plan, items: Sequence[BatchItem]) -> BatchLaunch | None:
         """Start :meth:`run_batch`'s work on the device and return without waiting for it, or None: run it with
         :meth:`run_batch`. The handle's ``done()`` says whether the device has finished (no wait), its
         ``finish()`` (called once, on the thread that launched) waits and returns what :meth:`run_batch` would.

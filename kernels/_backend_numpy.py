@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from ._backend_base import Backend, BatchLaunch, BoundRun, RunLaunch, check_result
+from ._backend_base import Backend, BatchItem, BatchLaunch, BoundRun, RunLaunch, check_result
 from ._batch import batch_plan, batchable
 from ._errors import KernelInputError, KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan, ResolvedStep
@@ -238,8 +238,7 @@ class NumpyBackend(Backend):
             return None
         return _Deferred(lambda: self.run(plan, inputs, outputs), LAUNCH_S)
 
-    def launch_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
-                     ) -> BatchLaunch | None:
+    def launch_batch(self, plan: Plan, items: Sequence[BatchItem]) -> BatchLaunch | None:
         """With ``BATCH_JOINT``: a handle whose ``finish()`` runs :meth:`run_batch` (NumPy has no device to start
         work on; the worker's path for launched runs is tested this way without a GPU), for a batch of one too (see
         ``batches_singles``). Else None."""
@@ -247,8 +246,7 @@ class NumpyBackend(Backend):
             return None
         return _Deferred(lambda: self.run_batch(plan, items))
 
-    def run_batch(self, plan: Plan, items: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
-                  ) -> list[dict[str, float] | Exception]:
+    def run_batch(self, plan: Plan, items: Sequence[BatchItem]) -> list[dict[str, float] | Exception]:
         """Run ``plan`` over several requests; see :meth:`Backend.run_batch`.
 
         A :func:`~shmrpc.kernels._batch.batchable` plan over two requests or more (and

@@ -66,6 +66,7 @@ from typing import Any
 
 import numpy as np
 
+from ._backend_base import BatchItem, ItemViews
 from ._batch import BatchPlan
 from ._cuda_batch import _NONE, Shared, Step, _BatchCaptures, address
 from ._dtypes import storage_dtype
@@ -194,8 +195,9 @@ class CheckedItems:
     client) and serves a request whose every view is the very object it was made from; it is made only where
     the checks handed the views back as they came (views already of their storage dtype). A hit hands the
     request's own mappings back when they are dicts of exactly the plan's views in its order (the worker's),
-    else new ones; either is only read. Entries are forgotten when the host ranges change
-    (:attr:`HostAccess.version`) and all at once past ``limit``."""
+    else new ones; either is only read. A batch item that is an :class:`ItemViews` is remembered by its own
+    identity once its checks handed its views back (:meth:`item`). Entries are forgotten when the host ranges
+    change (:attr:`HostAccess.version`) and all at once past ``limit``."""
 
     def __init__(self, access: HostAccess, limit: int = 4096) -> None:
         self._access = access
@@ -203,13 +205,33 @@ class CheckedItems:
         self._version = access.version
         self._entries: dict[tuple[int, ...], tuple[Any, ...]] = {}
         self._names: dict[int, tuple[Plan, tuple[str, ...], tuple[str, ...]]] = {}  # per plan: its views' names
+        # per ItemViews (its id): weak references to it and its plan, and the host addresses of its views (item)
+        self._items: dict[int, tuple[weakref.ref[ItemViews], weakref.ref[Plan], Any]] = {}
+
+    def item(self, plan: Plan, item: BatchItem, host_io: HostIO) -> Checked:
+        """:meth:`get` of one batch item. An :class:`ItemViews` whose checks handed its own views back (its mappings
+        exactly the plan's views, every view as it came) is remembered by its identity, weakly, with its plan: its
+        next batches are checked by those two identities alone (the worker's requests of a slot, sent again)."""
+        if type(item) is not ItemViews:
+            ins, outs = item
+            return self.get(plan, ins, outs, host_io)
+        if self._access.version != self._version:
+            self._forget()
+        e = self._items.get(id(item))
+        if e is not None and e[0]() is item and e[1]() is plan:
+            return item.ins, item.outs, True, e[2]
+        got = self.get(plan, item.ins, item.outs, host_io)
+        if got[0] is item.ins and got[1] is item.outs and got[2]:
+            if len(self._items) >= self._limit:
+                self._items.clear()
+            self._items[id(item)] = (weakref.ref(item), weakref.ref(plan), got[3])
+        return got
 
     def get(self, plan: Plan, ins: Mapping[str, np.ndarray], outs: Mapping[str, np.ndarray], host_io: HostIO) -> Checked:
         """The checks of this request (``host_io``: the backend's, raising its typed error for a bad view)."""
         access = self._access
         if access.version != self._version:
-            self._entries.clear()
-            self._version = access.version
+            self._forget()
         pn = self._names.get(id(plan))
         if pn is None or pn[0] is not plan:
             if len(self._names) >= 256:
@@ -245,8 +267,15 @@ class CheckedItems:
             self._entries[key] = (weakref.ref(plan), tuple(weakref.ref(v) for v in checked), addrs)
         return host_in, host_out, contiguous, addrs
 
+    def _forget(self) -> None:
+        """The host ranges changed: every entry goes."""
+        self._entries.clear()
+        self._items.clear()
+        self._version = self._access.version
+
     def clear(self) -> None:
         self._entries.clear()
+        self._items.clear()
 
 
 class RowTable:

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import _cuda_chunks
 from . import _cuda_gather as _gather
-from ._backend_base import Backend, BatchLaunch, RunLaunch
+from ._backend_base import Backend, BatchItem, BatchLaunch, RunLaunch
 from ._batch import BatchPlan, batch_plan, batchable
 from ._cuda_batch import issue_joint
 from ._cuda_graph import ChunkStarted
@@ -53,7 +53,7 @@ LAUNCH_BATCHES = (os.environ.get("SHMRPC_CUDA_LAUNCH_BATCHES", "") or "1") != "0
 #: 64 B ``scale`` 30-60 µs slower and 8 gemm clients at most 20% faster (docs/benchmarks.md).
 BATCH_SINGLES = os.environ.get("SHMRPC_CUDA_BATCH_SINGLES", "") == "1"
 
-Items = Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
+Items = Sequence[BatchItem]
 Addrs = tuple[list[list[int]], list[list[int]]]
 
 
@@ -187,7 +187,7 @@ def _prepare(be: CupyBackend, plan: Plan, items: Items, gather: bool
     """Each request's checks, the resident tensors, the batch plan and, where ``gather`` and the plan and every
     view allow a gathered run, the host addresses (:func:`_columns`); None where a request's checks fail."""
     try:
-        got = [be._checked.get(plan, ins, outs, be._host_io) for ins, outs in items]
+        got = [be._checked.item(plan, it, be._host_io) for it in items]
         resident = be._lookup_resident(plan)
     except OpError:
         return None

@@ -21,7 +21,7 @@ import numpy as np
 
 from shmrpc import kernels
 from shmrpc.kernels import Backend, Plan
-from shmrpc.kernels._backend_base import BatchLaunch, BoundRun, RunLaunch
+from shmrpc.kernels._backend_base import BatchLaunch, BoundRun, ItemViews, RunLaunch
 from shmrpc.kernels._batch import batchable
 from shmrpc.schema import dtypes
 from shmrpc.schema.descriptor import RequestDesc, ResponseDesc, TensorRef, decode_request, encode_response
@@ -307,12 +307,13 @@ class Dispatcher:
 
     # ------------------------------------------------------------ running
 
-    def views(self, prep: Prepared, slot: memoryview) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """NumPy views of ``prep``'s inputs and outputs inside ``slot`` (bounds were checked by :meth:`prepare`)."""
-        return {t.name: _view(slot, t) for t in prep.inputs}, {t.name: _view(slot, t) for t in prep.outputs}
+    def views(self, prep: Prepared, slot: memoryview) -> ItemViews:
+        """NumPy views of ``prep``'s inputs and outputs inside ``slot`` (bounds were checked by :meth:`prepare`), as
+        one :class:`ItemViews` (a pair the backend may remember its checks of, while the worker keeps it)."""
+        return ItemViews({t.name: _view(slot, t) for t in prep.inputs}, {t.name: _view(slot, t) for t in prep.outputs})
 
     def run(self, prep: Prepared, slot: memoryview,
-            views: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None) -> dict[str, float]:
+            views: ItemViews | None = None) -> dict[str, float]:
         """Run ``prep`` over ``slot``: inputs read from it, outputs written into it. Returns stage seconds.
 
         ``views``: the ones :meth:`views` made for this slot and request earlier (made here when None).
@@ -326,7 +327,7 @@ class Dispatcher:
         ins, outs = self.views(prep, slot) if views is None else views
         return self.run_bound(prep, lambda: self.backend.run(plan, ins, outs, keep_as=prep.keep_as))
 
-    def bind(self, prep: Prepared, views: tuple[dict[str, np.ndarray], dict[str, np.ndarray]]) -> BoundRun | None:
+    def bind(self, prep: Prepared, views: ItemViews) -> BoundRun | None:
         """The backend's bound run of ``prep`` over ``views`` (:meth:`Backend.bind`); None when there is nothing to run."""
         if prep.plan is None:
             return None
@@ -361,14 +362,14 @@ class Dispatcher:
         return InternalError(f"the backend failed: {type(e).__name__}: {e}", op=prep.desc.steps[0].op)
 
 
-    def run_batch(self, plan: Plan, items: list[tuple[Prepared, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]]
+    def run_batch(self, plan: Plan, items: list[tuple[Prepared, ItemViews]]
                   ) -> list[dict[str, float] | RequestError]:
         """Run several requests of one batchable ``plan`` with one ``backend.run_batch``; ``items``: each request's
         :class:`Prepared` and its views. Returns per request, in order, its stage seconds or its own
         RequestError (as :meth:`run` would raise it); one request's failure is not the others'."""
         return self._batch_results(items, lambda: self.backend.run_batch(plan, [views for _, views in items]))
 
-    def launch(self, prep: Prepared, views: tuple[dict[str, np.ndarray], dict[str, np.ndarray]]) -> RunLaunch | None:
+    def launch(self, prep: Prepared, views: ItemViews) -> RunLaunch | None:
         """Start ``prep``'s run without waiting for it (``backend.launch``), or None: run it with :meth:`run_bound`.
         The handle's ``finish`` goes through :meth:`run_bound` (``run_bound(prep, h.finish)``)."""
         if prep.plan is None or prep.keep_as:
@@ -379,7 +380,7 @@ class Dispatcher:
             log.exception("launch failed")
             return None
 
-    def launch_batch(self, plan: Plan, items: list[tuple[Prepared, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]]
+    def launch_batch(self, plan: Plan, items: list[tuple[Prepared, ItemViews]]
                      ) -> Launched | None:
         """Start :meth:`run_batch`'s work without waiting for it (``backend.launch_batch``), or None: call
         :meth:`run_batch`. The outputs are written once :meth:`Launched.finish` has returned."""

@@ -25,9 +25,7 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from shmrpc.kernels._backend_base import BoundRun
+from shmrpc.kernels._backend_base import BoundRun, ItemViews
 
 from ._dispatch import Prepared
 from ._lease import Slot
@@ -47,7 +45,7 @@ class Primed:
     flags: int
     client: int
     prep: Prepared
-    views: tuple[dict[str, np.ndarray], dict[str, np.ndarray]]
+    views: ItemViews
     bound: BoundRun | None = None  # the backend's bound run over ``views`` (None: nothing to run)
 
 

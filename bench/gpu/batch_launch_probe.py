@@ -8,6 +8,7 @@ median of ``--calls``): the whole ``launch_batch``, the device's part (spinning 
 return), ``finish``; then the pieces of ``launch_batch`` alone: the plan checks, ``_prepare`` (each
 request's remembered checks, the batch plan, the address columns), ``GatherGraphs.start`` and its
 ``finish`` inside the device scope, the device scope alone; last a cProfile of the whole, top by own time.
+The items are the worker's ``ItemViews`` (``--pairs``: plain (inputs, outputs) pairs, checked view by view).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--pairs", action="store_true",
+                    help="items as plain (inputs, outputs) pairs, not as the worker's ItemViews")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     import cupy as cp
@@ -52,7 +55,10 @@ def main() -> int:
     plan = be.plan([kernels.StepSpec("gemm", {"x": "x", "w": "w"}, {"out": "o"})],
                    {"x": kernels.TensorSpec((m, k), "float16"), "w": kernels.TensorSpec((k, n), "float16")}, ["o"])
     mem = cp.cuda.alloc_pinned_memory(size * (2 * (m * k + k * n + m * n) + 3 * 4096))
-    items = _gemm_views(np.frombuffer(mem, np.uint8), size, m, k, n, np.random.default_rng(0))
+    items: list[Any] = _gemm_views(np.frombuffer(mem, np.uint8), size, m, k, n, np.random.default_rng(0))
+    if not args.pairs:  # the worker's form: one ItemViews per slot's request, kept
+        from shmrpc.kernels._backend_base import ItemViews
+        items = [ItemViews(i, o) for i, o in items]
     gg = be._gather_graphs
     for _ in range(5):  # the gathered graph of (plan, B) captured
         h = be.launch_batch(plan, items)
@@ -87,7 +93,7 @@ def main() -> int:
     rows["plan checks (eligible, plan_bytes, batchable)"] = med_us(
         lambda: (gg.eligible(plan), runs.plan_bytes(plan), batchable(plan)), args.calls)
     rows["_prepare"] = med_us(lambda: runs._prepare(be, plan, items, True), args.calls)
-    rows["checked.get x B"] = med_us(lambda: [be._checked.get(plan, i, o, be._host_io) for i, o in items], args.calls)
+    rows["checked.item x B"] = med_us(lambda: [be._checked.item(plan, it, be._host_io) for it in items], args.calls)
     rows["_lookup_resident"] = med_us(lambda: be._lookup_resident(plan), args.calls)
     rows["_batch_plan"] = med_us(lambda: runs._batch_plan(be, plan, size), args.calls)
     got, resident, bp, addrs = runs._prepare(be, plan, items, True)
@@ -136,7 +142,8 @@ def main() -> int:
     pr.disable()
     text = io.StringIO()
     pstats.Stats(pr, stream=text).sort_stats("tottime").print_stats(28)
-    print(f"B = {size}, gemm 16x256 @ 256x256 float16, µs per call (median of {args.calls}):")
+    print(f"B = {size}, gemm 16x256 @ 256x256 float16, items as {'pairs' if args.pairs else 'ItemViews'}, "
+          f"µs per call (median of {args.calls}):")
     for key, v in rows.items():
         print(f"  {key:52} {v:8.2f}")
     prof = text.getvalue()
@@ -145,7 +152,7 @@ def main() -> int:
         with open(args.out, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv),
                        "commit": os.environ.get("SHMRPC_COMMIT", "unknown"), "cpu_count": os.cpu_count(),
-                       "cupy": cp.__version__, "batch": size, "us": rows, "profile": prof}, f, indent=1)
+                       "cupy": cp.__version__, "batch": size, "items": "pairs" if args.pairs else "ItemViews", "us": rows, "profile": prof}, f, indent=1)
     be.close()
     return 0
 

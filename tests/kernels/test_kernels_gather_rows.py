@@ -202,6 +202,72 @@ def test_checked_items_are_remembered_by_view_identity_and_forgotten_when_ranges
     assert items.get(plan, ins, outs, host_io)[3] is None and len(calls) == n + 2
 
 
+def test_an_item_views_is_remembered_by_its_identity_weakly_and_forgotten_when_ranges_change() -> None:
+    """CheckedItems.item: an ItemViews whose checks handed its views back is served by its identity and its plan's
+    alone (no check, not even of its views' identities: its mappings never change), holds neither it nor its views,
+    is not served for another plan or after the host ranges change; a plain pair, a bad view and a view the check
+    does not hand back as it came are checked as get() checks them, and not remembered as an item."""
+    import gc
+    import weakref
+
+    from shmrpc.kernels._backend_base import Backend, ItemViews
+    from shmrpc.kernels._errors import KernelInputError
+
+    rt = _FakeRuntime()
+    access = gather.HostAccess(types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=rt)), 0)
+    region = np.zeros(1 << 16, np.uint8)
+    rt.pinned = [(region.ctypes.data, region.ctypes.data + region.nbytes)]
+    assert access.add(region.ctypes.data, region.nbytes)
+    be = select_backend("numpy")
+    specs = {"x": TensorSpec((4,), "float32"), "y": TensorSpec((4,), "float32")}
+    plan = be.plan([StepSpec("vector_add", {"x": "x", "y": "y"}, {"out": "o"})], specs, ["o"])
+    other = be.plan([StepSpec("vector_add", {"x": "y", "y": "x"}, {"out": "o"})], specs, ["o"])
+    calls = []
+
+    def host_io(p: Any, ins: Any, outs: Any) -> Any:
+        calls.append(1)
+        return Backend._host_io(be, p, ins, outs)
+
+    items = gather.CheckedItems(access)
+    x, y, o = (np.frombuffer(region, np.float32, 4, off) for off in (0, 64, 128))
+    want = ((x.ctypes.data, y.ctypes.data), (o.ctypes.data,))
+    iv = ItemViews({"x": x, "y": y}, {"o": o})
+    first = items.item(plan, iv, host_io)  # checked (the first sight makes new dicts: not its own yet)
+    assert first[2] and first[3] == want and len(calls) == 1 and len(items._items) == 0
+    second = items.item(plan, iv, host_io)  # get()'s entry hands its views back: remembered as an item
+    assert len(calls) == 1 and second[0] is iv.ins and second[1] is iv.outs and len(items._items) == 1
+    third = items.item(plan, iv, host_io)
+    assert len(calls) == 1 and third[0] is iv.ins and third[1] is iv.outs and third[2] and third[3] == want
+    assert items.item(other, iv, host_io)[3] == want and len(calls) == 2  # another plan: not this entry, checked
+    assert items.item(plan, (iv.ins, iv.outs), host_io)[3] == want  # a plain pair: get()'s way, view by view
+    alive = weakref.ref(x)
+    dropped = ItemViews({"x": np.frombuffer(region, np.float32, 4, 256), "y": y}, {"o": o})
+    items.item(plan, dropped, host_io)
+    items.item(plan, dropped, host_io)
+    assert len(items._items) == 2
+    gone = weakref.ref(dropped.ins["x"])
+    del dropped
+    gc.collect()
+    assert gone() is None  # the entry kept neither the item nor its views
+    for _ in range(50):  # a new item, perhaps at the dead one's id: checked, never served by the dead entry
+        fresh = ItemViews({"x": np.frombuffer(region, np.float32, 4, 320), "y": y}, {"o": o})
+        before = len(calls)
+        assert items.item(plan, fresh, host_io)[3] == ((fresh.ins["x"].ctypes.data, y.ctypes.data), (o.ctypes.data,))
+        assert len(calls) > before
+        del fresh
+    with pytest.raises(KernelInputError) as ei:  # a bad view: the backend's typed error, nothing remembered
+        items.item(plan, ItemViews({"x": np.zeros(5, np.float32), "y": y}, {"o": o}), host_io)
+    assert ei.value.field == "shape" and ei.value.tensor == "x"
+    strided = ItemViews({"x": np.frombuffer(region, np.float32, 8, 512)[::2], "y": y}, {"o": o})
+    for _ in range(2):  # not contiguous: checked every time
+        before = len(calls)
+        assert items.item(plan, strided, host_io)[2] is False and len(calls) == before + 1
+    assert items.item(plan, iv, host_io)[0] is iv.ins and alive() is x
+    n = len(calls)
+    rt.pinned, _ = [], access.remove(region.ctypes.data)  # the range is gone: every entry with it
+    assert items.item(plan, iv, host_io)[3] is None and len(calls) == n + 1 and len(items._items) == 0
+
+
 @pytest.mark.parametrize("pers", [(96, 40), (96, 0, 40)])
 def test_a_gathered_graphs_rows_after_the_first_batch_change_only_their_host_addresses(pers: tuple[int, ...]) -> None:
     """``row_filler``: every batch's table equals the whole rows of that batch (:func:`_rows_in`, :func:`_rows_out`),
