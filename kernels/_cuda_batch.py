@@ -200,12 +200,21 @@ class _BatchCaptures(_Graphs):
         super().__init__(cupy, limit, after, capturing)
         self._step = step
         self._sh = shared if shared is not None else Shared(cupy)
+        self._ops_ok: dict[int, tuple[Plan, bool]] = {}  # id(plan) -> (plan, whether its ops may be captured)
 
 
     def eligible(self, plan: Plan) -> bool:
-        """Whether ``plan`` may ever be captured as a batch (its ops, no capture of it failed)."""
-        return (self.limit > 0 and id(plan) not in self._failed
-                and all(st.op.builtin and (st.op.name in GRAPH_OPS or st.op.name in BLAS_OPS) for st in plan.steps))
+        """Whether ``plan`` may ever be captured as a batch (its ops, no capture of it failed). What its ops allow is
+        kept per plan (a plan's steps never change)."""
+        if self.limit <= 0 or id(plan) in self._failed:
+            return False
+        e = self._ops_ok.get(id(plan))
+        if e is None or e[0] is not plan:
+            if len(self._ops_ok) >= 256:
+                self._ops_ok.clear()
+            e = self._ops_ok[id(plan)] = (plan, all(st.op.builtin and (st.op.name in GRAPH_OPS or st.op.name in BLAS_OPS)
+                                                    for st in plan.steps))
+        return e[1]
 
 
     def _launch(self, g: _Graph, rows: Any = None) -> bool:

@@ -383,21 +383,26 @@ def row_filler(table: RowTable, dsts: Sequence[tuple[int, int]], srcs: Sequence[
     """The filler of a gathered graph's own ``table``: writes a batch's gather rows (:func:`_rows_in` over ``dsts``)
     and scatter rows (:func:`_rows_out` over ``srcs``) before a launch. Every batch of one graph has the same rows but
     for the host addresses, so the first call writes them whole and the later ones only the gather rows' sources and
-    the scatter rows' destinations."""
+    the scatter rows' destinations; none when handed the very columns object of the last call (the backend keeps a
+    batch's columns, never changed, per sequence of its requests: ``_cupy_runs._columns``)."""
     cin = [i for i, (_, per) in enumerate(dsts) if per]  # the columns that have rows, in _rows_in's order
     cout = [i for i, (_, per, _) in enumerate(srcs) if per]
     cols: list[np.ndarray] = []
+    last: list[Any] = [None]  # the columns object the table holds the rows of (held: its id stays its own)
 
     def rows(a: tuple[list[list[int]], list[list[int]]]) -> None:
+        if a is last[0]:
+            return
         if not cols:
             r_in, r_out = _rows_in(a[0], dsts), _rows_out(a[1], srcs)
             table.flat[:len(r_in)] = r_in
             table.flat[len(r_in):len(r_in) + len(r_out)] = r_out
             n_in, n_out = len(r_in) // 4, len(r_out) // 4
             cols.extend((table.tab[:n_in, 0], table.tab[n_in:n_in + n_out, 1]))
-            return
-        cols[0][:] = [x for i in cin for x in a[0][i]]
-        cols[1][:] = [x for i in cout for x in a[1][i]]
+        else:
+            cols[0][:] = [x for i in cin for x in a[0][i]]
+            cols[1][:] = [x for i in cout for x in a[1][i]]
+        last[0] = a
     return rows
 
 

@@ -97,7 +97,7 @@ def main() -> int:
     rows["_lookup_resident"] = med_us(lambda: be._lookup_resident(plan), args.calls)
     rows["_batch_plan"] = med_us(lambda: runs._batch_plan(be, plan, size), args.calls)
     got, resident, bp, addrs = runs._prepare(be, plan, items, True)
-    rows["_columns"] = med_us(lambda: runs._columns(got), args.calls)
+    rows["_columns"] = med_us(lambda: runs._columns(be, got), args.calls)
 
     def start_finish() -> None:
         with be._dev:

@@ -285,3 +285,30 @@ def test_a_gathered_graphs_rows_after_the_first_batch_change_only_their_host_add
         want = gather._rows_in(addrs[0], dsts) + gather._rows_out(addrs[1], srcs)
         assert len(want) == 4 * size * (sum(1 for p in pers if p) + 2)
         assert table.flat[:len(want)].tolist() == want
+    # the very columns object of the last call: the table holds its rows already, nothing is written; an equal
+    # but other object is written again
+    table.flat[:len(want)] = 7
+    fill(addrs)
+    assert table.flat[:len(want)].tolist() == [7] * len(want)
+    fill(([list(c) for c in addrs[0]], [list(c) for c in addrs[1]]))
+    n_in = len(gather._rows_in(addrs[0], dsts)) // 4
+    assert table.tab[:n_in, 0].tolist() == [r[0] for r in np.reshape(want, (-1, 4))[:n_in].tolist()]
+
+
+def test_a_batchs_address_columns_are_kept_per_sequence_of_its_requests_address_tuples() -> None:
+    """``_cupy_runs._columns``: the columns of a batch's requests (per input and output, every request's address);
+    the same sequence of address tuple objects gets the same columns object (a graph's filler then writes nothing),
+    another order or other tuples their own columns."""
+    from shmrpc.kernels import _cupy_runs as runs
+
+    be = types.SimpleNamespace(_kept_columns={})
+    ats = [((100 + b, 200 + b), (300 + b,)) for b in range(4)]
+    got = [({}, {}, True, a) for a in ats]
+    cols = runs._columns(be, got)
+    assert cols == ([[100, 101, 102, 103], [200, 201, 202, 203]], [[300, 301, 302, 303]])
+    assert runs._columns(be, list(got)) is cols  # the same tuples in the same order
+    rev = runs._columns(be, got[::-1])
+    assert rev is not cols and rev == ([[103, 102, 101, 100], [203, 202, 201, 200]], [[303, 302, 301, 300]])
+    equal = [({}, {}, True, (tuple(a[0]), tuple(a[1]))) for a in ats]  # equal values, other objects: computed
+    assert runs._columns(be, equal) == cols
+    assert len(be._kept_columns) == 3
