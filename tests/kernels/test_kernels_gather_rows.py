@@ -148,27 +148,42 @@ def test_registered_ranges_decide_which_views_a_kernel_may_use() -> None:
     assert not access.add(one.ctypes.data, one.nbytes)  # not mapped at its own address: refused
 
 
+class _Checks:
+    """What the CheckedItems tests share: one page-locked region registered with a HostAccess of a fake runtime, a
+    NumPy backend, the plan x + y -> o of 4 float32 and a host_io that counts its calls."""
+
+    def __init__(self) -> None:
+        from shmrpc.kernels._backend_base import Backend
+
+        self.rt = _FakeRuntime()
+        self.access = gather.HostAccess(types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=self.rt)), 0)
+        self.region = np.zeros(1 << 16, np.uint8)
+        self.rt.pinned = [(self.region.ctypes.data, self.region.ctypes.data + self.region.nbytes)]
+        assert self.access.add(self.region.ctypes.data, self.region.nbytes)
+        self.be = be = select_backend("numpy")
+        self.specs = {"x": TensorSpec((4,), "float32"), "y": TensorSpec((4,), "float32")}
+        self.plan = be.plan([StepSpec("vector_add", {"x": "x", "y": "y"}, {"out": "o"})], self.specs, ["o"])
+        self.calls: list[int] = []
+
+        def host_io(p: Any, ins: Any, outs: Any) -> Any:
+            self.calls.append(1)
+            return Backend._host_io(be, p, ins, outs)
+        self.host_io = host_io
+
+    def unregister(self) -> None:
+        """The range is gone (the runtime no longer maps it either)."""
+        self.rt.pinned = []
+        self.access.remove(self.region.ctypes.data)
+
+
 def test_checked_items_are_remembered_by_view_identity_and_forgotten_when_ranges_change() -> None:
     import gc
 
-    from shmrpc.kernels._backend_base import Backend
     from shmrpc.kernels._errors import KernelInputError
 
-    rt = _FakeRuntime()
-    access = gather.HostAccess(types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=rt)), 0)
-    region = np.zeros(1 << 16, np.uint8)
-    rt.pinned = [(region.ctypes.data, region.ctypes.data + region.nbytes)]
-    assert access.add(region.ctypes.data, region.nbytes)
-    be = select_backend("numpy")
-    plan = be.plan([StepSpec("vector_add", {"x": "x", "y": "y"}, {"out": "o"})],
-                   {"x": TensorSpec((4,), "float32"), "y": TensorSpec((4,), "float32")}, ["o"])
-    calls = []
-
-    def host_io(p: Any, ins: Any, outs: Any) -> Any:
-        calls.append(1)
-        return Backend._host_io(be, p, ins, outs)
-
-    items = gather.CheckedItems(access)
+    ck = _Checks()
+    region, plan, host_io, calls = ck.region, ck.plan, ck.host_io, ck.calls
+    items = gather.CheckedItems(ck.access)
     x, y, o = (np.frombuffer(region, np.float32, 4, off) for off in (0, 64, 128))
     ins, outs = {"x": x, "y": y}, {"o": o}
     first = items.get(plan, ins, outs, host_io)
@@ -198,7 +213,7 @@ def test_checked_items_are_remembered_by_view_identity_and_forgotten_when_ranges
     assert len(calls) == n + 1
     items.get(plan, ins, outs, host_io)
     assert len(calls) == n + 1  # the first request's entry still serves
-    rt.pinned, _ = [], access.remove(region.ctypes.data)  # the range is gone: every entry with it
+    ck.unregister()  # the range is gone: every entry with it
     assert items.get(plan, ins, outs, host_io)[3] is None and len(calls) == n + 2
 
 
@@ -210,25 +225,13 @@ def test_an_item_views_is_remembered_by_its_identity_weakly_and_forgotten_when_r
     import gc
     import weakref
 
-    from shmrpc.kernels._backend_base import Backend, ItemViews
+    from shmrpc.kernels._backend_base import ItemViews
     from shmrpc.kernels._errors import KernelInputError
 
-    rt = _FakeRuntime()
-    access = gather.HostAccess(types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=rt)), 0)
-    region = np.zeros(1 << 16, np.uint8)
-    rt.pinned = [(region.ctypes.data, region.ctypes.data + region.nbytes)]
-    assert access.add(region.ctypes.data, region.nbytes)
-    be = select_backend("numpy")
-    specs = {"x": TensorSpec((4,), "float32"), "y": TensorSpec((4,), "float32")}
-    plan = be.plan([StepSpec("vector_add", {"x": "x", "y": "y"}, {"out": "o"})], specs, ["o"])
-    other = be.plan([StepSpec("vector_add", {"x": "y", "y": "x"}, {"out": "o"})], specs, ["o"])
-    calls = []
-
-    def host_io(p: Any, ins: Any, outs: Any) -> Any:
-        calls.append(1)
-        return Backend._host_io(be, p, ins, outs)
-
-    items = gather.CheckedItems(access)
+    ck = _Checks()
+    region, plan, host_io, calls = ck.region, ck.plan, ck.host_io, ck.calls
+    other = ck.be.plan([StepSpec("vector_add", {"x": "y", "y": "x"}, {"out": "o"})], ck.specs, ["o"])
+    items = gather.CheckedItems(ck.access)
     x, y, o = (np.frombuffer(region, np.float32, 4, off) for off in (0, 64, 128))
     want = ((x.ctypes.data, y.ctypes.data), (o.ctypes.data,))
     iv = ItemViews({"x": x, "y": y}, {"o": o})
@@ -264,7 +267,7 @@ def test_an_item_views_is_remembered_by_its_identity_weakly_and_forgotten_when_r
         assert items.item(plan, strided, host_io)[2] is False and len(calls) == before + 1
     assert items.item(plan, iv, host_io)[0] is iv.ins and alive() is x
     n = len(calls)
-    rt.pinned, _ = [], access.remove(region.ctypes.data)  # the range is gone: every entry with it
+    ck.unregister()  # the range is gone: every entry with it
     assert items.item(plan, iv, host_io)[3] is None and len(calls) == n + 1 and len(items._items) == 0
 
 
