@@ -173,3 +173,43 @@ def test_a_large_repeated_request_is_answered_right_while_another_client_is_serv
         stop.set()
         t.join(60)
     assert small_ok and all(small_ok)
+
+
+def test_launched_batches_stay_right_while_clients_leave_and_come_back(spawn_worker: Callable[..., WorkerProc]) -> None:
+    """Eight clients (threads, each with its own Client and so its own region) call one gemm plan in loops, so that
+    batches form and are launched; half of them close and connect again every 15 calls, so their regions are closed
+    and made again, and with them the backend's registered ranges and what it remembered of their batch items
+    (kernels/_cuda_gather.py, CheckedItems). Every answer is checked against NumPy, and batches ran."""
+    import threading
+
+    from .test_batching import _batches
+
+    w = spawn_worker("--backend", "cupy", "--metrics-port", "0", slots="64K:16", lease="2")
+    wrong: list[str] = []
+    done = [0] * 8
+
+    def calls(k: int) -> None:
+        rng = np.random.default_rng(k)
+        rounds, per = (6, 15) if k % 2 else (1, 90)
+        try:
+            for r in range(rounds):
+                with Client(w.name, timeout_s=60) as c:
+                    for i in range(per):
+                        x = rng.standard_normal((16, 64)).astype(np.float16)
+                        wt = rng.standard_normal((64, 64)).astype(np.float16)
+                        got = c.call("gemm", x=x, w=wt)["out"].astype(np.float32)
+                        want = x.astype(np.float32) @ wt.astype(np.float32)
+                        if not np.allclose(got, want, rtol=4e-3, atol=4e-3 * float(np.abs(want).max())):
+                            wrong.append(f"client {k}, connection {r}, call {i}")
+                        done[k] += 1
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            wrong.append(f"client {k}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=calls, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(100)
+    assert not wrong, wrong[:5]
+    assert done == [90] * 8
+    assert _batches(w, "gemm")[0] > 0
