@@ -124,7 +124,7 @@ class CupyBackend(Backend):
         self._small_runs = 0
         # what _cupy_runs derives from a plan alone: (id, size) -> (plan, (batch plan, gatherable)); (id, 0) -> (plan,
         # whether a launched batch may serve it)
-        self._plan_facts: dict[tuple[int, int], tuple[Plan, Any]] = {}
+        self._plan_facts: dict[Any, tuple[Plan, Any]] = {}
         self._kept_columns: dict[tuple[int, ...], tuple[list[Any], Any]] = {}  # a batch's address columns (_cupy_runs)
         with self._dev:
             self._host_access = _gather.HostAccess(cupy, device)

@@ -46,7 +46,7 @@ from ._batch import BatchPlan
 from ._cuda_blas import BLAS_OPS, CapturableBlas, CaptureXp
 from ._cuda_graph import _NONE, GRAPH_OPS, _Graphs, pinned
 from ._dtypes import storage_dtype
-from ._plan import Plan
+from ._plan import Plan, kept_for_plan
 from ._registry import TensorSpec
 
 __all__ = ["BatchGraphs", "Shared", "issue_joint", "address"]
@@ -200,7 +200,7 @@ class _BatchCaptures(_Graphs):
         super().__init__(cupy, limit, after, capturing)
         self._step = step
         self._sh = shared if shared is not None else Shared(cupy)
-        self._ops_ok: dict[int, tuple[Plan, bool]] = {}  # id(plan) -> (plan, whether its ops may be captured)
+        self._ops_ok: dict[int, tuple[Plan, Any]] = {}  # id(plan) -> (plan, whether its ops may be captured)
 
 
     def eligible(self, plan: Plan) -> bool:
@@ -208,13 +208,8 @@ class _BatchCaptures(_Graphs):
         kept per plan (a plan's steps never change)."""
         if self.limit <= 0 or id(plan) in self._failed:
             return False
-        e = self._ops_ok.get(id(plan))
-        if e is None or e[0] is not plan:
-            if len(self._ops_ok) >= 256:
-                self._ops_ok.clear()
-            e = self._ops_ok[id(plan)] = (plan, all(st.op.builtin and (st.op.name in GRAPH_OPS or st.op.name in BLAS_OPS)
-                                                    for st in plan.steps))
-        return e[1]
+        return kept_for_plan(self._ops_ok, id(plan), plan, lambda: all(
+            st.op.builtin and (st.op.name in GRAPH_OPS or st.op.name in BLAS_OPS) for st in plan.steps))
 
 
     def _launch(self, g: _Graph, rows: Any = None) -> bool:

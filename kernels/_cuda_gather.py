@@ -70,7 +70,7 @@ from ._backend_base import BatchItem, ItemViews
 from ._batch import BatchPlan
 from ._cuda_batch import _NONE, Shared, Step, _BatchCaptures, address
 from ._dtypes import storage_dtype
-from ._plan import Plan
+from ._plan import Plan, kept_for_plan
 
 __all__ = ["GATHER_MAX_BYTES", "GATHER_MIN_BATCH", "GATHER_GRAPHS", "CheckedItems", "GatherGraphs", "HostAccess", "RowTable",
            "Started",
@@ -204,7 +204,7 @@ class CheckedItems:
         self._limit = limit
         self._version = access.version
         self._entries: dict[tuple[int, ...], tuple[Any, ...]] = {}
-        self._names: dict[int, tuple[Plan, tuple[str, ...], tuple[str, ...]]] = {}  # per plan: its views' names
+        self._names: dict[int, tuple[Plan, Any]] = {}  # per plan: its views' names (kept_for_plan)
         # per ItemViews (its id): weak references to it and its plan, and the host addresses of its views (item)
         self._items: dict[int, tuple[weakref.ref[ItemViews], weakref.ref[Plan], Any]] = {}
 
@@ -232,13 +232,8 @@ class CheckedItems:
         access = self._access
         if access.version != self._version:
             self._forget()
-        pn = self._names.get(id(plan))
-        if pn is None or pn[0] is not plan:
-            if len(self._names) >= 256:
-                self._names.clear()
-            pn = self._names[id(plan)] = (plan, tuple(n for n in plan.inputs if n not in plan.resident),
-                                          tuple(plan.outputs))
-        names, onames = pn[1], pn[2]
+        names, onames = kept_for_plan(self._names, id(plan), plan, lambda: (
+            tuple(n for n in plan.inputs if n not in plan.resident), tuple(plan.outputs)))
         exact = tuple(ins) == names and tuple(outs) == onames  # the worker's views: the plan's names, in its order
         if exact:
             views = [*ins.values(), *outs.values()]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,7 +33,7 @@ from ._batch import BatchPlan, batch_plan, batchable
 from ._cuda_batch import issue_joint
 from ._cuda_graph import ChunkStarted
 from ._errors import OpError
-from ._plan import Plan
+from ._plan import Plan, kept_for_plan
 
 if TYPE_CHECKING:
     from ._backend_cupy import CupyBackend
@@ -197,30 +197,19 @@ def _prepare(be: CupyBackend, plan: Plan, items: Items, gather: bool
 
 
 def _batch_plan(be: CupyBackend, plan: Plan, size: int) -> tuple[BatchPlan, bool]:
-    """The batch plan of (``plan``, ``size``) and whether a gathered run may serve it (``_gather.gatherable``)."""
+    """The batch plan of (``plan``, ``size``) and whether a gathered run may serve it (``_gather.gatherable``), kept
+    per plan by the backend."""
     def make() -> tuple[BatchPlan, bool]:
         bp = batch_plan(plan, size)
         return bp, _gather.gatherable(plan, bp)
-    return _kept(be, (id(plan), size), plan, make)
+    return kept_for_plan(be._plan_facts, (id(plan), size), plan, make)
 
 
 def _small_batchable(be: CupyBackend, plan: Plan) -> bool:
-    """``batchable(plan)`` and ``plan_bytes(plan) <= GRAPH_MAX_BYTES``: what a launched batch asks of its plan before
-    anything else, on every batch."""
-    return _kept(be, (id(plan), 0), plan, lambda: plan_bytes(plan) <= GRAPH_MAX_BYTES and batchable(plan))
-
-
-def _kept(be: CupyBackend, key: tuple[int, int], plan: Plan, make: Callable[[], Any]) -> Any:
-    """``make()``'s value for ``plan``, kept by the backend under ``key`` (all forgotten past 256): a plan's specs do
-    not change, so what is derived from them alone is made once per plan."""
-    entry = be._plan_facts.get(key)
-    if entry is not None and entry[0] is plan:
-        return entry[1]
-    if len(be._plan_facts) > 256:
-        be._plan_facts.clear()
-    value = make()
-    be._plan_facts[key] = (plan, value)
-    return value
+    """``batchable(plan)`` and ``plan_bytes(plan) <= GRAPH_MAX_BYTES``, kept per plan by the backend: what a launched
+    batch asks of its plan before anything else, on every batch."""
+    return kept_for_plan(be._plan_facts, (id(plan), 0), plan,
+                         lambda: plan_bytes(plan) <= GRAPH_MAX_BYTES and batchable(plan))
 
 
 class _Launched:

@@ -7,15 +7,32 @@ from many threads at once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from ._errors import KernelInputError, OpError
 from ._registry import REGISTRY, OpSpec, StepSpec, TensorSpec
 
-__all__ = ["Plan", "ResolvedStep", "build_plan"]
+__all__ = ["Plan", "ResolvedStep", "build_plan", "kept_for_plan"]
+
+T = TypeVar("T")
+
+
+def kept_for_plan(store: dict[Any, tuple[Plan, Any]], key: Hashable, plan: Plan, make: Callable[[], T],
+                  limit: int = 256) -> T:
+    """``make()``'s value for ``plan``, kept in ``store`` under ``key`` (holding ``id(plan)``) with the plan itself, so
+    that a key whose plan is gone and whose id came back is made again; the whole store is forgotten once it holds
+    ``limit``. A plan never changes, so what is derived from it alone is made once per plan."""
+    entry = store.get(key)
+    if entry is not None and entry[0] is plan:
+        return entry[1]  # type: ignore[no-any-return]
+    if len(store) >= limit:
+        store.clear()
+    value = make()
+    store[key] = (plan, value)
+    return value
 
 
 def _frozen(d: Mapping[str, Any]) -> Mapping[str, Any]:

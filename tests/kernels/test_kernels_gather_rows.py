@@ -176,6 +176,26 @@ class _Checks:
         self.access.remove(self.region.ctypes.data)
 
 
+def test_what_is_kept_for_a_plan_is_made_once_for_it_and_again_for_another_at_its_key() -> None:
+    """``kept_for_plan``: made once per plan; a key whose entry holds another plan (an id come back) is made again;
+    the store is forgotten whole once it holds ``limit`` entries."""
+    from shmrpc.kernels._plan import kept_for_plan
+
+    ck = _Checks()
+    other = ck.be.plan([StepSpec("vector_add", {"x": "y", "y": "x"}, {"out": "o"})], ck.specs, ["o"])
+    store: dict[object, tuple[object, object]] = {}
+    made: list[str] = []
+
+    def make(tag: str) -> str:
+        made.append(tag)
+        return tag
+    assert kept_for_plan(store, 7, ck.plan, lambda: make("a")) == "a"
+    assert kept_for_plan(store, 7, ck.plan, lambda: make("b")) == "a" and made == ["a"]
+    assert kept_for_plan(store, 7, other, lambda: make("c")) == "c" and made == ["a", "c"]  # another plan at the key
+    assert kept_for_plan(store, 8, ck.plan, lambda: make("d"), limit=2) == "d" and made[-1] == "d"
+    assert kept_for_plan(store, 9, ck.plan, lambda: make("e"), limit=2) == "e" and list(store) == [9]
+
+
 def test_checked_items_are_remembered_by_view_identity_and_forgotten_when_ranges_change() -> None:
     import gc
 
@@ -243,7 +263,6 @@ def test_an_item_views_is_remembered_by_its_identity_weakly_and_forgotten_when_r
     assert len(calls) == 1 and third[0] is iv.ins and third[1] is iv.outs and third[2] and third[3] == want
     assert items.item(other, iv, host_io)[3] == want and len(calls) == 2  # another plan: not this entry, checked
     assert items.item(plan, (iv.ins, iv.outs), host_io)[3] == want  # a plain pair: get()'s way, view by view
-    alive = weakref.ref(x)
     dropped = ItemViews({"x": np.frombuffer(region, np.float32, 4, 256), "y": y}, {"o": o})
     items.item(plan, dropped, host_io)
     items.item(plan, dropped, host_io)
@@ -265,7 +284,7 @@ def test_an_item_views_is_remembered_by_its_identity_weakly_and_forgotten_when_r
     for _ in range(2):  # not contiguous: checked every time
         before = len(calls)
         assert items.item(plan, strided, host_io)[2] is False and len(calls) == before + 1
-    assert items.item(plan, iv, host_io)[0] is iv.ins and alive() is x
+    assert items.item(plan, iv, host_io)[0] is iv.ins  # still served after the others came and went
     n = len(calls)
     ck.unregister()  # the range is gone: every entry with it
     assert items.item(plan, iv, host_io)[3] is None and len(calls) == n + 1 and len(items._items) == 0
