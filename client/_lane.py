@@ -30,6 +30,7 @@ import mmap
 import os
 import select
 import stat
+import struct
 import time
 
 from shmrpc.schema import lane as L
@@ -48,8 +49,10 @@ def _early_s(last_s: float) -> float:
     """How long before a long answer is due (``last_s`` after its ring, as the last one) a spinning lane spins."""
     return max(_EARLY_S, 0.15 * last_s)
 _DONE_NBYTES = m.DONE_STRUCT.size
-_DONE_UNPACK_FROM = m.DONE_STRUCT.unpack_from
-_LEN_UNPACK_FROM = L.LEN.unpack_from
+_CALL_LEN, _CALL_FRAME, _LEN_PACK_INTO = L.CALL_LEN, L.CALL_FRAME, L.LEN.pack_into
+# the DONE's length and its frame in one read: the length at DONE_LEN, the frame at DONE_FRAME
+_LEN_DONE_UNPACK_FROM = struct.Struct(
+    L.LEN.format + f"{L.DONE_FRAME - L.DONE_LEN - L.LEN.size}x" + m.DONE_STRUCT.format.lstrip("<")).unpack_from
 _EARLY_SPIN_NS = L.EARLY_SPIN_NS
 _EARLY_SPIN_S = L.EARLY_SPIN_NS / 1e9
 
@@ -100,8 +103,11 @@ class ClientLane:
 
     def ring(self, frame: bytes, request_id: int) -> None:
         """Publish a CALL frame in the page and wake the worker unless it says it polls the lane."""
-        self.seq += 1
-        if self._spin_ns and (spin_ns := self._spins_from_ring_ns()):  # the wait spins from now: no eventfd needed
+        self.seq = seq = self.seq + 1
+        spin_ns = self._spin_ns
+        if spin_ns and self._last_s > self.spin_s:
+            spin_ns = self._spins_from_ring_ns()
+        if spin_ns:  # the wait spins from now: no eventfd needed
             self._awake.value = said = _monotonic_ns() + spin_ns
             self._said_ns = said
             self._follow = False
@@ -115,7 +121,12 @@ class ClientLane:
         else:
             self._awake.value = 0
             self._follow = False
-        L.post(self.page, self._call_seq, L.CALL_SEQ, self.seq, frame)
+        # (L.post, written out: one call less per request)
+        page, n = self._map, len(frame)
+        page[_CALL_FRAME:_CALL_FRAME + n] = frame
+        _LEN_PACK_INTO(page, _CALL_LEN, n)
+        # NOTE: order is important here: the seq word last, it publishes the frame.
+        self._call_seq.value = seq
         self.busy = request_id
         self._rung = _perf_counter()
         # NOTE: order is important here: the clock and the worker's awake word are read after call_seq is stored
@@ -142,10 +153,8 @@ class ClientLane:
         """
         if self._done_seq.value != self.seq:
             return None
-        page = self.page
         # read straight from the page, once: the worker writes done_frame only before done_seq
-        n, = _LEN_UNPACK_FROM(page, L.DONE_LEN)
-        kind, region, slot, rid, status = _DONE_UNPACK_FROM(page, L.DONE_FRAME)
+        n, kind, region, slot, rid, status = _LEN_DONE_UNPACK_FROM(self._map, L.DONE_LEN)
         busy, self.busy = self.busy, 0
         if n != _DONE_NBYTES or kind != m.DONE:
             raise RequestError("the lane's answer is not a DONE frame", field="lane")

@@ -8,6 +8,7 @@ back to the Client when the loan ends and no view of it is left (see :mod:`._slo
 from __future__ import annotations
 
 import math
+import struct
 import threading
 import time
 from concurrent.futures import Future
@@ -33,7 +34,7 @@ from shmrpc.schema.layout import align_up, format_size, tensor_align
 from ._caches import bounded_put
 from ._callplan import CallPlan, read_outputs
 from ._pipeline import Pipeline, check_attrs
-from ._slot import _IN_PLACE, _RESPONSE, NO_RESPONSE, _decode, _Slot
+from ._slot import _FORKS, _IN_PLACE, _RESPONSE, NO_RESPONSE, _decode, _Slot
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 __all__ = ["Loan", "CallFuture"]
 
 _HEADER_UNPACK = HEADER.unpack_from
+_RID_PACK = struct.Struct("<I").pack  # a header's request_id, its first field
+_RID_NBYTES = 4
+assert HEADER.format[:2] == "<I"
 _PLAN_VIEWS = 16  # call() plans whose input views a loan keeps
 
 
@@ -59,7 +63,8 @@ class Loan:
         self._done = False
         self._memo: dict[Any, tuple[bytes, int, int, tuple[str, ...]]] = {}  # descriptors, by (op, attrs, ...)
         self._outputs: tuple[str, ...] = ()  # what the request in flight asked for, in order
-        # (check, buffer, its views, the response bytes and the outputs asked of the last response checked)
+        # (check, buffer, its views, the response's bytes after its request id (the rest of its header and its
+        # descriptor) and the outputs asked of the last response checked)
         self._out_views: tuple[Any, Any, dict[str, np.ndarray], bytes, tuple[str, ...]] | None = None
         # call() plans' input views of this slot, by id(plan): (the plan, kept alive so that its id stays its own, and
         # a view per input, in the order of plan.writes)
@@ -125,8 +130,9 @@ class Loan:
               trace: bytes = b"", future: _Answer | None = None) -> int:
         """Write descriptor and header, ring the worker (with a trace context tail when traced); returns the
         request_id. ``future`` is finished by whichever thread routes the answer."""
-        self._live()
         c, s = self._c, self._s
+        if self._done or s.mv is None:
+            self._live()  # raises
         if s.in_flight is not None:
             raise InvalidRequestError("this loan already has a request in flight", field="slot")
         # attribute values with their types: a=1, a=1.0 and a=True are equal keys but different descriptors
@@ -149,7 +155,7 @@ class Loan:
         c, s = self._c, self._s
         mv: memoryview = s.mv  # type: ignore[assignment]
         payload, op_code, flags, self._outputs = desc
-        rid = c._next_rid()
+        rid = next(c._rid) & 0xFFFFFFFF  # (Client._next_rid, written out: one call less per request)
         mv[HEADER_NBYTES:HEADER_NBYTES + len(payload)] = payload
         # NOTE: order is important here: header after descriptor, CALL after header (the publication point).
         HEADER.pack_into(mv, 0, rid, op_code, len(payload), flags, s.generation)
@@ -179,28 +185,36 @@ class Loan:
         the loan's own views (for a caller that only copies them out and hands none of them on). ``ahead``: the
         loan's last response checked and fresh views of it, made while the request ran (used if this response
         is that one again)."""
-        s, mv = self._s, self._live()
-        status = s.status if s.status is not None else 0
-        if status & NO_RESPONSE:
+        s = self._s
+        mv = s.mv
+        if self._done or mv is None:
+            raise ClientClosedError("this loan was released")
+        status = s.status
+        if status and status & NO_RESPONSE:
             err = from_wire(status & 0x7FFF, "the worker refused the doorbell without touching the slot",
                             field="slot")
             if isinstance(err, StaleSlotError):
                 self._done = True  # the slot is no longer ours: never write to it again
             raise err
-        h_rid, _, h_len, h_flags, _ = _HEADER_UNPACK(mv)  # a plain tuple: no Header built per response
-        if not h_flags & _RESPONSE or h_rid != rid or h_len > len(mv) - HEADER_NBYTES:
-            raise RequestError("the worker's response header is malformed", field="header")
-        payload = bytes(mv[HEADER_NBYTES:HEADER_NBYTES + h_len])
         # the check of a response is a function of its bytes, the outputs asked for and the slot's size: a
         # response byte-identical to one checked before needs no second look (the key compares them all)
         made = self._out_views
-        if made is not None and made[1] is s.buf and payload == made[3] and self._outputs == made[4]:
-            # this loan's last response, again
-            if not fresh:
-                return made[2]
-            if ahead is not None and ahead[0] is made:
-                return ahead[1]
-            return {name: a.view() for name, a in made[2].items()}
+        buf = s.buf
+        if made is not None and made[1] is buf and self._outputs == made[4]:
+            tail = made[3]
+            # this loan's last response again, for this request: its header (the request id, then the op code, length,
+            # flags and generation) and its descriptor, compared on one private copy (a ctypes array's slice)
+            if buf[:_RID_NBYTES + len(tail)] == _RID_PACK(rid) + tail:
+                if not fresh:
+                    return made[2]
+                if ahead is not None and ahead[0] is made:
+                    return ahead[1]
+                return {name: a.view() for name, a in made[2].items()}
+        h_rid, _, h_len, h_flags, _ = _HEADER_UNPACK(mv)  # a plain tuple: no Header built per response
+        if not h_flags & _RESPONSE or h_rid != rid or h_len > len(mv) - HEADER_NBYTES:
+            made = ahead = buf = None  # (see below: no view of the slot in this frame when it raises)
+            raise RequestError("the worker's response header is malformed", field="header")
+        payload = buf[HEADER_NBYTES:HEADER_NBYTES + h_len]
         key = (payload, self._outputs, len(mv))
         checks = self._c._out_checks
         check = checks.get(key)
@@ -209,19 +223,18 @@ class Loan:
             if resp.status:
                 # NOTE: no view of the slot in this frame when it raises: a traceback kept by the caller would keep
                 # the slot from going back when the loan ends (send's own frame lets go of its views the same way)
-                made = ahead = None
+                made = ahead = buf = None
                 raise from_wire(resp.status, resp.message, op=resp.op, step=resp.step, tensor=resp.tensor,
                                 field=resp.field)
             check = read_outputs(resp, self._outputs, len(mv))
             bounded_put(checks, key, check)
-        buf = s.buf
         if made is None or made[0] is not check or made[1] is not buf:
             # the views of one check over one buffer are always the same: made once, handed out as fresh views
             views = {name: np.frombuffer(buf, dtype=dt, count=count, offset=off).reshape(shape)
                      for name, dt, count, off, shape in check.outputs}
         else:
             views = made[2]
-        self._out_views = (check, buf, views, payload, self._outputs)
+        self._out_views = (check, buf, views, buf[_RID_NBYTES:HEADER_NBYTES + h_len], self._outputs)
         return {name: a.view() for name, a in views.items()} if fresh else views
 
     def send(self, op: str | Pipeline, *, timeout_s: float | None = None, in_place: bool = False,
@@ -232,7 +245,8 @@ class Loan:
             InvalidRequestError, KernelError, Timeout, WorkerGoneError (see :meth:`Client.call`).
         """
         c = self._c
-        c._check()
+        if c._closed or _FORKS[0] != c._fork_gen:
+            c._check()  # raises
         rid = self._post(op, attrs, in_place, keep)
         # NOTE: the worker has the request from here: what the answer's way needs is made now, off the round trip
         # (the deadline; fresh views for an answer like the last one, which is the usual answer of a loan sent again)

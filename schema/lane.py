@@ -90,6 +90,7 @@ descriptor). The client, in turn, checks that done_frame answers its request.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import struct
 from typing import Any
 
@@ -136,9 +137,9 @@ def seq_word(buf: Any, offset: int) -> ctypes.c_uint64:
 LEN = struct.Struct("<I")
 
 
-def post(page: memoryview, word: ctypes.c_uint64, seq_at: int, seq: int, frame: bytes) -> None:
-    """Write ``frame`` then its length then ``seq`` (through ``word``, its seq_word) into the half of ``page``
-    starting at ``seq_at``."""
+def post(page: Any, word: ctypes.c_uint64, seq_at: int, seq: int, frame: bytes) -> None:
+    """Write ``frame`` then its length then ``seq`` (through ``word``, its seq_word) into the half of ``page`` (the
+    page's mmap, or a memoryview of it) starting at ``seq_at``."""
     n = len(frame)
     page[seq_at + 16:seq_at + 16 + n] = frame
     LEN.pack_into(page, seq_at + 8, n)
@@ -146,9 +147,10 @@ def post(page: memoryview, word: ctypes.c_uint64, seq_at: int, seq: int, frame: 
     word.value = seq
 
 
-def read_frame(page: memoryview, seq_at: int) -> bytes | None:
-    """A private copy of the frame in the half of ``page`` at ``seq_at``; None if its length is out of bounds."""
+def read_frame(page: mmap.mmap, seq_at: int) -> bytes | None:
+    """A private copy of the frame in the half of ``page`` (the page's mmap: its slices are bytes) at ``seq_at``;
+    None if its length is out of bounds."""
     (n,) = LEN.unpack_from(page, seq_at + 8)
     if n > FRAME_MAX:
         return None
-    return bytes(page[seq_at + 16:seq_at + 16 + n])
+    return page[seq_at + 16:seq_at + 16 + n]

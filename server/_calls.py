@@ -219,7 +219,7 @@ class Calls:
         parked = prep.batch and self._joins
         if (parked or prep.plan is None or prep.inline) and not tail and not self.observe.traces:
             # the slot's next requests may take the express path (parked, or run inline, as this one)
-            self._primed.arm(Express(identity, c, s, view, primed, (h[1], h[2], h[3]), HEADER_NBYTES + h[2]))
+            self._primed.arm(Express.of(identity, c, s, view, primed, gen))
         if parked:  # run at the end of this turn, with others of its plan if any came
             self._pending.append(Pending(identity, s, view, hdr, primed, t0, lane))
         elif prep.plan is None or prep.inline:

@@ -6,6 +6,7 @@ doorbell answered (stray doorbells too), no core busy once the requests stop."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -100,30 +101,38 @@ def test_the_worker_lingers_only_after_a_client_that_came_back_soon(lanes: Lanes
         lanes.drop(b"client-1")
 
 
-def test_the_awake_word_is_written_before_the_done(lanes: Lanes, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_awake_word_is_written_before_the_done(lanes: Lanes) -> None:
     # a client that sees the DONE must see the worker's awake word of that answer too, or it rings the doorbell for
-    # nothing (and a client that wrote the word itself, as bench/client_cpu.py does, would have it overwritten)
-    from shmrpc.server import _lanes
-
+    # nothing (and a client that wrote the word itself, as bench/client_cpu.py does, would have it overwritten):
+    # the awake word is read at the moment done_seq is stored, the DONE's publication point
     lane = lanes.open(b"client-1")
     awake = L.seq_word(lane._map, L.WORKER_AWAKE)
     seen: list[tuple[int, int]] = []
-    post = _lanes.L.post
 
-    def spy(page: memoryview, word: object, seq_at: int, seq: int, frame: bytes) -> None:
-        if seq_at == L.DONE_SEQ:
-            seen.append((seq, L.SEQ.unpack_from(page, L.WORKER_AWAKE)[0]))
-        post(page, word, seq_at, seq, frame)  # type: ignore[arg-type]
+    class Spy:  # stands for the lane's done_seq word
+        def __init__(self, word: ctypes.c_uint64) -> None:
+            self.word = word
 
+        @property
+        def value(self) -> int:
+            return self.word.value
+
+        @value.setter
+        def value(self, seq: int) -> None:
+            seen.append((seq, L.SEQ.unpack_from(lane.page, L.WORKER_AWAKE)[0]))
+            self.word.value = seq
+
+    real = lane._done_seq
     try:
-        monkeypatch.setattr(_lanes.L, "post", spy)
+        lane._done_seq = Spy(real)  # type: ignore[assignment]
         _serve(lanes, lane, 1)
         _serve(lanes, lane, 2)  # lingers after this one
         assert seen[0] == (1, 0) and seen[1][0] == 2
         assert seen[1][1] == lanes.linger.until_ns == awake.value > 0  # already there when the DONE was posted
+        assert real.value == 2
     finally:
-        monkeypatch.undo()
-        del awake
+        lane._done_seq = real
+        del awake, real
         lanes.drop(b"client-1")
 
 
