@@ -1,9 +1,11 @@
 """Where a lane's round trip goes: timestamps on both sides, one client, one worker.
 
-    python bench/lane_trace.py [--calls 20000] [--lane spin|block] [--call] [--out FILE.json]
+    python bench/lane_trace.py [--calls 20000] [--lane spin|block] [--worker-spin-us N] [--call] [--out FILE.json]
 
 Starts a NumPy worker (in a child process whose loop is instrumented; with ``--lane spin`` it spins
-200 µs, ``--spin-us 200``, with ``--lane block`` it does not spin) and a ``Client(lane=...)`` in this
+200 µs, ``--spin-us 200``, with ``--lane block`` it does not spin; ``--worker-spin-us`` sets it, e.g. 0 for a spinning
+client next to a worker that only lingers, as ``shmrpc bench``'s spinning lane without ``--spin-us``) and a
+``Client(lane=...)`` in this
 process, sends ``--calls`` 64 B in-place ``vector_add`` loan round trips (``--call``: ``call()``s, inputs copied in
 and the output copied out; "send" below is then the call) and stamps, with
 ``time.perf_counter`` (CLOCK_MONOTONIC: comparable between the processes): the client's ``send``
@@ -83,6 +85,8 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--lane", choices=("spin", "block"), default="spin")
     ap.add_argument("--call", action="store_true", help="time call()s instead of a loan's sends")
+    ap.add_argument("--worker-spin-us", type=int, default=None,
+                    help="the worker's --spin-us (default: 200 with --lane spin, 0 with --lane block)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from shmrpc.client import Client, _lane
@@ -90,7 +94,8 @@ def main() -> int:
     name = f"trace-{os.getpid()}-{secrets.token_hex(3)}"
     with tempfile.TemporaryDirectory(prefix="shmrpc-trace-") as tmp:
         stamps = os.path.join(tmp, "worker.json")
-        worker = subprocess.Popen([sys.executable, "-c", _WORKER, name, stamps, "200" if args.lane == "spin" else "0"],
+        wspin = args.worker_spin_us if args.worker_spin_us is not None else 200 if args.lane == "spin" else 0
+        worker = subprocess.Popen([sys.executable, "-c", _WORKER, name, stamps, str(wspin)],
                                   stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True)
         try:
@@ -158,7 +163,8 @@ def main() -> int:
     if args.out:
         from shmrpc.bench._report import write_probe
 
-        write_probe({"mode": "lane-trace", "lane": args.lane, "call": args.call, "calls": args.calls, "median_us": med},
+        write_probe({"mode": "lane-trace", "lane": args.lane, "call": args.call, "calls": args.calls,
+                     "worker_spin_us": wspin, "median_us": med},
                     None, args.out)
     return 0
 

@@ -135,8 +135,10 @@ class Loan:
             self._live()  # raises
         if s.in_flight is not None:
             raise InvalidRequestError("this loan already has a request in flight", field="slot")
-        # attribute values with their types: a=1, a=1.0 and a=True are equal keys but different descriptors
-        key = (op, tuple((k, type(v), v) for k, v in attrs.items()) if attrs else (), in_place, tuple(keep))
+        # attribute values with their types: a=1, a=1.0 and a=True are equal keys but different descriptors (a request
+        # with neither attributes nor kept outputs, the usual one, has the short key)
+        key = ((op, in_place) if not attrs and not keep else
+               (op, tuple((k, type(v), v) for k, v in attrs.items()), in_place, tuple(keep)))
         try:
             hit = self._memo.get(key)
         except TypeError:  # an attribute value that cannot be hashed cannot travel either
