@@ -27,7 +27,7 @@ from ._interop import DeviceInput, as_input, is_array_like
 from ._loan import CallFuture, Loan
 from ._pipeline import Pipeline, check_attrs, resolve
 from ._sizing import OutputSizer
-from ._slot import _IN_PLACE, _KEEP, Resident, _Slot
+from ._slot import _FORKS, _IN_PLACE, _KEEP, Resident, _Slot
 from ._trace import ClientTracing
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ class Calls:
     geometry: Geometry
     op_table: dict[str, OpEntry]
     _closed: bool
+    _fork_gen: int
     _inflight: Inflight
     _tracing: ClientTracing | None
     _plans: dict[Any, CallPlan]
@@ -171,7 +172,8 @@ class Calls:
                   ) -> dict[str, np.ndarray]:
         """``call()`` of host arrays with the plan of its signature, in this thread: inputs copied into the slot, the
         descriptor bytes written, ring, wait, the response checked, outputs copied out."""
-        self._check()
+        if self._closed or _FORKS[0] != self._fork_gen:
+            self._check()  # raises
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         lane = self._t.lane
         if lane is not None and lane.slept and plan.soon and not lane.busy and not self._inflight:
@@ -190,7 +192,8 @@ class Calls:
             # the one copy in, through views of the slot made once per plan and loan (NumPy's assignment costs less
             # than a memoryview's of the same bytes); the loan's own tensor list is left as it is: a kept loan serves
             # call()s only, which send plans
-            loan._live()
+            if loan._done or loan._s.mv is None:
+                loan._live()  # raises
             made = loan._in_views.get(id(plan))
             views = loan._plan_views(plan, arrays) if made is None else made[1]
             for a, view in zip(arrays, views):

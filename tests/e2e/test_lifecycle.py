@@ -23,6 +23,7 @@ from shmrpc.client import (
     ConnectError,
     ForkedClientError,
     KernelError,
+    Loan,
     ProtocolMismatchError,
     Timeout,
     WorkerGoneError,
@@ -139,6 +140,33 @@ def test_forked_child_is_told_to_reconnect(worker: WorkerProc) -> None:
         p.join(10)
         assert msg.startswith("ForkedClientError") and "create its own Client" in msg
         np.testing.assert_array_equal(c.call("echo", x=np.ones(2))["out"], 1.0)  # the parent is unaffected
+
+
+def _steady_use_in_child(c: Client, req: Loan, q: mp.Queue) -> None:  # type: ignore[type-arg]
+    for what, use in (("call", lambda: c.call("echo", x=np.ones(2))), ("send", lambda: req.send("echo"))):
+        try:
+            use()
+            q.put(f"{what}: no error")
+        except ForkedClientError:
+            q.put(f"{what}: ForkedClientError")
+
+
+def test_a_forked_child_is_told_on_the_steady_paths_too(worker: WorkerProc) -> None:
+    # call() of a signature already planned, and a loan sent again, test for a fork without a call of their own
+    with Client(worker.name, timeout_s=10) as c, c.loan(4096) as req:
+        req.array("x", 2, np.float64)[:] = 3.0
+        for _ in range(2):
+            np.testing.assert_array_equal(c.call("echo", x=np.ones(2))["out"], 1.0)
+            np.testing.assert_array_equal(req.send("echo")["out"], 3.0)
+        ctx = mp.get_context("fork")
+        q = ctx.Queue()
+        p = ctx.Process(target=_steady_use_in_child, args=(c, req, q))
+        p.start()
+        got = [q.get(timeout=20), q.get(timeout=20)]
+        p.join(10)
+        assert got == ["call: ForkedClientError", "send: ForkedClientError"]
+        np.testing.assert_array_equal(c.call("echo", x=np.ones(2))["out"], 1.0)  # the parent is unaffected
+        np.testing.assert_array_equal(req.send("echo")["out"], 3.0)
 
 
 def test_timeout_is_a_timeout_error(worker: WorkerProc) -> None:
