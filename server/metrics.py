@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections import deque
-from collections.abc import Iterator
+from collections import Counter, deque
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Gauge, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
@@ -72,8 +73,13 @@ BATCH_BUCKETS: tuple[float, ...] = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 40
 
 _STAGE_SET = frozenset(STAGES)
 
-#: Observations queued without a fold (the loop folds every turn) that make the next observation fold them.
+#: Observations queued without a fold that make the next observation fold them (the loop folds before: LOOP_FOLD_AT).
 _FOLD_AT = 4096
+#: Observations queued that make the loop fold them at the end of its turn (:meth:`Metrics.fold_queued`); fewer wait for
+#: a later turn or a scrape (which folds first).
+LOOP_FOLD_AT = 512
+#: A fold of this many observations or more counts the histograms' buckets with NumPy (:meth:`_RequestStats._fold_many`).
+_MANY = 32
 
 
 class _Hist:
@@ -97,6 +103,22 @@ class _Hist:
             total += n
             out.append((floatToGoString(bound), total))
         return out
+
+
+_BOUNDS_ARRAYS: dict[tuple[float, ...], np.ndarray] = {}
+
+
+def _add_many(h: _Hist, values: Sequence[float] | np.ndarray) -> None:
+    """Count ``values`` into ``h`` (bucket le=b holds values <= b, as :meth:`_Hist.observe`), and add their sum."""
+    bounds = _BOUNDS_ARRAYS.get(h.bounds)
+    if bounds is None:
+        bounds = _BOUNDS_ARRAYS[h.bounds] = np.asarray(h.bounds, dtype=np.float64)
+    arr = np.asarray(values, dtype=np.float64)
+    counts = h.counts
+    for i, n in enumerate(np.bincount(np.searchsorted(bounds, arr, side="left"), minlength=len(counts)).tolist()):
+        if n:
+            counts[i] += n
+    h.sum += float(arr.sum())
 
 
 class _OpStats:
@@ -140,9 +162,10 @@ class _RequestStats:
     more per tiny request than the rest of the bookkeeping. :meth:`fold` adds the queued
     observations into the counters and histograms, under :attr:`lock`: a scrape (or a snapshot)
     folds first, so it sees every request answered before it, and the worker's loop folds at the end
-    of each turn, after its answers went out (``Metrics.fold``), so the work is off the answers'
-    way; an observer that queues :data:`_FOLD_AT` without a fold folds then. Each op label has one
-    :class:`_OpStats`.
+    of a turn once :data:`LOOP_FOLD_AT` are queued, after its answers went out (``Metrics.fold_queued``),
+    so the work is off the answers' way; an observer that queues :data:`_FOLD_AT` without a fold folds
+    then. A fold of :data:`_MANY` or more counts the buckets with NumPy (:meth:`_fold_many`), for a
+    fraction of the per-observation cost. Each op label has one :class:`_OpStats`.
     """
 
     def __init__(self) -> None:
@@ -169,6 +192,11 @@ class _RequestStats:
         # _Hist.observe, and an op label's numbers are looked up again only when the label changes (a turn's
         # requests are mostly of one op)
         with self.lock:
+            n = len(q)
+            if n >= _MANY:
+                # NOTE: popped one by one: the loop thread may append meanwhile (a scrape folds on its own thread)
+                self._fold_many([q.popleft() for _ in range(n)])
+                return
             last: str | None = None
             b_in = b_out = 0
             while q:
@@ -196,6 +224,45 @@ class _RequestStats:
                     o.over += 1
             self.bytes_in += b_in
             self.bytes_out += b_out
+
+    def _fold_many(self, items: list[tuple[str, str, float, int, int, dict[str, float] | None]]) -> None:
+        """:meth:`fold` of many observations at once (the caller holds :attr:`lock`): the histograms' buckets counted
+        by NumPy (``searchsorted`` on the left, as ``bisect_left``; ``bincount``), statuses and bytes summed, per op
+        label; the same counts as one observation after another."""
+        ops, statuses, secs, b_in, b_out, stages = zip(*items)
+        self.bytes_in += sum(b_in)
+        self.bytes_out += sum(b_out)
+        first = ops[0]
+        if ops.count(first) == len(ops):  # the usual fold: one op label
+            self._fold_op(first, statuses, secs, stages)
+            return
+        by_op: dict[str, list[int]] = {}
+        for i, op in enumerate(ops):
+            by_op.setdefault(op, []).append(i)
+        for op, idx in by_op.items():
+            self._fold_op(op, [statuses[i] for i in idx], [secs[i] for i in idx], [stages[i] for i in idx])
+
+    def _fold_op(self, op: str, statuses: Sequence[str], secs: Sequence[float],
+                 stages: Sequence[dict[str, float] | None]) -> None:
+        o = self.ops.get(op) or self.op(op)
+        counts = o.status
+        s0 = statuses[0]
+        if statuses.count(s0) == len(statuses):
+            counts[s0] = counts.get(s0, 0) + len(statuses)
+        else:
+            for status, n in Counter(statuses).items():
+                counts[status] = counts.get(status, 0) + n
+        _add_many(o.duration, secs)
+        budget_s = o.budget_s
+        if budget_s:  # the run's own total when it has one, else the request's seconds
+            o.over += sum(1 for sec, st in zip(secs, stages) if (st.get("total", sec) if st else sec) > budget_s)
+        for stage in STAGES:
+            values = [v for st in stages if st and (v := st.get(stage, 0.0)) > 0]
+            if values:
+                h = o.stage.get(stage)
+                if h is None:
+                    h = o.stage[stage] = _Hist()
+                _add_many(h, values)
 
     def collect(self) -> Iterator[Metric]:
         self.fold()
@@ -299,9 +366,15 @@ class Metrics:
             self._stats.fold()
 
     def fold(self) -> None:
-        """Add the observations queued by :meth:`observe` into the metrics (the loop calls it after a turn's
-        answers; a scrape and :meth:`snapshot` fold too)."""
+        """Add the observations queued by :meth:`observe` into the metrics (a scrape and :meth:`snapshot` fold
+        too)."""
         if self._queued:
+            self._stats.fold()
+
+    def fold_queued(self) -> None:
+        """The loop's fold at the end of a turn, once :data:`LOOP_FOLD_AT` observations are queued: many folded at
+        once cost a fraction of each one folded alone, and a scrape folds whatever is queued before it reads."""
+        if len(self._queued) >= LOOP_FOLD_AT:
             self._stats.fold()
 
     def observe_batch(self, op: str, size: int) -> None:

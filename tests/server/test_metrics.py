@@ -134,3 +134,45 @@ def test_a_fold_of_interleaved_ops_keeps_each_op_apart() -> None:
     assert {op: d["sum_s"] for op, d in snap["duration"].items()} == pytest.approx(total)
     assert snap["over_budget"] == over and over["scale"] > 0
     assert snap["bytes_in"] == 3 * 600 and snap["bytes_out"] == 5 * 600
+
+
+def test_a_fold_of_many_counts_what_folds_of_few_count() -> None:
+    # a fold of many observations counts the buckets with NumPy, one of few observation by observation: the same
+    # observations (bucket bounds themselves, zero and missing stages, statuses, two ops, a budget) give the same
+    # families either way
+    import random
+
+    from shmrpc.server import metrics as metrics_mod
+    from shmrpc.server.metrics import DURATION_BUCKETS_S
+
+    rng = random.Random(5)
+    obs = []
+    for i in range(400):
+        v = DURATION_BUCKETS_S[i % len(DURATION_BUCKETS_S)] if i % 4 == 0 else 10 ** rng.uniform(-6, 1)
+        stages = None if i % 5 == 0 else {"h2d": 0.0, "kernel": v / 2, "queue": v / 7 if i % 2 else 0.0, "total": v}
+        obs.append(("echo" if i % 3 else "scale", "ok" if i % 7 else "KernelError", v, i, 2 * i, stages))
+    few, many = Metrics(), Metrics()
+    for m in (few, many):
+        m.set_budgets(0.0, {"scale": 0.05})
+    for i, o in enumerate(obs):
+        few.observe(*o)
+        if i % (metrics_mod._MANY - 1) == 0:
+            few.fold()  # never as many as _MANY queued
+        many.observe(*o)
+    few.fold()
+    many.fold()
+    assert not few._stats.queued and not many._stats.queued
+
+    def families(m: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in m.registry.collect()
+                for s in f.samples if not s.name.endswith("_created") and s.name.startswith("shmrpc_")}
+
+    got_few, got_many = families(few), families(many)
+    assert got_few.keys() == got_many.keys()
+    for k, v in got_few.items():
+        if k[0].endswith("_sum"):
+            assert got_many[k] == pytest.approx(v, rel=1e-12), k
+        else:
+            assert got_many[k] == v, k
+    assert got_many[("shmrpc_over_budget_total", (("op", "scale"),))] > 0
+    assert any(k[0] == "shmrpc_stage_seconds_count" and ("stage", "queue") in k[1] for k in got_many)
