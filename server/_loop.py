@@ -364,12 +364,12 @@ class Worker(Calls, Runs):
                 self.sessions.expire_pending(now)
             if attach.pending:
                 attach.expire(now)
-            # the turn's answers are out: once metrics.LOOP_FOLD_AT observations are queued they are added now, all at
-            # once and off their way (metrics._RequestStats); unless a lane's request is already waiting, which goes
-            # first (a later turn folds: one with no request waiting, such as the one that launched a batch, whose
-            # device time it overlaps; observe folds past _FOLD_AT queued, and a scrape folds before it reads)
+            # the turn's answers are out: its metrics are added now, off their way (metrics._RequestStats); unless a
+            # lane's request is already waiting, which goes first (a later turn folds: one with no request waiting,
+            # such as the one that launched a batch, whose device time it overlaps; a spin folds a few at a time while
+            # no request waits; observe folds past _FOLD_AT queued, and a scrape folds before it reads)
             if lanes is None or not lanes.ready():
-                self.metrics.fold_queued()
+                self.metrics.fold()
         log.info("worker %s stopped", self.config.name)
 
     def _on_attach(self, fd: int, stopping: bool) -> None:

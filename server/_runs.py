@@ -174,6 +174,7 @@ class Runs:
         events, or none once ``end`` passed or an executor's answer is queued (the caller polled just before: the
         first poll here comes SPIN_POLL_S later)."""
         lanes = self._lanes
+        fold_few = self.metrics.fold_few
         now = time.perf_counter()
         next_poll = now + SPIN_POLL_S
         served = False
@@ -188,6 +189,10 @@ class Runs:
                     if self._pending or self._launched is not None or self.dispatch.fatal:
                         return lane_rang
                     # on to the poll's turn below: it runs every SPIN_POLL_S, the lanes busy or not
+                else:
+                    # no request waits: the metrics of those answered are folded a few at a time (about 1 µs each), so
+                    # that no turn's fold of many holds up a request rung meanwhile (metrics.TRICKLE)
+                    fold_few()
                 if now < next_poll:
                     now = time.perf_counter()
                     continue
@@ -195,6 +200,8 @@ class Runs:
             events = poller.poll(0)
             if events:
                 return events
+            if lanes is None:
+                fold_few()
             now = time.perf_counter()
         # NOTE: after a request served here, never an empty answer: the caller would sleep in its poll, and the
         # answer said this worker polls the lane for a while yet (its awake word): the turn runs, then a new spin

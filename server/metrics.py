@@ -73,15 +73,12 @@ BATCH_BUCKETS: tuple[float, ...] = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 40
 
 _STAGE_SET = frozenset(STAGES)
 
-#: Observations queued without a fold that make the next observation fold them (the loop folds before: LOOP_FOLD_AT).
+#: Observations queued without a fold (the loop folds every turn) that make the next observation fold them.
 _FOLD_AT = 4096
-#: Observations queued that make the loop fold them at the end of its turn (:meth:`Metrics.fold_queued`); fewer wait for
-#: a later turn or a scrape (which folds first). A fold of this many costs about 0.6 of one observation folded alone
-#: per observation, and holds the loop for the time of that many (a request arriving meanwhile waits): 512 at once
-#: were measured to put about 250-330 µs on 1 request in 512 (p99.9) on the GPU host.
-LOOP_FOLD_AT = 128
 #: A fold of this many observations or more counts the histograms' buckets with NumPy (:meth:`_RequestStats._fold_many`).
 _MANY = 32
+#: Observations the spinning loop folds at a time while no request waits (:meth:`Metrics.fold_few`): about 1 µs each.
+TRICKLE = 2
 
 
 class _Hist:
@@ -164,10 +161,11 @@ class _RequestStats:
     more per tiny request than the rest of the bookkeeping. :meth:`fold` adds the queued
     observations into the counters and histograms, under :attr:`lock`: a scrape (or a snapshot)
     folds first, so it sees every request answered before it, and the worker's loop folds at the end
-    of a turn once :data:`LOOP_FOLD_AT` are queued, after its answers went out (``Metrics.fold_queued``),
-    so the work is off the answers' way; an observer that queues :data:`_FOLD_AT` without a fold folds
-    then. A fold of :data:`_MANY` or more counts the buckets with NumPy (:meth:`_fold_many`), for a
-    fraction of the per-observation cost. Each op label has one :class:`_OpStats`.
+    of each turn, after its answers went out (``Metrics.fold``), so the work is off the answers' way, and
+    a few at a time while it spins with no request waiting (``Metrics.fold_few``); an observer that
+    queues :data:`_FOLD_AT` without a fold folds then. A fold of :data:`_MANY` or more counts the buckets
+    with NumPy (:meth:`_fold_many`), for a fraction of the per-observation cost. Each op label has one
+    :class:`_OpStats`.
     """
 
     def __init__(self) -> None:
@@ -187,21 +185,22 @@ class _RequestStats:
             o = self.ops[op] = _OpStats(self.budgets.get(op, self.default_budget_s))
         return o
 
-    def fold(self) -> None:
-        """Add every queued observation into the counters and histograms (any thread)."""
+    def fold(self, limit: int = 0) -> None:
+        """Add the queued observations into the counters and histograms (any thread): every one, or the first
+        ``limit`` (> 0)."""
         q = self.queued
         # NOTE: this runs once per request answered: the histograms' buckets are counted here, not through
         # _Hist.observe, and an op label's numbers are looked up again only when the label changes (a turn's
         # requests are mostly of one op)
         with self.lock:
-            n = len(q)
+            n = len(q) if limit <= 0 else min(limit, len(q))
             if n >= _MANY:
                 # NOTE: popped one by one: the loop thread may append meanwhile (a scrape folds on its own thread)
                 self._fold_many([q.popleft() for _ in range(n)])
                 return
             last: str | None = None
             b_in = b_out = 0
-            while q:
+            for _ in range(n):
                 op, status, seconds, nbytes_in, nbytes_out, stages = q.popleft()
                 if op is not last:
                     last, o = op, self.ops.get(op) or self.op(op)
@@ -368,16 +367,16 @@ class Metrics:
             self._stats.fold()
 
     def fold(self) -> None:
-        """Add the observations queued by :meth:`observe` into the metrics (a scrape and :meth:`snapshot` fold
-        too)."""
+        """Add the observations queued by :meth:`observe` into the metrics (the loop calls it after a turn's
+        answers; a scrape and :meth:`snapshot` fold too)."""
         if self._queued:
             self._stats.fold()
 
-    def fold_queued(self) -> None:
-        """The loop's fold at the end of a turn, once :data:`LOOP_FOLD_AT` observations are queued: many folded at
-        once cost a fraction of each one folded alone, and a scrape folds whatever is queued before it reads."""
-        if len(self._queued) >= LOOP_FOLD_AT:
-            self._stats.fold()
+    def fold_few(self, n: int = TRICKLE) -> None:
+        """Fold the first ``n`` observations queued, if any: the loop's fold while it spins with no request waiting,
+        a few at a time, so that a request rung meanwhile waits for at most those few."""
+        if self._queued:
+            self._stats.fold(n)
 
     def observe_batch(self, op: str, size: int) -> None:
         """Record one batched run of ``size`` requests of op label ``op`` (loop thread only)."""

@@ -244,17 +244,19 @@ def test_observations_never_folded_by_the_loop_fold_once_the_queue_is_long() -> 
     assert not m._stats.queued and m._stats.ops["scale"].status == {"ok": metrics_mod._FOLD_AT}
 
 
-def test_the_loop_folds_once_enough_observations_are_queued() -> None:
-    # the loop's fold at the end of a turn waits for LOOP_FOLD_AT observations: many folded at once cost less each
+def test_a_few_observations_folded_at_a_time() -> None:
+    # the spinning loop folds TRICKLE observations at a time while no request waits: the first ones, and only them
     m = Metrics()
-    for _ in range(metrics_mod.LOOP_FOLD_AT - 1):
-        m.observe("scale", "ok", 0.001, 0, 0, {"kernel": 0.0005})
-    m.fold_queued()
-    assert len(m._stats.queued) == metrics_mod.LOOP_FOLD_AT - 1 and m._stats.ops == {}
-    m.observe("scale", "ok", 0.001, 0, 0, {"kernel": 0.0005})
-    m.fold_queued()
-    assert not m._stats.queued and m._stats.ops["scale"].status == {"ok": metrics_mod.LOOP_FOLD_AT}
-    assert sum(m._stats.ops["scale"].stage["kernel"].counts) == metrics_mod.LOOP_FOLD_AT
+    for i in range(5):
+        m.observe("scale", "ok", 0.001 * (i + 1), i, 0, {"kernel": 0.0005})
+    m.fold_few()
+    assert len(m._stats.queued) == 5 - metrics_mod.TRICKLE
+    assert m._stats.ops["scale"].status == {"ok": metrics_mod.TRICKLE}
+    assert m._stats.bytes_in == sum(range(metrics_mod.TRICKLE))
+    m.fold_few(100)
+    assert not m._stats.queued and m._stats.ops["scale"].status == {"ok": 5} and m._stats.bytes_in == 10
+    m.fold_few()  # nothing queued: nothing to do
+    assert m._stats.ops["scale"].duration.sum == pytest.approx(0.015)
 
 
 def test_scrapes_on_another_thread_lose_and_double_no_observation() -> None:
