@@ -8,7 +8,6 @@ back to the Client when the loan ends and no view of it is left (see :mod:`._slo
 from __future__ import annotations
 
 import math
-import struct
 import threading
 import time
 from concurrent.futures import Future
@@ -28,7 +27,7 @@ from shmrpc.schema.errors import (
     WorkerGoneError,
     from_wire,
 )
-from shmrpc.schema.header import HEADER, HEADER_NBYTES
+from shmrpc.schema.header import HEADER, HEADER_NBYTES, REQUEST_ID
 from shmrpc.schema.layout import align_up, format_size, tensor_align
 
 from ._caches import bounded_put
@@ -42,9 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["Loan", "CallFuture"]
 
 _HEADER_UNPACK = HEADER.unpack_from
-_RID_PACK = struct.Struct("<I").pack  # a header's request_id, its first field
-_RID_NBYTES = 4
-assert HEADER.format[:2] == "<I"
+_RID_PACK, _RID_NBYTES = REQUEST_ID.pack, REQUEST_ID.size  # a header's request_id, its first field
 _PLAN_VIEWS = 16  # call() plans whose input views a loan keeps
 
 
@@ -187,10 +184,7 @@ class Loan:
         the loan's own views (for a caller that only copies them out and hands none of them on). ``ahead``: the
         loan's last response checked and fresh views of it, made while the request ran (used if this response
         is that one again)."""
-        s = self._s
-        mv = s.mv
-        if self._done or mv is None:
-            raise ClientClosedError("this loan was released")
+        s, mv = self._s, self._live()
         status = s.status
         if status and status & NO_RESPONSE:
             err = from_wire(status & 0x7FFF, "the worker refused the doorbell without touching the slot",

@@ -38,12 +38,16 @@ import enum
 import struct
 from typing import NamedTuple
 
-__all__ = ["HEADER", "HEADER_NBYTES", "Flag", "Header", "pack_into", "unpack_from"]
+__all__ = ["HEADER", "HEADER_NBYTES", "REQUEST_ID", "AFTER_REQUEST_ID", "Flag", "Header", "pack_into", "unpack_from"]
 
 HEADER = struct.Struct("<IHIHI")
 HEADER_NBYTES = HEADER.size  # 16
+#: The header's first field, the request_id, and the rest of it (op_code, payload_length, flags, generation): a
+#: repeated request's or response's header differs from the last one's in its request_id alone.
+REQUEST_ID = struct.Struct("<I")
+AFTER_REQUEST_ID = struct.Struct("<HIHI")
 
-assert HEADER_NBYTES == 16
+assert HEADER_NBYTES == 16 and HEADER.format == REQUEST_ID.format + AFTER_REQUEST_ID.format[1:]
 
 
 class Flag(enum.IntFlag):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shmrpc.kernels._backend_base import BoundRun, ItemViews
-from shmrpc.schema.header import HEADER, HEADER_NBYTES
+from shmrpc.schema.header import AFTER_REQUEST_ID, HEADER_NBYTES
 
 from ._dispatch import Prepared
 from ._lease import Slot
@@ -36,11 +36,6 @@ if TYPE_CHECKING:
     from ._sessions import ClientSession
 
 __all__ = ["Express", "Primed", "PrimedSlots"]
-
-# the header's request_id (u32) comes first; the rest of it is fixed for a primed slot: (op_code, payload_length,
-# flags, generation)
-_HEAD_TAIL = struct.Struct("<" + HEADER.format[2:])
-assert HEADER.format[:2] == "<I" and 4 + _HEAD_TAIL.size == HEADER_NBYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +68,7 @@ class Express:
     slot: Slot
     view: memoryview  # the slot's bytes (the worker's own mapping)
     primed: Primed
-    head: tuple[int, int, int]  # (op_code, payload_length, flags) the header must carry: primed's, as one tuple
-    end: int  # HEADER_NBYTES + payload_length: where the descriptor ends in the slot
-    raw: ctypes.Array[ctypes.c_char]  # the slot's bytes [0:end] (over ``view``)
+    raw: ctypes.Array[ctypes.c_char]  # the slot's header and descriptor (over ``view``)
     expect: bytes  # what must follow the request id there: the header's op code, length, flags and generation,
     # then the descriptor
 
@@ -83,10 +76,9 @@ class Express:
     def of(cls, identity: bytes, session: ClientSession, slot: Slot, view: memoryview, primed: Primed,
            gen: int) -> Express:
         """The entry of ``primed``'s slot for requests whose header carries ``gen`` (the slot's lease)."""
-        end = HEADER_NBYTES + len(primed.payload)
-        head = (primed.op_code, len(primed.payload), primed.flags)
-        raw = (ctypes.c_char * end).from_buffer(view)
-        return cls(identity, session, slot, view, primed, head, end, raw, _HEAD_TAIL.pack(*head, gen) + primed.payload)
+        raw = (ctypes.c_char * (HEADER_NBYTES + len(primed.payload))).from_buffer(view)
+        expect = AFTER_REQUEST_ID.pack(primed.op_code, len(primed.payload), primed.flags, gen) + primed.payload
+        return cls(identity, session, slot, view, primed, raw, expect)
 
 
 class PrimedSlots:

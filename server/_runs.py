@@ -437,12 +437,12 @@ class Runs:
         if ex.raw.raw != frame[8:12] + ex.expect:
             return False
         view = ex.view
-        op_code = ex.head[0]
         t0 = time.perf_counter()
         s.in_flight = True
         self._primed.hits += 1
         self._inflight.value += 1
         primed = ex.primed
+        op_code = primed.op_code
         prep = primed.prep
         if prep.batch and self._joins:  # parked for the end of the turn, as the full path parks it
             self._pending.append(Pending(ex.identity, s, view, (rid, op_code, gen), primed, t0, lane))
