@@ -13,8 +13,8 @@ from ._errors import KernelFatalError, KernelInputError, KernelResourceError, Ke
 from ._plan import Plan, ResolvedStep, build_plan
 from ._registry import REGISTRY, StepSpec, TensorSpec
 
-__all__ = ["Backend", "BatchItem", "BatchLaunch", "BoundRun", "ItemViews", "RunLaunch", "check_host", "check_result",
-           "example_array"]
+__all__ = ["Backend", "BatchItem", "BatchLaunch", "BoundRun", "ItemViews", "RunLaunch", "can_write", "check_host",
+           "check_result", "example_array"]
 
 #: A run of one plan over fixed views: ``bound()`` -> stage seconds, raising what ``Backend.run`` raises.
 BoundRun = Callable[[], dict[str, float]]
@@ -79,6 +79,23 @@ def check_host(arr: Any, spec: TensorSpec, name: str, role: str) -> np.ndarray:
         return as_storage(arr, spec.dtype)
     except TypeError:
         raise KernelInputError(f"{role} {name!r} has dtype {arr.dtype}, the plan says {spec.dtype}", tensor=name, field="dtype") from None
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
+
+
+def can_write(view: np.ndarray, st: ResolvedStep, ins: Mapping[str, Any], later: Sequence[Any]) -> bool:
+    """May step ``st`` write its output straight into host ``view``? Not where ``view`` shares memory with a tensor
+    read by a later step (``later``) or with one of the step's inputs (``ins``), unless the op is elementwise and
+    in-place-safe and that input is the very same memory. Every array given is a host (NumPy) array."""
+    if any(np.may_share_memory(view, a) for a in later):
+        return False
+    for a in ins.values():
+        if np.may_share_memory(view, a) and not (st.op.inplace and st.op.elementwise and _same_memory(view, a)):
+            return False
+    return True
 
 
 def check_result(st: ResolvedStep, res: Any, out_specs: Mapping[str, TensorSpec]) -> None:

@@ -33,6 +33,7 @@ raises ``KernelFatalError`` (a ``KernelRuntimeError``) then.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -45,18 +46,25 @@ import numpy as np
 from . import _cuda_chunks
 from . import _cuda_gather as _gather
 from . import _cupy_runs as _runs
-from ._backend_base import Backend, check_result
+from ._backend_base import Backend, BoundRun, can_write, check_result
 from ._cuda_batch import BatchGraphs
 from ._cuda_chunks import CHUNK_BYTES, CHUNK_STREAMS, CHUNK_THRESHOLD_BYTES
 from ._cuda_graph import ChunkGraphs, GraphCache
 from ._cupy_runs import BATCH_SINGLES, GRAPH_MAX_BYTES, LAUNCH_BATCHES, chunk_settings, plan_bytes
-from ._errors import BackendUnavailable, KernelFatalError, KernelResourceError, KernelRuntimeError, OpError
+from ._errors import (
+    BackendUnavailable,
+    KernelFatalError,
+    KernelInputError,
+    KernelResourceError,
+    KernelRuntimeError,
+    OpError,
+)
 from ._plan import Plan
 from ._registry import OpCall, TensorSpec
 
 __all__ = ["CupyBackend", "CHUNK_THRESHOLD_BYTES", "CHUNK_BYTES", "CHUNK_STREAMS", "TIMED_MIN_BYTES",
            "STAGE_SAMPLE_EVERY", "GRAPH_MAX_BYTES", "GRAPH_CACHE", "LARGE_GRAPH_CACHE",
-           "BATCH_GRAPH_CACHE", "LAUNCH_BATCHES"]
+           "BATCH_GRAPH_CACHE", "DIRECT_MAX_BYTES", "LAUNCH_BATCHES"]
 
 #: Requests moving more bytes than this get CUDA-event stage timings ("h2d", "kernel", "d2h").
 TIMED_MIN_BYTES = 1 << 20
@@ -70,10 +78,20 @@ LARGE_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_LARGE_GRAPHS", "") or (2 if 
 #: Graphs of batches kept (one per set of requests' slots: 8 clients of one slot each make up to 255 sets;
 #: each graph a few MiB of device memory for gemm 16x256x256; ``SHMRPC_CUDA_BATCH_GRAPHS=0`` turns them off).
 BATCH_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_BATCH_GRAPHS", "") or (256 if GRAPH_CACHE else 0))
+#: A graph of one small request moving at most this many bytes (inputs and outputs) runs its kernels on the slot's
+#: own pages, without copies, where the device may use their host addresses (``SHMRPC_CUDA_DIRECT_MAX_BYTES=0``
+#: turns it off; docs/kernels.md, "Small requests").
+DIRECT_MAX_BYTES = int(os.environ.get("SHMRPC_CUDA_DIRECT_MAX_BYTES", "") or 65536)
 _BUFS_PER_SET = 32
 log = logging.getLogger("shmrpc.kernels")
 _HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable
 _STICKY = {700, 701, 702, 709, 710, 711, 712, 713, 714, 715, 716, 717, 718, 719}  # illegal address, launch failure, ...
+
+
+@functools.cache
+def _copy_kernel(cp: Any) -> Any:
+    """``k(src, dst)``: an elementwise kernel writing ``src`` into ``dst``."""
+    return cp.ElementwiseKernel("T src", "T dst", "dst = src", "shmrpc_copy_out")
 
 
 class _StreamSet:
@@ -116,12 +134,13 @@ class CupyBackend(Backend):
         self._generation = 0
         self._registered: dict[int, int] = {}
         self._tls = threading.local()
-        self._graphs = GraphCache(cupy, self._issue, GRAPH_CACHE, 2, self._tls)
+        self._graphs = GraphCache(cupy, self._issue_graph, GRAPH_CACHE, 2, self._tls)
         self._batch_graphs = BatchGraphs(cupy, self._step, BATCH_GRAPH_CACHE, 3, self._tls)
         self._gather_graphs = _gather.GatherGraphs(cupy, self._step, _gather.GATHER_GRAPHS if GRAPH_CACHE else 0, 2,
                                                    self._tls, self._batch_graphs._sh)
         self._chunk_graphs = ChunkGraphs(cupy, LARGE_GRAPH_CACHE, 2, self._tls)
         self._small_runs = 0
+        self.direct_captures = 0  # graphs of single requests captured without copies (_issue_graph)
         # what _cupy_runs derives from a plan alone: (id, size) -> (plan, (batch plan, gatherable)); (id, 0) -> (plan,
         # whether a launched batch may serve it)
         self._plan_facts: dict[Any, tuple[Plan, Any]] = {}
@@ -281,6 +300,40 @@ class CupyBackend(Backend):
         times["total"] = time.perf_counter() - t0
         return times
 
+    def bind(self, plan: Plan, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
+             keep_as: Mapping[str, str] | None = None) -> BoundRun:
+        """``plan`` over these views as a callable (see :meth:`Backend.bind`); each call equals one :meth:`run`.
+
+        For a small plan that a graph may serve (no resident tensors, nothing kept, contiguous views), done once
+        here: the checks of the views and the graph's key. Per call: the injected fault, the stage sample (one
+        small run in :data:`STAGE_SAMPLE_EVERY`), the graph's eligibility, then the captured graph launched and
+        waited for; any call that is not that goes through :meth:`run` (which captures on the second sight).
+        """
+        try:
+            host_in, host_out = self._host_io(plan, inputs, outputs)
+        except KernelInputError:
+            return super().bind(plan, inputs, outputs, keep_as)
+        views = [*host_in.values(), *host_out.values()]
+        if (plan.resident or plan.keep or sum(v.nbytes for v in views) > TIMED_MIN_BYTES
+                or plan_bytes(plan) > GRAPH_MAX_BYTES or not all(v.flags.c_contiguous for v in views)):
+            return super().bind(plan, inputs, outputs, keep_as)
+        key = (id(plan), *(v.ctypes.data for v in views))  # GraphCache.run's key, with no resident tensor
+        graphs, dev, perf = self._graphs, self._dev, time.perf_counter
+
+        def bound() -> dict[str, float]:
+            t0 = perf()
+            if not self.inject_fault and (self._small_runs + 1) % STAGE_SAMPLE_EVERY and graphs.eligible(plan):
+                try:
+                    with dev:
+                        served = graphs.launch_captured(key)
+                except Exception as e:  # noqa: BLE001 - as run() wraps a failed launch
+                    raise self._wrap(e, "", -1) from e
+                if served:
+                    self._small_runs += 1
+                    return {"total": perf() - t0, "graph": 1.0}
+            return self.run(plan, inputs, outputs, keep_as)
+        return bound
+
     def _chunked(self, plan: Plan, host_in: Mapping[str, np.ndarray], host_out: Mapping[str, np.ndarray],
                  resident: Mapping[str, Any]) -> Any:
         """``chunked(streams, workspace, capture, hold)``: this request's chunked run (see :mod:`._cuda_chunks`)."""
@@ -291,16 +344,59 @@ class CupyBackend(Backend):
         return chunked
 
     def _step(self, st: Any, ins: dict[str, Any], in_specs: Mapping[str, TensorSpec], out_specs: Mapping[str, TensorSpec],
-              workspace: dict[str, Any], xp: Any = None) -> dict[str, Any]:
+              workspace: dict[str, Any], xp: Any = None, dests: dict[str, Any] | None = None) -> dict[str, Any]:
         impl = st.op.cupy
         assert impl is not None  # plan() refuses ops without one
-        call = OpCall(self.xp if xp is None else xp, ins, in_specs, out_specs, st.attrs, {}, workspace)
+        call = OpCall(self.xp if xp is None else xp, ins, in_specs, out_specs, st.attrs, {} if dests is None else dests,
+                      workspace)
         try:
             res = impl(call)
             check_result(st, res, out_specs)
             return res
         except Exception as e:
             raise self._wrap(e, st.op.name, st.index) from e
+
+    def _issue_graph(self, plan: Plan, host_in: Mapping[str, np.ndarray], host_out: Mapping[str, np.ndarray],
+                     resident: Mapping[str, Any], s: Any, workspace: dict[str, Any]) -> dict[str, Any]:
+        """The run a graph of one small request captures: without copies (:meth:`_issue_direct`) when the request
+        moves at most :data:`DIRECT_MAX_BYTES` and a kernel may use every view at its host address
+        (:class:`._cuda_gather.HostAccess`), else with them (:meth:`_issue`)."""
+        views = (*host_in.values(), *host_out.values())
+        if (sum(v.nbytes for v in views) <= DIRECT_MAX_BYTES and self._host_access.supported
+                and all(v.nbytes and self._host_access.usable(v) for v in views)):
+            if getattr(self._tls, "capturing", False):
+                self.direct_captures += 1
+            return self._issue_direct(plan, host_in, host_out, resident, s, workspace)
+        return self._issue(plan, host_in, host_out, resident, s, workspace)
+
+    def _issue_direct(self, plan: Plan, host_in: Mapping[str, np.ndarray], host_out: Mapping[str, np.ndarray],
+                      resident: Mapping[str, Any], s: Any, workspace: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`_issue` without copies, for views a kernel may use at their host addresses (the caller checked):
+        the steps read the inputs on their own pages, a step writes an output straight into its view where the
+        NumPy backend would (:func:`._backend_base.can_write`), and a copy kernel writes any other output into its
+        view. A small request's bytes cross the bus once either way; what goes is the copy engine's work per copy
+        (docs/kernels.md, "Small requests")."""
+        on_host = {n: self._on_host(h) for n, h in host_in.items()}
+        outs = {n: self._on_host(h) for n, h in host_out.items()}
+        host: dict[str, np.ndarray] = dict(host_in)  # tensors living in host views: what can_write looks at
+        env: dict[str, Any] = {**on_host, **resident}
+        with s:
+            for st in plan.steps:
+                later = [host[n] for n, last in plan.last_use.items() if last > st.index and n in host]
+                ins_host = {p: host[n] for p, n in st.inputs.items() if n in host}
+                dests = {p: outs[n] for p, n in st.outputs.items()
+                         if n in outs and can_write(host_out[n], st, ins_host, later)}
+                res = self._step(st, {p: env[n] for p, n in st.inputs.items()}, st.in_specs, st.out_specs, workspace,
+                                 dests=dests)
+                for p, n in st.outputs.items():
+                    env[n] = res[p]
+                    if n in outs and res[p] is dests.get(p):
+                        host[n] = host_out[n]
+            for n, dst in outs.items():
+                if env[n] is not dst:
+                    _copy_kernel(self.xp)(env[n], dst)  # a kernel, not a copy by the copy engine
+                env["#out." + n] = dst
+        return env
 
     def _issue(self, plan: Plan, host_in: Mapping[str, np.ndarray], host_out: Mapping[str, np.ndarray],
                resident: Mapping[str, Any], s: Any, workspace: dict[str, Any],
@@ -328,6 +424,14 @@ class CupyBackend(Backend):
             if ev is not None:
                 ev[3].record(s)
         return env
+
+    def _on_host(self, view: np.ndarray) -> Any:
+        """A device array over host view ``view``'s own pages (its device address is its host address). It does not
+        hold the view: like a graph's copies, a graph of it must go before its pages do (``unregister_host``, which
+        the worker calls before a region is unmapped, drops every graph)."""
+        cp = self.xp
+        mem = cp.cuda.UnownedMemory(view.ctypes.data, view.nbytes, None, self.device)
+        return cp.ndarray(view.shape, view.dtype, cp.cuda.MemoryPointer(mem, 0))
 
     def _run_whole(self, sset: _StreamSet, plan: Plan, host_in: dict[str, np.ndarray], host_out: dict[str, np.ndarray],
                    resident: dict[str, Any], keep_as: Mapping[str, str] | None, timed: bool, small: bool) -> dict[str, float]:
@@ -431,10 +535,10 @@ class CupyBackend(Backend):
         if self.closed:
             return
         g, b, c, h = self._graphs, self._batch_graphs, self._chunk_graphs, self._gather_graphs
-        log.info("CUDA graphs at close: requests %d captured / %d launched, batches by slots %d / %d (%d held, last "
-                 "refusal %r), gathered batches %d / %d (%d held, last refusal %r), chunked runs %d / %d", g.captures,
-                 g.launches, b.captures, b.launches, len(b), b.last_error, h.captures, h.launches, len(h), h.last_error,
-                 c.captures, c.launches)
+        log.info("CUDA graphs at close: requests %d captured (%d without copies) / %d launched, batches by slots "
+                 "%d / %d (%d held, last refusal %r), gathered batches %d / %d (%d held, last refusal %r), chunked runs "
+                 "%d / %d", g.captures, self.direct_captures, g.launches, b.captures, b.launches, len(b), b.last_error,
+                 h.captures, h.launches, len(h), h.last_error, c.captures, c.launches)
         super().close()
         self._graphs.clear()
         self._chunk_graphs.clear()

@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from ._backend_base import Backend, BatchItem, BatchLaunch, BoundRun, RunLaunch, check_result
+from ._backend_base import Backend, BatchItem, BatchLaunch, BoundRun, RunLaunch, can_write, check_result
 from ._batch import batch_plan, batchable
 from ._errors import KernelInputError, KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan, ResolvedStep
@@ -42,11 +42,6 @@ BATCH_JOINT = os.environ.get("SHMRPC_NUMPY_BATCH_JOINT", "") == "1"
 #: its launch, and when (its ``eta``), as a device run would (``SHMRPC_NUMPY_LAUNCH_S``; 0: done at once, no eta):
 #: the worker's wait for a long device run, and its PULSE, are tested this way without a GPU.
 LAUNCH_S = float(os.environ.get("SHMRPC_NUMPY_LAUNCH_S", "0") or 0)
-
-
-def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
-    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-            and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
 
 
 def _call_op(st: ResolvedStep, impl: Any, call: OpCall, given: Sequence[tuple[str, np.ndarray]] = ()) -> Any:
@@ -71,16 +66,6 @@ def _op_failure(st: ResolvedStep, e: Exception) -> OpError:
     if isinstance(e, MemoryError):
         return KernelResourceError(f"out of host memory in {st.op.name!r}: {e}", op=st.op.name, step=st.index)
     return KernelRuntimeError(f"op {st.op.name!r} failed: {type(e).__name__}: {e}", op=st.op.name, step=st.index)
-
-
-def _can_write(view: np.ndarray, st: ResolvedStep, ins: Mapping[str, Any], later: list[Any]) -> bool:
-    """May ``st`` write its output straight into ``view``?"""
-    if any(np.may_share_memory(view, a) for a in later):
-        return False
-    for a in ins.values():
-        if np.may_share_memory(view, a) and not (st.op.inplace and st.op.elementwise and _same_memory(view, a)):
-            return False
-    return True
 
 
 class NumpyBackend(Backend):
@@ -148,7 +133,7 @@ class NumpyBackend(Backend):
                 dests: dict[str, Any] = {}
                 for p, n in st.outputs.items():
                     view = host_out.get(n)
-                    if view is not None and _can_write(view, st, ins, later):
+                    if view is not None and can_write(view, st, ins, later):
                         dests[p] = view
                 fixed.append(dests)
             made.update(st.outputs.values())
@@ -217,7 +202,7 @@ class NumpyBackend(Backend):
                 dests: dict[str, Any] = {}
                 for p, n in st.outputs.items():
                     view = host_out.get(n)
-                    if view is not None and _can_write(view, st, ins, later):
+                    if view is not None and can_write(view, st, ins, later):
                         dests[p] = view
             else:
                 dests = dict(known)  # an op may change its call's dicts: each run gets its own

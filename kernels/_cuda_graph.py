@@ -196,6 +196,22 @@ class GraphCache(_Graphs):
         self.launches += 1
         return True
 
+    def launch_captured(self, key: tuple[Any, ...]) -> bool:
+        """Serve a request by the graph of ``key`` (the key :meth:`run` makes) if one is captured and live: launch,
+        synchronize; False (nothing done, no sight counted): let :meth:`run` serve it."""
+        with self._lock:
+            g = self._graphs.get(key)
+            if g is None or g is _NONE:
+                return False
+            self._graphs.move_to_end(key)
+        with g.lock:
+            if g.graph is None:
+                return False  # retired meanwhile (a reset)
+            g.graph.launch(g.stream)
+            g.stream.synchronize()
+        self.launches += 1
+        return True
+
     def _capture(self, key: tuple[Any, ...], plan: Plan, host_in: Mapping[str, np.ndarray],
                  host_out: Mapping[str, np.ndarray], resident: Mapping[str, Any], views: list[np.ndarray]) -> bool:
         cp = self._cp

@@ -70,6 +70,99 @@ def test_graph_results_equal_the_plain_path_bit_for_bit(cp: Any, dt: str) -> Non
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize(("op", "attrs", "shape", "dt"), [
+    ("scale", {"a": 2.5, "b": -1.0}, (16,), "float32"), ("vector_add", {}, (4, 16), "float16"),
+    ("gelu", {}, (3, 7), "float32"), ("echo", {}, (5,), "int32"), ("softmax", {}, (4, 33), "float16"),
+    ("layernorm", {}, (2, 64), "float32"), ("layernorm_gelu", {}, (2, 64), "bfloat16")])
+def test_a_small_requests_graph_with_or_without_copies_gives_the_plain_paths_bits(
+        cp: Any, monkeypatch: pytest.MonkeyPatch, direct: bool, op: str, attrs: dict[str, Any], shape: tuple[int, ...],
+        dt: str) -> None:
+    """Without copies (the kernels on the views' own pages) and with them, in place and not: the bits of the plain
+    path, and only the outputs written."""
+    from shmrpc.kernels import _backend_cupy
+    from shmrpc.kernels._dtypes import storage_dtype
+
+    monkeypatch.setattr(_backend_cupy, "DIRECT_MAX_BYTES", 65536 if direct else 0)
+    entry = REGISTRY[op]
+    names = list(entry.inputs)
+    specs = {n: TensorSpec(shape if n in ("x", "y") else (shape[-1],), dt) for n in names}
+    host = Pinned(cp)
+    sdt = storage_dtype(dt)
+    rng = np.random.default_rng(1)
+    views = {n: host.view(4096 * i, specs[n].shape, sdt) for i, n in enumerate(names)}
+    out = host.view(4096 * len(names), shape, sdt)
+    with select_backend("cupy") as be, select_backend("cupy") as plain:
+        plain._graphs.limit = 0
+        for in_place in (False, True):
+            dst = views["x"] if in_place else out
+            plan = be.plan([StepSpec(op, {n: n for n in names}, {"out": "o"}, attrs)], specs, ["o"])
+            plan_plain = plain.plan([StepSpec(op, {n: n for n in names}, {"out": "o"}, attrs)], specs, ["o"])
+            for _ in range(4):
+                for v in views.values():
+                    f = rng.standard_normal(v.shape).astype(np.float32)
+                    v[...] = (f.view(np.uint32) >> 16) if dt == "bfloat16" else f.astype(sdt)
+                want = np.empty(shape, sdt)
+                plain.run(plan_plain, {n: v.copy() for n, v in views.items()}, {"o": want})
+                be.run(plan, dict(views), {"o": dst})
+                assert dst.tobytes() == want.tobytes()
+        assert be._graphs.captures == 2 and be.direct_captures == (2 if direct else 0)
+        untouched = np.ones(host.raw.size, bool)
+        for v in (*views.values(), out):
+            a = v.ctypes.data - host.raw.ctypes.data
+            untouched[a:a + v.nbytes] = False
+        assert (host.raw[untouched] == 0xAB).all()
+
+
+@pytest.mark.gpu
+def test_a_bound_small_run_launches_its_graph_and_answers_as_run_does(gpu: Any, cp: Any) -> None:
+    """The worker's bound run of a slot's views: served by the captured graph (no second lookup of the views), the
+    stage sample and an injected fault still go through run(), and after a reset it captures again."""
+    from shmrpc.kernels import _backend_cupy
+    from shmrpc.kernels._errors import KernelRuntimeError
+
+    host = Pinned(cp)
+    x, o = host.view(0, (16,), np.float32), host.view(4096, (16,), np.float32)
+    plan = gpu.plan([StepSpec("scale", {"x": "x"}, {"out": "o"}, {"a": 2.0, "b": 1.0})], {"x": x_spec(16)}, ["o"])
+    bound = gpu.bind(plan, {"x": x}, {"o": o})
+    got = []
+    for i in range(2 * _backend_cupy.STAGE_SAMPLE_EVERY):
+        x[:] = np.arange(16) + i
+        got.append(frozenset(bound()))
+        np.testing.assert_array_equal(o, 2 * (np.arange(16, dtype=np.float32) + i) + 1)
+    assert gpu._graphs.captures == 1 and gpu._graphs.launches >= len(got) - 4
+    assert frozenset({"total", "graph"}) in got and frozenset({"h2d", "kernel", "d2h", "total"}) in got
+    gpu.inject_fault = "cuda_error"
+    with pytest.raises(KernelRuntimeError, match="injected"):
+        bound()
+    assert len(gpu._graphs) == 0
+    for i in range(4):
+        x[:] = 3 * i
+        bound()
+        np.testing.assert_array_equal(o, np.full(16, 6 * i + 1, np.float32))
+    assert gpu._graphs.captures == 2
+
+
+@pytest.mark.gpu
+def test_a_graph_moving_more_than_the_direct_bound_keeps_its_copies(gpu: Any, cp: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from shmrpc.kernels import _backend_cupy
+
+    monkeypatch.setattr(_backend_cupy, "DIRECT_MAX_BYTES", 128)
+    host = Pinned(cp)
+    for n, direct in ((16, 1), (17, 0)):  # 2 x 64 B moved: under the bound; 2 x 68 B: over it
+        x, o = host.view(0, (n,), np.float32), host.view(4096, (n,), np.float32)
+        x[:] = np.arange(n)
+        plan = gpu.plan([StepSpec("scale", {"x": "x"}, {"out": "o"}, {"a": 3.0})], {"x": x_spec(n)}, ["o"])
+        before = gpu.direct_captures
+        for _ in range(3):
+            gpu.run(plan, {"x": x}, {"o": o})
+        assert gpu.direct_captures - before == direct
+        np.testing.assert_array_equal(o, 3 * np.arange(n, dtype=np.float32))
+    assert gpu._graphs.captures == 2
+
+
+@pytest.mark.gpu
 def test_a_graph_writes_only_its_requests_outputs(gpu: Any, cp: Any) -> None:
     plan = gpu.plan([StepSpec("scale", {"x": "x"}, {"out": "o"}, {"a": 2.0})], {"x": TensorSpec((16,), "float32")}, ["o"])
     host = Pinned(cp)
