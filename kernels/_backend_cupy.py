@@ -4,12 +4,16 @@ pipeline on the device, requested outputs copied device->host straight into thei
 Copies, and why: one H2D per request input (the GPU cannot compute on host pages at full
 speed: 47 GB/s mapped vs 4 TB/s HBM) and one D2H per requested output; intermediates and
 resident tensors never leave the device. Copies are ``cudaMemcpyAsync`` from/into the
-caller's views, DMA from pinned pages once ``register_host`` has pinned the region.
+caller's views, DMA from pinned pages once ``register_host`` has pinned the region. A small
+request's graph has none where the device may use the host address of registered pages: its
+kernels read and write the slot's pages themselves (:meth:`CupyBackend._issue_direct`), since
+for a few KiB the copy engine's fixed cost is most of the request.
 
 Three paths for one request (:meth:`CupyBackend.run`)::
 
     small (plan tensors <= GRAPH_MAX_BYTES), seen before at the same host addresses
-        -> a CUDA graph (:mod:`._cuda_graph`): one launch, one synchronize
+        -> a CUDA graph (:mod:`._cuda_graph`): one launch, one synchronize (the worker's bound
+           run of a slot's views, :meth:`CupyBackend.bind`, launches it without run()'s checks)
     other requests
         -> one stream of a stream set: H2D into device buffers kept per (stream set, plan)
            for small plans, the steps, D2H, one synchronize
@@ -78,9 +82,10 @@ LARGE_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_LARGE_GRAPHS", "") or (2 if 
 #: Graphs of batches kept (one per set of requests' slots: 8 clients of one slot each make up to 255 sets;
 #: each graph a few MiB of device memory for gemm 16x256x256; ``SHMRPC_CUDA_BATCH_GRAPHS=0`` turns them off).
 BATCH_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_BATCH_GRAPHS", "") or (256 if GRAPH_CACHE else 0))
-#: A graph of one small request moving at most this many bytes (inputs and outputs) runs its kernels on the slot's
-#: own pages, without copies, where the device may use their host addresses (``SHMRPC_CUDA_DIRECT_MAX_BYTES=0``
-#: turns it off; docs/kernels.md, "Small requests").
+#: A graph of one small request of elementwise steps moving at most this many bytes (inputs and outputs), and of
+#: other steps a quarter of it, runs its kernels on the slot's own pages, without copies, where the device may use
+#: their host addresses (``SHMRPC_CUDA_DIRECT_MAX_BYTES=0`` turns it off). A step that reads its input more than once
+#: reads it over the bus each time: `layernorm` lost from 64 KiB on (docs/kernels.md, "Small requests").
 DIRECT_MAX_BYTES = int(os.environ.get("SHMRPC_CUDA_DIRECT_MAX_BYTES", "") or 65536)
 _BUFS_PER_SET = 32
 log = logging.getLogger("shmrpc.kernels")
@@ -359,10 +364,11 @@ class CupyBackend(Backend):
     def _issue_graph(self, plan: Plan, host_in: Mapping[str, np.ndarray], host_out: Mapping[str, np.ndarray],
                      resident: Mapping[str, Any], s: Any, workspace: dict[str, Any]) -> dict[str, Any]:
         """The run a graph of one small request captures: without copies (:meth:`_issue_direct`) when the request
-        moves at most :data:`DIRECT_MAX_BYTES` and a kernel may use every view at its host address
-        (:class:`._cuda_gather.HostAccess`), else with them (:meth:`_issue`)."""
+        moves at most :data:`DIRECT_MAX_BYTES` (a quarter of it unless every step is elementwise) and a kernel may
+        use every view at its host address (:class:`._cuda_gather.HostAccess`), else with them (:meth:`_issue`)."""
         views = (*host_in.values(), *host_out.values())
-        if (sum(v.nbytes for v in views) <= DIRECT_MAX_BYTES and self._host_access.supported
+        bound = DIRECT_MAX_BYTES if plan.elementwise else DIRECT_MAX_BYTES // 4
+        if (sum(v.nbytes for v in views) <= bound and self._host_access.supported
                 and all(v.nbytes and self._host_access.usable(v) for v in views)):
             if getattr(self._tls, "capturing", False):
                 self.direct_captures += 1

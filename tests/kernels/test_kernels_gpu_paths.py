@@ -146,20 +146,27 @@ def test_a_bound_small_run_launches_its_graph_and_answers_as_run_does(gpu: Any, 
 @pytest.mark.gpu
 def test_a_graph_moving_more_than_the_direct_bound_keeps_its_copies(gpu: Any, cp: Any,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound counts inputs and outputs; a plan with a step that is not elementwise gets a quarter of it."""
     from shmrpc.kernels import _backend_cupy
 
-    monkeypatch.setattr(_backend_cupy, "DIRECT_MAX_BYTES", 128)
+    monkeypatch.setattr(_backend_cupy, "DIRECT_MAX_BYTES", 512)
     host = Pinned(cp)
-    for n, direct in ((16, 1), (17, 0)):  # 2 x 64 B moved: under the bound; 2 x 68 B: over it
-        x, o = host.view(0, (n,), np.float32), host.view(4096, (n,), np.float32)
-        x[:] = np.arange(n)
-        plan = gpu.plan([StepSpec("scale", {"x": "x"}, {"out": "o"}, {"a": 3.0})], {"x": x_spec(n)}, ["o"])
+    cases = [("scale", (64,), 1), ("scale", (65,), 0),  # 2 x 256 B moved: at the bound; 2 x 260 B: over it
+             ("softmax", (1, 16), 1), ("softmax", (1, 17), 0)]  # 2 x 64 B: at a quarter; 2 x 68 B: over it
+    for op, shape, direct in cases:
+        x, o = host.view(0, shape, np.float32), host.view(8192, shape, np.float32)
+        x[:] = np.arange(int(np.prod(shape))).reshape(shape) % 7
+        plan = gpu.plan([StepSpec(op, {"x": "x"}, {"out": "o"}, {"a": 3.0} if op == "scale" else {})],
+                        {"x": TensorSpec(shape, "float32")}, ["o"])
         before = gpu.direct_captures
         for _ in range(3):
             gpu.run(plan, {"x": x}, {"o": o})
-        assert gpu.direct_captures - before == direct
-        np.testing.assert_array_equal(o, 3 * np.arange(n, dtype=np.float32))
-    assert gpu._graphs.captures == 2
+        assert gpu.direct_captures - before == direct, (op, shape)
+        f = x.astype(np.float64)
+        want = 3 * f if op == "scale" else np.exp(f - f.max(-1, keepdims=True)) / np.exp(
+            f - f.max(-1, keepdims=True)).sum(-1, keepdims=True)
+        np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-6)
+    assert gpu._graphs.captures == len(cases)
 
 
 @pytest.mark.gpu
