@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ._plan import bounded_put
+
 __all__ = ["CUDA_DIR", "source", "get_function", "sm_count", "launch_dependent"]
 
 CUDA_DIR = Path(__file__).with_name("cuda")
@@ -61,9 +63,7 @@ def get_function(file: str, names: tuple[str, ...], name: str, arch: str | None 
                 mod = _Module(_ArchModule(source(file), names, arch))
             _modules[key] = mod
         fn = mod.get_function(name)
-        if len(_functions) >= 4096:
-            _functions.clear()
-        _functions[fast] = (names, _modules, fn)
+        bounded_put(_functions, fast, (names, _modules, fn), 4096)
     return fn
 
 
@@ -214,9 +214,8 @@ def launch_dependent(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], arg
     key = (id(fn), grid, block, shared_mem, stream, len(args), threading.get_ident())
     p = _PREPARED.get(key)
     if p is None or p.fn is not fn:
-        if len(_PREPARED) >= 1024:
-            _PREPARED.clear()
-        p = _PREPARED[key] = _Prepared(fn, grid, block, shared_mem, stream, len(args), _launch_ex[1])
+        p = _Prepared(fn, grid, block, shared_mem, stream, len(args), _launch_ex[1])
+        bounded_put(_PREPARED, key, p, 1024)
     slots = p.slots
     ndarray = cupy.ndarray
     for i, a in enumerate(args):

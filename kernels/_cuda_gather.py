@@ -70,7 +70,7 @@ from ._backend_base import BatchItem, ItemViews
 from ._batch import BatchPlan
 from ._cuda_batch import _NONE, Shared, Step, _BatchCaptures, address
 from ._dtypes import storage_dtype
-from ._plan import Plan, kept_for_plan
+from ._plan import Plan, bounded_put, kept_for_plan
 
 __all__ = ["GATHER_MAX_BYTES", "GATHER_MIN_BATCH", "GATHER_GRAPHS", "CheckedItems", "GatherGraphs", "HostAccess", "RowTable",
            "Started",
@@ -222,9 +222,7 @@ class CheckedItems:
             return item.ins, item.outs, True, e[2]
         got = self.get(plan, item.ins, item.outs, host_io)
         if got[0] is item.ins and got[1] is item.outs and got[2]:
-            if len(self._items) >= self._limit:
-                self._items.clear()
-            self._items[id(item)] = (weakref.ref(item), weakref.ref(plan), got[3])
+            bounded_put(self._items, id(item), (weakref.ref(item), weakref.ref(plan), got[3]), self._limit)
         return got
 
     def get(self, plan: Plan, ins: Mapping[str, np.ndarray], outs: Mapping[str, np.ndarray], host_io: HostIO) -> Checked:
@@ -257,9 +255,7 @@ class CheckedItems:
         if contiguous and access.supported and all(access.usable(v) for v in checked):
             addrs = (tuple(address(v) for v in host_in.values()), tuple(address(v) for v in host_out.values()))
         if contiguous and all(a is b for a, b in zip(checked, views)):
-            if len(self._entries) >= self._limit:
-                self._entries.clear()
-            self._entries[key] = (weakref.ref(plan), tuple(weakref.ref(v) for v in checked), addrs)
+            bounded_put(self._entries, key, (weakref.ref(plan), tuple(weakref.ref(v) for v in checked), addrs), self._limit)
         return host_in, host_out, contiguous, addrs
 
     def _forget(self) -> None:

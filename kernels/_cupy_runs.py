@@ -33,7 +33,7 @@ from ._batch import BatchPlan, batch_plan, batchable
 from ._cuda_batch import issue_joint
 from ._cuda_graph import ChunkStarted
 from ._errors import OpError
-from ._plan import Plan, kept_for_plan
+from ._plan import Plan, bounded_put, kept_for_plan
 
 if TYPE_CHECKING:
     from ._backend_cupy import CupyBackend
@@ -266,9 +266,7 @@ def _columns(be: CupyBackend, got: Sequence[_gather.Checked]) -> Addrs:
         return e[1]
     cols = ([list(c) for c in zip(*(a[0] for a in ats))],  # type: ignore[index]
             [list(c) for c in zip(*(a[1] for a in ats))])  # type: ignore[index]
-    if len(kept) >= 256:
-        kept.clear()
-    kept[key] = (ats, cols)
+    bounded_put(kept, key, (ats, cols), 256)
     return cols
 
 

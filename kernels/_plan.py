@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from ._errors import KernelInputError, OpError
 from ._registry import REGISTRY, OpSpec, StepSpec, TensorSpec
 
-__all__ = ["Plan", "ResolvedStep", "build_plan", "kept_for_plan"]
+__all__ = ["Plan", "ResolvedStep", "bounded_put", "build_plan", "kept_for_plan"]
 
 T = TypeVar("T")
 
@@ -28,11 +28,17 @@ def kept_for_plan(store: dict[Any, tuple[Plan, Any]], key: Hashable, plan: Plan,
     entry = store.get(key)
     if entry is not None and entry[0] is plan:
         return entry[1]  # type: ignore[no-any-return]
+    value = make()
+    bounded_put(store, key, (plan, value), limit)
+    return value
+
+
+def bounded_put(store: dict[Any, Any], key: Hashable, value: Any, limit: int) -> None:
+    """``store[key] = value``, forgetting the whole store first when it holds ``limit`` entries: the bound of the
+    kernels' memo stores, whose steady use has few keys (a stream of ever new ones gains nothing from keeping them)."""
     if len(store) >= limit:
         store.clear()
-    value = make()
-    store[key] = (plan, value)
-    return value
+    store[key] = value
 
 
 def _frozen(d: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -25,6 +25,7 @@ import numpy as np
 from ._common import TOL_MATMUL, require_dtype, require_ndim
 from ._dtypes import from_float, to_float
 from ._errors import KernelInputError
+from ._plan import bounded_put
 from ._registry import AttrSpec, OpCall, OpSpec, TensorSpec
 from ._w4a16_config import (
     _WK_SMEM_MAX,
@@ -206,9 +207,7 @@ def w4a16_choice(m: int, k: int, n: int, gs: int) -> tuple[int, ...] | None:
     optin, sm90a = _device_facts()
     key = (m, k, n, gs, optin, sm_count(), sm90a, tuning())
     if key not in _CHOICES:
-        if len(_CHOICES) >= 4096:
-            _CHOICES.clear()
-        _CHOICES[key] = _mma_cfg(m, k, n, gs, optin, key[5], sm90a)
+        bounded_put(_CHOICES, key, _mma_cfg(m, k, n, gs, optin, key[5], sm90a), 4096)
     return _CHOICES[key]
 
 

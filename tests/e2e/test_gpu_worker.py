@@ -140,6 +140,31 @@ def test_batched_gemm_and_repeated_small_calls_on_a_cupy_worker(spawn_worker: Ca
             np.testing.assert_allclose(c.call("scale", x=x, a=2.0, b=1.0)["out"], 2.0 * x + 1.0, rtol=1e-6)
 
 
+@pytest.mark.parametrize("lane", [None, "block"])
+def test_a_small_loan_sent_again_follows_its_data_through_the_graph_without_copies(
+        spawn_worker: Callable[..., WorkerProc], lane: str | None) -> None:
+    """A loan sent again from one slot (the worker's bound run; its graph, captured on the second sight, holds the
+    kernels alone, on the slot's pages): every answer is of the data written just before, in place and not, over
+    ZeroMQ and through the blocking lane; a softmax row of another shape in the same loan is right too."""
+    w = spawn_worker("--backend", "cupy", slots="64K:4", lease="2")
+    rng = np.random.default_rng(3)
+    with Client(w.name, timeout_s=60, lane=lane) as c, c.loan(4096) as req:
+        x = req.array("x", (4, 16), np.float32)
+        for in_place in (False, True):
+            for i in range(12):
+                x[...] = rng.standard_normal(x.shape).astype(np.float32) * (i + 1)
+                want = 2.0 * x + 1.0
+                got = req.send("scale", a=2.0, b=1.0, in_place=in_place)["out"]
+                np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"in place {in_place}, send {i}")
+    with Client(w.name, timeout_s=60, lane=lane) as c, c.loan(4096) as req:
+        x = req.array("x", (2, 40), np.float32)
+        for i in range(8):
+            x[...] = rng.standard_normal(x.shape).astype(np.float32) * (i + 1)
+            f = x.astype(np.float64)
+            e = np.exp(f - f.max(-1, keepdims=True))
+            np.testing.assert_allclose(req.send("softmax")["out"], e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
 def test_a_large_repeated_request_is_answered_right_while_another_client_is_served(
         spawn_worker: Callable[..., WorkerProc]) -> None:
     """A large request seen before (its chunk graph captured) is launched and answered once the device is done;
