@@ -85,7 +85,7 @@ BATCH_GRAPH_CACHE = int(os.environ.get("SHMRPC_CUDA_BATCH_GRAPHS", "") or (256 i
 #: A graph of one small request of elementwise steps moving at most this many bytes (inputs and outputs), and of
 #: other steps a quarter of it, runs its kernels on the slot's own pages, without copies, where the device may use
 #: their host addresses (``SHMRPC_CUDA_DIRECT_MAX_BYTES=0`` turns it off). A step that reads its input more than once
-#: reads it over the bus each time: `layernorm` lost from 64 KiB on (docs/kernels.md, "Small requests").
+#: reads it over the bus each time: `layernorm` lost from 64 KiB on (docs/kernels.md, "Small requests without copies").
 DIRECT_MAX_BYTES = int(os.environ.get("SHMRPC_CUDA_DIRECT_MAX_BYTES", "") or 65536)
 _BUFS_PER_SET = 32
 log = logging.getLogger("shmrpc.kernels")
@@ -381,7 +381,7 @@ class CupyBackend(Backend):
         the steps read the inputs on their own pages, a step writes an output straight into its view where the
         NumPy backend would (:func:`._backend_base.can_write`), and a copy kernel writes any other output into its
         view. A small request's bytes cross the bus once either way; what goes is the copy engine's work per copy
-        (docs/kernels.md, "Small requests")."""
+        (docs/kernels.md, "Small requests without copies")."""
         on_host = {n: self._on_host(h) for n, h in host_in.items()}
         outs = {n: self._on_host(h) for n, h in host_out.items()}
         host: dict[str, np.ndarray] = dict(host_in)  # tensors living in host views: what can_write looks at
