@@ -53,7 +53,7 @@ from . import _cupy_runs as _runs
 from ._backend_base import Backend, BoundRun, can_write, check_result
 from ._cuda_batch import BatchGraphs
 from ._cuda_chunks import CHUNK_BYTES, CHUNK_STREAMS, CHUNK_THRESHOLD_BYTES
-from ._cuda_graph import ChunkGraphs, GraphCache
+from ._cuda_graph import ChunkGraphs, GraphCache, request_key
 from ._cupy_runs import BATCH_SINGLES, GRAPH_MAX_BYTES, LAUNCH_BATCHES, chunk_settings, plan_bytes
 from ._errors import (
     BackendUnavailable,
@@ -91,6 +91,12 @@ _BUFS_PER_SET = 32
 log = logging.getLogger("shmrpc.kernels")
 _HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable
 _STICKY = {700, 701, 702, 709, 710, 711, 712, 713, 714, 715, 716, 717, 718, 719}  # illegal address, launch failure, ...
+
+
+def _small(plan: Plan, moved: int) -> bool:
+    """Whether a request of ``plan`` moving ``moved`` bytes is small: untimed but one in STAGE_SAMPLE_EVERY, and one
+    a graph may serve."""
+    return moved <= TIMED_MIN_BYTES and plan_bytes(plan) <= GRAPH_MAX_BYTES
 
 
 @functools.cache
@@ -260,7 +266,7 @@ class CupyBackend(Backend):
         host_in, host_out = self._host_io(plan, inputs, outputs)
         resident = self._lookup_resident(plan)
         moved = sum(h.nbytes for h in host_in.values()) + sum(h.nbytes for h in host_out.values())
-        small = moved <= TIMED_MIN_BYTES and plan_bytes(plan) <= GRAPH_MAX_BYTES
+        small = _small(plan, moved)
         timed = not small
         if small:
             self._small_runs += 1
@@ -319,10 +325,9 @@ class CupyBackend(Backend):
         except KernelInputError:
             return super().bind(plan, inputs, outputs, keep_as)
         views = [*host_in.values(), *host_out.values()]
-        if (plan.resident or plan.keep or sum(v.nbytes for v in views) > TIMED_MIN_BYTES
-                or plan_bytes(plan) > GRAPH_MAX_BYTES or not all(v.flags.c_contiguous for v in views)):
+        key = request_key(plan, views, {})
+        if plan.resident or plan.keep or not _small(plan, sum(v.nbytes for v in views)) or key is None:
             return super().bind(plan, inputs, outputs, keep_as)
-        key = (id(plan), *(v.ctypes.data for v in views))  # GraphCache.run's key, with no resident tensor
         graphs, dev, perf = self._graphs, self._dev, time.perf_counter
 
         def bound() -> dict[str, float]:

@@ -40,7 +40,7 @@ import numpy as np
 
 from ._plan import Plan
 
-__all__ = ["GraphCache", "ChunkGraphs", "ChunkStarted", "GRAPH_OPS", "pinned"]
+__all__ = ["GraphCache", "ChunkGraphs", "ChunkStarted", "GRAPH_OPS", "pinned", "request_key"]
 
 #: Ops whose CuPy implementations may be captured (kernels only: no sync, no library handle).
 GRAPH_OPS = frozenset({"echo", "vector_add", "scale", "gelu", "layernorm", "layernorm_gelu", "softmax"})
@@ -182,9 +182,9 @@ class GraphCache(_Graphs):
             resident: Mapping[str, Any]) -> bool:
         """Serve this request by a graph (or by the warm run of a capture); False: run the plain path."""
         views = [*host_in.values(), *host_out.values()]
-        if not all(v.flags.c_contiguous for v in views):
+        key = request_key(plan, views, resident)
+        if key is None:
             return False
-        key = (id(plan), *(v.ctypes.data for v in views), *(r.data.ptr for r in resident.values()))
         g = self._lookup(key)
         if g is False or g is _NONE:
             return False
@@ -368,6 +368,14 @@ class ChunkStarted:
         finally:
             g.pending = False
             g.lock.release()
+
+
+def request_key(plan: Plan, views: list[np.ndarray], resident: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """The key of one request's graph in :class:`GraphCache`: the plan, its views' host addresses (inputs, then
+    outputs) and its resident tensors' device addresses; None for views that are not all contiguous (no graph)."""
+    if not all(v.flags.c_contiguous for v in views):
+        return None
+    return (id(plan), *(v.ctypes.data for v in views), *(r.data.ptr for r in resident.values()))
 
 
 def _chunk_key(plan: Plan, views: list[np.ndarray], resident: Mapping[str, Any], settings: tuple[Any, ...]) -> tuple[Any, ...]:
