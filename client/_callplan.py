@@ -61,8 +61,9 @@ class CallPlan:
 def steady_key(op: Any, kwargs: dict[str, Any], in_place: bool, keep: Any, out_nbytes: int | None
                ) -> tuple[tuple[Any, ...], list[np.ndarray]] | None:
     """The plan cache's key of a call and its arrays in the order given, in one pass over the keywords; None when a
-    keyword is neither a C-contiguous NumPy array nor a plain attribute value (int, float, bool or str): that call
-    goes the general way.
+    keyword is neither a NumPy array nor a plain attribute value (int, float, bool or str): that call goes the general
+    way. An array of any strides is taken: the one copy into the slot reads it in C order (``view[...] = a``), so a
+    strided or Fortran-ordered array is not first made contiguous by a copy of its own.
 
     The key holds, per keyword, its name and either the array's shape and NumPy dtype or the value with its type:
     ``a=1``, ``a=1.0`` and ``a=True`` compare equal in Python but are encoded differently on the wire. Nothing here
@@ -74,8 +75,6 @@ def steady_key(op: Any, kwargs: dict[str, Any], in_place: bool, keep: Any, out_n
     for k, v in kwargs.items():
         t = type(v)
         if t is _NDARRAY:
-            if not v.flags.c_contiguous:
-                return None
             parts += (k, v.shape, v.dtype)
             arrays.append(v)
         elif t in PLAIN_ATTRS:

@@ -116,7 +116,7 @@ class Calls:
 
     def _plain_inputs(self, op: str | Pipeline, kwargs: dict[str, Any]
                       ) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
-        """(C-contiguous NumPy inputs, attributes) of a call that the steady path serves, or None: a resident
+        """(NumPy inputs, of any strides, and attributes) of a call that the steady path serves, or None: a resident
         reference, an input of another library, or one NumPy would first convert, goes the general way."""
         if isinstance(op, str):
             params = self._params.get(op)
@@ -132,8 +132,6 @@ class Calls:
         attrs: dict[str, Any] = {}
         for k, v in kwargs.items():
             if type(v) is np.ndarray:
-                if not v.flags.c_contiguous:
-                    return None
                 arrays[k] = v
             elif type(v) in PLAIN_ATTRS and not pipeline and k not in params:
                 attrs[k] = v

@@ -96,11 +96,9 @@ def test_an_attribute_that_cannot_travel_is_refused_by_the_client_naming_it(work
 def test_inputs_the_steady_path_does_not_take_still_work(worker: WorkerProc) -> None:
     base = np.arange(24, dtype=np.float32).reshape(4, 6)
     with Client(worker.name, timeout_s=10) as c:
-        strided = base[:, ::2]  # not contiguous: converted first
-        np.testing.assert_array_equal(c.call("vector_add", x=strided, y=strided)["out"], 2 * strided)
         np.testing.assert_array_equal(c.call("echo", x=[1.0, 2.0, 3.0])["out"], np.array([1.0, 2.0, 3.0]))
-        fortran = np.asfortranarray(base)
-        np.testing.assert_array_equal(c.call("echo", x=fortran)["out"], base)
+        masked = np.ma.masked_array(base, mask=np.zeros_like(base, dtype=bool))  # a subclass: converted first
+        np.testing.assert_array_equal(c.call("echo", x=masked)["out"], base)
         np.testing.assert_allclose(c.call("scale", x=base, a=3.0)["out"], 3 * base)
         c.put("w", [[1.0, 2.0], [3.0, 4.0]])  # converted once, then uploaded
         np.testing.assert_array_equal(c.call("vector_add", x=np.ones((2, 2)), y=Resident("w"))["out"],
@@ -109,6 +107,39 @@ def test_inputs_the_steady_path_does_not_take_still_work(worker: WorkerProc) -> 
             c.call("echo", x=np.array([object()], dtype=object))
         assert ei.value.field == "dtype" and ei.value.tensor == "x"
         np.testing.assert_array_equal(c.call("echo", x=base)["out"], base)  # the client goes on
+
+
+def test_inputs_of_any_strides_take_the_steady_path_and_arrive_in_c_order(worker: WorkerProc) -> None:
+    # a strided view, a transposed (Fortran-ordered) array, a reversed one and a broadcast one (stride 0) are copied
+    # into the slot by the plan's one copy, read in C order: each call's values, and the plan of a contiguous array of
+    # the same shape and dtype serves them (no second plan, no conversion first)
+    rng = np.random.default_rng(21)
+    base = rng.standard_normal((6, 8)).astype(np.float32)
+    before = base.copy()
+    cases = {
+        "strided": base[:, ::2],
+        "transposed": base[:4, :6].T,
+        "fortran": np.asfortranarray(base[:6, :4]),
+        "reversed": base[::-1, 1:5],
+        "broadcast": np.broadcast_to(base[0, :4], (6, 4)),
+    }
+    with Client(worker.name, timeout_s=10) as c:
+        for name, a in cases.items():
+            assert not a.flags.c_contiguous, name
+            want = np.ascontiguousarray(a)
+            y = rng.standard_normal(a.shape).astype(np.float32)
+            got = c.call("vector_add", x=a, y=y)
+            np.testing.assert_array_equal(got["out"], want + y, err_msg=name)
+            np.testing.assert_array_equal(c.call("echo", x=a)["out"], want, err_msg=name)
+        np.testing.assert_array_equal(c.call("vector_add", x=base[:, :4].copy(), y=base[:, 4:].copy())["out"],
+                                      base[:, :4] + base[:, 4:])
+        # one plan per signature: (6, 4) float32 twice for vector_add, once for echo, whatever the strides
+        vec_keys = [k for k in c._plans if k[0] == "vector_add"]
+        echo_keys = [k for k in c._plans if k[0] == "echo"]
+        assert len(vec_keys) == 1 and len(echo_keys) == 1, (vec_keys, echo_keys)
+        assert vec_keys[0][4:] == ("x", (6, 4), np.dtype(np.float32), "y", (6, 4), np.dtype(np.float32))
+        assert c._kept, "the steady path keeps its loan"
+        np.testing.assert_array_equal(base, before)  # the caller's arrays are only read
 
 
 def test_views_keep_their_slot_and_copies_do_not(worker: WorkerProc) -> None:

@@ -1,0 +1,45 @@
+"""``call()`` with an input that is not C-contiguous against the same values contiguous, A/B between trees.
+
+    python bench/strided_call.py --calls 2000 --rounds 3 --tree before=PATH --tree after= \\
+        --out bench/results/strided-call-2026-12-04.json
+
+Starts one worker (NumPy backend, this checkout). Per round and tree, a child process with that tree on ``PYTHONPATH``
+(empty: this checkout) sends ``echo`` of a square float32 matrix of 64 B, 4 KiB and 16 KiB through
+``call()``: C-contiguous (``c``), and transposed (``t``: the same values, Fortran-ordered). Per case it keeps the best of
+5 repeats of ``--calls`` calls, µs per call. (The worker's slots are 64 KiB: the input and its output fit.) Before 2026-12-04 a transposed input went
+the general path (NumPy made a contiguous copy first, then the copy into the slot); since then the steady path's one
+copy into the slot reads it in C order.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from worker_cpu import child_main  # (bench/, beside this program)
+
+_CHILD = r"""
+import json, sys, timeit
+import numpy as np
+from shmrpc.client import Client
+
+name, calls = sys.argv[1], int(sys.argv[2])
+out = {}
+with Client(name, timeout_s=30) as c:
+    for label, n in (("64B", 4), ("4KiB", 32), ("16KiB", 64)):
+        a = np.arange(n * n, dtype=np.float32).reshape(n, n)
+        t = np.ascontiguousarray(a.T).T  # the values of a, Fortran-ordered
+        assert not t.flags.c_contiguous and np.array_equal(t, a)
+        for case, x in (("c", a), ("t", t)):
+            np.testing.assert_array_equal(c.call("echo", x=x)["out"], a)
+            best = min(timeit.repeat(lambda: c.call("echo", x=x), number=calls, repeat=5)) / calls * 1e6
+            out[f"{label}_{case}_us"] = best
+print(json.dumps(out))
+"""
+
+
+def main() -> int:
+    return child_main(__doc__, "strided-call", "strided", _CHILD, "µs per call() of echo, c: C-contiguous, t: transposed")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
