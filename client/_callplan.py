@@ -25,6 +25,7 @@ from shmrpc.schema.errors import RequestError
 from shmrpc.schema.layout import align_up, tensor_align
 
 from ._pipeline import ATTR_TYPES
+from ._slot import Resident
 
 __all__ = ["CallPlan", "PLAIN_ATTRS", "steady_key", "plan_inputs", "OutputCheck", "read_outputs"]
 
@@ -58,15 +59,19 @@ class CallPlan:
     fits: int
 
 
-def steady_key(op: Any, kwargs: dict[str, Any], in_place: bool, keep: Any, out_nbytes: int | None
+def steady_key(op: Any, kwargs: dict[str, Any], in_place: bool, keep: Any, out_nbytes: int | None,
+               residents: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
                ) -> tuple[tuple[Any, ...], list[np.ndarray]] | None:
     """The plan cache's key of a call and its arrays in the order given, in one pass over the keywords; None when a
-    keyword is neither a NumPy array nor a plain attribute value (int, float, bool or str): that call goes the general
+    keyword is neither a NumPy array, a plain attribute value (int, float, bool or str) nor a :class:`Resident` whose
+    shape and dtype ``residents`` records (the client's record of its resident tensors): that call goes the general
     way. An array of any strides is taken: the one copy into the slot reads it in C order (``view[...] = a``), so a
     strided or Fortran-ordered array is not first made contiguous by a copy of its own.
 
-    The key holds, per keyword, its name and either the array's shape and NumPy dtype or the value with its type:
-    ``a=1``, ``a=1.0`` and ``a=True`` compare equal in Python but are encoded differently on the wire. Nothing here
+    The key holds, per keyword, its name and either the array's shape and NumPy dtype, the value with its type
+    (``a=1``, ``a=1.0`` and ``a=True`` compare equal in Python but are encoded differently on the wire), or the
+    resident tensor's name with the shape and dtype recorded for it now (a tensor put again with another shape gets
+    another plan). Nothing here
     checks that the call is valid: a key gets a plan only once the first call of it was planned
     (``Client._plan_of``), and a call that one would refuse never gets one.
     """
@@ -79,6 +84,8 @@ def steady_key(op: Any, kwargs: dict[str, Any], in_place: bool, keep: Any, out_n
             arrays.append(v)
         elif t in PLAIN_ATTRS:
             parts += (k, t, v)
+        elif t is Resident and residents is not None and (spec := residents.get(v.name)) is not None:
+            parts += (k, t, v.name, spec)
         else:
             return None
     return tuple(parts), arrays

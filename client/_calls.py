@@ -15,7 +15,7 @@ import numpy as np
 
 from shmrpc.schema import dtypes
 from shmrpc.schema.descriptor import RequestDesc, TensorRef, encode_request
-from shmrpc.schema.errors import InvalidRequestError, RequestTooLargeError
+from shmrpc.schema.errors import InvalidRequestError, RequestError, RequestTooLargeError
 from shmrpc.schema.header import HEADER_NBYTES
 from shmrpc.schema.layout import Geometry, align_up, tensor_align
 from shmrpc.schema.optable import OpEntry
@@ -54,6 +54,7 @@ class Calls:
     _plans: dict[Any, CallPlan]
     _kept: list[Loan]
     _params: dict[str, frozenset[str]]
+    _specs: dict[str, tuple[tuple[int, ...], np.dtype]]
     _desc_cache: dict[Any, tuple[bytes, int, int, tuple[str, ...]]]
     _sizer: OutputSizer
     _t: Connection
@@ -98,26 +99,37 @@ class Calls:
             InvalidRequestError (with ``field``), KernelError (with ``op``, ``step``, ``tensor``),
             BusyError, Timeout, WorkerGoneError.
         """
-        if self._tracing is None:
-            got = steady_key(op, kwargs, in_place, keep, out_nbytes)
-            if got is not None:
-                key: Any = got[0]
-                arrays = got[1]
-                try:
-                    plan = self._plans.get(key)
-                except TypeError:  # a `keep` given as a list: this call's plan is not kept
-                    plan, key = None, None
-                if plan is None:
-                    plan = self._plan_of(op, kwargs, key, in_place, keep, out_nbytes)
-                if plan is not None:
-                    return self._call_now(plan, arrays, copy, timeout_s)
-        fut = self._submit(op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs)
-        return fut.result()
+        try:
+            if self._tracing is None:
+                got = steady_key(op, kwargs, in_place, keep, out_nbytes, self._specs)
+                if got is not None:
+                    key: Any = got[0]
+                    arrays = got[1]
+                    try:
+                        plan = self._plans.get(key)
+                    except TypeError:  # a `keep` given as a list: this call's plan is not kept
+                        plan, key = None, None
+                    if plan is None:
+                        plan = self._plan_of(op, kwargs, key, in_place, keep, out_nbytes)
+                    if plan is not None:
+                        return self._call_now(plan, arrays, copy, timeout_s)
+            return self._submit(op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs).result()
+        except RequestError as e:
+            if e.field == "resident":
+                self._forget_resident(kwargs.get(e.tensor or ""))
+            raise
+
+    def _forget_resident(self, ref: Any) -> None:
+        """The worker refused a request over a resident tensor's spec (replaced with another shape or dtype, by
+        another client or a kept output, or dropped): forget what this client recorded of it, so that the next call
+        looks it up again instead of sending the same stale spec."""
+        if type(ref) is Resident:
+            self._specs.pop(ref.name, None)
 
     def _plain_inputs(self, op: str | Pipeline, kwargs: dict[str, Any]
-                      ) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
-        """(NumPy inputs, of any strides, and attributes) of a call that the steady path serves, or None: a resident
-        reference, an input of another library, or one NumPy would first convert, goes the general way."""
+                      ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Resident]] | None:
+        """(NumPy inputs, of any strides; attributes; resident references) of a call that the steady path serves, or
+        None: an input of another library, or one NumPy would first convert, goes the general way."""
         if isinstance(op, str):
             params = self._params.get(op)
             if params is None:
@@ -130,16 +142,19 @@ class Calls:
             params, pipeline = frozenset(), True
         arrays: dict[str, np.ndarray] = {}
         attrs: dict[str, Any] = {}
+        residents: dict[str, Resident] = {}
         for k, v in kwargs.items():
             if type(v) is np.ndarray:
                 arrays[k] = v
+            elif type(v) is Resident:
+                residents[k] = v
             elif type(v) in PLAIN_ATTRS and not pipeline and k not in params:
                 attrs[k] = v
             elif pipeline or k in params or isinstance(v, Resident) or is_array_like(v):
                 return None
             else:
                 attrs[k] = v
-        return arrays, attrs
+        return arrays, attrs, residents
 
     def _plan_of(self, op: str | Pipeline, kwargs: dict[str, Any], key: Any, in_place: bool, keep: tuple[str, ...],
                  out_nbytes: int | None) -> CallPlan | None:
@@ -153,7 +168,7 @@ class Calls:
         plain = self._plain_inputs(op, kwargs)
         if plain is None:
             return None
-        arrays, attrs = plain
+        arrays, attrs, residents = plain
         check_attrs(op, attrs)
         try:
             inputs = tuple((k, a.shape, dtypes.name_of_numpy(a.dtype)) for k, a in arrays.items())
@@ -161,7 +176,11 @@ class Calls:
             bad = next(k for k, a in arrays.items() if _cannot_travel(a.dtype))
             raise InvalidRequestError(f"array {bad!r} has dtype {arrays[bad].dtype}, which cannot travel",
                                       tensor=bad, field="dtype") from None
-        plan, sure = self._plan_call(op, inputs, attrs, in_place, keep, out_nbytes)
+        refs = []
+        for k, r in residents.items():  # the spec the key holds (the client's record of that tensor)
+            shape, dt = self._resident_spec(r.name)
+            refs.append(TensorRef(k, dtypes.name_of_numpy(dt), tuple(shape), 0, 0, r.name))
+        plan, sure = self._plan_call(op, inputs, attrs, in_place, keep, out_nbytes, tuple(refs))
         if key is not None and sure:
             bounded_put(self._plans, key, plan)
         return plan
@@ -217,18 +236,22 @@ class Calls:
                 loan.release()
 
     def _plan_call(self, op: str | Pipeline, inputs: tuple[tuple[str, tuple[int, ...], str], ...],
-                   attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...], out_nbytes: int | None
-                   ) -> tuple[CallPlan, bool]:
+                   attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...], out_nbytes: int | None,
+                   refs: tuple[TensorRef, ...] = ()) -> tuple[CallPlan, bool]:
         """The first call of a signature: the outputs' size (asked of the worker), the layout, the descriptor;
         and whether to keep the plan (not when the worker refused to size it: that call fails, and the next one
-        asks again, as the general path does)."""
+        asks again, as the general path does). ``refs``: the resident tensors it names, after the inputs in the
+        descriptor as the general path places them."""
         writes, tensors, cursor = plan_inputs(inputs, self.geometry.desc_nbytes)
+        tensors += refs
         need = self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for _, n in writes)
         entry = self.op_table.get(op) if isinstance(op, str) else None
         if out_nbytes is None:
             alias = entry is not None and entry.alias
             specs = {n: (shape, wire) for n, shape, wire in inputs}
-            asked = 0 if in_place or alias else self._sizer.out_nbytes(self.op_table, op, specs, (), attrs, keep)
+            specs.update((t.name, (t.shape, t.dtype)) for t in refs)
+            asked = 0 if in_place or alias else self._sizer.out_nbytes(self.op_table, op, specs,
+                                                                        tuple(t.name for t in refs), attrs, keep)
             sure = asked is not None
             out_nbytes = sum(n for _, n in writes) if asked is None else asked
         else:

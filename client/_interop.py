@@ -63,7 +63,9 @@ class DeviceInput:
 
 
 def as_input(name: str, value: Any) -> tuple[np.ndarray | DeviceInput, str]:
-    """``value`` as (a C-contiguous host array or a :class:`DeviceInput`, its wire dtype name).
+    """``value`` as (a host array, of any strides, or a :class:`DeviceInput`, its wire dtype name). A host array is
+    not copied here: the one copy into the slot (``np.copyto``) reads it in C order, and it keeps its shape (a 0-d
+    array stays 0-d, as ``call()``'s steady path sends it).
 
     Raises:
         InvalidRequestError: the dtype cannot travel, or a GPU array with no CuPy or PyTorch here to copy it.
@@ -106,7 +108,7 @@ class _HostDLPack:
 
 
 def _host(name: str, a: np.ndarray, wire: str | None = None) -> tuple[np.ndarray, str]:
-    a = np.ascontiguousarray(a)
+    a = np.asarray(a)  # a subclass (a masked array, np.matrix) as a plain view of its data: no copy
     if wire is None:
         try:
             wire = dtypes.name_of_numpy(a.dtype)

@@ -139,7 +139,25 @@ def test_inputs_of_any_strides_take_the_steady_path_and_arrive_in_c_order(worker
         assert len(vec_keys) == 1 and len(echo_keys) == 1, (vec_keys, echo_keys)
         assert vec_keys[0][4:] == ("x", (6, 4), np.dtype(np.float32), "y", (6, 4), np.dtype(np.float32))
         assert c._kept, "the steady path keeps its loan"
+        # the general path (a future) takes them as they are too: no contiguous copy first, the same values
+        for name, a in cases.items():
+            np.testing.assert_array_equal(c.submit("echo", x=a).result()["out"], np.ascontiguousarray(a), err_msg=name)
+        c.put("wt", cases["transposed"])
+        np.testing.assert_array_equal(c.call("vector_add", x=np.zeros((6, 4), np.float32), y=Resident("wt"))["out"],
+                                      np.ascontiguousarray(cases["transposed"]))
         np.testing.assert_array_equal(base, before)  # the caller's arrays are only read
+
+
+def test_a_0d_array_keeps_its_shape_on_every_path(worker: WorkerProc) -> None:
+    # call()'s steady path sent a 0-d array as it is and the general path made it 1-d (np.ascontiguousarray): both
+    # keep the shape the caller gave now
+    x = np.array(3.0, np.float32)
+    with Client(worker.name, timeout_s=10) as c:
+        got = [c.call("echo", x=x)["out"], c.submit("echo", x=x).result()["out"], c.call("echo", x=3.0)["out"],
+               c.call("scale", x=x, a=2.0)["out"]]
+        assert [(g.shape, g.dtype) for g in got] == [((), np.dtype(np.float32))] * 2 + [((), np.dtype(np.float64))] + [
+            ((), np.dtype(np.float32))]
+        assert [g.item() for g in got] == [3.0, 3.0, 3.0, 6.0]
 
 
 def test_views_keep_their_slot_and_copies_do_not(worker: WorkerProc) -> None:

@@ -67,3 +67,60 @@ def test_resident_limit_is_a_typed_error(spawn_worker: Callable[..., WorkerProc]
         assert "limit" in str(e.value)
         assert set(c.resident()) == {"small"}
         np.testing.assert_array_equal(c.call("scale", x=np.ones(4), a=2.0)["out"], 2.0)
+
+
+def test_a_resident_input_takes_calls_steady_path_and_follows_its_tensor(worker: WorkerProc) -> None:
+    # call() with a Resident plans once per signature like arrays do (the key holds the tensor's name with the shape
+    # and dtype the client recorded for it): new input values each call, the tensor's values as put last, another
+    # plan when it is put again with another shape, the general path's error once it is dropped
+    rng = np.random.default_rng(17)
+    w1 = rng.standard_normal(64).astype(np.float32)
+    with Client(worker.name, timeout_s=10) as c:
+        c.put("w", w1)
+        for _ in range(3):
+            x = rng.standard_normal(64).astype(np.float32)
+            np.testing.assert_array_equal(c.call("vector_add", x=x, y=Resident("w"))["out"], x + w1)
+        keys = [k for k in c._plans if k[0] == "vector_add"]
+        assert keys == [("vector_add", False, (), None, "x", (64,), np.dtype(np.float32),
+                         "y", Resident, "w", ((64,), np.dtype(np.float32)))], keys
+        assert c._kept, "the steady path keeps its loan"
+        w2 = rng.standard_normal(64).astype(np.float32)
+        c.put("w", w2)  # the same shape: the same plan, the worker reads the tensor as it is now
+        np.testing.assert_array_equal(c.call("vector_add", x=x, y=Resident("w"))["out"], x + w2)
+        assert len([k for k in c._plans if k[0] == "vector_add"]) == 1
+        w3 = rng.standard_normal((4, 8)).astype(np.float64)
+        c.put("w", w3)  # another shape and dtype: another plan
+        x3 = rng.standard_normal((4, 8))
+        np.testing.assert_array_equal(c.call("vector_add", x=x3, y=Resident("w"))["out"], x3 + w3)
+        assert len([k for k in c._plans if k[0] == "vector_add"]) == 2
+        # a pipeline naming it, and a resident next to an attribute
+        p = Pipeline().then("scale", a=2.0).then("vector_add", inputs={"x": "0.out", "y": "y"})
+        for _ in range(2):
+            np.testing.assert_allclose(c.call(p, x=x3, y=Resident("w"))["1.out"], 2 * x3 + w3, rtol=1e-12)
+        c.drop("w")
+        with pytest.raises(InvalidRequestError) as ei:
+            c.call("vector_add", x=x3, y=Resident("w"))
+        assert ei.value.field == "resident" and ei.value.tensor == "w"
+        np.testing.assert_array_equal(c.call("vector_add", x=x, y=x)["out"], 2 * x)  # the client goes on
+
+
+def test_a_shared_resident_another_client_put_is_found_then_served_steadily(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=10) as a, Client(worker.name, timeout_s=10) as b:
+        a.put("pub", np.full(8, 3.0, np.float32), shared=True)
+        x = np.arange(8, dtype=np.float32)
+        for _ in range(3):  # the first call looks the tensor up (the general path), the next ones plan once
+            np.testing.assert_array_equal(b.call("vector_add", x=x, y=Resident("shared/pub"))["out"], x + 3)
+        assert [k[8:] for k in b._plans if k[0] == "vector_add"] == [
+            (Resident, "shared/pub", ((8,), np.dtype(np.float32)))]
+        # a replaced with another shape: b's record is stale, the worker refuses that call naming the resident, and
+        # b looks the tensor up again for the next one (before, every later call sent the same stale spec)
+        a.put("pub", np.full(16, 5.0, np.float32), shared=True)
+        with pytest.raises(KernelError) as ei:
+            b.call("vector_add", x=x, y=Resident("shared/pub"))
+        assert ei.value.field == "resident" and ei.value.tensor == "y"
+        x16 = np.arange(16, dtype=np.float32)
+        for _ in range(2):
+            np.testing.assert_array_equal(b.call("vector_add", x=x16, y=Resident("shared/pub"))["out"], x16 + 5)
+        with pytest.raises(KernelError) as ei:  # the old shape now meets the tensor's new one: the op's own error
+            b.call("vector_add", x=x, y=Resident("shared/pub"))
+        assert ei.value.field == "shape"

@@ -1,14 +1,16 @@
-"""``call()`` with an input that is not C-contiguous against the same values contiguous, A/B between trees.
+"""``call()`` with inputs the steady path took on in 2026-12-04 (a transposed array, a resident tensor) against the
+same values as C-contiguous arrays, A/B between trees. (Named ``bench/strided_call.py`` until the resident case came.)
 
-    python bench/strided_call.py --calls 2000 --rounds 3 --tree before=PATH --tree after= \\
-        --out bench/results/strided-call-2026-12-04.json
+    python bench/call_inputs.py --calls 2000 --rounds 3 --tree before=PATH --tree after= \\
+        --out bench/results/call-inputs-2026-12-04.json
 
 Starts one worker (NumPy backend, this checkout). Per round and tree, a child process with that tree on ``PYTHONPATH``
 (empty: this checkout) sends ``echo`` of a square float32 matrix of 64 B, 4 KiB and 16 KiB through
-``call()``: C-contiguous (``c``), and transposed (``t``: the same values, Fortran-ordered). Per case it keeps the best of
+``call()``: C-contiguous (``c``), and transposed (``t``: the same values, Fortran-ordered); and ``vector_add`` of
+such a matrix and a second one, given as an array (``a``) or as a resident tensor put once (``r``). Per case it keeps the best of
 5 repeats of ``--calls`` calls, µs per call. (The worker's slots are 64 KiB: the input and its output fit.) Before 2026-12-04 a transposed input went
 the general path (NumPy made a contiguous copy first, then the copy into the slot); since then the steady path's one
-copy into the slot reads it in C order.
+copy into the slot reads it in C order. A resident input went the general path too; since then its plan is kept.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from worker_cpu import child_main  # (bench/, beside this program)
 _CHILD = r"""
 import json, sys, timeit
 import numpy as np
-from shmrpc.client import Client
+from shmrpc.client import Client, Resident
 
 name, calls = sys.argv[1], int(sys.argv[2])
 out = {}
@@ -33,12 +35,20 @@ with Client(name, timeout_s=30) as c:
             np.testing.assert_array_equal(c.call("echo", x=x)["out"], a)
             best = min(timeit.repeat(lambda: c.call("echo", x=x), number=calls, repeat=5)) / calls * 1e6
             out[f"{label}_{case}_us"] = best
+        w = np.ones((n, n), np.float32)
+        c.put(f"w{n}", w)
+        for case, y in (("a", w), ("r", Resident(f"w{n}"))):
+            np.testing.assert_array_equal(c.call("vector_add", x=a, y=y)["out"], a + 1)
+            best = min(timeit.repeat(lambda: c.call("vector_add", x=a, y=y), number=calls, repeat=5)) / calls * 1e6
+            out[f"{label}_add_{case}_us"] = best
 print(json.dumps(out))
 """
 
 
 def main() -> int:
-    return child_main(__doc__, "strided-call", "strided", _CHILD, "µs per call() of echo, c: C-contiguous, t: transposed")
+    return child_main(__doc__, "call-inputs", "cinputs", _CHILD,
+                      "µs per call(); echo of c: a C-contiguous, t: a transposed matrix; vector_add with a: an array, "
+                      "r: a resident")
 
 
 if __name__ == "__main__":
