@@ -7,7 +7,9 @@ same values as C-contiguous arrays, A/B between trees. (Named ``bench/strided_ca
 Starts one worker (NumPy backend, this checkout). Per round and tree, a child process with that tree on ``PYTHONPATH``
 (empty: this checkout) sends ``echo`` of a square float32 matrix of 64 B, 4 KiB and 16 KiB through
 ``call()``: C-contiguous (``c``), and transposed (``t``: the same values, Fortran-ordered); and ``vector_add`` of
-such a matrix and a second one, given as an array (``a``) or as a resident tensor put once (``r``). Per case it keeps the best of
+such a matrix and a second one, given as an array (``a``) or as a resident tensor put once (``r``); and that
+``vector_add`` of two arrays through ``submit().result()`` (``s``) and ``await AsyncClient.call`` (``as``), which took
+the general path before 2026-12-04 and send a planned signature by its plan since. Per case it keeps the best of
 5 repeats of ``--calls`` calls, µs per call. (The worker's slots are 64 KiB: the input and its output fit.) Before 2026-12-04 a transposed input went
 the general path (NumPy made a contiguous copy first, then the copy into the slot); since then the steady path's one
 copy into the slot reads it in C order. A resident input went the general path too; since then its plan is kept.
@@ -20,9 +22,9 @@ import sys
 from worker_cpu import child_main  # (bench/, beside this program)
 
 _CHILD = r"""
-import json, sys, timeit
+import asyncio, json, sys, time, timeit
 import numpy as np
-from shmrpc.client import Client, Resident
+from shmrpc.client import AsyncClient, Client, Resident
 
 name, calls = sys.argv[1], int(sys.argv[2])
 out = {}
@@ -41,6 +43,26 @@ with Client(name, timeout_s=30) as c:
             np.testing.assert_array_equal(c.call("vector_add", x=a, y=y)["out"], a + 1)
             best = min(timeit.repeat(lambda: c.call("vector_add", x=a, y=y), number=calls, repeat=5)) / calls * 1e6
             out[f"{label}_add_{case}_us"] = best
+        w2 = np.full((n, n), 2, np.float32)
+        assert np.array_equal(c.submit("vector_add", x=a, y=w2).result()["out"], a + 2)
+        best = min(timeit.repeat(lambda: c.submit("vector_add", x=a, y=w2).result(), number=calls, repeat=5))
+        out[f"{label}_add_s_us"] = best / calls * 1e6
+
+        async def timed(ac, a=a, w2=w2):
+            assert np.array_equal((await ac.call("vector_add", x=a, y=w2))["out"], a + 2)
+            runs = []
+            for _ in range(5):
+                t = time.perf_counter()
+                for _ in range(calls):
+                    await ac.call("vector_add", x=a, y=w2)
+                runs.append(time.perf_counter() - t)
+            return min(runs) / calls * 1e6
+
+        async def main():
+            async with await AsyncClient.connect(name, timeout_s=30) as ac:
+                return await timed(ac)
+
+        out[f"{label}_add_as_us"] = asyncio.run(main())
 print(json.dumps(out))
 """
 
@@ -48,7 +70,7 @@ print(json.dumps(out))
 def main() -> int:
     return child_main(__doc__, "call-inputs", "cinputs", _CHILD,
                       "µs per call(); echo of c: a C-contiguous, t: a transposed matrix; vector_add with a: an array, "
-                      "r: a resident")
+                      "r: a resident, s: submit().result(), as: AsyncClient.call")
 
 
 if __name__ == "__main__":

@@ -101,23 +101,32 @@ class Calls:
         """
         try:
             if self._tracing is None:
-                got = steady_key(op, kwargs, in_place, keep, out_nbytes, self._specs)
+                got = self._steady(op, kwargs, in_place, keep, out_nbytes)
                 if got is not None:
-                    key: Any = got[0]
-                    arrays = got[1]
-                    try:
-                        plan = self._plans.get(key)
-                    except TypeError:  # a `keep` given as a list: this call's plan is not kept
-                        plan, key = None, None
-                    if plan is None:
-                        plan = self._plan_of(op, kwargs, key, in_place, keep, out_nbytes)
-                    if plan is not None:
-                        return self._call_now(plan, arrays, copy, timeout_s)
-            return self._submit(op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs).result()
+                    return self._call_now(got[0], got[1], copy, timeout_s)
+            return self._submit(op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs, False).result()
         except RequestError as e:
             if e.field == "resident":
                 self._forget_resident(kwargs.get(e.tensor or ""))
             raise
+
+    def _steady(self, op: str | Pipeline, kwargs: dict[str, Any], in_place: bool, keep: tuple[str, ...],
+                out_nbytes: int | None) -> tuple[CallPlan, list[np.ndarray]] | None:
+        """The plan of this call's signature (made on its first call) and its arrays in the plan's order, or None for
+        a call the steady path does not serve (see :func:`steady_key` and :meth:`_plain_inputs`)."""
+        got = steady_key(op, kwargs, in_place, keep, out_nbytes, self._specs)
+        if got is None:
+            return None
+        key: Any = got[0]
+        try:
+            plan = self._plans.get(key)
+        except TypeError:  # a `keep` given as a list: this call's plan is not kept
+            plan, key = None, None
+        if plan is None:
+            plan = self._plan_of(op, kwargs, key, in_place, keep, out_nbytes)
+            if plan is None:
+                return None
+        return plan, got[1]
 
     def _forget_resident(self, ref: Any) -> None:
         """The worker refused a request over a resident tensor's spec (replaced with another shape or dtype, by
@@ -279,11 +288,17 @@ class Calls:
         return self._submit(op, timeout_s, out_nbytes, in_place, keep, _copy, False, kwargs)
 
     def _submit(self, op: str | Pipeline, timeout_s: float | None, out_nbytes: int | None, in_place: bool,
-                keep: tuple[str, ...], copy: bool, nowait: bool, kwargs: dict[str, Any]) -> CallFuture:
-        """Copy the inputs into a slot and ring; ``nowait``: use only a free slot of ours, else raise _NoSlot."""
+                keep: tuple[str, ...], copy: bool, nowait: bool, kwargs: dict[str, Any], steady: bool = True
+                ) -> CallFuture:
+        """Copy the inputs into a slot and ring; ``nowait``: use only a free slot of ours, else raise _NoSlot.
+        ``steady``: a signature ``call()`` plans is sent by its plan (False: the caller found none)."""
         self._check()
         timeout = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
+        if steady and self._tracing is None:
+            got = self._steady(op, kwargs, in_place, keep, out_nbytes)
+            if got is not None:
+                return self._submit_planned(got[0], got[1], copy, nowait, deadline)
         arrays, attrs, residents = self._split(op, kwargs)
         sizes = [a.nbytes for a, _ in arrays.values()]
         need = self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for n in sizes)
@@ -322,6 +337,29 @@ class Calls:
             loan.release()
             if tracing is not None and not fut.done():
                 tracing.end(span, e)
+            raise
+        return fut
+
+    def _submit_planned(self, plan: CallPlan, arrays: list[np.ndarray], copy: bool, nowait: bool, deadline: float
+                        ) -> CallFuture:
+        """``_submit`` of a signature with a plan: a slot of its own (a future holds its slot until it is done), the
+        inputs copied in through views of the plan's offsets, the plan's descriptor bytes written, ring."""
+        if nowait:
+            slot = self._take_free(plan.need)
+            if slot is None:
+                raise _NoSlot()
+        else:
+            slot = self._take(plan.need, deadline)
+        me = self._client()
+        loan = Loan(me, slot)
+        fut = CallFuture(me, loan, deadline, copy)
+        try:
+            loan._live()
+            for a, view in zip(arrays, loan._plan_views(plan, arrays)):
+                view[...] = a
+            loan._publish(plan.desc, b"", fut)
+        except BaseException:
+            loan.release()
             raise
         return fut
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
-from shmrpc.client import Client, InvalidRequestError, Pipeline, Resident
+from shmrpc.client import Client, InvalidRequestError, KernelError, Pipeline, Resident
 from shmrpc.client._callplan import read_outputs, steady_key
 from shmrpc.schema.descriptor import ResponseDesc, TensorRef
 from shmrpc.schema.errors import RequestError
@@ -311,3 +311,34 @@ def test_a_client_calling_with_ever_new_signatures_keeps_bounded_caches(worker: 
                 np.testing.assert_array_equal(out, a * np.arange(8, dtype=np.float32))
                 del out
                 assert len(loan._memo) <= 4
+
+
+def test_submit_sends_a_planned_signature_by_its_plan(worker: WorkerProc) -> None:
+    # submit() (and AsyncClient, which submits) takes the plan of a signature as call() does: the first submit plans
+    # it, the next ones copy their inputs through its offsets; each future has its own slot and its own values, several
+    # in flight at once
+    rng = np.random.default_rng(33)
+    with Client(worker.name, timeout_s=10) as c:
+        xs = [rng.standard_normal(16).astype(np.float32) for _ in range(8)]
+        ys = [rng.standard_normal(16).astype(np.float32) for _ in range(8)]
+        np.testing.assert_array_equal(c.submit("vector_add", x=xs[0], y=ys[0]).result()["out"], xs[0] + ys[0])
+        keys = [k for k in c._plans if k[0] == "vector_add"]
+        assert len(keys) == 1, keys
+        futs = [c.submit("vector_add", x=x, y=y) for x, y in zip(xs, ys)]  # 8 in flight, 8 slots
+        for f, x, y in zip(futs, xs, ys):
+            np.testing.assert_array_equal(f.result()["out"], x + y)
+        assert [k for k in c._plans if k[0] == "vector_add"] == keys  # no second plan
+        # views instead of copies, a transposed input, a resident one, an attribute
+        view = c.submit("vector_add", x=xs[1], y=ys[1], _copy=False).result()["out"]
+        np.testing.assert_array_equal(view, xs[1] + ys[1])
+        del view
+        m = rng.standard_normal((4, 6)).astype(np.float32)
+        np.testing.assert_array_equal(c.submit("echo", x=m.T).result()["out"], m.T)
+        c.put("b", ys[2])
+        np.testing.assert_array_equal(c.submit("vector_add", x=xs[2], y=Resident("b")).result()["out"], xs[2] + ys[2])
+        np.testing.assert_allclose(c.submit("scale", x=xs[3], a=2.0).result()["out"], 2 * xs[3])
+        # a signature the worker refuses: its own typed error through the future, nothing kept, the client goes on
+        with pytest.raises(KernelError) as ei:
+            c.submit("vector_add", x=xs[0], y=np.ones(5, np.float32)).result()
+        assert ei.value.field == "shape"
+        np.testing.assert_array_equal(c.submit("vector_add", x=xs[4], y=ys[4]).result()["out"], xs[4] + ys[4])
