@@ -70,8 +70,15 @@ def shm_entries() -> int:
 # ------------------------------------------------------------ the client process
 
 
-def client_main(name: str, seed: int, calls: int, spin_us: int = 0, lane: str = "") -> None:
-    """Make ``calls`` checked calls; print progress lines and a final JSON line."""
+def _ask(c: Any, submit: bool, op: str, **kw: Any) -> dict[str, np.ndarray]:
+    """One call through ``Client.submit(...).result()`` or ``Client.call``."""
+    return c.submit(op, **kw).result() if submit else c.call(op, **kw)
+
+
+def client_main(name: str, seed: int, calls: int, spin_us: int = 0, lane: str = "", via: str = "call") -> None:
+    """Make ``calls`` checked calls; print progress lines and a final JSON line. ``via``: ``call`` (``Client.call``),
+    ``submit`` (``Client.submit(...).result()``), or ``mixed``: every third call through ``submit``, and every other
+    ``echo`` of a strided view of the pool (every second byte) instead of a contiguous run of it."""
     from shmrpc.client import Client, ConnectError, RequestError, Timeout, WorkerGoneError
 
     rng = np.random.default_rng(seed)
@@ -85,7 +92,7 @@ def client_main(name: str, seed: int, calls: int, spin_us: int = 0, lane: str = 
     c: Any = None
     connect_retries = 0
     t0 = time.perf_counter()
-    pool = rng.integers(0, 256, 1 << 21, dtype=np.uint8)
+    pool = rng.integers(0, 256, 1 << 22, dtype=np.uint8)
     i = 0
     while i < calls:
         if c is None:
@@ -98,15 +105,17 @@ def client_main(name: str, seed: int, calls: int, spin_us: int = 0, lane: str = 
                 time.sleep(0.05)
                 continue
         nbytes = int(np.exp(rng.uniform(np.log(64), np.log(1 << 20))))
+        submit = via == "submit" or (via == "mixed" and i % 3 == 0)
         try:
             if i % 2 == 0:
-                start = int(rng.integers(0, pool.size - nbytes))
-                x = pool[start:start + nbytes]
-                out = c.call("echo", x=x)["out"]
+                step = 2 if via == "mixed" and i % 4 == 0 else 1
+                start = int(rng.integers(0, pool.size - step * nbytes))
+                x = pool[start:start + step * nbytes:step]
+                out = _ask(c, submit, "echo", x=x)["out"]
                 good = out.dtype == x.dtype and np.array_equal(out, x)
             else:
                 xf = rng.standard_normal(max(1, nbytes // 4)).astype(np.float32)
-                out = c.call("scale", x=xf, a=1.0, b=0.0)["out"]
+                out = _ask(c, submit, "scale", x=xf, a=1.0, b=0.0)["out"]
                 good = out.dtype == xf.dtype and np.array_equal(out, xf)
             ok += good
             wrong += not good
@@ -166,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spin-us", type=int, default=0, help="worker --spin-us and the clients' spin_us (default 0)")
     ap.add_argument("--lane", choices=("block", "spin"), default=None,
                     help="every other client asks for this lane (Client(lane=...)); the others use ZeroMQ")
+    ap.add_argument("--via", choices=("call", "submit", "mixed"), default="call",
+                    help="how the clients call: call(), submit().result(), or mixed (a third through submit(), every "
+                         "other echo of a strided view)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/soak-<date>.json; '-' for none)")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
@@ -179,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     w_facts: dict[str, dict[str, int]] = {"first_start": proc_facts(worker.pid)}
     t0 = time.perf_counter()
     clients = [subprocess.Popen([sys.executable, __file__, "client", name, str(seed + k), str(args.calls),
-                                 str(args.spin_us), (args.lane or "") if k % 2 else ""],
+                                 str(args.spin_us), (args.lane or "") if k % 2 else "", args.via],
                                 stdout=subprocess.PIPE, text=True) for k in range(args.clients)]
     progress = [0] * args.clients
     results: list[dict[str, Any] | None] = [None] * args.clients
@@ -292,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": seed, "clients": args.clients, "calls_per_client": args.calls, "elapsed_s": round(elapsed, 2),
         "calls_per_s": round((ok + wrong) / elapsed, 1), "ok": ok, "wrong": wrong, "raised": raised,
         "client_errors": errors, "worker": {"slots": SLOTS, "lease": LEASE, "backend": "numpy",
-                                            "spin_us": args.spin_us, "lane": args.lane, "killed_at_s": killed_at, "restart_s": round(restart_s, 3),
+                                            "spin_us": args.spin_us, "lane": args.lane, "via": args.via, "killed_at_s": killed_at, "restart_s": round(restart_s, 3),
                                             "exit_on_sigterm": rc},
         "worker_facts": w_facts, "growth": growth,
         "judged": {"rss_growth_pct": rss, "fds_grew": fds_grew, "limit_pct": 5}, "shm_entries": {"before": shm_before, "after": shm_after},
@@ -321,6 +333,6 @@ def _machine() -> dict[str, Any]:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "client":
         client_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) > 5 else 0,
-                    sys.argv[6] if len(sys.argv) > 6 else "")
+                    sys.argv[6] if len(sys.argv) > 6 else "", sys.argv[7] if len(sys.argv) > 7 else "call")
     else:
         sys.exit(main())
