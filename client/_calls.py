@@ -107,7 +107,9 @@ class Calls:
             return self._submit(op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs, False).result()
         except RequestError as e:
             if e.field == "resident":
-                self._forget_resident(kwargs.get(e.tensor or ""))
+                ref = kwargs.get(e.tensor or "")
+                if type(ref) is Resident:
+                    self._forget_resident(ref.name)
             raise
 
     def _steady(self, op: str | Pipeline, kwargs: dict[str, Any], in_place: bool, keep: tuple[str, ...],
@@ -128,12 +130,11 @@ class Calls:
                 return None
         return plan, got[1]
 
-    def _forget_resident(self, ref: Any) -> None:
-        """The worker refused a request over a resident tensor's spec (replaced with another shape or dtype, by
+    def _forget_resident(self, name: str) -> None:
+        """The worker refused a request over resident tensor ``name``'s spec (replaced with another shape or dtype, by
         another client or a kept output, or dropped): forget what this client recorded of it, so that the next call
-        looks it up again instead of sending the same stale spec."""
-        if type(ref) is Resident:
-            self._specs.pop(ref.name, None)
+        looks it up again instead of sending the same stale spec (``call()``, and a future of ``submit()``)."""
+        self._specs.pop(name, None)
 
     def _plain_inputs(self, op: str | Pipeline, kwargs: dict[str, Any]
                       ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Resident]] | None:
@@ -352,7 +353,7 @@ class Calls:
             slot = self._take(plan.need, deadline)
         me = self._client()
         loan = Loan(me, slot)
-        fut = CallFuture(me, loan, deadline, copy)
+        fut = CallFuture(me, loan, deadline, copy, plan.tensors)
         try:
             loan._live()
             for a, view in zip(arrays, loan._plan_views(plan, arrays)):

@@ -339,12 +339,20 @@ class CallFuture(_Answer):
     waits for it.
     """
 
-    def __init__(self, client: Client, loan: Loan, deadline: float, copy: bool) -> None:
+    def __init__(self, client: Client, loan: Loan, deadline: float, copy: bool,
+                 tensors: tuple[TensorRef, ...] | None = None) -> None:
         super().__init__(client, loan, deadline)
         self._copy = copy
+        self._tensors = tensors  # the request's tensors when a plan sent them (else the loan's own list)
 
     def _outcome(self) -> Any:
-        out = self._loan._response(self._rid)
+        try:
+            out = self._loan._response(self._rid)
+        except RequestError as e:
+            if e.field == "resident":  # a stale record of a resident tensor: looked up again next time
+                tensors = self._loan._tensors if self._tensors is None else self._tensors
+                self._c._forget_resident(next((t.resident for t in tensors if t.name == e.tensor and t.resident), ""))
+            raise
         return {k: v.copy() for k, v in out.items()} if self._copy else out
 
     def _done_with_slot(self) -> None:

@@ -124,3 +124,22 @@ def test_a_shared_resident_another_client_put_is_found_then_served_steadily(work
         with pytest.raises(KernelError) as ei:  # the old shape now meets the tensor's new one: the op's own error
             b.call("vector_add", x=x, y=Resident("shared/pub"))
         assert ei.value.field == "shape"
+
+
+def test_a_future_over_a_stale_resident_record_has_it_looked_up_again(worker: WorkerProc) -> None:
+    # the same through submit() (a planned signature, then the general path of a list input): the future that the
+    # worker refuses over the resident's spec makes the client forget its record
+    with Client(worker.name, timeout_s=10) as a, Client(worker.name, timeout_s=10) as b:
+        a.put("pub", np.full(8, 3.0, np.float32), shared=True)
+        x = np.arange(8, dtype=np.float32)
+        for _ in range(2):
+            np.testing.assert_array_equal(b.submit("vector_add", x=x, y=Resident("shared/pub")).result()["out"], x + 3)
+        for new, n in ((5.0, 16), (7.0, 4)):
+            a.put("pub", np.full(n, new, np.float32), shared=True)
+            send = (lambda v: list(v)) if n == 4 else (lambda v: v)  # the second time a list: the general path
+            with pytest.raises(KernelError) as ei:
+                b.submit("vector_add", x=send(np.arange(len(x), dtype=np.float32)), y=Resident("shared/pub")).result()
+            assert ei.value.field == "resident" and ei.value.tensor == "y"
+            x = np.arange(n, dtype=np.float32)
+            np.testing.assert_array_equal(b.submit("vector_add", x=x, y=Resident("shared/pub")).result()["out"],
+                                          x + new)
