@@ -142,6 +142,10 @@ def test_inputs_of_any_strides_take_the_steady_path_and_arrive_in_c_order(worker
         # the general path (a future) takes them as they are too: no contiguous copy first, the same values
         for name, a in cases.items():
             np.testing.assert_array_equal(c.submit("echo", x=a).result()["out"], np.ascontiguousarray(a), err_msg=name)
+        for name, a in cases.items():  # a masked array beside it sends the call the general way: the same copy
+            y = np.ma.masked_array(a)  # (a subclass: the general path, as a plain view of its data, strides and all)
+            got = c.call("vector_add", x=a, y=y)["out"]
+            np.testing.assert_array_equal(got, 2 * np.ascontiguousarray(a), err_msg=name)
         c.put("wt", cases["transposed"])
         np.testing.assert_array_equal(c.call("vector_add", x=np.zeros((6, 4), np.float32), y=Resident("wt"))["out"],
                                       np.ascontiguousarray(cases["transposed"]))
