@@ -99,18 +99,20 @@ class Calls:
             InvalidRequestError (with ``field``), KernelError (with ``op``, ``step``, ``tensor``),
             BusyError, Timeout, WorkerGoneError.
         """
-        try:
-            if self._tracing is None:
-                got = self._steady(op, kwargs, in_place, keep, out_nbytes)
-                if got is not None:
-                    return self._call_now(got[0], got[1], copy, timeout_s)
-            return self._submit(op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs, False).result()
-        except RequestError as e:
-            if e.field == "resident":
-                ref = kwargs.get(e.tensor or "")
-                if type(ref) is Resident:
-                    self._forget_resident(ref.name)
-            raise
+        for again in (True, False):
+            try:
+                if self._tracing is None:
+                    got = self._steady(op, kwargs, in_place, keep, out_nbytes)
+                    if got is not None:
+                        return self._call_now(got[0], got[1], copy, timeout_s)
+                return self._submit(op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs, False).result()
+            except RequestError as e:
+                # the worker refused a resident input's spec (field "resident": before any step ran): the tensor was
+                # replaced or dropped since this client recorded it; sent once more when it now has another spec
+                ref = kwargs.get(e.tensor or "") if e.field == "resident" else None
+                if type(ref) is not Resident or not self._forget_resident(ref.name, look=again):
+                    raise
+        raise AssertionError("unreachable: the second try returns or raises")
 
     def _steady(self, op: str | Pipeline, kwargs: dict[str, Any], in_place: bool, keep: tuple[str, ...],
                 out_nbytes: int | None) -> tuple[CallPlan, list[np.ndarray]] | None:
@@ -130,11 +132,20 @@ class Calls:
                 return None
         return plan, got[1]
 
-    def _forget_resident(self, name: str) -> None:
+    def _forget_resident(self, name: str, look: bool = False) -> bool:
         """The worker refused a request over resident tensor ``name``'s spec (replaced with another shape or dtype, by
         another client or a kept output, or dropped): forget what this client recorded of it, so that the next call
-        looks it up again instead of sending the same stale spec (``call()``, and a future of ``submit()``)."""
-        self._specs.pop(name, None)
+        looks it up again instead of sending the same stale spec (``call()``, and a future of ``submit()``).
+
+        With ``look`` (``call()``, in the caller's thread) it is looked up at once. Returns whether it exists now with
+        another spec than the one recorded: the refused call may then be sent again."""
+        old = self._specs.pop(name, None)
+        if not look or old is None:
+            return False
+        try:
+            return self._resident_spec(name) != old
+        except Exception:  # noqa: BLE001 - gone, or the look-up failed: the call's own error stands
+            return False
 
     def _plain_inputs(self, op: str | Pipeline, kwargs: dict[str, Any]
                       ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Resident]] | None:

@@ -216,6 +216,12 @@ class Backend:
         with self._lock:
             return {k: v[1] for k, v in self._resident.items()}
 
+    def resident_spec(self, name: str) -> TensorSpec | None:
+        """The spec of resident tensor ``name`` now, or None when there is none."""
+        with self._lock:
+            entry = self._resident.get(name)
+        return None if entry is None else entry[1]
+
     @property
     def resident_bytes(self) -> int:
         """Bytes held by resident tensors."""

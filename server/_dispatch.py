@@ -212,6 +212,9 @@ class Dispatcher:
             raise InvalidRequestError("the KEEP flag and the keep list disagree", field="flags")
         resident = {t.name: resident_name(client, t.resident) for t in desc.inputs if t.resident}
         specs = {t.name: kernels.TensorSpec(tuple(t.shape), t.dtype) for t in desc.inputs}
+        for t in desc.inputs:
+            if t.resident:
+                self._check_resident(t.name, t.resident, resident[t.name], specs[t.name], first)
         alias_only = all(kernels.REGISTRY[s.op].alias for s in steps) and not desc.keep and not resident
         try:
             plan = self.backend.plan(steps, specs, list(desc.outputs), keep=list(desc.keep), resident=resident)
@@ -253,6 +256,21 @@ class Dispatcher:
             plan = self._intern(plan)
         return Prepared(desc, None if alias_only else plan, in_slot, outputs, resident, keep_as, label,
                         nbytes_in, nbytes_out, response, inline or alias_only, batch=batch)
+
+    def _check_resident(self, req: str, name: str, rname: str, spec: kernels.TensorSpec, first: str) -> None:
+        """A resident input names a tensor that exists with the spec the request says, checked before the plan: a
+        client's stale record of it (the tensor replaced with another shape or dtype, or dropped) is refused as that
+        (``field="resident"``, which tells the client to look the tensor up again), not as an op's shape rule would
+        refuse the stale shape. The run checks it again (``Backend._lookup_resident``): a prepared request is served
+        again without this."""
+        have = self.backend.resident_spec(rname)
+        if have is None:
+            raise kernel_error(kernels.KernelInputError(f"resident tensor {name!r} (input {req!r}) does not exist; "
+                                                        "put it first", tensor=req, field="resident"), first)
+        if have != spec:
+            raise kernel_error(kernels.KernelInputError(
+                f"resident tensor {name!r} (input {req!r}) is {have.dtype} {have.shape}; the request says {spec.dtype} "
+                f"{spec.shape}", tensor=req, field="resident"), first)
 
     def _intern(self, plan: Plan) -> Plan:
         """An equal plan made before, if any, else ``plan`` (remembered): the batchable requests of several clients

@@ -112,18 +112,25 @@ def test_a_shared_resident_another_client_put_is_found_then_served_steadily(work
             np.testing.assert_array_equal(b.call("vector_add", x=x, y=Resident("shared/pub"))["out"], x + 3)
         assert [k[8:] for k in b._plans if k[0] == "vector_add"] == [
             (Resident, "shared/pub", ((8,), np.dtype(np.float32)))]
-        # a replaced with another shape: b's record is stale, the worker refuses that call naming the resident, and
-        # b looks the tensor up again for the next one (before, every later call sent the same stale spec)
-        a.put("pub", np.full(16, 5.0, np.float32), shared=True)
-        with pytest.raises(KernelError) as ei:
-            b.call("vector_add", x=x, y=Resident("shared/pub"))
-        assert ei.value.field == "resident" and ei.value.tensor == "y"
+        # a replaced with another shape: b's record is stale; the worker refuses the call that sends it over the
+        # resident's spec (before the op's shape rule sees the stale shape), b looks the tensor up and sends the call
+        # again, so the call meets the tensor as it is now: served where the new shape fits (before, that call failed,
+        # and every later one too when its error was the op's)
         x16 = np.arange(16, dtype=np.float32)
+        a.put("pub", np.full(16, 5.0, np.float32), shared=True)
         for _ in range(2):
             np.testing.assert_array_equal(b.call("vector_add", x=x16, y=Resident("shared/pub"))["out"], x16 + 5)
-        with pytest.raises(KernelError) as ei:  # the old shape now meets the tensor's new one: the op's own error
+        assert b._specs["shared/pub"] == ((16,), np.dtype(np.float32))
+        a.put("pub", np.full(8, 6.0, np.float32), shared=True)
+        with pytest.raises(KernelError) as ei:  # the tensor's new shape meets an input it does not fit: the op's error
+            b.call("vector_add", x=x16, y=Resident("shared/pub"))
+        assert ei.value.field == "shape" and ei.value.tensor == "y"
+        np.testing.assert_array_equal(b.call("vector_add", x=x, y=Resident("shared/pub"))["out"], x + 6)
+        a.drop("shared/pub")
+        with pytest.raises(KernelError) as ei:  # dropped: refused over the resident, not sent again
             b.call("vector_add", x=x, y=Resident("shared/pub"))
-        assert ei.value.field == "shape"
+        assert ei.value.field == "resident" and ei.value.tensor == "y"
+        assert "shared/pub" not in b._specs
 
 
 def test_a_future_over_a_stale_resident_record_has_it_looked_up_again(worker: WorkerProc) -> None:
@@ -143,3 +150,20 @@ def test_a_future_over_a_stale_resident_record_has_it_looked_up_again(worker: Wo
             x = np.arange(n, dtype=np.float32)
             np.testing.assert_array_equal(b.submit("vector_add", x=x, y=Resident("shared/pub")).result()["out"],
                                           x + new)
+
+
+def test_a_kept_output_replaced_with_another_shape_is_used_at_its_new_shape(worker: WorkerProc) -> None:
+    # a call's keep= that replaces a resident with another shape updates the client's record of it: the next call
+    # naming it is served at once, with the new tensor's values (before, that call sent the old shape and failed)
+    x4, x8 = np.arange(4, dtype=np.float32), np.arange(8, dtype=np.float32)
+    with Client(worker.name, timeout_s=10) as c:
+        for via_submit in (False, True):
+            assert c.call("scale", x=x4, a=2.0, keep=("out",)) == {}
+            np.testing.assert_array_equal(c.call("vector_add", x=x4, y=Resident("out"))["out"], 3 * x4)
+            if via_submit:
+                assert c.submit("scale", x=x8, a=3.0, keep=("out",)).result(10) == {}
+            else:
+                assert c.call("scale", x=x8, a=3.0, keep=("out",)) == {}
+            for _ in range(2):
+                np.testing.assert_array_equal(c.call("vector_add", x=x8, y=Resident("out"))["out"], 4 * x8)
+            c.drop("out")

@@ -16,7 +16,7 @@ from shmrpc.schema.errors import InternalError, InvalidRequestError, KernelError
 from shmrpc.schema.header import HEADER, Header
 from shmrpc.server import metrics as metrics_mod
 from shmrpc.server._batch import Pending, group_by_plan
-from shmrpc.server._dispatch import Dispatcher, check_header
+from shmrpc.server._dispatch import Dispatcher, check_header, resident_name
 from shmrpc.server.metrics import Metrics
 
 
@@ -218,8 +218,36 @@ def test_equal_batchable_plans_of_several_clients_are_one_object() -> None:
     c = d.prepare(desc(32), 0, 0, 4096, client=2)
     assert c.plan is not a.plan and c.plan != a.plan
     # a client's own resident tensor is in its plan: another client's equal-looking request never shares it
+    for client in (1, 2):
+        d.backend.put(resident_name(client, "w"), np.zeros(16, np.float32), "float32")
     r1, r2 = d.prepare(desc(16, "w"), 0, 0, 4096, client=1), d.prepare(desc(16, "w"), 0, 0, 4096, client=2)
     assert r1.plan is not None and r2.plan is not None and r1.plan != r2.plan and r1.plan is not r2.plan
+
+
+def test_a_resident_input_is_checked_against_its_tensor_before_the_ops_rules() -> None:
+    # the spec a request states for a resident input is the tensor's own, or the request is refused over the resident
+    # (field "resident", the input named), before vector_add's rule would refuse the stated shape against x's
+    from shmrpc.schema.descriptor import RequestDesc, StepDesc, TensorRef, encode_request
+
+    def desc(n: int, dtype: str = "float32") -> bytes:
+        x = TensorRef("x", "float32", (8,), 1024, 32)
+        y = TensorRef("y", dtype, (n,), 0, 0, "w")
+        return encode_request(RequestDesc((StepDesc("vector_add", 0, (("x", "x"), ("y", "y")), (("out", "out"),), ()),),
+                                          (x, y), ("out",)))
+
+    d = Dispatcher(kernels.select_backend("numpy"), desc_nbytes=1024)
+    for stated, dtype, why in ((8, "float32", "does not exist"), (4, "float32", "float32 (8,); the request says float32 (4,)"),
+                               (8, "float64", "float32 (8,); the request says float64 (8,)")):
+        if stated == 4:
+            d.backend.put(resident_name(3, "w"), np.zeros(8, np.float32), "float32")
+        with pytest.raises(KernelError) as e:
+            d.prepare(desc(stated, dtype), 0, 0, 4096, client=3)
+        assert (e.value.field, e.value.tensor, e.value.op) == ("resident", "y", "vector_add") and why in str(e.value)
+        assert "3/" not in str(e.value)  # the client's own name, not the worker's
+    assert d.prepare(desc(8), 0, 0, 4096, client=3).resident == {"y": resident_name(3, "w")}
+    with pytest.raises(KernelError) as e:  # another client's tensor of that name is not this one's
+        d.prepare(desc(8), 0, 0, 4096, client=4)
+    assert e.value.field == "resident"
 
 
 def test_observations_wait_in_a_queue_until_the_loop_or_a_scrape_folds_them() -> None:
