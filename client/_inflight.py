@@ -71,6 +71,11 @@ class Inflight:
         self.pulses = 0  # PULSE frames received (a DONE near: schema/messages.py)
         self._receiver: threading.Thread | None = None
         self._stop = False
+        # the receiver thread steps aside for a thread that waits for its own answer (see wait): whether it leads now,
+        # how many threads ask it to step aside, whether it waits for them to be done
+        self._receiver_leads = False
+        self._asks = 0
+        self._receiver_aside = False
 
     # ------------------------------------------------------------ the table
 
@@ -235,38 +240,70 @@ class Inflight:
 
     # ------------------------------------------------------------ waiting
 
-    def wait(self, until: Callable[[], bool], deadline: float | None) -> None:
+    def wait(self, until: Callable[[], bool], deadline: float | None, receiver: bool = False) -> None:
         """Return once ``until()`` is true, pumping for everybody while no other thread does.
 
         ``until`` is called with and without the condition's lock held: it must take no lock.
+
+        A thread that finds the receiver thread leading asks it to step aside (``receiver``: the caller is that thread,
+        whose ``until`` then turns true): it wakes the receiver, which leaves the lead on its next look, so the asking
+        thread takes it and receives its own answer on its own thread. The hand-over happens while the request runs;
+        without it the answer would wake the receiver, which would then wake the waiter: one thread hand-off more
+        after the answer came.
 
         Raises:
             Timeout: ``deadline`` (time.monotonic) passed first.
             WorkerGoneError: the worker process exited.
         """
         cond, lead = self._cond, self._lead
-        while True:
-            if until():
-                return
-            if lead.acquire(blocking=False):  # the leader: keeps the lead until its own answer is here
-                try:
-                    while not until():
-                        self.pump_once(self._left(deadline))
-                finally:
-                    lead.release()
-                    if self._followers:
+        asked = False  # this thread counts in _asks, until it leads or returns
+        try:
+            while True:
+                if until():
+                    return
+                if receiver:
+                    with cond:  # the flag with the lead, so a thread that finds the lead taken sees who took it
+                        got = lead.acquire(blocking=False)
+                        self._receiver_leads = got
+                else:
+                    got = lead.acquire(blocking=False)
+                if got:  # the leader: keeps the lead until its own answer is here
+                    if asked:
                         with cond:
-                            cond.notify_all()  # a follower may take the lead
-                return
-            left = self._left(deadline)
-            with cond:
-                self._followers += 1
-                try:
-                    # checked under the lock routing notifies under: no wake-up is lost
-                    if not until() and lead.locked():
-                        cond.wait(None if left < 0 else left)
-                finally:
-                    self._followers -= 1
+                            self._asks -= 1
+                        asked = False
+                    try:
+                        while not until():
+                            self.pump_once(self._left(deadline))
+                    finally:
+                        if receiver:
+                            with cond:
+                                self._receiver_leads = False
+                        lead.release()
+                        if self._followers:
+                            with cond:
+                                cond.notify_all()  # a follower may take the lead
+                    return
+                left = self._left(deadline)
+                with cond:
+                    self._followers += 1
+                    try:
+                        # checked under the lock routing notifies under: no wake-up is lost
+                        if not until() and lead.locked():
+                            if self._receiver_leads and not receiver:
+                                if not asked:
+                                    self._asks += 1
+                                    asked = True
+                                self._conn.wake()  # the receiver looks up from its wait and steps aside
+                            cond.wait(None if left < 0 else left)
+                    finally:
+                        self._followers -= 1
+        finally:
+            if asked:
+                with cond:
+                    self._asks -= 1
+                    if not self._asks and self._receiver_aside:
+                        cond.notify_all()  # the receiver may lead again
 
     def _left(self, deadline: float | None) -> float:
         """Seconds to ``deadline`` (-1: none). Raises WorkerGoneError or Timeout when it is time to stop."""
@@ -297,9 +334,23 @@ class Inflight:
         t.start()
 
     def _receive(self) -> None:
+        cond = self._cond
         while not self._stop:
+            if self._asks:  # aside while threads wait for their own answers (see wait): they pump meanwhile
+                with cond:
+                    self._receiver_aside = True
+                    self._followers += 1
+                    try:
+                        if self._asks and not self._stop:
+                            cond.wait(_RECEIVER_SLICE_S)
+                    finally:
+                        self._followers -= 1
+                        self._receiver_aside = False
+                for fin in self._expire(time.monotonic()):
+                    fin()
+                continue
             try:
-                self.wait(lambda: self._stop, time.monotonic() + _RECEIVER_SLICE_S)
+                self.wait(lambda: self._stop or self._asks > 0, time.monotonic() + _RECEIVER_SLICE_S, receiver=True)
             except Timeout:
                 pass
             except WorkerGoneError:

@@ -6,6 +6,7 @@ import concurrent.futures as cf
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -81,6 +82,67 @@ def test_one_thread_waits_on_a_slow_call_while_another_is_answered(worker: Worke
             np.testing.assert_array_equal(c.call("echo", x=np.ones(3))["out"], 1.0)
         waiter.join(60)
         np.testing.assert_array_equal(box[0]["19.out"], 1.0)  # type: ignore[index]
+
+
+def test_a_thread_waiting_for_its_answer_receives_it_itself_and_the_receiver_leads_again(worker: WorkerProc) -> None:
+    # the receiver thread steps aside for a thread that waits (result(), call()): that thread receives its own answer,
+    # so the future's callback runs on it (the answer comes long after the hand-over: 20 steps over 14 MB); a future
+    # nobody waits for then still completes by itself
+    with Client(worker.name, timeout_s=60) as c:
+        np.testing.assert_array_equal(c.submit("echo", x=np.ones(2)).result()["out"], 1.0)  # the receiver runs
+        assert c._inflight.snapshot()["receiving"]
+        fut = c.submit(slow_pipeline(), x=np.ones(3_500_000))
+        wait_in_flight(worker.name)
+        ran_on: list[int] = []
+        fut.add_done_callback(lambda f: ran_on.append(threading.get_ident()))
+        np.testing.assert_array_equal(fut.result()["19.out"][:3], 1.0)
+        assert ran_on == [threading.get_ident()]
+        for via_call in (True, False):  # the same for call() and result(), then the receiver again
+            slow = c.submit(slow_pipeline(), x=np.ones(3_500_000))
+            wait_in_flight(worker.name)
+            box: list[int] = []
+            slow.add_done_callback(lambda f, box=box: box.append(threading.get_ident()))
+            if via_call:
+                np.testing.assert_array_equal(c.call("echo", x=np.ones(3))["out"], 1.0)
+            called = threading.Event()
+            c.submit("echo", x=np.ones(2)).add_done_callback(lambda f, called=called: called.set())
+            assert called.wait(20)  # led by the receiver again: nobody waits for it
+            assert cf.wait([slow], timeout=30).done == {slow} and box and box[0] != threading.get_ident()
+
+
+def test_threads_mixing_calls_results_and_unwaited_futures_each_get_their_answers(worker: WorkerProc) -> None:
+    # waiters asking the receiver to step aside, taking the lead from one another, and futures only the receiver
+    # finishes, at once: every answer right, every callback run, nothing left in flight
+    errors: list[BaseException] = []
+    called: list[int] = []
+    with Client(worker.name, timeout_s=30) as c:
+        def run(k: int) -> None:
+            try:
+                for i in range(80):
+                    x = np.full(8, float(k * 1000 + i))
+                    if i % 3 == 0:
+                        out = c.call("vector_add", x=x, y=np.ones(8))["out"]
+                    elif i % 3 == 1:
+                        out = c.submit("vector_add", x=x, y=np.ones(8)).result()["out"]
+                    else:
+                        f = c.submit("vector_add", x=x, y=np.ones(8))
+                        f.add_done_callback(lambda f, i=i: called.append(i))
+                        continue
+                    np.testing.assert_array_equal(out, x + 1)
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        deadline = time.monotonic() + 20
+        while len(called) < 5 * 26 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(called) == 5 * 26
+        assert len(c._inflight) == 0 and c._inflight._asks == 0
 
 
 def test_an_unwaited_future_times_out_by_itself(worker: WorkerProc) -> None:

@@ -1,0 +1,42 @@
+"""``call()`` and ``submit().result()`` beside the background receiver thread, A/B between trees.
+
+    python bench/receiver_lead.py --calls 3000 --rounds 3 --tree before=PATH --tree after= \\
+        --out bench/results/receiver-lead-DATE.json
+
+Starts one worker (NumPy backend, this checkout). Per round and tree, a child process with that tree on ``PYTHONPATH``
+(empty: this checkout) sends a 64 B ``vector_add`` of two float32 arrays through ``call()`` in a client that never
+submitted (``call_fresh``), then through ``submit().result()`` (``submit``: the first ``submit()`` starts the client's
+receiver thread, which finishes futures nobody waits for), then through ``call()`` again in that client
+(``call_after_submit``), and ``call()`` in a fresh client with one ``submit()`` in flight that nobody waits for beside
+it is not measured. Per case the best of 5 repeats of ``--calls`` calls, µs per call.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from worker_cpu import child_main  # (bench/, beside this program)
+
+_CHILD = r"""
+import json, sys, timeit
+import numpy as np
+from shmrpc.client import Client
+
+name, calls = sys.argv[1], int(sys.argv[2])
+out = {}
+a = np.arange(16, dtype=np.float32)
+b = np.full(16, 2, np.float32)
+with Client(name, timeout_s=30) as c:
+    assert np.array_equal(c.call("vector_add", x=a, y=b)["out"], a + 2)
+    out["call_fresh_us"] = min(timeit.repeat(lambda: c.call("vector_add", x=a, y=b), number=calls, repeat=5)) / calls * 1e6
+    assert np.array_equal(c.submit("vector_add", x=a, y=b).result()["out"], a + 2)
+    out["submit_us"] = min(timeit.repeat(lambda: c.submit("vector_add", x=a, y=b).result(), number=calls,
+                                         repeat=5)) / calls * 1e6
+    assert np.array_equal(c.call("vector_add", x=a, y=b)["out"], a + 2)
+    out["call_after_submit_us"] = min(timeit.repeat(lambda: c.call("vector_add", x=a, y=b), number=calls,
+                                                    repeat=5)) / calls * 1e6
+print(json.dumps(out))
+"""
+
+if __name__ == "__main__":
+    sys.exit(child_main(__doc__, "receiver-lead", "shmrpc-rlead", _CHILD, "us"))
