@@ -76,6 +76,8 @@ class Inflight:
         self._receiver_leads = False
         self._asks = 0
         self._receiver_aside = False
+        self._futures = 0  # entries whose future is not finished yet: the receiver leads only while there are some
+        self.handovers = 0  # times a waiting thread asked the receiver to step aside (for tests and debugging)
 
     # ------------------------------------------------------------ the table
 
@@ -95,6 +97,8 @@ class Inflight:
         """Expect a DONE for ``rid`` in ``slot``; ``finish`` runs (on the routing thread) once it came."""
         with self._lock:
             self._table[rid] = _Entry(slot, finish, deadline)
+            if finish is not None:
+                self._one_more_future()
 
     def ring_lane(self, lane: ClientLane, frame: bytes, rid: int, slot: _Slot,
                   finish: Callable[[], None] | None = None, deadline: float | None = None) -> bool:
@@ -121,9 +125,19 @@ class Inflight:
                 lane.ring(frame, rid)
                 lane.waiting = finish is None
                 self._table[rid] = _Entry(slot, finish, deadline)  # after the ring (under the lock): off its way
+                if finish is not None:
+                    self._one_more_future()
         if fin is not None:
             fin()
         return ok
+
+    def _one_more_future(self) -> None:
+        """A future joined the table (call holding the lock): the receiver, asleep while there was none, leads again
+        unless a thread that waits leads (it routes every answer while it waits, this one's too)."""
+        self._futures += 1
+        # (a thread that leads now wakes it when it leaves: see wait)
+        if self._receiver_aside and not self._asks and not self._lead.locked():
+            self._cond.notify_all()
 
     def claim_lane(self, lane: ClientLane, rid: int) -> bool:
         """Take the wait for ``rid`` in ``lane`` (a future's request that rode it) unless another thread holds it or
@@ -137,14 +151,17 @@ class Inflight:
     def discard(self, rid: int) -> None:
         """Stop expecting ``rid`` (its CALL was never sent)."""
         with self._cond:
-            self._table.pop(rid, None)
+            e = self._table.pop(rid, None)
+            if e is not None and e.finish is not None:
+                self._futures -= 1
 
     def forget_future(self, rid: int) -> None:
         """The future of ``rid`` finished without its answer (timed out): a late DONE only frees the slot."""
         with self._cond:
             e = self._table.get(rid)
-            if e is not None:
+            if e is not None and e.finish is not None:
                 e.finish = None
+                self._futures -= 1
 
     # ------------------------------------------------------------ routing
 
@@ -172,6 +189,7 @@ class Inflight:
             finishers = [e.finish for e in self._table.values() if e.finish is not None]
             for e in self._table.values():
                 e.finish = None
+            self._futures = 0
             self._cond.notify_all()
         return finishers
 
@@ -183,6 +201,7 @@ class Inflight:
                 if e.finish is not None and e.deadline is not None and now >= e.deadline:
                     out.append(e.finish)
                     e.finish = None
+                    self._futures -= 1
         return out
 
     def pump_once(self, wait_s: float) -> None:
@@ -217,6 +236,8 @@ class Inflight:
             return None
         e.slot.status = status
         e.slot.in_flight = None
+        if e.finish is not None:
+            self._futures -= 1
         return e.finish
 
     def pump_now(self, limit: int = 1 << 30) -> bool:
@@ -280,9 +301,9 @@ class Inflight:
                             with cond:
                                 self._receiver_leads = False
                         lead.release()
-                        if self._followers:
+                        if self._followers or (self._receiver_aside and self._futures):
                             with cond:
-                                cond.notify_all()  # a follower may take the lead
+                                cond.notify_all()  # a follower, or the receiver for the futures in flight, may lead
                     return
                 left = self._left(deadline)
                 with cond:
@@ -293,6 +314,7 @@ class Inflight:
                             if self._receiver_leads and not receiver:
                                 if not asked:
                                     self._asks += 1
+                                    self.handovers += 1
                                     asked = True
                                 self._conn.wake()  # the receiver looks up from its wait and steps aside
                             cond.wait(None if left < 0 else left)
@@ -336,21 +358,24 @@ class Inflight:
     def _receive(self) -> None:
         cond = self._cond
         while not self._stop:
-            if self._asks:  # aside while threads wait for their own answers (see wait): they pump meanwhile
+            # aside while no future is in flight (nothing to finish: a call()'s waiter receives its own answer) or
+            # while threads wait for their own answers (see wait): they pump meanwhile
+            if self._asks or not self._futures:
+                # (not counted among the followers: the leaders that leave, the asks that end and the futures that
+                # come wake it when it has a future to finish)
                 with cond:
                     self._receiver_aside = True
-                    self._followers += 1
                     try:
-                        if self._asks and not self._stop:
+                        if (self._asks or not self._futures) and not self._stop:
                             cond.wait(_RECEIVER_SLICE_S)
                     finally:
-                        self._followers -= 1
                         self._receiver_aside = False
                 for fin in self._expire(time.monotonic()):
                     fin()
                 continue
             try:
-                self.wait(lambda: self._stop or self._asks > 0, time.monotonic() + _RECEIVER_SLICE_S, receiver=True)
+                self.wait(lambda: self._stop or self._asks > 0 or not self._futures,
+                          time.monotonic() + _RECEIVER_SLICE_S, receiver=True)
             except Timeout:
                 pass
             except WorkerGoneError:
@@ -375,4 +400,5 @@ class Inflight:
     def snapshot(self) -> dict[str, Any]:
         """For tests and debugging: ids in flight and whether the receiver runs."""
         with self._cond:
-            return {"in_flight": sorted(self._table), "receiving": self._receiver is not None}
+            return {"in_flight": sorted(self._table), "receiving": self._receiver is not None,
+                    "handovers": self.handovers}

@@ -91,12 +91,21 @@ def test_a_thread_waiting_for_its_answer_receives_it_itself_and_the_receiver_lea
     with Client(worker.name, timeout_s=60) as c:
         np.testing.assert_array_equal(c.submit("echo", x=np.ones(2)).result()["out"], 1.0)  # the receiver runs
         assert c._inflight.snapshot()["receiving"]
+        # with no future in flight it does not lead: a call() is received by its own thread alone
+        deadline = time.monotonic() + 10
+        while not c._inflight._receiver_aside and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert c._inflight._receiver_aside and not c._inflight._receiver_leads and c._inflight._futures == 0
+        handovers = c._inflight.snapshot()["handovers"]
+        np.testing.assert_array_equal(c.call("echo", x=np.ones(3))["out"], 1.0)
+        assert c._inflight.snapshot()["handovers"] == handovers  # nobody had to ask it to step aside
         fut = c.submit(slow_pipeline(), x=np.ones(3_500_000))
         wait_in_flight(worker.name)
         ran_on: list[int] = []
         fut.add_done_callback(lambda f: ran_on.append(threading.get_ident()))
         np.testing.assert_array_equal(fut.result()["19.out"][:3], 1.0)
         assert ran_on == [threading.get_ident()]
+        assert c._inflight.snapshot()["handovers"] == handovers + 1
         for via_call in (True, False):  # the same for call() and result(), then the receiver again
             slow = c.submit(slow_pipeline(), x=np.ones(3_500_000))
             wait_in_flight(worker.name)
