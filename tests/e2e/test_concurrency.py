@@ -41,31 +41,40 @@ def test_futures_complete_without_result_being_asked(worker: WorkerProc) -> None
         assert c._inflight.snapshot()["receiving"]
 
 
-def test_threads_share_one_client_and_each_gets_its_own_answer(worker: WorkerProc) -> None:
+def _in_threads(n: int, run: Callable[[int], None]) -> list[BaseException]:
+    """Run ``run(k)`` in ``n`` threads at once (k = 0..n-1); what they raised."""
     errors: list[BaseException] = []
 
+    def guarded(k: int) -> None:
+        try:
+            run(k)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return errors
+
+
+def test_threads_share_one_client_and_each_gets_its_own_answer(worker: WorkerProc) -> None:
     with Client(worker.name, timeout_s=30) as c:
         def run(k: int) -> None:
-            try:
-                for i in range(60):
-                    x = np.full(16, float(k * 1000 + i))
-                    out = c.call("vector_add", x=x, y=np.ones(16))["out"]
-                    np.testing.assert_array_equal(out, x + 1)
-                with c.loan(1024) as req:
-                    a = req.array("x", 4, "float64")
-                    a[:] = k
-                    b = req.array("y", 4, "float64")
-                    b[:] = 1
-                    np.testing.assert_array_equal(req.send("vector_add")["out"], k + 1)
-                    del a, b
-            except BaseException as e:  # noqa: BLE001
-                errors.append(e)
+            for i in range(60):
+                x = np.full(16, float(k * 1000 + i))
+                out = c.call("vector_add", x=x, y=np.ones(16))["out"]
+                np.testing.assert_array_equal(out, x + 1)
+            with c.loan(1024) as req:
+                a = req.array("x", 4, "float64")
+                a[:] = k
+                b = req.array("y", 4, "float64")
+                b[:] = 1
+                np.testing.assert_array_equal(req.send("vector_add")["out"], k + 1)
+                del a, b
 
-        threads = [threading.Thread(target=run, args=(k,)) for k in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        errors = _in_threads(6, run)
         assert not errors, errors
         assert len(c._inflight) == 0
         assert not c._inflight.snapshot()["receiving"]  # call() alone never starts the receiver thread
@@ -122,30 +131,22 @@ def test_a_thread_waiting_for_its_answer_receives_it_itself_and_the_receiver_lea
 def test_threads_mixing_calls_results_and_unwaited_futures_each_get_their_answers(worker: WorkerProc) -> None:
     # waiters asking the receiver to step aside, taking the lead from one another, and futures only the receiver
     # finishes, at once: every answer right, every callback run, nothing left in flight
-    errors: list[BaseException] = []
     called: list[int] = []
     with Client(worker.name, timeout_s=30) as c:
         def run(k: int) -> None:
-            try:
-                for i in range(80):
-                    x = np.full(8, float(k * 1000 + i))
-                    if i % 3 == 0:
-                        out = c.call("vector_add", x=x, y=np.ones(8))["out"]
-                    elif i % 3 == 1:
-                        out = c.submit("vector_add", x=x, y=np.ones(8)).result()["out"]
-                    else:
-                        f = c.submit("vector_add", x=x, y=np.ones(8))
-                        f.add_done_callback(lambda f, i=i: called.append(i))
-                        continue
-                    np.testing.assert_array_equal(out, x + 1)
-            except BaseException as e:  # noqa: BLE001
-                errors.append(e)
+            for i in range(80):
+                x = np.full(8, float(k * 1000 + i))
+                if i % 3 == 0:
+                    out = c.call("vector_add", x=x, y=np.ones(8))["out"]
+                elif i % 3 == 1:
+                    out = c.submit("vector_add", x=x, y=np.ones(8)).result()["out"]
+                else:
+                    f = c.submit("vector_add", x=x, y=np.ones(8))
+                    f.add_done_callback(lambda f, i=i: called.append(i))
+                    continue
+                np.testing.assert_array_equal(out, x + 1)
 
-        threads = [threading.Thread(target=run, args=(k,)) for k in range(5)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        errors = _in_threads(5, run)
         assert not errors, errors
         deadline = time.monotonic() + 20
         while len(called) < 5 * 26 and time.monotonic() < deadline:
