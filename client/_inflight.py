@@ -356,22 +356,30 @@ class Inflight:
         t.start()
 
     def _receive(self) -> None:
-        cond = self._cond
+        cond, lead = self._cond, self._lead
         while not self._stop:
-            # aside while no future is in flight (nothing to finish: a call()'s waiter receives its own answer) or
-            # while threads wait for their own answers (see wait): they pump meanwhile
-            if self._asks or not self._futures:
-                # (not counted among the followers: the leaders that leave, the asks that end and the futures that
-                # come wake it when it has a future to finish)
+            # aside while no future is in flight (nothing to finish: a call()'s waiter receives its own answer), while
+            # threads wait for their own answers (see wait) or while another thread leads: they route every answer
+            if self._asks or not self._futures or lead.locked():
+                # (not counted among the followers, which every routed answer wakes: the leaders that leave, the asks
+                # that end and the futures that come wake it when it has a future to finish; the flag is set before
+                # the lead is looked at again, and a leader looks at the flag after it let go of the lead)
                 with cond:
                     self._receiver_aside = True
                     try:
-                        if (self._asks or not self._futures) and not self._stop:
+                        if (self._asks or not self._futures or lead.locked()) and not self._stop:
                             cond.wait(_RECEIVER_SLICE_S)
                     finally:
                         self._receiver_aside = False
                 for fin in self._expire(time.monotonic()):
                     fin()
+                continue
+            # a future came and nobody leads: first a moment for the thread that submitted it, which often waits for it
+            # at once (submit().result()), to take the lead itself, so that it receives its own answer without asking
+            # this thread to step aside (the sleep lets that thread have the GIL; it holds the lead by the time it
+            # sleeps in its poll)
+            time.sleep(0)
+            if lead.locked():
                 continue
             try:
                 self.wait(lambda: self._stop or self._asks > 0 or not self._futures,
