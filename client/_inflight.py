@@ -12,9 +12,10 @@ hand-off wakes them (the *followers*)::
 
 A lone caller therefore pumps its own answer on its own thread (no hand-off, the
 fast path). A background *receiver* thread (started by :meth:`Inflight.start_receiver`,
-which ``Client.submit`` and the async client do) is one more waiter that never
-stops, so futures complete when their answer arrives even when nobody asks for
-their result.
+which ``Client.submit`` does) leads while futures are in flight and no other thread
+leads or waits, so futures complete when their answer arrives even when nobody asks
+for their result. It sleeps otherwise, and a thread that comes to wait while it leads
+asks it to step aside (:meth:`Inflight.wait`): answers go to the thread that wants them.
 
 Routing a DONE marks its slot answered; a future registered with the request is
 then finished on the thread that routed it, after every lock is released.
