@@ -8,7 +8,9 @@ Starts one worker (NumPy backend, this checkout). Per round and tree, a child pr
 submitted (``call_fresh``), then through ``submit().result()`` (``submit``: the first ``submit()`` starts the client's
 receiver thread, which finishes futures nobody waits for), then through ``call()`` again in that client
 (``call_after_submit``). Per case the best of 5 repeats of ``--calls`` calls, µs per call, and the client process's CPU
-time per call over the 5 repeats (``..._cpu_us``: the calling thread, the receiver thread and libzmq's I/O thread).
+time per call over the 5 repeats (``..._cpu_us``: the calling thread, the receiver thread and libzmq's I/O thread), and
+the share of those calls whose thread asked the receiver to step aside (``..._handover_share``; -1 for a tree before
+e55b9ac, which does not count them).
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ out = {}
 def timed(key, f):
     # the best wall time of 5 repeats, and this process's CPU time per call over all 5 (its threads: the caller, the
     # receiver, libzmq's I/O thread)
-    c0 = time.process_time()
+    c0, h0 = time.process_time(), c._inflight.snapshot().get("handovers", -1)
     out[key + "_us"] = min(timeit.repeat(f, number=calls, repeat=5)) / calls * 1e6
     out[key + "_cpu_us"] = (time.process_time() - c0) / (5 * calls) * 1e6
+    # the share of calls whose thread asked the receiver to step aside (-1: the tree does not count them)
+    h1 = c._inflight.snapshot().get("handovers", -1)
+    out[key + "_handover_share"] = -1.0 if h0 < 0 else (h1 - h0) / (5 * calls)
 
 
 a = np.arange(16, dtype=np.float32)
