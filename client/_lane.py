@@ -180,7 +180,7 @@ class ClientLane:
             spin_s, last = self.spin_s, self._last_s
             if last > spin_s:  # the last answer came after the spin budget: sleep through most of this one's wait
                 early = _early_s(last)
-                sleep_s = self._rung + last - early - time.perf_counter()
+                sleep_s = self._rung + last - early - _perf_counter()
                 if deadline is not None:
                     sleep_s = min(sleep_s, deadline - time.monotonic())
                 if sleep_s > _SLEEP_MIN_S and self._done_seq.value != seq:
