@@ -184,8 +184,26 @@ class Pool:
             return fut
 
     def call(self, op: str | Pipeline, **kwargs: Any) -> dict[str, np.ndarray]:
-        """:meth:`Client.call` on the least busy live worker (same arguments, returns and errors)."""
-        return self.submit(op, **kwargs).result()  # type: ignore[no-any-return]
+        """:meth:`Client.call` on the least busy live worker (same arguments, returns and errors).
+
+        It is that worker's client's own ``call()`` in this thread (its kept slot, the lane when the worker has one,
+        no future and no receiver thread), not ``submit().result()``. A worker found down when the call is placed is
+        passed over; a ``WorkerGoneError`` raised once the call went to a worker is the caller's, as for a request
+        in flight (the op may have run), also when that worker died before the request itself went out.
+        """
+        while True:
+            m = self._pick(kwargs)
+            c = m.client
+            try:
+                if c is None:  # (taken down by another thread since the pick)
+                    continue
+                return c.call(op, **kwargs)
+            except WorkerGoneError:
+                self._down(m)
+                raise
+            finally:
+                with self._lock:
+                    m.pending -= 1
 
     def put(self, name: str, array: Any, *, worker: str | None = None, shared: bool = False) -> None:
         """Upload a resident tensor to every live worker (and to each that rejoins), or to ``worker`` only."""

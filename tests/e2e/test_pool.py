@@ -9,16 +9,20 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 from wire import wait_for_state
 
-from shmrpc.client import Client, Pipeline, Pool, Resident, WorkerGoneError
+from shmrpc.client import Client, Pipeline, Pool, RequestError, Resident, WorkerGoneError
 from shmrpc.schema.naming import device_worker_name, device_workers, socket_path
 from shmrpc.schema.proc import read_stat
 from shmrpc.server.lockfile import WorkerLock
 from shmrpc.server.procs import pid_alive
+
+if TYPE_CHECKING:
+    from conftest import WorkerProc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -116,6 +120,29 @@ def test_pool_spreads_calls_and_places_residents(supervisor: _Supervisor) -> Non
         assert pool.stats()[one]["calls"] == before + 5
         pool.drop("only")
         pool.drop("bias")
+
+
+def test_pool_call_is_the_chosen_clients_own_call(worker: WorkerProc) -> None:
+    # Pool.call runs the member client's call() in the caller's thread: no future, no receiver thread, the client's
+    # kept slot; `copy` is call()'s argument (through submit() it reached the worker as an attribute of the op)
+    x, y = np.arange(8, dtype=np.float32), np.full(8, 2, np.float32)
+    with Pool(workers=[worker.name], timeout_s=30) as pool:
+        c = pool._members[worker.name].client
+        assert c is not None
+        for i in range(3):
+            np.testing.assert_array_equal(pool.call("vector_add", x=x + i, y=y)["out"], x + i + 2)
+        assert not c._inflight.snapshot()["receiving"] and len(c._kept) == 1
+        view = pool.call("scale", x=x, a=3.0, copy=False)["out"]
+        assert view.base is not None and c._kept == []  # a view of the slot: the loan is not kept
+        np.testing.assert_allclose(pool.call("scale", x=x, a=5.0)["out"], 5 * x)
+        np.testing.assert_allclose(view, 3 * x)  # the view's slot was not the next call's
+        with pytest.raises(RequestError) as ei:  # a refused call: its own typed error, the pool's count back to 0
+            pool.call("vector_add", x=x, y=np.zeros(3, np.float32))
+        assert ei.value.field == "shape"
+        assert pool.stats()[worker.name] == {"live": True, "pending": 0, "calls": 6}
+        np.testing.assert_array_equal(pool.submit("vector_add", x=x, y=y).result()["out"], x + 2)  # beside submit()
+        np.testing.assert_array_equal(pool.call("vector_add", x=x, y=y)["out"], x + 2)
+        assert pool.stats()[worker.name]["pending"] == 0
 
 
 def test_pool_survives_a_worker_death_and_the_worker_rejoins(supervisor: _Supervisor) -> None:
