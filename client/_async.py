@@ -176,7 +176,7 @@ class AsyncClient:
             elif not loop.is_closed():
                 loop.call_soon_threadsafe(_copy_state, afut, f)
 
-        fut.add_done_callback(done)
+        Future.add_done_callback(fut, done)  # (the base class's: the loop routes the answers, no receiver needs waking)
         return afut
 
     async def _later(self, loop: asyncio.AbstractEventLoop, blocking: Any) -> dict[str, np.ndarray]:

@@ -348,7 +348,7 @@ class Calls:
             loan._post(op, attrs, in_place, keep, tail, future=fut)
         except BaseException as e:
             loan.release()
-            if tracing is not None and not fut.done():
+            if tracing is not None and not Future.done(fut):
                 tracing.end(span, e)
             raise
         return fut

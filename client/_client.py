@@ -264,12 +264,13 @@ class Client(Calls):
         else over ZeroMQ, with a trace context tail when traced. ``future`` (if any) is finished by whichever thread
         routes the answer; the lane's waiter reads its answer in the page (:meth:`_lane_wait`)."""
         lane = self._t.lane
-        finish, deadline = (None, None) if future is None else (future._finish, future._deadline)
+        finish, deadline, watched = (None, None, False) if future is None else (
+            future._finish, future._deadline, future._watched)
         frame = _CALL_PACK(m.CALL, s.region, s.index, rid, s.generation)
         if (lane is not None and not trace and (future is None or not self._inflight.receiving)
-                and self._inflight.ring_lane(lane, frame, rid, s, finish, deadline)):
+                and self._inflight.ring_lane(lane, frame, rid, s, finish, deadline, watched)):
             return
-        self._inflight.add(rid, s, finish, deadline)
+        self._inflight.add(rid, s, finish, deadline, watched)
         try:
             self._t.send(frame + trace)
         except BaseException:

@@ -79,6 +79,7 @@ class Inflight:
         self._receiver_aside = False
         self._futures = 0  # entries whose future is not finished yet: the receiver leads only while there are some
         self.handovers = 0  # times a waiting thread asked the receiver to step aside (for tests and debugging)
+        self.receiver_turns = 0  # times the receiver took the lead (the same)
 
     # ------------------------------------------------------------ the table
 
@@ -94,15 +95,19 @@ class Inflight:
             return [e.slot for e in self._table.values()]
 
     def add(self, rid: int, slot: _Slot, finish: Callable[[], None] | None = None,
-            deadline: float | None = None) -> None:
-        """Expect a DONE for ``rid`` in ``slot``; ``finish`` runs (on the routing thread) once it came."""
+            deadline: float | None = None, watched: bool = False) -> None:
+        """Expect a DONE for ``rid`` in ``slot``; ``finish`` runs (on the routing thread) once it came. ``watched``:
+        something other than its ``result()`` waits for the future already (see :meth:`watch`)."""
         with self._lock:
             self._table[rid] = _Entry(slot, finish, deadline)
             if finish is not None:
-                self._one_more_future()
+                self._futures += 1
+                if watched:
+                    self._rouse()
 
     def ring_lane(self, lane: ClientLane, frame: bytes, rid: int, slot: _Slot,
-                  finish: Callable[[], None] | None = None, deadline: float | None = None) -> bool:
+                  finish: Callable[[], None] | None = None, deadline: float | None = None,
+                  watched: bool = False) -> bool:
         """:meth:`add` and ring the CALL ``frame`` through ``lane``, only when nothing else is in flight (a lane
         carries a request only then: check and ring are one step under the table's lock); False: not added.
 
@@ -127,18 +132,33 @@ class Inflight:
                 lane.waiting = finish is None
                 self._table[rid] = _Entry(slot, finish, deadline)  # after the ring (under the lock): off its way
                 if finish is not None:
-                    self._one_more_future()
+                    self._futures += 1
+                    if watched:
+                        self._rouse()
         if fin is not None:
             fin()
         return ok
 
-    def _one_more_future(self) -> None:
-        """A future joined the table (call holding the lock): the receiver, asleep while there was none, leads again
-        unless a thread that waits leads (it routes every answer while it waits, this one's too)."""
-        self._futures += 1
-        # (a thread that leads now wakes it when it leaves: see wait)
+    def _rouse(self) -> None:
+        """A future in flight is watched (call holding the lock): the receiver, asleep while no thread leads, leads now
+        unless a thread that waits leads (it routes every answer while it waits; it wakes the receiver when it leaves
+        with futures in flight: see wait)."""
         if self._receiver_aside and not self._asks and not self._lead.locked():
             self._cond.notify_all()
+
+    def watch(self) -> None:
+        """Something other than a future's ``result()`` waits for it (a done-callback, ``concurrent.futures.wait`` or
+        ``as_completed``, a look at ``done()``): the receiver thread takes the lead now rather than at its next slice.
+
+        A future nobody watches does not wake the receiver when it is sent: its caller usually waits for it at once
+        (``submit().result()``) and then receives its answer itself, and a wake of the receiver per request cost more
+        than the rest of the future (``bench/receiver_lead.py``). Unwatched, it is finished by the thread that leads
+        when its answer comes, or by the receiver within :data:`_RECEIVER_SLICE_S`."""
+        if self._receiver is None:
+            return
+        with self._lock:
+            if self._futures:
+                self._rouse()
 
     def claim_lane(self, lane: ClientLane, rid: int) -> bool:
         """Take the wait for ``rid`` in ``lane`` (a future's request that rode it) unless another thread holds it or
@@ -287,6 +307,7 @@ class Inflight:
                     with cond:  # the flag with the lead, so a thread that finds the lead taken sees who took it
                         got = lead.acquire(blocking=False)
                         self._receiver_leads = got
+                        self.receiver_turns += got
                 else:
                     got = lead.acquire(blocking=False)
                 if got:  # the leader: keeps the lead until its own answer is here
@@ -407,7 +428,8 @@ class Inflight:
             t.join(timeout=5.0)
 
     def snapshot(self) -> dict[str, Any]:
-        """For tests and debugging: ids in flight and whether the receiver runs."""
+        """For tests and debugging: ids in flight, whether the receiver runs, how often a waiting thread asked it to
+        step aside and how often it took the lead."""
         with self._cond:
             return {"in_flight": sorted(self._table), "receiving": self._receiver is not None,
-                    "handovers": self.handovers}
+                    "handovers": self.handovers, "receiver_turns": self.receiver_turns}

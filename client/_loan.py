@@ -277,15 +277,53 @@ class Loan:
         self._c._give_back_slot(self._s)
 
 
+class _Waiters(list):  # type: ignore[type-arg]
+    """A future's list of waiters, to which ``concurrent.futures.wait`` and ``as_completed`` add theirs: a waiter
+    added watches the future (:meth:`Inflight.watch`). It holds the in-flight table's method, not the future."""
+
+    __slots__ = ("_watch",)
+
+    def __init__(self, watch: Any) -> None:
+        super().__init__()
+        self._watch = watch
+
+    def append(self, waiter: Any) -> None:
+        super().append(waiter)
+        self._watch()
+
+
 class _Answer(Future):  # type: ignore[type-arg]
-    """A future finished by the thread that routes its request's answer (see :mod:`._inflight`)."""
+    """A future finished by the thread that routes its request's answer (see :mod:`._inflight`).
+
+    Watched (a done-callback, ``concurrent.futures.wait`` / ``as_completed``, ``done()``), it wakes the client's
+    receiver thread, if one runs, to finish it when its answer comes; unwatched, its ``result()`` receives the answer
+    in the caller's thread (:meth:`Inflight.watch`)."""
 
     def __init__(self, client: Client, loan: Loan, deadline: float) -> None:
         super().__init__()
         self._c, self._loan, self._deadline = client, loan, deadline
         self._rid = -1  # set by Loan._post before the doorbell
         self._finishing = threading.Lock()
+        self._watched = False
+        self._waiters = _Waiters(client._inflight.watch)
         self.set_running_or_notify_cancel()
+
+    def _watch(self) -> None:
+        if not self._watched:
+            self._watched = True
+            self._c._inflight.watch()
+
+    def done(self) -> bool:
+        """Whether it finished (a look that finds it not finished watches it: see the class)."""
+        if Future.done(self):
+            return True
+        self._watch()
+        return False
+
+    def add_done_callback(self, fn: Any) -> None:
+        """``fn(future)`` once it finished (on the thread that finishes it; at once when it has): watches it."""
+        Future.add_done_callback(self, fn)
+        self._watch()
 
     def _no_answer(self) -> BaseException:
         return self._c._no_answer_error()
@@ -297,7 +335,7 @@ class _Answer(Future):  # type: ignore[type-arg]
     def _finish(self) -> None:
         """Complete this future from the answer in the slot, or with why none came; idempotent, any thread."""
         with self._finishing:
-            if self.done():
+            if Future.done(self):
                 return
             try:
                 if self._loan._s.in_flight == self._rid:
@@ -315,13 +353,13 @@ class _Answer(Future):  # type: ignore[type-arg]
 
     def _await(self, timeout: float | None) -> None:
         """Wait (pumping when nobody else does) until the answer came or the patience ran out, then finish."""
-        if self.done():
+        if Future.done(self):
             return
         deadline = self._deadline if timeout is None else min(self._deadline, time.monotonic() + timeout)
         c, s, rid = self._c, self._loan._s, self._rid
         c._check()
         try:
-            self._loan._wait(rid, deadline, lambda: self.done() or s.in_flight != rid)
+            self._loan._wait(rid, deadline, lambda: Future.done(self) or s.in_flight != rid)
         except Timeout:
             if deadline < self._deadline:
                 raise  # only the caller's shorter wait ran out; the request still runs

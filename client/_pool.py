@@ -180,7 +180,9 @@ class Pool:
                 with self._lock:
                     m.pending -= 1
                 raise
-            fut.add_done_callback(functools.partial(self._done, m))
+            # (the base class's: the pool's count does not watch the future, so that submit().result() does not wake
+            # the client's receiver thread; see Inflight.watch)
+            Future.add_done_callback(fut, functools.partial(self._done, m))
             return fut
 
     def call(self, op: str | Pipeline, **kwargs: Any) -> dict[str, np.ndarray]:

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 from wire import slow_pipeline, wait_in_flight
 
-from shmrpc.client import CallFuture, Client, ClientClosedError, Timeout, WorkerGoneError
+from shmrpc.client import CallFuture, Client, ClientClosedError, Timeout, WorkerGoneError, _inflight
 from shmrpc.schema.naming import attach_path, socket_path
 
 if TYPE_CHECKING:
@@ -39,6 +41,49 @@ def test_futures_complete_without_result_being_asked(worker: WorkerProc) -> None
         c.submit("echo", x=np.ones(2)).add_done_callback(lambda f: called.set())
         assert called.wait(20)
         assert c._inflight.snapshot()["receiving"]
+
+
+def test_a_future_wakes_the_receiver_only_when_something_watches_it(worker: WorkerProc,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # submit().result() is received by its own thread without waking the receiver; a done-callback, cf.wait,
+    # as_completed, asyncio.wrap_future and a look at done() each wake it to finish the future at once (the receiver's
+    # own slice made so long here that only such a wake can finish a future nobody waits for)
+    with Client(worker.name, timeout_s=30) as c:
+        np.testing.assert_array_equal(c.submit("echo", x=np.ones(2)).result()["out"], 1.0)  # the receiver runs
+        monkeypatch.setattr(_inflight, "_RECEIVER_SLICE_S", 60.0)
+        deadline = time.monotonic() + 10
+        while not c._inflight._receiver_aside and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.1)  # the receiver's slice of 0.05 s ran out: it sleeps in the long one now
+        turns = c._inflight.snapshot()["receiver_turns"]
+        for i in range(100):
+            x = np.full(8, float(i))
+            np.testing.assert_array_equal(c.submit("vector_add", x=x, y=np.ones(8)).result()["out"], x + 1)
+        assert c._inflight.snapshot()["receiver_turns"] == turns  # never woken: each caller received its own answer
+
+        unwatched = c.submit("echo", x=np.full(4, 2.0))
+        time.sleep(0.3)  # answered long ago, but nobody leads: it waits for a look (Future.done does not look)
+        assert not Future.done(unwatched)
+
+        called = threading.Event()
+        c.submit("echo", x=np.ones(2)).add_done_callback(lambda f: called.set())
+        assert called.wait(10)
+        assert Future.done(unwatched)  # the receiver finished every future in flight while it led
+        np.testing.assert_array_equal(unwatched.result(0)["out"], 2.0)
+
+        assert not cf.wait([c.submit("echo", x=np.ones(2)) for _ in range(3)], timeout=10).not_done
+        assert len(list(cf.as_completed([c.submit("echo", x=np.ones(2)) for _ in range(3)], timeout=10))) == 3
+        polled = c.submit("echo", x=np.ones(2))
+        deadline = time.monotonic() + 10
+        while not polled.done() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert Future.done(polled)
+
+        async def wrapped() -> dict[str, np.ndarray]:
+            return await asyncio.wait_for(asyncio.wrap_future(c.submit("echo", x=np.full(2, 5.0))), 10)
+
+        np.testing.assert_array_equal(asyncio.run(wrapped())["out"], 5.0)
+        assert c._inflight.snapshot()["receiver_turns"] > turns and len(c._inflight) == 0
 
 
 def _in_threads(n: int, run: Callable[[int], None]) -> list[BaseException]:
@@ -111,7 +156,11 @@ def test_a_thread_waiting_for_its_answer_receives_it_itself_and_the_receiver_lea
         fut = c.submit(slow_pipeline(), x=np.ones(3_500_000))
         wait_in_flight(worker.name)
         ran_on: list[int] = []
-        fut.add_done_callback(lambda f: ran_on.append(threading.get_ident()))
+        fut.add_done_callback(lambda f: ran_on.append(threading.get_ident()))  # watched: the receiver leads for it
+        deadline = time.monotonic() + 10
+        while not c._inflight._receiver_leads and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert c._inflight._receiver_leads
         np.testing.assert_array_equal(fut.result()["19.out"][:3], 1.0)
         assert ran_on == [threading.get_ident()]
         assert c._inflight.snapshot()["handovers"] == handovers + 1
