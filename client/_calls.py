@@ -355,20 +355,33 @@ class Calls:
 
     def _submit_planned(self, plan: CallPlan, arrays: list[np.ndarray], copy: bool, nowait: bool, deadline: float
                         ) -> CallFuture:
-        """``_submit`` of a signature with a plan: a slot of its own (a future holds its slot until it is done), the
-        inputs copied in through views of the plan's offsets, the plan's descriptor bytes written, ring."""
-        if nowait:
-            slot = self._take_free(plan.need)
-            if slot is None:
-                raise _NoSlot()
-        else:
-            slot = self._take(plan.need, deadline)
+        """``_submit`` of a signature with a plan: a slot of its own (a future holds its slot until it is done: the kept
+        loan's when it fits), the inputs copied in through views of the plan's offsets, the plan's descriptor bytes
+        written, ring."""
         me = self._client()
-        loan = Loan(me, slot)
+        # the kept loan (of the last call() or future of a plan, answered and copied out) when it fits, as call()
+        loan: Loan | None
+        try:
+            loan = self._kept.pop()
+        except IndexError:
+            loan = None
+        if loan is not None and not plan.need <= loan._s.nbytes <= plan.fits:
+            loan.release()
+            loan = None
+        if loan is None:
+            if nowait:
+                slot = self._take_free(plan.need)
+                if slot is None:
+                    raise _NoSlot()
+            else:
+                slot = self._take(plan.need, deadline)
+            loan = Loan(me, slot)
         fut = CallFuture(me, loan, deadline, copy, plan.tensors)
         try:
-            loan._live()
-            for a, view in zip(arrays, loan._plan_views(plan, arrays)):
+            if loan._done or loan._s.mv is None:
+                loan._live()  # raises
+            made = loan._in_views.get(id(plan))
+            for a, view in zip(arrays, loan._plan_views(plan, arrays) if made is None else made[1]):
                 view[...] = a
             loan._publish(plan.desc, b"", fut)
         except BaseException:

@@ -342,14 +342,14 @@ class _Answer(Future):  # type: ignore[type-arg]
                     raise self._no_answer()
                 out = self._outcome()
             except BaseException as e:  # noqa: BLE001
-                self._done_with_slot()
+                self._done_with_slot(False)
                 self.set_exception(e)
                 return
-            self._done_with_slot()
+            self._done_with_slot(True)
             self.set_result(out)
 
-    def _done_with_slot(self) -> None:
-        pass
+    def _done_with_slot(self, answered: bool) -> None:
+        """The request is over (``answered``: its outputs were read without an error)."""
 
     def _await(self, timeout: float | None) -> None:
         """Wait (pumping when nobody else does) until the answer came or the patience ran out, then finish."""
@@ -385,7 +385,8 @@ class CallFuture(_Answer):
 
     def _outcome(self) -> Any:
         try:
-            out = self._loan._response(self._rid)
+            # copied out: the loan's own views will do (no view of the slot is handed out)
+            out = self._loan._response(self._rid, fresh=not self._copy)
         except RequestError as e:
             if e.field == "resident":  # a stale record of a resident tensor: looked up again next time
                 tensors = self._loan._tensors if self._tensors is None else self._tensors
@@ -393,8 +394,17 @@ class CallFuture(_Answer):
             raise
         return {k: v.copy() for k, v in out.items()} if self._copy else out
 
-    def _done_with_slot(self) -> None:
-        self._loan.release()
+    def _done_with_slot(self, answered: bool) -> None:
+        # a planned request answered and copied out leaves its loan to the client's next call() or submit() of a plan
+        # (its slot open, its views made: Client._kept), unless one is kept already; else the slot goes back
+        loan, c = self._loan, self._c
+        if answered and self._copy and self._tensors is not None and not c._kept and not loan._s.borrowed \
+                and not c._closed:
+            c._kept.append(loan)
+            if c._closed:  # closed meanwhile by another thread: close() may have looked already
+                c._drop_kept()
+        else:
+            loan.release()
 
     def result(self, timeout: float | None = None) -> Any:
         """The outputs ``{name: array}``; raises the request's error. ``timeout`` defaults to the call's."""

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 
-from shmrpc.client import Client, InvalidRequestError, KernelError, Pipeline, Resident
+from shmrpc.client import AsyncClient, Client, InvalidRequestError, KernelError, Pipeline, Resident
 from shmrpc.client._callplan import read_outputs, steady_key
 from shmrpc.schema.descriptor import ResponseDesc, TensorRef
 from shmrpc.schema.errors import RequestError
@@ -218,7 +219,7 @@ def test_a_kept_call_slot_serves_other_requests_first(spawn_worker: Callable[...
         np.testing.assert_array_equal(c.call("scale", x=x, a=2.0)["out"], 2 * x)
         fut = c.submit("scale", x=x, a=4.0)
         np.testing.assert_array_equal(fut.result(10)["out"], 4 * x)
-        assert fut._loan._s is kept._s and c._kept == []
+        assert fut._loan._s is kept._s and c._kept == [fut._loan]  # kept again by the future, for the next request
     with Client(w.name, timeout_s=10, lease=(1, 1)) as c:  # a 64 KiB and a 1 MiB slot
         big = np.arange(100_000, dtype=np.float32)
         np.testing.assert_array_equal(c.call("scale", x=big, a=2.0)["out"], 2 * big)
@@ -346,3 +347,48 @@ def test_submit_sends_a_planned_signature_by_its_plan(worker: WorkerProc) -> Non
             c.submit("vector_add", x=xs[0], y=np.ones(5, np.float32)).result()
         assert ei.value.field == "shape"
         np.testing.assert_array_equal(c.submit("vector_add", x=xs[4], y=ys[4]).result()["out"], xs[4] + ys[4])
+
+
+def test_a_future_takes_the_kept_loan_and_leaves_it_for_the_next_request(worker: WorkerProc) -> None:
+    # submit() of a plan takes the kept loan as call() does, and a future answered and copied out leaves its loan (slot
+    # and views) for the next request; an error, a future handing out views, or a second future in flight at once
+    # gives its slot back instead; each request its own values throughout, AsyncClient's too
+    rng = np.random.default_rng(34)
+    with Client(worker.name, timeout_s=10) as c:
+        xs = rng.standard_normal((6, 16)).astype(np.float32)
+        ys = rng.standard_normal((6, 16)).astype(np.float32)
+        np.testing.assert_array_equal(c.call("vector_add", x=xs[0], y=ys[0])["out"], xs[0] + ys[0])
+        (loan,) = c._kept
+        free = len(c._slots.free)
+        for x, y in zip(xs, ys):
+            fut = c.submit("vector_add", x=x, y=y)
+            assert fut._loan is loan and c._kept == []  # taken while in flight
+            np.testing.assert_array_equal(fut.result()["out"], x + y)
+            assert c._kept == [loan]
+        assert len(c._slots.free) == free and len(loan._in_views) == 1  # no other slot, the views made once
+        with pytest.raises(KernelError) as ei:  # a refused request: its slot goes back, nothing kept
+            c.submit("vector_add", x=xs[0], y=np.ones(5, np.float32)).result()
+        assert ei.value.field == "shape" and c._kept == []
+        np.testing.assert_array_equal(c.submit("vector_add", x=xs[1], y=ys[1]).result()["out"], xs[1] + ys[1])
+        (loan,) = c._kept
+        view = c.submit("vector_add", x=xs[2], y=ys[2], _copy=False).result()["out"]  # views of its slot: not kept
+        assert c._kept == []
+        np.testing.assert_array_equal(c.submit("vector_add", x=xs[3], y=ys[3]).result()["out"], xs[3] + ys[3])
+        np.testing.assert_array_equal(view, xs[2] + ys[2])  # the next request did not write into the view's slot
+        del view
+        two = [c.submit("vector_add", x=x, y=y) for x, y in zip(xs[:2], ys[:2])]  # two in flight: two slots
+        assert two[0]._loan is not two[1]._loan
+        for f, x, y in zip(two, xs, ys):
+            np.testing.assert_array_equal(f.result()["out"], x + y)
+        assert len(c._kept) == 1  # one kept, the other slot given back
+
+    async def run() -> None:
+        async with await AsyncClient.connect(worker.name, timeout_s=10) as ac:
+            for x, y in zip(xs, ys):
+                np.testing.assert_array_equal((await ac.call("vector_add", x=x, y=y))["out"], x + y)
+            assert len(ac.client._kept) == 1
+            outs = await asyncio.gather(*(ac.call("vector_add", x=x, y=y) for x, y in zip(xs, ys)))
+            for out, x, y in zip(outs, xs, ys):
+                np.testing.assert_array_equal(out["out"], x + y)
+
+    asyncio.run(run())
