@@ -285,11 +285,13 @@ class Calls:
     def submit(self, op: str | Pipeline, *, timeout_s: float | None = None, out_nbytes: int | None = None,
                in_place: bool = False, keep: tuple[str, ...] = (), _copy: bool = True,
                **kwargs: Any) -> CallFuture:
-        """Like :meth:`call`, but return a :class:`CallFuture` at once; one slot per request in flight.
+        """Like :meth:`call`, but return a :class:`CallFuture` at once; one slot per request in flight (a request of a
+        planned signature takes the slot ``call()`` keeps, and leaves it for the next when it is answered).
 
         The future completes by itself when the answer arrives (a receiver thread, started by the
-        first ``submit``, routes answers), so ``concurrent.futures.wait``, ``as_completed``,
-        ``add_done_callback`` and ``asyncio.wrap_future`` work; a request past its ``timeout_s``
+        first ``submit``, routes answers for the futures something watches: see ``Inflight.watch``), so
+        ``concurrent.futures.wait``, ``as_completed``, ``add_done_callback``, ``done()`` and
+        ``asyncio.wrap_future`` work; ``result()`` receives its answer itself; a request past its ``timeout_s``
         completes with :class:`Timeout`, one whose worker dies with :class:`WorkerGoneError`.
 
         Example::
