@@ -217,25 +217,17 @@ class Calls:
         lane = self._t.lane
         if lane is not None and lane.slept and plan.soon and not lane.busy and not self._inflight:
             lane.soon()  # the early ring: the worker wakes while the inputs are copied in (schema/lane.py)
-        # the kept loan when it fits and is not much larger (a small call does not hold a large slot), else a new one
-        try:
-            loan = self._kept.pop()
-        except IndexError:
+        loan = self._kept_loan(plan)
+        if loan is None:
             loan = Loan(self._client(), self._take(plan.need, deadline))
-        else:
-            if not plan.need <= loan._s.nbytes <= plan.fits:
-                loan.release()
-                loan = Loan(self._client(), self._take(plan.need, deadline))
         kept = False
         try:
             # the one copy in, through views of the slot made once per plan and loan (NumPy's assignment costs less
-            # than a memoryview's of the same bytes); the loan's own tensor list is left as it is: a kept loan serves
-            # call()s only, which send plans
+            # than a memoryview's of the same bytes); Loan._views_for written out: one call less on this path
             if loan._done or loan._s.mv is None:
                 loan._live()  # raises
             made = loan._in_views.get(id(plan))
-            views = loan._plan_views(plan, arrays) if made is None else made[1]
-            for a, view in zip(arrays, views):
+            for a, view in zip(arrays, loan._plan_views(plan, arrays) if made is None else made[1]):
                 view[...] = a
             rid = loan._publish(plan.desc)
             loan._wait(rid, deadline)
@@ -247,15 +239,31 @@ class Calls:
                 return out
             return loan._response(rid)
         finally:
-            # a call() that copied its outputs out keeps its loan for the next call() (its slot open, the views of its
-            # inputs and outputs made), unless one is kept already or the slot is borrowed (it goes back to the
-            # worker as before)
-            if kept and not self._kept and not loan._s.borrowed and not self._closed:
-                self._kept.append(loan)
-                if self._closed:  # closed meanwhile by another thread: close() may have looked already
-                    self._drop_kept()
-            else:
-                loan.release()
+            self._end_loan(loan, kept)
+
+    def _kept_loan(self, plan: CallPlan) -> Loan | None:
+        """The kept loan, taken, when it fits ``plan`` and is not much larger (a small request does not hold a large
+        slot: it goes back then); else None. Kept loans serve requests of plans only (``call()``, and ``submit()``
+        of a planned signature), which write their own descriptor bytes: the loan's own tensor list is never used."""
+        try:
+            loan = self._kept.pop()
+        except IndexError:
+            return None
+        if plan.need <= loan._s.nbytes <= plan.fits:
+            return loan
+        loan.release()
+        return None
+
+    def _end_loan(self, loan: Loan, keep: bool) -> None:
+        """A request of a plan is over: with ``keep`` (answered, its outputs copied out: no view of the slot handed
+        out) its loan is kept for the next such request (its slot open, the views of its inputs and outputs made),
+        unless one is kept already or the slot is borrowed; else the slot goes back (to the worker, if borrowed)."""
+        if keep and not self._kept and not loan._s.borrowed and not self._closed:
+            self._kept.append(loan)
+            if self._closed:  # closed meanwhile by another thread: close() may have looked already
+                self._drop_kept()
+        else:
+            loan.release()
 
     def _plan_call(self, op: str | Pipeline, inputs: tuple[tuple[str, tuple[int, ...], str], ...],
                    attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...], out_nbytes: int | None,
@@ -361,15 +369,7 @@ class Calls:
         loan's when it fits), the inputs copied in through views of the plan's offsets, the plan's descriptor bytes
         written, ring."""
         me = self._client()
-        # the kept loan (of the last call() or future of a plan, answered and copied out) when it fits, as call()
-        loan: Loan | None
-        try:
-            loan = self._kept.pop()
-        except IndexError:
-            loan = None
-        if loan is not None and not plan.need <= loan._s.nbytes <= plan.fits:
-            loan.release()
-            loan = None
+        loan = self._kept_loan(plan)
         if loan is None:
             if nowait:
                 slot = self._take_free(plan.need)
@@ -380,10 +380,7 @@ class Calls:
             loan = Loan(me, slot)
         fut = CallFuture(me, loan, deadline, copy, plan.tensors)
         try:
-            if loan._done or loan._s.mv is None:
-                loan._live()  # raises
-            made = loan._in_views.get(id(plan))
-            for a, view in zip(arrays, loan._plan_views(plan, arrays) if made is None else made[1]):
+            for a, view in zip(arrays, loan._views_for(plan, arrays)):
                 view[...] = a
             loan._publish(plan.desc, b"", fut)
         except BaseException:

@@ -101,9 +101,7 @@ class Inflight:
         with self._lock:
             self._table[rid] = _Entry(slot, finish, deadline)
             if finish is not None:
-                self._futures += 1
-                if watched:
-                    self._rouse()
+                self._one_more_future(watched)
 
     def ring_lane(self, lane: ClientLane, frame: bytes, rid: int, slot: _Slot,
                   finish: Callable[[], None] | None = None, deadline: float | None = None,
@@ -132,12 +130,16 @@ class Inflight:
                 lane.waiting = finish is None
                 self._table[rid] = _Entry(slot, finish, deadline)  # after the ring (under the lock): off its way
                 if finish is not None:
-                    self._futures += 1
-                    if watched:
-                        self._rouse()
+                    self._one_more_future(watched)
         if fin is not None:
             fin()
         return ok
+
+    def _one_more_future(self, watched: bool) -> None:
+        """A future joined the table (call holding the lock); one already watched wakes the receiver (:meth:`watch`)."""
+        self._futures += 1
+        if watched:
+            self._rouse()
 
     def _rouse(self) -> None:
         """A future in flight is watched (call holding the lock): the receiver, asleep while no thread leads, leads now

@@ -256,6 +256,16 @@ class Loan:
         finally:
             ahead = None  # views of the slot: never kept by a traceback through this frame (see _response)
 
+    def _views_for(self, plan: CallPlan, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Views of this live loan's slot at ``plan``'s inputs (made on the plan's first request on this loan).
+
+        Raises:
+            ClientClosedError: the loan was released."""
+        if self._done or self._s.mv is None:
+            self._live()  # raises
+        made = self._in_views.get(id(plan))
+        return self._plan_views(plan, arrays) if made is None else made[1]
+
     def _plan_views(self, plan: CallPlan, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """Views of this slot at ``plan``'s inputs, shaped and typed as ``arrays`` (the first call of that plan on this
         loan), kept for the next calls (at most ``_PLAN_VIEWS`` plans)."""
@@ -395,16 +405,8 @@ class CallFuture(_Answer):
         return {k: v.copy() for k, v in out.items()} if self._copy else out
 
     def _done_with_slot(self, answered: bool) -> None:
-        # a planned request answered and copied out leaves its loan to the client's next call() or submit() of a plan
-        # (its slot open, its views made: Client._kept), unless one is kept already; else the slot goes back
-        loan, c = self._loan, self._c
-        if answered and self._copy and self._tensors is not None and not c._kept and not loan._s.borrowed \
-                and not c._closed:
-            c._kept.append(loan)
-            if c._closed:  # closed meanwhile by another thread: close() may have looked already
-                c._drop_kept()
-        else:
-            loan.release()
+        # a request of a plan (tensors given) answered and copied out may leave its loan for the next one
+        self._c._end_loan(self._loan, answered and self._copy and self._tensors is not None)
 
     def result(self, timeout: float | None = None) -> Any:
         """The outputs ``{name: array}``; raises the request's error. ``timeout`` defaults to the call's."""
