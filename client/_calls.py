@@ -8,7 +8,9 @@ slots, the connection and the control requests (docs/client.md).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
+from threading import get_ident
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -38,7 +40,8 @@ __all__ = ["Calls"]
 
 
 class _NoSlot(Exception):
-    """No free slot of the client's own fits (``_submit(nowait=True)``): the caller waits elsewhere."""
+    """``_submit(nowait=True)`` would wait: no free slot of the client's own fits, or the request needs a reply of the
+    worker first (a new signature's output sizes, a resident tensor's spec): the caller sends it from elsewhere."""
 
 
 class Calls:
@@ -58,6 +61,7 @@ class Calls:
     _desc_cache: dict[Any, tuple[bytes, int, int, tuple[str, ...]]]
     _sizer: OutputSizer
     _t: Connection
+    _nowait_thread: int
 
     def _client(self) -> Client:
         """This client, typed as the :class:`~._client.Client` it is (loans and futures hold the whole of it)."""
@@ -311,17 +315,25 @@ class Calls:
         return self._submit(op, timeout_s, out_nbytes, in_place, keep, _copy, False, kwargs)
 
     def _submit(self, op: str | Pipeline, timeout_s: float | None, out_nbytes: int | None, in_place: bool,
-                keep: tuple[str, ...], copy: bool, nowait: bool, kwargs: dict[str, Any], steady: bool = True
-                ) -> CallFuture:
-        """Copy the inputs into a slot and ring; ``nowait``: use only a free slot of ours, else raise _NoSlot.
-        ``steady``: a signature ``call()`` plans is sent by its plan (False: the caller found none)."""
+                keep: tuple[str, ...], copy: bool, nowait: bool, kwargs: dict[str, Any], steady: bool = True,
+                make: Callable[..., Any] = CallFuture) -> Any:
+        """Copy the inputs into a slot and ring; ``nowait``: never wait (a free slot of ours, and no question to the
+        worker first), else raise _NoSlot. ``steady``: a signature ``call()`` plans is sent by its plan (False: the
+        caller found none). ``make``: the answer's class, called as ``CallFuture`` is (``AsyncClient``'s finishes an
+        asyncio future; not with tracing, whose span ends in a done-callback)."""
+        if nowait and self._nowait_thread != (ident := get_ident()):  # (the thread's questions to the worker: _ask)
+            self._nowait_thread = ident
+            try:
+                return self._submit(op, timeout_s, out_nbytes, in_place, keep, copy, True, kwargs, steady, make)
+            finally:
+                self._nowait_thread = 0
         self._check()
         timeout = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         if steady and self._tracing is None:
             got = self._steady(op, kwargs, in_place, keep, out_nbytes)
             if got is not None:
-                return self._submit_planned(got[0], got[1], copy, nowait, deadline)
+                return self._submit_planned(got[0], got[1], copy, nowait, deadline, make)
         arrays, attrs, residents = self._split(op, kwargs)
         sizes = [a.nbytes for a, _ in arrays.values()]
         need = self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for n in sizes)
@@ -342,7 +354,7 @@ class Calls:
         tracing = self._tracing
         span, tail = (None, b"") if tracing is None else tracing.start(
             op if isinstance(op, str) else "pipeline", me.name)
-        fut = CallFuture(me, loan, deadline, copy)
+        fut = make(me, loan, deadline, copy, None)
         try:
             for name, (a, wire) in arrays.items():
                 view = loan.array(name, a.shape, wire)
@@ -363,8 +375,8 @@ class Calls:
             raise
         return fut
 
-    def _submit_planned(self, plan: CallPlan, arrays: list[np.ndarray], copy: bool, nowait: bool, deadline: float
-                        ) -> CallFuture:
+    def _submit_planned(self, plan: CallPlan, arrays: list[np.ndarray], copy: bool, nowait: bool, deadline: float,
+                        make: Callable[..., Any]) -> Any:
         """``_submit`` of a signature with a plan: a slot of its own (a future holds its slot until it is done: the kept
         loan's when it fits), the inputs copied in through views of the plan's offsets, the plan's descriptor bytes
         written, ring."""
@@ -378,7 +390,7 @@ class Calls:
             else:
                 slot = self._take(plan.need, deadline)
             loan = Loan(me, slot)
-        fut = CallFuture(me, loan, deadline, copy, plan.tensors)
+        fut = make(me, loan, deadline, copy, plan.tensors)
         try:
             for a, view in zip(arrays, loan._views_for(plan, arrays)):
                 view[...] = a

@@ -51,7 +51,7 @@ from shmrpc.schema.optable import OpEntry, parse_op_table
 
 from ._attach import set_dumpable
 from ._callplan import CallPlan, OutputCheck
-from ._calls import Calls
+from ._calls import Calls, _NoSlot
 from ._connection import Connection, control_error
 from ._inflight import Inflight
 from ._interop import as_input
@@ -178,6 +178,7 @@ class Client(Calls):
         self._inflight = Inflight(self._t, self._on_control)
         self._borrow_gate = threading.BoundedSemaphore(2)  # threads waiting at the worker for a borrowed slot
         self._control: dict[int | None, ControlMessage] = {}  # replies by the id of the request they answer
+        self._nowait_thread = 0  # the thread in a _submit(nowait=True), which must not wait for a control reply
         self._asking: set[int] = set()  # ids of ACQUIRE/MANAGE still waited for
         self._ctl_id = itertools.count(1)
         self._rid = itertools.count(1)
@@ -260,14 +261,15 @@ class Client(Calls):
 
     def _ring(self, s: _Slot, rid: int, trace: bytes, future: Any) -> None:
         """Ring the worker for request ``rid``, written in ``s``: through the lane when it may carry it (a
-        request whose own caller waits, no receiver thread, nothing else in flight: :meth:`Inflight.ring_lane`),
+        request whose own caller waits, no receiver thread, nothing else in flight: :meth:`Inflight.ring_lane`; not
+        an event loop's, whose answers come over the socket: ``_Reply._lane``),
         else over ZeroMQ, with a trace context tail when traced. ``future`` (if any) is finished by whichever thread
         routes the answer; the lane's waiter reads its answer in the page (:meth:`_lane_wait`)."""
         lane = self._t.lane
         finish, deadline, watched = (None, None, False) if future is None else (
             future._finish, future._deadline, future._watched)
         frame = _CALL_PACK(m.CALL, s.region, s.index, rid, s.generation)
-        if (lane is not None and not trace and (future is None or not self._inflight.receiving)
+        if (lane is not None and not trace and (future is None or (future._lane and not self._inflight.receiving))
                 and self._inflight.ring_lane(lane, frame, rid, s, finish, deadline, watched)):
             return
         self._inflight.add(rid, s, finish, deadline, watched)
@@ -375,8 +377,10 @@ class Client(Calls):
 
         Raises:
             The error an ERROR reply carries; Timeout (a reply arriving later is matched by id: a GRANT
-            goes back with RELEASE).
+            goes back with RELEASE); _NoSlot in a ``_submit(nowait=True)``, which must not wait.
         """
+        if self._nowait_thread == threading.get_ident():
+            raise _NoSlot()  # (an event loop's submit: it asks again off the loop)
         rid = next(self._ctl_id) & 0x7FFFFFFF
         self._asking.add(rid)
         self._control.pop(None, None)

@@ -127,6 +127,13 @@ class Connection:
         except OSError:
             pass
 
+    def read_wake(self) -> None:
+        """Read the wake eventfd back (it said so: it stays readable until read)."""
+        try:
+            os.eventfd_read(self._wake_fd)
+        except OSError:
+            pass
+
     def _recv_all(self) -> list[bytes]:
         if self.closed:
             raise ClientClosedError("the Client is closed")
@@ -156,26 +163,30 @@ class Connection:
         self.gone = f"worker {self.name!r} (pid {self.worker_pid}) exited"
         return WorkerGoneError(self.gone)
 
-    def drain_now(self, route: Callable[[list[bytes]], Any], limit: int) -> tuple[Any, bool]:
+    def drain_now(self, route: Callable[[list[bytes]], Any], limit: int, woken: bool = False) -> tuple[Any, bool]:
         """Receive up to ``limit`` queued frames (never waiting) and hand them to ``route``; for an event loop's
-        reader, which routes in small batches so that no turn of the loop runs long.
+        reader, which routes in small batches so that no turn of the loop runs long. ``woken``: the wake eventfd
+        said so (it is read back here; a look for another reason leaves it, as :meth:`drain` does).
+
+        The first frame is taken without asking ``zmq.EVENTS`` first (as :meth:`_recv_woken`: a receive that finds
+        nothing processes the socket's commands itself); after each frame the socket is asked, so that everything
+        queued is taken or ``more`` says so.
 
         Returns:
             (what ``route`` returned or ``[]``, whether more frames are queued).
         """
-        try:
-            os.eventfd_read(self._wake_fd)
-        except OSError:
-            pass
+        if woken:
+            self.read_wake()
         with self.lock:
             if self.closed:
                 return [], False
             sock, frames = self.sock, list[bytes]()
-            while len(frames) < limit and RAW_GET(sock, EVENTS) & POLLIN:
-                try:
+            try:
+                frames.append(RAW_RECV(sock, NOBLOCK))
+                while len(frames) < limit and RAW_GET(sock, EVENTS) & POLLIN:
                     frames.append(RAW_RECV(sock, NOBLOCK))
-                except zmq.Again:
-                    break
+            except zmq.Again:
+                pass
             more = len(frames) == limit and bool(RAW_GET(sock, EVENTS) & POLLIN)
             return (route(frames) if frames else []), more
 
@@ -225,10 +236,7 @@ class Connection:
             if fd == self.pidfd:
                 raise self._exited()
             if fd == self._wake_fd:
-                try:
-                    os.eventfd_read(self._wake_fd)
-                except OSError:
-                    pass
+                self.read_wake()
             else:
                 woken = True
         with self.lock:

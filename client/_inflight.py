@@ -263,10 +263,11 @@ class Inflight:
             self._futures -= 1
         return e.finish
 
-    def pump_now(self, limit: int = 1 << 30) -> bool:
+    def pump_now(self, limit: int = 1 << 30, woken: bool = False) -> bool:
         """Route up to ``limit`` queued frames, never waiting (an event loop's reader on the socket's fd calls
-        this); returns whether more are queued (the caller calls again soon: the fd will not say so)."""
-        finishers, more = self._conn.drain_now(self._route, limit)
+        this; ``woken``: its reader on the wake eventfd); returns whether more are queued (the caller calls again
+        soon: the fd will not say so)."""
+        finishers, more = self._conn.drain_now(self._route, limit, woken)
         for fin in finishers:
             fin()
         return more

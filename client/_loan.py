@@ -124,7 +124,7 @@ class Loan:
         self._memo.clear()
 
     def _post(self, op: str | Pipeline, attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...],
-              trace: bytes = b"", future: _Answer | None = None) -> int:
+              trace: bytes = b"", future: _Reply | None = None) -> int:
         """Write descriptor and header, ring the worker (with a trace context tail when traced); returns the
         request_id. ``future`` is finished by whichever thread routes the answer."""
         c, s = self._c, self._s
@@ -148,7 +148,7 @@ class Loan:
         return self._publish(hit, trace, future)
 
     def _publish(self, desc: tuple[bytes, int, int, tuple[str, ...]], trace: bytes = b"",
-                 future: _Answer | None = None) -> int:
+                 future: _Reply | None = None) -> int:
         """Write the descriptor bytes and the header of ``desc`` (see ``Client._describe``) and ring (the caller
         checked that the loan is live)."""
         c, s = self._c, self._s
@@ -302,7 +302,66 @@ class _Waiters(list):  # type: ignore[type-arg]
         self._watch()
 
 
-class _Answer(Future):  # type: ignore[type-arg]
+class _Reply:
+    """What a request's answer becomes, once the thread that routes it calls :meth:`_finish`: the base of the futures
+    (:class:`_Answer`) and of the event loop's answers (``AsyncClient``'s, which finish an asyncio future)."""
+
+    # a request whose caller waits for it (result()) may ride the lane: that wait reads its answer there
+    _lane = True
+
+    def __init__(self, client: Client, loan: Loan, deadline: float) -> None:
+        self._c, self._loan, self._deadline = client, loan, deadline
+        self._rid = -1  # set by Loan._post before the doorbell
+        self._watched = False
+
+    def _no_answer(self) -> BaseException:
+        return self._c._no_answer_error()
+
+    def _outcome(self) -> Any:
+        """The value once the answer came (override); raise its error."""
+        return None
+
+    def _done_with_slot(self, answered: bool) -> None:
+        """The request is over (``answered``: its outputs were read without an error)."""
+
+    def _settle(self) -> tuple[bool, Any]:
+        """Read the answer in the slot, or why none came, and end the request's hold on the slot: ``(True, value)`` or
+        ``(False, error)``."""
+        try:
+            if self._loan._s.in_flight == self._rid:
+                raise self._no_answer()
+            out = self._outcome()
+        except BaseException as e:  # noqa: BLE001
+            self._done_with_slot(False)
+            return False, e
+        self._done_with_slot(True)
+        return True, out
+
+
+class _CallReply(_Reply):
+    """The answer of a call (``submit()``, ``AsyncClient.call``): its outputs, copied out of the slot unless asked not
+    to; a request of a plan answered and copied out leaves its loan for the next one."""
+
+    _copy = True
+    _tensors: tuple[TensorRef, ...] | None = None  # the request's tensors when a plan sent them (else the loan's own)
+
+    def _outcome(self) -> Any:
+        try:
+            # copied out: the loan's own views will do (no view of the slot is handed out)
+            out = self._loan._response(self._rid, fresh=not self._copy)
+        except RequestError as e:
+            if e.field == "resident":  # a stale record of a resident tensor: looked up again next time
+                tensors = self._loan._tensors if self._tensors is None else self._tensors
+                self._c._forget_resident(next((t.resident for t in tensors if t.name == e.tensor and t.resident), ""))
+            raise
+        return {k: v.copy() for k, v in out.items()} if self._copy else out
+
+    def _done_with_slot(self, answered: bool) -> None:
+        # a request of a plan (tensors given) answered and copied out may leave its loan for the next one
+        self._c._end_loan(self._loan, answered and self._copy and self._tensors is not None)
+
+
+class _Answer(_Reply, Future):  # type: ignore[type-arg]
     """A future finished by the thread that routes its request's answer (see :mod:`._inflight`).
 
     Watched (a done-callback, ``concurrent.futures.wait`` / ``as_completed``, ``done()``), it wakes the client's
@@ -310,11 +369,9 @@ class _Answer(Future):  # type: ignore[type-arg]
     in the caller's thread (:meth:`Inflight.watch`)."""
 
     def __init__(self, client: Client, loan: Loan, deadline: float) -> None:
-        super().__init__()
-        self._c, self._loan, self._deadline = client, loan, deadline
-        self._rid = -1  # set by Loan._post before the doorbell
+        Future.__init__(self)
+        _Reply.__init__(self, client, loan, deadline)
         self._finishing = threading.Lock()
-        self._watched = False
         self._waiters = _Waiters(client._inflight.watch)
         self.set_running_or_notify_cancel()
 
@@ -335,31 +392,16 @@ class _Answer(Future):  # type: ignore[type-arg]
         Future.add_done_callback(self, fn)
         self._watch()
 
-    def _no_answer(self) -> BaseException:
-        return self._c._no_answer_error()
-
-    def _outcome(self) -> Any:
-        """The value once the answer came (override); raise its error."""
-        return None
-
     def _finish(self) -> None:
         """Complete this future from the answer in the slot, or with why none came; idempotent, any thread."""
         with self._finishing:
             if Future.done(self):
                 return
-            try:
-                if self._loan._s.in_flight == self._rid:
-                    raise self._no_answer()
-                out = self._outcome()
-            except BaseException as e:  # noqa: BLE001
-                self._done_with_slot(False)
-                self.set_exception(e)
-                return
-            self._done_with_slot(True)
-            self.set_result(out)
-
-    def _done_with_slot(self, answered: bool) -> None:
-        """The request is over (``answered``: its outputs were read without an error)."""
+            ok, out = self._settle()
+            if ok:
+                self.set_result(out)
+            else:
+                self.set_exception(out)
 
     def _await(self, timeout: float | None) -> None:
         """Wait (pumping when nobody else does) until the answer came or the patience ran out, then finish."""
@@ -379,7 +421,7 @@ class _Answer(Future):  # type: ignore[type-arg]
         self._finish()
 
 
-class CallFuture(_Answer):
+class CallFuture(_CallReply, _Answer):
     """The result of :meth:`Client.submit`.
 
     It completes by itself when the worker's answer arrives (so ``concurrent.futures.wait``,
@@ -391,22 +433,7 @@ class CallFuture(_Answer):
                  tensors: tuple[TensorRef, ...] | None = None) -> None:
         super().__init__(client, loan, deadline)
         self._copy = copy
-        self._tensors = tensors  # the request's tensors when a plan sent them (else the loan's own list)
-
-    def _outcome(self) -> Any:
-        try:
-            # copied out: the loan's own views will do (no view of the slot is handed out)
-            out = self._loan._response(self._rid, fresh=not self._copy)
-        except RequestError as e:
-            if e.field == "resident":  # a stale record of a resident tensor: looked up again next time
-                tensors = self._loan._tensors if self._tensors is None else self._tensors
-                self._c._forget_resident(next((t.resident for t in tensors if t.name == e.tensor and t.resident), ""))
-            raise
-        return {k: v.copy() for k, v in out.items()} if self._copy else out
-
-    def _done_with_slot(self, answered: bool) -> None:
-        # a request of a plan (tensors given) answered and copied out may leave its loan for the next one
-        self._c._end_loan(self._loan, answered and self._copy and self._tensors is not None)
+        self._tensors = tensors
 
     def result(self, timeout: float | None = None) -> Any:
         """The outputs ``{name: array}``; raises the request's error. ``timeout`` defaults to the call's."""

@@ -6,8 +6,9 @@ import asyncio
 import multiprocessing as mp
 import os
 import signal
+import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -127,3 +128,109 @@ def test_forked_child_is_told_to_reconnect(worker: WorkerProc) -> None:
         assert msg.startswith("ForkedClientError"), msg
     finally:
         c.client.close()
+
+
+@pytest.mark.parametrize("lane", ["block", "spin"])
+def test_an_async_client_with_a_lane_is_answered_over_zeromq(worker: WorkerProc, lane: str) -> None:
+    # The loop watches the socket, not the lane's page: its requests go over ZeroMQ. (Before, a request sent while
+    # nothing else was in flight rode the lane, where nobody collected its answer: every such call timed out.)
+    async def main() -> None:
+        async with await AsyncClient.connect(worker.name, timeout_s=5, lane=lane) as c:
+            assert c.client._t.lane is not None  # the worker granted one
+            x = np.arange(16, dtype=np.float32)
+            for i in range(3):  # a planned signature from the second call on
+                np.testing.assert_array_equal((await c.call("scale", x=x, a=float(i), b=1.0))["out"], x * i + 1)
+            np.testing.assert_array_equal((await c.call("echo", x=np.ones(3)))["out"], 1.0)  # the general path
+            async with c.loan(4096) as req:
+                req.array("x", 8, "float64")[:] = 2
+                req.array("y", 8, "float64")[:] = 3
+                np.testing.assert_array_equal((await req.send("vector_add"))["out"], 5.0)
+            outs = await asyncio.gather(*(c.call("vector_add", x=np.full(4, float(k)), y=np.ones(4)) for k in range(20)))
+            for k, o in enumerate(outs):
+                np.testing.assert_array_equal(o["out"], k + 1.0)
+            assert not c.client._t.lane.busy  # none of them rode it
+            # the blocking Client on the same connection still takes the lane, and is answered there
+            got = await asyncio.get_running_loop().run_in_executor(None, lambda: c.client.call("echo", x=x))
+            np.testing.assert_array_equal(got["out"], x)
+
+    asyncio.run(main())
+
+
+def test_an_answer_routed_by_another_thread_finishes_the_awaited_call(worker: WorkerProc) -> None:
+    # AsyncClient's answers finish asyncio futures directly on the loop's thread. A blocking call on another thread of
+    # the same Client may route them (it pumps the socket for every request while it waits): then the loop is handed
+    # the outcome (call_soon_threadsafe), values and errors alike.
+    async def main() -> None:
+        async with await AsyncClient.connect(worker.name, timeout_s=30) as c:
+            loop = asyncio.get_running_loop()
+            # planned first: a new signature's sizing asks the worker, which would route answers meanwhile
+            np.testing.assert_array_equal((await c.call("vector_add", x=np.ones(4), y=np.ones(4)))["out"], 2.0)
+            sock_fd, wake_fd, _ = c.client._t.watch_fds
+            loop.remove_reader(sock_fd)  # the loop stops routing answers for a while
+            loop.remove_reader(wake_fd)
+            try:
+                ok = c.submit("vector_add", x=np.arange(4.0), y=np.ones(4))
+                bad = c.submit("vector_add", x=np.ones(4), y=np.ones(5), out_nbytes=64)  # (sized: not asked)
+                await loop.run_in_executor(None, wait_for_state, worker.name, lambda st: sum(
+                    st["counters"]["requests"].get("vector_add", {}).values()) >= 2, "both answered")
+                assert not ok.done() and not bad.done()  # answered, but nobody routed the answers yet
+                routed_on: list[int] = []
+                real = c.client._inflight._route
+
+                def route(frames: list[bytes]) -> Any:
+                    routed_on.append(threading.get_ident())
+                    return real(frames)
+
+                c.client._inflight._route = route  # type: ignore[method-assign]
+
+                def blocking_call() -> Any:
+                    return c.client.call("echo", x=np.full(3, 7.0))["out"]
+
+                np.testing.assert_array_equal(await loop.run_in_executor(None, blocking_call), 7.0)
+                del c.client._inflight._route
+                assert routed_on and threading.get_ident() not in routed_on
+            finally:
+                loop.add_reader(sock_fd, c._pump)
+                loop.add_reader(wake_fd, c._woken)
+            np.testing.assert_array_equal((await asyncio.wait_for(ok, 10))["out"], np.arange(4.0) + 1)
+            with pytest.raises(KernelError):
+                await asyncio.wait_for(bad, 10)
+            np.testing.assert_array_equal((await c.call("echo", x=np.ones(2)))["out"], 1.0)
+            assert len(c.client._inflight) == 0
+
+    asyncio.run(main())
+
+
+def test_a_question_to_the_worker_before_a_request_is_asked_off_the_loop(worker: WorkerProc) -> None:
+    # A new signature's output sizes and a resident tensor's spec come from the worker (a control round trip, waited
+    # for): AsyncClient asks them in the loop's executor, never on the loop's thread; the next call of the signature
+    # is sent from the loop at once.
+    from shmrpc.client import Resident
+
+    async def main() -> None:
+        async with await AsyncClient.connect(worker.name, timeout_s=30) as c:
+            loop_thread = threading.get_ident()
+            asked_on: list[int] = []
+            real = c.client._ask
+
+            def ask(*args: Any) -> Any:
+                got = real(*args)  # (on the loop's thread it refuses at once, and the call goes to the executor)
+                asked_on.append(threading.get_ident())  # a question asked and answered
+                return got
+
+            c.client._ask = ask  # type: ignore[method-assign]
+            x = np.arange(5.0)
+            np.testing.assert_array_equal((await c.call("scale", x=x, a=3.0, b=0.0))["out"], 3 * x)  # sized
+            np.testing.assert_array_equal((await c.call("vector_add", x=x, y=Resident("shared/bias7")))["out"], x + 7)
+            np.testing.assert_array_equal((await c.call("echo", x=np.ones((2, 3), np.int16)))["out"], 1)  # general
+            assert len(asked_on) >= 3 and loop_thread not in asked_on
+            n = len(asked_on)
+            for _ in range(3):  # planned now: no question, nothing off the loop
+                np.testing.assert_array_equal((await c.call("scale", x=x, a=3.0, b=0.0))["out"], 3 * x)
+                np.testing.assert_array_equal((await c.call("vector_add", x=x, y=Resident("shared/bias7")))["out"], x + 7)
+            assert len(asked_on) == n
+            assert c.client._nowait_thread == 0
+
+    with Client(worker.name, timeout_s=30) as other:
+        other.put("bias7", np.full(5, 7.0), shared=True)  # shared/bias7: the async client has no record of it
+        asyncio.run(main())

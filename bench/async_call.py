@@ -1,0 +1,76 @@
+"""``await AsyncClient.call`` beside ``Client.call`` on one worker, A/B between trees.
+
+    python bench/async_call.py --calls 3000 --rounds 4 --tree before=PATH --tree after= \\
+        --out bench/results/async-call-DATE.json
+
+Starts one worker (NumPy backend, this checkout). Per round and tree, a child process with that tree on ``PYTHONPATH``
+(empty: this checkout) sends a 64 B ``vector_add`` of two float32 arrays through ``Client.call`` (``call``), then in one
+``asyncio.run``: ``await AsyncClient.call`` one at a time (``async_call``), ``await AsyncLoan.send`` of the same inputs
+written once into a loan (``async_loan``), and ``asyncio.gather`` of 4 calls at a time (``async_gather4``, µs per
+call; the worker leases a client 4 slots, so none waits for one). Per case the best of 5 repeats of ``--calls`` calls,
+µs per call, and the process's CPU time per call over the 5 repeats (``..._cpu_us``: every thread of the process).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from worker_cpu import child_main  # (bench/, beside this program)
+
+_CHILD = r"""
+import asyncio, json, sys, time, timeit
+import numpy as np
+from shmrpc.client import AsyncClient, Client
+
+name, calls = sys.argv[1], int(sys.argv[2])
+out = {}
+a = np.arange(16, dtype=np.float32)
+b = np.full(16, 2, np.float32)
+
+
+def record(key, runs, cpu):
+    out[key + "_us"] = min(runs) / calls * 1e6
+    out[key + "_cpu_us"] = cpu / (len(runs) * calls) * 1e6
+
+
+with Client(name, timeout_s=30) as c:
+    assert np.array_equal(c.call("vector_add", x=a, y=b)["out"], a + 2)
+    c0 = time.process_time()
+    runs = timeit.repeat(lambda: c.call("vector_add", x=a, y=b), number=calls, repeat=5)
+    record("call", runs, time.process_time() - c0)
+
+
+async def timed(key, step, per=1):
+    await step()
+    runs, c0 = [], time.process_time()
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(calls // per):
+            await step()
+        runs.append(time.perf_counter() - t)
+    record(key, runs, time.process_time() - c0)
+
+
+async def main():
+    async with await AsyncClient.connect(name, timeout_s=30) as ac:
+        assert np.array_equal((await ac.call("vector_add", x=a, y=b))["out"], a + 2)
+        await timed("async_call", lambda: ac.call("vector_add", x=a, y=b))
+        async with ac.loan(4096) as req:
+            req.array("x", 16, "float32")[:] = a
+            req.array("y", 16, "float32")[:] = b
+            assert np.array_equal((await req.send("vector_add"))["out"], a + 2)
+            await timed("async_loan", lambda: req.send("vector_add"))
+
+        async def four():
+            outs = await asyncio.gather(*(ac.call("vector_add", x=a, y=b) for _ in range(4)))
+            assert all(np.array_equal(o["out"], a + 2) for o in outs)
+
+        await timed("async_gather4", four, 4)
+
+
+asyncio.run(main())
+print(json.dumps(out))
+"""
+
+if __name__ == "__main__":
+    sys.exit(child_main(__doc__, "async-call", "shmrpc-acall", _CHILD, "us"))
