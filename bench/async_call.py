@@ -7,8 +7,11 @@ Starts one worker (NumPy backend, this checkout). Per round and tree, a child pr
 (empty: this checkout) sends a 64 B ``vector_add`` of two float32 arrays through ``Client.call`` (``call``), then in one
 ``asyncio.run``: ``await AsyncClient.call`` one at a time (``async_call``), ``await AsyncLoan.send`` of the same inputs
 written once into a loan (``async_loan``), and ``asyncio.gather`` of 4 calls at a time (``async_gather4``, µs per
-call; the worker leases a client 4 slots, so none waits for one). Per case the best of 5 repeats of ``--calls`` calls,
-µs per call, and the process's CPU time per call over the 5 repeats (``..._cpu_us``: every thread of the process).
+call; the worker leases a client 4 slots, so none waits for one). Then the same through a blocking lane
+(``Client(lane="block")``): ``call`` (``lane_call``) and ``await AsyncClient.call`` (``lane_async_call``); -1 for a
+tree before 2026-12-04's thirty-third session, whose AsyncClient left a lane's answer uncollected (every such call
+timed out). Per case the best of 5 repeats of ``--calls`` calls, µs per call, and the process's CPU time per call over
+the 5 repeats (``..._cpu_us``: every thread of the process).
 """
 
 from __future__ import annotations
@@ -33,11 +36,15 @@ def record(key, runs, cpu):
     out[key + "_cpu_us"] = cpu / (len(runs) * calls) * 1e6
 
 
-with Client(name, timeout_s=30) as c:
-    assert np.array_equal(c.call("vector_add", x=a, y=b)["out"], a + 2)
-    c0 = time.process_time()
-    runs = timeit.repeat(lambda: c.call("vector_add", x=a, y=b), number=calls, repeat=5)
-    record("call", runs, time.process_time() - c0)
+def sync_call(key, lane=None):
+    with Client(name, timeout_s=30, lane=lane) as c:
+        assert np.array_equal(c.call("vector_add", x=a, y=b)["out"], a + 2)
+        c0 = time.process_time()
+        runs = timeit.repeat(lambda: c.call("vector_add", x=a, y=b), number=calls, repeat=5)
+        record(key, runs, time.process_time() - c0)
+
+
+sync_call("call")
 
 
 async def timed(key, step, per=1):
@@ -68,7 +75,18 @@ async def main():
         await timed("async_gather4", four, 4)
 
 
+async def lane_main():
+    async with await AsyncClient.connect(name, timeout_s=30, lane="block") as ac:
+        assert np.array_equal((await ac.call("vector_add", x=a, y=b))["out"], a + 2)
+        await timed("lane_async_call", lambda: ac.call("vector_add", x=a, y=b))
+
+
 asyncio.run(main())
+sync_call("lane_call", "block")
+if hasattr(AsyncClient, "_watch_lane"):
+    asyncio.run(lane_main())
+else:
+    out["lane_async_call_us"] = out["lane_async_call_cpu_us"] = -1.0
 print(json.dumps(out))
 """
 

@@ -54,8 +54,8 @@ def replay(frame):
     L.post(lane.page, lane._done_seq, L.DONE_SEQ, lane.seq, m.pack_done(region, index, rid, 0))
 
 
-def answered(self, frame, request_id):
-    ring(self, frame, request_id)
+def answered(self, frame, request_id, *rest):
+    ring(self, frame, request_id, *rest)
     replay(frame)
 
 

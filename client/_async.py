@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -22,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from shmrpc.schema.errors import ClientClosedError
+from shmrpc.schema.errors import ClientClosedError, RequestError
 
 from ._calls import _NoSlot
 from ._client import Client
+from ._lane import ClientLane
 from ._loan import Loan, _CallReply, _Reply
 from ._pipeline import Pipeline
 
@@ -62,6 +64,7 @@ class AsyncClient:
         self._pump_soon: asyncio.Handle | None = None
         self._loop_thread = 0  # the ident of the thread running self._loop
         self.route_batch = _ROUTE_BATCH
+        self._lane_reply: _LoopReply | None = None  # the loop's request in the lane, whose answer the loop reads
 
     def _on_loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, watching this client's fds (attached on first use, again on a new loop)."""
@@ -103,6 +106,53 @@ class AsyncClient:
             # more queued: route it on the next turn, after the tasks just woken
             self._pump_soon = self._loop.call_soon(self._pump_later)
 
+    def _watch_lane(self, lane: ClientLane, reply: _LoopReply) -> None:
+        """``reply``'s request rang the lane (nothing else was in flight; the ring asked the worker to write the lane's
+        eventfd when it answers): the loop reads that eventfd until the answer came. Only then: a blocking wait on
+        the lane polls the same eventfd edge-triggered, and a read here could take its wake-up."""
+        loop = self._loop
+        if loop is None:
+            return
+        if threading.get_ident() != self._loop_thread:  # sent from the executor (it waited for a slot, or asked)
+            loop.call_soon_threadsafe(self._watch_lane, lane, reply)  # (the answer stays in the page meanwhile)
+            return
+        self._lane_reply = reply
+        if lane.fd not in self._watched:
+            loop.add_reader(lane.fd, self._lane_ready)
+            self._watched.append(lane.fd)
+
+    def _lane_ready(self) -> None:
+        lane, reply = self.client._t.lane, self._lane_reply
+        if lane is None or reply is None or lane.busy != reply._rid:  # nothing of ours there (closed, detached)
+            self._unwatch_lane(lane, False)
+            return
+        try:
+            os.eventfd_read(lane.fd)
+        except OSError:
+            pass
+        try:
+            done = lane.answer()
+        except RequestError as e:  # the page holds no DONE of that request (it is shared: never trusted)
+            self._unwatch_lane(lane, True)
+            _settle_future(reply._afut, False, e)
+            return
+        if done is None:
+            return  # woken ahead of the answer (the early wake, a PULSE): its DONE writes the eventfd again
+        self._unwatch_lane(lane, True)
+        self.client._inflight.complete(*done)
+
+    def _unwatch_lane(self, lane: ClientLane | None, ours: bool) -> None:
+        """Stop reading the lane's eventfd; ``ours``: the loop's request left the lane (a later ring may use it)."""
+        self._lane_reply = None
+        if lane is None:
+            return
+        if ours:
+            lane.waiting = False
+        if lane.fd in self._watched:
+            self._watched.remove(lane.fd)
+            if self._loop is not None:
+                self._loop.remove_reader(lane.fd)
+
     def _worker_exited(self) -> None:
         loop = self._loop
         pidfd = self.client._t.watch_fds[2]
@@ -117,6 +167,9 @@ class AsyncClient:
             self._tick = self._loop.call_later(_EXPIRE_S, self._expire)
 
     def _detach(self) -> None:
+        if self._lane_reply is not None and self.client._t.lane is not None:
+            self.client._t.lane.waiting = False  # no loop reads it now: a later ring collects a late answer
+        self._lane_reply = None
         loop, self._loop = self._loop, None
         for h in (self._tick, self._pump_soon):
             if h is not None:
@@ -169,10 +222,9 @@ class AsyncClient:
                 return asyncio.ensure_future(self._later(loop, functools.partial(
                     c._submit, op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs)))
         afut = loop.create_future()
-        me = self._loop_thread
 
         def make(client: Client, loan: Loan, deadline: float, copy: bool, tensors: Any) -> _LoopCallReply:
-            return _LoopCallReply(client, loan, deadline, copy, tensors, afut, loop, me)
+            return _LoopCallReply(client, loan, deadline, copy, tensors, afut, self)
 
         try:
             c._submit(op, timeout_s, out_nbytes, in_place, keep, copy, True, kwargs, make=make)
@@ -252,16 +304,15 @@ def _settle_future(afut: asyncio.Future[Any], ok: bool, out: Any) -> None:
 class _LoopReply(_Reply):
     """An answer the event loop finishes into an asyncio future: no concurrent Future between them (its lock,
     condition and callbacks cost about 3.6 µs a request on the development machine). Finished on the loop's thread
-    when the loop routes the answer (it watches the socket), through ``call_soon_threadsafe`` when another thread
-    does. It never rides the lane: nobody waits there for it (``_Reply._lane``). The in-flight table hands its
-    finisher out once (answered, expired or failed), so it needs no lock of its own."""
-
-    _lane = False
+    when the loop routes the answer (it watches the socket, and the lane's eventfd while its request rides the lane:
+    ``AsyncClient._watch_lane``), through ``call_soon_threadsafe`` when another thread does. The in-flight table
+    hands its finisher out once (answered, expired or failed), so it needs no lock of its own."""
 
     def __init__(self, client: Client, loan: Loan, deadline: float, afut: asyncio.Future[Any],
-                 loop: asyncio.AbstractEventLoop, thread: int) -> None:
+                 owner: AsyncClient) -> None:
         _Reply.__init__(self, client, loan, deadline)
-        self._afut, self._aloop, self._thread = afut, loop, thread
+        self._afut, self._on_lane = afut, owner._watch_lane
+        self._aloop, self._thread = afut.get_loop(), owner._loop_thread
 
     def _finish(self) -> None:
         ok, out = self._settle()
@@ -275,8 +326,8 @@ class _LoopCallReply(_CallReply, _LoopReply):
     """``AsyncClient.submit``'s answer: the outputs as ``CallFuture`` gives them, into an asyncio future."""
 
     def __init__(self, client: Client, loan: Loan, deadline: float, copy: bool, tensors: Any,
-                 afut: asyncio.Future[Any], loop: asyncio.AbstractEventLoop, thread: int) -> None:
-        _LoopReply.__init__(self, client, loan, deadline, afut, loop, thread)
+                 afut: asyncio.Future[Any], owner: AsyncClient) -> None:
+        _LoopReply.__init__(self, client, loan, deadline, afut, owner)
         self._copy, self._tensors = copy, tensors
 
 
@@ -319,7 +370,6 @@ class AsyncLoan:
         loop = self._owner._on_loop()
         deadline = time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s)
         afut = loop.create_future()
-        rid = loan._post(op, attrs, in_place, keep,
-                         future=_LoopReply(c, loan, deadline, afut, loop, self._owner._loop_thread))
+        rid = loan._post(op, attrs, in_place, keep, future=_LoopReply(c, loan, deadline, afut, self._owner))
         await afut
         return loan._response(rid)

@@ -261,16 +261,18 @@ class Client(Calls):
 
     def _ring(self, s: _Slot, rid: int, trace: bytes, future: Any) -> None:
         """Ring the worker for request ``rid``, written in ``s``: through the lane when it may carry it (a
-        request whose own caller waits, no receiver thread, nothing else in flight: :meth:`Inflight.ring_lane`; not
-        an event loop's, whose answers come over the socket: ``_Reply._lane``),
+        request whose own caller waits, or an event loop's, which then watches the lane for it (``_Reply._on_lane``);
+        no receiver thread, nothing else in flight: :meth:`Inflight.ring_lane`),
         else over ZeroMQ, with a trace context tail when traced. ``future`` (if any) is finished by whichever thread
         routes the answer; the lane's waiter reads its answer in the page (:meth:`_lane_wait`)."""
         lane = self._t.lane
-        finish, deadline, watched = (None, None, False) if future is None else (
-            future._finish, future._deadline, future._watched)
+        finish, deadline, watched, on_lane = (None, None, False, None) if future is None else (
+            future._finish, future._deadline, future._watched, future._on_lane)
         frame = _CALL_PACK(m.CALL, s.region, s.index, rid, s.generation)
-        if (lane is not None and not trace and (future is None or (future._lane and not self._inflight.receiving))
-                and self._inflight.ring_lane(lane, frame, rid, s, finish, deadline, watched)):
+        if (lane is not None and not trace and (future is None or not self._inflight.receiving)
+                and self._inflight.ring_lane(lane, frame, rid, s, finish, deadline, watched, on_lane is not None)):
+            if on_lane is not None:
+                on_lane(lane, future)
             return
         self._inflight.add(rid, s, finish, deadline, watched)
         try:

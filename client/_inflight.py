@@ -105,13 +105,15 @@ class Inflight:
 
     def ring_lane(self, lane: ClientLane, frame: bytes, rid: int, slot: _Slot,
                   finish: Callable[[], None] | None = None, deadline: float | None = None,
-                  watched: bool = False) -> bool:
+                  watched: bool = False, loop: bool = False) -> bool:
         """:meth:`add` and ring the CALL ``frame`` through ``lane``, only when nothing else is in flight (a lane
         carries a request only then: check and ring are one step under the table's lock); False: not added.
 
         A synchronous request (no ``finish``) holds the lane's wait from its ring: its caller reads the answer
-        (:meth:`claim_lane` takes it for a future's). A request left in the lane by a wait that gave up is
-        collected first if its answer came (else the lane stays busy and this one goes over ZeroMQ).
+        (:meth:`claim_lane` takes it for a future's). So does an event loop's (``loop``: ``AsyncClient``, which reads
+        the answer when the lane's eventfd says so; the ring asks the worker to write it). A request left in the lane
+        by a wait that gave up is collected first if its answer came (else the lane stays busy and this one goes over
+        ZeroMQ).
         """
         fin = None
         with self._lock:
@@ -126,8 +128,8 @@ class Inflight:
                     self._cond.notify_all()
             ok = not self._table
             if ok:
-                lane.ring(frame, rid)
-                lane.waiting = finish is None
+                lane.ring(frame, rid, loop)
+                lane.waiting = finish is None or loop
                 self._table[rid] = _Entry(slot, finish, deadline)  # after the ring (under the lock): off its way
                 if finish is not None:
                     self._one_more_future(watched)

@@ -101,13 +101,18 @@ class ClientLane:
             # NOTE: order is important here: call_soon before the doorbell, which the worker follows by reading it
             os.eventfd_write(self.doorbell_fd, 1)
 
-    def ring(self, frame: bytes, request_id: int) -> None:
-        """Publish a CALL frame in the page and wake the worker unless it says it polls the lane."""
+    def ring(self, frame: bytes, request_id: int, sleeper: bool = False) -> None:
+        """Publish a CALL frame in the page and wake the worker unless it says it polls the lane. ``sleeper``: the
+        answer is awaited by an event loop, which never polls the page: the awake word says so, and the worker writes
+        our eventfd when it answers (and when it wakes us early)."""
         self.seq = seq = self.seq + 1
-        spin_ns = self._spin_ns
+        spin_ns = 0 if sleeper else self._spin_ns
         if spin_ns and self._last_s > self.spin_s:
             spin_ns = self._spins_from_ring_ns()
-        if spin_ns:  # the wait spins from now: no eventfd needed
+        if sleeper:
+            self._awake.value = 0
+            self._follow = False
+        elif spin_ns:  # the wait spins from now: no eventfd needed
             self._awake.value = said = _monotonic_ns() + spin_ns
             self._said_ns = said
             self._follow = False

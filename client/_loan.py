@@ -306,8 +306,9 @@ class _Reply:
     """What a request's answer becomes, once the thread that routes it calls :meth:`_finish`: the base of the futures
     (:class:`_Answer`) and of the event loop's answers (``AsyncClient``'s, which finish an asyncio future)."""
 
-    # a request whose caller waits for it (result()) may ride the lane: that wait reads its answer there
-    _lane = True
+    # None: a request whose caller waits for it (result()), which reads its answer in the lane when it rode it; an
+    # event loop's: called as on_lane(lane, reply) once the request rang the lane, to watch the lane for its answer
+    _on_lane: Any = None
 
     def __init__(self, client: Client, loan: Loan, deadline: float) -> None:
         self._c, self._loan, self._deadline = client, loan, deadline

@@ -131,29 +131,104 @@ def test_forked_child_is_told_to_reconnect(worker: WorkerProc) -> None:
 
 
 @pytest.mark.parametrize("lane", ["block", "spin"])
-def test_an_async_client_with_a_lane_is_answered_over_zeromq(worker: WorkerProc, lane: str) -> None:
-    # The loop watches the socket, not the lane's page: its requests go over ZeroMQ. (Before, a request sent while
-    # nothing else was in flight rode the lane, where nobody collected its answer: every such call timed out.)
+def test_an_async_client_with_a_lane_reads_its_answers_there(worker: WorkerProc, lane: str) -> None:
+    # A request sent while nothing else is in flight rides the lane; the loop reads the lane's eventfd, which the ring
+    # asked the worker to write, and finishes the call on its own thread. (Before 2026-12-04 nobody collected such an
+    # answer: every such call timed out.) Requests in flight together go over ZeroMQ, and the blocking Client on the
+    # same connection still takes the lane.
     async def main() -> None:
         async with await AsyncClient.connect(worker.name, timeout_s=5, lane=lane) as c:
-            assert c.client._t.lane is not None  # the worker granted one
+            ln = c.client._t.lane
+            assert ln is not None  # the worker granted one
             x = np.arange(16, dtype=np.float32)
-            for i in range(3):  # a planned signature from the second call on
+            seq = ln.seq
+            for i in range(5):  # a planned signature from the second call on
                 np.testing.assert_array_equal((await c.call("scale", x=x, a=float(i), b=1.0))["out"], x * i + 1)
             np.testing.assert_array_equal((await c.call("echo", x=np.ones(3)))["out"], 1.0)  # the general path
             async with c.loan(4096) as req:
                 req.array("x", 8, "float64")[:] = 2
                 req.array("y", 8, "float64")[:] = 3
                 np.testing.assert_array_equal((await req.send("vector_add"))["out"], 5.0)
+            with pytest.raises(KernelError) as e:  # an error comes back through the lane typed, naming the field
+                await c.call("vector_add", x=np.ones(3), y=np.ones(4), out_nbytes=64)
+            assert e.value.tensor == "y"
+            assert ln.seq - seq >= 7  # one ring each, but for the first call's sizing (asked off the loop)
+            assert not ln.busy and not ln.waiting and ln.fd not in c._watched  # collected, the eventfd left alone
+            seq = ln.seq
             outs = await asyncio.gather(*(c.call("vector_add", x=np.full(4, float(k)), y=np.ones(4)) for k in range(20)))
             for k, o in enumerate(outs):
                 np.testing.assert_array_equal(o["out"], k + 1.0)
-            assert not c.client._t.lane.busy  # none of them rode it
-            # the blocking Client on the same connection still takes the lane, and is answered there
+            # one rides the lane whenever nothing else is in flight (the first; later ones sent from the executor once
+            # a slot came free may find the table empty too): the rest went over ZeroMQ beside it
+            assert ln.seq - seq < 20 and not ln.busy and not ln.waiting
+            seq = ln.seq
             got = await asyncio.get_running_loop().run_in_executor(None, lambda: c.client.call("echo", x=x))
             np.testing.assert_array_equal(got["out"], x)
+            assert ln.seq == seq + 1 and not ln.busy  # the blocking call took the lane and read its answer itself
+            np.testing.assert_array_equal((await c.call("scale", x=x, a=2.0, b=0.0))["out"], 2 * x)
+            assert ln.seq == seq + 2
 
     asyncio.run(main())
+
+
+def test_a_loop_lane_wait_woken_early_times_out_and_collects_the_late_answer(worker: WorkerProc) -> None:
+    # The lane's eventfd written with no DONE in the page (as the worker's early wake and PULSE do): the loop reads it
+    # and waits on. A request past its timeout fails with Timeout; its late answer is still read from the lane, which
+    # then carries the next request.
+    async def main() -> None:
+        async with await AsyncClient.connect(worker.name, timeout_s=30, lane="block") as c:
+            ln = c.client._t.lane
+            assert ln is not None
+            big = np.ones(3_500_000)
+            np.testing.assert_array_equal((await c.call("echo", x=np.ones(2)))["out"], 1.0)
+            slow = asyncio.ensure_future(c.call(slow_pipeline(20), x=big))
+            while not ln.busy:
+                await asyncio.sleep(0.001)
+            seq = ln.seq
+            for _ in range(3):
+                os.eventfd_write(ln.fd, 1)  # a wake-up without an answer
+                await asyncio.sleep(0.002)
+            assert not slow.done()
+            out = await asyncio.wait_for(slow, 30)
+            np.testing.assert_array_equal(next(iter(out.values()))[:3], 1.0)  # (identity steps)
+            assert ln.seq == seq and not ln.busy and not ln.waiting
+
+            with pytest.raises(Timeout):
+                await c.call(slow_pipeline(25), x=big, timeout_s=0.05)
+            assert ln.busy and ln.waiting  # still in the lane, the loop still reading for it
+            while ln.busy:  # its answer comes late and is collected: the slot goes back
+                await asyncio.sleep(0.005)
+            assert not ln.waiting and len(c.client._inflight) == 0
+            seq = ln.seq
+            np.testing.assert_array_equal((await c.call("echo", x=np.full(2, 3.0)))["out"], 3.0)
+            assert ln.seq == seq + 1
+
+    asyncio.run(main())
+
+
+def test_a_worker_that_dies_fails_a_loop_lane_wait_at_once(spawn_worker: Callable[..., WorkerProc]) -> None:
+    w = spawn_worker()
+
+    async def main() -> None:
+        c = await AsyncClient.connect(w.name, timeout_s=60, lane="block")
+        try:
+            ln = c.client._t.lane
+            assert ln is not None
+            pending = c.submit(slow_pipeline(), x=np.ones(3_500_000))
+            while not ln.busy:
+                await asyncio.sleep(0.001)
+            await asyncio.get_running_loop().run_in_executor(
+                None, wait_for_state, w.name, lambda st: st["in_flight"] >= 1, "a request in flight")
+            os.kill(w.pid, signal.SIGKILL)
+            with pytest.raises(WorkerGoneError):
+                await asyncio.wait_for(pending, 10)  # the pidfd, not the request's 60 s
+        finally:
+            await c.aclose()
+
+    asyncio.run(main())
+    w.proc.wait(10)
+    for p in (socket_path(w.name), attach_path(w.name)):  # a SIGKILLed worker leaves its sockets
+        p.unlink(missing_ok=True)
 
 
 def test_an_answer_routed_by_another_thread_finishes_the_awaited_call(worker: WorkerProc) -> None:

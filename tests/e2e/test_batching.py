@@ -261,8 +261,8 @@ assert c._t.lane is not None, "no lane granted"
 ring = ClientLane.ring
 
 
-def rung(self, frame, request_id):  # the doorbell is in the lane's page: say so (the test waits for it)
-    ring(self, frame, request_id)
+def rung(self, frame, request_id, *rest):  # the doorbell is in the lane's page: say so (the test waits for it)
+    ring(self, frame, request_id, *rest)
     print("rung", flush=True)
 
 

@@ -158,9 +158,9 @@ def test_threads_sharing_a_lane_client_each_get_their_own_answer(worker: WorkerP
         assert lane is not None
         ring = lane.ring
 
-        def counted(frame: bytes, rid: int) -> None:
+        def counted(frame: bytes, rid: int, sleeper: bool = False) -> None:
             carried[0] += 1
-            ring(frame, rid)
+            ring(frame, rid, sleeper)
 
         lane.ring = counted  # type: ignore[method-assign]
 
