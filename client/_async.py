@@ -70,6 +70,8 @@ class AsyncClient:
         """The running loop, watching this client's fds (attached on first use, again on a new loop)."""
         loop = asyncio.get_running_loop()
         if self._loop is loop:
+            if self._tick is None:  # a request follows: look for deadlines while it is in flight
+                self._tick = loop.call_later(_EXPIRE_S, self._expire)
             return loop
         self.client._check()
         self._detach()
@@ -162,8 +164,12 @@ class AsyncClient:
         self.client._inflight.worker_exited()
 
     def _expire(self) -> None:
-        self.client._inflight.expire()
-        if self._loop is not None:
+        """Fail the requests past their deadline; look again in :data:`_EXPIRE_S` while any is in flight (an idle
+        client's loop is not woken: the next request arms the look again, :meth:`_on_loop`)."""
+        self._tick = None
+        inflight = self.client._inflight
+        inflight.expire()
+        if self._loop is not None and len(inflight):
             self._tick = self._loop.call_later(_EXPIRE_S, self._expire)
 
     def _detach(self) -> None:
@@ -256,6 +262,7 @@ class AsyncClient:
         """Send off the loop (``blocking`` waits for a slot), then await the answer: ``afut``, which ``blocking``'s
         answer finishes, or else the future it returns, bridged."""
         fut = await loop.run_in_executor(None, blocking)
+        self._on_loop()  # (the look for deadlines may have stopped while nothing was in flight yet)
         return await (self._bridge(fut, loop) if afut is None else afut)
 
     async def call(self, op: str | Pipeline, *, timeout_s: float | None = None, out_nbytes: int | None = None,

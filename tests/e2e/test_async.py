@@ -289,3 +289,32 @@ def test_a_question_to_the_worker_before_a_request_is_asked_off_the_loop(worker:
     with Client(worker.name, timeout_s=30) as other:
         other.put("bias7", np.full(5, 7.0), shared=True)  # shared/bias7: the async client has no record of it
         asyncio.run(main())
+
+
+def test_an_idle_async_client_leaves_the_loop_asleep(worker: WorkerProc) -> None:
+    # The look for requests past their deadline runs every _EXPIRE_S only while something is in flight: an idle
+    # client's loop is not woken 50 times a second. The next request arms it again, and its deadline still holds.
+    from shmrpc.client import _async
+
+    async def main() -> None:
+        async with await AsyncClient.connect(worker.name, timeout_s=30) as c:
+            np.testing.assert_array_equal((await c.call("echo", x=np.ones(2)))["out"], 1.0)
+            await asyncio.sleep(3 * _async._EXPIRE_S)
+            assert c._tick is None
+            turns = 0
+            real = c._expire
+
+            def counted() -> None:
+                nonlocal turns
+                turns += 1
+                real()
+
+            c._expire = counted  # type: ignore[method-assign]
+            await asyncio.sleep(10 * _async._EXPIRE_S)
+            assert turns == 0
+            with pytest.raises(Timeout):  # armed by the request; fails it in time
+                await c.call(slow_pipeline(25), x=np.ones(3_500_000), timeout_s=0.05)
+            assert turns >= 1
+            np.testing.assert_array_equal((await c.call("echo", x=np.ones(2)))["out"], 1.0)
+
+    asyncio.run(main())
