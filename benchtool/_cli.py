@@ -148,7 +148,8 @@ def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
                    help=f"also measure peers (default all: {_ALL_PEERS}); missing packages are skipped")
     t.add_argument("--no-call", action="store_true", help="skip the shmrpc call() (copy in/out) line")
     t.add_argument("--lanes", action="store_true",
-                   help="also the lanes: loan blocking and spinning, call() blocking (Client(lane=...))")
+                   help="also the lanes: loan blocking and spinning, call() blocking (Client(lane=...)); async: call() and "
+                        "AsyncClient through a blocking lane")
     t.add_argument("--transports", help=f"exact list, any of {','.join(TRANSPORT_CLASSES)} (overrides the above)")
     o = p.add_argument_group("output")
     o.add_argument("--out", help="JSON file (default bench/out/<mode>-<timestamp>.json)")
@@ -284,7 +285,7 @@ def _concurrency(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
     started = now_iso()
     if args.mode == "async":
         peers = args.transports is None or "zmq" in args.transports
-        doc = run_async(sizes, args.iters, args.in_flight, args.total, args.name, backend, peers)
+        doc = run_async(sizes, args.iters, args.in_flight, args.total, args.name, backend, peers, args.lanes)
         print(async_table(doc))
     else:
         doc = run_threads(args.threads, sizes[0], args.duration_s, args.name, backend)

@@ -4,7 +4,7 @@
   the zmq peer's ROUTER echo): one await at a time (round trip percentiles),
   then ``--in-flight`` requests at once (calls/s) while a ticker task measures the
   event loop's lag (how late a 1 ms sleep wakes); the blocking ``Client.call`` is
-  the reference line.
+  the reference line. ``--lanes``: both again through a blocking lane.
 * ``threads``: N threads calling through one shared ``Client`` vs N threads with a
   ``Client`` each (calls/s over ``--duration-s``), and the ratio.
 
@@ -76,11 +76,11 @@ async def _loaded(call: Any, in_flight: int, total: int) -> dict[str, Any]:
 
 
 async def _shmrpc_async(name: str, nbytes: int, iters: int, in_flight: int, total: int,
-                        route_batch: int = 0) -> dict[str, Any]:
+                        route_batch: int = 0, lane: str | None = None) -> dict[str, Any]:
     from shmrpc.client import AsyncClient
 
     x = np.zeros(nbytes, np.uint8)
-    async with await AsyncClient.connect(name, timeout_s=120.0, connect_timeout_s=20.0) as c:
+    async with await AsyncClient.connect(name, timeout_s=120.0, connect_timeout_s=20.0, lane=lane) as c:
         if route_batch:
             c.route_batch = route_batch
         for _ in range(50):
@@ -95,7 +95,8 @@ async def _shmrpc_async(name: str, nbytes: int, iters: int, in_flight: int, tota
             await c.call("echo", x=x)
 
         loaded = await _loaded(call, in_flight, total)
-    return {"transport": "shmrpc-async", "nbytes": nbytes, "rtt_us": _percentiles_us(rtts), **loaded}
+    return {"transport": "shmrpc-async" + ("-lane" if lane else ""), "nbytes": nbytes, "rtt_us": _percentiles_us(rtts),
+            **loaded}
 
 
 async def _zmq_async(address: str, nbytes: int, iters: int, in_flight: int, total: int) -> dict[str, Any]:
@@ -144,11 +145,11 @@ async def _zmq_async(address: str, nbytes: int, iters: int, in_flight: int, tota
     return {"transport": "zmq.asyncio", "nbytes": nbytes, "rtt_us": _percentiles_us(rtts), **loaded}
 
 
-def _blocking(name: str, nbytes: int, iters: int) -> dict[str, Any]:
+def _blocking(name: str, nbytes: int, iters: int, lane: str | None = None) -> dict[str, Any]:
     from shmrpc.client import Client
 
     x = np.zeros(nbytes, np.uint8)
-    with Client(name, timeout_s=120.0, connect_timeout_s=20.0) as c:
+    with Client(name, timeout_s=120.0, connect_timeout_s=20.0, lane=lane) as c:
         for _ in range(50):
             c.call("echo", x=x)
         rtts = []
@@ -156,12 +157,14 @@ def _blocking(name: str, nbytes: int, iters: int) -> dict[str, Any]:
             t0 = time.perf_counter()
             c.call("echo", x=x)
             rtts.append(time.perf_counter() - t0)
-    return {"transport": "shmrpc-call", "nbytes": nbytes, "rtt_us": _percentiles_us(rtts)}
+    return {"transport": "shmrpc-call" + ("-lane" if lane else ""), "nbytes": nbytes, "rtt_us": _percentiles_us(rtts)}
 
 
 def run_async(sizes: list[int], iters: int, in_flight: int, total: int, name: str | None = None,
-              backend: str = "numpy", peers: bool = True) -> dict[str, Any]:
-    """The ``async`` mode's document (results: one row per transport and size)."""
+              backend: str = "numpy", peers: bool = True, lanes: bool = False) -> dict[str, Any]:
+    """The ``async`` mode's document (results: one row per transport and size). ``lanes``: also the blocking
+    ``Client.call`` and ``AsyncClient`` through a blocking lane (``shmrpc-call-lane``, ``shmrpc-async-lane``: a lone
+    await rides the lane, requests in flight together go over ZeroMQ)."""
     from ._peers import start_peer_server
 
     rows: list[dict[str, Any]] = []
@@ -183,10 +186,13 @@ def run_async(sizes: list[int], iters: int, in_flight: int, total: int, name: st
         for n in sizes:
             rows.append(_blocking(name, n, iters))
             rows.append(asyncio.run(_shmrpc_async(name, n, iters, in_flight, total)))
+            if lanes:
+                rows.append(_blocking(name, n, iters, "block"))
+                rows.append(asyncio.run(_shmrpc_async(name, n, iters, in_flight, total, lane="block")))
             if zmq_address is not None:
                 rows.append(asyncio.run(_zmq_async(zmq_address, n, iters, in_flight, total)))
     return {"mode": "async", "worker": worker_facts, "skipped": skipped, "results": rows,
-            "config": {"sizes": sizes, "iters": iters, "in_flight": in_flight, "total": total}}
+            "config": {"sizes": sizes, "iters": iters, "in_flight": in_flight, "total": total, "lanes": lanes}}
 
 
 def _hammer(clients: list[Any], n_threads: int, duration_s: float, x: np.ndarray) -> float:
@@ -247,12 +253,12 @@ def run_threads(threads: list[int], nbytes: int, duration_s: float, name: str | 
 
 def async_table(doc: dict[str, Any]) -> str:
     """The async mode's table."""
-    head = (f"{'size':>6}  {'transport':<14} {'rtt p50 µs':>11} {'rtt p99 µs':>11} {'calls/s':>10} "
+    head = (f"{'size':>6}  {'transport':<17} {'rtt p50 µs':>11} {'rtt p99 µs':>11} {'calls/s':>10} "
             f"{'in flight':>9} {'loop lag p99 µs':>16} {'lag max µs':>11}")
     lines = [head, "-" * len(head)]
     for r in doc["results"]:
         lag = r.get("loop_lag_us", {})
-        lines.append(f"{r['nbytes']:>6}  {r['transport']:<14} {r['rtt_us']['p50']:>11.1f} {r['rtt_us']['p99']:>11.1f} "
+        lines.append(f"{r['nbytes']:>6}  {r['transport']:<17} {r['rtt_us']['p50']:>11.1f} {r['rtt_us']['p99']:>11.1f} "
                      f"{r.get('calls_per_s', float('nan')):>10.0f} {r.get('in_flight', ''):>9} "
                      f"{lag.get('p99', float('nan')):>16.1f} {lag.get('max', float('nan')):>11.1f}")
     return "\n".join(lines)

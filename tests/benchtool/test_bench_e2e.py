@@ -217,3 +217,23 @@ def test_server_and_client_cpus_reach_the_worker_and_the_run(tmp_path: Path, no_
 def test_bad_cpus_are_a_usage_error_naming_the_flag(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["lat", flag, "2-1", "--no-json"]) == 2
     assert flag in capsys.readouterr().err
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_async_mode_with_lanes_measures_every_line(tmp_path: Path, no_leak: object) -> None:
+    # shmrpc bench async --lanes: the blocking call() and AsyncClient, over ZeroMQ and through a blocking lane, next
+    # to zmq.asyncio; every line has its round trips, the loaded ones their calls/s and the loop's lag
+    out = tmp_path / "async.json"
+    rc = main(["async", "--sizes", "64", "--iters", "30", "--in-flight", "8", "--total", "200", "--lanes",
+               "--backend", "numpy", "--out", str(out), "-q"])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    rows = {r["transport"]: r for r in doc["results"]}
+    assert list(rows) == ["shmrpc-call", "shmrpc-async", "shmrpc-call-lane", "shmrpc-async-lane", "zmq.asyncio"]
+    assert doc["config"]["lanes"] is True and doc["skipped"] == {}
+    for key, r in rows.items():
+        assert r["nbytes"] == 64 and 0 < r["rtt_us"]["p50"] <= r["rtt_us"]["p99"] <= r["rtt_us"]["max"], key
+        if key != "shmrpc-call" and key != "shmrpc-call-lane":
+            assert r["in_flight"] == 8 and r["calls"] >= 200 - 8 and r["calls_per_s"] > 0, key
+            assert r["loop_lag_us"]["p50"] >= 0, key
