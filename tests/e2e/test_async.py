@@ -176,6 +176,34 @@ def test_an_async_client_with_a_lane_reads_its_answers_there(worker: WorkerProc,
     asyncio.run(main())
 
 
+def test_a_lone_lane_request_to_a_lingering_worker_is_answered_before_it_is_awaited(
+        spawn_worker: Callable[..., WorkerProc], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A ring that finds the worker polling the lanes (it lingers after answering a client that came back soon) is
+    # followed by a bounded poll of the page on the loop's thread: a quick answer finishes the call inside submit(),
+    # before it is awaited (no turn of the loop). The poll is widened here so that the test does not race the worker.
+    from shmrpc.client import _async
+
+    monkeypatch.setattr(_async, "_LANE_POLL_S", 0.05)
+    w = spawn_worker("--lane-linger-us", "5000")
+
+    async def main() -> None:
+        async with await AsyncClient.connect(w.name, timeout_s=30, lane="block") as c:
+            ln = c.client._t.lane
+            assert ln is not None
+            x = np.arange(8, dtype=np.float32)
+            np.testing.assert_array_equal((await c.call("vector_add", x=x, y=x))["out"], 2 * x)  # planned
+            seq, done_at_once = ln.seq, 0
+            for k in range(40):
+                fut = c.submit("vector_add", x=x, y=np.full(8, float(k), np.float32))
+                done_at_once += fut.done()
+                np.testing.assert_array_equal((await fut)["out"], x + k)
+            assert ln.seq == seq + 40 and not ln.busy and not ln.waiting and ln.fd not in c._watched
+            # (the worker lingers once the client came back soon after an answer: not for the first few)
+            assert done_at_once >= 20, done_at_once
+
+    asyncio.run(main())
+
+
 def test_a_loop_lane_wait_woken_early_times_out_and_collects_the_late_answer(worker: WorkerProc) -> None:
     # The lane's eventfd written with no DONE in the page (as the worker's early wake and PULSE do): the loop reads it
     # and waits on. A request past its timeout fails with Timeout; its late answer is still read from the lane, which
