@@ -176,30 +176,60 @@ def test_an_async_client_with_a_lane_reads_its_answers_there(worker: WorkerProc,
     asyncio.run(main())
 
 
-def test_a_lone_lane_request_to_a_lingering_worker_is_answered_before_it_is_awaited(
-        spawn_worker: Callable[..., WorkerProc], monkeypatch: pytest.MonkeyPatch) -> None:
-    # A ring that finds the worker polling the lanes (it lingers after answering a client that came back soon) is
-    # followed by a bounded poll of the page on the loop's thread: a quick answer finishes the call inside submit(),
-    # before it is awaited (no turn of the loop). The poll is widened here so that the test does not race the worker.
+def test_a_lone_lane_request_polled_on_the_loop_is_answered_before_it_is_awaited(
+        worker: WorkerProc, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A ring that finds the worker polling the lanes (it lingers: ClientLane.slept is False) is followed by a bounded
+    # poll of the page on the loop's thread: a quick answer finishes the call inside submit(), before it is awaited (no
+    # turn of the loop). Polls in vain back off: after n in a row, the next 2^n - 1 such rings are not polled. Whether
+    # the worker lingers is its own heuristic; here every ring says it found the worker polling (when it did not, the
+    # ring wrote the doorbell anyway), so that the test does not race the worker.
     from shmrpc.client import _async
+    from shmrpc.client._lane import ClientLane
 
-    monkeypatch.setattr(_async, "_LANE_POLL_S", 0.05)
-    w = spawn_worker("--lane-linger-us", "5000")
+    ring = ClientLane.ring
+
+    def found_polling(self: ClientLane, frame: bytes, request_id: int, sleeper: bool = False) -> None:
+        ring(self, frame, request_id, sleeper)
+        self.slept = False
+
+    monkeypatch.setattr(ClientLane, "ring", found_polling)
 
     async def main() -> None:
-        async with await AsyncClient.connect(w.name, timeout_s=30, lane="block") as c:
+        async with await AsyncClient.connect(worker.name, timeout_s=30, lane="block") as c:
             ln = c.client._t.lane
             assert ln is not None
             x = np.arange(8, dtype=np.float32)
+            monkeypatch.setattr(_async, "_LANE_POLL_S", 0.5)  # far longer than the worker takes
             np.testing.assert_array_equal((await c.call("vector_add", x=x, y=x))["out"], 2 * x)  # planned
-            seq, done_at_once = ln.seq, 0
-            for k in range(40):
-                fut = c.submit("vector_add", x=x, y=np.full(8, float(k), np.float32))
-                done_at_once += fut.done()
-                np.testing.assert_array_equal((await fut)["out"], x + k)
-            assert ln.seq == seq + 40 and not ln.busy and not ln.waiting and ln.fd not in c._watched
-            # (the worker lingers once the client came back soon after an answer: not for the first few)
-            assert done_at_once >= 20, done_at_once
+
+            big, slow = np.ones(60_000), slow_pipeline(20)  # the worker takes a while (in the client's own 1 MiB slot)
+
+            async def lone(k: int, op: Any = "vector_add") -> bool:  # whether it was answered inside submit()
+                if op == "vector_add":
+                    fut, want = c.submit(op, x=x, y=np.full(8, float(k), np.float32)), x + k
+                else:
+                    fut, want = c.submit(op, x=big), big
+                done = fut.done()
+                np.testing.assert_array_equal(next(iter((await fut).values())), want)
+                assert not ln.busy and not ln.waiting and ln.fd not in c._watched
+                return done
+
+            await lone(0, slow)  # planned (its output sizes asked from the executor)
+            seq = ln.seq
+            assert all([await lone(k) for k in range(20)])
+            assert ln.seq == seq + 20 and c._lane_misses == c._lane_skip == 0
+
+            monkeypatch.setattr(_async, "_LANE_POLL_S", 0.0)  # one look at the page: the slow request is not there yet
+            seen = []
+            for _ in range(15):
+                assert not await lone(0, slow)
+                seen.append((c._lane_misses, c._lane_skip))
+            assert seen[0] == (1, 1) and seen[1] == (1, 0) and seen[2] == (2, 3)
+            assert seen[-1] == (4, 15)  # polled at the 1st, 3rd, 7th and 15th
+
+            monkeypatch.setattr(_async, "_LANE_POLL_S", 0.5)
+            c._lane_skip = 0
+            assert await lone(1) and c._lane_misses == 0  # an answer within the poll: no more backing off
 
     asyncio.run(main())
 
