@@ -159,13 +159,19 @@ def test_an_async_client_with_a_lane_reads_its_answers_there(worker: WorkerProc,
             assert e.value.tensor == "y"
             assert ln.seq - seq >= 7  # one ring each, but for the first call's sizing (asked off the loop)
             assert not ln.busy and not ln.waiting and ln.fd not in c._watched  # collected, the eventfd left alone
-            seq = ln.seq
             outs = await asyncio.gather(*(c.call("vector_add", x=np.full(4, float(k)), y=np.ones(4)) for k in range(20)))
             for k, o in enumerate(outs):
                 np.testing.assert_array_equal(o["out"], k + 1.0)
-            # one rides the lane whenever nothing else is in flight (the first; later ones sent from the executor once
-            # a slot came free may find the table empty too): the rest went over ZeroMQ beside it
-            assert ln.seq - seq < 20 and not ln.busy and not ln.waiting
+            assert not ln.busy and not ln.waiting
+            # a request sent while another is in flight goes over ZeroMQ: one slow request in the lane, one beside it
+            seq = ln.seq
+            slow = c.submit(slow_pipeline(20), x=np.ones(250_000))  # milliseconds (sized off the loop, sent from there)
+            while ln.seq == seq:
+                await asyncio.sleep(0)
+            beside = c.submit("echo", x=np.full(3, 5.0))
+            np.testing.assert_array_equal((await beside)["out"], 5.0)
+            np.testing.assert_array_equal(next(iter((await slow).values()))[:3], 1.0)
+            assert ln.seq == seq + 1 and not ln.busy and not ln.waiting
             seq = ln.seq
             got = await asyncio.get_running_loop().run_in_executor(None, lambda: c.client.call("echo", x=x))
             np.testing.assert_array_equal(got["out"], x)
