@@ -167,6 +167,14 @@ class ClientLane:
             raise RequestError(f"the lane's answer is for request {rid}, not {busy}", field="lane")
         return region, slot, rid, status
 
+    def poll_until(self, end: float) -> bool:
+        """Read done_seq until it says the request in the lane was answered, or until ``end`` (``perf_counter``);
+        returns whether it was answered. No system call: a busy core while it polls."""
+        seq = self.seq
+        while self._done_seq.value != seq and _perf_counter() < end:
+            pass
+        return self._done_seq.value == seq
+
     def wait(self, deadline: float | None, pidfd: int | None, name: str) -> tuple[int, int, int, int]:
         """Spin up to ``spin_s``, then block until the DONE of the request in the lane; returns it as :meth:`answer`
         does. The caller holds the lane's wait (:attr:`waiting`) and lets it go when this returns or raises.
@@ -193,13 +201,9 @@ class ClientLane:
                         if fd == pidfd:
                             raise WorkerGoneError(f"worker {name!r} exited")
                 spin_s += early
-            end = _perf_counter() + spin_s
-            while self._done_seq.value != seq and _perf_counter() < end:
-                pass
+            self.poll_until(_perf_counter() + spin_s)
         elif self._follow:  # the ring found the worker polling: poll for the DONE as long as our awake word said
-            end = self._rung + _EARLY_SPIN_S
-            while self._done_seq.value != seq and _perf_counter() < end:
-                pass
+            self.poll_until(self._rung + _EARLY_SPIN_S)
         early = True
         while True:
             got = self.answer()
@@ -211,9 +215,7 @@ class ClientLane:
                 self._awake.value = said = _monotonic_ns() + _EARLY_SPIN_NS
                 if said > self._said_ns:
                     self._said_ns = said
-                end = _perf_counter() + _EARLY_SPIN_S
-                while self._done_seq.value != seq and _perf_counter() < end:
-                    pass
+                self.poll_until(_perf_counter() + _EARLY_SPIN_S)
                 continue
             wait_s = -1.0 if deadline is None else max(0.0, deadline - time.monotonic() + 1e-3)
             events = self._poll.poll(self._cap(wait_s))

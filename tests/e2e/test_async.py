@@ -165,11 +165,15 @@ def test_an_async_client_with_a_lane_reads_its_answers_there(worker: WorkerProc,
             assert not ln.busy and not ln.waiting
             # a request sent while another is in flight goes over ZeroMQ: one slow request in the lane, one beside it
             seq = ln.seq
-            slow = c.submit(slow_pipeline(20), x=np.ones(250_000))  # milliseconds (sized off the loop, sent from there)
+            slow = c.submit(slow_pipeline(20), x=np.ones(3_500_000))  # ~0.1 s (sized off the loop, sent from there)
             while ln.seq == seq:
                 await asyncio.sleep(0)
             beside = c.submit("echo", x=np.full(3, 5.0))
             np.testing.assert_array_equal((await beside)["out"], 5.0)
+            # ... and so does another thread's blocking call (the loop holds the lane's wait: the ring leaves it)
+            assert ln.busy and ln.waiting and not slow.done()
+            got = await asyncio.get_running_loop().run_in_executor(None, lambda: c.client.call("echo", x=np.ones(3)))
+            np.testing.assert_array_equal(got["out"], 1.0)
             np.testing.assert_array_equal(next(iter((await slow).values()))[:3], 1.0)
             assert ln.seq == seq + 1 and not ln.busy and not ln.waiting
             seq = ln.seq
