@@ -7,9 +7,10 @@ Starts one worker (NumPy backend, this checkout). Per round and tree, a child pr
 (empty: this checkout) sends a 64 B ``vector_add`` of two float32 arrays through ``Client.call`` (``call``), then in one
 ``asyncio.run``: ``await AsyncClient.call`` one at a time (``async_call``), ``await AsyncLoan.send`` of the same inputs
 written once into a loan (``async_loan``), and ``asyncio.gather`` of 4 calls at a time (``async_gather4``, µs per
-call; the worker leases a client 4 slots, so none waits for one). Then the same through a blocking lane
-(``Client(lane="block")``): ``call`` (``lane_call``) and ``await AsyncClient.call`` (``lane_async_call``); -1 for a
-tree before 2026-12-04's thirty-third session, whose AsyncClient left a lane's answer uncollected (every such call
+call; the worker leases a client 4 slots, so none waits for one) and of 16 (``async_gather16``: 12 wait for a slot,
+since the thirty-fourth session on the loop, before from the executor after an ACQUIRE). Then the same through a
+blocking lane (``Client(lane="block")``): ``call`` (``lane_call``) and ``await AsyncClient.call``
+(``lane_async_call``); -1 for a tree before 2026-12-04's thirty-third session, whose AsyncClient left a lane's answer uncollected (every such call
 timed out). Per case the best of 5 repeats of ``--calls`` calls, µs per call, and the process's CPU time per call over
 the 5 repeats (``..._cpu_us``: every thread of the process).
 """
@@ -68,11 +69,14 @@ async def main():
             assert np.array_equal((await req.send("vector_add"))["out"], a + 2)
             await timed("async_loan", lambda: req.send("vector_add"))
 
-        async def four():
-            outs = await asyncio.gather(*(ac.call("vector_add", x=a, y=b) for _ in range(4)))
-            assert all(np.array_equal(o["out"], a + 2) for o in outs)
+        def gather(n):
+            async def step():
+                outs = await asyncio.gather(*(ac.call("vector_add", x=a, y=b) for _ in range(n)))
+                assert all(np.array_equal(o["out"], a + 2) for o in outs)
+            return step
 
-        await timed("async_gather4", four, 4)
+        await timed("async_gather4", gather(4), 4)
+        await timed("async_gather16", gather(16), 16)
 
 
 async def lane_main():

@@ -6,9 +6,11 @@ Client's in-flight table (:mod:`._inflight`) the moment it arrives, which finish
 the request's future on the loop thread (no thread hand-off); a timer every
 :data:`_EXPIRE_S` fails the requests past their deadline with ``Timeout``. What
 the loop does per call is bounded and short: copy the inputs into a free slot of
-the client's own, ring the worker, and later read the answer. Whatever may wait
-(connecting, a slot that is not free, an ACQUIRE for a larger slot, closing) runs
-in the loop's default executor.
+the client's own, ring the worker, and later read the answer. A request that finds
+none of the client's slots free while one that fits is in flight waits on the loop,
+in order, and goes out as soon as an answer frees one (:meth:`AsyncClient._drain`).
+Whatever may wait (connecting, an ACQUIRE for a slot none of the client's own can
+give, a question to the worker, closing) runs in the loop's default executor.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import functools
 import os
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
-from shmrpc.schema.errors import ClientClosedError, RequestError
+from shmrpc.schema.errors import ClientClosedError, RequestError, Timeout
 
 from ._calls import _NoSlot
 from ._client import Client
@@ -71,6 +74,9 @@ class AsyncClient:
         self._lane_reply: _LoopReply | None = None  # the loop's request in the lane, whose answer the loop reads
         self._lane_misses = 0  # the loop's polls of the lane in a row that found no answer (see _watch_lane)
         self._lane_skip = 0  # lone lane requests left to send without a poll
+        # requests waiting on the loop for a slot of the client's own, in order: (future, deadline, _submit's arguments)
+        self._queued: deque[tuple[asyncio.Future[Any], float, tuple[Any, ...]]] = deque()
+        self._draining = False
 
     def _on_loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, watching this client's fds (attached on first use, again on a new loop)."""
@@ -187,18 +193,94 @@ class AsyncClient:
         self.client._inflight.worker_exited()
 
     def _expire(self) -> None:
-        """Fail the requests past their deadline; look again in :data:`_EXPIRE_S` while any is in flight (an idle
-        client's loop is not woken: the next request arms the look again, :meth:`_on_loop`)."""
+        """Fail the requests past their deadline, in flight or waiting for a slot; look again in :data:`_EXPIRE_S`
+        while any is (an idle client's loop is not woken: the next request arms the look again, :meth:`_on_loop`)."""
         self._tick = None
         inflight = self.client._inflight
         inflight.expire()
-        if self._loop is not None and len(inflight):
+        if self._queued:
+            now = time.monotonic()
+            for q in [q for q in self._queued if q[1] <= now or q[0].done()]:
+                self._queued.remove(q)
+                _settle_future(q[0], False, self._no_slot(q[2]))
+            self._drain()  # (a slot another thread's answer freed, which no answer of the loop's followed)
+        if self._loop is not None and (len(inflight) or self._queued):
             self._tick = self._loop.call_later(_EXPIRE_S, self._expire)
+
+    def _slot_comes(self, need: int) -> bool:
+        """Whether a request of ours in flight holds a slot of at least ``need`` bytes (its answer frees it)."""
+        return need > 0 and any(s.nbytes >= need for s in self.client._inflight.slots())
+
+    def _no_slot(self, args: tuple[Any, ...]) -> Timeout:
+        return Timeout(f"no slot for {args[0] if isinstance(args[0], str) else 'the pipeline'!r} became free in time")
+
+    def _drain(self) -> None:
+        """Send the requests waiting for a slot (:meth:`submit`), oldest first, while free slots of ours fit them (an
+        answer just freed one). The first that still finds none stays first; one that no answer of ours will free a
+        slot for (none in flight fits it), or that must ask the worker first, goes out from the executor."""
+        if self._draining:
+            return  # (an answer routed inside a send below: the loop below goes on)
+        q, c = self._queued, self.client
+        self._draining = True
+        try:
+            while q:
+                afut, deadline, args = q[0]
+                left = deadline - time.monotonic()
+                if afut.done() or left <= 0:  # cancelled; or past its deadline
+                    q.popleft()
+                    _settle_future(afut, False, self._no_slot(args))
+                    continue
+                op, out_nbytes, in_place, keep, copy, kwargs, make = args
+                try:
+                    c._submit(op, left, out_nbytes, in_place, keep, copy, True, kwargs, make=make)
+                except _NoSlot as e:
+                    if self._slot_comes(e.need):
+                        return
+                    q.popleft()
+                    self._send_off_loop(functools.partial(
+                        c._submit, op, left, out_nbytes, in_place, keep, copy, False, kwargs, make=make), afut)
+                    continue
+                except BaseException as e:  # noqa: BLE001  (its own error; the others still go out)
+                    q.popleft()
+                    _settle_future(afut, False, e)
+                    continue
+                q.popleft()
+        finally:
+            self._draining = False
+
+    def _settled(self, afut: asyncio.Future[Any], ok: bool, out: Any) -> None:
+        """An answer another thread routed, on the loop's thread: finish its future, send what waits for a slot."""
+        _settle_future(afut, ok, out)
+        if self._queued:
+            self._drain()
+
+    def _send_off_loop(self, blocking: Any, afut: asyncio.Future[Any]) -> None:
+        """Run ``blocking`` (a ``_submit`` that may wait, whose answer finishes ``afut``) in the executor; its error,
+        if it raises, finishes ``afut``."""
+        loop = self._loop
+        if loop is None:
+            _settle_future(afut, False, ClientClosedError("the AsyncClient was closed"))
+            return
+
+        def sent(f: asyncio.Future[Any]) -> None:
+            if f.cancelled():
+                _settle_future(afut, False, ClientClosedError("the request was not sent"))
+            elif (e := f.exception()) is not None:
+                _settle_future(afut, False, e)
+            elif self._loop is loop and self._tick is None:  # (the look for deadlines stopped while none was in flight)
+                self._tick = loop.call_later(_EXPIRE_S, self._expire)
+
+        loop.run_in_executor(None, blocking).add_done_callback(sent)
 
     def _detach(self) -> None:
         if self._lane_reply is not None and self.client._t.lane is not None:
             self.client._t.lane.waiting = False  # no loop reads it now: a later ring collects a late answer
         self._lane_reply = None
+        while self._queued:  # never sent
+            afut = self._queued.popleft()[0]
+            if not afut.get_loop().is_closed():
+                _settle_future(afut, False, ClientClosedError("the AsyncClient was closed or moved to another loop "
+                                                              "before the request found a slot"))
         loop, self._loop = self._loop, None
         for h in (self._tick, self._pump_soon):
             if h is not None:
@@ -239,8 +321,12 @@ class AsyncClient:
                **kwargs: Any) -> asyncio.Future[dict[str, np.ndarray]]:
         """Send ``op`` now and return an awaitable of its outputs (see :meth:`Client.call` for arguments).
 
-        The inputs are copied into a slot before this returns when one of the client's own slots is
-        free; otherwise the wait for a slot happens off the loop and the request goes out from there.
+        The inputs are copied into a slot before this returns when one of the client's own slots is free
+        and no request of this client waits for one. Otherwise the request waits on the loop, behind those,
+        until an answer frees a slot that fits (at most the client's lease is in flight from the loop:
+        ``Client(lease=...)`` leases more), or, when no request in flight holds a slot that fits, goes out
+        from the executor, which borrows one (ACQUIRE). A request that waits reads its inputs when it goes
+        out: do not change them before it is answered.
         """
         c = self.client
         loop = self._on_loop()
@@ -255,11 +341,19 @@ class AsyncClient:
         def make(client: Client, loan: Loan, deadline: float, copy: bool, tensors: Any) -> _LoopCallReply:
             return _LoopCallReply(client, loan, deadline, copy, tensors, afut, self)
 
-        try:
-            c._submit(op, timeout_s, out_nbytes, in_place, keep, copy, True, kwargs, make=make)
-        except _NoSlot:
-            return asyncio.ensure_future(self._later(loop, functools.partial(
-                c._submit, op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs, make=make), afut))
+        if not self._queued:
+            try:
+                c._submit(op, timeout_s, out_nbytes, in_place, keep, copy, True, kwargs, make=make)
+                return afut
+            except _NoSlot as e:
+                if not self._slot_comes(e.need):
+                    self._send_off_loop(functools.partial(
+                        c._submit, op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs, make=make), afut)
+                    return afut
+        else:
+            c._check()
+        deadline = time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s)
+        self._queued.append((afut, deadline, (op, out_nbytes, in_place, keep, copy, kwargs, make)))
         return afut
 
     def _bridge(self, fut: Future[Any], loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:
@@ -280,13 +374,11 @@ class AsyncClient:
         Future.add_done_callback(fut, done)  # (the base class's: the loop routes the answers, no receiver needs waking)
         return afut
 
-    async def _later(self, loop: asyncio.AbstractEventLoop, blocking: Any,
-                     afut: asyncio.Future[Any] | None = None) -> dict[str, np.ndarray]:
-        """Send off the loop (``blocking`` waits for a slot), then await the answer: ``afut``, which ``blocking``'s
-        answer finishes, or else the future it returns, bridged."""
+    async def _later(self, loop: asyncio.AbstractEventLoop, blocking: Any) -> dict[str, np.ndarray]:
+        """Send off the loop (``blocking`` waits for a slot; with tracing), then await the future it returns, bridged."""
         fut = await loop.run_in_executor(None, blocking)
         self._on_loop()  # (the look for deadlines may have stopped while nothing was in flight yet)
-        return await (self._bridge(fut, loop) if afut is None else afut)
+        return await self._bridge(fut, loop)
 
     async def call(self, op: str | Pipeline, *, timeout_s: float | None = None, out_nbytes: int | None = None,
                    in_place: bool = False, keep: tuple[str, ...] = (), copy: bool = True,
@@ -336,15 +428,17 @@ class _LoopReply(_Reply):
     def __init__(self, client: Client, loan: Loan, deadline: float, afut: asyncio.Future[Any],
                  owner: AsyncClient) -> None:
         _Reply.__init__(self, client, loan, deadline)
-        self._afut, self._on_lane = afut, owner._watch_lane
+        self._afut, self._owner, self._on_lane = afut, owner, owner._watch_lane
         self._aloop, self._thread = afut.get_loop(), owner._loop_thread
 
     def _finish(self) -> None:
-        ok, out = self._settle()
+        ok, out = self._settle()  # (the slot is free from here: the next request waiting for one takes it)
         if threading.get_ident() == self._thread:
             _settle_future(self._afut, ok, out)
+            if self._owner._queued:
+                self._owner._drain()
         elif not self._aloop.is_closed():
-            self._aloop.call_soon_threadsafe(_settle_future, self._afut, ok, out)
+            self._aloop.call_soon_threadsafe(self._owner._settled, self._afut, ok, out)
 
 
 class _LoopCallReply(_CallReply, _LoopReply):

@@ -40,8 +40,13 @@ __all__ = ["Calls"]
 
 
 class _NoSlot(Exception):
-    """``_submit(nowait=True)`` would wait: no free slot of the client's own fits, or the request needs a reply of the
-    worker first (a new signature's output sizes, a resident tensor's spec): the caller sends it from elsewhere."""
+    """``_submit(nowait=True)`` would wait: no free slot of the client's own fits (``need``: the bytes it asks), or the
+    request needs a reply of the worker first (a new signature's output sizes, a resident tensor's spec; ``need`` 0):
+    the caller sends it later or from elsewhere."""
+
+    def __init__(self, need: int = 0) -> None:
+        Exception.__init__(self, need)
+        self.need = need
 
 
 class Calls:
@@ -346,7 +351,7 @@ class Calls:
         if nowait:
             slot = self._take_free(need)
             if slot is None:
-                raise _NoSlot()
+                raise _NoSlot(need)
         else:
             slot = self._take(need, deadline)
         me = self._client()
@@ -386,7 +391,7 @@ class Calls:
             if nowait:
                 slot = self._take_free(plan.need)
                 if slot is None:
-                    raise _NoSlot()
+                    raise _NoSlot(plan.need)
             else:
                 slot = self._take(plan.need, deadline)
             loan = Loan(me, slot)

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from wire import slow_pipeline, wait_for_state
 from shmrpc.client import (
     AsyncClient,
     Client,
+    ClientClosedError,
     ForkedClientError,
     InvalidRequestError,
     KernelError,
@@ -384,5 +386,156 @@ def test_an_idle_async_client_leaves_the_loop_asleep(worker: WorkerProc) -> None
                 await c.call(slow_pipeline(25), x=np.ones(3_500_000), timeout_s=0.05)
             assert turns >= 1
             np.testing.assert_array_equal((await c.call("echo", x=np.ones(2)))["out"], 1.0)
+
+    asyncio.run(main())
+
+
+class _CountingExecutor(ThreadPoolExecutor):
+    """The loop's default executor, counting what is sent to it."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+        self.used = 0
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        self.used += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+def _sent_order(c: AsyncClient) -> list[float]:
+    """Record, in order, the first element of input ``x`` of every request the client sends."""
+    sent: list[float] = []
+    real = c.client._submit
+    depth = 0
+
+    def submit(op: Any, timeout_s: Any, out_nbytes: Any, in_place: Any, keep: Any, copy: Any, nowait: bool,
+               kwargs: dict[str, Any], *args: Any, **kw: Any) -> Any:
+        nonlocal depth
+        depth += 1  # (_submit calls itself once to mark its thread)
+        try:
+            got = real(op, timeout_s, out_nbytes, in_place, keep, copy, nowait, kwargs, *args, **kw)
+        finally:
+            depth -= 1
+        if not depth:
+            sent.append(float(kwargs["x"].flat[0]))
+        return got
+
+    c.client._submit = submit  # type: ignore[method-assign]
+    return sent
+
+
+@pytest.mark.parametrize("lane", [None, "block"])
+def test_requests_beyond_the_free_slots_wait_on_the_loop_in_order(worker: WorkerProc, lane: str | None) -> None:
+    # More requests at once than the client has slots: the rest wait on the loop, oldest first, and go out as answers
+    # free slots; none goes through the executor (before, each took an executor thread, an ACQUIRE and a pump of its
+    # own: a gather of 8 on a lease of 4 cost ~10x a gather of 4 per call).
+    async def main() -> None:
+        ex = _CountingExecutor()
+        asyncio.get_running_loop().set_default_executor(ex)
+        async with await AsyncClient.connect(worker.name, timeout_s=30, lane=lane) as c:
+            y = np.ones(8)
+            np.testing.assert_array_equal((await c.call("vector_add", x=y, y=y))["out"], 2.0)  # planned: no question
+            n_own = len(c.client._slots)
+            used = ex.used
+            sent = _sent_order(c)
+            futs = [c.submit("vector_add", x=np.full(8, float(i)), y=y) for i in range(60)]
+            n_sent = len(c.client._inflight)  # the free slots, and the kept call() loan's
+            assert n_own <= n_sent <= n_own + 1 and len(c._queued) == 60 - n_sent
+            outs = await asyncio.gather(*futs)
+            for i, o in enumerate(outs):
+                np.testing.assert_array_equal(o["out"], i + 1.0)
+            assert ex.used == used  # nothing sent from the executor
+            assert sent == [float(i) for i in range(60)]  # in order
+            assert not c._queued and len(c.client._inflight) == 0
+            assert len(c.client._slots) == n_own and not any(s.borrowed for s in c.client._slots.free)
+
+    asyncio.run(main())
+
+
+def test_a_request_no_answer_frees_a_slot_for_goes_out_from_the_executor(worker: WorkerProc) -> None:
+    # A request larger than every slot of the client's own waits for no answer: it goes out from the executor, which
+    # borrows a slot of the worker (ACQUIRE); the small ones around it still wait on the loop, in order.
+    async def main() -> None:
+        ex = _CountingExecutor()
+        asyncio.get_running_loop().set_default_executor(ex)
+        async with await AsyncClient.connect(worker.name, timeout_s=30) as c:
+            small, big = np.ones(8), np.ones(300_000)  # 2.4 MB: more than the 1M slot a client leases here
+            np.testing.assert_array_equal((await c.call("vector_add", x=small, y=small))["out"], 2.0)
+            np.testing.assert_array_equal((await c.call("vector_add", x=big, y=big))["out"], 2.0)  # borrowed once
+            used = ex.used
+            futs = [c.submit("vector_add", x=np.full(8, float(i)), y=small) for i in range(10)]
+            futs.append(c.submit("vector_add", x=np.full(300_000, 5.0), y=big))
+            futs += [c.submit("vector_add", x=np.full(8, float(i)), y=small) for i in range(10, 20)]
+            outs = await asyncio.gather(*futs)
+            for i, o in enumerate(outs[:10] + outs[11:]):
+                np.testing.assert_array_equal(o["out"], i + 1.0)
+            np.testing.assert_array_equal(outs[10]["out"], 6.0)
+            assert ex.used == used + 1  # the large one only
+
+    asyncio.run(main())
+
+
+def test_a_waiting_request_times_out_is_cancelled_or_fails_alone(worker: WorkerProc) -> None:
+    # Requests waiting for a slot keep their deadline, can be cancelled, and fail with their own error when they go
+    # out; the others are answered, and no slot is lost.
+    async def main() -> None:
+        async with await AsyncClient.connect(worker.name, timeout_s=30) as c:
+            loop = asyncio.get_running_loop()
+            y = np.ones(8)
+            np.testing.assert_array_equal((await c.call("vector_add", x=y, y=y))["out"], 2.0)
+            n_own = len(c.client._slots)
+            sock_fd, wake_fd, _ = c.client._t.watch_fds
+            loop.remove_reader(sock_fd)  # the loop stops routing answers: the first requests hold every slot
+            loop.remove_reader(wake_fd)
+            try:
+                first = []
+                while not c._queued:  # until one waits: the last of these
+                    first.append(c.submit("vector_add", x=np.full(8, float(len(first))), y=y))
+                late = c.submit("vector_add", x=y, y=y, timeout_s=0.05)
+                gone = c.submit("vector_add", x=y, y=y)
+                bad = c.submit("vector_add", x=np.ones(8), y=np.ones(9), out_nbytes=64)  # (sized: not asked)
+                ok = c.submit("vector_add", x=np.full(8, 41.0), y=y)
+                assert len(c._queued) == 5 and len(c.client._inflight) == len(first) - 1
+                with pytest.raises(Timeout) as e:
+                    await asyncio.wait_for(late, 5)
+                assert "became free" in str(e.value)
+                gone.cancel()
+                assert not ok.done() and not any(f.done() for f in first)
+            finally:
+                loop.add_reader(sock_fd, c._pump)
+                loop.add_reader(wake_fd, c._woken)
+                c._pump()
+            for i, f in enumerate(first):
+                np.testing.assert_array_equal((await asyncio.wait_for(f, 10))["out"], i + 1.0)
+            with pytest.raises(KernelError):
+                await asyncio.wait_for(bad, 10)
+            np.testing.assert_array_equal((await asyncio.wait_for(ok, 10))["out"], 42.0)
+            assert gone.cancelled() and not c._queued
+            assert len(c.client._inflight) == 0 and len(c.client._slots) == n_own
+            np.testing.assert_array_equal((await c.call("echo", x=np.ones(2)))["out"], 1.0)
+
+    asyncio.run(main())
+
+
+def test_requests_waiting_for_a_slot_fail_when_the_client_closes(worker: WorkerProc) -> None:
+    async def main() -> None:
+        c = await AsyncClient.connect(worker.name, timeout_s=30)
+        loop = asyncio.get_running_loop()
+        y = np.ones(8)
+        np.testing.assert_array_equal((await c.call("vector_add", x=y, y=y))["out"], 2.0)
+        sock_fd, wake_fd, _ = c.client._t.watch_fds
+        loop.remove_reader(sock_fd)
+        loop.remove_reader(wake_fd)
+        first = []
+        while not c._queued:
+            first.append(c.submit("vector_add", x=y, y=y))
+        waiting = [first.pop()] + [c.submit("vector_add", x=y, y=y) for _ in range(2)]
+        await c.aclose()
+        for f in waiting:
+            with pytest.raises(ClientClosedError):
+                await asyncio.wait_for(f, 5)
+        for f in first:  # in flight when the client closed
+            with pytest.raises((ClientClosedError, WorkerGoneError)):
+                await asyncio.wait_for(f, 5)
 
     asyncio.run(main())
