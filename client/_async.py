@@ -222,8 +222,11 @@ class AsyncClient:
             return  # (an answer routed inside a send below: the loop below goes on)
         q, c = self._queued, self.client
         self._draining = True
+        sent = False
         try:
             while q:
+                if sent and not (c._kept or c._slots.maybe_free):
+                    return  # every slot taken again: the next answer sends the next one (no attempt in vain)
                 afut, deadline, args = q[0]
                 left = deadline - time.monotonic()
                 if afut.done() or left <= 0:  # cancelled; or past its deadline
@@ -245,6 +248,7 @@ class AsyncClient:
                     _settle_future(afut, False, e)
                     continue
                 q.popleft()
+                sent = True
         finally:
             self._draining = False
 
@@ -433,12 +437,17 @@ class _LoopReply(_Reply):
 
     def _finish(self) -> None:
         ok, out = self._settle()  # (the slot is free from here: the next request waiting for one takes it)
+        if self._aloop.is_closed():
+            return  # its loop is gone (the AsyncClient moved to another): nobody awaits it
         if threading.get_ident() == self._thread:
             _settle_future(self._afut, ok, out)
             if self._owner._queued:
                 self._owner._drain()
-        elif not self._aloop.is_closed():
-            self._aloop.call_soon_threadsafe(self._owner._settled, self._afut, ok, out)
+        else:
+            try:
+                self._aloop.call_soon_threadsafe(self._owner._settled, self._afut, ok, out)
+            except RuntimeError:  # closed since the look above
+                pass
 
 
 class _LoopCallReply(_CallReply, _LoopReply):

@@ -45,6 +45,11 @@ class SlotPool:
         return len(self._free)
 
     @property
+    def maybe_free(self) -> bool:
+        """Whether a slot may be free or come free at the next take (a hint, read without the lock)."""
+        return bool(self._free or self._parked)
+
+    @property
     def free(self) -> list[_Slot]:
         """The free slots, smallest first (a snapshot, for tests and status)."""
         with self.lock:

@@ -539,3 +539,42 @@ def test_requests_waiting_for_a_slot_fail_when_the_client_closes(worker: WorkerP
                 await asyncio.wait_for(f, 5)
 
     asyncio.run(main())
+
+
+def test_a_client_moved_to_another_loop_with_a_request_in_the_lane(worker: WorkerProc) -> None:
+    # The first loop goes away while its request rides the lane (its reader on the lane's eventfd gone with it). The
+    # client under a second loop sends over ZeroMQ while the lane is busy; the next ring after the answer came collects
+    # it (the old loop's future is left alone: its loop is closed) and rides the lane again.
+    c = AsyncClient(Client(worker.name, timeout_s=10, lane="block"))
+    ln = c.client._t.lane
+    assert ln is not None
+
+    async def first() -> asyncio.Future[Any]:
+        x = np.ones(3_500_000)
+        await c.call(slow_pipeline(20), x=x)  # its sizes asked once (off the loop)
+        seq = ln.seq
+        slow = c.submit(slow_pipeline(20), x=x)  # ~0.1 s, into the lane (sent from the executor: a borrowed slot)
+        while ln.fd not in c._watched:  # the loop reads the lane's eventfd for it
+            await asyncio.sleep(0.001)
+        assert ln.seq == seq + 1 and ln.busy and ln.waiting and not slow.done()
+        slow.add_done_callback(lambda f: None)  # a callback its loop, once closed, could not schedule
+        return slow
+
+    async def second() -> None:
+        seq = ln.seq
+        np.testing.assert_array_equal((await c.call("echo", x=np.full(3, 4.0)))["out"], 4.0)
+        assert ln.seq == seq  # over ZeroMQ: the lane still holds the first loop's request
+        await asyncio.get_running_loop().run_in_executor(None, wait_for_state, worker.name,
+                                                         lambda st: st["in_flight"] == 0, "the slow request answered")
+        np.testing.assert_array_equal((await c.call("echo", x=np.full(3, 6.0)))["out"], 6.0)
+        assert ln.seq == seq + 1 and not ln.busy and not ln.waiting  # collected the late answer, rode the lane
+        assert len(c.client._inflight) == 0 and ln.fd not in c._watched
+
+    try:
+        loop1 = asyncio.new_event_loop()
+        slow = loop1.run_until_complete(first())
+        loop1.close()
+        asyncio.run(second())
+        assert not slow.done()  # its loop is gone: left as it was
+    finally:
+        c.client.close()
