@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from shmrpc.schema.errors import ClientClosedError, RequestError, Timeout
+from shmrpc.schema.errors import ClientClosedError, RequestError, Timeout, WorkerGoneError
 
 from ._calls import _NoSlot
 from ._client import Client
@@ -191,6 +191,7 @@ class AsyncClient:
             loop.remove_reader(pidfd)  # readable for good: watched once
             self._watched.remove(pidfd)
         self.client._inflight.worker_exited()
+        self._drain()  # (fails the requests waiting for a slot)
 
     def _expire(self) -> None:
         """Fail the requests past their deadline, in flight or waiting for a slot; look again in :data:`_EXPIRE_S`
@@ -221,6 +222,9 @@ class AsyncClient:
         if self._draining:
             return  # (an answer routed inside a send below: the loop below goes on)
         q, c = self._queued, self.client
+        if c._t.gone:  # the worker exited: no slot will come free
+            self._fail_queued(lambda: WorkerGoneError(c._t.gone))
+            return
         self._draining = True
         sent = False
         try:
@@ -252,6 +256,13 @@ class AsyncClient:
         finally:
             self._draining = False
 
+    def _fail_queued(self, error: Any) -> None:
+        """Fail every request waiting for a slot with ``error()`` (they were never sent)."""
+        while self._queued:
+            afut = self._queued.popleft()[0]
+            if not afut.get_loop().is_closed():
+                _settle_future(afut, False, error())
+
     def _settled(self, afut: asyncio.Future[Any], ok: bool, out: Any) -> None:
         """An answer another thread routed, on the loop's thread: finish its future, send what waits for a slot."""
         _settle_future(afut, ok, out)
@@ -280,11 +291,8 @@ class AsyncClient:
         if self._lane_reply is not None and self.client._t.lane is not None:
             self.client._t.lane.waiting = False  # no loop reads it now: a later ring collects a late answer
         self._lane_reply = None
-        while self._queued:  # never sent
-            afut = self._queued.popleft()[0]
-            if not afut.get_loop().is_closed():
-                _settle_future(afut, False, ClientClosedError("the AsyncClient was closed or moved to another loop "
-                                                              "before the request found a slot"))
+        self._fail_queued(lambda: ClientClosedError("the AsyncClient was closed or moved to another loop before the "
+                                                    "request found a slot"))
         loop, self._loop = self._loop, None
         for h in (self._tick, self._pump_soon):
             if h is not None:

@@ -578,3 +578,33 @@ def test_a_client_moved_to_another_loop_with_a_request_in_the_lane(worker: Worke
         assert not slow.done()  # its loop is gone: left as it was
     finally:
         c.client.close()
+
+
+def test_requests_waiting_for_a_slot_fail_at_once_when_the_worker_dies(spawn_worker: Callable[..., WorkerProc]) -> None:
+    w = spawn_worker()
+
+    async def main() -> None:
+        c = await AsyncClient.connect(w.name, timeout_s=60)
+        try:
+            loop = asyncio.get_running_loop()
+            y = np.ones(8)
+            np.testing.assert_array_equal((await c.call("vector_add", x=y, y=y))["out"], 2.0)
+            sock_fd, wake_fd, _ = c.client._t.watch_fds
+            loop.remove_reader(sock_fd)  # answers are not routed: the first requests keep every slot
+            loop.remove_reader(wake_fd)
+            first = []
+            while not c._queued:
+                first.append(c.submit("vector_add", x=y, y=y))
+            waiting = [first.pop()] + [c.submit("vector_add", x=y, y=y) for _ in range(2)]
+            os.kill(w.pid, signal.SIGKILL)
+            for f in first + waiting:
+                with pytest.raises(WorkerGoneError):
+                    await asyncio.wait_for(f, 10)  # the pidfd says so, not the requests' 60 s
+            assert not c._queued
+        finally:
+            await c.aclose()
+
+    asyncio.run(main())
+    w.proc.wait(10)
+    for p in (socket_path(w.name), attach_path(w.name)):  # a SIGKILLed worker leaves its sockets
+        p.unlink(missing_ok=True)
