@@ -77,8 +77,12 @@ def _ask(c: Any, submit: bool, op: str, **kw: Any) -> dict[str, np.ndarray]:
 
 def client_main(name: str, seed: int, calls: int, spin_us: int = 0, lane: str = "", via: str = "call") -> None:
     """Make ``calls`` checked calls; print progress lines and a final JSON line. ``via``: ``call`` (``Client.call``),
-    ``submit`` (``Client.submit(...).result()``), or ``mixed``: every third call through ``submit``, and every other
-    ``echo`` of a strided view of the pool (every second byte) instead of a contiguous run of it."""
+    ``submit`` (``Client.submit(...).result()``), ``mixed``: every third call through ``submit``, and every other
+    ``echo`` of a strided view of the pool (every second byte) instead of a contiguous run of it; or ``async``
+    (:func:`async_client_main`)."""
+    if via == "async":
+        async_client_main(name, seed, calls, lane)
+        return
     from shmrpc.client import Client, ConnectError, RequestError, Timeout, WorkerGoneError
 
     rng = np.random.default_rng(seed)
@@ -143,6 +147,82 @@ def client_main(name: str, seed: int, calls: int, spin_us: int = 0, lane: str = 
                       "rewarm": rewarm, "end": end}), flush=True)
 
 
+ASYNC_GROUP = 8  # requests an async client sends at once: more than its lease, so some wait for a slot
+
+
+def async_client_main(name: str, seed: int, calls: int, lane: str = "") -> None:
+    """``client_main`` through an ``AsyncClient``: the calls go out ``ASYNC_GROUP`` at a time (``submit``, then
+    ``asyncio.gather``), more than the client's lease: some wait on the loop for a slot, a larger one borrows one
+    from the executor. Every answer is compared with its own inputs; a group the worker's death cut short counts
+    its calls that raised, and the client reconnects."""
+    import asyncio
+
+    from shmrpc.client import AsyncClient, ConnectError, RequestError, Timeout, WorkerGoneError
+
+    rng = np.random.default_rng(seed)
+    pool = rng.integers(0, 256, 1 << 22, dtype=np.uint8)
+    r: dict[str, Any] = {"seed": seed, "calls": calls, "ok": 0, "wrong": 0, "raised": {}, "reconnects": 0,
+                         "connect_retries": 0, "pulses": 0, "warm": {}, "rewarm": {}}
+    t0 = time.perf_counter()
+
+    async def main() -> None:
+        c: Any = None
+        i, rewarm_at = 0, -1
+        while i < calls:
+            if c is None:
+                try:
+                    c = await AsyncClient.connect(name, timeout_s=20, connect_timeout_s=30,
+                                                  **({"lane": lane} if lane else {}))
+                except (ConnectError, WorkerGoneError, Timeout):
+                    r["connect_retries"] += 1
+                    await asyncio.sleep(0.05)
+                    continue
+            n = min(ASYNC_GROUP, calls - i)
+            futs, sent = [], []
+            for k in range(n):
+                nbytes = int(np.exp(rng.uniform(np.log(64), np.log(1 << 20))))
+                if (i + k) % 2 == 0:
+                    start = int(rng.integers(0, pool.size - nbytes))
+                    x = pool[start:start + nbytes]
+                    futs.append(c.submit("echo", x=x))
+                else:
+                    x = rng.standard_normal(max(1, nbytes // 4)).astype(np.float32)
+                    futs.append(c.submit("scale", x=x, a=1.0, b=0.0))
+                sent.append(x)
+            gone = False
+            for out, x in zip(await asyncio.gather(*futs, return_exceptions=True), sent):
+                if isinstance(out, (WorkerGoneError, ConnectError, Timeout, RequestError)):
+                    r["raised"][type(out).__name__] = r["raised"].get(type(out).__name__, 0) + 1
+                    gone |= not isinstance(out, RequestError)
+                elif isinstance(out, BaseException):
+                    raise out
+                else:
+                    good = out["out"].dtype == x.dtype and np.array_equal(out["out"], x)
+                    r["ok"] += good
+                    r["wrong"] += not good
+            before, i = i, i + n
+            if gone:
+                r["pulses"] += c.client._inflight.pulses
+                await c.aclose()
+                c = None
+                r["reconnects"] += 1
+                rewarm_at, r["rewarm"] = i + REWARM_CALLS, {}
+            if before < int(calls * WARM_FRACTION) <= i:
+                r["warm"] = proc_facts()
+            if before < rewarm_at <= i:
+                r["rewarm"] = proc_facts()
+            if before // 1000 != i // 1000:
+                print(f"progress {i}", flush=True)
+        r["end"] = proc_facts()  # still connected, like at warm-up
+        if c is not None:
+            r["pulses"] += c.client._inflight.pulses
+            await c.aclose()
+
+    asyncio.run(main())
+    r["elapsed_s"] = time.perf_counter() - t0
+    print(json.dumps(r), flush=True)
+
+
 # ------------------------------------------------------------ the driver
 
 
@@ -175,9 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spin-us", type=int, default=0, help="worker --spin-us and the clients' spin_us (default 0)")
     ap.add_argument("--lane", choices=("block", "spin"), default=None,
                     help="every other client asks for this lane (Client(lane=...)); the others use ZeroMQ")
-    ap.add_argument("--via", choices=("call", "submit", "mixed"), default="call",
-                    help="how the clients call: call(), submit().result(), or mixed (a third through submit(), every "
-                         "other echo of a strided view)")
+    ap.add_argument("--via", choices=("call", "submit", "mixed", "async"), default="call",
+                    help="how the clients call: call(), submit().result(), mixed (a third through submit(), every "
+                         "other echo of a strided view), or async (an AsyncClient, 8 requests at a time)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/soak-<date>.json; '-' for none)")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
