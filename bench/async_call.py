@@ -8,7 +8,10 @@ Starts one worker (NumPy backend, this checkout). Per round and tree, a child pr
 ``asyncio.run``: ``await AsyncClient.call`` one at a time (``async_call``), ``await AsyncLoan.send`` of the same inputs
 written once into a loan (``async_loan``), and ``asyncio.gather`` of 4 calls at a time (``async_gather4``, µs per
 call; the worker leases a client 4 slots, so none waits for one) and of 16 (``async_gather16``: 12 wait for a slot,
-since the thirty-fourth session on the loop, before from the executor after an ACQUIRE). Then the same through a
+since the thirty-fourth session on the loop, before from the executor after an ACQUIRE); then ``call()`` and ``await
+AsyncClient.call`` of a new signature every call (``call_newsig``, ``async_newsig``: ``scale`` with a new ``a``, whose
+output sizes the client asks of the worker first; ``--calls`` / 10 calls; since the thirty-fourth session the
+AsyncClient asks from the loop, before from the executor). Then the same through a
 blocking lane (``Client(lane="block")``): ``call`` (``lane_call``) and ``await AsyncClient.call``
 (``lane_async_call``); -1 for a tree before 2026-12-04's thirty-third session, whose AsyncClient left a lane's answer uncollected (every such call
 timed out). Per case the best of 5 repeats of ``--calls`` calls, µs per call, and the process's CPU time per call over
@@ -32,9 +35,10 @@ a = np.arange(16, dtype=np.float32)
 b = np.full(16, 2, np.float32)
 
 
-def record(key, runs, cpu):
-    out[key + "_us"] = min(runs) / calls * 1e6
-    out[key + "_cpu_us"] = cpu / (len(runs) * calls) * 1e6
+def record(key, runs, cpu, n=None):
+    n = n or calls
+    out[key + "_us"] = min(runs) / n * 1e6
+    out[key + "_cpu_us"] = cpu / (len(runs) * n) * 1e6
 
 
 def sync_call(key, lane=None):
@@ -46,17 +50,23 @@ def sync_call(key, lane=None):
 
 
 sync_call("call")
+fresh = iter(range(1, 1 << 40))  # a new attribute each call: a new signature, whose output sizes are asked
+with Client(name, timeout_s=30) as c:
+    c0 = time.process_time()
+    runs = timeit.repeat(lambda: c.call("scale", x=a, a=float(next(fresh)), b=0.0), number=calls // 10, repeat=5)
+    record("call_newsig", runs, time.process_time() - c0, calls // 10)
 
 
-async def timed(key, step, per=1):
+async def timed(key, step, per=1, n=None):
+    n = n or calls
     await step()
     runs, c0 = [], time.process_time()
     for _ in range(5):
         t = time.perf_counter()
-        for _ in range(calls // per):
+        for _ in range(n // per):
             await step()
         runs.append(time.perf_counter() - t)
-    record(key, runs, time.process_time() - c0)
+    record(key, runs, time.process_time() - c0, n)
 
 
 async def main():
@@ -77,6 +87,7 @@ async def main():
 
         await timed("async_gather4", gather(4), 4)
         await timed("async_gather16", gather(16), 16)
+        await timed("async_newsig", lambda: ac.call("scale", x=a, a=float(next(fresh)), b=0.0), 1, calls // 10)
 
 
 async def lane_main():

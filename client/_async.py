@@ -9,8 +9,11 @@ the loop does per call is bounded and short: copy the inputs into a free slot of
 the client's own, ring the worker, and later read the answer. A request that finds
 none of the client's slots free while one that fits is in flight waits on the loop,
 in order, and goes out as soon as an answer frees one (:meth:`AsyncClient._drain`).
+A request that needs the worker's reply to a question first (a new signature's output
+sizes, a resident tensor's spec) sends the question from the loop and waits there for
+the reply, which the loop routes like an answer (:meth:`AsyncClient._answered`).
 Whatever may wait (connecting, an ACQUIRE for a slot none of the client's own can
-give, a question to the worker, closing) runs in the loop's default executor.
+give, closing) runs in the loop's default executor.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ _EXPIRE_S = 0.02  # how often the loop looks for requests past their deadline
 # loop's thread before the loop waits for the lane's eventfd
 _LANE_POLL_S = 30e-6
 _perf_counter = time.perf_counter
+_Waiting = tuple["asyncio.Future[Any]", float, tuple[Any, ...]]  # a request not sent yet: future, deadline, arguments
 _ROUTE_BATCH = 2  # answers routed per turn of the loop: each wakes a task, so a turn stays short under load (2: lag p50 0.53 ms, p99 0.81 ms with 1 000 in flight on the GPU host, ~10 % fewer calls/s than 4; bench/results/bench-async-gpuhost-loop-ab-2026-11-30-e346be2.json)
 
 
@@ -75,7 +79,8 @@ class AsyncClient:
         self._lane_misses = 0  # the loop's polls of the lane in a row that found no answer (see _watch_lane)
         self._lane_skip = 0  # lone lane requests left to send without a poll
         # requests waiting on the loop for a slot of the client's own, in order: (future, deadline, _submit's arguments)
-        self._queued: deque[tuple[asyncio.Future[Any], float, tuple[Any, ...]]] = deque()
+        self._queued: deque[_Waiting] = deque()
+        self._answer_waits: dict[int, list[_Waiting]] = {}  # requests waiting for the reply to the question of this id
         self._draining = False
 
     def _on_loop(self) -> asyncio.AbstractEventLoop:
@@ -97,6 +102,8 @@ class AsyncClient:
         self._loop = loop
         self._loop_thread = threading.get_ident()
         self.client._t.watched = True
+        if self.client._tracing is None:  # (a traced call is sent from the executor when it must ask: it waits there)
+            self.client.on_answer = self._on_answer
         self._tick = loop.call_later(_EXPIRE_S, self._expire)
         self._pump()  # anything that came before the readers did
         return loop
@@ -194,36 +201,100 @@ class AsyncClient:
         self._drain()  # (fails the requests waiting for a slot)
 
     def _expire(self) -> None:
-        """Fail the requests past their deadline, in flight or waiting for a slot; look again in :data:`_EXPIRE_S`
-        while any is (an idle client's loop is not woken: the next request arms the look again, :meth:`_on_loop`)."""
+        """Fail the requests past their deadline, in flight or waiting (for a slot, for the worker's reply to a
+        question); look again in :data:`_EXPIRE_S` while any is (an idle client's loop is not woken: the next
+        request arms the look again, :meth:`_on_loop`)."""
         self._tick = None
         inflight = self.client._inflight
         inflight.expire()
+        now = time.monotonic()
         if self._queued:
-            now = time.monotonic()
-            for q in [q for q in self._queued if q[1] <= now or q[0].done()]:
-                self._queued.remove(q)
-                _settle_future(q[0], False, self._no_slot(q[2]))
+            for w in [w for w in self._queued if w[1] <= now or w[0].done()]:
+                self._queued.remove(w)
+                _settle_future(w[0], False, self._late(w[2], True))
             self._drain()  # (a slot another thread's answer freed, which no answer of the loop's followed)
-        if self._loop is not None and (len(inflight) or self._queued):
+        for rid, waits in list(self._answer_waits.items()):
+            for w in [w for w in waits if w[1] <= now or w[0].done()]:
+                waits.remove(w)
+                _settle_future(w[0], False, self._late(w[2], False))
+            if not waits:  # nobody waits for that reply now
+                del self._answer_waits[rid]
+                self.client.forget_question(rid)
+        if self._loop is not None and (len(inflight) or self._queued or self._answer_waits):
             self._tick = self._loop.call_later(_EXPIRE_S, self._expire)
 
     def _slot_comes(self, need: int) -> bool:
         """Whether a request of ours in flight holds a slot of at least ``need`` bytes (its answer frees it)."""
         return need > 0 and any(s.nbytes >= need for s in self.client._inflight.slots())
 
-    def _no_slot(self, args: tuple[Any, ...]) -> Timeout:
-        return Timeout(f"no slot for {args[0] if isinstance(args[0], str) else 'the pipeline'!r} became free in time")
+    def _late(self, args: tuple[Any, ...], slot: bool) -> Timeout:
+        op = args[0] if isinstance(args[0], str) else "the pipeline"
+        if slot:
+            return Timeout(f"no slot for {op!r} became free in time")
+        return Timeout(f"no answer from worker {self.client.name!r} in time (a question before {op!r})")
+
+    def _send(self, w: _Waiting) -> bool:
+        """Send request ``w`` from the loop, never waiting. False: no slot of ours is free for it but an answer will
+        free one (the caller keeps it waiting for a slot). True: it went out; or waits for the worker's reply to a
+        question it needs first (the question sent); or went to the executor (no answer of ours frees a slot for
+        it); or failed, its future holding the error."""
+        afut, deadline, args = w
+        left = deadline - time.monotonic()
+        if afut.done() or left <= 0:  # cancelled; or past its deadline
+            _settle_future(afut, False, self._late(args, True))
+            return True
+        c = self.client
+        op, out_nbytes, in_place, keep, copy, kwargs, make = args
+        try:
+            c._submit(op, left, out_nbytes, in_place, keep, copy, True, kwargs, make=make)
+        except _NoSlot as e:
+            if e.asked:
+                self._wait_answer(e.asked, w)
+            elif self._slot_comes(e.need):
+                return False
+            else:
+                self._send_off_loop(functools.partial(
+                    c._submit, op, left, out_nbytes, in_place, keep, copy, False, kwargs, make=make), afut)
+        except BaseException as e:  # noqa: BLE001  (its own error; the others still go out)
+            _settle_future(afut, False, e)
+        return True
+
+    def _wait_answer(self, rid: int, w: _Waiting) -> None:
+        self._answer_waits.setdefault(rid, []).append(w)
+        if self._tick is None and self._loop is not None:
+            self._tick = self._loop.call_later(_EXPIRE_S, self._expire)
+
+    def _on_answer(self, rid: int) -> None:
+        """The reply to the loop's question ``rid`` came (called on the thread that routed it, under the in-flight
+        table's lock): the loop sends the requests that waited for it."""
+        loop = self._loop
+        if loop is None:
+            return
+        if threading.get_ident() == self._loop_thread:
+            loop.call_soon(self._answered, rid)
+        else:
+            try:
+                loop.call_soon_threadsafe(self._answered, rid)
+            except RuntimeError:  # (closed meanwhile)
+                pass
+
+    def _answered(self, rid: int) -> None:
+        waits = self._answer_waits.pop(rid, [])
+        for w in waits:  # the first reads the reply (and caches what it says); behind those waiting for a slot
+            if self._queued or not self._send(w):
+                self._queued.append(w)
+        self.client.forget_question(rid)  # read, or nobody waits for it
+        if self._queued:
+            self._drain()
 
     def _drain(self) -> None:
         """Send the requests waiting for a slot (:meth:`submit`), oldest first, while free slots of ours fit them (an
-        answer just freed one). The first that still finds none stays first; one that no answer of ours will free a
-        slot for (none in flight fits it), or that must ask the worker first, goes out from the executor."""
+        answer just freed one). The first that still finds none stays first (:meth:`_send`)."""
         if self._draining:
             return  # (an answer routed inside a send below: the loop below goes on)
         q, c = self._queued, self.client
         if c._t.gone:  # the worker exited: no slot will come free
-            self._fail_queued(lambda: WorkerGoneError(c._t.gone))
+            self._fail_waiting(lambda: WorkerGoneError(c._t.gone))
             return
         self._draining = True
         sent = False
@@ -231,35 +302,22 @@ class AsyncClient:
             while q:
                 if sent and not (c._kept or c._slots.maybe_free):
                     return  # every slot taken again: the next answer sends the next one (no attempt in vain)
-                afut, deadline, args = q[0]
-                left = deadline - time.monotonic()
-                if afut.done() or left <= 0:  # cancelled; or past its deadline
-                    q.popleft()
-                    _settle_future(afut, False, self._no_slot(args))
-                    continue
-                op, out_nbytes, in_place, keep, copy, kwargs, make = args
-                try:
-                    c._submit(op, left, out_nbytes, in_place, keep, copy, True, kwargs, make=make)
-                except _NoSlot as e:
-                    if self._slot_comes(e.need):
-                        return
-                    q.popleft()
-                    self._send_off_loop(functools.partial(
-                        c._submit, op, left, out_nbytes, in_place, keep, copy, False, kwargs, make=make), afut)
-                    continue
-                except BaseException as e:  # noqa: BLE001  (its own error; the others still go out)
-                    q.popleft()
-                    _settle_future(afut, False, e)
-                    continue
+                if not self._send(q[0]):
+                    return
                 q.popleft()
                 sent = True
         finally:
             self._draining = False
 
-    def _fail_queued(self, error: Any) -> None:
-        """Fail every request waiting for a slot with ``error()`` (they were never sent)."""
-        while self._queued:
-            afut = self._queued.popleft()[0]
+    def _fail_waiting(self, error: Any) -> None:
+        """Fail every request waiting for a slot or for the reply to a question with ``error()`` (none was sent)."""
+        waits = list(self._queued)
+        self._queued.clear()
+        for rid, ws in list(self._answer_waits.items()):
+            waits += ws
+            self.client.forget_question(rid)
+        self._answer_waits.clear()
+        for afut, _, _ in waits:
             if not afut.get_loop().is_closed():
                 _settle_future(afut, False, error())
 
@@ -291,8 +349,9 @@ class AsyncClient:
         if self._lane_reply is not None and self.client._t.lane is not None:
             self.client._t.lane.waiting = False  # no loop reads it now: a later ring collects a late answer
         self._lane_reply = None
-        self._fail_queued(lambda: ClientClosedError("the AsyncClient was closed or moved to another loop before the "
-                                                    "request found a slot"))
+        self._fail_waiting(lambda: ClientClosedError("the AsyncClient was closed or moved to another loop before the "
+                                                     "request was sent"))
+        self.client.on_answer = None
         loop, self._loop = self._loop, None
         for h in (self._tick, self._pump_soon):
             if h is not None:
@@ -337,8 +396,9 @@ class AsyncClient:
         and no request of this client waits for one. Otherwise the request waits on the loop, behind those,
         until an answer frees a slot that fits (at most the client's lease is in flight from the loop:
         ``Client(lease=...)`` leases more), or, when no request in flight holds a slot that fits, goes out
-        from the executor, which borrows one (ACQUIRE). A request that waits reads its inputs when it goes
-        out: do not change them before it is answered.
+        from the executor, which borrows one (ACQUIRE). The first request of a new signature waits on the loop
+        for the worker's reply to the question it needs (its output sizes), sent from the loop. A request that
+        waits reads its inputs when it goes out: do not change them before it is answered.
         """
         c = self.client
         loop = self._on_loop()
@@ -358,14 +418,19 @@ class AsyncClient:
                 c._submit(op, timeout_s, out_nbytes, in_place, keep, copy, True, kwargs, make=make)
                 return afut
             except _NoSlot as e:
-                if not self._slot_comes(e.need):
+                w = (afut, time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s),
+                     (op, out_nbytes, in_place, keep, copy, kwargs, make))
+                if e.asked:  # the question went out: the request goes out when its reply comes
+                    self._wait_answer(e.asked, w)
+                elif not self._slot_comes(e.need):
                     self._send_off_loop(functools.partial(
                         c._submit, op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs, make=make), afut)
-                    return afut
-        else:
-            c._check()
-        deadline = time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s)
-        self._queued.append((afut, deadline, (op, out_nbytes, in_place, keep, copy, kwargs, make)))
+                else:
+                    self._queued.append(w)
+                return afut
+        c._check()
+        self._queued.append((afut, time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s),
+                             (op, out_nbytes, in_place, keep, copy, kwargs, make)))
         return afut
 
     def _bridge(self, fut: Future[Any], loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:

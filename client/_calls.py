@@ -41,12 +41,13 @@ __all__ = ["Calls"]
 
 class _NoSlot(Exception):
     """``_submit(nowait=True)`` would wait: no free slot of the client's own fits (``need``: the bytes it asks), or the
-    request needs a reply of the worker first (a new signature's output sizes, a resident tensor's spec; ``need`` 0):
-    the caller sends it later or from elsewhere."""
+    request needs a reply of the worker first (a new signature's output sizes, a resident tensor's spec; ``need`` 0;
+    ``asked``: the id of that question, sent already, when the client tells an event loop of its reply): the caller
+    sends it later or from elsewhere."""
 
-    def __init__(self, need: int = 0) -> None:
-        Exception.__init__(self, need)
-        self.need = need
+    def __init__(self, need: int = 0, asked: int = 0) -> None:
+        Exception.__init__(self, need, asked)
+        self.need, self.asked = need, asked
 
 
 class Calls:

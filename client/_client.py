@@ -28,6 +28,7 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -181,6 +182,11 @@ class Client(Calls):
         self._nowait_thread = 0  # the thread in a _submit(nowait=True), which must not wait for a control reply
         self._asking: set[int] = set()  # ids of ACQUIRE/MANAGE still waited for
         self._ctl_id = itertools.count(1)
+        # an event loop's questions (AsyncClient): sent without waiting, the reply kept for the same question asked
+        # again (question bytes without their id -> its id); on_answer(id) runs, on the routing thread under the
+        # in-flight table's lock, when a reply to one of them comes (None: questions asked on the loop wait off it)
+        self._asked: dict[bytes, int] = {}
+        self.on_answer: Callable[[int], None] | None = None
         self._rid = itertools.count(1)
         self._desc_cache: dict[Any, tuple[bytes, int, int, tuple[str, ...]]] = {}
         self._plans: dict[Any, CallPlan] = {}  # call() signatures -> slot layout and descriptor (_callplan)
@@ -252,6 +258,8 @@ class Client(Calls):
                 self._t.send(m.SLOT_STRUCT.pack(m.RELEASE, msg.region, msg.slot))
             return
         self._control[rid] = msg
+        if rid is not None and rid in self._asked.values() and self.on_answer is not None:
+            self.on_answer(rid)
 
     # ---- the interface loans and futures use (they reach no other member of the client) ----
 
@@ -382,7 +390,9 @@ class Client(Calls):
             goes back with RELEASE); _NoSlot in a ``_submit(nowait=True)``, which must not wait.
         """
         if self._nowait_thread == threading.get_ident():
-            raise _NoSlot()  # (an event loop's submit: it asks again off the loop)
+            if self.on_answer is None or isinstance(msg, Acquire):
+                raise _NoSlot()  # (an event loop's submit: it asks again off the loop)
+            return self._ask_later(msg)
         rid = next(self._ctl_id) & 0x7FFFFFFF
         self._asking.add(rid)
         self._control.pop(None, None)
@@ -395,6 +405,38 @@ class Client(Calls):
         if isinstance(reply, ErrorReply):
             raise control_error(reply)
         return reply
+
+    def _ask_later(self, msg: Manage) -> ControlMessage:
+        """``_ask`` for an event loop (``on_answer`` set), which never waits: the reply of ``msg`` if it came (the
+        question was asked before); else ask it, once, and raise ``_NoSlot`` naming the id its reply will carry
+        (``on_answer`` is told when it comes, and the caller asks again)."""
+        key = dataclasses.replace(msg, id=0).encode()
+        rid = self._asked.get(key)
+        if rid is not None:
+            reply = self._control.pop(rid, None)
+            if reply is None:
+                raise _NoSlot(asked=rid)
+            self.forget_question(rid)
+            if isinstance(reply, ErrorReply):
+                raise control_error(reply)
+            return reply
+        rid = next(self._ctl_id) & 0x7FFFFFFF
+        self._asking.add(rid)
+        self._asked[key] = rid
+        try:
+            self._t.send(dataclasses.replace(msg, id=rid).encode())
+        except BaseException:
+            self.forget_question(rid)
+            raise
+        raise _NoSlot(asked=rid)
+
+    def forget_question(self, rid: int) -> None:
+        """An event loop's question ``rid`` is answered and read, or nobody waits for its reply any more."""
+        self._asking.discard(rid)
+        self._control.pop(rid, None)
+        for key, r in list(self._asked.items()):
+            if r == rid:
+                del self._asked[key]
 
     def _acquire(self, nbytes: int, wait_s: float, deadline: float) -> _Slot:
         try:

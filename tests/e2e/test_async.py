@@ -326,39 +326,70 @@ def test_an_answer_routed_by_another_thread_finishes_the_awaited_call(worker: Wo
     asyncio.run(main())
 
 
-def test_a_question_to_the_worker_before_a_request_is_asked_off_the_loop(worker: WorkerProc) -> None:
-    # A new signature's output sizes and a resident tensor's spec come from the worker (a control round trip, waited
-    # for): AsyncClient asks them in the loop's executor, never on the loop's thread; the next call of the signature
-    # is sent from the loop at once.
+def test_a_question_to_the_worker_before_a_request_is_asked_from_the_loop_without_waiting(worker: WorkerProc) -> None:
+    # A new signature's output sizes and a resident tensor's spec come from the worker (a control round trip). Since
+    # the thirty-fourth session AsyncClient sends the question from the loop and sends the request when the reply
+    # comes, routed by the loop like an answer: no thread waits (before, the request went to the executor, which
+    # asked and waited there), and requests of one new signature sent together ask once.
     from shmrpc.client import Resident
 
     async def main() -> None:
+        ex = _CountingExecutor()
         async with await AsyncClient.connect(worker.name, timeout_s=30) as c:
-            loop_thread = threading.get_ident()
-            asked_on: list[int] = []
-            real = c.client._ask
+            asyncio.get_running_loop().set_default_executor(ex)
+            waited: list[int] = []
+            real_pump = c.client._pump
 
-            def ask(*args: Any) -> Any:
-                got = real(*args)  # (on the loop's thread it refuses at once, and the call goes to the executor)
-                asked_on.append(threading.get_ident())  # a question asked and answered
-                return got
+            def pump(*args: Any) -> Any:
+                waited.append(threading.get_ident())
+                return real_pump(*args)
 
-            c.client._ask = ask  # type: ignore[method-assign]
+            c.client._pump = pump  # type: ignore[method-assign]
+            first_id = next(c.client._ctl_id)
             x = np.arange(5.0)
             np.testing.assert_array_equal((await c.call("scale", x=x, a=3.0, b=0.0))["out"], 3 * x)  # sized
             np.testing.assert_array_equal((await c.call("vector_add", x=x, y=Resident("shared/bias7")))["out"], x + 7)
-            np.testing.assert_array_equal((await c.call("echo", x=np.ones((2, 3), np.int16)))["out"], 1)  # general
-            assert len(asked_on) >= 3 and loop_thread not in asked_on
-            n = len(asked_on)
-            for _ in range(3):  # planned now: no question, nothing off the loop
+            np.testing.assert_array_equal((await c.call("echo", x=np.ones((2, 3), np.int16)))["out"], 1)
+            outs = await asyncio.gather(*(c.submit("scale", x=np.full(9, float(i)), a=2.0, b=1.0) for i in range(6)))
+            for i, o in enumerate(outs):  # one new signature, six requests at once: one question
+                np.testing.assert_array_equal(o["out"], 2.0 * i + 1)
+            asked = next(c.client._ctl_id) - first_id - 1
+            assert asked == 4  # scale; the resident list and vector_add's sizes; the second scale (echo: no question)
+            for _ in range(3):  # planned now: no question
                 np.testing.assert_array_equal((await c.call("scale", x=x, a=3.0, b=0.0))["out"], 3 * x)
                 np.testing.assert_array_equal((await c.call("vector_add", x=x, y=Resident("shared/bias7")))["out"], x + 7)
-            assert len(asked_on) == n
+            assert next(c.client._ctl_id) == first_id + asked + 2
+            assert waited == [] and ex.used == 0  # nobody waited for a reply, nothing went to the executor
+            assert not c.client._asked and not c.client._asking and not c.client._control and not c._answer_waits
             assert c.client._nowait_thread == 0
 
     with Client(worker.name, timeout_s=30) as other:
         other.put("bias7", np.full(5, 7.0), shared=True)  # shared/bias7: the async client has no record of it
         asyncio.run(main())
+
+
+def test_a_question_whose_reply_is_late_times_out_and_is_forgotten(worker: WorkerProc) -> None:
+    async def main() -> None:
+        async with await AsyncClient.connect(worker.name, timeout_s=30) as c:
+            loop = asyncio.get_running_loop()
+            sock_fd, wake_fd, _ = c.client._t.watch_fds
+            loop.remove_reader(sock_fd)  # the loop stops routing: the question's reply waits in the socket
+            loop.remove_reader(wake_fd)
+            try:
+                late = c.submit("scale", x=np.ones(7), a=2.0, b=0.0, timeout_s=0.05)
+                assert len(c._answer_waits) == 1 and len(c.client._asking) == 1
+                with pytest.raises(Timeout) as e:
+                    await asyncio.wait_for(late, 5)
+                assert "a question before 'scale'" in str(e.value)
+                assert not c._answer_waits and not c.client._asking and not c.client._asked
+            finally:
+                loop.add_reader(sock_fd, c._pump)
+                loop.add_reader(wake_fd, c._woken)
+                c._pump()
+            np.testing.assert_array_equal((await c.call("scale", x=np.ones(7), a=2.0, b=0.0))["out"], 2.0)
+            assert not c.client._control  # the late reply was dropped, the second call asked again
+
+    asyncio.run(main())
 
 
 def test_an_idle_async_client_leaves_the_loop_asleep(worker: WorkerProc) -> None:
@@ -596,6 +627,8 @@ def test_requests_waiting_for_a_slot_fail_at_once_when_the_worker_dies(spawn_wor
             while not c._queued:
                 first.append(c.submit("vector_add", x=y, y=y))
             waiting = [first.pop()] + [c.submit("vector_add", x=y, y=y) for _ in range(2)]
+            waiting.append(c.submit("scale", x=y, a=2.0, b=0.0))  # a new signature: waits for its question's reply
+            assert len(c._queued) == 4 and len(c._answer_waits) == 0  # (behind those waiting for a slot)
             os.kill(w.pid, signal.SIGKILL)
             for f in first + waiting:
                 with pytest.raises(WorkerGoneError):
