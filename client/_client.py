@@ -186,6 +186,7 @@ class Client(Calls):
         # again (question bytes without their id -> its id); on_answer(id) runs, on the routing thread under the
         # in-flight table's lock, when a reply to one of them comes (None: questions asked on the loop wait off it)
         self._asked: dict[bytes, int] = {}
+        self._asked_ids: set[int] = set()  # their ids (looked up by the routing thread: a set's look-up is one step)
         self.on_answer: Callable[[int], None] | None = None
         self._rid = itertools.count(1)
         self._desc_cache: dict[Any, tuple[bytes, int, int, tuple[str, ...]]] = {}
@@ -258,7 +259,7 @@ class Client(Calls):
                 self._t.send(m.SLOT_STRUCT.pack(m.RELEASE, msg.region, msg.slot))
             return
         self._control[rid] = msg
-        if rid is not None and rid in self._asked.values() and self.on_answer is not None:
+        if rid is not None and rid in self._asked_ids and self.on_answer is not None:
             self.on_answer(rid)
 
     # ---- the interface loans and futures use (they reach no other member of the client) ----
@@ -423,6 +424,7 @@ class Client(Calls):
         rid = next(self._ctl_id) & 0x7FFFFFFF
         self._asking.add(rid)
         self._asked[key] = rid
+        self._asked_ids.add(rid)
         try:
             self._t.send(dataclasses.replace(msg, id=rid).encode())
         except BaseException:
@@ -433,6 +435,7 @@ class Client(Calls):
     def forget_question(self, rid: int) -> None:
         """An event loop's question ``rid`` is answered and read, or nobody waits for its reply any more."""
         self._asking.discard(rid)
+        self._asked_ids.discard(rid)
         self._control.pop(rid, None)
         for key, r in list(self._asked.items()):
             if r == rid:

@@ -360,8 +360,8 @@ def test_a_question_to_the_worker_before_a_request_is_asked_from_the_loop_withou
                 np.testing.assert_array_equal((await c.call("vector_add", x=x, y=Resident("shared/bias7")))["out"], x + 7)
             assert next(c.client._ctl_id) == first_id + asked + 2
             assert waited == [] and ex.used == 0  # nobody waited for a reply, nothing went to the executor
-            assert not c.client._asked and not c.client._asking and not c.client._control and not c._answer_waits
-            assert c.client._nowait_thread == 0
+            assert not c.client._asked and not c.client._asked_ids and not c.client._asking
+            assert not c.client._control and not c._answer_waits and c.client._nowait_thread == 0
 
     with Client(worker.name, timeout_s=30) as other:
         other.put("bias7", np.full(5, 7.0), shared=True)  # shared/bias7: the async client has no record of it
@@ -381,7 +381,7 @@ def test_a_question_whose_reply_is_late_times_out_and_is_forgotten(worker: Worke
                 with pytest.raises(Timeout) as e:
                     await asyncio.wait_for(late, 5)
                 assert "a question before 'scale'" in str(e.value)
-                assert not c._answer_waits and not c.client._asking and not c.client._asked
+                assert not c._answer_waits and not c.client._asking and not c.client._asked and not c.client._asked_ids
             finally:
                 loop.add_reader(sock_fd, c._pump)
                 loop.add_reader(wake_fd, c._woken)
@@ -641,3 +641,28 @@ def test_requests_waiting_for_a_slot_fail_at_once_when_the_worker_dies(spawn_wor
     w.proc.wait(10)
     for p in (socket_path(w.name), attach_path(w.name)):  # a SIGKILLed worker leaves its sockets
         p.unlink(missing_ok=True)
+
+
+def test_questions_of_the_loop_and_of_a_blocking_thread_at_once(worker: WorkerProc) -> None:
+    # A blocking call() on another thread of the same Client pumps the socket while it waits for its own replies, so
+    # it routes the replies to the loop's questions too (handed to the loop), and the loop routes the thread's:
+    # every call of a new signature on either side is answered with its own outputs.
+    async def main() -> None:
+        async with await AsyncClient.connect(worker.name, timeout_s=30) as c:
+            loop = asyncio.get_running_loop()
+            x = np.arange(6.0)
+
+            def blocking() -> list[float]:
+                return [float(c.client.call("scale", x=x, a=float(i), b=0.5)["out"][1]) for i in range(1, 101)]
+
+            thread = loop.run_in_executor(None, blocking)
+            outs = []
+            for k in range(10):  # ten new signatures at a time
+                outs += await asyncio.gather(*(c.submit("scale", x=x, a=-float(10 * k + i), b=0.0)
+                                               for i in range(1, 11)))
+            for i, o in enumerate(outs, 1):
+                np.testing.assert_array_equal(o["out"], -float(i) * x)
+            assert await asyncio.wait_for(thread, 30) == [i + 0.5 for i in range(1, 101)]
+            assert not c.client._asked and not c.client._asked_ids and not c.client._asking and not c._answer_waits
+
+    asyncio.run(main())
