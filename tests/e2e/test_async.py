@@ -107,8 +107,13 @@ def test_worker_gone(spawn_worker: Callable[..., WorkerProc], lane: str | None) 
             await c.aclose()
 
     asyncio.run(main())
+    _reap(w)
+
+
+def _reap(w: WorkerProc) -> None:
+    """Wait for a SIGKILLed worker and remove the sockets it left."""
     w.proc.wait(10)
-    for p in (socket_path(w.name), attach_path(w.name)):  # a SIGKILLed worker leaves its sockets
+    for p in (socket_path(w.name), attach_path(w.name)):
         p.unlink(missing_ok=True)
 
 
@@ -623,24 +628,22 @@ def test_requests_waiting_for_a_slot_fail_at_once_when_the_worker_dies(spawn_wor
             sock_fd, wake_fd, _ = c.client._t.watch_fds
             loop.remove_reader(sock_fd)  # answers are not routed: the first requests keep every slot
             loop.remove_reader(wake_fd)
+            asking = c.submit("scale", x=y, a=2.0, b=0.0)  # a new signature: waits for its question's reply
             first = []
             while not c._queued:
                 first.append(c.submit("vector_add", x=y, y=y))
-            waiting = [first.pop()] + [c.submit("vector_add", x=y, y=y) for _ in range(2)]
-            waiting.append(c.submit("scale", x=y, a=2.0, b=0.0))  # a new signature: waits for its question's reply
-            assert len(c._queued) == 4 and len(c._answer_waits) == 0  # (behind those waiting for a slot)
+            waiting = [asking, first.pop()] + [c.submit("vector_add", x=y, y=y) for _ in range(2)]
+            assert len(c._queued) == 3 and len(c._answer_waits) == 1
             os.kill(w.pid, signal.SIGKILL)
             for f in first + waiting:
                 with pytest.raises(WorkerGoneError):
                     await asyncio.wait_for(f, 10)  # the pidfd says so, not the requests' 60 s
-            assert not c._queued
+            assert not c._queued and not c._answer_waits and not c.client._asking
         finally:
             await c.aclose()
 
     asyncio.run(main())
-    w.proc.wait(10)
-    for p in (socket_path(w.name), attach_path(w.name)):  # a SIGKILLed worker leaves its sockets
-        p.unlink(missing_ok=True)
+    _reap(w)
 
 
 def test_questions_of_the_loop_and_of_a_blocking_thread_at_once(worker: WorkerProc) -> None:
