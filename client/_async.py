@@ -134,7 +134,7 @@ class AsyncClient:
         loop = self._loop
         if loop is None:
             return
-        if threading.get_ident() != self._loop_thread:  # sent from the executor (it waited for a slot, or asked)
+        if threading.get_ident() != self._loop_thread:  # sent from the executor (it borrowed a slot; or traced)
             loop.call_soon_threadsafe(self._watch_lane, lane, reply)  # (the answer stays in the page meanwhile)
             return
         self._lane_reply = reply

@@ -392,7 +392,7 @@ class Client(Calls):
         """
         if self._nowait_thread == threading.get_ident():
             if self.on_answer is None or isinstance(msg, Acquire):
-                raise _NoSlot()  # (an event loop's submit: it asks again off the loop)
+                raise _NoSlot()  # (a traced event loop, or an ACQUIRE: asked again off the loop)
             return self._ask_later(msg)
         rid = next(self._ctl_id) & 0x7FFFFFFF
         self._asking.add(rid)
