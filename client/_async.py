@@ -140,20 +140,26 @@ class AsyncClient:
         self._lane_reply = reply
         if not lane.slept:
             # the ring found the worker polling the lanes (it lingers): poll the page for a bounded time, so that a
-            # quick answer finishes the call before the caller awaits it (no turn of the loop, no wake-up of its
-            # thread). After n polls in a row in vain, the next 2^n - 1 such requests are not polled (n up to 6).
+            # quick answer finishes the call at the loop's next turn (no wait in epoll, no wake-up of its thread).
+            # Not at once: a future done when awaited does not yield, so a task calling in a loop would hold the
+            # loop for as long as the answers came within the poll. After n polls in a row in vain, the next
+            # 2^n - 1 such requests are not polled (n up to 6).
             if self._lane_skip:
                 self._lane_skip -= 1
             else:
                 if lane.poll_until(_perf_counter() + _LANE_POLL_S):
                     self._lane_misses = 0
-                    self._lane_done(lane, reply)
+                    loop.call_soon(self._lane_polled, lane, reply)
                     return
                 self._lane_misses = min(self._lane_misses + 1, 6)
                 self._lane_skip = (1 << self._lane_misses) - 1
         if lane.fd not in self._watched:
             loop.add_reader(lane.fd, self._lane_ready)
             self._watched.append(lane.fd)
+
+    def _lane_polled(self, lane: ClientLane, reply: _LoopReply) -> None:
+        if self._lane_reply is reply:  # (not detached meanwhile)
+            self._lane_done(lane, reply)
 
     def _lane_ready(self) -> None:
         lane, reply = self.client._t.lane, self._lane_reply
