@@ -254,15 +254,23 @@ class AsyncClient:
         try:
             c._submit(op, left, out_nbytes, in_place, keep, copy, True, kwargs, make=make)
         except _NoSlot as e:
-            if e.asked:
-                self._wait_answer(e.asked, w)
-            elif self._slot_comes(e.need):
-                return False
-            else:
-                self._send_off_loop(functools.partial(
-                    c._submit, op, left, out_nbytes, in_place, keep, copy, False, kwargs, make=make), afut)
+            return self._not_sent(w, e)
         except BaseException as e:  # noqa: BLE001  (its own error; the others still go out)
             _settle_future(afut, False, e)
+        return True
+
+    def _not_sent(self, w: _Waiting, e: _NoSlot) -> bool:
+        """Request ``w`` could not go out from the loop (``e`` says why): it waits for its question's reply (True);
+        or for a slot an answer of ours will free (False: the caller keeps it in the queue); or goes out from the
+        executor, which borrows a slot (True)."""
+        if e.asked:
+            self._wait_answer(e.asked, w)
+            return True
+        if self._slot_comes(e.need):
+            return False
+        afut, deadline, (op, out_nbytes, in_place, keep, copy, kwargs, make) = w
+        self._send_off_loop(functools.partial(self.client._submit, op, max(0.0, deadline - time.monotonic()),
+                                              out_nbytes, in_place, keep, copy, False, kwargs, make=make), afut)
         return True
 
     def _wait_answer(self, rid: int, w: _Waiting) -> None:
@@ -419,24 +427,19 @@ class AsyncClient:
         def make(client: Client, loan: Loan, deadline: float, copy: bool, tensors: Any) -> _LoopCallReply:
             return _LoopCallReply(client, loan, deadline, copy, tensors, afut, self)
 
+        no_slot = None
         if not self._queued:
             try:
                 c._submit(op, timeout_s, out_nbytes, in_place, keep, copy, True, kwargs, make=make)
                 return afut
             except _NoSlot as e:
-                w = (afut, time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s),
-                     (op, out_nbytes, in_place, keep, copy, kwargs, make))
-                if e.asked:  # the question went out: the request goes out when its reply comes
-                    self._wait_answer(e.asked, w)
-                elif not self._slot_comes(e.need):
-                    self._send_off_loop(functools.partial(
-                        c._submit, op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs, make=make), afut)
-                else:
-                    self._queued.append(w)
-                return afut
-        c._check()
-        self._queued.append((afut, time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s),
-                             (op, out_nbytes, in_place, keep, copy, kwargs, make)))
+                no_slot = e
+        else:
+            c._check()  # (it waits behind those: nothing else looks at the client now)
+        w = (afut, time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s),
+             (op, out_nbytes, in_place, keep, copy, kwargs, make))
+        if no_slot is None or not self._not_sent(w, no_slot):
+            self._queued.append(w)
         return afut
 
     def _bridge(self, fut: Future[Any], loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:
