@@ -42,9 +42,10 @@ def test_response_round_trip() -> None:
 
 def test_unknown_dtype_code_names_field() -> None:
     raw = bytearray(encode_request(RequestDesc((), (TensorRef("x", "uint8", (1,), 4096, 1),), ("x",))))
-    code = DTYPE_CODES["uint8"]
-    # the dtype byte is the only byte equal to the uint8 code next to the 4096 offset; flip it to 200
-    idx = raw.index(bytes([code]))
+    other = encode_request(RequestDesc((), (TensorRef("x", "int8", (1,), 4096, 1),), ("x",)))
+    # the dtype byte is the one byte where the two differ; set it to 200
+    (idx,) = [i for i, (p, q) in enumerate(zip(raw, other)) if p != q]
+    assert raw[idx] == DTYPE_CODES["uint8"]
     raw[idx] = 200
     with pytest.raises(InvalidRequestError) as e:
         decode_request(bytes(raw))
