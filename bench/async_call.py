@@ -11,7 +11,8 @@ call; the worker leases a client 4 slots, so none waits for one) and of 16 (``as
 since the thirty-fourth session on the loop, before from the executor after an ACQUIRE); then ``call()`` and ``await
 AsyncClient.call`` of a new signature every call (``call_newsig``, ``async_newsig``: ``scale`` with a new ``a``, whose
 output sizes the client asks of the worker first; ``--calls`` / 10 calls; since the thirty-fourth session the
-AsyncClient asks from the loop, before from the executor). Then the same through a
+AsyncClient asks from the loop, before from the executor; since 2026-12-04 ``call()`` asks nothing when the outputs
+fit the room it gives them, and learns their sizes from the answer). Then the same through a
 blocking lane (``Client(lane="block")``): ``call`` (``lane_call``) and ``await AsyncClient.call``
 (``lane_async_call``); -1 for a tree before 2026-12-04's thirty-third session, whose AsyncClient left a lane's answer uncollected (every such call
 timed out). Per case the best of 5 repeats of ``--calls`` calls, µs per call, and the process's CPU time per call over

@@ -48,6 +48,9 @@ class CallPlan:
         soon: the descriptor and inputs end near the slot's start (copied in within a few µs): such a call through
             an idle lane rings early (``ClientLane.soon``).
         fits: the largest slot a kept loan may have to serve this call (a small call does not hold a large slot).
+        learn: None, or the signature's key (``OutputSizer.key``) when the room for the outputs is a guess: the first
+            ``call()`` of a signature is sent without asking the worker for the outputs' sizes, and learns them from
+            its answer (``Client.call``).
     """
 
     need: int
@@ -57,6 +60,7 @@ class CallPlan:
     desc: tuple[bytes, int, int, tuple[str, ...]]
     soon: bool
     fits: int
+    learn: Any = None
 
 
 def steady_key(op: Any, kwargs: dict[str, Any], in_place: bool, keep: Any, out_nbytes: int | None,

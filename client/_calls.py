@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import replace
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, cast
 
@@ -97,8 +98,9 @@ class Calls:
             copy: return copies (default), or views into the slot valid while you hold them
                 (the slot stays reserved until every view is gone).
             timeout_s: patience for this call, slot wait included.
-            out_nbytes: bytes to reserve for outputs. Not needed: by default the client asks the worker
-                for the outputs' specs (the ops' shape rules) once per signature and caches the answer.
+            out_nbytes: bytes to reserve for outputs. Not needed: the first call of a signature gets room for
+                outputs as large as its inputs and learns their sizes from its answer; when they did not fit,
+                the client asks the worker for them (the ops' shape rules) and sends the call again.
             in_place: let the op write its output over its first input.
             keep: output names to keep on the worker as resident tensors instead of returning them.
 
@@ -113,9 +115,11 @@ class Calls:
         while True:
             try:
                 if self._tracing is None:
-                    got = self._steady(op, kwargs, in_place, keep, out_nbytes)
+                    got = self._steady(op, kwargs, in_place, keep, out_nbytes, True)
                     if got is not None:
-                        return self._call_now(got[0], got[1], copy, timeout_s)
+                        if got[0].learn is None:
+                            return self._call_now(got[0], got[1], copy, timeout_s)
+                        return self._call_guessed(got[0], got[1], copy, timeout_s, op, kwargs, in_place, keep)
                 return self._submit(op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs, False).result()
             except RequestError as e:
                 # the worker refused a resident input's spec (field "resident": before any step ran): the tensor was
@@ -125,10 +129,41 @@ class Calls:
                     raise
             again = False
 
+    def _call_guessed(self, plan: CallPlan, arrays: list[np.ndarray], copy: bool, timeout_s: float | None,
+                      op: str | Pipeline, kwargs: dict[str, Any], in_place: bool, keep: tuple[str, ...]
+                      ) -> dict[str, np.ndarray]:
+        """``call()``'s first call of a signature, sent without asking the worker for its outputs' sizes: in a slot
+        with room for outputs as large as the inputs (the whole rest of the slot is theirs); the sizes its answer
+        gives are cached for the signature. When the outputs do not fit, the worker refuses the request before
+        anything runs (RequestTooLargeError, field ``outputs``): then the client asks, as it did before, and sends
+        it again in a slot of the right size."""
+        try:
+            out = self._call_now(plan, arrays, copy, timeout_s)
+        except RequestTooLargeError as e:
+            if e.field != "outputs":
+                raise
+            got = self._steady(op, kwargs, in_place, keep, None)
+            if got is None or got[0].learn is not None:
+                raise
+            return self._call_now(got[0], got[1], copy, timeout_s)
+        sizer_key, key = plan.learn
+        out_nbytes = self._sizer.learn(sizer_key, [a.nbytes for a in out.values()])
+        if key is not None:  # the plan, sized now, serves the signature's next calls
+            need, fits = self._room(plan.writes, out_nbytes)
+            sized = replace(plan, need=need, fits=fits, learn=None)
+            bounded_put(self._plans, key, sized)
+            for loan in self._kept:  # the views of its inputs that the kept loan made: the same offsets
+                made = loan._in_views.pop(id(plan), None)
+                if made is not None:
+                    loan._in_views[id(sized)] = (sized, made[1])
+        return out
+
     def _steady(self, op: str | Pipeline, kwargs: dict[str, Any], in_place: bool, keep: tuple[str, ...],
-                out_nbytes: int | None) -> tuple[CallPlan, list[np.ndarray]] | None:
+                out_nbytes: int | None, guess: bool = False) -> tuple[CallPlan, list[np.ndarray]] | None:
         """The plan of this call's signature (made on its first call) and its arrays in the plan's order, or None for
-        a call the steady path does not serve (see :func:`steady_key` and :meth:`_plain_inputs`)."""
+        a call the steady path does not serve (see :func:`steady_key` and :meth:`_plain_inputs`). ``guess``
+        (``call()``): a signature whose outputs' sizes are not known yet gets a plan that guesses them (not kept;
+        see :meth:`_call_guessed`), instead of asking the worker first."""
         got = steady_key(op, kwargs, in_place, keep, out_nbytes, self._specs)
         if got is None:
             return None
@@ -138,7 +173,7 @@ class Calls:
         except TypeError:  # a `keep` given as a list: this call's plan is not kept
             plan, key = None, None
         if plan is None:
-            plan = self._plan_of(op, kwargs, key, in_place, keep, out_nbytes)
+            plan = self._plan_of(op, kwargs, key, in_place, keep, out_nbytes, guess)
             if plan is None:
                 return None
         return plan, got[1]
@@ -189,7 +224,7 @@ class Calls:
         return arrays, attrs, residents
 
     def _plan_of(self, op: str | Pipeline, kwargs: dict[str, Any], key: Any, in_place: bool, keep: tuple[str, ...],
-                 out_nbytes: int | None) -> CallPlan | None:
+                 out_nbytes: int | None, guess: bool = False) -> CallPlan | None:
         """The plan of the first call of a signature (kept under ``key`` unless that is None), or None for a call the
         steady path does not serve (see :meth:`_plain_inputs`).
 
@@ -212,7 +247,9 @@ class Calls:
         for k, r in residents.items():  # the spec the key holds (the client's record of that tensor)
             shape, dt = self._resident_spec(r.name)
             refs.append(TensorRef(k, dtypes.name_of_numpy(dt), tuple(shape), 0, 0, r.name))
-        plan, sure = self._plan_call(op, inputs, attrs, in_place, keep, out_nbytes, tuple(refs))
+        plan, sure = self._plan_call(op, inputs, attrs, in_place, keep, out_nbytes, tuple(refs), guess)
+        if plan.learn is not None:
+            return replace(plan, learn=(plan.learn, key))  # kept once its answer says how large the outputs are
         if key is not None and sure:
             bounded_put(self._plans, key, plan)
         return plan
@@ -277,28 +314,41 @@ class Calls:
 
     def _plan_call(self, op: str | Pipeline, inputs: tuple[tuple[str, tuple[int, ...], str], ...],
                    attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...], out_nbytes: int | None,
-                   refs: tuple[TensorRef, ...] = ()) -> tuple[CallPlan, bool]:
+                   refs: tuple[TensorRef, ...] = (), guess: bool = False) -> tuple[CallPlan, bool]:
         """The first call of a signature: the outputs' size (asked of the worker), the layout, the descriptor;
         and whether to keep the plan (not when the worker refused to size it: that call fails, and the next one
         asks again, as the general path does). ``refs``: the resident tensors it names, after the inputs in the
-        descriptor as the general path places them."""
+        descriptor as the general path places them. ``guess``: outputs of a size not known yet are given room as
+        large as the inputs instead of asking (a plan with ``learn`` set, not kept: :meth:`_call_guessed`)."""
         writes, tensors, cursor = plan_inputs(inputs, self.geometry.desc_nbytes)
         tensors += refs
-        need = self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for _, n in writes)
         entry = self.op_table.get(op) if isinstance(op, str) else None
+        learn = None
         if out_nbytes is None:
             alias = entry is not None and entry.alias
             specs = {n: (shape, wire) for n, shape, wire in inputs}
+            names = tuple(t.name for t in refs)
             specs.update((t.name, (t.shape, t.dtype)) for t in refs)
-            asked = 0 if in_place or alias else self._sizer.out_nbytes(self.op_table, op, specs,
-                                                                        tuple(t.name for t in refs), attrs, keep)
+            if in_place or alias:
+                asked: int | None = 0
+            elif guess and not (isinstance(op, Pipeline) and op.outputs == ()) and \
+                    self._sizer.known(key := self._sizer.key(op, specs, names, attrs, keep)) is None:
+                asked, learn = None, key
+            else:
+                asked = self._sizer.out_nbytes(self.op_table, op, specs, names, attrs, keep)
             sure = asked is not None
             out_nbytes = sum(n for _, n in writes) if asked is None else asked
         else:
             sure = True
-        need = max(need + out_nbytes, self.geometry.desc_nbytes + 64)
+        need, fits = self._room(writes, out_nbytes)
         desc = self._describe(op, tensors, attrs, _IN_PLACE if in_place else 0, keep)
-        return CallPlan(need, writes, tensors, cursor, desc, cursor <= _SOON_MAX_NBYTES, max(4 * need, _KEEP_ANY_NBYTES)), sure
+        return CallPlan(need, writes, tensors, cursor, desc, cursor <= _SOON_MAX_NBYTES, fits, learn), sure
+
+    def _room(self, writes: tuple[tuple[int, int], ...], out_nbytes: int) -> tuple[int, int]:
+        """(need, fits) of a plan whose inputs are ``writes`` and whose outputs take ``out_nbytes`` (``CallPlan``)."""
+        need = max(self.geometry.desc_nbytes + sum(align_up(n, tensor_align(n)) for _, n in writes) + out_nbytes,
+                   self.geometry.desc_nbytes + 64)
+        return need, max(4 * need, _KEEP_ANY_NBYTES)
 
     def submit(self, op: str | Pipeline, *, timeout_s: float | None = None, out_nbytes: int | None = None,
                in_place: bool = False, keep: tuple[str, ...] = (), _copy: bool = True,

@@ -3,7 +3,9 @@
 An op's shape rule is Python on the worker, so the client asks (a plan query, see
 ``shmrpc.schema.planquery``) the first time it calls an op or pipeline with given input
 shapes, dtypes, attributes and kept outputs; the answer is cached for that signature, so a
-steady stream of identical calls pays the question once. ``Client.call(out_nbytes=...)``
+steady stream of identical calls pays the question once. ``Client.call`` asks only when its
+first call of a signature, sent with room for outputs as large as the inputs, was refused for
+want of room; otherwise it learns the sizes from the answer (:meth:`OutputSizer.learn`). ``Client.call(out_nbytes=...)``
 still wins when given (no question asked).
 """
 
@@ -39,6 +41,24 @@ class OutputSizer:
     def __len__(self) -> int:
         return len(self._cache)
 
+    @staticmethod
+    def key(op: str | Pipeline, inputs: Mapping[str, tuple[tuple[int, ...], str]], resident: tuple[str, ...],
+            attrs: Mapping[str, Any], keep: tuple[str, ...]) -> Any:
+        """The signature's key: what the outputs' sizes may depend on."""
+        return (op, tuple(inputs.items()), resident, tuple(sorted(((k, type(v), v) for k, v in attrs.items()),
+                                                                   key=lambda kv: kv[0])), keep)
+
+    def known(self, key: Any) -> int | None:
+        """The bytes cached for ``key`` (asked or learned), or None."""
+        return self._cache.get(key)
+
+    def learn(self, key: Any, sizes: list[int]) -> int:
+        """Cache (and return) the bytes to reserve for outputs of ``sizes`` bytes under ``key``: what the worker
+        answered a question, or a call sent without one whose outputs fitted the room it guessed (``Client.call``)."""
+        nbytes = placed_nbytes(sizes)
+        bounded_put(self._cache, key, nbytes)
+        return nbytes
+
     def out_nbytes(self, op_table: Mapping[str, OpEntry], op: str | Pipeline,
                    inputs: Mapping[str, tuple[tuple[int, ...], str]], resident: tuple[str, ...],
                    attrs: Mapping[str, Any], keep: tuple[str, ...]) -> int | None:
@@ -49,7 +69,7 @@ class OutputSizer:
         """
         if isinstance(op, Pipeline) and op.outputs == ():
             return 0  # everything is kept on the worker (Client.put): nothing comes back
-        key = (op, tuple(inputs.items()), resident, tuple(sorted(((k, type(v), v) for k, v in attrs.items()), key=lambda kv: kv[0])), keep)
+        key = self.key(op, inputs, resident, attrs, keep)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -69,6 +89,4 @@ class OutputSizer:
             for d in shape:
                 n *= d
             sizes.append(n)
-        nbytes = placed_nbytes(sizes)
-        bounded_put(self._cache, key, nbytes)
-        return nbytes
+        return self.learn(key, sizes)

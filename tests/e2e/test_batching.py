@@ -16,7 +16,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from sockq import wait_unread
+from support.metrics import samples
 
 from shmrpc.client import Client, KernelError
 from shmrpc.schema import messages as m
@@ -57,22 +57,8 @@ register_op(OpSpec("t_double_alone", inputs=("x",), outputs=("out",), infer=_rul
 '''
 
 
-def _metrics_url(w: WorkerProc) -> str:
-    for part in w.ready_line.split():
-        if part.startswith("http://"):
-            return part.rstrip(")")
-    raise AssertionError(w.ready_line)
-
-
 def _samples(w: WorkerProc) -> dict[str, float]:
-    with urllib.request.urlopen(_metrics_url(w), timeout=10) as resp:
-        text = resp.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            out[key] = float(value)
-    return out
+    return samples(w.ready_line)
 
 
 def _batches(w: WorkerProc, op: str) -> tuple[int, int]:

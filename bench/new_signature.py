@@ -1,0 +1,119 @@
+"""What a new call signature costs, A/B between trees, rounds interleaved: each tree's own worker and client.
+
+    python bench/new_signature.py --calls 300 --rounds 4 --tree base=PATH --tree new= \\
+        --out bench/results/new-signature-DATE-COMMIT.json
+
+A signature is everything that decides a call's slot layout and descriptor (docs/client.md, "The steady
+path"); a new one is planned on both sides: the client builds its descriptor (and, before 2026-12-04,
+asked the worker for the outputs' sizes first), the worker decodes, checks and plans it. Callers whose
+attribute values or shapes change from call to call pay that every call. Per round and tree (``--tree
+LABEL=PYTHONPATH``, empty: this checkout) a NumPy worker and a client child both run that tree's code; the
+child measures, µs per call, best of 3 repeats of ``--calls`` calls:
+
+- ``steady``: ``call("scale", x=16 float32, a=1.0, b=0.0)`` again and again (one signature);
+- ``new_attr``: the same with a new ``a`` every call (a new signature every call);
+- ``new_shape``: ``vector_add`` of two float32 vectors of a new length every call;
+- ``async_new_attr``: ``await AsyncClient.call`` with a new ``a`` every call;
+
+and, for ``new_attr``, the worker's and the client's CPU per call over the repeats (``..._worker_cpu``,
+``..._client_cpu``; the worker's from ``/proc`` as ``worker_cpu.py`` reads it, in ticks, so a few tens of µs coarse at 300 calls).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+
+from worker_cpu import ab_parser, ab_rounds, start_worker, tree_env  # (bench/, beside this program)
+
+_CHILD = r"""
+import asyncio, json, os, sys, time
+import numpy as np
+from shmrpc.client import AsyncClient, Client
+
+name, calls, wpid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+tick = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def wcpu():
+    with open(f"/proc/{wpid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * tick
+
+
+out = {}
+x = np.arange(16, dtype=np.float32)
+fresh = iter(range(1, 10**9))
+
+
+def best(key, step, cpu=False):
+    runs, w0, c0 = [], wcpu(), time.process_time()
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(calls):
+            step()
+        runs.append(time.perf_counter() - t)
+    out[key] = min(runs) / calls * 1e6
+    if cpu:
+        out[key + "_worker_cpu"] = (wcpu() - w0) / (3 * calls) * 1e6
+        out[key + "_client_cpu"] = (time.process_time() - c0) / (3 * calls) * 1e6
+
+
+with Client(name, timeout_s=30) as c:
+    for _ in range(200):
+        c.call("scale", x=x, a=1.0, b=0.0)
+    best("steady", lambda: c.call("scale", x=x, a=1.0, b=0.0))
+    best("new_attr", lambda: c.call("scale", x=x, a=float(next(fresh)) + 0.5, b=0.0), cpu=True)
+
+    def new_shape():
+        n = 1 + next(fresh) % 4000
+        v = np.ones(n, np.float32)
+        c.call("vector_add", x=v, y=v)
+    best("new_shape", new_shape)
+
+
+async def main():
+    async with await AsyncClient.connect(name, timeout_s=30) as ac:
+        await ac.call("scale", x=x, a=1.0, b=0.0)
+        runs = []
+        for _ in range(3):
+            t = time.perf_counter()
+            for _ in range(calls):
+                await ac.call("scale", x=x, a=float(next(fresh)) + 0.25, b=0.0)
+            runs.append(time.perf_counter() - t)
+        out["async_new_attr"] = min(runs) / calls * 1e6
+
+
+asyncio.run(main())
+print(json.dumps(out))
+"""
+
+
+def main() -> int:
+    args = ab_parser(__doc__).parse_args()
+
+    def one(label: str, pythonpath: str) -> dict[str, float]:
+        name = f"nsig-{os.getpid()}-{secrets.token_hex(3)}"
+        env = tree_env(pythonpath)
+        worker = start_worker(name, env)
+        try:
+            got = subprocess.run([sys.executable, "-c", _CHILD, name, str(args.calls), str(worker.pid)], env=env,
+                                 capture_output=True, text=True, timeout=600, check=False)
+            if got.returncode != 0:
+                raise SystemExit(f"the client child of {label} failed:\n{got.stderr[-3000:]}")
+            figures = json.loads(got.stdout.strip().splitlines()[-1])
+            return {k: round(v, 3) for k, v in figures.items()}
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.communicate(timeout=30)
+
+    ab_rounds("new-signature", args.tree, args.rounds, args.calls, one, "µs per call", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

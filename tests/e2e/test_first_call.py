@@ -1,0 +1,119 @@
+"""``call()``'s first call of a signature: sent without asking the worker for its outputs' sizes when they fit.
+
+A new signature (new shapes, or a new attribute value) used to cost a question to the worker (a plan query, a ZeroMQ
+round trip, the worker planning it) before the request; now ``call()`` sends the request in a slot with room for
+outputs as large as its inputs, learns the sizes from the answer, and asks only when the worker refused the outputs
+for want of room (before anything ran). Separate worker and client processes, the real region and socket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pytest
+from support.metrics import samples
+
+from shmrpc.client import Client, KernelError, Pipeline
+
+if TYPE_CHECKING:
+    from conftest import WorkerProc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+
+def _count_questions(c: Client) -> list[Any]:
+    """The plan queries ``c`` sends from now on (each recorded, then asked as before)."""
+    asked: list[Any] = []
+    ask = c._sizer._ask
+
+    def counting(msg: Any) -> Any:
+        asked.append(msg)
+        return ask(msg)
+
+    c._sizer._ask = counting
+    return asked
+
+
+def _answered(w: WorkerProc, op: str, status: str) -> int:
+    return int(samples(w.ready_line).get(f'shmrpc_requests_total{{op="{op}",status="{status}"}}', 0))
+
+
+def test_new_signatures_whose_outputs_fit_ask_nothing_and_learn_their_sizes(
+        spawn_worker: Callable[..., WorkerProc]) -> None:
+    worker = spawn_worker("--metrics-port", "0")
+    rng = np.random.default_rng(41)
+    with Client(worker.name, timeout_s=10) as c:
+        asked = _count_questions(c)
+        x = rng.standard_normal(16).astype(np.float32)
+        for i in range(20):  # a new attribute value every call: a new signature every call
+            a = float(i) + 0.5
+            np.testing.assert_allclose(c.call("scale", x=x, a=a, b=1.0)["out"], a * x + 1, rtol=1e-6)
+        for n in (3, 100, 5000):  # new shapes
+            v = rng.standard_normal(n)
+            w = rng.standard_normal(n)
+            np.testing.assert_array_equal(c.call("vector_add", x=v, y=w)["out"], v + w)
+        p = Pipeline().then("scale", a=3.0).then("vector_add", inputs={"x": "0.out", "y": "y"})
+        np.testing.assert_allclose(c.call(p, x=x, y=x)["1.out"], 4 * x, rtol=1e-6)
+        assert asked == []
+        # each signature's plan is kept, sized by what its answer said: the same bytes the question would have given
+        plans = [p for k, p in c._plans.items() if k[0] == "vector_add"]
+        assert len(plans) == 3 and all(p.learn is None for p in plans)
+        learned = dict(c._sizer._cache)
+        c._sizer._cache.clear()
+        for i in (0, 19):
+            c.call("scale", x=x, a=float(i) + 0.5, b=1.0, out_nbytes=None)  # (a kept plan: no question either)
+        assert asked == []
+        key = c._sizer.key("scale", {"x": ((16,), "float32")}, (), {"a": 0.5, "b": 1.0}, ())
+        assert c._sizer.out_nbytes(c.op_table, "scale", {"x": ((16,), "float32")}, (), {"a": 0.5, "b": 1.0}, ()) \
+            == learned[key]
+        assert len(asked) == 1  # that one was asked: the answer equals what the call learned
+        # the second call of a signature takes the kept plan and the kept loan
+        before = len(c._plans)
+        np.testing.assert_allclose(c.call("scale", x=x, a=19.5, b=1.0)["out"], 19.5 * x + 1, rtol=1e-6)
+        assert len(c._plans) == before and len(asked) == 1
+    assert _answered(worker, "scale", "RequestTooLargeError") == 0
+
+
+def test_outputs_larger_than_the_guess_are_refused_once_then_asked_and_sent_again(
+        spawn_worker: Callable[..., WorkerProc]) -> None:
+    worker = spawn_worker("--metrics-port", "0")
+    rng = np.random.default_rng(42)
+    x = rng.standard_normal((256, 1)).astype(np.float32)
+    w = rng.standard_normal((1, 256)).astype(np.float32)  # 2 KiB of inputs, 256 KiB of output: not in a 64 KiB slot
+    with Client(worker.name, timeout_s=10) as c:
+        asked = _count_questions(c)
+        np.testing.assert_allclose(c.call("gemm", x=x, w=w)["out"], x @ w, rtol=1e-5)
+        assert len(asked) == 1
+        assert _answered(worker, "gemm", "RequestTooLargeError") == 1  # the guess, refused before anything ran
+        assert _answered(worker, "gemm", "ok") == 1
+        np.testing.assert_allclose(c.call("gemm", x=2 * x, w=w)["out"], 2 * x @ w, rtol=1e-5)
+        assert len(asked) == 1 and _answered(worker, "gemm", "RequestTooLargeError") == 1
+        # a request too large for every slot is still refused as such
+        big = np.ones((4096, 1), np.float32)
+        with pytest.raises(Exception) as e:
+            c.call("gemm", x=big, w=np.ones((1, 8192), np.float32))
+        assert type(e.value).__name__ == "RequestTooLargeError"
+        np.testing.assert_allclose(c.call("gemm", x=x, w=w)["out"], x @ w, rtol=1e-5)  # and the client goes on
+
+
+def test_a_refused_first_call_gets_the_workers_error_and_asks_nothing(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=10) as c:
+        asked = _count_questions(c)
+        with pytest.raises(KernelError) as e:
+            c.call("vector_add", x=np.ones(4, np.float32), y=np.ones(5, np.float32))
+        assert e.value.field == "shape" and e.value.op == "vector_add"
+        assert asked == [] and not any(k[0] == "vector_add" for k in c._plans)
+        x = np.arange(4, dtype=np.float32)
+        np.testing.assert_array_equal(c.call("vector_add", x=x, y=x)["out"], 2 * x)
+        assert asked == []
+
+
+def test_submit_still_asks_first(worker: WorkerProc) -> None:
+    # a future's request is not sent again by the client, so submit() (and AsyncClient) ask as before
+    with Client(worker.name, timeout_s=10) as c:
+        asked = _count_questions(c)
+        x = np.arange(8, dtype=np.float32)
+        np.testing.assert_array_equal(c.submit("scale", x=x, a=2.0, b=0.0).result()["out"], 2 * x)
+        assert len(asked) == 1
