@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from shmrpc.schema.errors import ClientClosedError, RequestError, Timeout, WorkerGoneError
+from shmrpc.schema.errors import ClientClosedError, RequestError, RequestTooLargeError, Timeout, WorkerGoneError
 
 from ._calls import _NoSlot
 from ._client import Client
@@ -292,6 +292,14 @@ class AsyncClient:
             except RuntimeError:  # (closed meanwhile)
                 pass
 
+    def _resend(self, w: _Waiting) -> None:
+        """A request sent without asking the worker first (a new signature) was refused: its outputs did not fit the
+        room it gave them, and nothing ran. It goes out again, asking first, as a request waiting for a slot would."""
+        if self._queued or not self._send(w):
+            self._queued.append(w)
+        if self._queued:
+            self._drain()
+
     def _answered(self, rid: int) -> None:
         waits = self._answer_waits.pop(rid, [])
         for w in waits:  # the first reads the reply (and caches what it says); behind those waiting for a slot
@@ -410,9 +418,11 @@ class AsyncClient:
         and no request of this client waits for one. Otherwise the request waits on the loop, behind those,
         until an answer frees a slot that fits (at most the client's lease is in flight from the loop:
         ``Client(lease=...)`` leases more), or, when no request in flight holds a slot that fits, goes out
-        from the executor, which borrows one (ACQUIRE). The first request of a new signature waits on the loop
-        for the worker's reply to the question it needs (its output sizes), sent from the loop. A request that
-        waits reads its inputs when it goes out: do not change them before it is answered.
+        from the executor, which borrows one (ACQUIRE). The first request of a new signature goes out without asking
+        the worker for its output sizes, with room for outputs as large as its inputs (as :meth:`Client.call`); when
+        they did not fit (refused before anything ran) it is sent again, after the question, which the loop sends (a
+        request that waits for a slot asks so too). A request that waits, or is sent again, reads its inputs when it
+        goes out: do not change them before it is answered.
         """
         c = self.client
         loop = self._on_loop()
@@ -425,19 +435,19 @@ class AsyncClient:
         afut = loop.create_future()
 
         def make(client: Client, loan: Loan, deadline: float, copy: bool, tensors: Any) -> _LoopCallReply:
-            return _LoopCallReply(client, loan, deadline, copy, tensors, afut, self)
+            return _LoopCallReply(client, loan, deadline, copy, tensors, afut, self, args)
 
+        args = (op, out_nbytes, in_place, keep, copy, kwargs, make)
         no_slot = None
         if not self._queued:
             try:
-                c._submit(op, timeout_s, out_nbytes, in_place, keep, copy, True, kwargs, make=make)
+                c._submit(op, timeout_s, out_nbytes, in_place, keep, copy, True, kwargs, make=make, guess=True)
                 return afut
             except _NoSlot as e:
                 no_slot = e
         else:
             c._check()  # (it waits behind those: nothing else looks at the client now)
-        w = (afut, time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s),
-             (op, out_nbytes, in_place, keep, copy, kwargs, make))
+        w = (afut, time.monotonic() + (c.timeout_s if timeout_s is None else timeout_s), args)
         if no_slot is None or not self._not_sent(w, no_slot):
             self._queued.append(w)
         return afut
@@ -518,7 +528,10 @@ class _LoopReply(_Reply):
         self._aloop, self._thread = afut.get_loop(), owner._loop_thread
 
     def _finish(self) -> None:
-        ok, out = self._settle()  # (the slot is free from here: the next request waiting for one takes it)
+        self._deliver(*self._settle())  # (the slot is free from here: the next request waiting for one takes it)
+
+    def _deliver(self, ok: bool, out: Any) -> None:
+        """Finish the asyncio future with ``out`` (a value when ``ok``, else an error), on its loop."""
         if self._aloop.is_closed():
             return  # its loop is gone (the AsyncClient moved to another): nobody awaits it
         if threading.get_ident() == self._thread:
@@ -536,9 +549,26 @@ class _LoopCallReply(_CallReply, _LoopReply):
     """``AsyncClient.submit``'s answer: the outputs as ``CallFuture`` gives them, into an asyncio future."""
 
     def __init__(self, client: Client, loan: Loan, deadline: float, copy: bool, tensors: Any,
-                 afut: asyncio.Future[Any], owner: AsyncClient) -> None:
+                 afut: asyncio.Future[Any], owner: AsyncClient, args: Any) -> None:
         _LoopReply.__init__(self, client, loan, deadline, afut, owner)
-        self._copy, self._tensors = copy, tensors
+        self._copy, self._tensors, self._args = copy, tensors, args
+
+    def _finish(self) -> None:
+        ok, out = self._settle()
+        if not ok and self._guessed is not None and type(out) is RequestTooLargeError and out.field == "outputs" \
+                and not self._aloop.is_closed():
+            # a new signature sent without asking first, whose outputs did not fit (refused before anything ran):
+            # sent again from the loop, asking first, under its deadline
+            w = (self._afut, self._deadline, self._args)
+            if threading.get_ident() == self._thread:
+                self._owner._resend(w)
+            else:
+                try:
+                    self._aloop.call_soon_threadsafe(self._owner._resend, w)
+                except RuntimeError:  # closed since the look above
+                    pass
+            return
+        self._deliver(ok, out)
 
 
 class AsyncLoan:

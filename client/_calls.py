@@ -146,17 +146,24 @@ class Calls:
             if got is None or got[0].learn is not None:
                 raise
             return self._call_now(got[0], got[1], copy, timeout_s)
-        sizer_key, key = plan.learn
-        out_nbytes = self._sizer.learn(sizer_key, [a.nbytes for a in out.values()])
-        if key is not None:  # the plan, sized now, serves the signature's next calls
-            need, fits = self._room(plan.writes, out_nbytes)
-            sized = replace(plan, need=need, fits=fits, learn=None)
-            bounded_put(self._plans, key, sized)
-            for loan in self._kept:  # the views of its inputs that the kept loan made: the same offsets
-                made = loan._in_views.pop(id(plan), None)
-                if made is not None:
-                    loan._in_views[id(sized)] = (sized, made[1])
+        self._learned(plan, [a.nbytes for a in out.values()], self._kept)
         return out
+
+    def _learned(self, plan: CallPlan, sizes: list[int], loans: Any) -> None:
+        """A request of ``plan``, whose room for outputs was a guess, was answered with outputs of ``sizes`` bytes:
+        cache them for its signature, and keep the plan, sized now, for the signature's next calls (the views of its
+        inputs that ``loans`` made move to it: the same offsets)."""
+        sizer_key, key = plan.learn
+        out_nbytes = self._sizer.learn(sizer_key, sizes)
+        if key is None:
+            return
+        need, fits = self._room(plan.writes, out_nbytes)
+        sized = replace(plan, need=need, fits=fits, learn=None)
+        bounded_put(self._plans, key, sized)
+        for loan in loans:
+            made = loan._in_views.pop(id(plan), None)
+            if made is not None:
+                loan._in_views[id(sized)] = (sized, made[1])
 
     def _steady(self, op: str | Pipeline, kwargs: dict[str, Any], in_place: bool, keep: tuple[str, ...],
                 out_nbytes: int | None, guess: bool = False) -> tuple[CallPlan, list[np.ndarray]] | None:
@@ -372,22 +379,24 @@ class Calls:
 
     def _submit(self, op: str | Pipeline, timeout_s: float | None, out_nbytes: int | None, in_place: bool,
                 keep: tuple[str, ...], copy: bool, nowait: bool, kwargs: dict[str, Any], steady: bool = True,
-                make: Callable[..., Any] = CallFuture) -> Any:
+                make: Callable[..., Any] = CallFuture, guess: bool = False) -> Any:
         """Copy the inputs into a slot and ring; ``nowait``: never wait (a free slot of ours, and no question to the
         worker first), else raise _NoSlot. ``steady``: a signature ``call()`` plans is sent by its plan (False: the
         caller found none). ``make``: the answer's class, called as ``CallFuture`` is (``AsyncClient``'s finishes an
-        asyncio future; not with tracing, whose span ends in a done-callback)."""
+        asyncio future; not with tracing, whose span ends in a done-callback). ``guess`` (``AsyncClient``, whose
+        answer sends the request again when its outputs did not fit): a new signature is sent without asking first,
+        as ``call()`` sends it (:meth:`_call_guessed`); its answer learns the sizes (``_CallReply``)."""
         if nowait and self._nowait_thread != (ident := get_ident()):  # (the thread's questions to the worker: _ask)
             self._nowait_thread = ident
             try:
-                return self._submit(op, timeout_s, out_nbytes, in_place, keep, copy, True, kwargs, steady, make)
+                return self._submit(op, timeout_s, out_nbytes, in_place, keep, copy, True, kwargs, steady, make, guess)
             finally:
                 self._nowait_thread = 0
         self._check()
         timeout = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         if steady and self._tracing is None:
-            got = self._steady(op, kwargs, in_place, keep, out_nbytes)
+            got = self._steady(op, kwargs, in_place, keep, out_nbytes, guess)
             if got is not None:
                 return self._submit_planned(got[0], got[1], copy, nowait, deadline, make)
         arrays, attrs, residents = self._split(op, kwargs)
@@ -447,6 +456,8 @@ class Calls:
                 slot = self._take(plan.need, deadline)
             loan = Loan(me, slot)
         fut = make(me, loan, deadline, copy, plan.tensors)
+        if plan.learn is not None:
+            fut._guessed = plan  # its answer learns the outputs' sizes, or has it sent again (AsyncClient)
         try:
             for a, view in zip(arrays, loan._views_for(plan, arrays)):
                 view[...] = a

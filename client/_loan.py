@@ -345,6 +345,7 @@ class _CallReply(_Reply):
 
     _copy = True
     _tensors: tuple[TensorRef, ...] | None = None  # the request's tensors when a plan sent them (else the loan's own)
+    _guessed: CallPlan | None = None  # the plan that sent it, when its room for outputs was a guess (Client._learned)
 
     def _outcome(self) -> Any:
         try:
@@ -355,6 +356,8 @@ class _CallReply(_Reply):
                 tensors = self._loan._tensors if self._tensors is None else self._tensors
                 self._c._forget_resident(next((t.resident for t in tensors if t.name == e.tensor and t.resident), ""))
             raise
+        if self._guessed is not None:
+            self._c._learned(self._guessed, [v.nbytes for v in out.values()], (self._loan,))
         return {k: v.copy() for k, v in out.items()} if self._copy else out
 
     def _done_with_slot(self, answered: bool) -> None:

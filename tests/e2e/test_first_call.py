@@ -8,6 +8,7 @@ for want of room (before anything ran). Separate worker and client processes, th
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 from support.metrics import samples
 
-from shmrpc.client import Client, KernelError, Pipeline
+from shmrpc.client import AsyncClient, Client, KernelError, Pipeline
 
 if TYPE_CHECKING:
     from conftest import WorkerProc
@@ -111,9 +112,47 @@ def test_a_refused_first_call_gets_the_workers_error_and_asks_nothing(worker: Wo
 
 
 def test_submit_still_asks_first(worker: WorkerProc) -> None:
-    # a future's request is not sent again by the client, so submit() (and AsyncClient) ask as before
+    # a future's request is not sent again by the client, so submit() asks as before
     with Client(worker.name, timeout_s=10) as c:
         asked = _count_questions(c)
         x = np.arange(8, dtype=np.float32)
         np.testing.assert_array_equal(c.submit("scale", x=x, a=2.0, b=0.0).result()["out"], 2 * x)
         assert len(asked) == 1
+
+
+def test_async_client_sends_new_signatures_without_asking_and_again_when_they_did_not_fit(
+        spawn_worker: Callable[..., WorkerProc]) -> None:
+    # AsyncClient's loop sends a refused first request again (asking first), so it guesses as call() does; a gather
+    # of new signatures, some whose outputs fit and some not, each gets its own right answer
+    worker = spawn_worker("--metrics-port", "0")
+    rng = np.random.default_rng(43)
+    x = rng.standard_normal(16).astype(np.float32)
+    tall = rng.standard_normal((256, 1)).astype(np.float32)
+    wide = rng.standard_normal((1, 256)).astype(np.float32)
+
+    async def main() -> None:
+        async with await AsyncClient.connect(worker.name, timeout_s=10) as ac:
+            c = ac.client
+            asked = _count_questions(c)
+            for i in range(5):
+                np.testing.assert_allclose((await ac.call("scale", x=x, a=float(i) + 0.5, b=0.0))["out"],
+                                           (i + 0.5) * x, rtol=1e-6)
+            assert asked == []
+            plans = [p for k, p in c._plans.items() if k[0] == "scale"]
+            assert len(plans) == 5 and all(p.learn is None for p in plans)
+            np.testing.assert_allclose((await ac.call("gemm", x=tall, w=wide))["out"], tall @ wide, rtol=1e-5)
+            # refused once, asked, sent again (the loop's request reads the reply through a second ask: one question)
+            assert len({repr(q) for q in asked}) == 1
+            outs = await asyncio.gather(
+                ac.call("gemm", x=2 * tall, w=wide),  # (known now: no question, no refusal)
+                ac.call("gemm", x=tall[:128], w=wide),  # new, 128 KiB out: refused, asked, sent again
+                *(ac.call("scale", x=x, a=float(i) + 0.25, b=1.0) for i in range(3)))
+            np.testing.assert_allclose(outs[0]["out"], 2 * tall @ wide, rtol=1e-5)
+            np.testing.assert_allclose(outs[1]["out"], tall[:128] @ wide, rtol=1e-5)
+            for i, o in enumerate(outs[2:]):
+                np.testing.assert_allclose(o["out"], (i + 0.25) * x + 1, rtol=1e-6)
+            assert len({repr(q) for q in asked}) == 2
+
+    asyncio.run(main())
+    assert _answered(worker, "gemm", "RequestTooLargeError") == 2
+    assert _answered(worker, "gemm", "ok") == 3
