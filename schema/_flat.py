@@ -125,7 +125,7 @@ class Reader:
 
 
 class Writer:
-    """One message built front to back: ``table()`` returns a position whose offset fields :meth:`finish` ...
+    """One message built front to back (:meth:`finish` writes it, given its root table).
 
     A table is given as a list of fields ``(slot, kind, value)``; ``kind`` is a ``struct`` format of one scalar
     (``"B"``, ``"H"``, ``"i"``, ``"Q"``, ``"q"``, ``"d"``), ``"s"`` (a string), ``"vq"`` (a vector of int64),

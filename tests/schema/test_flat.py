@@ -47,25 +47,20 @@ _requests = st.builds(RequestDesc, st.lists(_steps, max_size=3).map(tuple), st.l
 _responses = st.builds(ResponseDesc, st.integers(0, 65535), st.text(max_size=40), st.text(max_size=12),
                        st.integers(-(2**31), 2**31 - 1), st.text(max_size=12), st.text(max_size=12),
                        st.lists(_tensors, max_size=4).map(tuple))
-_SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@_SETTINGS
-@given(_requests)
-def test_requests_read_the_same_through_both_codecs(req: RequestDesc) -> None:
-    mine, theirs = encode_request(req), fbref.encode_request(req)
-    assert fbref.decode_request(mine) == req
-    assert decode_request(theirs) == req
-    assert decode_request(mine) == req
+_CODECS = {RequestDesc: (encode_request, decode_request, fbref.encode_request, fbref.decode_request),
+           ResponseDesc: (encode_response, decode_response, fbref.encode_response, fbref.decode_response)}
 
 
-@_SETTINGS
-@given(_responses)
-def test_responses_read_the_same_through_both_codecs(resp: ResponseDesc) -> None:
-    mine, theirs = encode_response(resp), fbref.encode_response(resp)
-    assert fbref.decode_response(mine) == resp
-    assert decode_response(theirs) == resp
-    assert decode_response(mine) == resp
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(_requests, _responses))
+def test_messages_read_the_same_through_both_codecs(msg: RequestDesc | ResponseDesc) -> None:
+    encode, decode, ref_encode, ref_decode = _CODECS[type(msg)]
+    mine, theirs = encode(msg), ref_encode(msg)
+    assert ref_decode(mine) == msg
+    assert decode(theirs) == msg
+    assert decode(mine) == msg
 
 
 def _reference(raw: bytes) -> RequestDesc | None:
