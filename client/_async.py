@@ -433,11 +433,9 @@ class AsyncClient:
                 return asyncio.ensure_future(self._later(loop, functools.partial(
                     c._submit, op, timeout_s, out_nbytes, in_place, keep, copy, False, kwargs)))
         afut = loop.create_future()
-
-        def make(client: Client, loan: Loan, deadline: float, copy: bool, tensors: Any) -> _LoopCallReply:
-            return _LoopCallReply(client, loan, deadline, copy, tensors, afut, self, args)
-
-        args = (op, out_nbytes, in_place, keep, copy, kwargs, make)
+        call = (op, out_nbytes, in_place, keep, copy, kwargs)
+        make = self._maker(afut, call)
+        args = (*call, make)
         no_slot = None
         if not self._queued:
             try:
@@ -451,6 +449,16 @@ class AsyncClient:
         if no_slot is None or not self._not_sent(w, no_slot):
             self._queued.append(w)
         return afut
+
+    def _maker(self, afut: asyncio.Future[Any], call: tuple[Any, ...]) -> Any:
+        """The ``make`` of a request of :meth:`submit` (see ``Client._submit``): its answer finishes ``afut``, and
+        knows ``call`` (the request's arguments but ``make``) to send it again (``_LoopCallReply``). No cycle through
+        the request's arguments: they (its input arrays) go with the request, not with the next garbage collection."""
+
+        def make(client: Client, loan: Loan, deadline: float, copy: bool, tensors: Any) -> _LoopCallReply:
+            return _LoopCallReply(client, loan, deadline, copy, tensors, afut, self, call)
+
+        return make
 
     def _bridge(self, fut: Future[Any], loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:
         """An asyncio future that finishes with ``fut``: directly when ``fut`` finishes on the loop's thread
@@ -549,9 +557,9 @@ class _LoopCallReply(_CallReply, _LoopReply):
     """``AsyncClient.submit``'s answer: the outputs as ``CallFuture`` gives them, into an asyncio future."""
 
     def __init__(self, client: Client, loan: Loan, deadline: float, copy: bool, tensors: Any,
-                 afut: asyncio.Future[Any], owner: AsyncClient, args: Any) -> None:
+                 afut: asyncio.Future[Any], owner: AsyncClient, call: tuple[Any, ...]) -> None:
         _LoopReply.__init__(self, client, loan, deadline, afut, owner)
-        self._copy, self._tensors, self._args = copy, tensors, args
+        self._copy, self._tensors, self._call = copy, tensors, call
 
     def _finish(self) -> None:
         ok, out = self._settle()
@@ -559,7 +567,7 @@ class _LoopCallReply(_CallReply, _LoopReply):
                 and not self._aloop.is_closed():
             # a new signature sent without asking first, whose outputs did not fit (refused before anything ran):
             # sent again from the loop, asking first, under its deadline
-            w = (self._afut, self._deadline, self._args)
+            w = (self._afut, self._deadline, (*self._call, self._owner._maker(self._afut, self._call)))
             if threading.get_ident() == self._thread:
                 self._owner._resend(w)
             else:

@@ -9,6 +9,8 @@ for want of room (before anything ran). Separate worker and client processes, th
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -156,3 +158,24 @@ def test_async_client_sends_new_signatures_without_asking_and_again_when_they_di
     asyncio.run(main())
     assert _answered(worker, "gemm", "RequestTooLargeError") == 2
     assert _answered(worker, "gemm", "ok") == 3
+
+
+def test_an_async_request_leaves_no_cycle_holding_its_inputs(worker: WorkerProc) -> None:
+    # the answer of an AsyncClient request knows the request's arguments (to send it again when a guess did not fit);
+    # they must not sit in a reference cycle, which would keep the input arrays until a garbage collection
+    async def main() -> None:
+        async with await AsyncClient.connect(worker.name, timeout_s=10) as ac:
+            await ac.call("scale", x=np.ones(8), a=1.0, b=0.0)
+            gc.collect()
+            gc.disable()
+            try:
+                for a in (1.0, 2.5):  # a planned signature, then a new one (sent without asking)
+                    x = np.arange(8.0)
+                    ref = weakref.ref(x)
+                    np.testing.assert_array_equal((await ac.call("scale", x=x, a=a, b=0.0))["out"], a * x)
+                    del x
+                    assert ref() is None
+            finally:
+                gc.enable()
+
+    asyncio.run(main())
