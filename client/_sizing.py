@@ -1,4 +1,4 @@
-"""How many bytes of outputs a call needs: asked of the worker once per signature, then cached.
+"""How many bytes of outputs a call needs: asked of the worker (or learned from an answer) once per signature, then cached.
 
 An op's shape rule is Python on the worker, so the client asks (a plan query, see
 ``shmrpc.schema.planquery``) the first time it calls an op or pipeline with given input
