@@ -179,3 +179,22 @@ def test_an_async_request_leaves_no_cycle_holding_its_inputs(worker: WorkerProc)
                 gc.enable()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("lane", [None, "block"])
+def test_a_refused_guess_through_a_lane_or_handing_out_views_is_sent_again(worker: WorkerProc, lane: str | None) -> None:
+    rng = np.random.default_rng(44)
+    x = rng.standard_normal((128, 1)).astype(np.float32)
+    w = rng.standard_normal((1, 256)).astype(np.float32)  # 128 KiB of output: not in a 64 KiB slot
+    with Client(worker.name, timeout_s=10, lane=lane) as c:
+        asked = _count_questions(c)
+        out = c.call("gemm", x=x, w=w, copy=False)["out"]  # views of the slot
+        np.testing.assert_allclose(out, x @ w, rtol=1e-5)
+        del out
+        assert len(asked) == 1
+        v = rng.standard_normal(64).astype(np.float32)
+        got = c.call("scale", x=v, a=3.0, b=0.0, copy=False)["out"]  # a guess that fits, answered as views
+        np.testing.assert_allclose(got, 3 * v, rtol=1e-6)
+        del got
+        assert len(asked) == 1 and any(k[0] == "scale" for k in c._plans)
+        np.testing.assert_allclose(c.call("scale", x=v, a=3.0, b=0.0)["out"], 3 * v, rtol=1e-6)
