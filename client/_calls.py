@@ -136,7 +136,8 @@ class Calls:
         with room for outputs as large as the inputs (the whole rest of the slot is theirs); the sizes its answer
         gives are cached for the signature. When the outputs do not fit, the worker refuses the request before
         anything runs (RequestTooLargeError, field ``outputs``): then the client asks, as it did before, and sends
-        it again in a slot of the right size."""
+        it again in a slot of the right size, within the call's ``timeout_s``."""
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         try:
             out = self._call_now(plan, arrays, copy, timeout_s)
         except RequestTooLargeError as e:
@@ -145,7 +146,7 @@ class Calls:
             got = self._steady(op, kwargs, in_place, keep, None)
             if got is None or got[0].learn is not None:
                 raise
-            return self._call_now(got[0], got[1], copy, timeout_s)
+            return self._call_now(got[0], got[1], copy, max(0.0, deadline - time.monotonic()))
         self._learned(plan, [a.nbytes for a in out.values()], self._kept)
         return out
 
