@@ -566,15 +566,16 @@ class _LoopCallReply(_CallReply, _LoopReply):
         if not ok and self._guessed is not None and type(out) is RequestTooLargeError and out.field == "outputs" \
                 and not self._aloop.is_closed():
             # a new signature sent without asking first, whose outputs did not fit (refused before anything ran):
-            # sent again from the loop, asking first, under its deadline
+            # sent again from the loop, asking first, under its deadline; at the loop's next turn (not inside the
+            # routing that finished it, which may be a send of the loop's own)
             w = (self._afut, self._deadline, (*self._call, self._owner._maker(self._afut, self._call)))
-            if threading.get_ident() == self._thread:
-                self._owner._resend(w)
-            else:
-                try:
+            try:
+                if threading.get_ident() == self._thread:
+                    self._aloop.call_soon(self._owner._resend, w)
+                else:
                     self._aloop.call_soon_threadsafe(self._owner._resend, w)
-                except RuntimeError:  # closed since the look above
-                    pass
+            except RuntimeError:  # closed since the look above
+                pass
             return
         self._deliver(ok, out)
 
