@@ -16,7 +16,7 @@ child measures, µs per call, best of 3 repeats of ``--calls`` calls:
 - ``async_new_attr``: ``await AsyncClient.call`` with a new ``a`` every call;
 
 and, for ``new_attr``, the worker's and the client's CPU per call over the repeats (``..._worker_cpu``,
-``..._client_cpu``; the worker's from ``/proc`` as ``worker_cpu.py`` reads it, in ticks, so a few tens of µs coarse at 300 calls).
+``..._client_cpu``; the worker's from ``/proc`` by ``worker_cpu.py``'s reader, in ticks, so a few tens of µs coarse at 300 calls).
 """
 
 from __future__ import annotations
@@ -30,19 +30,20 @@ import sys
 
 from worker_cpu import ab_parser, ab_rounds, start_worker, tree_env  # (bench/, beside this program)
 
+_BENCH = os.path.dirname(os.path.abspath(__file__))
+
 _CHILD = r"""
-import asyncio, json, os, sys, time
+import asyncio, json, sys, time
 import numpy as np
 from shmrpc.client import AsyncClient, Client
 
 name, calls, wpid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-tick = 1.0 / os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, sys.argv[4])  # bench/, for worker_cpu's reading of a process's CPU time
+from worker_cpu import _cpu_s
 
 
 def wcpu():
-    with open(f"/proc/{wpid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * tick
+    return _cpu_s(wpid)
 
 
 out = {}
@@ -101,7 +102,7 @@ def main() -> int:
         env = tree_env(pythonpath)
         worker = start_worker(name, env)
         try:
-            got = subprocess.run([sys.executable, "-c", _CHILD, name, str(args.calls), str(worker.pid)], env=env,
+            got = subprocess.run([sys.executable, "-c", _CHILD, name, str(args.calls), str(worker.pid), _BENCH], env=env,
                                  capture_output=True, text=True, timeout=600, check=False)
             if got.returncode != 0:
                 raise SystemExit(f"the client child of {label} failed:\n{got.stderr[-3000:]}")

@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from shmrpc.schema.errors import ClientClosedError, RequestError, RequestTooLargeError, Timeout, WorkerGoneError
+from shmrpc.schema.errors import ClientClosedError, RequestError, Timeout, WorkerGoneError
 
+from ._callplan import outputs_did_not_fit
 from ._calls import _NoSlot
 from ._client import Client
 from ._lane import ClientLane
@@ -563,8 +564,7 @@ class _LoopCallReply(_CallReply, _LoopReply):
 
     def _finish(self) -> None:
         ok, out = self._settle()
-        if not ok and self._guessed is not None and type(out) is RequestTooLargeError and out.field == "outputs" \
-                and not self._aloop.is_closed():
+        if not ok and self._guessed is not None and outputs_did_not_fit(out) and not self._aloop.is_closed():
             # a new signature sent without asking first, whose outputs did not fit (refused before anything ran):
             # sent again from the loop, asking first, under its deadline; at the loop's next turn (not inside the
             # routing that finished it, which may be a send of the loop's own)

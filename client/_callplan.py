@@ -21,13 +21,13 @@ import numpy as np
 
 from shmrpc.schema import dtypes
 from shmrpc.schema.descriptor import ResponseDesc, TensorRef
-from shmrpc.schema.errors import RequestError
+from shmrpc.schema.errors import RequestError, RequestTooLargeError
 from shmrpc.schema.layout import align_up, tensor_align
 
 from ._pipeline import ATTR_TYPES
 from ._slot import Resident
 
-__all__ = ["CallPlan", "PLAIN_ATTRS", "steady_key", "plan_inputs", "OutputCheck", "read_outputs"]
+__all__ = ["CallPlan", "PLAIN_ATTRS", "steady_key", "plan_inputs", "OutputCheck", "read_outputs", "outputs_did_not_fit"]
 
 _NDARRAY = np.ndarray
 # attribute values a key takes as they are, exactly of these types (anything else is array-like, a reference or
@@ -48,9 +48,9 @@ class CallPlan:
         soon: the descriptor and inputs end near the slot's start (copied in within a few µs): such a call through
             an idle lane rings early (``ClientLane.soon``).
         fits: the largest slot a kept loan may have to serve this call (a small call does not hold a large slot).
-        learn: None, or the signature's key (``OutputSizer.key``) when the room for the outputs is a guess: the first
-            ``call()`` of a signature is sent without asking the worker for the outputs' sizes, and learns them from
-            its answer (``Client.call``).
+        learn: None, or, when the room for the outputs is a guess, (the signature's ``OutputSizer`` key, its plan
+            cache key or None): the first call of a signature is sent without asking the worker for the outputs'
+            sizes, and its answer says them (``Client._learned``).
     """
 
     need: int
@@ -142,3 +142,10 @@ def read_outputs(resp: ResponseDesc, asked: tuple[str, ...], slot_nbytes: int) -
                                tensor=t.name, field="shape")
         outs.append((t.name, dt, t.nbytes // dt.itemsize, t.offset, tuple(t.shape)))
     return OutputCheck(tuple(outs))
+
+
+def outputs_did_not_fit(e: BaseException) -> bool:
+    """Whether ``e`` is the worker's refusal of a request whose outputs did not fit the room its slot left them
+    (before anything ran): a request sent with a guessed room is sent again, asking first (``Client._call_guessed``,
+    ``AsyncClient``'s answers)."""
+    return isinstance(e, RequestTooLargeError) and e.field == "outputs"

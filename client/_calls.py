@@ -24,7 +24,7 @@ from shmrpc.schema.layout import Geometry, align_up, tensor_align
 from shmrpc.schema.optable import OpEntry
 
 from ._caches import bounded_put
-from ._callplan import PLAIN_ATTRS, CallPlan, plan_inputs, steady_key
+from ._callplan import PLAIN_ATTRS, CallPlan, outputs_did_not_fit, plan_inputs, steady_key
 from ._inflight import Inflight
 from ._interop import DeviceInput, as_input, is_array_like
 from ._loan import CallFuture, Loan
@@ -141,7 +141,7 @@ class Calls:
         try:
             out = self._call_now(plan, arrays, copy, timeout_s)
         except RequestTooLargeError as e:
-            if e.field != "outputs":
+            if not outputs_did_not_fit(e):
                 raise
             got = self._steady(op, kwargs, in_place, keep, None)
             if got is None or got[0].learn is not None:
@@ -255,9 +255,7 @@ class Calls:
         for k, r in residents.items():  # the spec the key holds (the client's record of that tensor)
             shape, dt = self._resident_spec(r.name)
             refs.append(TensorRef(k, dtypes.name_of_numpy(dt), tuple(shape), 0, 0, r.name))
-        plan, sure = self._plan_call(op, inputs, attrs, in_place, keep, out_nbytes, tuple(refs), guess)
-        if plan.learn is not None:
-            return replace(plan, learn=(plan.learn, key))  # kept once its answer says how large the outputs are
+        plan, sure = self._plan_call(op, inputs, attrs, in_place, keep, out_nbytes, tuple(refs), guess, key)
         if key is not None and sure:
             bounded_put(self._plans, key, plan)
         return plan
@@ -322,12 +320,13 @@ class Calls:
 
     def _plan_call(self, op: str | Pipeline, inputs: tuple[tuple[str, tuple[int, ...], str], ...],
                    attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...], out_nbytes: int | None,
-                   refs: tuple[TensorRef, ...] = (), guess: bool = False) -> tuple[CallPlan, bool]:
+                   refs: tuple[TensorRef, ...] = (), guess: bool = False, key: Any = None) -> tuple[CallPlan, bool]:
         """The first call of a signature: the outputs' size (asked of the worker), the layout, the descriptor;
         and whether to keep the plan (not when the worker refused to size it: that call fails, and the next one
         asks again, as the general path does). ``refs``: the resident tensors it names, after the inputs in the
         descriptor as the general path places them. ``guess``: outputs of a size not known yet are given room as
-        large as the inputs instead of asking (a plan with ``learn`` set, not kept: :meth:`_call_guessed`)."""
+        large as the inputs instead of asking (a plan with ``learn`` set, not kept until its answer says how large
+        the outputs are, then under ``key``, the plan cache's: :meth:`_learned`)."""
         writes, tensors, cursor = plan_inputs(inputs, self.geometry.desc_nbytes)
         tensors += refs
         entry = self.op_table.get(op) if isinstance(op, str) else None
@@ -337,13 +336,13 @@ class Calls:
             specs = {n: (shape, wire) for n, shape, wire in inputs}
             names = tuple(t.name for t in refs)
             specs.update((t.name, (t.shape, t.dtype)) for t in refs)
-            if in_place or alias:
-                asked: int | None = 0
-            elif guess and not (isinstance(op, Pipeline) and op.outputs == ()) and \
-                    self._sizer.known(key := self._sizer.key(op, specs, names, attrs, keep)) is None:
-                asked, learn = None, key
-            else:
-                asked = self._sizer.out_nbytes(self.op_table, op, specs, names, attrs, keep)
+            asked: int | None = 0
+            if not (in_place or alias):
+                sizer_key, asked = self._sizer.cached(op, specs, names, attrs, keep)
+                if asked is None and guess:
+                    learn = (sizer_key, key)
+                elif asked is None:
+                    asked = self._sizer.ask(sizer_key, self.op_table, op, specs, names, attrs, keep)
             sure = asked is not None
             out_nbytes = sum(n for _, n in writes) if asked is None else asked
         else:

@@ -48,9 +48,13 @@ class OutputSizer:
         return (op, tuple(inputs.items()), resident, tuple(sorted(((k, type(v), v) for k, v in attrs.items()),
                                                                    key=lambda kv: kv[0])), keep)
 
-    def known(self, key: Any) -> int | None:
-        """The bytes cached for ``key`` (asked or learned), or None."""
-        return self._cache.get(key)
+    def cached(self, op: str | Pipeline, inputs: Mapping[str, tuple[tuple[int, ...], str]], resident: tuple[str, ...],
+               attrs: Mapping[str, Any], keep: tuple[str, ...]) -> tuple[Any, int | None]:
+        """(the signature's key, the bytes known for it without asking: cached, asked or learned; else None)."""
+        if isinstance(op, Pipeline) and op.outputs == ():
+            return None, 0  # everything is kept on the worker (Client.put): nothing comes back
+        key = self.key(op, inputs, resident, attrs, keep)
+        return key, self._cache.get(key)
 
     def learn(self, key: Any, sizes: list[int]) -> int:
         """Cache (and return) the bytes to reserve for outputs of ``sizes`` bytes under ``key``: what the worker
@@ -67,12 +71,13 @@ class OutputSizer:
         Returns None when the worker refuses the plan (the call will fail; nothing is cached).
         Raises what resolving the op raises locally (UnknownOpError, InvalidRequestError).
         """
-        if isinstance(op, Pipeline) and op.outputs == ():
-            return 0  # everything is kept on the worker (Client.put): nothing comes back
-        key = self.key(op, inputs, resident, attrs, keep)
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
+        key, hit = self.cached(op, inputs, resident, attrs, keep)
+        return hit if hit is not None else self.ask(key, op_table, op, inputs, resident, attrs, keep)
+
+    def ask(self, key: Any, op_table: Mapping[str, OpEntry], op: str | Pipeline,
+            inputs: Mapping[str, tuple[tuple[int, ...], str]], resident: tuple[str, ...], attrs: Mapping[str, Any],
+            keep: tuple[str, ...]) -> int | None:
+        """:meth:`out_nbytes` of a signature whose bytes are not known (``key``: :meth:`cached`'s): asked."""
         steps, outputs = resolve(op_table, op, list(inputs), dict(attrs))
         want = [o for o in outputs if o not in keep]
         try:

@@ -1,8 +1,8 @@
 """The descriptor's FlatBuffers tables read and written by hand, for speed (the generated code stays the reference).
 
 The generated Python (``_fb.py``) builds a message back to front through a generic builder and reads it through one
-object and several calls per field: 75 µs to build a one-step request and 60 µs to read it. Every first call of a
-signature pays both (and the worker's response, 23 + 22 µs). This module reads and writes the same binary format
+object and several calls per field; every first call of a signature pays both, and the worker's response too
+(``bench/descriptor_codec.py`` times both codecs: this one about 2.5 to 4 times as fast). This module reads and writes the same binary format
 (FlatBuffers' wire rules: a root offset, tables with a vtable, strings, vectors) for the five tables of
 ``shmrpc.fbs`` that a call carries, with one ``struct`` call per table or vector where it can.
 
