@@ -158,7 +158,7 @@ class Worker(Calls, Runs):
                                        inline_max_flops=cfg.inline_max_flops, inline_max_nbytes=cfg.inline_max_nbytes)
             self._executor = ThreadPoolExecutor(cfg.threads, thread_name_prefix="shmrpc-op")
             self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-            self._ctx = zmq.Context()
+            self._ctx = zmq.Context(io_threads=cfg.io_threads)
             self._sock = self._ctx.socket(zmq.ROUTER)
             self._sock.setsockopt(zmq.LINGER, 0)
             self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)

@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-wait-us", type=int, default=0, metavar="US",
                    help="after a batched run of N requests, hold fewer than N parked requests up to US µs, spinning, "
                         "for the rest to arrive (soon after that run only; 0: never) (default %(default)s)")
+    s.add_argument("--io-threads", type=int, default=1, metavar="N",
+                   help="libzmq I/O threads moving the clients' messages; each connection is served by one "
+                        "(default %(default)s)")
     s.add_argument("--lane-linger-us", type=int, default=LINGER_NS // 1000, metavar="US",
                    help="after answering a lane whose client came back soon after its last answer, read the lanes "
                         "US µs before sleeping (0: never; off on a one-CPU host) (default %(default)s)")
@@ -264,7 +267,7 @@ def _serve(args: argparse.Namespace) -> int:
             name=args.name, geometry=geometry, lease=lease, backend=args.backend, metrics_port=args.metrics_port,
             mlock=not args.no_mlock, threads=args.threads, inline_max_nbytes=parse_size(args.inline_max),
             spin_us=args.spin_us, lane_linger_us=args.lane_linger_us, lanes=not args.no_lanes, max_batch=args.max_batch,
-            batch_wait_us=args.batch_wait_us,
+            batch_wait_us=args.batch_wait_us, io_threads=args.io_threads,
             resident_limit_bytes=parse_size(args.resident_limit), allow_uids=tuple(args.allow_uid), register_host=not args.no_register,
             dumpable=args.dumpable,
             isolation=args.isolation, client_max_slots=args.client_max_slots,

@@ -126,6 +126,9 @@ class WorkerConfig:
             long, the loop spinning, for the others to arrive (answered clients sending again), before they
             run; 0 (default): never wait. Only soon after a batched run (2 ms, or 20 times the setting if
             longer), so a lone client never waits.
+        io_threads: libzmq I/O threads of the worker's context. Each client's connection is served by one of them
+            (libzmq gives a new connection to the least loaded); with one, a single thread moves every client's
+            messages between the sockets and the loop, one after another.
     """
 
     name: str
@@ -162,6 +165,7 @@ class WorkerConfig:
     otel: bool = False
     max_batch: int = 64
     batch_wait_us: int = 0
+    io_threads: int = 1
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -198,6 +202,8 @@ class WorkerConfig:
             raise ValueError(f"--lane-linger-us must be 0..10000, got {self.lane_linger_us}")
         if not 0 <= self.batch_wait_us <= 10_000:
             raise ValueError(f"--batch-wait-us must be 0..10000, got {self.batch_wait_us}")
+        if not 1 <= self.io_threads <= 64:
+            raise ValueError(f"--io-threads must be 1..64, got {self.io_threads}")
         if not 1 <= self.max_batch <= 4096:
             raise ValueError(f"--max-batch must be 1..4096 (1: no batching), got {self.max_batch}")
 

@@ -15,6 +15,7 @@ from shmrpc.server.config import WorkerConfig
     ({"request_memory_limit_bytes": -1}, "--request-memory-limit"), ({"inline_max_flops": -1}, "--inline-max-flops"),
     ({"client_max_waiters": -1}, "--client-max-waiters"),
     ({"lane_linger_us": -1}, "--lane-linger-us"), ({"lane_linger_us": 20_000}, "--lane-linger-us"),
+    ({"io_threads": 0}, "--io-threads"), ({"io_threads": 65}, "--io-threads"),
 ])
 def test_bad_values_name_their_option(kw: dict[str, object], option: str) -> None:
     with pytest.raises(ValueError, match=option):
@@ -36,6 +37,11 @@ def test_lane_linger_default_is_the_protocols_and_zero_turns_it_off() -> None:
 def test_serve_refuses_a_bad_spin_with_status_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--name", "cfgtest", "--spin-us", "-5"]) == 2
     assert "--spin-us" in capsys.readouterr().err
+
+
+def test_serve_refuses_no_io_thread_with_status_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--name", "cfgtest", "--io-threads", "0"]) == 2
+    assert "--io-threads" in capsys.readouterr().err
 
 
 def test_lease_max_is_cut_to_the_classes_and_never_below_the_lease() -> None:
