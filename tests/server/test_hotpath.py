@@ -313,3 +313,33 @@ def test_scrapes_on_another_thread_lose_and_double_no_observation() -> None:
     assert got["shmrpc_request_duration_seconds_count[('op', 'scale')]"] == n
     assert got["shmrpc_stage_seconds_count[('op', 'scale'), ('stage', 'kernel')]"] == n
     assert (got["shmrpc_bytes_in_total[]"], got["shmrpc_bytes_out_total[]"]) == (n, 2 * n)
+
+
+def _scale_payload(a: float, n: int = 4) -> bytes:
+    from shmrpc.schema.descriptor import RequestDesc, StepDesc, TensorRef, encode_request
+
+    return encode_request(RequestDesc((StepDesc("scale", 0, (("x", "x"),), (("out", "out"),), (("a", a),)),),
+                                      (TensorRef("x", "float32", (n,), 1024, 4 * n),), ("out",)))
+
+
+def test_requests_differing_in_an_attribute_value_share_their_response_bytes_but_not_their_plan() -> None:
+    """Equal plans of two clients are one object (the batch grouping finds them by identity); a plan of another
+    attribute value is another object, whatever was made before; the response bytes, which say only where the
+    outputs are, are shared by requests that place the same outputs and are each request's own otherwise."""
+    from shmrpc.schema.descriptor import decode_response
+
+    with kernels.select_backend("numpy") as be:
+        d = Dispatcher(be, desc_nbytes=1024)
+        two, three = d.prepare(_scale_payload(2.0), 0, 0, 4096, 1), d.prepare(_scale_payload(3.0), 0, 0, 4096, 1)
+        two_again = d.prepare(_scale_payload(2.0), 0, 0, 4096, 2)  # another client: another cache entry
+        assert two is not two_again and two.plan is two_again.plan
+        assert three.plan is not two.plan and three.plan != two.plan
+        assert three.response is two.response and decode_response(two.response).outputs == two.outputs
+        eight = d.prepare(_scale_payload(2.0, 8), 0, 0, 4096, 1)
+        assert eight.response != two.response and decode_response(eight.response).outputs == eight.outputs
+        for prep, a, n in ((two, 2.0, 4), (three, 3.0, 4), (two_again, 2.0, 4), (eight, 2.0, 8)):
+            slot = memoryview(bytearray(4096))
+            views = d.views(prep, slot)
+            views[0]["x"][...] = np.arange(n, dtype=np.float32)
+            d.run(prep, slot, views)
+            np.testing.assert_array_equal(views[1]["out"], a * np.arange(n, dtype=np.float32))
