@@ -21,8 +21,15 @@ from collections.abc import Callable
 from typing import Any
 
 from shmrpc import kernels
-from shmrpc.schema.descriptor import RequestDesc, ResponseDesc, StepDesc, TensorRef, decode_request, encode_request, \
-    encode_response
+from shmrpc.schema.descriptor import (
+    RequestDesc,
+    ResponseDesc,
+    StepDesc,
+    TensorRef,
+    decode_request,
+    encode_request,
+    encode_response,
+)
 from shmrpc.server._dispatch import Dispatcher
 
 SLOT_NBYTES, DESC_NBYTES = 64 << 10, 4096
@@ -45,6 +52,35 @@ def _timed(fn: Callable[[Any], Any], items: list[Any]) -> float:
         gc.enable()
 
 
+def _parts(be: kernels.Backend, values: list[float]) -> dict[str, tuple[Callable[[Any], Any], list[Any]]]:
+    """Each part's function and the items it is timed over, for requests of these values of ``a``."""
+    slot = memoryview(bytearray(SLOT_NBYTES))
+    spec = {"x": kernels.TensorSpec((16,), "float32")}
+    payloads = [encode_request(_request(a)) for a in values]
+    descs = [decode_request(p) for p in payloads]
+    d, again, fresh = Dispatcher(be, DESC_NBYTES), Dispatcher(be, DESC_NBYTES), Dispatcher(be, DESC_NBYTES)
+    steps = [d._steps(x) for x in descs]
+    preps = [d._prepare(x, 0, 0, SLOT_NBYTES, 1) for x in descs]
+    plans = [p.plan for p in preps]
+    views = [d.views(p, slot) for p in preps]
+
+    def whole(payload: bytes) -> Any:
+        prep = fresh.prepare(payload, 0, 0, SLOT_NBYTES, 1)
+        return fresh.bind(prep, fresh.views(prep, slot))
+
+    return {
+        "encode_request (the client's)": (lambda a: encode_request(_request(a)), values),
+        "decode_request": (decode_request, payloads),
+        "prepare, after decoding": (lambda x: again._prepare(x, 0, 0, SLOT_NBYTES, 1), descs),
+        "  the op's rule and plan": (lambda s: be.plan(s, spec, ["out"], keep=[], resident={}), steps),
+        "  the cost estimate": (kernels.estimate, plans),
+        "  the response's bytes (no cache)": (lambda p: encode_response(ResponseDesc(outputs=p.outputs)), preps),
+        "views": (lambda p: d.views(p, slot), preps),
+        "bind": (lambda pv: d.bind(pv[0], pv[1]), list(zip(preps, views))),
+        "whole": (whole, payloads),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=3000)
@@ -52,32 +88,11 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     be = kernels.select_backend("numpy")
-    slot = memoryview(bytearray(SLOT_NBYTES))
-    spec = {"x": kernels.TensorSpec((16,), "float32")}
     best: dict[str, float] = {}
     for r in range(args.rounds):
         # fresh attribute values every round: nothing a round before made is found in a cache
         values = [float(2 + r * args.n + i) for i in range(args.n)]
-        payloads = [encode_request(_request(a)) for a in values]
-        descs = [decode_request(p) for p in payloads]
-        d = Dispatcher(be, DESC_NBYTES)
-        steps = [d._steps(x) for x in descs]
-        preps = [d._prepare(x, 0, 0, SLOT_NBYTES, 1) for x in descs]
-        plans = [p.plan for p in preps]
-        views = [d.views(p, slot) for p in preps]
-        fresh, again = Dispatcher(be, DESC_NBYTES), Dispatcher(be, DESC_NBYTES)
-        parts: dict[str, tuple[Callable[[Any], Any], list[Any]]] = {
-            "encode_request (the client's)": (lambda a: encode_request(_request(a)), values),
-            "decode_request": (decode_request, payloads),
-            "prepare, after decoding": (lambda x: again._prepare(x, 0, 0, SLOT_NBYTES, 1), descs),
-            "  the op's rule and plan": (lambda s: be.plan(s, spec, ["out"], keep=[], resident={}), steps),
-            "  the cost estimate": (kernels.estimate, plans),
-            "  the response's bytes (no cache)": (lambda p: encode_response(ResponseDesc(outputs=p.outputs)), preps),
-            "views": (lambda p: d.views(p, slot), preps),
-            "bind": (lambda pv: d.bind(pv[0], pv[1]), list(zip(preps, views))),
-            "whole": (lambda p: fresh.bind(pr := fresh.prepare(p, 0, 0, SLOT_NBYTES, 1), fresh.views(pr, slot)),
-                      payloads),
-        }
+        parts = _parts(be, values)
         for k, (fn, items) in parts.items():
             best[k] = min(best.get(k, float("inf")), _timed(fn, items))
     for k, v in best.items():
