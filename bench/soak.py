@@ -79,6 +79,62 @@ def _ask(c: Any, submit: bool, op: str, **kw: Any) -> dict[str, np.ndarray]:
     return c.submit(op, **kw).result() if submit else c.call(op, **kw)
 
 
+def _draw(rng: np.random.Generator, pool: np.ndarray, i: int, strided: bool = False
+          ) -> tuple[str, dict[str, Any], np.ndarray]:
+    """Call ``i``'s op, keywords and expected ``out``: an even one ``echo`` of a run of ``pool`` (``strided``: every
+    second byte of it), an odd one ``scale`` of random float32 by 1; sizes log-uniform from 64 B to 1 MiB."""
+    nbytes = int(np.exp(rng.uniform(np.log(64), np.log(1 << 20))))
+    if i % 2 == 0:
+        step = 2 if strided else 1
+        start = int(rng.integers(0, pool.size - step * nbytes))
+        x = pool[start:start + step * nbytes:step]
+        return "echo", {"x": x}, x
+    xf = rng.standard_normal(max(1, nbytes // 4)).astype(np.float32)
+    return "scale", {"x": xf, "a": 1.0, "b": 0.0}, xf
+
+
+class _Tally:
+    """One soak client's counts and its own memory at warm-up, after a reconnect and at the end (the final JSON
+    line :func:`client_main` and :func:`async_client_main` print)."""
+
+    def __init__(self, seed: int, calls: int) -> None:
+        self.r: dict[str, Any] = {"seed": seed, "calls": calls, "ok": 0, "wrong": 0, "raised": {}, "reconnects": 0,
+                                  "connect_retries": 0, "pulses": 0, "warm": {}, "rewarm": {}}
+        self.calls, self.rewarm_at, self.t0 = calls, -1, time.perf_counter()
+
+    def answered(self, out: dict[str, np.ndarray], want: np.ndarray) -> None:
+        good = out["out"].dtype == want.dtype and np.array_equal(out["out"], want)
+        self.r["ok"] += good
+        self.r["wrong"] += not good
+
+    def raised(self, e: BaseException) -> None:
+        """A call raised ``e`` (counted by its type)."""
+        self.r["raised"][type(e).__name__] = self.r["raised"].get(type(e).__name__, 0) + 1
+
+    def reconnecting(self, pulses: int, i: int) -> None:
+        """The client is closed (``pulses``: the PULSE frames it received) and made again; its memory is sampled
+        once more ``REWARM_CALLS`` calls after call ``i``."""
+        self.r["pulses"] += pulses
+        self.r["reconnects"] += 1
+        self.rewarm_at, self.r["rewarm"] = i + REWARM_CALLS, {}
+
+    def passed(self, before: int, i: int) -> None:
+        """Calls ``before`` .. ``i - 1`` are done: the memory samples and progress lines they passed."""
+        if before < int(self.calls * WARM_FRACTION) <= i:
+            self.r["warm"] = proc_facts()
+        if before < self.rewarm_at <= i:
+            self.r["rewarm"] = proc_facts()
+        if before // 1000 != i // 1000:
+            print(f"progress {i}", flush=True)
+
+    def report(self, end: dict[str, int], pulses: int) -> None:
+        """The final JSON line: ``end``, the memory while still connected (like at warm-up), and the last client's
+        pulses."""
+        self.r["end"], self.r["elapsed_s"] = end, time.perf_counter() - self.t0
+        self.r["pulses"] += pulses
+        print(json.dumps(self.r), flush=True)
+
+
 def client_main(name: str, seed: int, calls: int, spin_us: int = 0, lane: str = "", via: str = "call") -> None:
     """Make ``calls`` checked calls; print progress lines and a final JSON line. ``via``: ``call`` (``Client.call``),
     ``submit`` (``Client.submit(...).result()``), ``mixed``: every third call through ``submit``, and every other
@@ -90,16 +146,8 @@ def client_main(name: str, seed: int, calls: int, spin_us: int = 0, lane: str = 
     from shmrpc.client import Client, ConnectError, RequestError, Timeout, WorkerGoneError
 
     rng = np.random.default_rng(seed)
-    ok = wrong = 0
-    raised: dict[str, int] = {}
-    reconnects = 0
-    warm: dict[str, int] = {}
-    rewarm: dict[str, int] = {}
-    rewarm_at = -1
-    pulses = 0  # PULSE frames the client's connections received (a DONE of a launched request near)
+    tally = _Tally(seed, calls)
     c: Any = None
-    connect_retries = 0
-    t0 = time.perf_counter()
     pool = rng.integers(0, 256, 1 << 22, dtype=np.uint8)
     i = 0
     while i < calls:
@@ -109,46 +157,27 @@ def client_main(name: str, seed: int, calls: int, spin_us: int = 0, lane: str = 
                            **({"lane": lane} if lane else {}))
             except (ConnectError, WorkerGoneError, Timeout):
                 # no call was made: the successor is not serving yet (a missing or dead socket fails at once)
-                connect_retries += 1
+                tally.r["connect_retries"] += 1
                 time.sleep(0.05)
                 continue
-        nbytes = int(np.exp(rng.uniform(np.log(64), np.log(1 << 20))))
-        submit = via == "submit" or (via == "mixed" and i % 3 == 0)
+        op, kw, want = _draw(rng, pool, i, strided=via == "mixed" and i % 4 == 0)
         try:
-            if i % 2 == 0:
-                step = 2 if via == "mixed" and i % 4 == 0 else 1
-                start = int(rng.integers(0, pool.size - step * nbytes))
-                x = pool[start:start + step * nbytes:step]
-                out = _ask(c, submit, "echo", x=x)["out"]
-                good = out.dtype == x.dtype and np.array_equal(out, x)
-            else:
-                xf = rng.standard_normal(max(1, nbytes // 4)).astype(np.float32)
-                out = _ask(c, submit, "scale", x=xf, a=1.0, b=0.0)["out"]
-                good = out.dtype == xf.dtype and np.array_equal(out, xf)
-            ok += good
-            wrong += not good
+            tally.answered(_ask(c, via == "submit" or (via == "mixed" and i % 3 == 0), op, **kw), want)
         except (WorkerGoneError, ConnectError, Timeout, RequestError) as e:
-            raised[type(e).__name__] = raised.get(type(e).__name__, 0) + 1
+            tally.raised(e)
             if not isinstance(e, RequestError):
-                pulses += c._inflight.pulses
+                pulses = c._inflight.pulses
                 c.close()
                 c = None
-                reconnects += 1
-                rewarm_at, rewarm = i + REWARM_CALLS, {}
+                tally.reconnecting(pulses, i)
         i += 1
-        if i == int(calls * WARM_FRACTION):
-            warm = proc_facts()
-        if i == rewarm_at:
-            rewarm = proc_facts()
-        if i % 1000 == 0:
-            print(f"progress {i}", flush=True)
+        tally.passed(i - 1, i)
     end = proc_facts()  # still connected, like at warm-up
+    pulses = 0
     if c is not None:
-        pulses += c._inflight.pulses
+        pulses = c._inflight.pulses
         c.close()
-    print(json.dumps({"seed": seed, "calls": calls, "ok": ok, "wrong": wrong, "raised": raised,
-                      "reconnects": reconnects, "connect_retries": connect_retries, "pulses": pulses, "elapsed_s": time.perf_counter() - t0, "warm": warm,
-                      "rewarm": rewarm, "end": end}), flush=True)
+    tally.report(end, pulses)
 
 
 ASYNC_GROUP = 8  # requests an async client sends at once: more than its lease, so some wait for a slot
@@ -165,66 +194,50 @@ def async_client_main(name: str, seed: int, calls: int, lane: str = "") -> None:
 
     rng = np.random.default_rng(seed)
     pool = rng.integers(0, 256, 1 << 22, dtype=np.uint8)
-    r: dict[str, Any] = {"seed": seed, "calls": calls, "ok": 0, "wrong": 0, "raised": {}, "reconnects": 0,
-                         "connect_retries": 0, "pulses": 0, "warm": {}, "rewarm": {}}
-    t0 = time.perf_counter()
+    tally = _Tally(seed, calls)
 
     async def main() -> None:
         c: Any = None
-        i, rewarm_at = 0, -1
+        i = 0
         while i < calls:
             if c is None:
                 try:
                     c = await AsyncClient.connect(name, timeout_s=20, connect_timeout_s=30,
                                                   **({"lane": lane} if lane else {}))
                 except (ConnectError, WorkerGoneError, Timeout):
-                    r["connect_retries"] += 1
+                    tally.r["connect_retries"] += 1
                     await asyncio.sleep(0.05)
                     continue
             n = min(ASYNC_GROUP, calls - i)
-            futs, sent = [], []
+            futs, wants = [], []
             for k in range(n):
-                nbytes = int(np.exp(rng.uniform(np.log(64), np.log(1 << 20))))
-                if (i + k) % 2 == 0:
-                    start = int(rng.integers(0, pool.size - nbytes))
-                    x = pool[start:start + nbytes]
-                    futs.append(c.submit("echo", x=x))
-                else:
-                    x = rng.standard_normal(max(1, nbytes // 4)).astype(np.float32)
-                    futs.append(c.submit("scale", x=x, a=1.0, b=0.0))
-                sent.append(x)
+                op, kw, want = _draw(rng, pool, i + k)
+                futs.append(c.submit(op, **kw))
+                wants.append(want)
             gone = False
-            for out, x in zip(await asyncio.gather(*futs, return_exceptions=True), sent):
+            for out, want in zip(await asyncio.gather(*futs, return_exceptions=True), wants):
                 if isinstance(out, (WorkerGoneError, ConnectError, Timeout, RequestError)):
-                    r["raised"][type(out).__name__] = r["raised"].get(type(out).__name__, 0) + 1
+                    tally.raised(out)
                     gone |= not isinstance(out, RequestError)
                 elif isinstance(out, BaseException):
                     raise out
                 else:
-                    good = out["out"].dtype == x.dtype and np.array_equal(out["out"], x)
-                    r["ok"] += good
-                    r["wrong"] += not good
+                    tally.answered(out, want)
             before, i = i, i + n
             if gone:
-                r["pulses"] += c.client._inflight.pulses
+                pulses = c.client._inflight.pulses
                 await c.aclose()
                 c = None
-                r["reconnects"] += 1
-                rewarm_at, r["rewarm"] = i + REWARM_CALLS, {}
-            if before < int(calls * WARM_FRACTION) <= i:
-                r["warm"] = proc_facts()
-            if before < rewarm_at <= i:
-                r["rewarm"] = proc_facts()
-            if before // 1000 != i // 1000:
-                print(f"progress {i}", flush=True)
-        r["end"] = proc_facts()  # still connected, like at warm-up
+                tally.reconnecting(pulses, i)
+            tally.passed(before, i)
+        end = proc_facts()  # still connected, like at warm-up
+        pulses = 0
         if c is not None:
-            r["pulses"] += c.client._inflight.pulses
+            pulses = c.client._inflight.pulses
             await c.aclose()
+        tally.report(end, pulses)
 
     asyncio.run(main())
-    r["elapsed_s"] = time.perf_counter() - t0
-    print(json.dumps(r), flush=True)
 
 
 # ------------------------------------------------------------ the driver
