@@ -14,8 +14,11 @@ child measures, µs per call, best of 3 repeats of ``--calls`` calls:
 - ``new_attr``: the same with a new ``a`` every call (a new signature every call);
 - ``new_shape``: ``vector_add`` of two float32 vectors of a new length every call;
 - ``async_new_attr``: ``await AsyncClient.call`` with a new ``a`` every call;
+- ``turns3``: three signatures in turn (``scale``, ``vector_add``, ``echo`` of the same 16 float32), each seen
+  before but never the last one in the slot (added 2026-12-04; the worker keeps a few per slot since then);
+- ``blocks3``: the same three, each a third of a repeat's calls in a row;
 
-and, for ``new_attr``, the worker's and the client's CPU per call over the repeats (``..._worker_cpu``,
+and, for ``new_attr``, ``turns3`` and ``blocks3``, the worker's and the client's CPU per call over the repeats (``..._worker_cpu``,
 ``..._client_cpu``; the worker's from ``/proc`` by ``worker_cpu.py``'s reader, in ticks, so a few tens of µs coarse at 300 calls).
 """
 
@@ -75,6 +78,12 @@ with Client(name, timeout_s=30) as c:
         v = np.ones(n, np.float32)
         c.call("vector_add", x=v, y=v)
     best("new_shape", new_shape)
+    three = [lambda: c.call("scale", x=x, a=2.0, b=1.0), lambda: c.call("vector_add", x=x, y=x),
+             lambda: c.call("echo", x=x)]
+    turn = iter(range(10**9))
+    best("turns3", lambda: three[next(turn) % 3](), cpu=True)
+    block = iter(range(10**9))
+    best("blocks3", lambda: three[next(block) % calls * 3 // calls](), cpu=True)
 
 
 async def main():

@@ -64,7 +64,7 @@ class Calls:
     shared: SharedOwners
     _sock: zmq.Socket[Any] | None
     _poller: LoopPoll | None
-    _express: dict[bytes, Express]
+    _express: dict[bytes, tuple[Express, ...]]
     _primed: PrimedSlots
     _views: dict[tuple[int, int], memoryview]
     _pending: list[Pending]
@@ -164,10 +164,11 @@ class Calls:
                                             f"unknown message kind {kind!r}", "kind").encode())
 
     def _on_call(self, identity: bytes, frame: bytes, stopping: bool, lane: int = 0) -> None:
-        ex = self._express.get(frame[2:8])
-        if (ex is not None and ex.identity == identity and len(frame) == _CALL_NBYTES and not stopping
-                and self._serve_express(ex, frame, lane)):
-            return None
+        armed = self._express.get(frame[2:8])
+        if armed is not None and len(frame) == _CALL_NBYTES and not stopping:
+            for ex in armed:  # the slot's requests served lately, the last one first
+                if ex.identity == identity and self._serve_express(ex, frame, lane):
+                    return None
         tail = b""
         if len(frame) == _TRACED_CALL_NBYTES:  # a traced call: the client's trace context follows the CALL
             frame, tail = frame[:_CALL_NBYTES], frame[_CALL_NBYTES:]
@@ -201,8 +202,7 @@ class Calls:
             # a private copy: everything below reads these bytes, never the slot's again
             payload = bytes(view[HEADER_NBYTES:HEADER_NBYTES + h[2]])
             primed = self._primed.get(key, payload, h[1], h[3], c.id)
-            if primed is None:  # not the bytes validated last in this slot: decode, validate, plan
-                self._primed.forget(key)
+            if primed is None:  # not bytes validated in this slot lately: decode, validate, plan
                 prep = self.dispatch.prepare(payload, h[1], h[3], s.nbytes, c.id)
                 views = self.dispatch.views(prep, view)
                 primed = Primed(payload, h[1], h[3], c.id, prep, views, self.dispatch.bind(prep, views))

@@ -3,11 +3,12 @@
 A client that sends the same op over the same tensors from one slot (a loan sent
 in a loop, ``Client.call`` with arrays of one shape) writes the same descriptor
 bytes every time. The loop keeps, per slot, the descriptor bytes of the last
-request it validated there, with the :class:`~._dispatch.Prepared` request and
-the NumPy views over the slot that go with it, and the backend's bound run of the
-plan over those views (``Backend.bind``: the views' checks and where each step
-writes, done once). A request is served from this
-entry only when its copied-out descriptor bytes, header op code and flags, and
+requests it validated there (up to :data:`PER_SLOT` different ones: a client whose
+calls take turns between a few ops or shapes through one kept loan), each with the
+:class:`~._dispatch.Prepared` request and the NumPy views over the slot that go
+with it, and the backend's bound run of the plan over those views (``Backend.bind``:
+the views' checks and where each step writes, done once). A request is served from
+an entry only when its copied-out descriptor bytes, header op code and flags, and
 the slot's owner are equal to the entry's: the bytes are compared, never a flag
 trusted, so a writer that changes one byte between two requests gets a full
 decode, validation and plan.
@@ -35,7 +36,7 @@ from ._lease import Slot
 if TYPE_CHECKING:
     from ._sessions import ClientSession
 
-__all__ = ["Express", "Primed", "PrimedSlots"]
+__all__ = ["Express", "PER_SLOT", "Primed", "PrimedSlots"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,37 +82,69 @@ class Express:
         return cls(identity, session, slot, view, primed, raw, expect)
 
 
-class PrimedSlots:
-    """``(region, slot) -> Primed``; one entry per slot, replaced by the next different request.
+#: Most requests kept per slot (the least recently served goes first).
+PER_SLOT = 4
 
-    ``express`` holds the slots armed for the express path (:class:`Express`), keyed by the CALL frame's
-    region and slot bytes; an entry goes whenever its slot's :class:`Primed` entry goes or is replaced.
+
+class PrimedSlots:
+    """``(region, slot) -> {descriptor bytes: Primed}``: up to :data:`PER_SLOT` entries per slot, all of the
+    slot's owner of the time; a request of another owner, or one that fails validation, drops them all.
+
+    ``express`` holds, by the CALL frame's region and slot bytes, the slot's entries armed for the express path
+    (:class:`Express`, the most recently armed first); an armed entry goes whenever its :class:`Primed` entry goes
+    or is replaced.
     """
 
     def __init__(self) -> None:
-        self._by_slot: dict[tuple[int, int], Primed] = {}
-        self.express: dict[bytes, Express] = {}
+        self._by_slot: dict[tuple[int, int], dict[bytes, Primed]] = {}
+        self.express: dict[bytes, tuple[Express, ...]] = {}
         self.hits = 0  # requests served from an entry (read by tests and the bench tool)
 
     def get(self, key: tuple[int, int], payload: bytes, op_code: int, flags: int, client: int) -> Primed | None:
-        """The entry of slot ``key`` if it was made from exactly these bytes, op code, flags and client."""
-        p = self._by_slot.get(key)
-        if p is None or p.payload != payload or p.op_code != op_code or p.flags != flags or p.client != client:
+        """The entry of slot ``key`` made from exactly these bytes, op code, flags and client, if any."""
+        entries = self._by_slot.get(key)
+        p = None if entries is None else entries.get(payload)
+        if p is None or p.op_code != op_code or p.flags != flags or p.client != client:
             return None
+        if len(entries) > 1:  # type: ignore[arg-type]
+            del entries[payload]  # type: ignore[union-attr]
+            entries[payload] = p  # type: ignore[index]  # the most recently served last
         self.hits += 1
         return p
 
     def put(self, key: tuple[int, int], primed: Primed) -> None:
-        self._by_slot[key] = primed
-        self.express.pop(_frame_key(key), None)
+        """Keep ``primed`` for slot ``key``, beside the slot's other entries of the same owner (the least recently
+        served one dropped beyond :data:`PER_SLOT`); entries of another owner, or of these bytes, are replaced."""
+        entries = self._by_slot.get(key)
+        if entries is None or next(iter(entries.values())).client != primed.client:
+            entries = self._by_slot[key] = {}
+        else:
+            entries.pop(primed.payload, None)
+            if len(entries) >= PER_SLOT:
+                del entries[next(iter(entries))]
+        entries[primed.payload] = primed
+        self._keep_armed(key, entries, ())
 
     def arm(self, ex: Express) -> None:
-        """Serve the next requests of ``ex``'s slot by the express path while they stay the same."""
-        if self._by_slot.get((ex.slot.region, ex.slot.index)) is ex.primed:
-            self.express[_frame_key((ex.slot.region, ex.slot.index))] = ex
+        """Serve the next requests of ``ex``'s slot that equal its entry by the express path."""
+        key = (ex.slot.region, ex.slot.index)
+        entries = self._by_slot.get(key)
+        if entries is not None and entries.get(ex.primed.payload) is ex.primed:
+            self._keep_armed(key, entries, (ex,))
+
+    def _keep_armed(self, key: tuple[int, int], entries: dict[bytes, Primed], first: tuple[Express, ...]) -> None:
+        """Slot ``key``'s armed entries: ``first``, then those armed before that are still its entries (one per
+        entry)."""
+        fk = _frame_key(key)
+        armed = first + tuple(e for e in self.express.get(fk, ())
+                              if entries.get(e.primed.payload) is e.primed and (not first or e.primed is not first[0].primed))
+        if armed:
+            self.express[fk] = armed
+        else:
+            self.express.pop(fk, None)
 
     def forget(self, key: tuple[int, int]) -> None:
-        """Drop slot ``key``'s entry (its request failed validation, or the slot changed hands)."""
+        """Drop slot ``key``'s entries and the armed ones (a request there failed validation)."""
         self._by_slot.pop(key, None)
         self.express.pop(_frame_key(key), None)
 
@@ -119,7 +152,7 @@ class PrimedSlots:
         """Drop every entry of ``region`` (before its mapping closes: the views hold it open)."""
         for key in [k for k in self._by_slot if k[0] == region]:
             del self._by_slot[key]
-        for fk in [k for k, ex in self.express.items() if ex.slot.region == region]:
+        for fk in [k for k, exs in self.express.items() if exs[0].slot.region == region]:
             del self.express[fk]
 
     def clear(self) -> None:
@@ -127,7 +160,8 @@ class PrimedSlots:
         self.express.clear()
 
     def __len__(self) -> int:
-        return len(self._by_slot)
+        """Entries kept, over all slots."""
+        return sum(len(e) for e in self._by_slot.values())
 
 
 _KEY = struct.Struct("<HI")

@@ -86,3 +86,32 @@ def test_one_byte_flipped_anywhere_in_a_primed_descriptor_never_crashes(worker: 
                 pass
             rid += 1
         np.testing.assert_array_equal(c.call("vector_add", x=np.ones(3), y=np.ones(3))["out"], 2.0)
+
+
+def test_requests_taking_turns_in_one_slot_are_answered_and_a_bad_one_drops_none_of_their_answers(
+        worker: WorkerProc) -> None:
+    """Three requests in turn from one loan (the worker keeps each one's checks: up to PER_SLOT per slot); a changed
+    byte among them gets the full validation's named error, and the three are answered right again after it."""
+    add = make_desc()
+    scale = make_desc("scale", tensors=(TensorRef("x", "float32", (4,), D, 16),), attrs=(("a", 3.0), ("b", 1.0)))
+    add8 = make_desc(tensors=(TensorRef("x", "float32", (2,), D, 8), TensorRef("y", "float32", (2,), D + 64, 8)))
+    bad = make_desc(tensors=(TensorRef("x", "float32", (4,), D, 16), TensorRef("y", "float32", (4,), 1 << 40, 16)))
+    with Client(worker.name) as c, c.loan(1024) as loan:
+        x = np.frombuffer(loan._s.buf, dtype=np.float32, count=4, offset=D)
+        y = np.frombuffer(loan._s.buf, dtype=np.float32, count=4, offset=D + 64)
+        want = {add: [11, 12, 13, 14], scale: [4, 7, 10, 13], add8: [11, 12]}
+        rid, first = 1, 1.0
+        for turn in range(2):
+            for _ in range(10):
+                for payload, out in want.items():
+                    x[...] = first + np.arange(4)  # each request's inputs (an output may land where y was)
+                    y[...] = 10
+                    np.testing.assert_array_equal(_ring(c, loan, payload, rid)["out"][:len(out)], out)
+                    rid += 1
+            if turn == 0:
+                with pytest.raises(InvalidRequestError) as e:
+                    _ring(c, loan, bad, rid)
+                assert e.value.field == "inputs[1].offset"
+                rid += 1
+                first = 2.0  # the tensor bytes are data, read afresh by every request
+                want = {add: [12, 13, 14, 15], scale: [7, 10, 13, 16], add8: [12, 13]}
