@@ -43,6 +43,7 @@ __all__ = ["Loan", "CallFuture"]
 _HEADER_UNPACK = HEADER.unpack_from
 _RID_PACK, _RID_NBYTES = REQUEST_ID.pack, REQUEST_ID.size  # a header's request_id, its first field
 _PLAN_VIEWS = 16  # call() plans whose input views a loan keeps
+_OLDER_OUTS = 3  # responses checked before the last one that a loan keeps the checks and views of
 
 
 class Loan:
@@ -63,6 +64,9 @@ class Loan:
         # (check, buffer, its views, the response's bytes after its request id (the rest of its header and its
         # descriptor) and the outputs asked of the last response checked)
         self._out_views: tuple[Any, Any, dict[str, np.ndarray], bytes, tuple[str, ...]] | None = None
+        # the same of the responses checked before the last one (other plans' answers, for calls that take turns),
+        # the most recent first, at most _OLDER_OUTS
+        self._out_older: tuple[tuple[Any, Any, dict[str, np.ndarray], bytes, tuple[str, ...]], ...] = ()
         # call() plans' input views of this slot, by id(plan): (the plan, kept alive so that its id stays its own, and
         # a view per input, in the order of plan.writes)
         self._in_views: dict[int, tuple[CallPlan, list[np.ndarray]]] = {}
@@ -206,6 +210,10 @@ class Loan:
                 if ahead is not None and ahead[0] is made:
                     return ahead[1]
                 return {name: a.view() for name, a in made[2].items()}
+        if self._out_older:
+            again = self._older_again(rid, fresh)
+            if again is not None:
+                return again
         h_rid, _, h_len, h_flags, _ = _HEADER_UNPACK(mv)  # a plain tuple: no Header built per response
         if not h_flags & _RESPONSE or h_rid != rid or h_len > len(mv) - HEADER_NBYTES:
             made = ahead = buf = None  # (see below: no view of the slot in this frame when it raises)
@@ -230,8 +238,22 @@ class Loan:
                      for name, dt, count, off, shape in check.outputs}
         else:
             views = made[2]
+        if made is not None and made[1] is buf:
+            self._out_older = (made, *self._out_older)[:_OLDER_OUTS]
         self._out_views = (check, buf, views, buf[_RID_NBYTES:HEADER_NBYTES + h_len], self._outputs)
         return {name: a.view() for name, a in views.items()} if fresh else views
+
+    def _older_again(self, rid: int, fresh: bool) -> dict[str, np.ndarray] | None:
+        """:meth:`_response`'s answer when the slot holds, for ``rid``, a response checked before the last one (calls
+        that take turns between plans), compared as the last one is; it becomes the last one. None: none of them."""
+        buf, older = self._s.buf, self._out_older
+        for i, o in enumerate(older):
+            if o[1] is buf and self._outputs == o[4] and buf[:_RID_NBYTES + len(o[3])] == _RID_PACK(rid) + o[3]:
+                rest = older[:i] + older[i + 1:]
+                made = self._out_views
+                self._out_views, self._out_older = o, ((made, *rest) if made is not None else rest)
+                return {name: a.view() for name, a in o[2].items()} if fresh else o[2]
+        return None
 
     def send(self, op: str | Pipeline, *, timeout_s: float | None = None, in_place: bool = False,
              keep: tuple[str, ...] = (), **attrs: Any) -> dict[str, np.ndarray]:
@@ -282,7 +304,7 @@ class Loan:
         if self._done and self._s.mv is None:
             return
         self._done = True
-        self._out_views = None  # they hold the slot's buffer: the slot is free once the caller's views are gone
+        self._out_views, self._out_older = None, ()  # they hold the slot's buffer: free once the caller's views are gone
         self._in_views.clear()
         self._c._give_back_slot(self._s)
 

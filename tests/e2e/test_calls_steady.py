@@ -280,6 +280,7 @@ def test_a_loan_send_that_raises_keeps_no_view_of_its_slot_in_the_error(worker: 
         req = c.loan(4096)
         req.array("x", 16, np.float32)[:] = x
         np.testing.assert_array_equal(req.send("scale", a=2.0)["out"], 2 * x)
+        np.testing.assert_array_equal(req.send("echo")["out"], x)  # another response: scale's views kept as older
         req.resident("y", "no-such-tensor", (16,), np.float32)
         with pytest.raises(RequestError) as ei:  # the worker's answer is an error, after one with views
             req.send("vector_add")
@@ -392,3 +393,24 @@ def test_a_future_takes_the_kept_loan_and_leaves_it_for_the_next_request(worker:
                 np.testing.assert_array_equal(out["out"], x + y)
 
     asyncio.run(run())
+
+
+def test_calls_taking_turns_between_plans_get_each_their_own_outputs(worker: WorkerProc) -> None:
+    """Three signatures in turn through one kept loan: the worker serves each from its kept checks and the loan
+    each answer from its kept views of that plan's last response; every output is still the call's own."""
+    rng = np.random.default_rng(5)
+    with Client(worker.name, timeout_s=10) as c:
+        for i in range(30):
+            x = rng.standard_normal(16).astype(np.float32)
+            y = rng.standard_normal(8).astype(np.float32)
+            k = i % 3
+            if k == 0:
+                np.testing.assert_array_equal(c.call("scale", x=x, a=2.0, b=1.0)["out"], 2 * x + 1)
+            elif k == 1:
+                np.testing.assert_array_equal(c.call("vector_add", x=y, y=y)["out"], 2 * y)
+            else:
+                out = c.call("echo", x=x[:4].reshape(2, 2))["out"]
+                assert out.shape == (2, 2)
+                np.testing.assert_array_equal(out, x[:4].reshape(2, 2))
+        loan = c._kept[0]
+        assert len(loan._out_older) == 2  # the other two plans' last responses, kept by the loan
