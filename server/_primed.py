@@ -103,12 +103,14 @@ class PrimedSlots:
     def get(self, key: tuple[int, int], payload: bytes, op_code: int, flags: int, client: int) -> Primed | None:
         """The entry of slot ``key`` made from exactly these bytes, op code, flags and client, if any."""
         entries = self._by_slot.get(key)
-        p = None if entries is None else entries.get(payload)
+        if entries is None:
+            return None
+        p = entries.get(payload)
         if p is None or p.op_code != op_code or p.flags != flags or p.client != client:
             return None
-        if len(entries) > 1:  # type: ignore[arg-type]
-            del entries[payload]  # type: ignore[union-attr]
-            entries[payload] = p  # type: ignore[index]  # the most recently served last
+        if len(entries) > 1:
+            del entries[payload]
+            entries[payload] = p  # the most recently served last
         self.hits += 1
         return p
 
