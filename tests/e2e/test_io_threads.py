@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 import pytest
@@ -30,25 +31,31 @@ print("ok", k, n, flush=True)
 '''
 
 
-def _io_threads(pid: int) -> int:
-    """How many libzmq I/O threads process ``pid`` runs (libzmq names them ZMQbg/IO/<n>)."""
-    names = []
-    for t in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{t}/comm") as f:
-                names.append(f.read().strip())
-        except FileNotFoundError:  # a thread that ended meanwhile
-            pass
-    return sum(n.startswith("ZMQbg/IO/") for n in names)
+def _io_threads(pid: int, want: int) -> int:
+    """How many libzmq I/O threads process ``pid`` runs (libzmq names them ZMQbg/IO/<n>), looked at until there are
+    ``want`` or 10 s have passed (each thread names itself once it runs, which a loaded machine may delay)."""
+    deadline = time.monotonic() + 10
+    while True:
+        names = []
+        for t in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{t}/comm") as f:
+                    names.append(f.read().strip())
+            except FileNotFoundError:  # a thread that ended meanwhile
+                pass
+        n = sum(name.startswith("ZMQbg/IO/") for name in names)
+        if n == want or time.monotonic() > deadline:
+            return n
+        time.sleep(0.05)
 
 
 def test_the_default_is_one_io_thread(worker: WorkerProc) -> None:
-    assert _io_threads(worker.pid) == 1
+    assert _io_threads(worker.pid, 1) == 1
 
 
 def test_clients_over_several_io_threads_each_get_their_own_answers(spawn_worker: Callable[..., WorkerProc]) -> None:
     w = spawn_worker("--io-threads", "3")
-    assert _io_threads(w.pid) == 3
+    assert _io_threads(w.pid, 3) == 3
     n = 300
     procs = [subprocess.Popen([sys.executable, "-c", CLIENT, w.name, str(k), str(n)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for k in range(4)]
