@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -26,6 +27,8 @@ from shmrpc.client import (
     WorkerGoneError,
 )
 from shmrpc.schema.naming import attach_path, socket_path
+
+from .test_batching import _stopped
 
 if TYPE_CHECKING:
     from conftest import WorkerProc
@@ -222,14 +225,17 @@ def test_a_lone_lane_request_polled_on_the_loop_is_answered_at_the_next_turn(
 
             big, slow = np.ones(60_000), slow_pipeline(20)  # the worker takes a while (in the client's own 1 MiB slot)
 
-            async def lone(k: int, op: Any = "vector_add") -> bool:  # whether it was answered inside submit()
-                if op == "vector_add":
-                    fut, want = c.submit(op, x=x, y=np.full(8, float(k), np.float32)), x + k
-                else:
-                    fut, want = c.submit(op, x=big), big
-                # in the lane and answered within the poll: no reader on the lane's eventfd
-                polled = c._lane_reply is not None and ln.fd not in c._watched
-                assert not fut.done()
+            async def lone(k: int, op: Any = "vector_add", stopped: bool = False) -> bool:
+                """Whether it was answered inside submit(); ``stopped``: the worker stopped (SIGSTOP) until then, so
+                that no look at the page can find the answer, however late the client looks on a loaded machine."""
+                with _stopped(worker) if stopped else contextlib.nullcontext():
+                    if op == "vector_add":
+                        fut, want = c.submit(op, x=x, y=np.full(8, float(k), np.float32)), x + k
+                    else:
+                        fut, want = c.submit(op, x=big), big
+                    # in the lane and answered within the poll: no reader on the lane's eventfd
+                    polled = c._lane_reply is not None and ln.fd not in c._watched
+                    assert not fut.done()
                 if polled:
                     await asyncio.sleep(0)
                     assert fut.done()  # at the next turn
@@ -242,10 +248,10 @@ def test_a_lone_lane_request_polled_on_the_loop_is_answered_at_the_next_turn(
             assert all([await lone(k) for k in range(20)])
             assert ln.seq == seq + 20 and c._lane_misses == c._lane_skip == 0
 
-            monkeypatch.setattr(_async, "_LANE_POLL_S", 0.0)  # one look at the page: the slow request is not there yet
+            monkeypatch.setattr(_async, "_LANE_POLL_S", 0.0)  # one look at the page: the request is not there yet
             seen = []
             for _ in range(15):
-                assert not await lone(0, slow)
+                assert not await lone(0, slow, stopped=True)
                 seen.append((c._lane_misses, c._lane_skip))
             assert seen[0] == (1, 1) and seen[1] == (1, 0) and seen[2] == (2, 3)
             assert seen[-1] == (4, 15)  # polled at the 1st, 3rd, 7th and 15th
