@@ -101,7 +101,7 @@ class Worker(Calls, Runs):
         self._wake_r, self._wake_w = -1, -1
         self._poller: LoopPoll | None = None  # serve_forever's wait
         self._views: dict[tuple[int, int], memoryview] = {}  # (region, slot) -> the slot's bytes, made once
-        self._primed = PrimedSlots()  # (region, slot) -> the last request validated there, with its views
+        self._primed = PrimedSlots()  # (region, slot) -> the last requests validated there, with their views
         self._express = self._primed.express  # CALL frame bytes [2:8] -> a slot armed for the express path
         self.shared = SharedOwners()
         self.sessions: Sessions  # the control plane, made by start() once the backend and leases exist

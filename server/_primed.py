@@ -41,7 +41,7 @@ __all__ = ["Express", "PER_SLOT", "Primed", "PrimedSlots"]
 
 @dataclass(frozen=True, slots=True)
 class Primed:
-    """The last request validated in one slot, with its views."""
+    """A request validated in one slot, with its views."""
 
     payload: bytes  # the descriptor bytes, a private copy
     op_code: int
@@ -54,8 +54,8 @@ class Primed:
 
 @dataclass(frozen=True, slots=True)
 class Express:
-    """A slot whose last request was served on the loop thread (run inline, or parked for a batch) from its
-    :class:`Primed` entry, armed for the express path.
+    """A slot's request served on the loop thread (run inline, or parked for a batch) from one of the slot's
+    :class:`Primed` entries, armed for the express path.
 
     The loop looks it up by the CALL frame's region and slot bytes (``frame[2:8]``) before anything else
     and serves the request straight from it when the doorbell's sender, the slot's lease and generation,

@@ -418,13 +418,13 @@ class Runs:
 
 
     def _serve_express(self, ex: Express, frame: bytes, lane: int) -> bool:
-        """Serve a CALL straight from its slot's :class:`Express` entry; False: it is not what the entry holds,
-        the full path takes it (and replaces or drops the entry).
+        """Serve a CALL straight from one of its slot's :class:`Express` entries; False: it is not what the entry
+        holds (the next armed entry, or the full path, takes it).
 
         The checks are those of the full path, against values that passed them before: the sender's session
         is still the one of its token and holds the slot's lease at this generation with nothing in flight
         (``Leases.begin``), the header names this request and generation with the op code, descriptor length
-        and flags validated last (``check_header``), and the descriptor bytes in the slot equal the validated
+        and flags validated for the entry (``check_header``), and the descriptor bytes in the slot equal the validated
         ones (``PrimedSlots.get``, compared on a private copy).
         """
         s = ex.slot
@@ -432,8 +432,8 @@ class Runs:
         if (s.generation != gen or s.owner != ex.session.id or s.in_flight or s.freeing
                 or self.sessions.clients.get(ex.identity) is not ex.session):
             return False
-        # the header (the doorbell's request_id, then the op code, length and flags validated last and the lease's
-        # generation) and the descriptor bytes validated last, compared on one private copy
+        # the header (the doorbell's request_id, then the op code, length and flags validated for the entry and the
+        # lease's generation) and the entry's validated descriptor bytes, compared on one private copy
         if ex.raw.raw != frame[8:12] + ex.expect:
             return False
         view = ex.view
