@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
-from wire import slow_pipeline, wait_for_state
+from wire import slow_pipeline, stopped, wait_for_state
 
 from shmrpc.client import (
     AsyncClient,
@@ -27,8 +27,6 @@ from shmrpc.client import (
     WorkerGoneError,
 )
 from shmrpc.schema.naming import attach_path, socket_path
-
-from .test_batching import _stopped
 
 if TYPE_CHECKING:
     from conftest import WorkerProc
@@ -225,10 +223,10 @@ def test_a_lone_lane_request_polled_on_the_loop_is_answered_at_the_next_turn(
 
             big, slow = np.ones(60_000), slow_pipeline(20)  # the worker takes a while (in the client's own 1 MiB slot)
 
-            async def lone(k: int, op: Any = "vector_add", stopped: bool = False) -> bool:
-                """Whether it was answered inside submit(); ``stopped``: the worker stopped (SIGSTOP) until then, so
+            async def lone(k: int, op: Any = "vector_add", stop: bool = False) -> bool:
+                """Whether it was answered inside submit(); ``stop``: the worker stopped (SIGSTOP) until then, so
                 that no look at the page can find the answer, however late the client looks on a loaded machine."""
-                with _stopped(worker) if stopped else contextlib.nullcontext():
+                with stopped(worker.pid) if stop else contextlib.nullcontext():
                     if op == "vector_add":
                         fut, want = c.submit(op, x=x, y=np.full(8, float(k), np.float32)), x + k
                     else:
@@ -251,7 +249,7 @@ def test_a_lone_lane_request_polled_on_the_loop_is_answered_at_the_next_turn(
             monkeypatch.setattr(_async, "_LANE_POLL_S", 0.0)  # one look at the page: the request is not there yet
             seen = []
             for _ in range(15):
-                assert not await lone(0, slow, stopped=True)
+                assert not await lone(0, slow, stop=True)
                 seen.append((c._lane_misses, c._lane_skip))
             assert seen[0] == (1, 1) and seen[1] == (1, 0) and seen[2] == (2, 3)
             assert seen[-1] == (4, 15)  # polled at the 1st, 3rd, 7th and 15th

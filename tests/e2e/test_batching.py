@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from sockq import wait_unread
 from support.metrics import samples
+from wire import stopped
 
 from shmrpc.client import Client, KernelError
 from shmrpc.schema import messages as m
@@ -71,34 +70,6 @@ def _answered(w: WorkerProc, op: str, status: str = "ok") -> int:
     return int(_samples(w).get(f'shmrpc_requests_total{{op="{op}",status="{status}"}}', 0))
 
 
-@contextmanager
-def _stopped(w: WorkerProc) -> Iterator[None]:
-    """The worker stopped (SIGSTOP) for the block, continued after it, even when the block fails."""
-    os.kill(w.pid, signal.SIGSTOP)
-    try:
-        _wait_stopped(w.pid)
-        yield
-    finally:
-        os.kill(w.pid, signal.SIGCONT)
-
-
-def _wait_stopped(pid: int, timeout_s: float = 10.0) -> None:
-    """Return once every thread of ``pid`` is stopped (a signal is delivered after ``kill`` returns)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        states = []
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    states.append(f.read().rsplit(")", 1)[1].split()[0])
-            except OSError:
-                continue  # a thread that just exited
-        if states and all(st in "tT" for st in states):
-            return
-        assert time.monotonic() < deadline, f"worker {pid} did not stop: {states}"
-        time.sleep(0.001)
-
-
 def _joint() -> dict[str, str]:
     """The environment of a worker whose NumPy backend joins batches: it runs a batch item by item unless
     asked (kernels/_backend_numpy.py), and a worker parks requests for a batch only when its backend joins."""
@@ -114,7 +85,7 @@ def _user_ops_env(tmp_path: Path, mod: str) -> dict[str, str]:
 def _submit_stopped(w: WorkerProc, c: Client, op: str, xs: list[np.ndarray], **kw: object) -> list[dict]:
     """Send one request per array while the worker is stopped, continue it once all wait in its socket."""
     c.call("echo", x=np.zeros(1, np.float32))  # the ZeroMQ handshake is done (libzmq holds messages until then)
-    with _stopped(w):
+    with stopped(w.pid):
         futs = [c.submit(op, x=x, in_place=True, **kw) for x in xs]  # type: ignore[arg-type]
         wait_unread(len(xs) * _CALL_WIRE_NBYTES)
     outs = []
@@ -269,7 +240,7 @@ def test_lane_requests_of_several_clients_batch_too(spawn_worker: Callable[..., 
     try:
         for p in procs:
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-        with _stopped(w):
+        with stopped(w.pid):
             for p in procs:
                 assert p.stdin is not None
                 p.stdin.write("go\n")

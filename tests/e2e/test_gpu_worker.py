@@ -115,7 +115,9 @@ def test_batched_gemm_and_repeated_small_calls_on_a_cupy_worker(spawn_worker: Ca
     """Concurrent gemm requests of one plan run as one CuPy batch, each answer right in its own slot (three times:
     the gathered run, the capture of its graph, then the graph launched while the loop goes on); a small call
     repeated from one slot (the CUDA-graph path after its second sight) follows the data written each time."""
-    from .test_batching import _CALL_WIRE_NBYTES, _batches, _stopped, wait_unread
+    from wire import stopped
+
+    from .test_batching import _CALL_WIRE_NBYTES, _batches, wait_unread
 
     w = spawn_worker("--backend", "cupy", "--metrics-port", "0", slots="64K:16,1M:4", lease="8,1")
     rng = np.random.default_rng(7)
@@ -127,7 +129,7 @@ def test_batched_gemm_and_repeated_small_calls_on_a_cupy_worker(spawn_worker: Ca
             ws = [rng.standard_normal((64, 64)).astype(np.float16) for _ in range(6)]
             if r == 0:
                 c.call("gemm", x=xs[0], w=ws[0])  # the output size of this signature known (no plan query while stopped)
-            with _stopped(w):
+            with stopped(w.pid):
                 futs = [c.submit("gemm", x=x, w=wt) for x, wt in zip(xs, ws)]
                 wait_unread(len(xs) * _CALL_WIRE_NBYTES)
             for x, wt, f in zip(xs, ws, futs):

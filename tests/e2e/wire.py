@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import zmq
@@ -118,3 +120,32 @@ def slow_pipeline(n: int = 20) -> Any:
 def wait_in_flight(name: str) -> None:
     """Barrier: the worker reports a request in flight (so the next step acts on a running request)."""
     wait_for_state(name, lambda st: st["in_flight"] >= 1, "a request in flight")
+
+
+@contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """Process ``pid`` (a worker) stopped (SIGSTOP) for the block, every thread of it, continued after it, even when
+    the block fails."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        _wait_stopped(pid)
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def _wait_stopped(pid: int, timeout_s: float = 10.0) -> None:
+    """Return once every thread of ``pid`` is stopped (a signal is delivered after ``kill`` returns)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                continue  # a thread that just exited
+        if states and all(st in "tT" for st in states):
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not stop: {states}"
+        time.sleep(0.001)
