@@ -30,7 +30,7 @@ from ._interop import DeviceInput, as_input, is_array_like
 from ._loan import CallFuture, Loan
 from ._pipeline import Pipeline, check_attrs, resolve
 from ._sizing import OutputSizer
-from ._slot import _FORKS, _IN_PLACE, _KEEP, Resident, _Slot
+from ._slot import _FORKS, _GUESS, _IN_PLACE, _KEEP, Resident, _Slot
 from ._trace import ClientTracing
 
 if TYPE_CHECKING:
@@ -159,7 +159,8 @@ class Calls:
         if key is None:
             return
         need, fits = self._room(plan.writes, out_nbytes)
-        sized = replace(plan, need=need, fits=fits, learn=None)
+        payload, op_code, flags, outputs = plan.desc  # the same descriptor; its room is no longer a guess
+        sized = replace(plan, need=need, fits=fits, learn=None, desc=(payload, op_code, flags & ~_GUESS, outputs))
         bounded_put(self._plans, key, sized)
         for loan in loans:
             made = loan._in_views.pop(id(plan), None)
@@ -348,7 +349,7 @@ class Calls:
         else:
             sure = True
         need, fits = self._room(writes, out_nbytes)
-        desc = self._describe(op, tensors, attrs, _IN_PLACE if in_place else 0, keep)
+        desc = self._describe(op, tensors, attrs, (_IN_PLACE if in_place else 0) | (_GUESS if learn else 0), keep)
         return CallPlan(need, writes, tensors, cursor, desc, cursor <= _SOON_MAX_NBYTES, fits, learn), sure
 
     def _room(self, writes: tuple[tuple[int, int], ...], out_nbytes: int) -> tuple[int, int]:

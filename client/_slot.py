@@ -39,6 +39,7 @@ def fork_generation() -> int:
 
 _IN_PLACE = int(Flag.IN_PLACE)
 _KEEP = int(Flag.KEEP)
+_GUESS = int(Flag.GUESS)
 _RESPONSE = int(Flag.RESPONSE)
 
 

@@ -57,11 +57,15 @@ class Flag(enum.IntFlag):
     ERROR = 1 << 1
     IN_PLACE = 1 << 2
     KEEP = 1 << 3
+    #: the room left for the outputs is the client's guess (its first call of a signature, sent without asking
+    #: the worker for the outputs' sizes): a refusal for outputs that did not fit is expected, and the worker
+    #: counts it apart from failed requests (status ``guess_too_small``), since the client sends it again
+    GUESS = 1 << 4
 
     @classmethod
     def request_mask(cls) -> int:
         """Bits a client may set on a request."""
-        return int(cls.IN_PLACE | cls.KEEP)
+        return int(cls.IN_PLACE | cls.KEEP | cls.GUESS)
 
 
 class Header(NamedTuple):

@@ -61,8 +61,8 @@ __all__ = [
     "pack_json", "unpack_json", "pack_call", "unpack_call", "pack_done", "unpack_done",
 ]
 
-#: 3: ACQUIRE and MANAGE carry an ``id`` that GRANT, MANAGED and ERROR echo.
-PROTOCOL_VERSION = 3
+#: 3: ACQUIRE and MANAGE carry an ``id`` that GRANT, MANAGED and ERROR echo; 4: the header's GUESS request flag.
+PROTOCOL_VERSION = 4
 
 #: Largest HELLO or WELCOME packet on the attach socket.
 ATTACH_MAX_NBYTES = 1 << 20

@@ -21,8 +21,15 @@ import zmq
 from shmrpc.kernels._backend_base import BoundRun
 from shmrpc.schema import messages as m
 from shmrpc.schema.control import ErrorReply, State
-from shmrpc.schema.errors import BusyError, InternalError, InvalidRequestError, RequestError, StaleSlotError
-from shmrpc.schema.header import HEADER, HEADER_NBYTES
+from shmrpc.schema.errors import (
+    BusyError,
+    InternalError,
+    InvalidRequestError,
+    RequestError,
+    RequestTooLargeError,
+    StaleSlotError,
+)
+from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag
 from shmrpc.schema.messages import NO_RESPONSE
 from shmrpc.schema.naming import attach_path
 from shmrpc.schema.zmqraw import EVENTS, NOBLOCK, POLLIN, RAW_GET, RAW_RECV, RAW_SEND, RCVMORE, SNDMORE
@@ -35,6 +42,7 @@ from ._primed import Express, Primed, PrimedSlots
 from ._sessions import _refusal
 from ._shared import SharedOwners
 from .config import WorkerConfig
+from .metrics import GUESS_TOO_SMALL
 from .region import Region
 
 if TYPE_CHECKING:
@@ -48,6 +56,7 @@ log = logging.getLogger("shmrpc.server")
 
 _NOBLOCK_SNDMORE = NOBLOCK | SNDMORE
 _HEADER_UNPACK = HEADER.unpack_from
+_GUESS = int(Flag.GUESS)
 _CALL_NBYTES = m.CALL_STRUCT.size
 _TRACED_CALL_NBYTES = m.CALL_STRUCT.size + m.TRACE_STRUCT.size
 
@@ -78,7 +87,8 @@ class Calls:
         def _reply(self, identity: bytes, done: bytes, lane: int) -> None: ...
 
         def _finish(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], err: RequestError,
-                    t0: float, stages: dict[str, float], prep: Prepared | None, lane: int) -> None: ...
+                    t0: float, stages: dict[str, float], prep: Prepared | None, lane: int,
+                    label: str | None = None) -> None: ...
 
         def _complete(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], primed: Primed,
                       t0: float, lane: int, run: BoundRun | None = None) -> None: ...
@@ -211,6 +221,9 @@ class Calls:
             if prep.keep_as:
                 self.shared.claim(c.id, prep.keep_as.values())  # shared/ names: only their owner may replace them
         except RequestError as e:
+            if e.field == "outputs" and type(e) is RequestTooLargeError and h[3] & _GUESS:
+                # the client's guessed room was too small: it asks for the sizes and sends it again (not a failure)
+                return self._finish(identity, s, view, hdr, e, t0, {}, None, lane, GUESS_TOO_SMALL)
             return self._finish(identity, s, view, hdr, e, t0, {}, None, lane)
         except Exception as e:  # noqa: BLE001
             log.exception("validation failed unexpectedly")

@@ -481,21 +481,26 @@ class Runs:
         s.last_owner = s.owner
 
     def _finish(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], err: RequestError,
-                t0: float, stages: dict[str, float], prep: Prepared | None, lane: int) -> None:
+                t0: float, stages: dict[str, float], prep: Prepared | None, lane: int, label: str | None = None) -> None:
+        """Answer a request refused or failed with ``err``; ``label``: its metrics status when it is not a failure
+        (``GUESS_TOO_SMALL``: no failure log line either)."""
         self._primed.forget((s.region, s.index))
         write_response(view, hdr, encode_response(error_response(err)), err.code)
         self._inflight.value += 1
-        self._done_sent(identity, s, hdr, err.code, t0, stages, prep, self.observe.op_of(err, hdr[1]), lane)
+        self._done_sent(identity, s, hdr, err.code, t0, stages, prep, self.observe.op_of(err, hdr[1]), lane, label)
 
     def _done_sent(self, identity: bytes, s: Slot, hdr: tuple[int, int, int], status: int, t0: float,
-                   stages: dict[str, float], prep: Prepared | None, op: str = "unknown", lane: int = 0) -> None:
+                   stages: dict[str, float], prep: Prepared | None, op: str = "unknown", lane: int = 0,
+                   label: str | None = None) -> None:
         if prep is not None:
             op = prep.op
         if status:  # before DONE: after it the slot is the client's again
-            c = self.sessions.clients.get(identity)
-            self.observe.failed(c.pid if c else 0, op, _status_name(status), self._views.get((s.region, s.index)),
-                                self._desc_nbytes)
-            self.metrics.observe(op, _status_name(status), time.perf_counter() - t0, 0, 0, stages)
+            if label is None:
+                label = _status_name(status)
+                c = self.sessions.clients.get(identity)
+                self.observe.failed(c.pid if c else 0, op, label, self._views.get((s.region, s.index)),
+                                    self._desc_nbytes)
+            self.metrics.observe(op, label, time.perf_counter() - t0, 0, 0, stages)
         else:
             self.metrics.observe(op, "ok", time.perf_counter() - t0, prep.nbytes_in if prep else 0,
                                  prep.nbytes_out if prep else 0, stages)
@@ -511,7 +516,7 @@ class Runs:
         self.leases.end(s)
         if traced is not None:
             c = self.sessions.clients.get(identity)
-            self.observe.record(traced, op, "ok" if status == 0 else _status_name(status), stages,
+            self.observe.record(traced, op, "ok" if status == 0 else label or _status_name(status), stages,
                                 c.pid if c else 0, (s.region, s.index))
         if s.owner is None:
             self.sessions.close_idle_regions()

@@ -83,7 +83,7 @@ class WorkerTracing:
         span = self._tracer.start_span(f"shmrpc.serve {op}", context=t.set_span_in_context(t.NonRecordingSpan(parent)),
                                        kind=t.SpanKind.SERVER, attributes=attrs,
                                        start_time=end_ns - int(seconds * 1e9))
-        if status != "ok":
+        if status != "ok" and status != "guess_too_small":  # a refused guess is sent again (metrics.GUESS_TOO_SMALL)
             span.set_status(t.Status(t.StatusCode.ERROR, status))
             span.set_attribute("error.type", status)
         span.end(end_time=end_ns)

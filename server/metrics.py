@@ -3,7 +3,8 @@
 =====================================  =========  ==========================================
 metric                                 type       labels
 =====================================  =========  ==========================================
-shmrpc_requests_total                  counter    op, status (``ok`` or an error class name)
+shmrpc_requests_total                  counter    op, status (``ok``, an error class name, or
+                                                  ``guess_too_small``)
 shmrpc_request_duration_seconds        histogram  op (CALL received -> DONE sent: the total)
 shmrpc_stage_seconds                   histogram  op, stage (queue, h2d, kernel, d2h; where the backend
                                                   knows it)
@@ -25,7 +26,10 @@ process_*, python_info                            the standard process metrics (
 ``op`` is the request's op: the first step's name for one-step requests, ``pipeline`` for
 chains of several steps, ``put`` for :meth:`Client.put` uploads, and ``unknown`` for a request
 whose op the worker could not tell (an unknown name or a descriptor that did not parse), so the
-label's values are bounded by the op table. ``status`` is ``ok`` or the error class name.
+label's values are bounded by the op table. ``status`` is ``ok`` or the error class name, or
+``guess_too_small`` (:data:`GUESS_TOO_SMALL`): a request whose room for outputs was the client's guess
+(the header's GUESS flag: ``Client.call``'s first call of a signature) and too small for them, refused
+before anything ran and sent again by the client once it knows their sizes; not a failure (no log line).
 
 Each :class:`Metrics` owns a ``CollectorRegistry`` (several workers can live in one
 test process); :meth:`Metrics.serve` exposes it over HTTP on ``/metrics``, with ``/healthz``
@@ -47,7 +51,7 @@ from prometheus_client.utils import floatToGoString
 
 from ._http import HealthFn, MetricsServer
 
-__all__ = ["Metrics", "DURATION_BUCKETS_S", "BATCH_BUCKETS", "STAGES"]
+__all__ = ["Metrics", "DURATION_BUCKETS_S", "BATCH_BUCKETS", "STAGES", "GUESS_TOO_SMALL"]
 
 #: 10 µs to 10 s, about three buckets per decade.
 DURATION_BUCKETS_S: tuple[float, ...] = (
@@ -67,6 +71,8 @@ _GAUGES = {
     "slots_total": ("shmrpc_slots_total", "Slots in the worker's pool region."),
 }
 
+#: the status label of a refused guess (see the module's docstring): the client sends the request again
+GUESS_TOO_SMALL = "guess_too_small"
 
 #: Batch sizes (requests served by one batched run), powers of two up to the largest ``--max-batch``.
 BATCH_BUCKETS: tuple[float, ...] = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from support.metrics import samples
 
-from shmrpc.client import AsyncClient, Client, KernelError, Pipeline
+from shmrpc.client import AsyncClient, Client, KernelError, Pipeline, RequestTooLargeError
 
 if TYPE_CHECKING:
     from conftest import WorkerProc
@@ -81,7 +81,7 @@ def test_new_signatures_whose_outputs_fit_ask_nothing_and_learn_their_sizes(
 
 def test_outputs_larger_than_the_guess_are_refused_once_then_asked_and_sent_again(
         spawn_worker: Callable[..., WorkerProc]) -> None:
-    worker = spawn_worker("--metrics-port", "0")
+    worker = spawn_worker("--metrics-port", "0", "--log-level", "INFO")  # (a failed request's line is INFO)
     rng = np.random.default_rng(42)
     x = rng.standard_normal((256, 1)).astype(np.float32)
     w = rng.standard_normal((1, 256)).astype(np.float32)  # 2 KiB of inputs, 256 KiB of output: not in a 64 KiB slot
@@ -89,16 +89,26 @@ def test_outputs_larger_than_the_guess_are_refused_once_then_asked_and_sent_agai
         asked = _count_questions(c)
         np.testing.assert_allclose(c.call("gemm", x=x, w=w)["out"], x @ w, rtol=1e-5)
         assert len(asked) == 1
-        assert _answered(worker, "gemm", "RequestTooLargeError") == 1  # the guess, refused before anything ran
+        # the guess (the header's GUESS flag), refused before anything ran: counted apart from failures
+        assert _answered(worker, "gemm", "guess_too_small") == 1
+        assert _answered(worker, "gemm", "RequestTooLargeError") == 0
         assert _answered(worker, "gemm", "ok") == 1
         np.testing.assert_allclose(c.call("gemm", x=2 * x, w=w)["out"], 2 * x @ w, rtol=1e-5)
-        assert len(asked) == 1 and _answered(worker, "gemm", "RequestTooLargeError") == 1
-        # a request too large for every slot is still refused as such
+        assert len(asked) == 1 and _answered(worker, "gemm", "guess_too_small") == 1
+        # the same room given by the caller (out_nbytes=, no GUESS flag) is a failure, counted and logged as one
+        with pytest.raises(RequestTooLargeError) as e:
+            c.call("gemm", x=x, w=w, out_nbytes=x.nbytes + w.nbytes)
+        assert e.value.field == "outputs"
+        assert _answered(worker, "gemm", "RequestTooLargeError") == 1
+        assert _answered(worker, "gemm", "guess_too_small") == 1
+        # a request too large for every slot is still refused as such (by the client, which knows the slots)
         big = np.ones((4096, 1), np.float32)
-        with pytest.raises(Exception) as e:
+        with pytest.raises(RequestTooLargeError):
             c.call("gemm", x=big, w=np.ones((1, 8192), np.float32))
-        assert type(e.value).__name__ == "RequestTooLargeError"
         np.testing.assert_allclose(c.call("gemm", x=x, w=w)["out"], x @ w, rtol=1e-5)  # and the client goes on
+    assert worker.stop() == 0
+    failed = [ln for ln in worker.stderr.splitlines() if "request failed" in ln]
+    assert len(failed) == 1 and "RequestTooLargeError" in failed[0] and "field outputs" in failed[0], failed
 
 
 def test_a_refused_first_call_gets_the_workers_error_and_asks_nothing(worker: WorkerProc) -> None:
@@ -156,7 +166,8 @@ def test_async_client_sends_new_signatures_without_asking_and_again_when_they_di
             assert len({repr(q) for q in asked}) == 2
 
     asyncio.run(main())
-    assert _answered(worker, "gemm", "RequestTooLargeError") == 2
+    assert _answered(worker, "gemm", "guess_too_small") == 2  # the two refused guesses, not counted as failures
+    assert _answered(worker, "gemm", "RequestTooLargeError") == 0
     assert _answered(worker, "gemm", "ok") == 3
 
 

@@ -31,8 +31,8 @@ def test_round_trip_at_offset_is_a_copy() -> None:
 
 
 def test_flag_bits() -> None:
-    assert [int(f) for f in (Flag.RESPONSE, Flag.ERROR, Flag.IN_PLACE, Flag.KEEP)] == [1, 2, 4, 8]
-    assert Flag.request_mask() == 0b1100
+    assert [int(f) for f in (Flag.RESPONSE, Flag.ERROR, Flag.IN_PLACE, Flag.KEEP, Flag.GUESS)] == [1, 2, 4, 8, 16]
+    assert Flag.request_mask() == 0b11100
 
 
 def test_out_of_range_value_rejected() -> None:
