@@ -2,6 +2,10 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# setuptools warns on every editable install of a package-dir mapping like ours (shmrpc.server is server/) that a
+# folder named like the package in the working directory could shadow it on import; none is (the folders are
+# server/, client/ ...), so the warning says nothing here and is filtered out of the install lines
+EDITABLE := PYTHONWARNINGS="ignore:Editable installation:UserWarning"
 
 .PHONY: demo test test-min venv dev schema lint gpu-wheels
 
@@ -10,10 +14,10 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 venv: $(BIN)/python
-	$(BIN)/python -m pip install -q -e .
+	$(EDITABLE) $(BIN)/python -m pip install -q -e .
 
 dev: $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	$(EDITABLE) $(BIN)/python -m pip install -q -e '.[dev,bench]'
 
 # A worker plus clients (one in-process caller, several processes at once); NumPy backend without a GPU.
 demo: venv

@@ -53,8 +53,8 @@ class AsyncClient:
     """A connection to a shmrpc worker for asyncio code; same arguments and errors as :class:`Client`.
 
     Create it with ``await AsyncClient.connect(name, ...)`` (the handshake runs off the loop) and
-    use it as an async context manager. Every method that talks to the worker is a coroutine or
-    returns an awaitable; none blocks the loop.
+    use it as an async context manager, or end it with ``await c.aclose()`` (it has no ``close()``). Every
+    method that talks to the worker is a coroutine or returns an awaitable; none blocks the loop.
 
     Raises:
         The same errors as :class:`Client`, from the awaited call: ``Timeout`` when ``timeout_s``

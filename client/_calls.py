@@ -28,7 +28,7 @@ from ._callplan import PLAIN_ATTRS, CallPlan, outputs_did_not_fit, plan_inputs, 
 from ._inflight import Inflight
 from ._interop import DeviceInput, as_input, is_array_like
 from ._loan import CallFuture, Loan
-from ._pipeline import Pipeline, check_attrs, resolve
+from ._pipeline import Pipeline, check_attrs, plain_attrs, resolve
 from ._sizing import OutputSizer
 from ._slot import _FORKS, _GUESS, _IN_PLACE, _KEEP, Resident, _Slot
 from ._trace import ClientTracing
@@ -495,6 +495,7 @@ class Calls:
                 arrays[k] = as_input(k, v)
             else:
                 attrs[k] = v
+        attrs = plain_attrs(attrs)
         check_attrs(op, attrs)
         return arrays, attrs, residents
 

@@ -113,6 +113,7 @@ class Client(Calls):
             (the message names the path, the owner found and the remedy), or it refused the handshake.
         ClientLimitError: the worker serves as many clients (of this uid) as it may.
         ProtocolMismatchError: worker and client are of different versions.
+        ImportError: ``trace`` without OpenTelemetry installed (the message names the ``otel`` extra).
 
     Thread safety: every method may be called from any thread, and threads do not wait on each
     other's answers: whichever thread waits receives for all of them (docs/operations.md,

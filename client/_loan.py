@@ -32,7 +32,7 @@ from shmrpc.schema.layout import align_up, format_size, tensor_align
 
 from ._caches import bounded_put
 from ._callplan import CallPlan, read_outputs
-from ._pipeline import Pipeline, check_attrs
+from ._pipeline import Pipeline, check_attrs, plain_attrs
 from ._slot import _FORKS, _IN_PLACE, _RESPONSE, NO_RESPONSE, _decode, _Slot
 
 if TYPE_CHECKING:
@@ -146,6 +146,7 @@ class Loan:
             check_attrs(op, attrs)
             raise
         if hit is None:
+            attrs = plain_attrs(attrs)
             check_attrs(op, attrs)
             hit = c._describe(op, tuple(self._tensors), attrs, _IN_PLACE if in_place else 0, tuple(keep))
             bounded_put(self._memo, key, hit)

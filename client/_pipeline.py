@@ -6,15 +6,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from shmrpc.schema.descriptor import StepDesc
 from shmrpc.schema.errors import InvalidRequestError, UnknownOpError
 from shmrpc.schema.optable import OpEntry
 
-__all__ = ["Pipeline", "resolve", "check_attrs", "ATTR_TYPES"]
+__all__ = ["Pipeline", "resolve", "check_attrs", "plain_attrs", "ATTR_TYPES"]
 
-# what an attribute value may be (schema/descriptor.py encodes these four; NumPy float64 is a float, other NumPy
-# scalars are not)
+# what an attribute value may be (schema/descriptor.py encodes these four; a NumPy scalar is first made the Python
+# value it holds: plain_attrs)
 ATTR_TYPES = (bool, int, float, str)
+# the Python types an attribute of each kind of the op table takes (an int for a float attribute travels as a float)
+_KIND_OK: dict[str, tuple[type, ...]] = {"float": (float, int), "int": (int,), "bool": (bool,), "str": (str,)}
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class Pipeline:
         Raises:
             InvalidRequestError: an attribute value that is not a bool, int, float or str (``field``: its name).
         """
+        attrs = plain_attrs(attrs)
         check_attrs(op, attrs, len(self.steps))
         p = Pipeline(self.outputs)
         p.steps = self.steps + (_Step(op, tuple(inputs.items()) if inputs is not None else None,
@@ -82,6 +87,15 @@ def check_attrs(op: str | Pipeline, attrs: Mapping[str, Any], step: int = -1) ->
                                       "or str", op=op if isinstance(op, str) else "", step=step, field=k)
 
 
+def plain_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
+    """``attrs`` with each NumPy scalar made the Python value it holds (``a=x.max()`` gives a ``np.float32``): a
+    NumPy scalar is an attribute value, not a tensor (``_interop.is_array_like``); ``attrs`` itself when it has none."""
+    for v in attrs.values():
+        if isinstance(v, np.generic):
+            return {k: v.item() if isinstance(v, np.generic) else v for k, v in attrs.items()}
+    return attrs
+
+
 def _attrs(spec: OpEntry, op: str, step: int, given: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     out = []
     for k, v in given.items():
@@ -90,10 +104,30 @@ def _attrs(spec: OpEntry, op: str, step: int, given: dict[str, Any]) -> tuple[tu
             raise InvalidRequestError(f"op {op!r} has no attribute or input {k!r} (it takes inputs "
                                       f"{list(spec.inputs)} and attributes {sorted(spec.attrs)})",
                                       op=op, step=step, field=k)
-        if a.kind == "float" and isinstance(v, int) and not isinstance(v, bool):
+        if not isinstance(v, _KIND_OK.get(a.kind, ATTR_TYPES)) or (isinstance(v, bool) and a.kind != "bool"):
+            raise InvalidRequestError(f"attribute {k!r} of op {op!r} takes {'an' if a.kind == 'int' else 'a'} "
+                                      f"{a.kind}, got {type(v).__name__} {v!r:.40}", op=op, step=step, field=k)
+        if a.kind == "float" and isinstance(v, int):
             v = float(v)
         out.append((k, v))
     return tuple(out)
+
+
+def _unbound(op: str | Pipeline, tensors: list[str], steps: list[StepDesc], spec: OpEntry | None) -> None:
+    """Refuse a request tensor that no step reads: a keyword the op does not take as an input would be sent and
+    ignored (an array given for an attribute, ``a=np.array(2.0)``, or a misspelt input), and the call would run
+    without it."""
+    bound = {t for s in steps for _, t in s.inputs}
+    for name in tensors:
+        if name in bound:
+            continue
+        where = op if isinstance(op, str) else "the pipeline"
+        if spec is not None and name in spec.attrs:
+            raise InvalidRequestError(f"attribute {name!r} of op {op!r} was given an array: an attribute is a bool, "
+                                      "int, float or str (pass a.item() or float(a))", op=str(op), step=0, field=name)
+        ins = list(spec.inputs) if spec is not None else sorted(bound)
+        raise InvalidRequestError(f"{where} reads no input {name!r} (its inputs: {ins})",
+                                  op=op if isinstance(op, str) else "", tensor=name, field=name)
 
 
 def resolve(op_table: Mapping[str, OpEntry], op: str | Pipeline, tensors: list[str],
@@ -114,6 +148,8 @@ def resolve(op_table: Mapping[str, OpEntry], op: str | Pipeline, tensors: list[s
                                       field=missing[0])
         step = StepDesc(op, spec.code, tuple((p, p) for p in spec.inputs),
                         tuple((p, p) for p in spec.outputs), _attrs(spec, op, 0, attrs))
+        if len(tensors) > len(spec.inputs):
+            _unbound(op, tensors, [step], spec)
         return [step], list(spec.outputs)
     if attrs:
         raise InvalidRequestError("attributes of a pipeline go on its steps", field=next(iter(attrs)))
@@ -132,5 +168,6 @@ def resolve(op_table: Mapping[str, OpEntry], op: str | Pipeline, tensors: list[s
         outs = st.outputs if st.outputs is not None else tuple((p, f"{i}.{p}") for p in spec.outputs)
         steps.append(StepDesc(st.op, spec.code, ins, outs, _attrs(spec, st.op, i, dict(st.attrs))))
         prev_out = outs[0][1] if outs else ""
+    _unbound(op, tensors, steps, None)
     outputs = list(op.outputs) if op.outputs is not None else [t for _, t in steps[-1].outputs]
     return steps, outputs

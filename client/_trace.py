@@ -22,11 +22,15 @@ class ClientTracing:
         provider: an OpenTelemetry ``TracerProvider``, or None for the global one.
 
     Raises:
-        ImportError: opentelemetry-api is not installed (``pip install "shmrpc[otel]"``).
+        ImportError: opentelemetry-api is not installed; the message names the extra (``pip install 'shmrpc[otel]'``).
     """
 
     def __init__(self, provider: Any = None) -> None:
-        from opentelemetry import trace
+        try:
+            from opentelemetry import trace
+        except ImportError as e:
+            raise ImportError(f"Client(trace=...) needs OpenTelemetry ({e}): pip install 'shmrpc[otel]'",
+                              name=e.name) from None
 
         self._trace = trace
         self._tracer = trace.get_tracer("shmrpc.client", tracer_provider=provider)

@@ -48,6 +48,11 @@ REQUIRED: Any = _Required()
 """Default of an attribute that every step must give."""
 
 
+def _with_article(word: str) -> str:
+    """``word`` after its indefinite article, by its first letter: "a float", "an int"."""
+    return f"{'an' if word[:1].lower() in ('a', 'e', 'i', 'o', 'u') else 'a'} {word}"
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """Shape and dtype name of a tensor, e.g. ``TensorSpec((4, 8), "float16")``."""
@@ -105,7 +110,7 @@ class AttrSpec:
             conv = str
         if not ok:
             raise KernelInputError(
-                f"attribute {attr!r} must be a {self.kind}, got {type(value).__name__}",
+                f"attribute {attr!r} must be {_with_article(self.kind)}, got {type(value).__name__}",
                 op=op, step=step, field=attr,
             )
         return conv(value)

@@ -91,6 +91,7 @@ from ._registry import (
     OpCall,
     OpSpec,
     TensorSpec,
+    _with_article,
     register,
 )
 
@@ -177,7 +178,7 @@ def _check(spec: OpSpec, module: str) -> OpSpec:
             try:
                 s.coerce(s.default, attr=a, op=spec.name, step=-1)
             except KernelInputError:
-                raise bad(f"attribute {a!r}: default {s.default!r} is not a {s.kind}") from None
+                raise bad(f"attribute {a!r}: default {s.default!r} is not {_with_article(s.kind)}") from None
     if not callable(spec.infer):
         raise bad("infer (the shape/dtype rule) must be a function (inputs, attrs) -> {output: TensorSpec}")
     if spec.numpy is None and spec.cupy is None:

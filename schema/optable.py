@@ -149,7 +149,7 @@ def _attr(op: str, name: str, obj: Any) -> AttrEntry:
         default = None
     elif default is not None and (not isinstance(default, _KIND_TYPES[kind]) or
                                   (kind != "bool" and isinstance(default, bool))):
-        raise ValueError(f"{where}: default {default!r} is not a {kind}")
+        raise ValueError(f"{where}: default {default!r} is not {'an' if kind == 'int' else 'a'} {kind}")
     return AttrEntry(kind, default, required)
 
 

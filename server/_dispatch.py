@@ -132,6 +132,7 @@ class Dispatcher:
         self._plans: dict[tuple[Any, ...], list[Plan]] = {}  # batchable plans made, by ops and inputs (_intern)
         self._responses: dict[tuple[TensorRef, ...], bytes] = {}  # response descriptor bytes, by the outputs placed
         self.fatal = ""  # set when the backend reports an error it cannot recover from
+        self.pipeline_refusal: RequestError | None = None  # the last refusal of a request of several steps (prepare)
 
     def prepare(self, payload: bytes, op_code: int, flags: int, slot_nbytes: int, client: int) -> Prepared:
         """Validate a request's descriptor for a slot of ``slot_nbytes`` (cached).
@@ -144,7 +145,13 @@ class Dispatcher:
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
-        prep = self._prepare(decode_request(payload), op_code, flags, slot_nbytes, client)
+        desc = decode_request(payload)
+        try:
+            prep = self._prepare(desc, op_code, flags, slot_nbytes, client)
+        except RequestError as e:
+            if len(desc.steps) > 1:  # counted under "pipeline", as its success would be (not the failing step's op)
+                self.pipeline_refusal = e
+            raise
         self._cache[key] = prep
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
@@ -208,6 +215,11 @@ class Dispatcher:
                 raise InvalidRequestError(f"tensor name {t.name!r} appears twice", tensor=t.name, field=f"inputs[{i}].name")
             names.add(t.name)
             self._check_tensor(t, i, slot_nbytes)
+        bound = {name for s in desc.steps for _, name in s.inputs}
+        for i, t in enumerate(desc.inputs):
+            if t.name not in bound:  # sent and never read: the caller meant something else (an attribute, say)
+                raise InvalidRequestError(f"tensor {t.name!r} is read by no step", tensor=t.name,
+                                          field=f"inputs[{i}].name")
         if not desc.outputs and not desc.keep:
             raise InvalidRequestError("the request asks for no output", field="outputs")
         if bool(desc.keep) != bool(flags & _KEEP):

@@ -43,6 +43,7 @@ from shmrpc.kernels._backend_base import RunLaunch
 from shmrpc.schema import messages as m
 from shmrpc.schema.control import ErrorReply, State
 from shmrpc.schema.errors import InternalError
+from shmrpc.schema.layout import format_size_approx
 from shmrpc.schema.messages import NO_RESPONSE
 from shmrpc.schema.naming import attach_path, endpoint, socket_path
 from shmrpc.schema.zmqraw import POLLIN
@@ -182,8 +183,8 @@ class Worker(Calls, Runs):
             self.close()
             raise
         log.info(
-            "worker %s ready: backend=%s region=%s (%d MiB, slots %s) socket=%s",
-            cfg.name, self.backend.name, self.regions[0].name, self.regions[0].nbytes >> 20,
+            "worker %s ready: backend=%s region=%s (%s, slots %s) socket=%s",
+            cfg.name, self.backend.name, self.regions[0].name, format_size_approx(self.regions[0].nbytes),
             cfg.geometry.spec(), socket_path(cfg.name),
         )
         self._loop_tick = time.monotonic()

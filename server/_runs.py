@@ -487,7 +487,8 @@ class Runs:
         self._primed.forget((s.region, s.index))
         write_response(view, hdr, encode_response(error_response(err)), err.code)
         self._inflight.value += 1
-        self._done_sent(identity, s, hdr, err.code, t0, stages, prep, self.observe.op_of(err, hdr[1]), lane, label)
+        op = "pipeline" if err is self.dispatch.pipeline_refusal else self.observe.op_of(err, hdr[1])
+        self._done_sent(identity, s, hdr, err.code, t0, stages, prep, op, lane, label)
 
     def _done_sent(self, identity: bytes, s: Slot, hdr: tuple[int, int, int], status: int, t0: float,
                    stages: dict[str, float], prep: Prepared | None, op: str = "unknown", lane: int = 0,

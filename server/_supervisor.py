@@ -106,13 +106,15 @@ class Supervisor:
         self._relays = [*(t for t in self._relays if t.is_alive()), relay]
 
     def _relay(self, ch: _Child, proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
-        """Pass the worker's stdout through, prefixed; note its ready line."""
+        """Pass the worker's stdout through, prefixed; note its ready line once it is passed on."""
         assert proc.stdout is not None
+        ready = f"shmrpc worker {ch.name} ready "
         with proc.stdout:
             for line in proc.stdout:
-                if " ready " in line:
-                    ch.ready.set()
                 print(f"[{ch.name}] {line}", end="", flush=True)
+                # NOTE: after the print: run() prints the supervisor's ready line once every worker's is out
+                if line.startswith(ready):
+                    ch.ready.set()
 
     def stop(self, *_: object) -> None:
         """Ask the loop to stop (the SIGTERM/SIGINT handler: sets a flag and takes no lock)."""

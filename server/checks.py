@@ -3,9 +3,9 @@
 Each check either returns or raises :class:`StartupError` with a one-line
 message that says what is wrong and how to fix it::
 
-    /dev/shm has 60.0 MiB free but the region needs 988.0 MiB: give the container more
-    (docker --shm-size=2g), free space in /dev/shm (shmrpc doctor --clean removes stale
-    segments), or pass a smaller --slots
+    RLIMIT_MEMLOCK is 8.0 MiB but the region needs 988.0 MiB: raise it (ulimit -l unlimited,
+    docker --ulimit memlock=-1, systemd LimitMEMLOCK=infinity) or run with --no-mlock (pages
+    may then be swapped, and GPU copies get slower)
 
 The inputs a check reads from the system (free bytes, the memlock limit, the
 capability bit) can be injected, so the messages are testable anywhere.
@@ -28,6 +28,7 @@ __all__ = [
     "check_shm_space",
     "check_memory",
     "memory_available_bytes",
+    "cgroup_memory_room",
     "memory_error",
     "check_memlock",
     "shm_free_bytes",
@@ -106,26 +107,82 @@ def check_shm_space(nbytes: int, shm_dir: str = "/dev/shm", *, free_bytes: int |
         raise shm_space_error(free, nbytes, shm_dir)
 
 
-def memory_available_bytes(meminfo_path: str = "/proc/meminfo") -> int:
-    """``MemAvailable`` in bytes (-1 when it cannot be read): what memfd regions draw on.
+def memory_available_bytes(meminfo_path: str = "/proc/meminfo", cgroup_root: str = "/sys/fs/cgroup",
+                           proc_cgroup: str = "/proc/self/cgroup") -> int:
+    """What memfd regions may draw on, in bytes (-1 when it cannot be read): the host's ``MemAvailable``, or less
+    where this process's memory cgroup (a container's ``--memory``, a systemd ``MemoryMax=``) leaves less.
 
-    A memfd's pages are shared memory but are not charged to /dev/shm's size; the
-    host's (or the container's cgroup's) memory is their limit.
+    A memfd's pages are shared memory but are not charged to /dev/shm's size; they are charged to the memory
+    cgroup of the process that touches them first (the worker, which pre-faults and locks them), and a region
+    past that cgroup's limit gets the worker killed by the kernel's OOM killer rather than refused.
     """
+    avail = -1
     try:
         with open(meminfo_path) as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    avail = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError, IndexError):
         pass
+    room = cgroup_memory_room(cgroup_root, proc_cgroup)
+    return room if room >= 0 and (avail < 0 or room < avail) else avail
+
+
+#: cgroup v2 and v1: (the /proc/self/cgroup line's prefix, the controller's directory under the mount, the limit's
+#: file, its "no limit" value, the usage's file, memory.stat's keys of the page cache the kernel can reclaim)
+_CGROUP_FILES = (("0::", "", "memory.max", "max", "memory.current", ("active_file", "inactive_file")),
+                 ("", "memory", "memory.limit_in_bytes", "", "memory.usage_in_bytes",
+                  ("total_active_file", "total_inactive_file")))
+
+
+def cgroup_memory_room(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int:
+    """Bytes this process's memory cgroup and its ancestors let it add: the smallest of their limits less what each
+    uses (its page cache counted as free), or -1 when no limit is set or none can be read. cgroup v2, else v1; a
+    cgroup path that the mount does not show (a container without its own cgroup namespace) is looked for from the
+    mount's root."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return -1
+    for prefix, sub, limit_file, unlimited, usage_file, cache_keys in _CGROUP_FILES:
+        base = os.path.join(root, sub)
+        path = next((ln.split(":", 2)[2] for ln in lines if (ln.startswith(prefix) if prefix else
+                                                              "memory" in ln.split(":", 2)[1].split(","))), None)
+        if path is None or not os.path.exists(os.path.join(base, limit_file if not prefix else "cgroup.controllers")):
+            continue
+        rel = path.strip("/")
+        while rel and not os.path.isdir(os.path.join(base, rel)):
+            rel = rel.partition("/")[2]  # the mount's root is a cgroup further down the host's tree
+        room = -1
+        while True:
+            here = os.path.join(base, rel)
+            try:
+                with open(os.path.join(here, limit_file)) as f:
+                    text = f.read().strip()
+                limit = -1 if text == unlimited else int(text)
+                if 0 <= limit < 1 << 62:  # (v1 writes "no limit" as a page-rounded 2**63 - 1)
+                    with open(os.path.join(here, usage_file)) as f:
+                        used = int(f.read())
+                    with open(os.path.join(here, "memory.stat")) as f:
+                        stat = dict(ln.split() for ln in f if ln.count(" ") == 1)
+                    used -= sum(int(stat.get(k, 0)) for k in cache_keys)
+                    left = max(0, limit - max(0, used))
+                    room = left if room < 0 else min(room, left)
+            except (OSError, ValueError):
+                pass
+            if not rel:
+                return room
+            rel = os.path.dirname(rel)
     return -1
 
 
 def memory_error(available_nbytes: int, nbytes: int) -> StartupError:
     """The :class:`StartupError` for a region of ``nbytes`` not fitting in the available memory."""
     return StartupError(
-        f"the host has {format_size_approx(max(available_nbytes, 0))} of memory available but the region needs "
+        f"{format_size_approx(max(available_nbytes, 0))} of memory is available (the host's, or its memory cgroup's "
+        f"limit less its use) but the region needs "
         f"{format_size_approx(nbytes)}: free memory, give the container more, or pass a smaller --slots",
         needed_nbytes=nbytes,
         available_nbytes=available_nbytes,

@@ -7,7 +7,7 @@ Examples::
     shmrpc serve --name t --slots 64K:8,1M:2 --backend numpy --metrics-port 9464
     shmrpc status --name demo                     # regions, leases, in-flight requests, counters
     shmrpc status --name demo -q && echo ready    # a health check: the exit status alone
-    shmrpc doctor [--clean]                       # stale regions/sockets, /dev/shm and memlock checks
+    shmrpc doctor [--clean]                       # stale regions/sockets; serve's memory and memlock checks
 
 Exit status (every command):
 
@@ -34,7 +34,7 @@ import sys
 from typing import NoReturn
 
 from shmrpc.schema.lane import LINGER_NS
-from shmrpc.schema.layout import DEFAULT_GEOMETRY, parse_geometry
+from shmrpc.schema.layout import DEFAULT_GEOMETRY, format_size_approx, parse_geometry
 
 __all__ = ["main", "build_parser", "version", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_BACKEND",
            "EXIT_INTERRUPTED"]
@@ -155,12 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--quiet", "-q", action="store_true", help="print nothing: the exit status alone tells")
 
     d = sub.add_parser("doctor", help="find (and with --clean remove) stale regions and sockets; check limits",
-                       description="Report what crashed workers left behind and check /dev/shm and "
-                                   "RLIMIT_MEMLOCK. Exit status 0 when healthy, 1 when a problem remains.")
+                       description="Report what crashed workers left behind and run serve's start checks "
+                                   "(available memory, RLIMIT_MEMLOCK) against a geometry. Exit status 0 when "
+                                   "healthy, 1 when a problem remains.")
     d.add_argument("--clean", action="store_true",
                    help="remove stale regions, lock files and sockets (never a live worker's)")
     d.add_argument("--slots", default=DEFAULT_GEOMETRY.spec(),
-                   help="slot geometry to check /dev/shm space and memlock against (default %(default)s)")
+                   help="slot geometry to check available memory and memlock against (default %(default)s)")
 
     sub.add_parser("bench", help="latency/bandwidth benchmarks (shmrpc bench --help)", add_help=False)
     return p
@@ -362,7 +363,8 @@ def _status(args: argparse.Namespace) -> int:
     print(f"worker {state['name']}  pid {state['pid']}  backend {state['backend']}  up {state['uptime_s']:.1f} s")
     print(f"socket {state['socket']}")
     for r in state["regions"]:
-        print(f"region {r['index']}: {r['name']}  {r['nbytes'] >> 20} MiB  slots {r['slots']}  mlocked={r['mlocked']}")
+        print(f"region {r['index']}: {r['name']}  {format_size_approx(r['nbytes'])}  slots {r['slots']}  "
+              f"mlocked={r['mlocked']}")
     print(f"clients {len(state['clients'])}  slots leased {state['slots_leased']}  in flight {state['in_flight']}"
           f"  waiting acquires {state['pending_acquires']}")
     for c in state["clients"]:
@@ -370,7 +372,7 @@ def _status(args: argparse.Namespace) -> int:
               f"{sum(1 for s in c['slots'] if s[4])} in flight")
     ops = state.get("ops", {})
     users = [f"{n} ({o['code']}, {'/'.join(o['backends'])})" for n, o in ops.items() if not o["builtin"]]
-    print(f"ops {len(ops)}: {', '.join(n for n, o in ops.items() if o['builtin'])}")
+    print(f"ops {len(ops)}: {', '.join(ops)}")  # every op, by code: the built-ins, then users' (detailed below)
     if users:
         print(f"users' ops: {', '.join(users)}")
     counters = state["counters"]

@@ -30,7 +30,15 @@ from pathlib import Path
 from shmrpc.schema.layout import DEFAULT_GEOMETRY
 from shmrpc.schema.naming import REGION_PREFIX, runtime_dir
 
-from .checks import StartupError, check_memlock, check_shm_space, format_size_approx, has_ipc_lock, memlock_limit
+from .checks import (
+    StartupError,
+    check_memlock,
+    check_memory,
+    format_size_approx,
+    has_ipc_lock,
+    memlock_limit,
+    memory_available_bytes,
+)
 from .lockfile import lock_is_held, read_lock_file, remove_stale_lock
 from .procs import pid_alive
 from .region import read_superblock, unlink_region
@@ -140,10 +148,10 @@ def doctor(clean: bool = False, region_nbytes: int | None = None, out: Callable[
 
     Args:
         clean: remove stale regions, lock files and sockets (never a live worker's).
-        region_nbytes: region size to check /dev/shm and RLIMIT_MEMLOCK against
-            (default: the default geometry's).
+        region_nbytes: region size to check the available memory and RLIMIT_MEMLOCK against,
+            as ``shmrpc serve`` does at start (default: the default geometry's).
         out: where to write lines.
-        shm_dir: the POSIX shared-memory directory.
+        shm_dir: the POSIX shared-memory directory, searched for regions left by older versions.
 
     Returns:
         0 when healthy, 1 when a problem remains (stale items not removed, a failed check,
@@ -185,9 +193,15 @@ def doctor(clean: bool = False, region_nbytes: int | None = None, out: Callable[
     if n_stale and not clean:
         out(f"{n_stale} stale item(s): run shmrpc doctor --clean to remove them")
 
+    # serve's start checks (server/_loop.py), with the same functions: regions are memfds, charged to the host's
+    # (or the container's) memory and never to /dev/shm, which no worker or client uses
+    avail = memory_available_bytes()
     try:
-        check_shm_space(nbytes, shm_dir)
-        out(f"{shm_dir}: room for a {format_size_approx(nbytes)} region: ok")
+        check_memory(nbytes, available_bytes=avail)
+        if avail < 0:
+            out(f"memory: MemAvailable unreadable, room for a {format_size_approx(nbytes)} region not checked")
+        else:
+            out(f"memory: {format_size_approx(avail)} available, room for a {format_size_approx(nbytes)} region: ok")
     except StartupError as exc:
         problems += 1
         out(f"PROBLEM {exc}")

@@ -136,5 +136,7 @@ def test_dockerfile_health_check_and_limits() -> None:
     assert re.search(r"^FROM nvidia/cuda:\S+", text, re.M)
     health = re.search(r"^HEALTHCHECK .*\n\s+CMD (.*)$", text, re.M)
     assert health and health.group(1).startswith("shmrpc status --name") and "-q" in health.group(1)
-    assert "--ulimit memlock=-1" in text and "--shm-size" in text
+    assert "--ulimit memlock=-1" in text
+    run = re.search(r"^#\s+docker run (.*\n#\s+.*)$", text, re.M)  # the regions are memfds: no IPC namespace, no /dev/shm
+    assert run and "--ipc" not in run.group(1) and "--shm-size" not in run.group(1)
     assert '"/src[gpu]"' in text

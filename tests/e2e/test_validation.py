@@ -28,7 +28,7 @@ from shmrpc.client import (
     UnknownOpError,
 )
 from shmrpc.schema import messages as m
-from shmrpc.schema.descriptor import TensorRef
+from shmrpc.schema.descriptor import RequestDesc, StepDesc, TensorRef, encode_request
 from shmrpc.schema.header import Flag
 from shmrpc.schema.messages import NO_RESPONSE
 from shmrpc.schema.naming import endpoint
@@ -84,6 +84,11 @@ CASES: list[tuple[str, dict[str, Any], type[RequestError], str]] = [
     ("output asked twice", {"payload": _desc(outputs=("out", "out"))}, InvalidRequestError, "outputs"),
     ("KEEP flag without keep list", {"header": lambda h: h._replace(flags=int(Flag.KEEP))}, InvalidRequestError, "flags"),
     ("unbound input", {"payload": _desc(tensors=(TensorRef("x", "float32", (4,), D, 16),))}, KernelError, ""),
+    ("tensor no step reads", {"payload": encode_request(RequestDesc(
+        (StepDesc("vector_add", 0, (("x", "x"), ("y", "y")), (("out", "out"),), ()),),
+        (TensorRef("x", "float32", (4,), D, 16), TensorRef("y", "float32", (4,), D + 64, 16),
+         TensorRef("a", "float32", (), D + 128, 4)), ("out",)))},
+     InvalidRequestError, "inputs[2].name"),
     ("shape mismatch", {"payload": _desc(tensors=(TensorRef("x", "float32", (4,), D, 16),
                                                   TensorRef("y", "float32", (5,), D + 64, 20)))}, KernelError, "shape"),
     ("dtype mismatch", {"payload": _desc(tensors=(TensorRef("x", "float32", (4,), D, 16),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shmrpc.kernels import KernelInputError, StepSpec, TensorSpec, op_table, select_backend
+from shmrpc.kernels import AttrSpec, KernelInputError, StepSpec, TensorSpec, op_table, select_backend
 
 F32 = TensorSpec((4, 8), "float32")
 
@@ -34,9 +34,22 @@ def test_attr_errors(be) -> None:
     assert e.field == "a"
     e = _err(be, [StepSpec("quantize_int4", {"w": "a"}, {}, {"group_size": 2.5})], {"a": F32}, ["#0.qweight"])
     assert e.field == "group_size"
+    assert e.message == "attribute 'group_size' must be an int, got float"
     e = _err(be, [StepSpec("layernorm", {"x": "a", "gamma": "g", "beta": "g"}, {"out": "b"}, {"eps": -1.0})],
              {"a": F32, "g": TensorSpec((8,), "float32")}, ["b"])
     assert (e.field, e.op) == ("eps", "layernorm")
+
+
+@pytest.mark.parametrize(("kind", "value", "message"), [
+    ("int", 2.5, "attribute 'n' must be an int, got float"),
+    ("float", "two", "attribute 'n' must be a float, got str"),
+    ("bool", 1, "attribute 'n' must be a bool, got int"),
+    ("str", 1.0, "attribute 'n' must be a str, got float"),
+])
+def test_attr_type_error_names_the_kind_with_its_article(kind: str, value: object, message: str) -> None:
+    with pytest.raises(KernelInputError) as ei:
+        AttrSpec(kind, None).coerce(value, attr="n", op="t", step=2)
+    assert (ei.value.message, ei.value.op, ei.value.step, ei.value.field) == (message, "t", 2, "n")
 
 
 def test_defaults_filled_and_int_accepted_for_float(be) -> None:

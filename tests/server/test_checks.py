@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import resource
+from pathlib import Path
 
 import pytest
 
 from shmrpc.server.checks import (
     SHM_MARGIN_NBYTES,
     StartupError,
+    cgroup_memory_room,
     check_memlock,
+    check_memory,
     check_shm_space,
     format_size_approx,
     has_ipc_lock,
+    memory_available_bytes,
 )
 
 MiB = 1 << 20
@@ -80,3 +84,50 @@ def test_format_size_approx() -> None:
     assert format_size_approx(3 << 30) == "3.0 GiB"
     assert format_size_approx(2048) == "2.0 KiB"
     assert format_size_approx(12) == "12 B"
+
+
+def _cgroup_dir(d: Path, limit: str, used: int, cache: int, v1: bool = False) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(limit + "\n")
+    (d / ("memory.usage_in_bytes" if v1 else "memory.current")).write_text(f"{used}\n")
+    keys = ("total_active_file", "total_inactive_file") if v1 else ("active_file", "inactive_file")
+    (d / "memory.stat").write_text(f"anon {used - cache}\n{keys[0]} {cache // 2}\n{keys[1]} {cache - cache // 2}\n")
+
+
+def test_a_cgroup_v2_limit_below_memavailable_is_what_a_region_may_use(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 67108864 kB\nMemAvailable: 33554432 kB\n")  # 32 GiB
+    root = tmp_path / "cg"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    _cgroup_dir(root / "docker" / "abc", str(2 << 30), 600 * MiB, 100 * MiB)  # 2 GiB, 500 MiB not cache
+    _cgroup_dir(root / "docker", "max", 10 << 30, 0)
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/docker/abc\n")
+    assert cgroup_memory_room(str(root), str(proc)) == (2 << 30) - 500 * MiB
+    avail = memory_available_bytes(str(meminfo), str(root), str(proc))
+    assert avail == (2 << 30) - 500 * MiB
+    with pytest.raises(StartupError) as e:
+        check_memory(1600 * MiB, available_bytes=avail)
+    assert "of memory is available (the host's, or its memory cgroup's limit less its use)" in str(e.value)
+    check_memory(1000 * MiB, available_bytes=avail)
+    # a parent's tighter limit wins; no limit anywhere leaves MemAvailable
+    _cgroup_dir(root / "docker", str(1 << 30), 900 * MiB, 0)
+    assert cgroup_memory_room(str(root), str(proc)) == (1 << 30) - 900 * MiB
+    _cgroup_dir(root / "docker", "max", 0, 0)
+    _cgroup_dir(root / "docker" / "abc", "max", 0, 0)
+    assert cgroup_memory_room(str(root), str(proc)) == -1
+    assert memory_available_bytes(str(meminfo), str(root), str(proc)) == 32 << 30
+
+
+def test_a_cgroup_v1_limit_is_found_from_a_containers_mount(tmp_path: Path) -> None:
+    # a container without its own cgroup namespace: /proc/self/cgroup names the host's path, the mount shows the
+    # container's cgroup as its root
+    root = tmp_path / "cg"
+    _cgroup_dir(root / "memory", str(512 * MiB), 200 * MiB, 50 * MiB, v1=True)
+    proc = tmp_path / "cgroup"
+    proc.write_text("5:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n")
+    assert cgroup_memory_room(str(root), str(proc)) == 512 * MiB - 150 * MiB
+    (root / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert cgroup_memory_room(str(root), str(proc)) == -1
+    assert cgroup_memory_room(str(root), str(tmp_path / "absent")) == -1

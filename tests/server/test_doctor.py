@@ -7,9 +7,11 @@ import subprocess
 import sys
 
 import posix_ipc
+import pytest
 
 from shmrpc.schema.layout import parse_geometry
 from shmrpc.schema.naming import attach_path, lock_path, socket_path
+from shmrpc.server import checks
 from shmrpc.server.doctor import doctor, scan
 from shmrpc.server.lockfile import WorkerLock
 from shmrpc.server.region import Region
@@ -102,7 +104,23 @@ def test_region_of_dead_pid_kept_while_lock_held(worker_name: str) -> None:
             posix_ipc.unlink_shared_memory(stale)
 
 
-def test_space_problem_reported(worker_name: str) -> None:
+def test_memory_problem_reported_as_serve_reports_it(worker_name: str) -> None:
     lines: list[str] = []
     assert doctor(region_nbytes=1 << 60, out=lines.append) == 1
-    assert any(line.startswith("PROBLEM /dev/shm has") for line in lines)
+    problems = [line for line in lines if line.startswith("PROBLEM ")]
+    assert len(problems) == 1 and problems[0].endswith(
+        "of memory is available (the host's, or its memory cgroup's limit less its use) but the region needs "
+        "1073741824.0 GiB: free memory, give the container more, or pass a smaller --slots")
+    assert not any("/dev/shm" in line for line in lines if line.startswith("PROBLEM"))
+
+
+def test_a_small_dev_shm_is_no_problem(worker_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A region is a memfd: a container's 64 MiB /dev/shm does not stop a ~100 MiB one (serve starts)."""
+    monkeypatch.setattr(checks, "shm_free_bytes", lambda shm_dir="/dev/shm": 64 << 20)
+    nbytes = parse_geometry("64K:4,1M:100").region_nbytes
+    if checks.memory_available_bytes() < 2 * nbytes:
+        pytest.skip("this host has too little memory available for the check to pass")
+    lines: list[str] = []
+    doctor(region_nbytes=nbytes, out=lines.append)
+    assert not any(line.startswith("PROBLEM") and ("/dev/shm" in line or "memory" in line) for line in lines), lines
+    assert any(line.startswith("memory: ") and line.endswith("room for a 100.3 MiB region: ok") for line in lines), lines

@@ -3,9 +3,11 @@ real workers runs in tests/e2e/test_pool.py)."""
 
 from __future__ import annotations
 
+import io
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -68,3 +70,31 @@ def test_shutdown_kills_workers_that_ignore_sigterm_after_stop_timeout(worker_na
             if p.poll() is None:
                 p.kill()
             p.communicate(timeout=5)
+
+
+@pytest.mark.timeout(30)
+def test_a_workers_ready_line_is_passed_on_before_it_counts_as_ready(worker_name: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """run() prints the supervisor's ready line once every worker is ready: each worker's own line must be out by then."""
+    sup = Supervisor(worker_name, [0], [])
+    ch = sup.children[0]
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    seen_at_ready: list[str] = []
+
+    class _Ready(threading.Event):
+        def set(self) -> None:
+            seen_at_ready.append(out.getvalue())
+            super().set()
+
+    ch.ready = _Ready()
+    lines = ["loading the model: ready soon\n", f"shmrpc worker {ch.name} ready (pid 1, backend numpy)\n", "after\n"]
+    proc = subprocess.Popen([sys.executable, "-c", f"import sys; sys.stdout.write({''.join(lines)!r})"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        sup._relay(ch, proc)  # returns at the worker's EOF
+    finally:
+        proc.wait(timeout=10)
+    assert out.getvalue() == "".join(f"[{ch.name}] {line}" for line in lines)
+    # set once, by the worker's own ready line (not by another line saying "ready"), after that line was printed
+    assert seen_at_ready == [f"[{ch.name}] {lines[0]}[{ch.name}] {lines[1]}"]

@@ -264,6 +264,8 @@ def gen_tensor(rng: random.Random, op_table: dict[str, dict[str, Any]], slot_nby
     flags = 0
     if rng.random() < 0.2:
         flags |= Flag.IN_PLACE
+    if rng.random() < 0.2:  # (a guessed room: refusals for outputs that did not fit are counted apart)
+        flags |= Flag.GUESS
     if rng.random() < 0.04:
         keep = outputs[:1]
         flags |= Flag.KEEP if rng.random() < 0.8 else 0
