@@ -8,7 +8,7 @@ slots, the connection and the control requests (docs/client.md).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import replace
 from threading import get_ident
@@ -25,6 +25,7 @@ from shmrpc.schema.optable import OpEntry
 
 from ._caches import bounded_put
 from ._callplan import PLAIN_ATTRS, CallPlan, outputs_did_not_fit, plan_inputs, steady_key
+from ._desctemplate import DescTemplates
 from ._inflight import Inflight
 from ._interop import DeviceInput, as_input, is_array_like
 from ._loan import CallFuture, Loan
@@ -66,6 +67,7 @@ class Calls:
     _params: dict[str, frozenset[str]]
     _specs: dict[str, tuple[tuple[int, ...], np.dtype]]
     _desc_cache: dict[Any, tuple[bytes, int, int, tuple[str, ...]]]
+    _templates: DescTemplates
     _sizer: OutputSizer
     _t: Connection
     _nowait_thread: int
@@ -506,16 +508,28 @@ class Calls:
         hit = self._desc_cache.get(key)
         if hit is not None:
             return hit
-        steps, outputs = resolve(self.op_table, op, [t.name for t in tensors], attrs)
+        # one op's calls that differ in numeric attribute values only: the layout's template, patched (_desctemplate)
+        hit = self._templates.make(op, tensors, attrs, flags, keep) if type(op) is str else \
+            self._encode(op, tensors, attrs, flags, keep)
+        bounded_put(self._desc_cache, key, hit)
+        return hit
+
+    def _attr_kinds(self, op: str) -> dict[str, str] | None:
+        """The kinds of ``op``'s attributes (the op table's), or None for an op the worker does not have."""
+        entry = self.op_table.get(op)
+        return None if entry is None else {k: a.kind for k, a in entry.attrs.items()}
+
+    def _encode(self, op: str | Pipeline, tensors: tuple[TensorRef, ...], attrs: Mapping[str, Any], flags: int,
+                keep: tuple[str, ...]) -> tuple[bytes, int, int, tuple[str, ...]]:
+        """:meth:`_describe`'s descriptor built by the encoder."""
+        steps, outputs = resolve(self.op_table, op, [t.name for t in tensors], dict(attrs))
         desc = RequestDesc(tuple(steps), tensors, tuple(o for o in outputs if o not in keep), tuple(keep))
         payload = encode_request(desc)
         if HEADER_NBYTES + len(payload) > self.geometry.desc_nbytes:
             raise RequestTooLargeError(f"the descriptor ({len(payload)} B) does not fit the slot's descriptor area "
                                        f"({self.geometry.desc_nbytes} B): use fewer tensors or steps",
                                        field="descriptor")
-        hit = (payload, steps[0].op_code, flags | (_KEEP if keep else 0), desc.outputs)
-        bounded_put(self._desc_cache, key, hit)
-        return hit
+        return payload, steps[0].op_code, flags | (_KEEP if keep else 0), desc.outputs
 
 
 _KEEP_ANY_NBYTES = 64 << 10  # a kept call() loan's slot up to this size serves any smaller call

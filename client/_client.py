@@ -54,6 +54,7 @@ from ._attach import set_dumpable
 from ._callplan import CallPlan, OutputCheck
 from ._calls import Calls, _NoSlot
 from ._connection import Connection, control_error
+from ._desctemplate import DescTemplates
 from ._inflight import Inflight
 from ._interop import as_input
 from ._lane import ClientLane
@@ -191,6 +192,7 @@ class Client(Calls):
         self.on_answer: Callable[[int], None] | None = None
         self._rid = itertools.count(1)
         self._desc_cache: dict[Any, tuple[bytes, int, int, tuple[str, ...]]] = {}
+        self._templates = DescTemplates(self._encode, self._attr_kinds)  # descriptors by patching numbers in
         self._plans: dict[Any, CallPlan] = {}  # call() signatures -> slot layout and descriptor (_callplan)
         # the loan of the last call() that ended well, its slot still open and its output views made (_call_now):
         # one, rarely two (threads ending calls at once); list pop/append are single steps under the GIL, so two
