@@ -256,11 +256,14 @@ def async_table(doc: dict[str, Any]) -> str:
     head = (f"{'size':>6}  {'transport':<17} {'rtt p50 µs':>11} {'rtt p99 µs':>11} {'calls/s':>10} "
             f"{'in flight':>9} {'loop lag p99 µs':>16} {'lag max µs':>11}")
     lines = [head, "-" * len(head)]
+    def num(v: Any, width: int, digits: int) -> str:  # "-" for a figure the row has no phase for
+        return f"{v:>{width}.{digits}f}" if isinstance(v, (int, float)) else f"{'-':>{width}}"
+
     for r in doc["results"]:
         lag = r.get("loop_lag_us", {})
         lines.append(f"{r['nbytes']:>6}  {r['transport']:<17} {r['rtt_us']['p50']:>11.1f} {r['rtt_us']['p99']:>11.1f} "
-                     f"{r.get('calls_per_s', float('nan')):>10.0f} {r.get('in_flight', ''):>9} "
-                     f"{lag.get('p99', float('nan')):>16.1f} {lag.get('max', float('nan')):>11.1f}")
+                     f"{num(r.get('calls_per_s'), 10, 0)} {r.get('in_flight', '-'):>9} "
+                     f"{num(lag.get('p99'), 16, 1)} {num(lag.get('max'), 11, 1)}")
     return "\n".join(lines)
 
 

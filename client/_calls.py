@@ -347,8 +347,13 @@ class Calls:
                 elif asked is None:
                     asked = self._sizer.ask(sizer_key, self.op_table, op, specs, names, attrs, keep)
             sure = asked is not None
-            out_nbytes = sum(n for _, n in writes) if asked is None else asked
+            if asked is None:  # room as large as the inputs, but not past the largest slot (the rest of it, then)
+                out_nbytes = max(0, min(sum(n for _, n in writes),
+                                        self.geometry.max_slot_nbytes - self._room(writes, 0)[0]))
+            else:
+                out_nbytes = asked
         else:
+            _check_out_nbytes(out_nbytes)
             sure = True
         need, fits = self._room(writes, out_nbytes)
         desc = self._describe(op, tensors, attrs, (_IN_PLACE if in_place else 0) | (_GUESS if learn else 0), keep)
@@ -410,6 +415,8 @@ class Calls:
         if out_nbytes is None:
             asked = 0 if in_place or alias else self._out_nbytes(op, arrays, residents, attrs, keep, deadline)
             out_nbytes = sum(sizes) if asked is None else asked
+        else:
+            _check_out_nbytes(out_nbytes)
         need = max(need + out_nbytes, self.geometry.desc_nbytes + 64)
         if nowait:
             slot = self._take_free(need)
@@ -536,6 +543,12 @@ _KEEP_ANY_NBYTES = 64 << 10  # a kept call() loan's slot up to this size serves 
 # the early ring: a call() through an idle lane whose descriptor and inputs end within this many bytes of the slot's
 # start (copied in within a few µs) wakes the worker before copying them; a larger copy would outlast the worker's poll
 _SOON_MAX_NBYTES = 64 << 10
+
+
+def _check_out_nbytes(out_nbytes: Any) -> None:
+    """Refuse an ``out_nbytes`` that is not a byte count (0 is one: outputs written over the inputs need no room)."""
+    if type(out_nbytes) is not int or out_nbytes < 0:
+        raise InvalidRequestError(f"out_nbytes must be a number of bytes >= 0, got {out_nbytes!r}", field="out_nbytes")
 
 
 def _cannot_travel(dt: np.dtype) -> bool:

@@ -43,11 +43,12 @@ from shmrpc.schema.errors import (
     ForkedClientError,
     InvalidRequestError,
     ProtocolMismatchError,
+    RequestError,
     RequestTooLargeError,
     Timeout,
     WorkerGoneError,
 )
-from shmrpc.schema.layout import Geometry, format_size
+from shmrpc.schema.layout import Geometry, format_size, format_size_approx
 from shmrpc.schema.optable import OpEntry, parse_op_table
 
 from ._attach import set_dumpable
@@ -299,11 +300,13 @@ class Client(Calls):
         self._inflight.forget_future(rid)
 
     def _no_answer_error(self) -> BaseException:
-        """Why a request got no answer: the client closed, the worker gone, or time ran out."""
-        if self._closed:
-            return ClientClosedError("the Client was closed before the answer came")
+        """Why a request got no answer: the worker gone (even when the client was closed since: a done-callback of
+        one of its futures may close it, as ``Pool`` does, before the others are finished), the client closed, or
+        time ran out."""
         if self._t.gone:
             return WorkerGoneError(self._t.gone)
+        if self._closed:
+            return ClientClosedError("the Client was closed before the answer came")
         return Timeout(f"no answer from worker {self.name!r} in time")
 
     def _give_back_slot(self, s: _Slot) -> None:
@@ -337,7 +340,7 @@ class Client(Calls):
         """A slot of at least ``nbytes``: own free one, else borrowed, else wait for one."""
         if nbytes > self.geometry.max_slot_nbytes:
             raise RequestTooLargeError(
-                f"the request needs {format_size(nbytes)} but the largest slot is "
+                f"the request needs {format_size_approx(nbytes)} but the largest slot is "
                 f"{format_size(self.geometry.max_slot_nbytes)}: start the worker with a larger class in --slots",
                 field="nbytes")
         while True:
@@ -356,7 +359,7 @@ class Client(Calls):
                 gated = self._borrow_gate.acquire(timeout=min(0.05, wait_s))
                 if not gated:
                     if time.monotonic() >= deadline:
-                        raise Timeout(f"no slot of {format_size(nbytes)} became free in time")
+                        raise Timeout(f"no slot of {format_size_approx(nbytes)} became free in time")
                     continue
             try:
                 s = self._acquire(nbytes, 0.0 if own_busy else wait_s, deadline)
@@ -448,7 +451,7 @@ class Client(Calls):
         try:
             g = self._ask(Acquire(nbytes, wait_s), deadline + 1.0)
         except Timeout:
-            raise BusyError(f"no slot of {format_size(nbytes)} became free in time", field="nbytes") from None
+            raise BusyError(f"no slot of {format_size_approx(nbytes)} became free in time", field="nbytes") from None
         if not isinstance(g, Grant):
             raise ConnectError(f"the worker answered ACQUIRE with {g.NAME}")
         return _Slot(g.region, g.slot, g.slot_nbytes, g.generation, True)
@@ -490,6 +493,7 @@ class Client(Calls):
 
         Raises:
             ResourceError: the worker's resident limit (``--resident-limit``) or device memory would be exceeded.
+            InvalidRequestError: an empty ``name`` (``field="keep"``).
 
         Example::
 
@@ -506,9 +510,15 @@ class Client(Calls):
 
         Raises:
             KernelError: there is no such resident tensor (``field="resident"``).
+            InvalidRequestError: ``shared/<name>`` belongs to another client (``field="resident"``).
+            Both name the tensor (``tensor``).
         """
         self._check()
-        self._ask(Manage("drop", name), time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))
+        try:
+            self._ask(Manage("drop", name), time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))
+        except RequestError as e:
+            e.tensor = e.tensor or name  # (the worker's ERROR to a MANAGE has no tensor field)
+            raise
         self._specs.pop(name, None)
 
     def resident(self, *, timeout_s: float | None = None) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

@@ -18,6 +18,7 @@ import numpy as np
 from shmrpc.schema import dtypes
 from shmrpc.schema.descriptor import TensorRef
 from shmrpc.schema.errors import (
+    BusyError,
     ClientClosedError,
     InvalidRequestError,
     RequestError,
@@ -28,7 +29,7 @@ from shmrpc.schema.errors import (
     from_wire,
 )
 from shmrpc.schema.header import HEADER, HEADER_NBYTES, REQUEST_ID
-from shmrpc.schema.layout import align_up, format_size, tensor_align
+from shmrpc.schema.layout import align_up, format_size, format_size_approx, tensor_align
 
 from ._caches import bounded_put
 from ._callplan import CallPlan, read_outputs
@@ -112,7 +113,7 @@ class Loan:
         nbytes = math.prod(shape) * dt.itemsize
         off = align_up(self._cursor, tensor_align(nbytes))
         if off + nbytes > self._s.nbytes:
-            raise RequestTooLargeError(f"tensor {name!r} ({format_size(nbytes)}) does not fit in this "
+            raise RequestTooLargeError(f"tensor {name!r} ({format_size_approx(nbytes)}) does not fit in this "
                                        f"{format_size(self._s.nbytes)} slot: loan a larger one", tensor=name,
                                        field="nbytes")
         self._tensors.append(TensorRef(name, dname, shape, off, nbytes))
@@ -192,8 +193,9 @@ class Loan:
         s, mv = self._s, self._live()
         status = s.status
         if status and status & NO_RESPONSE:
-            err = from_wire(status & 0x7FFF, "the worker refused the doorbell without touching the slot",
-                            field="slot")
+            err = from_wire(status & 0x7FFF, "the worker refused the doorbell without touching the slot"
+                            + (" (the worker is shutting down, or the slot holds a request in flight)"
+                               if status & 0x7FFF == BusyError.code else ""), field="slot")
             if isinstance(err, StaleSlotError):
                 self._done = True  # the slot is no longer ours: never write to it again
             raise err

@@ -312,6 +312,18 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(f"--{k.replace('_', '-')}", type=int, default=v)
     p.add_argument("--out", help="write the figures as JSON here")
     a = p.parse_args(argv)
+    # the MLP's int4 weights are grouped by 64 along D and F (quantize_int4), and D splits into the heads
+    for flag, v in (("--d", a.d), ("--f", a.f)):
+        if v <= 0 or v % 64:
+            p.error(f"{flag} must be a positive multiple of 64 (the int4 weights' group size), got {v}")
+    if a.heads <= 0 or a.d % a.heads:
+        p.error(f"--heads must divide --d ({a.d}), got {a.heads}")
+    for flag, v in (("--tokens", a.tokens), ("--max-tokens", a.max_tokens), ("--sessions", a.sessions),
+                    ("--procs", a.procs)):
+        if v <= 0:
+            p.error(f"{flag} must be positive, got {v}")
+    if a.tokens > a.max_tokens:
+        p.error(f"--tokens ({a.tokens}) must be at most --max-tokens ({a.max_tokens})")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))  # `timeout`: stop the spawned worker on the way out
     cfg = Config(**{k: getattr(a, k) for k in asdict(Config())})
     result: dict[str, Any] = {"config": asdict(cfg), "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]])}

@@ -127,6 +127,13 @@ def example_array(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(1, 16, spec.shape).astype(storage_dtype(spec.dtype))
 
 
+#: Resident tensors a backend keeps: at most one per this many bytes of its limit (131 072 at the worker's default
+#: ``--resident-limit`` of 8G), whatever their sizes (a tensor's bookkeeping costs memory of its own).
+RESIDENT_NBYTES_PER_TENSOR = 64 << 10
+#: ... and never fewer than this many.
+RESIDENT_MIN_COUNT = 1024
+
+
 class Backend:
     """Base of the NumPy and CuPy backends; see ``select_backend`` for the public contract."""
 
@@ -198,10 +205,24 @@ class Backend:
                     f"resident tensor {name!r} ({spec.nbytes} bytes) would bring resident memory to {new_total} bytes, "
                     f"over the limit of {self.resident_limit_bytes}; drop resident tensors or raise the limit",
                     tensor=name, field="resident_limit")
+            if old is None:
+                self._check_count(name)
             stored = self._to_resident(arr, spec)
             self._resident[name] = (stored, spec)
             self._resident_bytes = new_total
         return spec
+
+    def _check_count(self, name: str) -> None:
+        """Refuse one more resident tensor past one per :data:`RESIDENT_NBYTES_PER_TENSOR` of the limit (at least
+        :data:`RESIDENT_MIN_COUNT`): each costs the
+        worker's memory for its bookkeeping whatever its size, so tiny ones must not be kept without bound (the caller
+        holds the lock)."""
+        if self.resident_limit_bytes is not None and \
+                len(self._resident) >= max(RESIDENT_MIN_COUNT, self.resident_limit_bytes // RESIDENT_NBYTES_PER_TENSOR):
+            raise KernelResourceError(
+                f"{len(self._resident)} resident tensors are the most the limit of {self.resident_limit_bytes} bytes "
+                f"allows ({RESIDENT_MIN_COUNT}, or one per {RESIDENT_NBYTES_PER_TENSOR >> 10} KiB of it if more); drop "
+                "resident tensors or raise the limit", tensor=name, field="resident_limit")
 
     def drop(self, name: str) -> None:
         """Forget resident tensor ``name``; raises KernelInputError(field="resident") when there is none."""
@@ -254,6 +275,8 @@ class Backend:
                     raise KernelResourceError(f"keeping {name!r} as resident {rname!r} would exceed the resident limit of "
                                               f"{self.resident_limit_bytes} bytes; drop resident tensors first",
                                               tensor=name, field="resident_limit")
+                if old is None:
+                    self._check_count(name)
                 self._resident[rname] = (self._own(env[name]), spec)
                 self._resident_bytes = new_total
 

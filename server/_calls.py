@@ -20,7 +20,7 @@ import zmq
 
 from shmrpc.kernels._backend_base import BoundRun
 from shmrpc.schema import messages as m
-from shmrpc.schema.control import ErrorReply, State
+from shmrpc.schema.control import ErrorReply
 from shmrpc.schema.errors import (
     BusyError,
     InternalError,
@@ -98,6 +98,8 @@ class Calls:
 
         def _drain_done(self) -> None: ...
 
+        def _state(self) -> bytes: ...
+
     def _drain_socket(self, stopping: bool) -> None:
         sock, poller = self._sock, self._poller
         assert sock is not None and poller is not None
@@ -168,7 +170,7 @@ class Calls:
                 self._refuse(identity, "refused", "with --allow-uid, STATUS is answered only to a session of the "
                              "worker's own uid", "status")
             else:
-                self._send(identity, State.from_json(self.sessions.state()).encode())
+                self._send(identity, self._state())
         else:
             self._send(identity, ErrorReply(InvalidRequestError.code, "bad_message",
                                             f"unknown message kind {kind!r}", "kind").encode())

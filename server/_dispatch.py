@@ -37,7 +37,7 @@ from shmrpc.schema.errors import (
     UnknownOpError,
 )
 from shmrpc.schema.header import HEADER_NBYTES, Flag, Header
-from shmrpc.schema.layout import TENSOR_ALIGN, align_up, format_size, tensor_align
+from shmrpc.schema.layout import TENSOR_ALIGN, align_up, format_size_approx, tensor_align
 
 _KERNEL_ERRORS = (kernels.KernelInputError, kernels.KernelRuntimeError)  # what run_error maps to a KernelError
 log = logging.getLogger("shmrpc.server")
@@ -224,6 +224,9 @@ class Dispatcher:
             raise InvalidRequestError("the request asks for no output", field="outputs")
         if bool(desc.keep) != bool(flags & _KEEP):
             raise InvalidRequestError("the KEEP flag and the keep list disagree", field="flags")
+        for n in desc.keep:  # a resident tensor's name: later requests name it (Resident(name)), so not empty
+            if not n.removeprefix("shared/"):
+                raise InvalidRequestError(f"a kept tensor needs a name ({n!r} is empty)", tensor=n, field="keep")
         resident = {t.name: resident_name(client, t.resident) for t in desc.inputs if t.resident}
         specs = {t.name: kernels.TensorSpec(tuple(t.shape), t.dtype) for t in desc.inputs}
         for t in desc.inputs:
@@ -337,8 +340,8 @@ class Dispatcher:
             pos = align_up(pos, tensor_align(nbytes))
             if pos + nbytes > slot_nbytes:
                 raise RequestTooLargeError(
-                    f"output {name!r} needs {format_size(nbytes)} after the inputs but the slot has "
-                    f"{format_size(max(0, slot_nbytes - pos))} left: ask for a larger slot (out_nbytes=) "
+                    f"output {name!r} needs {format_size_approx(nbytes)} after the inputs but the slot has "
+                    f"{format_size_approx(max(0, slot_nbytes - pos))} left: ask for a larger slot (out_nbytes=) "
                     "or start the worker with larger --slots", tensor=name, field="outputs",
                 )
             out.append(TensorRef(name, spec.dtype, tuple(spec.shape), pos, nbytes))

@@ -190,6 +190,14 @@ class Worker(Calls, Runs):
         self._loop_tick = time.monotonic()
         self.ready.set()
 
+    def _state(self) -> bytes:
+        """STATE for ``shmrpc status``: the sessions' state and the readiness ``/healthz`` reports (``health``: "ok"
+        or why not, e.g. "stopping" while it drains)."""
+        state = self.sessions.state()
+        ready, why = self.health()
+        state["health"] = "ok" if ready else why
+        return State.from_json(state).encode()
+
     def health(self) -> tuple[bool, str]:
         """Readiness for ``/healthz``: started, serving, loop turning, backend sound. Returns (ready, reason)."""
         if not self.ready.is_set():
@@ -384,7 +392,7 @@ class Worker(Calls, Runs):
             conn.close()
             return
         if frame[:1] == m.STATUS and peer.uid in (os.geteuid(), 0):  # `shmrpc status`: the kernel says who asks
-            self._attach.reply(conn, State.from_json(self.sessions.state()).encode(), [])
+            self._attach.reply(conn, self._state(), [])
             return
         try:
             reply, fds = self.sessions.on_hello(frame, peer, stopping)

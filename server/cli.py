@@ -355,11 +355,15 @@ def _status(args: argparse.Namespace) -> int:
     if frame[:1] != m.STATE:
         return fail(f"worker {args.name!r} refused: {frame[1:200]!r}")
     state = m.unpack_json(frame)
+    health = state.get("health", "ok")  # (a worker of an earlier version sends none)
+    status = EXIT_OK if health == "ok" else EXIT_FAILURE  # answered, but not ready: stopping, or its backend failed
     if quiet:
-        return EXIT_OK
+        return status
     if args.json:
         print(json.dumps(state, indent=2))
-        return EXIT_OK
+        return status
+    if health != "ok":
+        print(f"NOT READY: {health}")
     print(f"worker {state['name']}  pid {state['pid']}  backend {state['backend']}  up {state['uptime_s']:.1f} s")
     print(f"socket {state['socket']}")
     for r in state["regions"]:
@@ -378,7 +382,7 @@ def _status(args: argparse.Namespace) -> int:
     counters = state["counters"]
     for key in sorted(counters):
         print(f"  {key} = {counters[key]}")
-    return EXIT_OK
+    return status
 
 
 def _doctor(args: argparse.Namespace) -> int:

@@ -147,3 +147,16 @@ def test_the_sweep_verdict_reads_8_clients_of_the_smallest_request() -> None:
     doc["scaling"] = [pt("shmrpc", 4, 30_000)]
     assert scaling_verdicts(doc)[0]["status"] == "N/A"
     assert scaling_verdicts({"mode": "lat", "scaling": []}) == []
+
+
+def test_the_async_table_marks_figures_a_row_has_no_phase_for() -> None:
+    from shmrpc.bench._concurrency import async_table
+
+    table = async_table({"results": [
+        {"nbytes": 64, "transport": "pyzmq", "rtt_us": {"p50": 10.0, "p99": 20.0}},
+        {"nbytes": 64, "transport": "shmrpc", "rtt_us": {"p50": 12.0, "p99": 25.0}, "calls_per_s": 1000.0,
+         "in_flight": 8, "loop_lag_us": {"p99": 3.0, "max": 9.0}}]})
+    rows = table.splitlines()[2:]
+    assert "nan" not in table
+    assert rows[0].split()[4:] == ["-", "-", "-", "-"]
+    assert rows[1].split()[4:] == ["1000", "8", "3.0", "9.0"]

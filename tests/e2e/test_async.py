@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
-from wire import slow_pipeline, stopped, wait_for_state
+from wire import reap_killed, slow_pipeline, stopped, wait_for_state
 
 from shmrpc.client import (
     AsyncClient,
@@ -26,7 +26,6 @@ from shmrpc.client import (
     Timeout,
     WorkerGoneError,
 )
-from shmrpc.schema.naming import attach_path, socket_path
 
 if TYPE_CHECKING:
     from conftest import WorkerProc
@@ -108,14 +107,7 @@ def test_worker_gone(spawn_worker: Callable[..., WorkerProc], lane: str | None) 
             await c.aclose()
 
     asyncio.run(main())
-    _reap(w)
-
-
-def _reap(w: WorkerProc) -> None:
-    """Wait for a SIGKILLed worker and remove the sockets it left."""
-    w.proc.wait(10)
-    for p in (socket_path(w.name), attach_path(w.name)):
-        p.unlink(missing_ok=True)
+    reap_killed(w)
 
 
 def _use_in_child(c: AsyncClient, q: mp.Queue) -> None:  # type: ignore[type-arg]
@@ -685,7 +677,7 @@ def test_requests_waiting_for_a_slot_fail_at_once_when_the_worker_dies(spawn_wor
             await c.aclose()
 
     asyncio.run(main())
-    _reap(w)
+    reap_killed(w)
 
 
 def test_questions_of_the_loop_and_of_a_blocking_thread_at_once(worker: WorkerProc) -> None:

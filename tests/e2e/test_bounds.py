@@ -319,7 +319,7 @@ def test_shared_tensors_have_an_owner_and_go_with_it(worker: WorkerProc) -> None
             assert (e.value.tensor, e.value.field) == ("shared/pub", "keep")
             with pytest.raises(InvalidRequestError) as e:
                 other.drop("shared/pub")  # nor drop
-            assert e.value.field == "resident"
+            assert (e.value.tensor, e.value.field) == ("shared/pub", "resident")
             np.testing.assert_array_equal(other.call("vector_add", x=np.ones(256, np.float32),
                                                      y=Resident("shared/pub"))["out"], 4.0)
             pub.send_signal(signal.SIGKILL)

@@ -107,3 +107,17 @@ def test_a_refused_pipeline_is_counted_as_a_pipeline(spawn_worker: Callable[...,
     assert got.get('shmrpc_requests_total{op="pipeline",status="KernelError"}') == 1
     assert got.get('shmrpc_requests_total{op="pipeline",status="ok"}') == 1
     assert not any(k.startswith('shmrpc_requests_total{op="vector_add"') for k in got)
+
+
+def test_out_nbytes_must_be_a_byte_count(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=10) as c:
+        for bad in (-1, 1.5, "64"):
+            for how in ("call", "call_general", "submit"):
+                with pytest.raises(InvalidRequestError) as e:
+                    if how == "submit":
+                        c.submit("scale", x=X, a=2.0, out_nbytes=bad).result()
+                    else:
+                        c.call("scale", x=X if how == "call" else X.tolist(), a=2.0, out_nbytes=bad)
+                assert e.value.field == "out_nbytes"
+        np.testing.assert_allclose(c.call("scale", x=X, a=2.0, out_nbytes=X.nbytes)["out"], 2 * X)
+        _serves(c)

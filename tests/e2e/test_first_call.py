@@ -209,3 +209,19 @@ def test_a_refused_guess_through_a_lane_or_handing_out_views_is_sent_again(worke
         del got
         assert len(asked) == 1 and any(k[0] == "scale" for k in c._plans)
         np.testing.assert_allclose(c.call("scale", x=v, a=3.0, b=0.0)["out"], 3 * v, rtol=1e-6)
+
+
+def test_a_guess_larger_than_every_slot_is_cut_to_the_largest(spawn_worker: Callable[..., WorkerProc]) -> None:
+    # 2 x 1.2 MB of inputs and room as large again would not fit a 4 MiB slot, but the output (1.2 MB) does: the
+    # guess is the rest of the largest slot, and the call is served without a question
+    worker = spawn_worker(slots="64K:8,1M:4,4M:2", lease="2,1,0")
+    a = np.random.default_rng(44).standard_normal(300_000).astype(np.float32)
+    with Client(worker.name, timeout_s=10) as c:
+        asked = _count_questions(c)
+        np.testing.assert_array_equal(c.call("vector_add", x=a, y=a)["out"], a + a)
+        assert asked == []
+        # an output that does not fit the rest of the largest slot: refused once, asked, and still too large
+        w = np.ones((1, 1200), np.float32)
+        with pytest.raises(RequestTooLargeError):
+            c.call("gemm", x=np.ones((1200, 1), np.float32), w=w)  # 5.76 MB out
+        np.testing.assert_array_equal(c.call("vector_add", x=a, y=a)["out"], a + a)

@@ -7,13 +7,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
-from wire import wait_for_state
+from wire import reap_killed, stopped, wait_for_state
 
 from shmrpc.client import Client, Pipeline, Pool, RequestError, Resident, WorkerGoneError
 from shmrpc.schema.naming import device_worker_name, device_workers, socket_path
@@ -143,6 +143,23 @@ def test_pool_call_is_the_chosen_clients_own_call(worker: WorkerProc) -> None:
         np.testing.assert_array_equal(pool.submit("vector_add", x=x, y=y).result()["out"], x + 2)  # beside submit()
         np.testing.assert_array_equal(pool.call("vector_add", x=x, y=y)["out"], x + 2)
         assert pool.stats()[worker.name]["pending"] == 0
+
+
+def test_futures_of_a_dead_worker_fail_as_such_when_a_callback_closes_the_client(
+        spawn_worker: Callable[..., WorkerProc]) -> None:
+    # the Pool's done-callback closes a member client at its first WorkerGoneError; the client's other futures must
+    # still say the worker went (they said "the Client was closed before the answer came")
+    worker = spawn_worker()
+    with Pool(workers=[worker.name], timeout_s=30, rejoin_s=60) as pool:
+        pool.submit("vector_add", x=np.ones(4), y=np.ones(4)).result()  # (submit() asks the outputs' size first)
+        with stopped(worker.pid):  # the requests reach the socket and wait there
+            futs = [pool.submit("vector_add", x=np.full(4, float(i)), y=np.ones(4)) for i in range(3)]
+            os.kill(worker.pid, signal.SIGKILL)
+        for f in futs:
+            with pytest.raises(WorkerGoneError):
+                f.result(timeout=10)
+        assert pool.live == []
+    reap_killed(worker)
 
 
 def test_pool_survives_a_worker_death_and_the_worker_rejoins(supervisor: _Supervisor) -> None:

@@ -30,7 +30,7 @@ def test_put_use_drop(worker: WorkerProc) -> None:
         assert "bias" not in c.resident()
         with pytest.raises(KernelError) as e:
             c.drop("bias")
-        assert e.value.field == "resident"
+        assert (e.value.tensor, e.value.field) == ("bias", "resident")
         with pytest.raises(InvalidRequestError):
             c.call("vector_add", x=x, y=Resident("bias"))
 
@@ -167,3 +167,14 @@ def test_a_kept_output_replaced_with_another_shape_is_used_at_its_new_shape(work
             for _ in range(2):
                 np.testing.assert_array_equal(c.call("vector_add", x=x8, y=Resident("out"))["out"], 4 * x8)
             c.drop("out")
+
+
+def test_a_resident_tensor_needs_a_name(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=10) as c:
+        for shared in (False, True):  # "" and "shared/": nothing a later request could name
+            with pytest.raises(InvalidRequestError) as e:
+                c.put("", np.ones(4, np.float32), shared=shared)
+            assert e.value.field == "keep" and e.value.tensor == ("shared/" if shared else "")
+        assert c.resident() == {}
+        c.put("w", np.ones(4, np.float32))
+        np.testing.assert_array_equal(c.call("vector_add", x=np.ones(4, np.float32), y=Resident("w"))["out"], 2.0)

@@ -269,3 +269,28 @@ def test_a_slow_users_op_does_not_stall_small_requests_and_is_counted_over_budge
         np.testing.assert_array_equal(fut.result()["out"], 1.0)
     counters = _status(w.name)["counters"]
     assert counters["over_budget"] == {"t_wait": 1}
+
+
+def test_status_says_not_ready_while_the_worker_drains(spawn_worker: Callable[..., WorkerProc], tmp_path: Path,
+                                                         worker_name: str) -> None:
+    # `shmrpc status` is a readiness check (the container's health check): after SIGTERM the worker refuses new work
+    # while it answers what is in flight, and status says so (exit 1) instead of "ready"
+    mod = "waiting_" + worker_name.replace("-", "_")
+    _module(tmp_path, mod, WAITING)
+    w = spawn_worker("--ops", mod, env=_env(tmp_path))
+    flag = tmp_path / "go"
+    status = [sys.executable, "-m", "shmrpc.server", "status", "--name", w.name]
+    assert subprocess.run([*status, "-q"], timeout=30).returncode == 0
+    with Client(w.name, timeout_s=30) as c:
+        fut = c.submit("t_wait", x=np.ones(4, np.float32), path=str(flag))
+        deadline = time.monotonic() + 20
+        while _status(w.name)["in_flight"] < 1:
+            assert time.monotonic() < deadline, "the request never reached the worker"
+        w.proc.send_signal(signal.SIGTERM)
+        while subprocess.run([*status, "-q"], timeout=30).returncode == 0:  # (the loop takes the signal at its turn)
+            assert time.monotonic() < deadline, "status stayed ready after SIGTERM"
+        out = subprocess.run(status, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 1 and out.stdout.startswith("NOT READY: stopping\n") and "in flight 1" in out.stdout
+        flag.touch()
+        np.testing.assert_array_equal(fut.result()["out"], 1.0)  # still answered
+    assert w.proc.wait(30) == 0

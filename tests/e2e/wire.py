@@ -18,7 +18,7 @@ from shmrpc.schema import messages as m
 from shmrpc.schema.control import Hello
 from shmrpc.schema.descriptor import RequestDesc, StepDesc, TensorRef, encode_request
 from shmrpc.schema.header import HEADER, Header
-from shmrpc.schema.naming import attach_path, endpoint
+from shmrpc.schema.naming import attach_path, endpoint, socket_path
 from shmrpc.schema.proc import process_start_ticks
 
 D = 4096  # descriptor area of every slot
@@ -132,6 +132,13 @@ def stopped(pid: int) -> Iterator[None]:
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def reap_killed(w: Any) -> None:
+    """Wait for a SIGKILLed worker (a ``WorkerProc``) and remove the sockets it left."""
+    w.proc.wait(10)
+    for p in (socket_path(w.name), attach_path(w.name)):
+        p.unlink(missing_ok=True)
 
 
 def _wait_stopped(pid: int, timeout_s: float = 10.0) -> None:

@@ -252,3 +252,25 @@ def test_import_pulls_in_no_wire_or_gpu_modules() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_resident_tensors_are_counted_one_per_64_kib_of_the_limit() -> None:
+    # tiny tensors cost bookkeeping whatever their bytes: a 128 MiB limit keeps at most 2048 of them (a smaller one
+    # 1024)
+    from shmrpc.kernels._backend_base import RESIDENT_MIN_COUNT
+
+    for limit, most in ((128 << 20, 2048), (1 << 20, RESIDENT_MIN_COUNT)):
+        with select_backend("numpy", resident_limit_bytes=limit) as b:
+            for i in range(most):
+                b.put(f"t{i}", np.zeros(1, np.float32), "float32")
+            with pytest.raises(KernelResourceError) as ei:
+                b.put("extra", np.zeros(1, np.float32), "float32")
+            assert (ei.value.tensor, ei.value.field) == ("extra", "resident_limit") and "one per 64 KiB" in str(ei.value)
+            b.put("t3", np.zeros(2, np.float32), "float32")  # replacing one is not one more
+            plan = b.plan([StepSpec("echo", {"x": "x"}, {"out": "o"})], {"x": TensorSpec((1,), "float32")}, [],
+                          keep=["o"])
+            with pytest.raises(KernelResourceError):  # nor may a request keep one more
+                b.run(plan, {"x": np.ones(1, np.float32)}, {}, keep_as={"o": "kept"})
+            b.drop("t0")
+            b.run(plan, {"x": np.ones(1, np.float32)}, {}, keep_as={"o": "kept"})
+            assert len(b.resident()) == most and b.resident_bytes == (most - 2) * 4 + 8 + 4
