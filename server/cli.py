@@ -308,8 +308,8 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     # What the worker made to start (modules, the op table, the backend, the regions' objects) lives as long as the
     # process: out of the collector's sight, so that a full collection, which the caches' turnover under many new
-    # signatures brings every second or so, walks only what came after (a pause of the loop of 10 ms -> 3 ms
-    # measured on the development machine; docs/operations.md). Here, in the daemon's process only (not a test's).
+    # signatures brings every few seconds, walks only what came after (the longest pause of the loop 16.6 -> 3.8 ms
+    # on the development machine, bench/gc_pauses.py; docs/benchmarks.md). In the daemon's process only (not a test's).
     gc.collect()
     gc.freeze()
     try:
