@@ -144,7 +144,7 @@ class Welcome(ControlMessage):
 
 @dataclasses.dataclass(frozen=True)
 class Acquire(ControlMessage):
-    """ACQUIRE: borrow one more slot whose usable bytes (after the descriptor area) are at least ``nbytes``."""
+    """ACQUIRE: borrow one more slot of at least ``nbytes`` in all (its descriptor area included)."""
 
     KIND: ClassVar[bytes] = m.ACQUIRE
     NAME: ClassVar[str] = "ACQUIRE"

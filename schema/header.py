@@ -28,7 +28,9 @@ bit   name        meaning
 1     ERROR       response only: the descriptor is an error Response
 2     IN_PLACE    request: outputs may overwrite the op's first input
 3     KEEP        request: some outputs are kept on the worker (``keep``)
-4-15  (reserved)  must be zero; a request with any of them set is refused
+4     GUESS       request: the room for the outputs is the client's guess (a refusal
+                  for want of room is counted apart from failures; protocol 4)
+5-15  (reserved)  must be zero; a request with any of them set is refused
 ====  ==========  =========================================================
 """
 

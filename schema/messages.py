@@ -15,8 +15,10 @@ kind  name        direction  body after the kind byte
 H     HELLO       c -> w     JSON: protocol, schema_hash, pid, uid, start_ticks (attach socket;
                              each must equal what the kernel says of the peer), and optionally
                              lease (slots wanted per size class, capped by the worker's --lease-max)
-W     WELCOME     w -> c     JSON: protocol, schema_hash, worker_pid, token, regions (+ their fds),
-                             geometry, op_table, lease, backend, client_id (attach socket)
+                             and lane (ask for a lane: schema/lane.py)
+W     WELCOME     w -> c     JSON: protocol, schema_hash, worker_pid, worker_start_ticks, token,
+                             regions (+ their fds), geometry, op_table, lease, backend, client_id,
+                             and lane when one was asked for (+ its fds) (attach socket)
 C     CALL        c -> w     ``CALL`` struct: region u16, slot u32, request_id u32,
                              generation u32 (the request is in the slot)
 D     DONE        w -> c     ``DONE`` struct: region u16, slot u32, request_id u32,
