@@ -308,8 +308,8 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     # What the worker made to start (modules, the op table, the backend, the regions' objects) lives as long as the
     # process: out of the collector's sight, so that a full collection, which the caches' turnover under many new
-    # signatures brings every few seconds, walks only what came after (the longest pause of the loop 16.6 -> 3.8 ms
-    # on the development machine, bench/gc_pauses.py; docs/benchmarks.md). In the daemon's process only (not a test's).
+    # signatures brings every few seconds, walks only what came after (the longest of these pauses of the loop 11.5
+    # -> 5.5 ms on the development machine, bench/gc_pauses.py; docs/benchmarks.md). In the daemon's process only.
     gc.collect()
     gc.freeze()
     try:
