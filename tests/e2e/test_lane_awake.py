@@ -130,9 +130,14 @@ def test_a_spinning_wait_finds_an_answer_posted_just_inside_the_time_its_ring_sa
     real_poll = lane._poll
     try:
         lane._last_s = last_s
+        spin_ns = lane._spins_from_ring_ns()  # what the ring says: its clock then, plus this
         mono = time.monotonic_ns()
         lane.ring(b"c" * 16, 7)
-        window_s = (L.seq_word(lane._map, L.CLIENT_AWAKE).value - mono) / 1e9
+        awake = L.seq_word(lane._map, L.CLIENT_AWAKE).value
+        assert mono + spin_ns <= awake <= time.monotonic_ns() + spin_ns
+        # (the window from the spin the ring said, not from the clock around it: a preemption between the two
+        # readings would stretch it past the spin on the test's fake clock)
+        window_s = spin_ns / 1e9
         assert window_s > 1.5e-4
         done = L.seq_word(lane._map, L.DONE_SEQ)
         L.post(lane.page, done, L.DONE_SEQ, lane.seq, m.DONE_STRUCT.pack(m.DONE, 1, 2, 7, 0))
