@@ -421,14 +421,31 @@ class ReadonlyRegion:
         self.close()
 
 
-def _open_existing(name: str) -> posix_ipc.SharedMemory:
-    """Open region ``name`` read-only, posix_ipc's errors turned into OSError subclasses."""
+def _open_existing(name: str) -> int:
+    """An fd of region ``name``, read-only: a regular file, opened without following a link and without blocking
+    (``/dev/shm`` is writable by every user: a FIFO or a link planted under a region's name must not hang or mislead
+    the worker's start or ``shmrpc doctor``). The caller closes it.
+
+    Raises:
+        FileNotFoundError: no such region.
+        PermissionError: not readable by this user.
+        OSError: anything but a regular file there.
+    """
+    path = os.path.join(SHM_DIR, name.lstrip("/"))
     try:
-        return posix_ipc.SharedMemory(name, flags=0, read_only=True)
-    except posix_ipc.ExistentialError as exc:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError as exc:
         raise FileNotFoundError(errno.ENOENT, f"no region {name}") from exc
-    except posix_ipc.PermissionsError as exc:
+    except PermissionError as exc:
         raise PermissionError(errno.EACCES, f"region {name} is not readable by this user") from exc
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, f"{path} is a symbolic link, not a region") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{path} is not a regular file, not a region")
+    return fd
 
 
 def attach_readonly(name: str) -> ReadonlyRegion:
@@ -438,13 +455,14 @@ def attach_readonly(name: str) -> ReadonlyRegion:
         FileNotFoundError: no such region.
         OSError: it cannot be opened or mapped (permissions, size 0).
     """
-    shm = _open_existing(name)
+    fd = _open_existing(name)
     try:
-        if shm.size == 0:
+        size = os.fstat(fd).st_size
+        if size == 0:
             raise OSError(errno.EINVAL, f"region {name} is empty")
-        mm = mmap.mmap(shm.fd, shm.size, mmap.MAP_SHARED, mmap.PROT_READ)
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
     finally:
-        shm.close_fd()
+        os.close(fd)
     return ReadonlyRegion(name, mm)
 
 
@@ -456,10 +474,10 @@ def read_superblock(name: str) -> Superblock:
         OSError: it cannot be read.
         ValueError: it holds no valid superblock (not shmrpc, another layout, or not written yet).
     """
-    shm = _open_existing(name)
+    fd = _open_existing(name)
     try:
-        data = os.pread(shm.fd, SUPERBLOCK_NBYTES, 0)
+        data = os.pread(fd, SUPERBLOCK_NBYTES, 0)
     finally:
-        shm.close_fd()
+        os.close(fd)
     return Superblock.unpack_from(data)
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import select
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import posix_ipc
 import pytest
@@ -124,3 +128,38 @@ def test_a_small_dev_shm_is_no_problem(worker_name: str, monkeypatch: pytest.Mon
     doctor(region_nbytes=nbytes, out=lines.append)
     assert not any(line.startswith("PROBLEM") and ("/dev/shm" in line or "memory" in line) for line in lines), lines
     assert any(line.startswith("memory: ") and line.endswith("room for a 100.3 MiB region: ok") for line in lines), lines
+
+
+def test_a_fifo_or_a_link_planted_under_a_region_name_hangs_nothing(worker_name: str, tmp_path: Path) -> None:
+    # /dev/shm is writable by every user: a FIFO under a region's name used to block the worker's start (reading the
+    # superblock of what a predecessor might have left) and `shmrpc doctor` in open(); both read without blocking
+    # now, and anything but a regular file is not a region
+    from shmrpc.server.region import read_superblock
+
+    fifo, link = f"/dev/shm/shmrpc.{worker_name}.0.fifo", f"/dev/shm/shmrpc.{worker_name}.1.link"
+    target = tmp_path / "target"
+    target.write_bytes(b"\0" * 4096)
+    os.mkfifo(fifo, 0o666)
+    os.symlink(target, link)
+    try:
+        for name in (fifo, link):
+            with pytest.raises(OSError, match="not a regular file|symbolic link"):
+                read_superblock(name.removeprefix("/dev/shm"))
+        lines: list[str] = []
+        doctor(region_nbytes=1 << 20, out=lines.append)  # (a hang here fails the test by its timeout)
+        assert sum(worker_name in ln and "superblock unreadable" in ln for ln in lines) == 2, lines
+        worker = subprocess.Popen([sys.executable, "-m", "shmrpc.server", "serve", "--name", worker_name, "--slots",
+                                   "64K:2", "--lease", "1", "--backend", "numpy", "--no-mlock", "--log-level",
+                                   "WARNING"], stdout=subprocess.PIPE, text=True)
+        try:
+            assert worker.stdout is not None
+            ready, _, _ = select.select([worker.stdout], [], [], 30)
+            assert ready and "ready" in worker.stdout.readline(), "the worker did not start beside a planted FIFO"
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.communicate(timeout=30)  # (also closes its stdout)
+            assert worker.returncode == 0
+    finally:
+        for name in (fifo, link):  # (the worker's start removes what its uid left under its name: these, here)
+            if os.path.lexists(name):
+                os.unlink(name)
