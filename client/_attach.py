@@ -120,35 +120,27 @@ def handshake(name: str, deadline: float, worker_uid: int | None = None,
     path = attach_path(name, uid)
     _check_dir(rdir, name, uid)
     _check_socket(path, name, uid)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    sock: socket.socket | None = None
     fds: list[int] = []
     try:
-        sock.settimeout(max(0.001, deadline - time.monotonic()))
-        try:
-            sock.connect(str(path))
-        except (FileNotFoundError, ConnectionRefusedError):
-            raise ConnectError(f"no worker listens on {path} (left by a worker that died?): start one with "
-                               f"`shmrpc serve --name {name}`, or remove stale files with `shmrpc doctor --clean`",
-                               path=str(path)) from None
-        except PermissionError:
-            raise ConnectError(f"cannot connect to {path} as uid {os.getuid()}: the worker does not admit this user "
-                               f"(its owner can start it with --allow-uid {os.getuid()})", path=str(path)) from None
-        worker_pid, peer_uid = _peer(sock)
-        if peer_uid != uid:
-            raise ConnectError(f"the process answering on {path} (pid {worker_pid}) runs as uid {peer_uid}, not as "
-                               f"the worker's uid {uid}: it is not your worker; refusing to send it anything. Remove "
-                               f"{path} (as root or uid {peer_uid}) and restart the worker", path=str(path),
-                               owner_uid=peer_uid)
-        pid = os.getpid()
-        # lease: slots wanted per size class (the worker caps them by --lease-max)
-        hello = Hello(m.PROTOCOL_VERSION, SCHEMA_HASH, pid, os.getuid(), process_start_ticks(pid),
-                      None if lease is None else list(lease), True if lane else None)
-        sock.send(hello.encode())
-        try:
-            frame, fds, flags, _ = socket.recv_fds(sock, m.ATTACH_MAX_NBYTES, _MAX_FDS)
-        except TimeoutError:
-            raise ConnectError(f"worker {name!r} (pid {worker_pid}) did not answer HELLO in time; is it alive? "
-                               "(shmrpc status / shmrpc doctor)") from None
+        delay = 0.001
+        while True:  # a worker flooded with connections closes some before their HELLO: connect again, in time
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            try:
+                worker_pid, frame, fds, flags = _hello(sock, path, name, uid, deadline, lease, lane)
+                if frame:
+                    break
+                why = "it closed the connection before answering"
+            except (BlockingIOError, ConnectionResetError, BrokenPipeError) as e:
+                why = e.strerror or type(e).__name__
+            sock.close()
+            sock = None
+            if deadline - time.monotonic() <= delay:
+                raise ConnectError(f"worker {name!r} did not take the connection in time ({why}): it is loaded, or "
+                                   f"flooded with connections; `shmrpc status --name {name}` says whether it serves",
+                                   path=str(path))
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or not frame:
             raise ConnectError(f"worker {name!r} answered HELLO with a truncated or empty packet")
         if frame[:1] == m.ERROR:
@@ -183,4 +175,54 @@ def handshake(name: str, deadline: float, worker_uid: int | None = None,
     finally:
         for fd in fds:
             os.close(fd)
-        sock.close()
+        if sock is not None:
+            sock.close()
+
+
+def _hello(sock: socket.socket, path: Path, name: str, uid: int, deadline: float, lease: tuple[int, ...] | None,
+           lane: bool) -> tuple[int, bytes, list[int], int]:
+    """Connect ``sock`` to the attach socket at ``path``, check who answers, say HELLO; returns (the worker's pid, the
+    answer, its fds, recvmsg's flags); an empty answer when the worker closed the connection unanswered.
+
+    Raises:
+        ConnectError: nobody listens, this uid is not admitted, another uid answers, or no answer in time.
+        BlockingIOError, ConnectionResetError, BrokenPipeError: the worker's queue of connections is full, or it
+            closed this one (the caller connects again).
+    """
+    sock.settimeout(max(0.001, deadline - time.monotonic()))
+    try:
+        sock.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        raise ConnectError(f"no worker listens on {path} (left by a worker that died?): start one with "
+                           f"`shmrpc serve --name {name}`, or remove stale files with `shmrpc doctor --clean`",
+                           path=str(path)) from None
+    except PermissionError:
+        raise ConnectError(f"cannot connect to {path} as uid {os.getuid()}: the worker does not admit this user "
+                           f"(its owner can start it with --allow-uid {os.getuid()})", path=str(path)) from None
+    worker_pid, peer_uid = _peer(sock)
+    if peer_uid != uid:
+        raise ConnectError(f"the process answering on {path} (pid {worker_pid}) runs as uid {peer_uid}, not as "
+                           f"the worker's uid {uid}: it is not your worker; refusing to send it anything. Remove "
+                           f"{path} (as root or uid {peer_uid}) and restart the worker", path=str(path),
+                           owner_uid=peer_uid)
+    pid = os.getpid()
+    # lease: slots wanted per size class (the worker caps them by --lease-max)
+    hello = Hello(m.PROTOCOL_VERSION, SCHEMA_HASH, pid, os.getuid(), process_start_ticks(pid),
+                  None if lease is None else list(lease), True if lane else None)
+    try:
+        sock.send(hello.encode())
+    except (BrokenPipeError, ConnectionResetError):
+        # the worker answers a uid it does not admit before its HELLO, and closes: that answer may wait here
+        try:
+            frame, fds, flags, _ = socket.recv_fds(sock, m.ATTACH_MAX_NBYTES, _MAX_FDS, socket.MSG_DONTWAIT)
+        except OSError:
+            frame = b""
+        if frame:
+            return worker_pid, frame, fds, flags
+        raise
+    try:
+        frame, fds, flags, _ = socket.recv_fds(sock, m.ATTACH_MAX_NBYTES, _MAX_FDS)
+    except TimeoutError:
+        raise ConnectError(f"worker {name!r} (pid {worker_pid}) did not answer HELLO in time; is it alive? "
+                           "(shmrpc status / shmrpc doctor)") from None
+    return worker_pid, frame, fds, flags

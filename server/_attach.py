@@ -16,6 +16,7 @@ mode, then decide who is admitted).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import ctypes.util
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shmrpc.schema.control import ErrorReply
+from shmrpc.schema.errors import InvalidRequestError
 from shmrpc.schema.messages import ATTACH_MAX_NBYTES
 from shmrpc.schema.proc import process_start_ticks
 
@@ -69,10 +72,14 @@ def set_dumpable(dumpable: bool) -> None:
         raise OSError(err, f"prctl(PR_SET_DUMPABLE): {os.strerror(err)}")
 
 
+def _not_admitted(uid: int) -> str:
+    return f"uid {uid} may not use this worker (the worker's owner can allow it with --allow-uid)"
+
+
 def check_identity(hello: dict[str, Any], peer: PeerCred, allow_uids: tuple[int, ...]) -> tuple[str, str] | None:
     """Why a HELLO from ``peer`` is refused, as (message, field); None when its claims are the kernel's truth."""
     if peer.uid != os.geteuid() and peer.uid not in allow_uids:
-        return f"uid {peer.uid} may not use this worker (the worker's owner can allow it with --allow-uid)", "uid"
+        return _not_admitted(peer.uid), "uid"
     if peer.pid == os.getpid():
         return "the worker does not lease slots to itself", "pid"
     pid, uid, ticks = hello.get("pid"), hello.get("uid"), hello.get("start_ticks")
@@ -97,8 +104,12 @@ class AttachListener:
         got = listener.receive(fd)          # when a pending connection's fd is readable
     """
 
-    def __init__(self, path: Path, *, shared: bool) -> None:
+    def __init__(self, path: Path, *, shared: bool, admit: tuple[int, ...] = ()) -> None:
         self.path = path
+        # the uids whose connections wait for their HELLO (the worker's, root's for STATUS, --allow-uid's); any other
+        # is answered at once with its refusal and closed, so connections of a uid the worker does not serve never
+        # take a pending place of those it does
+        self._admit = frozenset((os.geteuid(), 0, *admit))
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
@@ -112,15 +123,16 @@ class AttachListener:
             os.umask(old)
         os.chmod(path, 0o666 if shared else 0o600)
         self._sock.listen(128)
-        self.pending: dict[int, tuple[socket.socket, float]] = {}  # fd -> (connection, deadline)
+        self.pending: dict[int, tuple[socket.socket, float, int]] = {}  # fd -> (connection, deadline, peer uid)
 
     def fileno(self) -> int:
         """The listening socket's fd (readable: connections to accept)."""
         return self._sock.fileno()
 
     def accept(self) -> None:
-        """Accept every waiting connection; each then waits for its HELLO in :attr:`pending`."""
-        while True:
+        """Accept the waiting connections, at most :data:`MAX_PENDING` a turn (a flood of connects must not hold the
+        loop); each then waits for its HELLO in :attr:`pending`."""
+        for _ in range(MAX_PENDING):
             try:
                 conn, _ = self._sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -129,12 +141,21 @@ class AttachListener:
                 log.warning("attach socket: accept failed: %s", e)
                 return
             conn.setblocking(False)
+            uid = peer_cred(conn).uid
+            if uid not in self._admit:
+                self.reply(conn, self._refusal(uid), [])
+                continue
             with contextlib.suppress(OSError):  # a packet may be as large as this (the kernel caps it at wmem_max)
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, ATTACH_MAX_NBYTES)
             if len(self.pending) >= MAX_PENDING:
-                oldest = min(self.pending, key=lambda fd: self.pending[fd][1])
+                # room made at the cost of the uid holding the most places (one that floods the socket loses its
+                # own connections, not another user's), its oldest connection
+                held = collections.Counter(u for _, _, u in self.pending.values())
+                most = max(held.values())
+                oldest = min((fd for fd, e in self.pending.items() if held[e[2]] == most),
+                             key=lambda fd: self.pending[fd][1])
                 self.pending.pop(oldest)[0].close()
-            self.pending[conn.fileno()] = (conn, time.monotonic() + CONNECT_TIMEOUT_S)
+            self.pending[conn.fileno()] = (conn, time.monotonic() + CONNECT_TIMEOUT_S, uid)
 
     def receive(self, fd: int) -> tuple[socket.socket, bytes | None, PeerCred] | None:
         """The pending connection ``fd``, its HELLO packet (None: closed, truncated or unreadable) and its peer.
@@ -170,14 +191,19 @@ class AttachListener:
         finally:
             conn.close()
 
+    @staticmethod
+    def _refusal(uid: int) -> bytes:
+        """The ERROR a connection of a uid the worker does not admit gets at once (what its HELLO would get)."""
+        return ErrorReply(InvalidRequestError.code, "refused", _not_admitted(uid), "uid").encode()
+
     def expire(self, now: float) -> None:
         """Close connections that said nothing in time."""
-        for fd in [fd for fd, (_, deadline) in self.pending.items() if deadline <= now]:
+        for fd in [fd for fd, (_, deadline, _) in self.pending.items() if deadline <= now]:
             self.pending.pop(fd)[0].close()
 
     def close(self) -> None:
         """Close everything and remove the socket file; idempotent."""
-        for conn, _ in self.pending.values():
+        for conn, _, _ in self.pending.values():
             conn.close()
         self.pending.clear()
         if self._sock.fileno() >= 0:

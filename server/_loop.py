@@ -42,7 +42,7 @@ from shmrpc.kernels import Backend
 from shmrpc.kernels._backend_base import RunLaunch
 from shmrpc.schema import messages as m
 from shmrpc.schema.control import ErrorReply, State
-from shmrpc.schema.errors import InternalError
+from shmrpc.schema.errors import InternalError, InvalidRequestError
 from shmrpc.schema.layout import format_size_approx
 from shmrpc.schema.messages import NO_RESPONSE
 from shmrpc.schema.naming import attach_path, endpoint, socket_path
@@ -169,7 +169,7 @@ class Worker(Calls, Runs):
             self._sock.setsockopt(zmq.RCVHWM, _RCVHWM)
             remove_socket(cfg.name)
             # the attach socket first: whoever sees NAME.sock can say HELLO (connections wait in its backlog)
-            self._attach = AttachListener(attach_path(cfg.name), shared=bool(cfg.allow_uids))
+            self._attach = AttachListener(attach_path(cfg.name), shared=bool(cfg.allow_uids), admit=cfg.allow_uids)
             old = os.umask(0o077)
             try:
                 self._sock.bind(endpoint(cfg.name))
@@ -391,8 +391,10 @@ class Worker(Calls, Runs):
         if frame is None:
             conn.close()
             return
-        if frame[:1] == m.STATUS and peer.uid in (os.geteuid(), 0):  # `shmrpc status`: the kernel says who asks
-            self._attach.reply(conn, self._state(), [])
+        if frame[:1] == m.STATUS:  # `shmrpc status`: the kernel says who asks
+            self._attach.reply(conn, self._state() if peer.uid in (os.geteuid(), 0) else ErrorReply(
+                InvalidRequestError.code, "refused", "STATUS is answered to the worker's uid and root only",
+                "uid").encode(), [])
             return
         try:
             reply, fds = self.sessions.on_hello(frame, peer, stopping)

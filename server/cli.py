@@ -343,8 +343,12 @@ def _status(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
 
     path = attach_path(args.name)
-    if not path.exists():
-        return fail(f"no worker named {args.name!r} ({path} does not exist)")
+    try:
+        if not path.exists():
+            return fail(f"no worker named {args.name!r} ({path} does not exist)")
+    except PermissionError:
+        return fail(f"cannot look into {path.parent} as uid {os.getuid()}: the worker's runtime directory is not "
+                    "yours (STATUS is answered to the worker's uid and root only)")
     # On the attach socket, where the worker answers STATUS to its own uid (and root) only, by SO_PEERCRED.
     # A plain Unix socket: a dead worker's leftover file refuses the connection at once, nothing can hang.
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
@@ -360,7 +364,11 @@ def _status(args: argparse.Namespace) -> int:
         except OSError as e:
             return fail(f"cannot reach worker {args.name!r} at {path}: {e}")
     if frame[:1] != m.STATE:
-        return fail(f"worker {args.name!r} refused: {frame[1:200]!r}")
+        try:
+            why = str(m.unpack_json(frame).get("message", "")) if frame[:1] == m.ERROR else ""
+        except ValueError:
+            why = ""
+        return fail(f"worker {args.name!r} refused: {why or repr(frame[1:200])}")
     state = m.unpack_json(frame)
     health = state.get("health", "ok")  # (a worker of an earlier version sends none)
     status = EXIT_OK if health == "ok" else EXIT_FAILURE  # answered, but not ready: stopping, or its backend failed

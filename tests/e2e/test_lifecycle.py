@@ -60,6 +60,44 @@ def test_sigterm_drains_in_flight_then_cleans_up(worker: WorkerProc) -> None:
     assert _regions(worker.name) == []
 
 
+def test_a_worker_that_closes_connections_unanswered_is_a_connect_error_in_time(worker_name: str) -> None:
+    # a worker flooded with connections closes some before their HELLO: the client connects again until its connect
+    # timeout, then says so as a ConnectError (it raised a bare ConnectionResetError or BlockingIOError)
+    import socket
+    import threading
+
+    path = attach_path(worker_name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(path))
+    listener.listen(8)
+    accepted = []
+    stop = threading.Event()
+
+    def close_each() -> None:
+        listener.settimeout(0.05)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            accepted.append(1)
+            conn.close()
+
+    t = threading.Thread(target=close_each)
+    t.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ConnectError, match="did not take the connection in time") as e:
+            Client(worker_name, connect_timeout_s=0.5)
+        assert 0.4 < time.monotonic() - t0 < 5.0 and len(accepted) > 1, (time.monotonic() - t0, len(accepted))
+        assert e.value.path == str(path)
+    finally:
+        stop.set()
+        t.join(10)
+        listener.close()
+        path.unlink()
+
+
 def test_connect_to_missing_worker_is_a_connect_error(worker_name: str) -> None:
     t0 = time.monotonic()
     with pytest.raises(ConnectError, match="no worker named") as e:

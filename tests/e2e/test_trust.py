@@ -363,7 +363,45 @@ def test_allow_uid_admits_that_user_and_no_other(users: list[tuple[int, int]], s
         assert rc == 0, err
         for p in (refused, closed):
             finish(p)
+        # `shmrpc status`: refused in one line, to the allowed uid (by the worker) and to the other (by the directory)
+        for user, d, why in ((allowed, shared, "STATUS is answered to the worker's uid and root only"),
+                             (other, private, "is not yours")):
+            rc, out, err = finish(as_user(user, "status", w.name if d == shared else w2.name, rdir=d), wait_s=30)
+            assert rc == 1 and why in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     finally:
         for p, d in ((w, shared), (w2, private)):
             monkeypatch.setenv("SHMRPC_RUNTIME_DIR", str(d))
             assert p.stop() == 0, p.stderr
+
+
+def test_a_flood_of_connections_keeps_no_admitted_user_out(users: list[tuple[int, int]],
+                                                           scratch_dirs: Callable[[str], Path],
+                                                           spawn_worker: Callable[..., WorkerProc],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # the attach socket of a worker started with --allow-uid is reachable by every uid: connections that send no HELLO
+    # once took every place waiting for one (the oldest closed to make room), so no client got in. Now a uid the
+    # worker does not admit is answered at once and closed, and room is made at the cost of the uid holding the most
+    # places: a flood by an admitted uid costs that uid its own connections
+    allowed, other = users
+    rdir = scratch_dirs("flood")
+    monkeypatch.setenv("SHMRPC_RUNTIME_DIR", str(rdir))
+    w = spawn_worker("--allow-uid", str(allowed[0]))
+    path = str(rdir / f"{w.name}.attach")
+    floods = [as_user(u, "flood", path, "6", rdir=rdir) for u in (other, other, allowed)]
+    try:
+        for f in floods:
+            assert line(f) == "flooding"
+        time.sleep(0.5)
+        for _ in range(10):  # the worker's own uid, while three floods run
+            with Client(w.name, timeout_s=10, connect_timeout_s=5) as c:
+                np.testing.assert_array_equal(c.call("vector_add", x=np.ones(4), y=np.ones(4))["out"], 2.0)
+        ok = as_user(allowed, "client", w.name, "--worker-uid", "0", rdir=rdir)
+        assert line(ok).startswith("ready"), "the allowed uid could not connect during the flood"
+        finish(ok, wait_s=30)
+        made = [int(line(f, 30).split()[1]) for f in floods]
+        assert min(made) > 100, made  # (the floods did run)
+    finally:
+        for f in floods:
+            finish(f)
+    assert w.stop() == 0, w.stderr
+

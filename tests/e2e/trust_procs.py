@@ -171,6 +171,27 @@ def client(name: str, non_dumpable: bool, worker_uid: int | None) -> None:
         sys.stdin.read()
 
 
+def flood(path: str, seconds: float) -> None:
+    """Connect to the attach socket at ``path`` as fast as it takes them for ``seconds``, keeping the last 200
+    connections open and sending nothing (a flood that once kept every new client out); prints "flooding" once
+    started and the connects made at the end."""
+    held: list[socket.socket] = []
+    made, end = 0, time.monotonic() + seconds
+    print("flooding", flush=True)
+    while time.monotonic() < end:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_NONBLOCK)
+        try:
+            s.connect(path)
+            made += 1
+        except OSError:
+            s.close()
+            continue
+        held.append(s)
+        if len(held) > 200:
+            held.pop(0).close()
+    print(f"connects {made}", flush=True)
+
+
 def main() -> None:
     uid, gid, role, *args = sys.argv[1:]
     become(int(uid), int(gid))
@@ -185,6 +206,10 @@ def main() -> None:
         attacker(int(args[0]), int(args[1]))
     elif role == "watch":
         watch(float(args[0]))
+    elif role == "flood":
+        flood(args[0], float(args[1]))
+    elif role == "status":
+        sys.exit(cli.main(["status", "--name", args[0]]))
     else:
         sys.exit(f"unknown role {role}")
 
