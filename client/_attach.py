@@ -199,6 +199,9 @@ def _hello(sock: socket.socket, path: Path, name: str, uid: int, deadline: float
     except PermissionError:
         raise ConnectError(f"cannot connect to {path} as uid {os.getuid()}: the worker does not admit this user "
                            f"(its owner can start it with --allow-uid {os.getuid()})", path=str(path)) from None
+    except TimeoutError:
+        raise ConnectError(f"worker {name!r} did not accept the connection in time (loaded, or flooded with "
+                           "connections)", path=str(path)) from None
     worker_pid, peer_uid = _peer(sock)
     if peer_uid != uid:
         raise ConnectError(f"the process answering on {path} (pid {worker_pid}) runs as uid {peer_uid}, not as "
