@@ -181,62 +181,51 @@ def _vec_of_offsets(b, offs):
     return b.EndVector()
 
 
+def _table(b, n_slots, fields):
+    """One table of ``n_slots`` fields, of ``(slot, kind, value)``: kind is the builder's ``Prepend<kind>Slot``
+    (``"UOffsetTRelative"`` for a child already built, ``"Uint8"``, ``"Uint16"``, ``"Uint64"``, ``"Float64"``)."""
+    b.StartObject(n_slots)
+    for slot, kind, value in fields:
+        getattr(b, f"Prepend{kind}Slot")(slot, value, 0)
+    return b.EndObject()
+
+
 def build_request(steps, inputs, outputs, keep=()):
     """steps: [(op, op_code, {param: tensor}, {param: tensor}, {attr: float})];
-    inputs: [(name, dtype_code, shape, offset, nbytes)]."""
+    inputs: [(name, dtype_code, shape, offset, nbytes)]. Tables by the .fbs's field order (slot = declaration index)."""
     b = flatbuffers.Builder(1024)
+    ref = "UOffsetTRelative"
 
-    def bindings(m):
+    def bindings(m):  # Binding {param, tensor}
         offs = []
         for p, t in m.items():
             ps, ts = b.CreateString(p), b.CreateString(t)
-            b.StartObject(2)
-            b.PrependUOffsetTRelativeSlot(0, ps, 0)
-            b.PrependUOffsetTRelativeSlot(1, ts, 0)
-            offs.append(b.EndObject())
+            offs.append(_table(b, 2, [(0, ref, ps), (1, ref, ts)]))
         return _vec_of_offsets(b, offs)
 
     step_offs = []
-    for op, code, ins, outs, attrs in steps:
+    for op, code, ins, outs, attrs in steps:  # Step {op, op_code, inputs, outputs, attrs}
         op_s, ins_v, outs_v = b.CreateString(op), bindings(ins), bindings(outs)
-        attr_offs = []
-        for k, v in attrs.items():
-            ks = b.CreateString(k)
-            b.StartObject(5)
-            b.PrependUOffsetTRelativeSlot(0, ks, 0)
-            b.PrependUint8Slot(1, 0, 0)  # kind float_
-            b.PrependFloat64Slot(2, float(v), 0.0)
-            attr_offs.append(b.EndObject())
+        # Attr {name, kind (0: float_), f, i, s}
+        attr_offs = [_table(b, 5, [(0, ref, b.CreateString(k)), (1, "Uint8", 0), (2, "Float64", float(v))])
+                     for k, v in attrs.items()]
         attrs_v = _vec_of_offsets(b, attr_offs)
-        b.StartObject(5)
-        b.PrependUOffsetTRelativeSlot(0, op_s, 0)
-        b.PrependUint16Slot(1, code, 0)
-        b.PrependUOffsetTRelativeSlot(2, ins_v, 0)
-        b.PrependUOffsetTRelativeSlot(3, outs_v, 0)
-        b.PrependUOffsetTRelativeSlot(4, attrs_v, 0)
-        step_offs.append(b.EndObject())
+        step_offs.append(_table(b, 5, [(0, ref, op_s), (1, "Uint16", code), (2, ref, ins_v), (3, ref, outs_v),
+                                       (4, ref, attrs_v)]))
     steps_v = _vec_of_offsets(b, step_offs)
     t_offs = []
-    for name, dt, shape, off, nb in inputs:
+    for name, dt, shape, off, nb in inputs:  # Tensor {name, dtype, shape, offset, nbytes, resident}
         ns = b.CreateString(name)
         b.StartVector(8, len(shape), 8)
         for d in reversed(shape):
             b.PrependInt64(d)
         sv = b.EndVector()
-        b.StartObject(6)
-        b.PrependUOffsetTRelativeSlot(0, ns, 0)
-        b.PrependUint8Slot(1, dt, 0)
-        b.PrependUOffsetTRelativeSlot(2, sv, 0)
-        b.PrependUint64Slot(3, off, 0)
-        b.PrependUint64Slot(4, nb, 0)
-        t_offs.append(b.EndObject())
+        t_offs.append(_table(b, 6, [(0, ref, ns), (1, "Uint8", dt), (2, ref, sv), (3, "Uint64", off),
+                                    (4, "Uint64", nb)]))
     inputs_v = _vec_of_offsets(b, t_offs)
     outputs_v = _vec_of_offsets(b, [b.CreateString(o) for o in outputs])
     keep_v = _vec_of_offsets(b, [b.CreateString(k) for k in keep])
-    b.StartObject(4)
-    for i, v in enumerate((steps_v, inputs_v, outputs_v, keep_v)):
-        b.PrependUOffsetTRelativeSlot(i, v, 0)
-    b.Finish(b.EndObject())
+    b.Finish(_table(b, 4, [(i, ref, v) for i, v in enumerate((steps_v, inputs_v, outputs_v, keep_v))]))
     return bytes(b.Output())
 
 
