@@ -152,7 +152,7 @@ NUMPY_BOUND.update({_echo: _bound_echo, _vector_add: _bound_vector_add, _scale: 
 
 def gelu_float(xp: Any, f: Any) -> Any:
     """tanh-approximate GELU of float array ``f`` into a new array: 0.5*f*(1 + tanh(sqrt(2/pi)*(f + 0.044715 f^3)))."""
-    t = f * f
+    t = xp.multiply(f, f, out=xp.empty_like(f))  # (an array even for a 0-d f, where f * f is a NumPy scalar)
     t *= 0.044715
     t += 1.0
     t *= f

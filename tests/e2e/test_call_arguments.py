@@ -121,3 +121,14 @@ def test_out_nbytes_must_be_a_byte_count(worker: WorkerProc) -> None:
                 assert e.value.field == "out_nbytes"
         np.testing.assert_allclose(c.call("scale", x=X, a=2.0, out_nbytes=X.nbytes)["out"], 2 * X)
         _serves(c)
+
+
+def test_a_0d_input_gives_a_0d_output(worker: WorkerProc) -> None:
+    with Client(worker.name, timeout_s=10) as c:
+        for op in ("gelu", "scale", "echo"):
+            x = np.array(1.5, np.float32)
+            out = c.call(op, x=x)["out"]
+            assert out.shape == () and out.dtype == np.float32, (op, out.shape)
+        f = 1.5
+        assert abs(float(c.call("gelu", x=np.array(f))["out"]) - 0.5 * f * (1 + np.tanh(np.sqrt(2 / np.pi) * (
+            f + 0.044715 * f**3)))) < 1e-12

@@ -274,3 +274,18 @@ def test_resident_tensors_are_counted_one_per_64_kib_of_the_limit() -> None:
             b.drop("t0")
             b.run(plan, {"x": np.ones(1, np.float32)}, {}, keep_as={"o": "kept"})
             assert len(b.resident()) == most and b.resident_bytes == (most - 2) * 4 + 8 + 4
+
+
+@pytest.mark.parametrize("dt", ["float16", "float32", "float64"])
+def test_gelu_of_a_0d_input_is_a_0d_output(be, dt: str) -> None:
+    # `f * f` of a 0-d array is a NumPy scalar, which the op's in-place steps refused ("return arrays must be of
+    # ArrayType"): a 0-d input failed on the worker while the docs keep 0-d arrays 0-d
+    for shape in ((), (0,), (3,)):
+        spec = TensorSpec(shape, dt)
+        plan = be.plan([StepSpec("gelu", {"x": "x"}, {"out": "o"})], {"x": spec}, ["o"])
+        x = np.full(shape, 1.5, dt)
+        o = np.empty(shape, dt)
+        be.run(plan, {"x": x}, {"o": o})
+        f = x.astype(np.float64)
+        ref = 0.5 * f * (1 + np.tanh(np.sqrt(2 / np.pi) * (f + 0.044715 * f**3)))
+        np.testing.assert_allclose(o, ref, rtol=1e-3 if dt == "float16" else 1e-6)
