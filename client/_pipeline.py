@@ -10,15 +10,13 @@ import numpy as np
 
 from shmrpc.schema.descriptor import StepDesc
 from shmrpc.schema.errors import InvalidRequestError, UnknownOpError
-from shmrpc.schema.optable import OpEntry
+from shmrpc.schema.optable import OpEntry, fits_kind, with_article
 
 __all__ = ["Pipeline", "resolve", "check_attrs", "plain_attrs", "ATTR_TYPES"]
 
 # what an attribute value may be (schema/descriptor.py encodes these four; a NumPy scalar is first made the Python
 # value it holds: plain_attrs)
 ATTR_TYPES = (bool, int, float, str)
-# the Python types an attribute of each kind of the op table takes (an int for a float attribute travels as a float)
-_KIND_OK: dict[str, tuple[type, ...]] = {"float": (float, int), "int": (int,), "bool": (bool,), "str": (str,)}
 _FLOAT_INT_MAX = int(1.7976931348623157e308)  # the largest int a float64 holds
 
 
@@ -105,9 +103,9 @@ def _attrs(spec: OpEntry, op: str, step: int, given: dict[str, Any]) -> tuple[tu
             raise InvalidRequestError(f"op {op!r} has no attribute or input {k!r} (it takes inputs "
                                       f"{list(spec.inputs)} and attributes {sorted(spec.attrs)})",
                                       op=op, step=step, field=k)
-        if not isinstance(v, _KIND_OK.get(a.kind, ATTR_TYPES)) or (isinstance(v, bool) and a.kind != "bool"):
-            raise InvalidRequestError(f"attribute {k!r} of op {op!r} takes {'an' if a.kind == 'int' else 'a'} "
-                                      f"{a.kind}, got {type(v).__name__} {v!r:.40}", op=op, step=step, field=k)
+        if not fits_kind(a.kind, v):  # (an int for a float attribute travels as a float)
+            raise InvalidRequestError(f"attribute {k!r} of op {op!r} takes {with_article(a.kind)}, got "
+                                      f"{type(v).__name__} {v!r:.40}", op=op, step=step, field=k)
         if (a.kind == "float" and isinstance(v, int) and abs(v) > _FLOAT_INT_MAX) or \
                 (a.kind == "int" and isinstance(v, int) and not -(1 << 63) <= v < 1 << 63):
             raise InvalidRequestError(f"attribute {k!r} of op {op!r}: {v!r:.30} is out of the wire's range "

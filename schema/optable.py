@@ -42,10 +42,21 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ATTR_KINDS", "USER_CODE_MIN", "AttrEntry", "OpEntry", "build_op_table", "parse_op_table"]
+__all__ = ["ATTR_KINDS", "USER_CODE_MIN", "AttrEntry", "OpEntry", "build_op_table", "parse_op_table", "fits_kind",
+           "with_article"]
 
 ATTR_KINDS: tuple[str, ...] = ("float", "int", "str", "bool")
 _KIND_TYPES: dict[str, tuple[type, ...]] = {"float": (float, int), "int": (int,), "str": (str,), "bool": (bool,)}
+
+
+def fits_kind(kind: str, value: object) -> bool:
+    """Whether ``value`` is a Python value of attribute kind ``kind`` (an int is a float's; a bool is only a bool's)."""
+    return isinstance(value, _KIND_TYPES.get(kind, ())) and (kind == "bool" or not isinstance(value, bool))
+
+
+def with_article(word: str) -> str:
+    """``word`` after its indefinite article, by its first letter: "a float", "an int"."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
 _MAX_NAME = 128
 #: Op codes from here up are users' ops; below, the built-in ones.
 USER_CODE_MIN = 0x1000
@@ -147,9 +158,8 @@ def _attr(op: str, name: str, obj: Any) -> AttrEntry:
         raise ValueError(f"{where}: required must be true or false")
     if required:
         default = None
-    elif default is not None and (not isinstance(default, _KIND_TYPES[kind]) or
-                                  (kind != "bool" and isinstance(default, bool))):
-        raise ValueError(f"{where}: default {default!r} is not {'an' if kind == 'int' else 'a'} {kind}")
+    elif default is not None and not fits_kind(kind, default):
+        raise ValueError(f"{where}: default {default!r} is not {with_article(kind)}")
     return AttrEntry(kind, default, required)
 
 
