@@ -488,8 +488,9 @@ class Client(Calls):
         """Upload ``array`` once as the worker's resident tensor ``name`` (on the GPU with CuPy).
 
         Requests then refer to it with :class:`Resident` instead of shipping it. Names are private to
-        this client (dropped when it disconnects) unless ``shared``, which publishes ``shared/<name>``
-        to every client of the worker.
+        this client unless ``shared``, which publishes ``shared/<name>`` to every client of the worker; either
+        way the tensor is this client's: only it may replace or drop it, and the worker drops it when the
+        client disconnects (or dies). A tensor meant to outlive its clients needs a client that stays.
 
         Raises:
             ResourceError: the worker's resident limit (``--resident-limit``) or device memory would be exceeded.

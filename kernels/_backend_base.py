@@ -9,7 +9,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ._dtypes import as_storage, f32_to_bf16, storage_dtype
-from ._errors import KernelFatalError, KernelInputError, KernelResourceError, KernelRuntimeError
+from ._errors import KernelFatalError, KernelInputError, KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan, ResolvedStep, build_plan
 from ._registry import REGISTRY, StepSpec, TensorSpec
 
@@ -108,7 +108,10 @@ def check_result(st: ResolvedStep, res: Any, out_specs: Mapping[str, TensorSpec]
         if a is None:
             raise KernelRuntimeError(f"op {st.op.name!r} returned no output {p!r}", op=st.op.name, step=st.index,
                                      tensor=p, field="outputs")
-        shape, dtype = tuple(getattr(a, "shape", ())), getattr(a, "dtype", None)
+        if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+            raise KernelRuntimeError(f"op {st.op.name!r} returned output {p!r} as a {type(a).__name__}, not an array",
+                                     op=st.op.name, step=st.index, tensor=p, field="outputs")
+        shape, dtype = tuple(a.shape), a.dtype
         if shape != spec.shape:
             raise KernelRuntimeError(f"op {st.op.name!r} returned output {p!r} of shape {shape}; its shape rule says "
                                      f"{spec.shape}", op=st.op.name, step=st.index, tensor=p, field="shape")
@@ -311,7 +314,12 @@ class Backend:
             plan = self.plan([StepSpec(spec.name, ins, outs, {})], dict(spec.example), list(outs.values()))
             host_in = {p: example_array(s, rng) for p, s in spec.example.items()}
             host_out = {n: np.empty(s.shape, storage_dtype(s.dtype)) for n, s in plan.outputs.items()}
-            self.run(plan, host_in, host_out)
+            try:
+                self.run(plan, host_in, host_out)
+            except OpError as e:
+                where = "" if spec.builtin else f" (module {spec.module})"
+                raise type(e)(f"op {spec.name!r}{where} failed its warm-up run on its `example` inputs: {e}",
+                              op=e.op, step=e.step, tensor=e.tensor, field=e.field) from e
 
     def run(self, plan: Plan, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
             keep_as: Mapping[str, str] | None = None) -> dict[str, float]:

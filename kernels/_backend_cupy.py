@@ -56,6 +56,7 @@ from ._cuda_chunks import CHUNK_BYTES, CHUNK_STREAMS, CHUNK_THRESHOLD_BYTES
 from ._cuda_graph import ChunkGraphs, GraphCache, request_key
 from ._cupy_runs import BATCH_SINGLES, GRAPH_MAX_BYTES, LAUNCH_BATCHES, chunk_settings, plan_bytes
 from ._errors import (
+    OP_FAILURES,
     BackendUnavailable,
     KernelFatalError,
     KernelInputError,
@@ -363,7 +364,7 @@ class CupyBackend(Backend):
             res = impl(call)
             check_result(st, res, out_specs)
             return res
-        except Exception as e:
+        except OP_FAILURES as e:
             raise self._wrap(e, st.op.name, st.index) from e
 
     def _issue_graph(self, plan: Plan, host_in: Mapping[str, np.ndarray], host_out: Mapping[str, np.ndarray],

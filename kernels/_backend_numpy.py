@@ -27,7 +27,7 @@ import numpy as np
 
 from ._backend_base import Backend, BatchItem, BatchLaunch, BoundRun, RunLaunch, can_write, check_result
 from ._batch import batch_plan, batchable
-from ._errors import KernelInputError, KernelResourceError, KernelRuntimeError, OpError
+from ._errors import OP_FAILURES, KernelInputError, KernelResourceError, KernelRuntimeError, OpError
 from ._plan import Plan, ResolvedStep
 from ._registry import NUMPY_BOUND, OpCall, TensorSpec
 
@@ -54,18 +54,38 @@ def _call_op(st: ResolvedStep, impl: Any, call: OpCall, given: Sequence[tuple[st
                 res.get(given[0][0]) is not given[0][1] if len(given) == 1  # a lone output: no generator
                 else any(res.get(p) is not v for p, v in given)):
             check_result(st, res, st.out_specs)
-    except Exception as e:  # noqa: BLE001 - every failure of an op is its step's error
+    except OP_FAILURES as e:  # every failure of an op is its step's error
         raise _op_failure(st, e) from (None if isinstance(e, OpError) else e)
     return res
 
 
-def _op_failure(st: ResolvedStep, e: Exception) -> OpError:
+def _op_failure(st: ResolvedStep, e: BaseException) -> OpError:
     """What a failure ``e`` of step ``st``'s implementation is raised as: an :class:`OpError` of that step."""
     if isinstance(e, OpError):
         return e.with_context(op=st.op.name, step=st.index)
     if isinstance(e, MemoryError):
         return KernelResourceError(f"out of host memory in {st.op.name!r}: {e}", op=st.op.name, step=st.index)
+    if isinstance(e, ValueError) and "read-only" in str(e) and not st.op.builtin:
+        return KernelRuntimeError(f"op {st.op.name!r} wrote into one of its inputs, which are read-only unless its "
+                                  f"spec names them in `mutates` ({type(e).__name__}: {e})", op=st.op.name,
+                                  step=st.index, field="inputs")
     return KernelRuntimeError(f"op {st.op.name!r} failed: {type(e).__name__}: {e}", op=st.op.name, step=st.index)
+
+
+def _read_only(st: ResolvedStep, ins: dict[str, Any]) -> dict[str, Any]:
+    """The inputs a users' op of step ``st`` is handed: read-only views of those its spec does not name in
+    ``mutates``, so that an op writing into one by mistake (``x /= n``) fails with its own error instead of changing
+    a resident tensor (a shared one included), an intermediate of its pipeline, or its request's input. Built-in
+    ops get the arrays as they are."""
+    if st.op.builtin:
+        return ins
+    out: dict[str, Any] = {}
+    for p, a in ins.items():
+        if p not in st.op.mutates and isinstance(a, np.ndarray) and a.flags.writeable:
+            a = a.view()
+            a.flags.writeable = False
+        out[p] = a
+    return out
 
 
 class NumpyBackend(Backend):
@@ -141,7 +161,7 @@ class NumpyBackend(Backend):
         one = plan.steps[0] if len(plan.steps) == 1 else None
         if (one is not None and fixed[0] is not None and not plan.resident and not plan.keep
                 and set(host_out) <= set(one.outputs.values())):
-            return self._bind_one(plan, one, {p: host_in[n] for p, n in one.inputs.items()}, fixed[0],
+            return self._bind_one(plan, one, _read_only(one, {p: host_in[n] for p, n in one.inputs.items()}), fixed[0],
                                   [(p, host_out[n]) for p, n in one.outputs.items() if n in host_out])
 
         def bound() -> dict[str, float]:
@@ -177,7 +197,7 @@ class NumpyBackend(Backend):
             if fast is not None:  # no OpCall, no result to check: it writes into the checked views
                 try:
                     fast()
-                except Exception as e:  # noqa: BLE001 - raised as _call_op raises it
+                except OP_FAILURES as e:  # raised as _call_op raises it
                     raise _op_failure(st, e) from (None if isinstance(e, OpError) else e)
             else:
                 res = _call_op(st, impl, OpCall(np, dict(ins), in_specs, out_specs, attrs, dict(dests)), given)
@@ -208,7 +228,7 @@ class NumpyBackend(Backend):
                 dests = dict(known)  # an op may change its call's dicts: each run gets its own
             impl = st.op.numpy
             assert impl is not None  # plan() refuses ops without one
-            res = _call_op(st, impl, OpCall(np, ins, st.in_specs, st.out_specs, st.attrs, dests))
+            res = _call_op(st, impl, OpCall(np, _read_only(st, ins), st.in_specs, st.out_specs, st.attrs, dests))
             for p, n in st.outputs.items():
                 env[n] = res[p]
         for name, view in host_out.items():
@@ -250,7 +270,8 @@ class NumpyBackend(Backend):
             for st, (in_specs, out_specs) in zip(plan.steps, bp.steps):
                 impl = st.op.numpy
                 assert impl is not None  # plan() refuses ops without one
-                res = impl(OpCall(np, {p: env[n] for p, n in st.inputs.items()}, in_specs, out_specs, st.attrs, {}))
+                res = impl(OpCall(np, _read_only(st, {p: env[n] for p, n in st.inputs.items()}), in_specs, out_specs,
+                                  st.attrs, {}))
                 check_result(st, res, out_specs)
                 for p, n in st.outputs.items():
                     env[n] = res[p]

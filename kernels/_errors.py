@@ -24,6 +24,7 @@ __all__ = [
     "KernelFatalError",
     "KernelResourceError",
     "BackendUnavailable",
+    "OP_FAILURES",
 ]
 
 
@@ -87,3 +88,10 @@ class KernelResourceError(KernelRuntimeError):
 
 class BackendUnavailable(OpError, RuntimeError):
     """The backend asked for cannot run here (no CuPy, no GPU); use ``"auto"`` or ``"numpy"``."""
+
+
+#: What an op's implementation may raise that is that request's error (a ``KernelRuntimeError`` naming the op and its
+#: step): every exception, and ``SystemExit`` (an op's ``sys.exit()`` must not end the worker's thread or the
+#: worker). ``KeyboardInterrupt`` is not one: the worker turns SIGINT into its shutdown, and in a caller's own
+#: process it stays the caller's.
+OP_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit)

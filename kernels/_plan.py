@@ -119,7 +119,14 @@ def _resolve_step(i: int, step: StepSpec, tensors: dict[str, TensorSpec], reside
             raise KernelInputError(f"attribute {a!r} of op {op.name!r} is required", field=a)
         else:
             attrs[a] = aspec.default
-    out_specs = op.rule(MappingProxyType(in_specs), MappingProxyType(attrs))
+    try:
+        out_specs = op.rule(MappingProxyType(in_specs), MappingProxyType(attrs))
+    except OpError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a rule's bug is the request's error, not the worker's
+        where = "" if op.builtin else f" (a bug in the op's module {op.module!r})"
+        raise KernelInputError(f"the shape rule of op {op.name!r} raised {type(e).__name__}: {e}{where}",
+                               field="infer") from e
     if not isinstance(out_specs, dict) or set(out_specs) != set(op.outputs) or \
             not all(isinstance(s, TensorSpec) for s in out_specs.values()):
         raise KernelInputError(f"the shape rule of op {op.name!r} returned {out_specs!r}; it must give a TensorSpec "

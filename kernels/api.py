@@ -45,7 +45,9 @@ inplace         output 0 may be written over input 0 (request flag IN_PLACE)
 alias           output 0 *is* input 0 (nothing computed)
 elementwise     element i of every output depends on element i of the inputs only
 mutates         input params the op updates in place; each must be bound to one of the
-                caller's own resident tensors (a per-session KV cache, say)
+                caller's own resident tensors (a per-session KV cache, say). Every other
+                input is read-only (NumPy backend: a write into one is the request's
+                ``KernelRuntimeError``; CuPy cannot enforce it, ``check_parity`` finds it)
 tolerances      dtype -> (rtol, atol) of an implementation against a float64 reference
                 (used by :func:`shmrpc.kernels.testing.check_parity`)
 example         small input specs: warmup runs the op once on them

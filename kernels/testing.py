@@ -58,23 +58,35 @@ def as_float64(a: Any, dtype: str) -> np.ndarray:
 
 
 def run_op(backend: Backend, op: str, inputs: Mapping[str, np.ndarray], in_dtypes: Mapping[str, str],
-           attrs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+           attrs: Mapping[str, Any], *, watch_inputs: bool = False) -> dict[str, np.ndarray]:
     """Run ``op`` alone through ``backend`` on host ``inputs``; returns output param -> host array.
 
-    Inputs the op ``mutates`` are put as resident tensors first (copies: ``inputs`` are not changed)."""
+    Inputs the op ``mutates`` are put as resident tensors first (copies: ``inputs`` are not changed).
+    ``watch_inputs``: the request also returns every other input as the backend holds it after the op ran (an
+    ``echo`` step each), and an op that changed one raises :class:`ParityError`: on the NumPy backend such an op
+    fails at once (its inputs are read-only), on CuPy nothing else would tell (device arrays cannot be)."""
     spec = REGISTRY[op]
     specs = {p: TensorSpec(a.shape, in_dtypes[p]) for p, a in inputs.items()}
     resident = {p: f"parity/{p}" for p in spec.mutates}  # an op that updates an input in place gets it resident
+    watched = [p for p in spec.inputs if p not in resident] if watch_inputs else []
+    sent = {p: np.ascontiguousarray(inputs[p]).tobytes() for p in watched}  # (NumPy's run reads `inputs` themselves)
     for p, name in resident.items():
         backend.put(name, inputs[p], in_dtypes[p])
     try:
-        plan = backend.plan([StepSpec(op, {p: p for p in spec.inputs}, {p: "out." + p for p in spec.outputs},
-                                      dict(attrs))], specs, ["out." + p for p in spec.outputs], resident=resident)
+        steps = [StepSpec(op, {p: p for p in spec.inputs}, {p: "out." + p for p in spec.outputs}, dict(attrs)),
+                 *(StepSpec("echo", {"x": p}, {"out": "in." + p}, {}) for p in watched)]
+        plan = backend.plan(steps, specs, ["out." + p for p in spec.outputs] + ["in." + p for p in watched],
+                            resident=resident)
         outs = {n: np.full(s.shape, 0x55, dtype=storage_dtype(s.dtype)) for n, s in plan.outputs.items()}
         backend.run(plan, {p: a for p, a in inputs.items() if p not in resident}, outs)
     finally:
         for name in resident.values():
             backend.drop(name)
+    for p in watched:
+        if outs.pop("in." + p).tobytes() != sent[p]:
+            raise ParityError(f"{op} ({backend.name}) changed its input {p!r}: an op may write only into the inputs "
+                              f"its spec names in `mutates` (resident tensors); its other inputs may be another "
+                              f"step's, or a resident tensor shared by other clients")
     return {n[4:]: a for n, a in outs.items()}
 
 
@@ -169,8 +181,10 @@ def check_parity(op: str, *, shapes: Iterable[Mapping[str, tuple[int, ...]]] | N
             pdt = {p: _param_dtype(spec, p, dt, in_dtypes or {}) for p in ins}
             what = f"{op}[{dt}] {where}"
             tol = spec.tolerances.get(dt, (0.0, 0.0))
+            if dt not in spec.tolerances:
+                what += f" (compared exactly: the op's tolerances give none for {dt})"
             try:
-                got_np = run_op(host, op, ins, pdt, call_attrs) if host is not None else None
+                got_np = run_op(host, op, ins, pdt, call_attrs, watch_inputs=not spec.builtin) if host is not None else None
             except KernelInputError as e:
                 report.refused.append(f"{what}: {e}")
                 continue
@@ -179,7 +193,7 @@ def check_parity(op: str, *, shapes: Iterable[Mapping[str, tuple[int, ...]]] | N
                 for p, want in ref.items():
                     _compare(got_np[p], np.asarray(want, np.float64), dt, tol, f"numpy {what}.{p} vs reference")
             if gpu is not None:
-                got_gpu = run_op(gpu, op, ins, pdt, call_attrs)
+                got_gpu = run_op(gpu, op, ins, pdt, call_attrs, watch_inputs=not spec.builtin)
                 base = got_np if got_np is not None else (
                     {p: np.asarray(w, np.float64) for p, w in reference({p: as_float64(a, pdt[p]) for p, a in ins.items()},
                                                                         call_attrs).items()} if reference else None)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import logging
 import sys
 from collections.abc import Iterable
 
@@ -22,6 +23,8 @@ from shmrpc.kernels import REGISTRY
 from shmrpc.kernels.api import OpSpecError
 
 __all__ = ["ENTRY_POINT_GROUP", "OpLoadError", "load_ops", "parse_ops"]
+
+log = logging.getLogger("shmrpc.server")
 
 #: The entry-point group an installed package lists its op modules in.
 ENTRY_POINT_GROUP = "shmrpc.ops"
@@ -34,9 +37,11 @@ class OpLoadError(RuntimeError):
 def parse_ops(text: str) -> tuple[str, ...]:
     """``"a.b,c"`` -> ``("a.b", "c")``; raises ValueError for an empty or malformed module name."""
     mods = tuple(m.strip() for m in text.split(","))
-    for m in mods:
+    for i, m in enumerate(mods):
         if not m or not all(part.isidentifier() for part in m.split(".")):
             raise ValueError(f"--ops: {m!r} is not a module name (a.b.c); separate modules with commas")
+        if m in mods[:i]:
+            raise ValueError(f"--ops: module {m!r} is named twice")
     return mods
 
 
@@ -90,4 +95,8 @@ def load_ops(modules: Iterable[str] = (), *, entry_points: bool = True) -> dict[
                 loaded[ep.value] = _import(ep.module, where)
     for module in modules:
         loaded[module] = _import(module, "--ops")
+        if not loaded[module]:
+            log.warning("--ops %s registered no op (a module registers its ops with register_op when it is "
+                        "imported; one imported before, by an entry point or another module, registers none now)",
+                        module)
     return loaded

@@ -341,9 +341,10 @@ class Runs:
         done: list[tuple[Pending, int, dict[str, float]]]
         try:
             done = self._execute_batch(group)
-        except BaseException:  # noqa: BLE001 - always answer
+        except BaseException as e:  # noqa: BLE001 - always answer
             log.exception("batch failed unexpectedly")
-            err = encode_response(error_response(InternalError("the request failed")))
+            err = encode_response(error_response(InternalError(f"the request failed: {type(e).__name__}: {e}",
+                                                               op=group[0].primed.prep.desc.steps[0].op)))
             done = []
             for p in group:
                 write_response(p.view, p.hdr, err, InternalError.code)
@@ -387,10 +388,11 @@ class Runs:
         q = time.perf_counter() - t0
         try:
             status, stages = self._execute(view, hdr, primed)
-        except BaseException:  # noqa: BLE001 - always answer
+        except BaseException as e:  # noqa: BLE001 - always answer
             log.exception("request failed unexpectedly")
             status, stages = InternalError.code, {}
-            write_response(view, hdr, encode_response(error_response(InternalError("the request failed"))), status)
+            err = InternalError(f"the request failed: {type(e).__name__}: {e}", op=prep.desc.steps[0].op)
+            write_response(view, hdr, encode_response(error_response(err)), status)
         stages = dict(stages, queue=q)
         self._done.append((identity, s, hdr, status, t0, stages, prep, lane))
         os.write(self._wake_w, b"x")

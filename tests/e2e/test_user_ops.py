@@ -28,6 +28,8 @@ from shmrpc.kernels.api import AttrSpec, OpSpec, register_op
 
 
 def _rule(i, a):
+    if a["mode"] == "rule":
+        raise RuntimeError("a bug in the rule")
     return {"out": i["x"]}
 
 
@@ -35,6 +37,10 @@ def _impl(call):
     mode = call.attrs["mode"]
     if mode == "raise":
         raise RuntimeError("the user op failed on purpose")
+    if mode == "scribble":
+        call.inputs["x"][...] = 42
+    if mode == "exit":
+        raise SystemExit(5)
     if mode == "shape":
         return {"out": call.xp.zeros((1,), call.xp.float32)}
     return {"out": call.xp.multiply(call.inputs["x"], 2, out=call.dest("out"))}
@@ -118,6 +124,30 @@ def test_errors_inside_a_users_op_are_kernel_errors_and_the_worker_goes_on(ops_w
             c.call("t_double", x=x, mode="shape")
         assert (e.value.tensor, e.value.field) == ("out", "shape")
         np.testing.assert_array_equal(c.call("t_double", x=x)["out"], 2.0)
+    assert ops_worker.proc.poll() is None
+
+
+def test_a_users_op_cannot_change_a_shared_tensor_or_end_the_worker(ops_worker: WorkerProc) -> None:
+    """An op writing into an input it does not declare in `mutates` (here another client's shared resident tensor),
+    calling sys.exit(), or whose shape rule raises: each is that request's KernelError naming the op, the shared
+    tensor is as its owner put it, and the worker goes on."""
+    w = np.arange(8, dtype=np.float32)
+    with Client(ops_worker.name, timeout_s=20) as owner, Client(ops_worker.name, timeout_s=20) as other:
+        owner.put("w", w, shared=True)
+        with pytest.raises(KernelError, match="wrote into one of its inputs") as e:
+            other.call("t_double", x=Resident("shared/w"), mode="scribble")
+        assert (e.value.op, e.value.step, e.value.field) == ("t_double", 0, "inputs")
+        with pytest.raises(KernelError, match="wrote into one of its inputs"):  # a pipeline's intermediate
+            other.call(Pipeline().then("scale", a=1.0).then("t_double", mode="scribble"), x=w)
+        np.testing.assert_array_equal(owner.call("echo", x=Resident("shared/w"))["out"], w)
+        with pytest.raises(KernelError, match="op 't_double' failed: SystemExit: 5") as e:
+            other.call("t_double", x=w, mode="exit")
+        assert (e.value.op, e.value.step) == ("t_double", 0)
+        with pytest.raises(KernelError, match="shape rule of op 't_double' raised RuntimeError: a bug in the rule "
+                                              r"\(a bug in the op's module 'faulty_") as e:
+            other.call("t_double", x=w, mode="rule")
+        assert (e.value.op, e.value.step, e.value.field) == ("t_double", 0, "infer")
+        np.testing.assert_array_equal(other.call("t_double", x=w)["out"], 2 * w)
     assert ops_worker.proc.poll() is None
 
 

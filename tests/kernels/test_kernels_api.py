@@ -188,3 +188,106 @@ def test_parity_helper_lists_cases_the_rule_refuses(fresh: list[str]) -> None:
     fresh.append("t_relu3")
     rep = check_parity("t_relu3", dtypes=["float32", "int32"], reference=lambda f, a: {"out": np.maximum(f["x"], 0)})
     assert len(rep.compared) == 1 and len(rep.refused) == 1 and "int32" in rep.refused[0]
+
+
+def test_a_users_op_that_writes_into_an_input_fails_and_changes_nothing(fresh: list[str]) -> None:
+    """Inputs not named in ``mutates`` are read-only to a users' op on the NumPy backend: one that writes into one (a
+    request input, an earlier step's output, a resident tensor) fails with its own error, and the tensor is as it
+    was. Built-in ops are not concerned."""
+    def scribble(c: OpCall) -> dict[str, Any]:
+        c.inputs["x"][...] = 42
+        return {"out": c.inputs["x"].copy()}
+
+    register_op(_spec("t_scribble", numpy=scribble))
+    fresh.append("t_scribble")
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    before = x.copy()
+    with pytest.raises(KernelRuntimeError, match="wrote into one of its inputs.*mutates") as e:
+        _run("t_scribble", x)
+    assert (e.value.op, e.value.step, e.value.field) == ("t_scribble", 0, "inputs")
+    np.testing.assert_array_equal(x, before)
+
+    be = select_backend("numpy")
+    spec = TensorSpec((2, 3), "float32")
+    be.put("shared/w", before, "float32")
+    plan = be.plan([StepSpec("t_scribble", {"x": "w"}, {"out": "y"})], {"w": spec}, ["y"], resident={"w": "shared/w"})
+    with pytest.raises(KernelRuntimeError, match="wrote into one of its inputs"):
+        be.run(plan, {}, {"y": np.empty((2, 3), np.float32)})
+    # a pipeline: step 0's output read by the op and then by step 2
+    steps = [StepSpec("scale", {"x": "x"}, {"out": "s"}, {"a": 1.0}), StepSpec("t_scribble", {"x": "s"}, {"out": "t"}),
+             StepSpec("vector_add", {"x": "s", "y": "s"}, {"out": "y"})]
+    plan2 = be.plan(steps, {"x": spec}, ["y"])
+    with pytest.raises(KernelRuntimeError, match="wrote into one of its inputs") as e:
+        be.run(plan2, {"x": x}, {"y": np.empty((2, 3), np.float32)})
+    assert e.value.step == 1
+    got = {}
+    for name in ("shared/w",):
+        plan3 = be.plan([StepSpec("echo", {"x": "w"}, {"out": "y"})], {"w": spec}, ["y"], resident={"w": name})
+        got[name] = np.empty((2, 3), np.float32)
+        be.run(plan3, {}, {"y": got[name]})
+    np.testing.assert_array_equal(got["shared/w"], before)
+    # the bound path (the worker's steady one) refuses it too
+    run = be.bind(be.plan([StepSpec("t_scribble", {"x": "x"}, {"out": "y"})], {"x": spec}, ["y"]), {"x": x},
+                  {"y": np.empty((2, 3), np.float32)})
+    with pytest.raises(KernelRuntimeError, match="wrote into one of its inputs"):
+        run()
+    np.testing.assert_array_equal(x, before)
+
+
+def test_parity_helper_finds_an_op_that_changes_its_input_and_says_when_it_compares_exactly(
+        fresh: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NumPy run refuses the write itself; a backend whose arrays cannot be read-only (CuPy's) is caught by the
+    inputs the helper's request returns after the op (the read-only views turned off here to stand for it)."""
+    from shmrpc.kernels import _backend_numpy
+
+    def halve(c: OpCall) -> dict[str, Any]:
+        c.inputs["x"] /= 2
+        return {"out": c.inputs["x"].copy()}
+
+    register_op(_spec("t_halve", numpy=halve, tolerances={}))
+    fresh.append("t_halve")
+    with pytest.raises(KernelRuntimeError, match="wrote into one of its inputs"):
+        check_parity("t_halve", dtypes=["float32"])
+    monkeypatch.setattr(_backend_numpy, "_read_only", lambda st, ins: ins)
+    with pytest.raises(ParityError, match=r"t_halve \(numpy\) changed its input 'x'.*mutates"):
+        check_parity("t_halve", dtypes=["float32"])
+    register_op(_spec("t_relu4", tolerances={}))
+    fresh.append("t_relu4")
+    rep = check_parity("t_relu4", dtypes=["float32"])
+    assert rep.compared == ["t_relu4[float32] {'x': (4, 8)} (compared exactly: the op's tolerances give none "
+                            "for float32)"]
+
+
+def test_a_shape_rule_that_raises_is_the_requests_input_error_naming_op_and_module(fresh: list[str]) -> None:
+    def rule(i: Any, a: Any) -> dict[str, TensorSpec]:
+        raise RuntimeError("bug in my shape rule")
+
+    register_op(_spec("t_rule_raises", infer=rule))
+    fresh.append("t_rule_raises")
+    with pytest.raises(KernelInputError, match=r"shape rule of op 't_rule_raises' raised RuntimeError: bug in my "
+                                               rf"shape rule \(a bug in the op's module '{__name__}'\)") as e:
+        _run("t_rule_raises", np.ones(3, np.float32))
+    assert (e.value.op, e.value.step, e.value.field) == ("t_rule_raises", 0, "infer")
+
+
+def test_an_op_that_exits_or_returns_a_list_is_its_steps_runtime_error(fresh: list[str]) -> None:
+    def leave(c: OpCall) -> dict[str, Any]:
+        raise SystemExit(5)
+
+    register_op(_spec("t_exit", numpy=leave))
+    register_op(_spec("t_list", numpy=lambda c: {"out": c.inputs["x"].tolist()}))
+    fresh.extend(["t_exit", "t_list"])
+    with pytest.raises(KernelRuntimeError, match="op 't_exit' failed: SystemExit: 5") as e:
+        _run("t_exit", np.ones(3, np.float32))
+    assert (e.value.op, e.value.step) == ("t_exit", 0)
+    with pytest.raises(KernelRuntimeError, match="returned output 'out' as a list, not an array") as e:
+        _run("t_list", np.ones(3, np.float32))
+    assert (e.value.op, e.value.tensor, e.value.field) == ("t_list", "out", "outputs")
+
+
+def test_a_failed_warm_up_names_the_op_its_module_and_the_warm_up(fresh: list[str]) -> None:
+    register_op(_spec("t_warm", numpy=lambda c: 1 / 0))
+    fresh.append("t_warm")
+    with pytest.raises(KernelRuntimeError, match=rf"op 't_warm' \(module {__name__}\) failed its warm-up run on its "
+                                                 r"`example` inputs: op 't_warm' failed: ZeroDivisionError"):
+        select_backend("numpy").warmup()

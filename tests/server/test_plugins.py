@@ -46,6 +46,18 @@ def test_parse_ops() -> None:
     for bad in ("", "a,,b", "a-b", "1a"):
         with pytest.raises(ValueError, match="is not a module name"):
             parse_ops(bad)
+    with pytest.raises(ValueError, match="module 'a' is named twice"):
+        parse_ops("a,b, a")
+
+
+def test_a_module_that_registers_no_op_is_said(pkg: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A module imported before (here by the first load) registers nothing when --ops names it: the worker says so
+    instead of starting without the ops the user expected."""
+    assert load_ops([pkg], entry_points=False) == {pkg: [pkg]}
+    assert not caplog.records
+    with caplog.at_level("WARNING", logger="shmrpc.server"):
+        assert load_ops([pkg], entry_points=False) == {pkg: []}
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [f"--ops {pkg} registered no op"]
 
 
 def test_modules_load_and_report_their_ops(pkg: str) -> None:
