@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ._lease import Leases
     from ._observe import Observer
     from ._sessions import Sessions
+    from ._shared import SharedOwners
 
 __all__ = ["Done", "Runs", "write_response", "SPIN_POLL_S"]
 
@@ -91,6 +92,7 @@ class Runs:
 
     leases: Leases
     sessions: Sessions
+    shared: SharedOwners
     observe: Observer
     _inflight: Any  # the in-flight gauge (metrics)
     _primed: PrimedSlots
@@ -438,6 +440,13 @@ class Runs:
         # lease's generation) and the entry's validated descriptor bytes, compared on one private copy
         if ex.raw.raw != frame[8:12] + ex.expect:
             return False
+        if ex.primed.prep.keep_as:
+            # shared/ names: their owner may have changed since the entry was validated (its client dropped one and
+            # another kept it); the full path refuses a request that keeps one it does not own
+            try:
+                self.shared.claim(ex.session.id, ex.primed.prep.keep_as.values())
+            except RequestError:
+                return False
         view = ex.view
         t0 = time.perf_counter()
         s.in_flight = True
@@ -507,6 +516,8 @@ class Runs:
         else:
             self.metrics.observe(op, "ok", time.perf_counter() - t0, prep.nbytes_in if prep else 0,
                                  prep.nbytes_out if prep else 0, stages)
+        if prep is not None and prep.keep_as:  # what it kept goes with a session that ended meanwhile
+            self.sessions.settle_keeps(identity, prep.keep_as.values(), status == 0)
         traced = self.observe.end_trace(s.region, s.index, t0) if self.observe.traces else None
         # Counted before DONE goes out, so a client that has its answer finds it in a scrape.
         self._inflight.value -= 1

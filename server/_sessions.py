@@ -22,7 +22,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,7 @@ from ._lanes import Lanes
 from ._lease import Slot
 from ._oprules import answer_plan, op_summary
 from ._primed import PrimedSlots
+from ._shared import SHARED_PREFIX
 from ._waiters import Waiter, Waiters
 from .procs import pid_alive
 from .region import Region
@@ -301,6 +302,31 @@ class Sessions:
         for full in [n for n in self.backend.resident() if n.startswith(own) or n in shared]:
             self.backend.drop(full)
         self.metrics.resident.set(self.backend.resident_bytes)
+
+    def settle_keeps(self, identity: bytes, names: Iterable[str], ok: bool) -> None:
+        """A request that keeps resident tensors ``names`` (the backend's names) finished.
+
+        Its session may have ended while it ran (BYE, its process died): that session's tensors were dropped at its
+        end, so what the request kept afterwards is dropped now (a private name of an ended session could never be
+        dropped by anyone, and would count against --resident-limit for good), unless another client has claimed
+        the shared name since. A request that failed gives up its claim on a shared name it did not keep (the
+        claim is made when the request is validated, before it runs).
+        """
+        c = self.clients.get(identity)
+        if c is not None and ok:
+            return  # (every put's path: nothing to look up)
+        dropped = False
+        for full in names:
+            shared = full.startswith(SHARED_PREFIX)
+            there = self.backend.resident_spec(full) is not None
+            if c is None:
+                if there and (not shared or self.shared.owner(full) is None):
+                    self.backend.drop(full)
+                    dropped = True
+            elif shared and not there and self.shared.owner(full) == c.id:
+                self.shared.forget(full)
+        if dropped:
+            self.metrics.resident.set(self.backend.resident_bytes)
 
     def end_client(self, c: ClientSession, why: str) -> None:
         self.clients.pop(c.identity, None)

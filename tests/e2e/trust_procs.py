@@ -16,6 +16,9 @@ like an ordinary process started by that user. Roles:
     for each connection print ``connected`` and, if any byte arrives, ``hello``.
 ``attacker WORKER_PID CLIENT_PID``
     try every door to the regions a same-uid process has without ptrace rights; print JSON.
+``guess NAME WORKER_UID RESIDENT...``
+    as a client admitted with ``--allow-uid``, name each RESIDENT in a request (past the client's own look-up) and
+    drop it; print JSON: what each request and drop got, and the names MANAGE ``list`` shows.
 ``watch SECONDS``
     watch /dev/shm with inotify; print ``watching``, then (after SECONDS) a JSON list of
     the names created there.
@@ -171,6 +174,27 @@ def client(name: str, non_dumpable: bool, worker_uid: int | None) -> None:
         sys.stdin.read()
 
 
+def guess(name: str, worker_uid: int, names: list[str]) -> None:
+    from shmrpc.client import Resident
+    from shmrpc.schema.errors import RequestError
+
+    out: dict[str, object] = {"call": {}, "drop": {}}
+    with Client(name, timeout_s=10, connect_timeout_s=10, worker_uid=worker_uid) as c:
+        for n in names:
+            c._specs[n] = ((4,), np.dtype(np.float32))  # as if the client had seen it: the worker alone decides
+            try:
+                out["call"][n] = c.call("scale", x=Resident(n), a=1.0)["out"].tolist()  # type: ignore[index]
+            except RequestError as e:
+                out["call"][n] = f"{type(e).__name__} {e.field}"  # type: ignore[index]
+            try:
+                c.drop(n)
+                out["drop"][n] = "dropped"  # type: ignore[index]
+            except RequestError as e:
+                out["drop"][n] = f"{type(e).__name__} {e.field}"  # type: ignore[index]
+        out["list"] = sorted(c.resident())
+    print(json.dumps(out), flush=True)
+
+
 def flood(path: str, seconds: float) -> None:
     """Connect to the attach socket at ``path`` as fast as it takes them for ``seconds``, keeping the last 200
     connections open and sending nothing (a flood that once kept every new client out); prints "flooding" once
@@ -208,6 +232,8 @@ def main() -> None:
         watch(float(args[0]))
     elif role == "flood":
         flood(args[0], float(args[1]))
+    elif role == "guess":
+        guess(args[0], int(args[1]), args[2:])
     elif role == "status":
         sys.exit(cli.main(["status", "--name", args[0]]))
     else:
