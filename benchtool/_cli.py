@@ -111,7 +111,8 @@ def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     g.add_argument("--iters", type=int, default=1000, help="timed round trips per size (default %(default)s)")
     g.add_argument("--connect-iters", type=int, default=0,
                    help="also time this many Client(name) connects, HELLO to ready (default 0: none)")
-    g.add_argument("--warmup", type=int, default=50, help="untimed round trips first (default %(default)s)")
+    g.add_argument("--warmup", type=int, default=50,
+                   help="untimed round trips first (default %(default)s; at most half the size's round trips)")
     g.add_argument("--bytes-budget", type=_size, default=2 << 30,
                    help="cut --iters so one size moves at most this much one way (default 2G; never < 5 iters)")
     g.add_argument("--window", type=int, default=4, help="bw: requests kept in flight (default %(default)s)")
@@ -122,7 +123,8 @@ def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     a = p.add_argument_group("async and threads")
     a.add_argument("--in-flight", type=int, default=1000, help="async: requests in flight at once (default %(default)s)")
     a.add_argument("--total", type=int, default=20000, help="async: requests in the loaded phase (default %(default)s)")
-    a.add_argument("--threads", type=_ints, default=[1, 2, 4], help="threads: thread counts (default 1,2,4)")
+    a.add_argument("--threads", type=_ints, default=[1, 2, 4],
+                   help="threads: thread counts (default 1,2,4); this mode has no peers and no --clients")
     a.add_argument("--duration-s", type=float, default=2.0, help="threads: seconds per point (default %(default)s)")
     w = p.add_argument_group("the worker and the op")
     w.add_argument("--op", default="echo", help="the op (default echo); each of its inputs gets the payload")
@@ -159,6 +161,20 @@ def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     return p
 
 
+def _check_op_and_dtype(args: argparse.Namespace, keys: list[str]) -> None:
+    """An op this process does not know, or a dtype no tensor has, is a usage error before anything starts: unless
+    the run's worker may know more (``--name``, or ``--ops`` in ``--worker-args``)."""
+    from shmrpc.kernels import REGISTRY
+    from shmrpc.kernels._dtypes import DTYPE_NAMES
+
+    if args.dtype not in DTYPE_NAMES:
+        raise ValueError(f"--dtype {args.dtype}: not a tensor dtype; choose from {', '.join(DTYPE_NAMES)}")
+    if (any(k in SHM_KEYS or k == "own" for k in keys) and args.op not in REGISTRY and not args.name
+            and "--ops" not in (args.worker_args or "")):
+        raise ValueError(f"--op {args.op}: no such op (built-in: {', '.join(sorted(REGISTRY))}; a users' op needs "
+                         f"--worker-args '--ops MODULE' or --name of a worker that has it)")
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The :class:`RunConfig` a parsed command line asks for.
 
@@ -191,6 +207,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         raise ValueError("--iters and --window must be >= 1 and --warmup >= 0")
     if args.op != "echo":
         keys = [k for k in keys if k in SHM_KEYS] + [k for k in keys if k not in SHM_KEYS]
+    _check_op_and_dtype(args, keys)
     return RunConfig(mode=args.mode, sizes=sizes, iters=args.iters, warmup=args.warmup, op=args.op,
                      attrs=dict(args.attr), dtype=args.dtype, backend=args.backend, window=args.window,
                      clients=args.clients, clients_max_nbytes=args.clients_max_size, transports=list(dict.fromkeys(keys)),
@@ -233,6 +250,12 @@ def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:
         if not args.quiet:
             print(text, file=sys.stderr, flush=True)
 
+    usable = sorted(os.sched_getaffinity(0))
+    off = [c for c in args.server_cpus or () if c not in usable]
+    if off:
+        print(f"{prog}: --server-cpus {','.join(map(str, off))}: not CPUs this process may use ({usable})",
+              file=sys.stderr)
+        return 2
     if args.client_cpus:
         try:
             pin_process(args.client_cpus)
@@ -271,7 +294,12 @@ def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:
                 print(f"plot: {path}")
         except ImportError as e:
             print(f"no plots: matplotlib is not installed (pip install 'shmrpc[bench]'): {e}")
-    ok = any(v["status"] == "ok" for v in doc["transports"].values())
+    if doc.get("interrupted"):
+        print(f"{prog}: interrupted (Ctrl-C); the figures above are those measured before it", file=sys.stderr)
+        return 130
+    # a run in which nothing was measured (every point an error: an unknown dtype, say) failed
+    measured = any("error" not in r for r in doc["results"]) or any("error" not in p for p in doc["scaling"])
+    ok = any(v["status"] == "ok" for v in doc["transports"].values()) and measured
     return 0 if ok else 1
 
 

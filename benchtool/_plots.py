@@ -82,8 +82,11 @@ def _draw_latency(ax: Any, xs: list[int], pts: list[dict[str, Any]], label: str)
 
 
 def _draw_bandwidth(ax: Any, xs: list[int], pts: list[dict[str, Any]], label: str) -> None:
-    (line,) = ax.plot(xs, [p["both_dir_gbps"] for p in pts], marker="o", ms=3, label=f"{label} (both directions)")
-    ax.plot(xs, [p["one_dir_gbps"] for p in pts], ls="--", color=line.get_color(), alpha=0.6)
+    def gbps(p: dict[str, Any], key: str) -> float:
+        return float("nan") if p[key] is None else float(p[key])  # None: no payload byte moved (a loan to echo)
+
+    (line,) = ax.plot(xs, [gbps(p, "both_dir_gbps") for p in pts], marker="o", ms=3, label=f"{label} (both directions)")
+    ax.plot(xs, [gbps(p, "one_dir_gbps") for p in pts], ls="--", color=line.get_color(), alpha=0.6)
 
 
 def _latency(doc: dict[str, Any], path: Path) -> Path | None:

@@ -11,7 +11,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,8 @@ from ._stats import size_label
 __all__ = ["machine_facts", "latency_table", "bandwidth_table", "scaling_table", "verdicts", "verdict_lines",
            "write_json", "default_out_path", "finish_document", "now_iso"]
 
-_PACKAGES = ("shmrpc", "numpy", "pyzmq", "grpcio", "cupy", "cupy-cuda12x", "cupy-cuda13x", "matplotlib")
+_PACKAGES = ("shmrpc", "numpy", "pyzmq", "grpcio", "iceoryx2", "ucxx-cu12", "cupy", "cupy-cuda12x", "cupy-cuda13x",
+             "matplotlib")
 _PEER_KEYS = ("zmq", "pipe", "grpc", "iox2", "iox2-spin", "ucx")
 
 
@@ -73,6 +74,7 @@ def machine_facts() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "packages": versions,
         "gpus": gpus.splitlines() if gpus else [],
+        "loadavg": list(os.getloadavg()),  # other work on the machine when the run started (1, 5, 15 minutes)
         "git_commit": commit,
         "git_dirty": bool(dirty),
     }
@@ -179,9 +181,19 @@ def bandwidth_table(doc: dict[str, Any]) -> str:
     head = f"{'size':>6}  {'transport':<30} {'window':>6} {'msgs':>6} {'msg/s':>10} {'GB/s 1-dir':>10} {'GB/s both':>10}"
     lines = [f"bandwidth (GB = 1e9 B; 1-dir counts the payload once per round trip, both counts it twice){spin_note(doc)}",
              head, "-" * len(head)]
+    unmoved = False
     for n, label, p in _rows(doc, "bandwidth", lines):
-        lines.append(f"{size_label(n):>6}  {label:<30} {p['window']:6d} {p['messages']:6d} "
-                     f"{p['msgs_per_s']:10.0f} {p['one_dir_gbps']:10.3f} {p['both_dir_gbps']:10.3f}")
+        if p["one_dir_gbps"] is None:  # a loan re-sent to an aliasing op (echo): no payload byte moved
+            unmoved = True
+            gbps = f"{'-':>10} {'-':>10}"
+        else:
+            gbps = f"{p['one_dir_gbps']:10.3f} {p['both_dir_gbps']:10.3f}"
+        lines.append(f"{size_label(n):>6}  {label:<30} {p['window']:6d} {p['messages']:6d} {p['msgs_per_s']:10.0f} "
+                     f"{gbps}")
+    if unmoved:
+        lines.append(f"- : the zero-copy loan re-sends data written once into its slot, and {doc['config']['op']} "
+                     f"answers with its input: no payload byte moves, so no GB/s (an op that computes, e.g. "
+                     f"--op scale, moves its bytes)")
     return "\n".join(lines)
 
 
@@ -200,9 +212,18 @@ def scaling_table(doc: dict[str, Any]) -> str:
             lines.append(f"{label:<30} {p['clients']:7d} {size_label(p['nbytes']):>6} error: {p['error']}")
             continue
         batch = f"{p['worker']['mean_batch']:6.2f}" if p.get("worker", {}).get("batches") else f"{'-':>6}"
+        short = p.get("span_s", 1.0) < SHORT_SPAN_S
         lines.append(f"{label:<30} {p['clients']:7d} {size_label(p['nbytes']):>6} {p['calls_per_s']:10.0f} "
-                     f"{p['p50_us']:9.1f} {max(p['per_client_p99_us']):17.1f} {batch}")
+                     f"{p['p50_us']:9.1f} {max(p['per_client_p99_us']):17.1f} {batch}" + (" *" if short else ""))
+    if any(p.get("span_s", 1.0) < SHORT_SPAN_S for p in doc["scaling"]):
+        lines.append(f"* measured over less than {SHORT_SPAN_S * 1000:.0f} ms (span_s in the JSON): shorter than a "
+                     f"scheduler's time slice, the clients may have run one after another; raise --iters")
     return "\n".join(lines)
+
+
+#: A client sweep's point measured over less than this (seconds) is marked in the table: its clients may not have
+#: run at the same time.
+SHORT_SPAN_S = 0.05
 
 
 # --------------------------------------------------------------------- verdicts
@@ -244,6 +265,21 @@ def scaling_verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
                      requests_per_s=best["calls_per_s"])]
 
 
+class _P50(dict):  # type: ignore[type-arg]
+    """(transport, size) -> p50 µs of the points with enough samples for a verdict; ``few``: the others' counts."""
+
+    def __init__(self, points: dict[tuple[str, int], dict[str, Any]]) -> None:
+        super().__init__((k, v["p50_us"]) for k, v in points.items() if v.get("iterations", 0) >= MIN_VERDICT_SAMPLES)
+        self.few = {k: int(v.get("iterations", 0)) for k, v in points.items() if k not in self}
+
+    def need(self, keys: Iterable[tuple[str, int]], otherwise: str) -> str:
+        """Why a goal over ``keys`` has no verdict: the points among them with too few samples, else ``otherwise``."""
+        few = [f"{t} at {size_label(n)}: {self.few[(t, n)]}" for t, n in keys if (t, n) in self.few]
+        if few:
+            return f"too few samples for a verdict ({', '.join(few)} round trips; at least {MIN_VERDICT_SAMPLES} needed)"
+        return otherwise
+
+
 def latency_verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """The three latency goals of `shmrpc bench`, judged from this run's latency p50s (``N/A`` where a figure is missing).
 
@@ -251,25 +287,20 @@ def latency_verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
     2. From 1 MiB up, shmrpc's p50 at least 10x shorter than every peer's.
     3. 64 MiB round trip p50 within 2x shmrpc's own 64 B.
 
-    A p50 from fewer than :data:`MIN_VERDICT_SAMPLES` round trips is not used: the goal it
-    would decide is ``N/A``, saying so.
+    Each goal rests on its own points: a p50 from fewer than :data:`MIN_VERDICT_SAMPLES` round trips is not used,
+    and a goal that needs it is ``N/A``, saying so (a large size cut to a few round trips by ``--bytes-budget``
+    leaves the 64 B goal judged).
     """
     if doc["mode"] != "lat":
         return []
     points = {k: v for k, v in _points(doc, "latency").items() if "p50_us" in v}
-    p50 = {k: v["p50_us"] for k, v in points.items() if v.get("iterations", 0) >= MIN_VERDICT_SAMPLES}
-    if len(p50) < len(points):
-        few = min(v.get("iterations", 0) for v in points.values())
-        note = f"too few samples for a verdict ({few} round trips; at least {MIN_VERDICT_SAMPLES} needed)"
-        return [_verdict(goal, None, note) for goal in (
-            "64 B round trip p50 <= 1.2x zmq's", "from 1 MiB up, p50 >= 10x shorter than every peer's",
-            "64 MiB round trip p50 <= 2x shmrpc's 64 B")]
-    shm = "shmrpc" if any(k == "shmrpc" for k, _ in p50) else "shmrpc-call"
+    p50 = _P50(points)
+    shm = "shmrpc" if any(k == "shmrpc" for k, _ in points) else "shmrpc-call"
     out = []
     a, b = p50.get((shm, 64)), p50.get(("zmq", 64))
     goal = "64 B round trip p50 <= 1.2x zmq's"
     if a is None or b is None:
-        out.append(_verdict(goal, None, "needs shmrpc and the zmq peer at 64 B"))
+        out.append(_verdict(goal, None, p50.need([(shm, 64), ("zmq", 64)], "needs shmrpc and the zmq peer at 64 B")))
     else:
         out.append(_verdict(goal, a <= 1.2 * b, f"{shm} {a:.1f} µs vs zmq {b:.1f} µs = {a / b:.2f}x", ratio=a / b))
     goal = "from 1 MiB up, p50 >= 10x shorter than every peer's"
@@ -279,19 +310,22 @@ def latency_verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
             ratio = v / p50[(shm, n)]
             if worst is None or ratio < worst[0]:
                 worst = (ratio, n, key)
+    large = [(k, n) for k, n in points if n >= 1 << 20 and (k == shm or k in _PEER_KEYS)]
     if worst is None:
-        out.append(_verdict(goal, None, "needs shmrpc and a peer at 1 MiB or more"))
+        out.append(_verdict(goal, None, p50.need(large, "needs shmrpc and a peer at 1 MiB or more")))
     else:
         ratio, n, key = worst
+        skipped = p50.need(large, "")
         out.append(_verdict(goal, ratio >= 10, f"smallest advantage {ratio:.1f}x ({key} at {size_label(n)}: "
-                            f"{p50[(key, n)]:.1f} µs vs {p50[(shm, n)]:.1f} µs)", ratio=ratio))
+                            f"{p50[(key, n)]:.1f} µs vs {p50[(shm, n)]:.1f} µs)"
+                            + (f"; not judged: {skipped}" if skipped else ""), ratio=ratio))
     a, b = p50.get((shm, 64 << 20)), p50.get((shm, 64))
     goal = "64 MiB round trip p50 <= 2x shmrpc's 64 B"
     if a is None or b is None:
-        out.append(_verdict(goal, None, "needs shmrpc at 64 B and 64 MiB"))
+        out.append(_verdict(goal, None, p50.need([(shm, 64 << 20), (shm, 64)], "needs shmrpc at 64 B and 64 MiB")))
     else:
         out.append(_verdict(goal, a <= 2 * b, f"{a:.1f} µs vs {b:.1f} µs = {a / b:.2f}x", ratio=a / b))
-    if any(k in _SMALL_KEYS for k, _ in p50) or doc.get("connect"):
+    if any(k in _SMALL_KEYS for k, _ in points) or doc.get("connect"):
         out += small_verdicts(doc, p50)
     return out
 
@@ -303,8 +337,12 @@ def _ratio_verdict(goal: str, p50: dict[tuple[str, int], float], a: tuple[str, i
                    limit: float) -> dict[str, Any]:
     x, y = p50.get(a), p50.get(b)
     if x is None or y is None:
-        return _verdict(goal, None, f"needs {a[0]} and {b[0]} at {size_label(a[1])}")
+        return _verdict(goal, None, _need(p50, [a, b], f"needs {a[0]} and {b[0]} at {size_label(a[1])}"))
     return _verdict(goal, x <= limit * y, f"{a[0]} {x:.1f} µs vs {b[0]} {y:.1f} µs = {x / y:.2f}x", ratio=x / y)
+
+
+def _need(p50: dict[tuple[str, int], float], keys: list[tuple[str, int]], otherwise: str) -> str:
+    return p50.need(keys, otherwise) if isinstance(p50, _P50) else otherwise
 
 
 def small_verdicts(doc: dict[str, Any], p50: dict[tuple[str, int], float]) -> list[dict[str, Any]]:
@@ -327,7 +365,7 @@ def small_verdicts(doc: dict[str, Any], p50: dict[tuple[str, int], float]) -> li
         goal = f"64 B {key} p50 <= {limit:.0f} µs and under the fastest peer's"
         v = p50.get((key, 64))
         if v is None:
-            out.append(_verdict(goal, None, f"needs {key} at 64 B"))
+            out.append(_verdict(goal, None, _need(p50, [(key, 64)], f"needs {key} at 64 B")))
             continue
         beat = fastest is None or v < fastest[1]
         peer = f"; fastest peer {fastest[0]} {fastest[1]:.1f} µs" if fastest else "; no peer measured"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -153,6 +154,8 @@ def open_servers(cfg: RunConfig, log: Callable[[str], None] = print) -> Iterator
                     extra += f" --cpus {','.join(map(str, cfg.server_cpus))}"
                 if n_clients > 8 and "--max-clients-per-uid" not in extra:  # the sweep's processes, this one, spares
                     extra += f" --max-clients-per-uid {n_clients + 4}"
+                if n_clients + 4 > 64 and "--max-clients " not in f"{extra} ":  # past the worker's default of 64
+                    extra += f" --max-clients {n_clients + 4}"
                 worker = stack.enter_context(WorkerProcess(plan, cfg.backend, extra))
                 worker.wait_ready()
                 servers.addresses.update({k: worker.name for k in shm})
@@ -230,6 +233,7 @@ def bandwidth_point(t: Transport, nbytes: int, cfg: RunConfig, window: int) -> d
 
 def _client_proc(key: str, address: str, cfg: RunConfig, nbytes: int, iters: int, barrier: Any, queue: Any) -> None:
     """One client process of the multi-client mode: connect, prepare, wait for all, time, report."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops these processes
     try:
         with make_transport(key, address, cfg) as t:
             t.prepare(nbytes)
@@ -246,6 +250,12 @@ def _client_proc(key: str, address: str, cfg: RunConfig, nbytes: int, iters: int
             barrier.abort()
         finally:
             queue.put({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+
+
+def first_cause(errors: list[str]) -> str:
+    """The error that says why a client sweep failed: the first client to fail breaks the barrier the others wait
+    at, and their ``BrokenBarrierError`` may reach the parent first."""
+    return min(errors, key=lambda e: e.startswith("BrokenBarrierError"))
 
 
 def run_clients(key: str, address: str, cfg: RunConfig, n_clients: int, nbytes: int) -> dict[str, Any]:
@@ -266,6 +276,10 @@ def run_clients(key: str, address: str, cfg: RunConfig, n_clients: int, nbytes: 
     try:
         for _ in procs:
             reports.append(queue.get(timeout=300))
+    except BaseException:  # Ctrl-C, or a client that never reported: the others are not waited for
+        for p in procs:
+            p.kill()
+        raise
     finally:
         for p in procs:
             p.join(30)
@@ -277,7 +291,7 @@ def run_clients(key: str, address: str, cfg: RunConfig, n_clients: int, nbytes: 
     point: dict[str, Any] = {"transport": key, "clients": n_clients, "nbytes": nbytes, "iters_per_client": iters}
     errors = [r["error"] for r in reports if not r["ok"]]
     if errors:
-        point["error"] = errors[0]
+        point["error"] = first_cause(errors)
         return point
     span = max(r["t1"] for r in reports) - min(r["t0"] for r in reports)
     all_samples = np.concatenate([np.asarray(r["samples"]) for r in reports])

@@ -14,7 +14,9 @@ The result is one JSON-ready document (see ``docs/benchmarks.md`` for its schema
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -53,6 +55,14 @@ class _NoBar:
         """Nothing to close."""
 
 
+def _aliases(op: str) -> bool:
+    """Whether ``op``'s output is its input (``echo``): nothing is read or written to answer it."""
+    from shmrpc.kernels import REGISTRY
+
+    spec = REGISTRY.get(op)
+    return spec is not None and spec.alias
+
+
 def _measure_size(t: Transport, key: str, nbytes: int, cfg: RunConfig, window: int) -> dict[str, Any]:
     entry: dict[str, Any] = {"transport": key, "nbytes": nbytes}
     try:
@@ -63,6 +73,10 @@ def _measure_size(t: Transport, key: str, nbytes: int, cfg: RunConfig, window: i
             entry["latency"] = latency_stats(samples).to_json()
         else:
             entry["bandwidth"] = _bandwidth_point(t, nbytes, cfg, window)
+            if getattr(t, "method", "") == "resend" and _aliases(cfg.op):
+                # the loan's payload was written once, before the timing, and the op's output is its input: no
+                # payload byte moved while the clock ran, so bytes per second would count bytes never copied
+                entry["bandwidth"].update(one_dir_gbps=None, both_dir_gbps=None, payload_moved=False)
     except Exception as exc:  # one failing point is recorded, the run goes on
         entry["error"] = f"{type(exc).__name__}: {exc}"
     finally:
@@ -87,6 +101,7 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
     doc: dict[str, Any] = {"schema": SCHEMA, "mode": cfg.mode, "date": now_iso(), "config": asdict(cfg),
                            "transports": {}, "results": [], "scaling": []}
     t0 = time.monotonic()
+    quiet_sigint = None
     with open_servers(cfg, log) as servers:
         doc["worker"] = servers.worker
         active = [k for k in cfg.transports if k not in servers.skipped]
@@ -139,8 +154,17 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
                             point["worker"] = d
                         doc["scaling"].append(point)
                         bar.update()
+        except KeyboardInterrupt:
+            # what was measured is kept; the servers are stopped by the `with` (a second Ctrl-C would cut that
+            # short and leave them behind: ignored until they are)
+            if threading.current_thread() is threading.main_thread():
+                quiet_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            doc["interrupted"] = True
+            log("interrupted: stopping the servers; what was measured is kept")
         finally:
             bar.close()
+    if quiet_sigint is not None:
+        signal.signal(signal.SIGINT, quiet_sigint)
     doc["elapsed_s"] = round(time.monotonic() - t0, 3)
     return doc
 

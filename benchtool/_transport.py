@@ -16,6 +16,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -98,6 +99,19 @@ def payload_of(nbytes: int, dtype: str = "uint8") -> np.ndarray:
     return np.resize(np.arange(251, dtype=np.uint8), nbytes).view(dtype)
 
 
+def _stop(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def _serve_child(target: Callable[..., None], address: str, ready: Any) -> None:
+    """A peer server's process: Ctrl-C is the parent's to handle (it stops the server), and SIGTERM unwinds the
+    server's Python (an iceoryx2 node removes its files in /dev/shm only then: killed by the default action, it
+    left them behind)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stop)
+    target(address, ready)
+
+
 class ServerProcess:
     """A peer server ``target(address, ready)`` in a ``spawn`` child; a private temp dir holds its socket.
 
@@ -114,7 +128,7 @@ class ServerProcess:
         self.address = os.path.join(self._dir, sock_name)
         ctx = mp.get_context("spawn")
         ready = ctx.Event()
-        self._proc = ctx.Process(target=target, args=(self.address, ready), daemon=True)
+        self._proc = ctx.Process(target=_serve_child, args=(target, self.address, ready), daemon=True)
         self._proc.start()
         if not ready.wait(start_timeout_s):
             self.close()

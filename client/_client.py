@@ -340,8 +340,9 @@ class Client(Calls):
         """A slot of at least ``nbytes``: own free one, else borrowed, else wait for one."""
         if nbytes > self.geometry.max_slot_nbytes:
             raise RequestTooLargeError(
-                f"the request needs {format_size_approx(nbytes)} but the largest slot is "
-                f"{format_size(self.geometry.max_slot_nbytes)}: start the worker with a larger class in --slots",
+                f"the request needs {nbytes} bytes ({format_size_approx(nbytes)} with its descriptor and alignment) "
+                f"but the largest slot holds {self.geometry.max_slot_nbytes} "
+                f"({format_size(self.geometry.max_slot_nbytes)}): start the worker with a larger class in --slots",
                 field="nbytes")
         while True:
             self._check()

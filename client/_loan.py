@@ -136,7 +136,8 @@ class Loan:
         if self._done or s.mv is None:
             self._live()  # raises
         if s.in_flight is not None:
-            raise InvalidRequestError("this loan already has a request in flight", field="slot")
+            raise InvalidRequestError("this loan already has a request in flight (one that timed out holds the loan "
+                                      "until its late answer comes)", field="slot")
         # attribute values with their types: a=1, a=1.0 and a=True are equal keys but different descriptors (a request
         # with neither attributes nor kept outputs, the usual one, has the short key)
         key = ((op, in_place) if not attrs and not keep else
@@ -176,13 +177,25 @@ class Loan:
         future's own condition otherwise). Raises Timeout or WorkerGoneError."""
         c = self._c
         lane = c._t.lane
-        # rung through the lane: its answer is read from the page, by the thread that holds the lane's wait (a
-        # synchronous request's holds it from its ring; a future's waiter takes it)
-        if lane is not None and lane.busy == rid and (until is None or c._inflight.claim_lane(lane, rid)):
-            c._lane_wait(lane, deadline)
-        else:
-            s = self._s
-            c._pump(deadline, until or (lambda: s.in_flight != rid))
+        try:
+            # rung through the lane: its answer is read from the page, by the thread that holds the lane's wait (a
+            # synchronous request's holds it from its ring; a future's waiter takes it)
+            if lane is not None and lane.busy == rid and (until is None or c._inflight.claim_lane(lane, rid)):
+                c._lane_wait(lane, deadline)
+            else:
+                s = self._s
+                c._pump(deadline, until or (lambda: s.in_flight != rid))
+        except Timeout as e:
+            op = self._op_in_flight()
+            raise Timeout(f"{e} (op {op!r})" if op else str(e), op=op) from None
+
+    def _op_in_flight(self) -> str:
+        """The name of the op whose request this loan's header holds (read only when one timed out)."""
+        mv = self._s.mv
+        if mv is None:
+            return ""
+        code = HEADER.unpack_from(mv, 0)[1]
+        return next((n for n, e in self._c.op_table.items() if e.code == code), "")
 
     def _response(self, rid: int, fresh: bool = True,
                   ahead: tuple[Any, dict[str, np.ndarray]] | None = None) -> dict[str, np.ndarray]:

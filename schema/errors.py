@@ -86,7 +86,16 @@ class WorkerGoneError(ShmrpcError, ConnectionError):
 
 
 class Timeout(ShmrpcError, TimeoutError):
-    """No answer came within the caller's ``timeout_s``."""
+    """No answer came within the caller's ``timeout_s``.
+
+    Attributes:
+        op: the op of the request that got no answer (the first step's for a pipeline; ``""`` when the wait was for
+            something else: a free slot, an answer to a question).
+    """
+
+    def __init__(self, message: str = "", *, op: str = "") -> None:
+        super().__init__(message)
+        self.op = op
 
 
 class ForkedClientError(ShmrpcError):

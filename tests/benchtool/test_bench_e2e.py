@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from shmrpc.bench import RunConfig, main, run_benchmark
+from shmrpc.bench._report import bandwidth_table
 from shmrpc.bench._runner import make_transport, open_servers, started_on
 
 
@@ -82,7 +83,16 @@ def test_bandwidth_with_a_window(no_leak: object) -> None:
                         quiet=True, log=print)
     bw = {(r["transport"], r["nbytes"]): r["bandwidth"] for r in doc["results"]}
     assert bw[("shmrpc-call", 4096)]["window"] == 3 and bw[("shmrpc", 4096)]["window"] == 1
-    assert all(b["messages"] == 20 and b["one_dir_gbps"] > 0 for b in bw.values())
+    assert all(b["messages"] == 20 and b["msgs_per_s"] > 0 for b in bw.values())
+    # the loan re-sends data written once to echo, which answers with its input: no byte moved, so no GB/s
+    for (key, _), b in bw.items():
+        if key == "shmrpc":
+            assert b["one_dir_gbps"] is None and b["both_dir_gbps"] is None and b["payload_moved"] is False
+        else:
+            assert b["one_dir_gbps"] > 0 and "payload_moved" not in b
+    table = bandwidth_table(doc)
+    assert "no payload byte moves, so no GB/s" in table
+    assert [ln.split()[-2:] for ln in table.splitlines() if "shmrpc (zero-copy loan)" in ln] == [["-", "-"]] * 2
 
 
 @pytest.mark.e2e
@@ -219,6 +229,20 @@ def test_bad_cpus_are_a_usage_error_naming_the_flag(flag: str, capsys: pytest.Ca
     assert flag in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("args", "says"), [
+    (["--dtype", "float99"], "--dtype float99: not a tensor dtype"),
+    (["--op", "nosuchop"], "--op nosuchop: no such op"),
+    (["--server-cpus", str(max(os.sched_getaffinity(0)) + 1)], "not CPUs this process may use"),
+])
+def test_an_unknown_dtype_op_or_cpu_is_a_usage_error_before_anything_starts(
+        args: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # (a dtype no tensor has once gave a run whose every point was an error, with exit status 0; an unknown op
+    # started a worker first; a CPU not in the affinity mask was a traceback)
+    assert main(["lat", "--sizes", "64", "--iters", "5", "--backend", "numpy", "--no-json", *args]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(120)
 def test_async_mode_with_lanes_measures_every_line(tmp_path: Path, no_leak: object) -> None:
@@ -237,3 +261,58 @@ def test_async_mode_with_lanes_measures_every_line(tmp_path: Path, no_leak: obje
         if key != "shmrpc-call" and key != "shmrpc-call-lane":
             assert r["in_flight"] == 8 and r["calls"] >= 200 - 8 and r["calls_per_s"] > 0, key
             assert r["loop_lag_us"]["p50"] >= 0, key
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Pids of this uid's processes whose environment holds ``marker`` (what a run started: its worker, its peers)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_ctrl_c_keeps_what_was_measured_and_leaves_nothing(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) mid-run: exit 130 with one line, no
+    traceback from the bench or its children, the JSON written with ``interrupted``, and nothing left: no worker or
+    peer process, no socket, no peer's temporary directory."""
+    import signal
+    import time
+
+    rt, tmp = tmp_path / "rt", tmp_path / "tmp"
+    rt.mkdir(mode=0o700)
+    tmp.mkdir()
+    marker = f"SHMRPC_BENCH_TEST_MARK={tmp_path.name}-{os.getpid()}"
+    env = dict(os.environ, SHMRPC_RUNTIME_DIR=str(rt), TMPDIR=str(tmp), SHMRPC_BENCH_TEST_MARK=marker.split("=")[1])
+    out = tmp_path / "lat.json"
+    proc = subprocess.Popen([sys.executable, "-m", "shmrpc.bench", "lat", "--sizes", "64", "--iters", "1000000",
+                             "--backend", "numpy", "--peers", "zmq,pipe", "--no-call", "-q", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.suffix == ".sock" for p in rt.iterdir()):  # the worker is up: the servers are started
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, (stdout, stderr)
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert "interrupted" in stderr
+    doc = json.loads(out.read_text())
+    assert doc["interrupted"] is True and doc["worker"]["exit_status"] == 0
+    deadline = time.monotonic() + 10
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _processes_with(marker) == []
+    assert list(rt.iterdir()) == [] and list(tmp.iterdir()) == []

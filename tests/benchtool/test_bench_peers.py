@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from support.procstat import cpu_s
@@ -70,3 +71,34 @@ def test_the_spinning_iceoryx2_server_takes_no_core_while_no_client_calls() -> N
         used = (cpu_s(pid) - cpu0) / (time.monotonic() - t0)
         assert used < 0.3, f"the idle spinning server used {used:.0%} of a core"
         assert t.reply_bytes(t.roundtrip()) == t.payload_bytes()  # and it still answers
+
+
+def test_a_peer_server_is_stopped_with_its_python_unwound_and_ignores_ctrl_c(tmp_path: Path) -> None:
+    """SIGTERM unwinds a peer server's Python (an iceoryx2 server killed by the default action left its node's files
+    in /dev/shm), and SIGINT, which a terminal's Ctrl-C sends the whole group, is left to the bench to handle."""
+    import os
+    import signal
+
+    from support.unwind_server import serve
+
+    from shmrpc.bench._transport import ServerProcess
+
+    srv = ServerProcess(serve, "unwind.sock")
+    try:
+        os.kill(srv._proc.pid, signal.SIGINT)
+        time.sleep(0.3)
+        assert srv._proc.is_alive()
+        mark = srv.address + ".unwound"
+        srv._proc.terminate()
+        srv._proc.join(10)
+        assert srv._proc.exitcode == 0 and Path(mark).read_text() == "yes"
+    finally:
+        srv.close()
+
+
+def test_a_failed_client_sweep_reports_the_cause_not_the_broken_barrier() -> None:
+    from shmrpc.bench._runner import first_cause
+
+    limit = "ClientLimitError: uid 0 has 16 clients (--max-clients-per-uid 16)"
+    assert first_cause(["BrokenBarrierError: ", limit, "BrokenBarrierError: "]) == limit
+    assert first_cause(["BrokenBarrierError: "]) == "BrokenBarrierError: "

@@ -214,6 +214,7 @@ def test_timeout_is_a_timeout_error(worker: WorkerProc) -> None:
         with pytest.raises(Timeout) as e:  # what the call raised is both shmrpc's Timeout and a TimeoutError
             fut.result(timeout=0.001)
         assert isinstance(e.value, TimeoutError)
+        assert e.value.op == "scale" and str(e.value).endswith("(op 'scale')")  # the pipeline's first step
         fut.result()  # the request still completes; the slot is not reused meanwhile
 
 
