@@ -13,6 +13,8 @@ child measures, µs per call, best of 3 repeats of ``--calls`` calls:
 - ``steady``: ``call("scale", x=16 float32, a=1.0, b=0.0)`` again and again (one signature);
 - ``new_attr``: the same with a new ``a`` every call (a new signature every call);
 - ``new_shape``: ``vector_add`` of two float32 vectors of a new length every call;
+- ``submit_new_attr``: ``Client.submit(...).result()`` with a new ``a`` every call (added 2026-12-05: submit()
+  guesses like call() since then);
 - ``async_new_attr``: ``await AsyncClient.call`` with a new ``a`` every call;
 - ``turns3``: three signatures in turn (``scale``, ``vector_add``, ``echo`` of the same 16 float32), each seen
   before but never the last one in the slot (added 2026-12-04; the worker keeps a few per slot since then);
@@ -72,6 +74,7 @@ with Client(name, timeout_s=30) as c:
         c.call("scale", x=x, a=1.0, b=0.0)
     best("steady", lambda: c.call("scale", x=x, a=1.0, b=0.0))
     best("new_attr", lambda: c.call("scale", x=x, a=float(next(fresh)) + 0.5, b=0.0), cpu=True)
+    best("submit_new_attr", lambda: c.submit("scale", x=x, a=float(next(fresh)) + 0.75, b=0.0).result())
 
     def new_shape():
         n = 1 + next(fresh) % 4000

@@ -383,7 +383,19 @@ class Calls:
             outs = [f.result()["out"] for f in futs]
         """
         self._inflight.start_receiver()
-        return self._submit(op, timeout_s, out_nbytes, in_place, keep, _copy, False, kwargs)
+        # a new signature whose inputs are small goes out without asking the worker first (as call() sends it); its
+        # inputs are copied to send it again should its outputs outgrow the room guessed for them (the caller may
+        # change its arrays once submit() returned)
+        guess = out_nbytes is None and sum(v.nbytes for v in kwargs.values() if type(v) is np.ndarray) <= self.GUESS_COPY_MAX
+        fut = self._submit(op, timeout_s, out_nbytes, in_place, keep, _copy, False, kwargs, guess=guess)
+        if fut._guessed is not None:
+            fut._again = (op, {k: v.copy() if type(v) is np.ndarray else v for k, v in kwargs.items()}, in_place, keep)
+        return fut
+
+    #: ``submit()`` guesses the room for a new signature's outputs (no question to the worker first) when its inputs
+    #: take at most this many bytes: it keeps a copy of them to send the request again should the guess be too
+    #: small. Larger inputs: it asks first (the question's round trip is small next to moving them).
+    GUESS_COPY_MAX = 64 << 10
 
     def _submit(self, op: str | Pipeline, timeout_s: float | None, out_nbytes: int | None, in_place: bool,
                 keep: tuple[str, ...], copy: bool, nowait: bool, kwargs: dict[str, Any], steady: bool = True,

@@ -11,6 +11,7 @@ import math
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,7 +33,7 @@ from shmrpc.schema.header import HEADER, HEADER_NBYTES, REQUEST_ID
 from shmrpc.schema.layout import align_up, format_size, format_size_approx, tensor_align
 
 from ._caches import bounded_put
-from ._callplan import CallPlan, read_outputs
+from ._callplan import CallPlan, outputs_did_not_fit, read_outputs
 from ._pipeline import Pipeline, check_attrs, plain_attrs
 from ._slot import _FORKS, _IN_PLACE, _RESPONSE, NO_RESPONSE, _decode, _Slot
 
@@ -434,21 +435,63 @@ class _Answer(_Reply, Future):  # type: ignore[type-arg]
         Future.add_done_callback(self, fn)
         self._watch()
 
+    #: (op, inputs, in_place, keep) of a request ``Client.submit`` sent with a guessed room for its outputs (its
+    #: inputs copies): sent again, asking first, when the outputs did not fit (:meth:`_send_again`)
+    _again: tuple[Any, ...] | None = None
+    _resent = False  # sent again: it finishes with that request (its slot here is no longer its)
+
     def _finish(self) -> None:
         """Complete this future from the answer in the slot, or with why none came; idempotent, any thread."""
         with self._finishing:
-            if Future.done(self):
+            if Future.done(self) or self._resent:
                 return
             ok, out = self._settle()
             if ok:
                 self.set_result(out)
-            else:
+                return
+            if self._again is None or not outputs_did_not_fit(out):
                 self.set_exception(out)
+                return
+            self._resent = True
+        # refused before anything ran: sent again from a thread of its own, since this may be the receiver thread,
+        # which routes the answer to the question the client asks first
+        threading.Thread(target=self._send_again, name="shmrpc-send-again", daemon=True).start()
+
+    def _send_again(self) -> None:
+        """Send this future's request again, asking the worker for its outputs' sizes first; finish with its answer."""
+        assert self._again is not None
+        op, inputs, in_place, keep = self._again
+        try:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise self._no_answer()
+            again = self._c._submit(op, left, None, in_place, keep, self._copy, False, inputs)  # type: ignore[attr-defined]
+        except BaseException as e:  # noqa: BLE001 - this future's error
+            self.set_exception(e)
+            return
+        again.add_done_callback(self._adopt)
+
+    def _adopt(self, again: Future[Any]) -> None:
+        e = Future.exception(again, 0)
+        if e is None:
+            self.set_result(Future.result(again, 0))
+        else:
+            self.set_exception(e)
 
     def _await(self, timeout: float | None) -> None:
         """Wait (pumping when nobody else does) until the answer came or the patience ran out, then finish."""
         if Future.done(self):
             return
+        if not self._resent:
+            self._await_answer(timeout)
+        if self._resent and not Future.done(self):
+            left = self._deadline - time.monotonic() if timeout is None else timeout
+            try:
+                Future.exception(self, max(0.0, left))  # the request sent again finishes it (_adopt)
+            except FutureTimeout:
+                raise self._no_answer() from None
+
+    def _await_answer(self, timeout: float | None) -> None:
         deadline = self._deadline if timeout is None else min(self._deadline, time.monotonic() + timeout)
         c, s, rid = self._c, self._loan._s, self._rid
         c._check()

@@ -123,13 +123,45 @@ def test_a_refused_first_call_gets_the_workers_error_and_asks_nothing(worker: Wo
         assert asked == []
 
 
-def test_submit_still_asks_first(worker: WorkerProc) -> None:
-    # a future's request is not sent again by the client, so submit() asks as before
+def test_submit_sends_small_new_signatures_without_asking_and_again_when_they_did_not_fit(
+        spawn_worker: Callable[..., WorkerProc]) -> None:
+    # submit() guesses like call() for small inputs: futures watched (as_completed: the receiver thread finishes
+    # them) and unwatched (result() in this thread), some whose outputs fit and some not (refused once, asked, sent
+    # again from a thread of their own); each gets its own right answer although the caller changed its arrays
+    # after submit() returned (what is sent again is a copy); large inputs ask first, as before
+    from concurrent.futures import as_completed
+
+    worker = spawn_worker("--metrics-port", "0")
+    rng = np.random.default_rng(44)
     with Client(worker.name, timeout_s=10) as c:
         asked = _count_questions(c)
         x = np.arange(8, dtype=np.float32)
         np.testing.assert_array_equal(c.submit("scale", x=x, a=2.0, b=0.0).result()["out"], 2 * x)
-        assert len(asked) == 1
+        assert asked == []
+        buf = rng.standard_normal((256, 1)).astype(np.float32)
+        w = rng.standard_normal((1, 256)).astype(np.float32)  # 256 KiB of output from 2 KiB of inputs
+        want = buf @ w
+        fut = c.submit("gemm", x=buf, w=w)
+        buf[:] = 0  # the caller's buffer, reused once submit() returned
+        np.testing.assert_allclose(fut.result()["out"], want, rtol=1e-5)
+        assert len(asked) == 1 and _answered(worker, "gemm", "guess_too_small") == 1
+        futs, wants = {}, {}
+        for n in range(1, 9):  # new signatures, watched: outputs that fit (vector_add) and not (gemm)
+            v = rng.standard_normal((4 * n, 1)).astype(np.float32)
+            u = rng.standard_normal((1, 64 * n)).astype(np.float32)
+            futs[c.submit("gemm", x=v, w=u)] = ("gemm", n)
+            wants[("gemm", n)] = v @ u
+            futs[c.submit("vector_add", x=v, y=v)] = ("add", n)
+            wants[("add", n)] = 2 * v
+        for f in as_completed(futs, timeout=30):
+            np.testing.assert_allclose(f.result()["out"], wants[futs[f]], rtol=1e-5)
+        assert _answered(worker, "vector_add", "guess_too_small") == 0
+        before = len(asked)
+        big = np.ones(1 << 15, np.float32)  # 128 KiB of inputs: asked first
+        np.testing.assert_array_equal(c.submit("vector_add", x=big, y=big).result()["out"], 2.0)
+        assert len(asked) == before + 1
+        assert _answered(worker, "vector_add", "guess_too_small") == 0
+    assert worker.stop() == 0
 
 
 def test_async_client_sends_new_signatures_without_asking_and_again_when_they_did_not_fit(
