@@ -46,6 +46,7 @@ MAX_PENDING = 64
 
 _CRED = struct.Struct("3i")
 _PR_SET_DUMPABLE = 4
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,15 @@ def set_dumpable(dumpable: bool) -> None:
     if libc.prctl(_PR_SET_DUMPABLE, int(dumpable), 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_DUMPABLE): {os.strerror(err)}")
+
+
+def set_parent_death_signal(sig: int) -> None:
+    """``prctl(PR_SET_PDEATHSIG)``: the kernel sends ``sig`` to this process when the thread that started it ends
+    (its parent process dying, whatever the cause). Raises OSError when the kernel refuses."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
 
 
 def _not_admitted(uid: int) -> str:

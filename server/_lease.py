@@ -243,8 +243,13 @@ class Leases:
 
     @property
     def n_leased(self) -> int:
-        """Slots held by clients."""
+        """Slots held by clients (their own regions' included)."""
         return sum(len(c.slots) for c in self._clients.values())
+
+    @property
+    def n_pool_held(self) -> int:
+        """Slots of the pool region (region 0) held by clients: leased from it or borrowed."""
+        return sum(1 for c in self._clients.values() for s in c.slots if s.region == 0)
 
     @property
     def n_in_flight(self) -> int:

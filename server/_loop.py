@@ -126,9 +126,13 @@ class Worker(Calls, Runs):
         if not cfg.dumpable:
             # /proc/<worker>/fd and /proc/<worker>/mem (every client's region) shut to other non-root processes
             set_dumpable(False)
-        checks.check_memory(nbytes)
+        # the pool and one client's own region: a worker whose first client's region cannot be made or locked would
+        # say ready and refuse every client
+        first = cfg.first_client_nbytes()
+        what = checks.WITH_FIRST_CLIENT if first else ""
+        checks.check_memory(nbytes + first, what_for=what)
         if cfg.mlock:
-            checks.check_memlock(nbytes)
+            checks.check_memlock(nbytes + first, what_for=what)
         ensure_runtime_dir(shared=bool(cfg.allow_uids))
         self._lock = WorkerLock.acquire(cfg.name, shared=bool(cfg.allow_uids))
         try:
@@ -295,8 +299,13 @@ class Worker(Calls, Runs):
         next_check = time.monotonic() + self.config.heartbeat_s
         self._loop_tick = time.monotonic()
         spin_s = self.config.spin_us / 1e6
+        announced = False
         while True:
             stopping = self._stopping
+            if stopping and not announced:
+                announced = True
+                log.info("worker %s stopping: answering %d requests in flight first (a slow one is waited for: "
+                         "no bound but the service manager's)", self.config.name, self.leases.n_in_flight)
             if stopping and self.leases.n_in_flight == 0 and not self._done:
                 break
             if self.sessions.by_pidfd.keys() != pidfds or attach.pending.keys() != waiting:

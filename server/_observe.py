@@ -57,6 +57,7 @@ class Observer:
         device = getattr(backend, "device", None)
         mt.set_build_info(version(), backend.name, "cpu" if device is None else f"cuda:{device}")
         mt.slots_total.set(sum(c.n_slots for c in cfg.geometry.classes))
+        mt.ready.set_function(lambda: 1.0 if health()[0] else 0.0)  # read at each scrape
         mt.resident_limit.set(cfg.resident_limit_bytes)
         mt.set_budgets(cfg.op_budget_s, {n: s.budget_s for n, s in kernels.REGISTRY.items() if s.budget_s})
         if cfg.metrics_port is not None or cfg.metrics_addr.startswith("unix:"):

@@ -156,9 +156,10 @@ class Sessions:
             regions, slots = self._lease_regions(client, lease)
         except Exception as e:  # noqa: BLE001 - no memory, memlock, GPU registration: refuse, keep serving
             self._forget(client)
+            log.warning("refused a HELLO from pid %d uid %d: cannot create its region: %s", peer.pid, peer.uid, e)
             return _refusal("refused", f"cannot create this client's region: {e}", "region"), []
         self.metrics.clients.set(len(self.clients))
-        self.metrics.slots_leased.set(self.leases.n_leased)
+        self._count_slots()
         log.info("client %d (pid %d uid %d) connected with %d slots", client.id, peer.pid, peer.uid, len(slots))
         fds = [r.fd for r in regions if r.fd is not None]
         lane = None
@@ -303,6 +304,11 @@ class Sessions:
             self.backend.drop(full)
         self.metrics.resident.set(self.backend.resident_bytes)
 
+    def _count_slots(self) -> None:
+        """The slot gauges: every slot clients hold, and those of the pool (what its exhaustion alert reads)."""
+        self.metrics.slots_leased.set(self.leases.n_leased)
+        self.metrics.pool_slots_held.set(self.leases.n_pool_held)
+
     def settle_keeps(self, identity: bytes, names: Iterable[str], ok: bool) -> None:
         """A request that keeps resident tensors ``names`` (the backend's names) finished.
 
@@ -341,7 +347,7 @@ class Sessions:
         n = self.leases.close(c.id)
         self._waiters.cancel(c.id)
         self.metrics.clients.set(len(self.clients))
-        self.metrics.slots_leased.set(self.leases.n_leased)
+        self._count_slots()
         log.info("client %d (pid %d) gone (%s): %d slots reclaimed", c.id, c.pid, why, n)
         self.close_idle_regions()
         self.serve_pending()
@@ -381,14 +387,14 @@ class Sessions:
             return None
         except RequestError as e:
             return self._send(identity, _error_msg(e, rid))
-        self.metrics.slots_leased.set(self.leases.n_leased)
+        self._count_slots()
         self._send(identity, self._grant_msg(s, rid))
         return None
 
     def serve_pending(self) -> None:
         if len(self._waiters):
             self._waiters.serve(self._grant_waiter)
-            self.metrics.slots_leased.set(self.leases.n_leased)
+            self._count_slots()
 
     def _grant_waiter(self, w: Waiter) -> bool:
         """Give waiter ``w`` a slot: True when it was answered (a grant, or an error), False when none fits yet."""
@@ -416,7 +422,7 @@ class Sessions:
         except Exception:  # noqa: BLE001
             return
         if c is not None and self.leases.release(c.id, region, index):
-            self.metrics.slots_leased.set(self.leases.n_leased)
+            self._count_slots()
             self.serve_pending()
 
     def state(self) -> dict[str, Any]:

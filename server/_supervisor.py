@@ -86,9 +86,12 @@ class Supervisor:
     """Runs and restarts one worker per device; ``worker_args`` are the other ``serve`` arguments."""
 
     def __init__(self, prefix: str, devices: list[int], worker_args: list[str], *, restart_delay_s: float = 0.5,
-                 stop_timeout_s: float = 30.0) -> None:
+                 stop_timeout_s: float = 30.0, metrics_port: int | None = None) -> None:
         self.prefix = prefix
         self.children = [_Child(d, device_worker_name(prefix, d)) for d in devices]
+        # one port each: worker i (its place in --devices) serves its metrics on metrics_port + i (0: each its own
+        # free port, as given)
+        self.metrics_port = metrics_port
         self.worker_args = worker_args
         self.restart_delay_s = restart_delay_s
         self.stop_timeout_s = stop_timeout_s
@@ -98,8 +101,14 @@ class Supervisor:
     def _start(self, ch: _Child) -> None:
         argv = [sys.executable, "-m", "shmrpc.server", "serve", "--name", ch.name, "--device", str(ch.device),
                 *self.worker_args]
+        if self.metrics_port is not None:
+            port = self.metrics_port + self.children.index(ch) if self.metrics_port else 0
+            argv += ["--metrics-port", str(port)]
         ch.ready.clear()
-        ch.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        # the worker asks the kernel for SIGTERM when this process dies (SHMRPC_SUPERVISOR_PID; cli._serve): a
+        # supervisor killed outright no longer leaves its workers running, holding their names
+        env = dict(os.environ, SHMRPC_SUPERVISOR_PID=str(os.getpid()))
+        ch.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=env)
         ch.started_at = time.monotonic()
         relay = threading.Thread(target=self._relay, args=(ch, ch.proc), daemon=True)
         relay.start()

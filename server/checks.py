@@ -178,18 +178,24 @@ def cgroup_memory_room(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/s
     return -1
 
 
-def memory_error(available_nbytes: int, nbytes: int) -> StartupError:
-    """The :class:`StartupError` for a region of ``nbytes`` not fitting in the available memory."""
+#: What the start checks count when a client gets a region of its own (``--isolation client``): the pool and one
+#: client's region at the default ``--lease`` (its HELLO creates and locks it).
+WITH_FIRST_CLIENT = "the pool region with one client's own region (default --lease)"
+
+
+def memory_error(available_nbytes: int, nbytes: int, what_for: str = "") -> StartupError:
+    """The :class:`StartupError` for a region of ``nbytes`` not fitting in the available memory (``what_for``: what
+    those bytes are, default "the region")."""
     return StartupError(
         f"{format_size_approx(max(available_nbytes, 0))} of memory is available (the host's, or its memory cgroup's "
-        f"limit less its use) but the region needs "
+        f"limit less its use) but {what_for or 'the region'} needs "
         f"{format_size_approx(nbytes)}: free memory, give the container more, or pass a smaller --slots",
         needed_nbytes=nbytes,
         available_nbytes=available_nbytes,
     )
 
 
-def check_memory(nbytes: int, *, available_bytes: int | None = None) -> None:
+def check_memory(nbytes: int, *, available_bytes: int | None = None, what_for: str = "") -> None:
     """Check that ``nbytes`` more of shared memory fit in the available memory (plus :data:`SHM_MARGIN_NBYTES`).
 
     Args:
@@ -204,7 +210,7 @@ def check_memory(nbytes: int, *, available_bytes: int | None = None) -> None:
     """
     avail = memory_available_bytes() if available_bytes is None else available_bytes
     if 0 <= avail < nbytes + SHM_MARGIN_NBYTES:
-        raise memory_error(avail, nbytes)
+        raise memory_error(avail, nbytes, what_for)
 
 
 def memlock_limit() -> int:
@@ -224,15 +230,16 @@ def has_ipc_lock(status_path: str = "/proc/self/status") -> bool:
     return False
 
 
-def memlock_error(limit: int, nbytes: int, *, what: str = "") -> StartupError:
+def memlock_error(limit: int, nbytes: int, *, what: str = "", what_for: str = "") -> StartupError:
     """The :class:`StartupError` for ``nbytes`` not lockable under a memlock ``limit``.
 
     ``what`` replaces the opening ("RLIMIT_MEMLOCK is 8.0 MiB") when the kernel
-    refused ``mlock`` for another reason (e.g. ``"mlock failed (ENOMEM)"``).
+    refused ``mlock`` for another reason (e.g. ``"mlock failed (ENOMEM)"``); ``what_for`` names what ``nbytes``
+    is (default "the region").
     """
     head = what or f"RLIMIT_MEMLOCK is {format_size_approx(limit)}"
     return StartupError(
-        f"{head} but the region needs {format_size_approx(nbytes)}: raise it (ulimit -l unlimited, "
+        f"{head} but {what_for or 'the region'} needs {format_size_approx(nbytes)}: raise it (ulimit -l unlimited, "
         "docker --ulimit memlock=-1, systemd LimitMEMLOCK=infinity) or run with --no-mlock "
         "(pages may then be swapped, and GPU copies get slower)",
         needed_nbytes=nbytes,
@@ -240,7 +247,7 @@ def memlock_error(limit: int, nbytes: int, *, what: str = "") -> StartupError:
     )
 
 
-def check_memlock(nbytes: int, *, limit: int | None = None, has_cap: bool | None = None) -> None:
+def check_memlock(nbytes: int, *, limit: int | None = None, has_cap: bool | None = None, what_for: str = "") -> None:
     """Check that ``nbytes`` can be locked in memory (``mlock``).
 
     Passes when the process has CAP_IPC_LOCK, when the soft limit is unlimited,
@@ -264,4 +271,4 @@ def check_memlock(nbytes: int, *, limit: int | None = None, has_cap: bool | None
     if lim == resource.RLIM_INFINITY or lim < 0:
         return
     if lim < nbytes:
-        raise memlock_error(lim, nbytes)
+        raise memlock_error(lim, nbytes, what_for=what_for)

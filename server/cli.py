@@ -223,13 +223,13 @@ def _supervise(args: argparse.Namespace, argv: list[str]) -> int:
             continue
         if i == 0 and a == "serve":
             continue
-        if a in ("--devices", "--name"):
+        if a in ("--devices", "--name", "--metrics-port"):
             skip = True
             continue
-        if a.startswith(("--devices=", "--name=")):
+        if a.startswith(("--devices=", "--name=", "--metrics-port=")):
             continue
         rest.append(a)
-    sup = Supervisor(args.name, devices, rest)
+    sup = Supervisor(args.name, devices, rest, metrics_port=args.metrics_port)
     signal.signal(signal.SIGTERM, sup.stop)
     signal.signal(signal.SIGINT, sup.stop)
     return sup.run()
@@ -237,6 +237,15 @@ def _supervise(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from shmrpc.schema.layout import parse_size
+
+    supervisor = os.environ.pop("SHMRPC_SUPERVISOR_PID", "")
+    if supervisor:  # started by `serve --devices`: end with it (server/_supervisor.py)
+        from ._attach import set_parent_death_signal
+
+        set_parent_death_signal(signal.SIGTERM)
+        if str(os.getppid()) != supervisor:  # it died before the request took
+            print("shmrpc serve: the supervisor that started this worker is gone", file=sys.stderr)
+            return EXIT_FAILURE
 
     if args.device is not None:
         if args.device < 0:
@@ -401,13 +410,18 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    from .checks import WITH_FIRST_CLIENT
+    from .config import DEFAULT_LEASE, WorkerConfig
     from .doctor import doctor
 
     try:
-        nbytes = parse_geometry(args.slots).region_nbytes
+        geometry = parse_geometry(args.slots)
     except ValueError as e:
         raise UsageError(f"shmrpc doctor: --slots: {e}") from None
-    return doctor(clean=args.clean, region_nbytes=nbytes)
+    # what serve's start checks count: the pool and one client's own region at the default --lease
+    first = WorkerConfig("doctor", geometry=geometry, lease=DEFAULT_LEASE[: len(geometry.classes)]).first_client_nbytes()
+    return doctor(clean=args.clean, region_nbytes=geometry.region_nbytes + first,
+                  what_for=WITH_FIRST_CLIENT if first else "")
 
 
 def _run(argv: list[str]) -> int:

@@ -207,6 +207,12 @@ class WorkerConfig:
         if not 1 <= self.max_batch <= 4096:
             raise ValueError(f"--max-batch must be 1..4096 (1: no batching), got {self.max_batch}")
 
+    def first_client_nbytes(self) -> int:
+        """Bytes of the region a client asking for the default ``--lease`` gets of its own (``--isolation client``;
+        0 without one): its HELLO creates and locks it, so the start checks count one beside the pool."""
+        private = self.private_geometry() if self.isolation == "client" else None
+        return 0 if private is None else private.region_nbytes
+
     def private_geometry(self, lease: tuple[int, ...] | None = None) -> Geometry | None:
         """The geometry of a client's own region: ``lease[c]`` slots of each class (default: ``self.lease``;
         None if the lease is empty)."""

@@ -143,13 +143,14 @@ def _remove(f: Finding) -> bool:
 
 
 def doctor(clean: bool = False, region_nbytes: int | None = None, out: Callable[[str], object] = print,
-           shm_dir: str = SHM_DIR) -> int:
+           shm_dir: str = SHM_DIR, what_for: str = "") -> int:
     """Report shmrpc leftovers and host limits; with ``clean``, remove the stale leftovers.
 
     Args:
         clean: remove stale regions, lock files and sockets (never a live worker's).
         region_nbytes: region size to check the available memory and RLIMIT_MEMLOCK against,
-            as ``shmrpc serve`` does at start (default: the default geometry's).
+            as ``shmrpc serve`` does at start (default: the default geometry's); ``what_for`` says what they are
+            in a refusal (serve's words: the pool with one client's own region, ``checks.WITH_FIRST_CLIENT``).
         out: where to write lines.
         shm_dir: the POSIX shared-memory directory, searched for regions left by older versions.
 
@@ -197,7 +198,7 @@ def doctor(clean: bool = False, region_nbytes: int | None = None, out: Callable[
     # (or the container's) memory and never to /dev/shm, which no worker or client uses
     avail = memory_available_bytes()
     try:
-        check_memory(nbytes, available_bytes=avail)
+        check_memory(nbytes, available_bytes=avail, what_for=what_for)
         if avail < 0:
             out(f"memory: MemAvailable unreadable, room for a {format_size_approx(nbytes)} region not checked")
         else:
@@ -206,7 +207,7 @@ def doctor(clean: bool = False, region_nbytes: int | None = None, out: Callable[
         problems += 1
         out(f"PROBLEM {exc}")
     try:
-        check_memlock(nbytes)
+        check_memlock(nbytes, what_for=what_for)
         lim = memlock_limit()
         why = "CAP_IPC_LOCK" if has_ipc_lock() else ("unlimited" if lim == resource.RLIM_INFINITY else format_size_approx(lim))
         out(f"RLIMIT_MEMLOCK: {why}: ok")

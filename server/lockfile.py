@@ -197,6 +197,12 @@ class WorkerLock:
             cleaned = _clean_predecessor(name, previous)
             lock = cls(name, path, fd, cleaned)
             lock._write()
+        except OSError as e:  # a full or read-only file system under the runtime directory
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # ours (we hold its lock): not left for `shmrpc doctor` to report as stale
+            os.close(fd)
+            raise StartupError(f"cannot write the lock file {path}: {e.strerror or e}; free space in (or fix) "
+                               f"{Path(path).parent}, or point SHMRPC_RUNTIME_DIR elsewhere") from None
         except BaseException:
             os.close(fd)
             raise

@@ -10,7 +10,11 @@ shmrpc_stage_seconds                   histogram  op, stage (queue, h2d, kernel,
                                                   knows it)
 shmrpc_bytes_in_total                  counter    (tensor bytes read from slots)
 shmrpc_bytes_out_total                 counter    (tensor bytes written to slots)
-shmrpc_slots_leased                    gauge
+shmrpc_slots_leased                    gauge      (every slot clients hold, their own regions' included)
+shmrpc_pool_slots_held                 gauge      (slots of the pool region clients hold, leased or borrowed:
+                                                  against ``shmrpc_slots_total``, how full the pool is)
+shmrpc_ready                           gauge      (1 while the worker serves, 0 while it stops, after a fatal
+                                                  backend error, or with its loop stuck: what ``/healthz`` says)
 shmrpc_clients_connected               gauge
 shmrpc_requests_in_flight              gauge
 shmrpc_batch_size                      histogram  op (requests served by one batched run; a request
@@ -62,7 +66,9 @@ DURATION_BUCKETS_S: tuple[float, ...] = (
 STAGES = ("queue", "h2d", "kernel", "d2h")
 
 _GAUGES = {
-    "slots_leased": ("shmrpc_slots_leased", "Slots currently leased to clients."),
+    "slots_leased": ("shmrpc_slots_leased", "Slots currently leased to clients (their own regions' included)."),
+    "pool_slots_held": ("shmrpc_pool_slots_held", "Slots of the pool region held by clients (leased or borrowed)."),
+    "ready": ("shmrpc_ready", "1 while the worker serves requests (what /healthz says), else 0."),
     "clients": ("shmrpc_clients_connected", "Clients with a live lease."),
     "inflight": ("shmrpc_requests_in_flight", "Requests received and not yet answered."),
     "gpu_memory": ("shmrpc_gpu_memory_bytes", "Device memory held by the backend, in bytes."),
@@ -326,6 +332,8 @@ class Metrics:
         self._queued = self._stats.queued
         r.register(self._stats)  # type: ignore[arg-type]
         self.slots_leased = Gauge(*_GAUGES["slots_leased"], registry=r)
+        self.pool_slots_held = Gauge(*_GAUGES["pool_slots_held"], registry=r)
+        self.ready = Gauge(*_GAUGES["ready"], registry=r)
         self.clients = Gauge(*_GAUGES["clients"], registry=r)
         self.inflight = self._stats.inflight  # plain number: inc/dec per request on the loop thread
         self.gpu_memory = Gauge(*_GAUGES["gpu_memory"], registry=r)

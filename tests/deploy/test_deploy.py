@@ -30,6 +30,7 @@ PROMQL_WORDS = {
 def exported_metrics() -> set[str]:
     """Every sample name a worker's registry exposes (histograms with their _bucket/_count/_sum)."""
     m = Metrics()
+    m.set_budgets(0.0005, {})  # the request below runs past it: shmrpc_over_budget_total has a sample
     m.observe("matmul", "ok", 0.001, 10, 10, {"queue": 1e-5, "h2d": 1e-5, "kernel": 1e-4, "d2h": 1e-5})
     m.observe_batch("matmul", 4)
     m.set_build_info("0", "numpy", "cpu")
@@ -70,7 +71,7 @@ def test_dashboard_queries_name_only_exported_metrics() -> None:
     assert len(exprs) >= 12
     used = set().union(*(metric_names(e) for e in exprs))
     assert used <= exported, sorted(used - exported)
-    for wanted in ("shmrpc_requests_total", "shmrpc_request_duration_seconds_bucket", "shmrpc_slots_leased",
+    for wanted in ("shmrpc_requests_total", "shmrpc_request_duration_seconds_bucket", "shmrpc_pool_slots_held",
                    "shmrpc_clients_connected", "shmrpc_resident_bytes", "shmrpc_gpu_memory_bytes",
                    "shmrpc_batch_size_count"):
         assert wanted in used, wanted
@@ -101,8 +102,13 @@ def _rules() -> list[dict[str, str]]:
 
 def test_alert_rules_name_only_exported_metrics() -> None:
     rules = _rules()
-    assert {r["alert"] for r in rules} == {"ShmrpcWorkerDown", "ShmrpcErrorRatioHigh", "ShmrpcP99LatencyHigh",
-                                           "ShmrpcSlotsExhausted", "ShmrpcResidentLimitNear"}
+    assert {r["alert"] for r in rules} == {"ShmrpcWorkerDown", "ShmrpcWorkerNotReady", "ShmrpcErrorRatioHigh",
+                                           "ShmrpcP99LatencyHigh", "ShmrpcSlotsExhausted", "ShmrpcResidentLimitNear",
+                                           "ShmrpcOpOverBudget"}
+    # the pool's exhaustion is the pool's slots held against its size (the slots of clients' own regions, counted in
+    # shmrpc_slots_leased, once made it fire with every pool slot free)
+    slots = next(r["expr"] for r in rules if r["alert"] == "ShmrpcSlotsExhausted")
+    assert metric_names(slots) == {"shmrpc_pool_slots_held", "shmrpc_slots_total"}
     exported = exported_metrics() | {"up"}  # `up` is Prometheus's own, per scrape target
     for r in rules:
         names = metric_names(r["expr"])
@@ -113,7 +119,7 @@ def test_alert_rules_name_only_exported_metrics() -> None:
 def test_promtool_checks_the_rules() -> None:
     out = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 5 rules found" in out.stdout
+    assert "SUCCESS: 7 rules found" in out.stdout
 
 
 def test_systemd_unit_and_drop_in() -> None:
@@ -124,6 +130,10 @@ def test_systemd_unit_and_drop_in() -> None:
     assert svc["LimitMEMLOCK"] == "infinity"
     assert "shmrpc serve --name %i" in svc["ExecStart"]
     assert svc["KillSignal"] == "SIGTERM" and svc["Restart"] == "on-failure"
+    # a supervisor (--devices) waits 30 s for its workers: the stop timeout leaves it that; CuPy's kernel cache is
+    # writable under ProtectSystem=strict / ProtectHome=read-only (its default, ~/.cupy, is not)
+    assert int(svc["TimeoutStopSec"]) > 30
+    assert svc["CacheDirectory"] == "shmrpc" and svc["Environment"] == "CUPY_CACHE_DIR=/var/cache/shmrpc/cupy"
     drop = configparser.ConfigParser(strict=False, interpolation=None)
     drop.optionxform = str  # type: ignore[assignment,method-assign]
     drop.read(DEPLOY / "systemd" / "shmrpc@.service.d" / "runtime-dir.conf")
@@ -140,3 +150,4 @@ def test_dockerfile_health_check_and_limits() -> None:
     run = re.search(r"^#\s+docker run (.*\n#\s+.*)$", text, re.M)  # the regions are memfds: no IPC namespace, no /dev/shm
     assert run and "--ipc" not in run.group(1) and "--shm-size" not in run.group(1)
     assert '"/src[gpu]"' in text
+    assert re.search(r"CUPY_CACHE_DIR=(\S+)", text) and "chown -R shmrpc:shmrpc /var/cache/shmrpc" in text

@@ -81,8 +81,9 @@ def test_doctor_refuses_a_geometry_as_serve_does(worker_name: str) -> None:
     served = _shmrpc("serve", "--name", worker_name, "--slots", huge, "--backend", "numpy", "--no-mlock")
     assert served.returncode == 1, served.stderr
     refusal = served.stderr.strip()
+    # (the pool, 1000 GiB, and a client's own region at the default --lease, 4 slots of that class, 4000 GiB)
     assert refusal.startswith("shmrpc serve: ") and "of memory is available" in refusal and \
-        "the region needs 1000.0 GiB" in refusal
+        "but the pool region with one client's own region (default --lease) needs 5000.0 GiB" in refusal
     checked = _shmrpc("doctor", "--slots", huge)
     assert checked.returncode == 1
     problems = [line for line in checked.stdout.splitlines() if line.startswith("PROBLEM ")]
@@ -115,3 +116,62 @@ def test_supervisor_ready_line_comes_after_every_workers(worker_name: str) -> No
         if sup.poll() is None:  # the supervisor and its workers: the process group it leads
             os.killpg(sup.pid, signal.SIGKILL)
             sup.communicate(timeout=10)
+
+
+def _free_port_pair() -> int:
+    """A port P with P and P + 1 free now (bound and released: another process may take them before the worker)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return port
+    pytest.skip("no two free neighbouring ports")
+
+
+def test_a_supervisor_killed_outright_takes_its_workers_with_it_and_gives_each_a_metrics_port(
+        worker_name: str) -> None:
+    """`serve --devices 0,1 --metrics-port P`: worker i serves metrics on P + i (one fixed port for all stopped the
+    start: the second worker found it taken). SIGKILL to the supervisor: its workers get SIGTERM from the kernel
+    (they were left running, holding their names, and a new supervisor refused to start)."""
+    import time
+    import urllib.request
+
+    port = _free_port_pair()
+    argv = [sys.executable, "-m", "shmrpc.server", "serve", "--name", worker_name, "--devices", "0,1", "--slots",
+            "64K:4", "--lease", "1", "--backend", "numpy", "--no-mlock", "--log-level", "WARNING", "--metrics-port",
+            str(port)]
+    sup = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert sup.stdout is not None
+        seen: list[str] = []
+        for line in sup.stdout:
+            seen.append(line)
+            if line.startswith(f"shmrpc supervisor {worker_name} ready"):
+                break
+        else:
+            pytest.fail(f"supervisor did not start: {seen} {sup.stderr.read() if sup.stderr else ''}")
+        for i in (0, 1):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port + i}/metrics", timeout=10) as r:
+                assert b"shmrpc_clients" in r.read()
+        assert len(device_workers(worker_name)) == 2
+        sup.kill()
+        sup.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while device_workers(worker_name) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert device_workers(worker_name) == [], "the workers outlived their supervisor"
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, signal.SIGKILL)
+        sup.communicate(timeout=10)
+        try:
+            os.killpg(sup.pid, signal.SIGKILL)  # a worker left behind by a failure above
+        except ProcessLookupError:
+            pass

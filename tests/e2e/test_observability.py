@@ -155,3 +155,30 @@ def test_metrics_on_a_unix_socket_with_a_token(spawn_worker: Callable[..., Worke
     assert code == 200 and "shmrpc_requests_total" in body
     assert w.stop() == 0
     assert not sock.exists()
+
+
+def _gauge(body: str, name: str) -> float:
+    return float(next(ln.split()[-1] for ln in body.splitlines() if ln.startswith(name + " ")))
+
+
+def test_pool_gauge_counts_only_the_pool_and_ready_follows_healthz(spawn_worker: Callable[..., WorkerProc]) -> None:
+    """Idle clients hold slots of their own regions, not of the pool: shmrpc_pool_slots_held stays 0 (the alert on
+    shmrpc_slots_leased / shmrpc_slots_total fired with every pool slot free), a borrowed slot counts; shmrpc_ready
+    is 1 while /healthz says ok."""
+    w = spawn_worker("--metrics-port", "0", "--slots", "64K:32,1M:8", "--lease", "4,2")
+    url = _metrics_url(w)
+    clients = [Client(w.name, timeout_s=10) for _ in range(10)]
+    try:
+        body = _get(url)[1]
+        assert _gauge(body, "shmrpc_slots_leased") == 60 and _gauge(body, "shmrpc_slots_total") == 40
+        assert _gauge(body, "shmrpc_pool_slots_held") == 0 and _gauge(body, "shmrpc_ready") == 1.0
+        big = [clients[0].loan(600_000) for _ in range(3)]  # two from its own 1M slots, the third borrowed
+        try:
+            assert _gauge(_get(url)[1], "shmrpc_pool_slots_held") == 1
+        finally:
+            for loan in big:
+                loan.release()
+    finally:
+        for c in clients:
+            c.close()
+    assert w.stop() == 0

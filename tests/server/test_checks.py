@@ -131,3 +131,27 @@ def test_a_cgroup_v1_limit_is_found_from_a_containers_mount(tmp_path: Path) -> N
     (root / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
     assert cgroup_memory_room(str(root), str(proc)) == -1
     assert cgroup_memory_room(str(root), str(tmp_path / "absent")) == -1
+
+
+def test_the_start_counts_one_clients_region_beside_the_pool(monkeypatch: pytest.MonkeyPatch,
+                                                               worker_name: str) -> None:
+    """A memlock limit that holds the pool but not the first client's own region refused every client while the
+    worker said ready: the start now counts one client's region at the default --lease, and refuses to start."""
+    from shmrpc.schema.layout import parse_geometry
+    from shmrpc.server import checks
+    from shmrpc.server._loop import Worker
+    from shmrpc.server.config import WorkerConfig
+
+    cfg = WorkerConfig(worker_name, geometry=parse_geometry("64K:32,1M:4"), lease=(2, 1))
+    pool, first = cfg.geometry.region_nbytes, cfg.first_client_nbytes()
+    assert first == cfg.private_geometry().region_nbytes > 0  # type: ignore[union-attr]
+    assert WorkerConfig(worker_name, isolation="shared").first_client_nbytes() == 0
+    monkeypatch.setattr(checks, "has_ipc_lock", lambda: False)
+    monkeypatch.setattr(checks, "memlock_limit", lambda: pool + first // 2)
+    with pytest.raises(StartupError) as info:
+        Worker(cfg).start()
+    assert str(info.value).startswith(f"RLIMIT_MEMLOCK is {format_size_approx(pool + first // 2)} but the pool region "
+                                      f"with one client's own region (default --lease) needs "
+                                      f"{format_size_approx(pool + first)}:")
+    monkeypatch.setattr(checks, "memlock_limit", lambda: pool + first)
+    checks.check_memlock(pool + first)  # (what start() checks passes at that limit)

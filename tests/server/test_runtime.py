@@ -187,3 +187,20 @@ def test_remove_stale_lock(worker_name: str) -> None:
     assert remove_stale_lock(lock.path)
     assert not lock.path.exists()
     assert not remove_stale_lock(lock.path)
+
+
+def test_a_lock_file_that_cannot_be_written_is_one_line_and_left_behind_by_nobody(
+        worker_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full file system under the runtime directory: the start is refused with the path and the remedy (a bare
+    `OSError: [Errno 28] No space left on device` before), and no empty lock file is left for doctor to report."""
+    import errno
+
+    def full(self: WorkerLock) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(WorkerLock, "_write", full)
+    with pytest.raises(StartupError) as e:
+        WorkerLock.acquire(worker_name)
+    path = lock_path(worker_name)
+    assert str(e.value).startswith(f"cannot write the lock file {path}: No space left on device; free space in")
+    assert not path.exists()
