@@ -91,8 +91,10 @@ class RateLimited:
         extra = {"event": "request_failed", "client_pid": client_pid, "op": op, "error": error,
                  "field": field, "suppressed": suppressed}
         more = f" ({suppressed} similar lines suppressed)" if suppressed else ""
-        self.logger.info("request failed: client pid %d op %s error %s field %s: %.200r%s",
-                         client_pid, op, error, field or "-", message, more, extra=extra)
+        # pid 0: a doorbell of no session (a client of an earlier worker of this name, which ZeroMQ reconnected here)
+        who = f"client pid {client_pid}" if client_pid > 0 else "no session (a client of an earlier worker?)"
+        self.logger.info("request failed: %s op %s error %s field %s: %.200r%s",
+                         who, op, error, field or "-", message, more, extra=extra)
 
     def failed(self, client_pid: int, op: str, error: str, field: str, message: str) -> None:
         """:meth:`allow` then :meth:`emit`."""

@@ -32,7 +32,7 @@ import math
 import os
 import signal
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from shmrpc.schema.lane import LINGER_NS
 from shmrpc.schema.layout import DEFAULT_GEOMETRY, format_size_approx, parse_geometry
@@ -405,8 +405,18 @@ def _status(args: argparse.Namespace) -> int:
         print(f"users' ops: {', '.join(users)}")
     counters = state["counters"]
     for key in sorted(counters):
-        print(f"  {key} = {counters[key]}")
+        print(f"  {key} = {_counter_text(counters[key])}")
     return status
+
+
+def _counter_text(v: Any) -> str:
+    """A STATE counter for people: a whole number without ``.0``, a table by op as ``op: value``, ``-`` when empty
+    (``--json`` gives them as they are)."""
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {_counter_text(x)}" for k, x in v.items()) if v else "-"
+    return str(v)
 
 
 def _doctor(args: argparse.Namespace) -> int:

@@ -97,3 +97,10 @@ def test_status_without_a_worker_is_status_1(capsys: pytest.CaptureFixture[str])
     assert "no worker named" in capsys.readouterr().err
     assert main(["status", "--name", "nobody-" + os.urandom(4).hex(), "-q"]) == EXIT_FAILURE
     assert capsys.readouterr().err == ""
+
+
+def test_status_prints_counters_for_people() -> None:
+    from shmrpc.server.cli import _counter_text
+
+    assert _counter_text(3.0) == "3" and _counter_text(0.25) == "0.25" and _counter_text({}) == "-"
+    assert _counter_text({"vector_add": {"ok": 1.0, "KernelError": 2.0}}) == "vector_add: ok: 1, KernelError: 2"
