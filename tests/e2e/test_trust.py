@@ -702,7 +702,7 @@ def test_the_workers_fds_come_back_after_handshake_abuse(spawn_worker: Callable[
     for _ in range(8):
         subprocess.run([sys.executable, "-c", gone, w.name, str(Path(__file__).parent)], timeout=60, check=True)
     deadline = time.monotonic() + 20
-    while fds() != base:
+    while fds() > base:  # (fewer is no leak: an fd of the first client's, closed lazily, may have gone meanwhile)
         assert time.monotonic() < deadline, f"the worker holds {fds()} fds, {base} before"
         time.sleep(0.05)
     assert not worker_state(w.name)["clients"]
