@@ -91,20 +91,24 @@ def test_doctor_refuses_a_geometry_as_serve_does(worker_name: str) -> None:
     assert not any("/dev/shm" in line for line in problems), checked.stdout
 
 
+def _until_ready(sup: subprocess.Popen[str], name: str) -> list[str]:
+    """The supervisor's stdout lines up to its ready line (the test fails if it ends first)."""
+    assert sup.stdout is not None
+    seen: list[str] = []
+    for line in sup.stdout:
+        seen.append(line)
+        if line.startswith(f"shmrpc supervisor {name} ready"):
+            return seen
+    pytest.fail(f"supervisor did not start: {seen} {sup.stderr.read() if sup.stderr else ''}")
+
+
 def test_supervisor_ready_line_comes_after_every_workers(worker_name: str) -> None:
     sup = subprocess.Popen(
         [sys.executable, "-m", "shmrpc.server", "serve", "--name", worker_name, "--devices", "0,1", "--slots", "64K:4",
          "--lease", "1", "--backend", "numpy", "--no-mlock", "--log-level", "WARNING"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # its workers join its group
     try:
-        assert sup.stdout is not None
-        seen: list[str] = []
-        for line in sup.stdout:
-            seen.append(line)
-            if line.startswith(f"shmrpc supervisor {worker_name} ready"):
-                break
-        else:
-            pytest.fail(f"supervisor did not start: {seen} {sup.stderr.read() if sup.stderr else ''}")
+        seen = _until_ready(sup, worker_name)
         for d in (0, 1):
             name = f"{worker_name}-{d}"
             assert any(line.startswith(f"[{name}] shmrpc worker {name} ready (") for line in seen[:-1]), seen
@@ -149,14 +153,7 @@ def test_a_supervisor_killed_outright_takes_its_workers_with_it_and_gives_each_a
             str(port)]
     sup = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        assert sup.stdout is not None
-        seen: list[str] = []
-        for line in sup.stdout:
-            seen.append(line)
-            if line.startswith(f"shmrpc supervisor {worker_name} ready"):
-                break
-        else:
-            pytest.fail(f"supervisor did not start: {seen} {sup.stderr.read() if sup.stderr else ''}")
+        _until_ready(sup, worker_name)
         for i in (0, 1):
             with urllib.request.urlopen(f"http://127.0.0.1:{port + i}/metrics", timeout=10) as r:
                 assert b"shmrpc_clients" in r.read()

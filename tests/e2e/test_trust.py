@@ -8,6 +8,7 @@ attacker all run as the created user. Every process read from has a hard deadlin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -20,12 +21,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 import zmq
-from wire import attach_hello, hello_body, wait_for_state, wait_in_flight, worker_state
+from wire import WAITING_OPS, attach_hello, hello_body, wait_for_state, wait_in_flight, worker_state
 
 from shmrpc.client import Client, ConnectError, Resident
 from shmrpc.schema import messages as m
@@ -455,12 +456,23 @@ def _slots_of(name: str) -> list[list[list]]:
     return sorted(c["slots"] for c in worker_state(name)["clients"])
 
 
-def test_a_client_cannot_give_back_a_slot_it_does_not_hold(spawn_worker: Callable[..., WorkerProc]) -> None:
+@contextlib.contextmanager
+def _holder_and_attacker(spawn_worker: Callable[..., WorkerProc]) -> Iterator[tuple[WorkerProc, Any, Any, dict]]:
+    """A worker with one 1M pool slot, a client holding it (borrowed: larger than its own region's slots) and another
+    client of the same uid, the attacker, both ready; ``held``: what the holder said of its slot."""
     w = spawn_worker(slots="64K:4,1M:1", lease="2,0")
     holder, att = attack("holder", w.name, "300000"), attack("attacker", w.name)
     try:
         held = json.loads(line(holder))
         json.loads(line(att))
+        yield w, holder, att, held
+    finally:
+        for p in (holder, att):
+            finish(p)
+
+
+def test_a_client_cannot_give_back_a_slot_it_does_not_hold(spawn_worker: Callable[..., WorkerProc]) -> None:
+    with _holder_and_attacker(spawn_worker) as (w, holder, att, held):
         state = worker_state(w.name)
         victim = next(c for c in state["clients"] if [0, held["slot"]] in [s[:2] for s in c["slots"]])
         before = _slots_of(w.name)
@@ -472,17 +484,10 @@ def test_a_client_cannot_give_back_a_slot_it_does_not_hold(spawn_worker: Callabl
         assert ask(holder, {"do": "call"}) == {"ok": True}
         got = ask(att, {"do": "read", "slot": held["slot"]})
         assert got["ab"] == got["of"], "the victim's bytes changed"
-    finally:
-        for p in (holder, att):
-            finish(p)
 
 
 def test_a_pool_slot_is_zeroed_before_another_client_gets_it(spawn_worker: Callable[..., WorkerProc]) -> None:
-    w = spawn_worker(slots="64K:4,1M:1", lease="2,0")
-    holder, att = attack("holder", w.name, "300000"), attack("attacker", w.name)
-    try:
-        held = json.loads(line(holder))
-        json.loads(line(att))
+    with _holder_and_attacker(spawn_worker) as (w, holder, att, held):
         # every client maps the pool: another one reads a borrowed slot while it is held, and after it was given
         # back, until it changes hands (docs/reliability.md, "Trust": documented, not stopped)
         got = ask(att, {"do": "read", "slot": held["slot"]})
@@ -492,9 +497,6 @@ def test_a_pool_slot_is_zeroed_before_another_client_gets_it(spawn_worker: Calla
         assert ask(att, {"do": "read", "slot": held["slot"]})["ab"] == got["of"]
         taken = ask(att, {"do": "acquire", "nbytes": 300_000})
         assert (taken["region"], taken["slot"]) == (0, held["slot"]) and taken["zero"], taken
-    finally:
-        for p in (holder, att):
-            finish(p)
 
 
 def test_scribbling_over_another_clients_borrowed_slots_stays_inside_them(
@@ -630,21 +632,6 @@ def test_a_refused_keep_claims_no_shared_name(spawn_worker: Callable[..., Worker
         finish(att)
 
 
-WAITING_OPS = """
-import os, time
-from shmrpc.kernels.api import AttrSpec, OpSpec, register_op
-
-
-def _wait(call):
-    deadline = time.monotonic() + 20  # hang guard: the test creates the file
-    while not os.path.exists(call.attrs["path"]) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    return {"out": call.inputs["x"].copy()}
-
-
-register_op(OpSpec("t_wait", inputs=("x",), outputs=("out",), attrs={"path": AttrSpec("str")},
-                   infer=lambda i, a: {"out": i["x"]}, numpy=_wait, budget_s=1e-6))
-"""
 
 
 @pytest.mark.parametrize("leaves", ["killed", "bye"])

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from wire import WAITING_OPS
 
 from shmrpc.client import Client, InvalidRequestError, KernelError, Pipeline, Resident, ResourceError
 
@@ -267,21 +268,7 @@ def test_malformed_plan_queries_are_refused_and_the_worker_goes_on(worker: Worke
     assert worker.proc.poll() is None
 
 
-WAITING = '''
-import os, time
-from shmrpc.kernels.api import AttrSpec, OpSpec, register_op
-
-
-def _wait(call):
-    deadline = time.monotonic() + 20  # hang guard: the test creates the file
-    while not os.path.exists(call.attrs["path"]) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    return {"out": call.inputs["x"].copy()}
-
-
-register_op(OpSpec("t_wait", inputs=("x",), outputs=("out",), attrs={"path": AttrSpec("str")},
-                   infer=lambda i, a: {"out": i["x"]}, numpy=_wait, budget_s=1e-6))
-'''
+WAITING = WAITING_OPS
 
 
 def test_a_slow_users_op_does_not_stall_small_requests_and_is_counted_over_budget(

@@ -156,3 +156,22 @@ def _wait_stopped(pid: int, timeout_s: float = 10.0) -> None:
             return
         assert time.monotonic() < deadline, f"process {pid} did not stop: {states}"
         time.sleep(0.001)
+
+
+#: A module of one users' op, ``t_wait``: it runs until the file its attribute ``path`` names exists (at most 20 s),
+#: so a test decides when a request ends (and it is over its budget: counted in shmrpc_over_budget_total).
+WAITING_OPS = '''
+import os, time
+from shmrpc.kernels.api import AttrSpec, OpSpec, register_op
+
+
+def _wait(call):
+    deadline = time.monotonic() + 20  # hang guard: the test creates the file
+    while not os.path.exists(call.attrs["path"]) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return {"out": call.inputs["x"].copy()}
+
+
+register_op(OpSpec("t_wait", inputs=("x",), outputs=("out",), attrs={"path": AttrSpec("str")},
+                   infer=lambda i, a: {"out": i["x"]}, numpy=_wait, budget_s=1e-6))
+'''
