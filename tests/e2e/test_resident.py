@@ -64,7 +64,7 @@ def test_resident_limit_is_a_typed_error(spawn_worker: Callable[..., WorkerProc]
         c.put("small", np.ones(512, np.float32))  # 2 KiB: fits
         with pytest.raises(ResourceError) as e:
             c.put("big", np.ones(1024, np.float32))  # 4 KiB more: over the limit
-        assert "limit" in str(e.value)
+        assert "limit" in str(e.value) and e.value.op == "put"  # (the echo step a put travels as, before)
         assert set(c.resident()) == {"small"}
         np.testing.assert_array_equal(c.call("scale", x=np.ones(4), a=2.0)["out"], 2.0)
 
