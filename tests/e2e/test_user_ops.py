@@ -294,10 +294,19 @@ def test_status_says_not_ready_while_the_worker_drains(spawn_worker: Callable[..
     # while it answers what is in flight, and status says so (exit 1) instead of "ready"
     mod = "waiting_" + worker_name.replace("-", "_")
     _module(tmp_path, mod, WAITING)
-    w = spawn_worker("--ops", mod, env=_env(tmp_path))
+    w = spawn_worker("--ops", mod, "--metrics-port", "0", "--log-level", "INFO", env=_env(tmp_path))
     flag = tmp_path / "go"
     status = [sys.executable, "-m", "shmrpc.server", "status", "--name", w.name]
     assert subprocess.run([*status, "-q"], timeout=30).returncode == 0
+    url = next(p for p in w.ready_line.split() if p.startswith("http://")).rstrip(")")
+
+    def ready_gauge() -> str:  # what Prometheus reads (the not-ready alert): shmrpc_ready
+        import urllib.request
+
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return next(ln.split()[-1] for ln in r.read().decode().splitlines() if ln.startswith("shmrpc_ready "))
+
+    assert ready_gauge() == "1.0"
     with Client(w.name, timeout_s=30) as c:
         fut = c.submit("t_wait", x=np.ones(4, np.float32), path=str(flag))
         deadline = time.monotonic() + 20
@@ -308,6 +317,9 @@ def test_status_says_not_ready_while_the_worker_drains(spawn_worker: Callable[..
             assert time.monotonic() < deadline, "status stayed ready after SIGTERM"
         out = subprocess.run(status, capture_output=True, text=True, timeout=30)
         assert out.returncode == 1 and out.stdout.startswith("NOT READY: stopping\n") and "in flight 1" in out.stdout
+        assert ready_gauge() == "0.0"
         flag.touch()
         np.testing.assert_array_equal(fut.result()["out"], 1.0)  # still answered
     assert w.proc.wait(30) == 0
+    w.stop()
+    assert f"worker {w.name} stopping: answering 1 requests in flight first" in w.stderr
