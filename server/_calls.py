@@ -221,7 +221,8 @@ class Calls:
                 self._primed.put(key, primed)
             prep = primed.prep
             if prep.keep_as:
-                self.shared.claim(c.id, prep.keep_as.values())  # shared/ names: only their owner may replace them
+                # shared/ names: only their owner may replace them (and the request is counted until it finishes)
+                self.sessions.claim_keeps(identity, c.id, prep.keep_as.values())
         except RequestError as e:
             if e.field == "outputs" and type(e) is RequestTooLargeError and h[3] & _GUESS:
                 # the client's guessed room was too small: it asks for the sizes and sends it again (not a failure)

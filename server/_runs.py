@@ -444,7 +444,7 @@ class Runs:
             # shared/ names: their owner may have changed since the entry was validated (its client dropped one and
             # another kept it); the full path refuses a request that keeps one it does not own
             try:
-                self.shared.claim(ex.session.id, ex.primed.prep.keep_as.values())
+                self.sessions.claim_keeps(ex.identity, ex.session.id, ex.primed.prep.keep_as.values())
             except RequestError:
                 return False
         view = ex.view

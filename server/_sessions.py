@@ -18,6 +18,7 @@ STATUS                :meth:`Sessions.state`
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import secrets
@@ -98,6 +99,9 @@ class Sessions:
         self._waiters = waiters
         self.metrics = metrics
         self.shared = shared
+        # identity -> (client id, shared/ names that its requests in flight keep, with their counts): a name stays its
+        # owner's until the last of them finished, also after the session ended (settle_keeps)
+        self._keeping: dict[bytes, tuple[int, collections.Counter[str]]] = {}
         self._send = send
         self._started = started
         self.admission = Admission(config)
@@ -296,10 +300,15 @@ class Sessions:
             return self._send(identity, Managed(dropped=name, id=rid).encode())
         return self._refuse(identity, "bad_message", f"unknown MANAGE action {action!r}", "action", rid)
 
-    def _drop_residents(self, client_id: int) -> None:
-        """Drop the client's private resident tensors and the shared ones it owns."""
+    def _drop_residents(self, client_id: int, identity: bytes = b"") -> None:
+        """Drop the client's private resident tensors and the shared ones it owns; a shared name that one of its
+        requests still running keeps stays its own until that request finished (:meth:`settle_keeps`), so that no
+        other client puts a tensor there which the late request would replace."""
         own = f"{client_id}/"
         shared = set(self.shared.release(client_id))
+        kept = self._keeping.get(identity)
+        if kept is not None:
+            self.shared.claim(client_id, [n for n, k in kept[1].items() if k > 0])
         for full in [n for n in self.backend.resident() if n.startswith(own) or n in shared]:
             self.backend.drop(full)
         self.metrics.resident.set(self.backend.resident_bytes)
@@ -308,6 +317,16 @@ class Sessions:
         """The slot gauges: every slot clients hold, and those of the pool (what its exhaustion alert reads)."""
         self.metrics.slots_leased.set(self.leases.n_leased)
         self.metrics.pool_slots_held.set(self.leases.n_pool_held)
+
+    def claim_keeps(self, identity: bytes, client_id: int, names: Iterable[str]) -> None:
+        """A request of session ``identity`` that keeps ``names`` (the backend's names) is about to run: the shared
+        ones become its client's (InvalidRequestError when another client owns one), and are counted as kept in
+        flight until :meth:`settle_keeps`."""
+        names = list(names)
+        self.shared.claim(client_id, names)
+        shared = [n for n in names if n.startswith(SHARED_PREFIX)]
+        if shared:
+            self._keeping.setdefault(identity, (client_id, collections.Counter()))[1].update(shared)
 
     def settle_keeps(self, identity: bytes, names: Iterable[str], ok: bool) -> None:
         """A request that keeps resident tensors ``names`` (the backend's names) finished.
@@ -318,17 +337,30 @@ class Sessions:
         the shared name since. A request that failed gives up its claim on a shared name it did not keep (the
         claim is made when the request is validated, before it runs).
         """
+        names = list(names)
         c = self.clients.get(identity)
+        record = self._keeping.get(identity)
+        ended_id = record[0] if record is not None else None
+        if record is not None:
+            record[1].subtract(n for n in names if n.startswith(SHARED_PREFIX))
+            if not +record[1]:
+                del self._keeping[identity]
         if c is not None and ok:
-            return  # (every put's path: nothing to look up)
+            return  # (every put's path: nothing more to look up)
+        still = self._keeping.get(identity, (0, collections.Counter()))[1]
         dropped = False
         for full in names:
             shared = full.startswith(SHARED_PREFIX)
             there = self.backend.resident_spec(full) is not None
             if c is None:
-                if there and (not shared or self.shared.owner(full) is None):
+                # an ended session's: its name was held for it while this request ran (end_client), so no other
+                # client has put a tensor under it meanwhile; free once the last such request finished
+                owner = self.shared.owner(full)
+                if there and (not shared or owner is None or owner == ended_id):
                     self.backend.drop(full)
                     dropped = True
+                if shared and owner == ended_id and still[full] <= 0:
+                    self.shared.forget(full)
             elif shared and not there and self.shared.owner(full) == c.id:
                 self.shared.forget(full)
         if dropped:
@@ -339,7 +371,7 @@ class Sessions:
         if self.lanes is not None:
             self.lanes.drop(c.identity)
         self.admission.left(c.uid)
-        self._drop_residents(c.id)
+        self._drop_residents(c.id, c.identity)
         if c.pidfd is not None:
             self.by_pidfd.pop(c.pidfd, None)
             os.close(c.pidfd)
