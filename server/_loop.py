@@ -190,6 +190,7 @@ class Worker(Calls, Runs):
             "worker %s ready: backend=%s region=%s (%s, slots %s) socket=%s",
             cfg.name, self.backend.name, self.regions[0].name, format_size_approx(self.regions[0].nbytes),
             cfg.geometry.spec(), socket_path(cfg.name),
+            extra={"event": "worker_ready", "worker": cfg.name, "backend": self.backend.name},
         )
         self._loop_tick = time.monotonic()
         self.ready.set()
@@ -305,7 +306,9 @@ class Worker(Calls, Runs):
             if stopping and not announced:
                 announced = True
                 log.info("worker %s stopping: answering %d requests in flight first (a slow one is waited for: "
-                         "no bound but the service manager's)", self.config.name, self.leases.n_in_flight)
+                         "no bound but the service manager's)", self.config.name, self.leases.n_in_flight,
+                         extra={"event": "worker_stopping", "worker": self.config.name,
+                                "in_flight": self.leases.n_in_flight})
             if stopping and self.leases.n_in_flight == 0 and not self._done:
                 break
             if self.sessions.by_pidfd.keys() != pidfds or attach.pending.keys() != waiting:
@@ -388,7 +391,7 @@ class Worker(Calls, Runs):
             # no request waits; observe folds past _FOLD_AT queued, and a scrape folds before it reads)
             if lanes is None or not lanes.ready():
                 self.metrics.fold()
-        log.info("worker %s stopped", self.config.name)
+        log.info("worker %s stopped", self.config.name, extra={"event": "worker_stopped", "worker": self.config.name})
 
     def _on_attach(self, fd: int, stopping: bool) -> None:
         """A pending attach connection is readable: answer its HELLO there and close it."""

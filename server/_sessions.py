@@ -164,7 +164,9 @@ class Sessions:
             return _refusal("refused", f"cannot create this client's region: {e}", "region"), []
         self.metrics.clients.set(len(self.clients))
         self._count_slots()
-        log.info("client %d (pid %d uid %d) connected with %d slots", client.id, peer.pid, peer.uid, len(slots))
+        log.info("client %d (pid %d uid %d) connected with %d slots", client.id, peer.pid, peer.uid, len(slots),
+                 extra={"event": "client_connected", "client_id": client.id, "client_pid": peer.pid,
+                        "client_uid": peer.uid, "slots": len(slots)})
         fds = [r.fd for r in regions if r.fd is not None]
         lane = None
         if hello.lane and self.lanes is not None:
@@ -380,7 +382,8 @@ class Sessions:
         self._waiters.cancel(c.id)
         self.metrics.clients.set(len(self.clients))
         self._count_slots()
-        log.info("client %d (pid %d) gone (%s): %d slots reclaimed", c.id, c.pid, why, n)
+        log.info("client %d (pid %d) gone (%s): %d slots reclaimed", c.id, c.pid, why, n,
+                 extra={"event": "client_gone", "client_id": c.id, "client_pid": c.pid, "why": why, "slots": n})
         self.close_idle_regions()
         self.serve_pending()
 

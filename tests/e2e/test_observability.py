@@ -91,6 +91,12 @@ def test_metrics_port_zero_labels_and_healthz(spawn_worker: Callable[..., Worker
     assert w.stop() == 0
     lines = [json.loads(x) for x in w.stderr.splitlines() if x.startswith("{")]
     assert any(x["msg"].startswith("metrics on http://127.0.0.1:") for x in lines)
+    # the lifecycle lines carry their event and fields, as the failed requests' do
+    events = [x.get("event") for x in lines]
+    for event in ("worker_ready", "client_connected", "client_gone", "worker_stopping", "worker_stopped"):
+        assert event in events, (event, events)
+    connected = next(x for x in lines if x.get("event") == "client_connected")
+    assert connected["client_pid"] == os.getpid() and connected["slots"] > 0
     failed = [x for x in lines if x.get("event") == "request_failed"]
     assert failed and len(failed) <= 40, len(failed)
     first = failed[0]
