@@ -64,22 +64,23 @@ def peer_cred(sock: socket.socket) -> PeerCred:
     return PeerCred(pid, uid, gid)
 
 
+def _prctl(option: int, arg: int, what: str) -> None:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    if libc.prctl(option, arg, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl({what}): {os.strerror(err)}")
+
+
 def set_dumpable(dumpable: bool) -> None:
     """``prctl(PR_SET_DUMPABLE)``: a non-dumpable process's /proc/<pid>/fd, /mem, /maps are closed to other
     non-root processes (and it writes no core dump). Raises OSError when the kernel refuses."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    if libc.prctl(_PR_SET_DUMPABLE, int(dumpable), 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"prctl(PR_SET_DUMPABLE): {os.strerror(err)}")
+    _prctl(_PR_SET_DUMPABLE, int(dumpable), "PR_SET_DUMPABLE")
 
 
 def set_parent_death_signal(sig: int) -> None:
     """``prctl(PR_SET_PDEATHSIG)``: the kernel sends ``sig`` to this process when the thread that started it ends
     (its parent process dying, whatever the cause). Raises OSError when the kernel refuses."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+    _prctl(_PR_SET_PDEATHSIG, int(sig), "PR_SET_PDEATHSIG")
 
 
 def _not_admitted(uid: int) -> str:
