@@ -32,7 +32,7 @@ import numpy as np
 from shmrpc.schema.errors import ClientClosedError, RequestError, Timeout, WorkerGoneError
 
 from ._callplan import outputs_did_not_fit
-from ._calls import _NoSlot
+from ._calls import GUESS_ANY, _NoSlot
 from ._client import Client
 from ._lane import ClientLane
 from ._loan import Loan, _CallReply, _Reply
@@ -440,7 +440,7 @@ class AsyncClient:
         no_slot = None
         if not self._queued:
             try:
-                c._submit(op, timeout_s, out_nbytes, in_place, keep, copy, True, kwargs, make=make, guess=True)
+                c._submit(op, timeout_s, out_nbytes, in_place, keep, copy, True, kwargs, make=make, guess=GUESS_ANY)
                 return afut
             except _NoSlot as e:
                 no_slot = e

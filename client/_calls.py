@@ -7,6 +7,7 @@ slots, the connection and the control requests (docs/client.md).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -117,7 +118,7 @@ class Calls:
         while True:
             try:
                 if self._tracing is None:
-                    got = self._steady(op, kwargs, in_place, keep, out_nbytes, True)
+                    got = self._steady(op, kwargs, in_place, keep, out_nbytes, GUESS_ANY)
                     if got is not None:
                         if got[0].learn is None:
                             return self._call_now(got[0], got[1], copy, timeout_s)
@@ -170,11 +171,12 @@ class Calls:
                 loan._in_views[id(sized)] = (sized, made[1])
 
     def _steady(self, op: str | Pipeline, kwargs: dict[str, Any], in_place: bool, keep: tuple[str, ...],
-                out_nbytes: int | None, guess: bool = False) -> tuple[CallPlan, list[np.ndarray]] | None:
+                out_nbytes: int | None, guess: int = 0) -> tuple[CallPlan, list[np.ndarray]] | None:
         """The plan of this call's signature (made on its first call) and its arrays in the plan's order, or None for
         a call the steady path does not serve (see :func:`steady_key` and :meth:`_plain_inputs`). ``guess``
-        (``call()``): a signature whose outputs' sizes are not known yet gets a plan that guesses them (not kept;
-        see :meth:`_call_guessed`), instead of asking the worker first."""
+        (``call()``: :data:`GUESS_ANY`): a signature whose outputs' sizes are not known yet, and whose inputs take at
+        most this many bytes, gets a plan that guesses them (not kept; see :meth:`_call_guessed`), instead of asking
+        the worker first."""
         got = steady_key(op, kwargs, in_place, keep, out_nbytes, self._specs)
         if got is None:
             return None
@@ -235,7 +237,7 @@ class Calls:
         return arrays, attrs, residents
 
     def _plan_of(self, op: str | Pipeline, kwargs: dict[str, Any], key: Any, in_place: bool, keep: tuple[str, ...],
-                 out_nbytes: int | None, guess: bool = False) -> CallPlan | None:
+                 out_nbytes: int | None, guess: int = 0) -> CallPlan | None:
         """The plan of the first call of a signature (kept under ``key`` unless that is None), or None for a call the
         steady path does not serve (see :meth:`_plain_inputs`).
 
@@ -323,12 +325,12 @@ class Calls:
 
     def _plan_call(self, op: str | Pipeline, inputs: tuple[tuple[str, tuple[int, ...], str], ...],
                    attrs: dict[str, Any], in_place: bool, keep: tuple[str, ...], out_nbytes: int | None,
-                   refs: tuple[TensorRef, ...] = (), guess: bool = False, key: Any = None) -> tuple[CallPlan, bool]:
+                   refs: tuple[TensorRef, ...] = (), guess: int = 0, key: Any = None) -> tuple[CallPlan, bool]:
         """The first call of a signature: the outputs' size (asked of the worker), the layout, the descriptor;
         and whether to keep the plan (not when the worker refused to size it: that call fails, and the next one
         asks again, as the general path does). ``refs``: the resident tensors it names, after the inputs in the
-        descriptor as the general path places them. ``guess``: outputs of a size not known yet are given room as
-        large as the inputs instead of asking (a plan with ``learn`` set, not kept until its answer says how large
+        descriptor as the general path places them. ``guess``: outputs of a size not known yet, of inputs that take
+        at most ``guess`` bytes, are given room as large as the inputs instead of asking (a plan with ``learn`` set, not kept until its answer says how large
         the outputs are, then under ``key``, the plan cache's: :meth:`_learned`)."""
         writes, tensors, cursor = plan_inputs(inputs, self.geometry.desc_nbytes)
         tensors += refs
@@ -342,7 +344,7 @@ class Calls:
             asked: int | None = 0
             if not (in_place or alias):
                 sizer_key, asked = self._sizer.cached(op, specs, names, attrs, keep)
-                if asked is None and guess:
+                if asked is None and guess and sum(n for _, n in writes) <= guess:
                     learn = (sizer_key, key)
                 elif asked is None:
                     asked = self._sizer.ask(sizer_key, self.op_table, op, specs, names, attrs, keep)
@@ -386,8 +388,7 @@ class Calls:
         # a new signature whose inputs are small goes out without asking the worker first (as call() sends it); its
         # inputs are copied to send it again should its outputs outgrow the room guessed for them (the caller may
         # change its arrays once submit() returned)
-        guess = out_nbytes is None and sum(v.nbytes for v in kwargs.values() if type(v) is np.ndarray) <= self.GUESS_COPY_MAX
-        fut = self._submit(op, timeout_s, out_nbytes, in_place, keep, _copy, False, kwargs, guess=guess)
+        fut = self._submit(op, timeout_s, out_nbytes, in_place, keep, _copy, False, kwargs, guess=self.GUESS_COPY_MAX)
         if fut._guessed is not None:
             fut._again = (op, {k: v.copy() if type(v) is np.ndarray else v for k, v in kwargs.items()}, in_place, keep)
         return fut
@@ -399,13 +400,14 @@ class Calls:
 
     def _submit(self, op: str | Pipeline, timeout_s: float | None, out_nbytes: int | None, in_place: bool,
                 keep: tuple[str, ...], copy: bool, nowait: bool, kwargs: dict[str, Any], steady: bool = True,
-                make: Callable[..., Any] = CallFuture, guess: bool = False) -> Any:
+                make: Callable[..., Any] = CallFuture, guess: int = 0) -> Any:
         """Copy the inputs into a slot and ring; ``nowait``: never wait (a free slot of ours, and no question to the
         worker first), else raise _NoSlot. ``steady``: a signature ``call()`` plans is sent by its plan (False: the
         caller found none). ``make``: the answer's class, called as ``CallFuture`` is (``AsyncClient``'s finishes an
-        asyncio future; not with tracing, whose span ends in a done-callback). ``guess`` (``AsyncClient``, whose
-        answer sends the request again when its outputs did not fit): a new signature is sent without asking first,
-        as ``call()`` sends it (:meth:`_call_guessed`); its answer learns the sizes (``_CallReply``)."""
+        asyncio future; not with tracing, whose span ends in a done-callback). ``guess`` (``AsyncClient``'s
+        :data:`GUESS_ANY`, ``submit()``'s :attr:`GUESS_COPY_MAX`: inputs of at most this many bytes; the answer sends
+        the request again when its outputs did not fit): a new signature is sent without asking first, as ``call()``
+        sends it (:meth:`_call_guessed`); its answer learns the sizes (``_CallReply``)."""
         if nowait and self._nowait_thread != (ident := get_ident()):  # (the thread's questions to the worker: _ask)
             self._nowait_thread = ident
             try:
@@ -551,6 +553,9 @@ class Calls:
         return payload, steps[0].op_code, flags | (_KEEP if keep else 0), desc.outputs
 
 
+#: ``guess`` of ``call()`` and ``AsyncClient``: a new signature's outputs are guessed whatever its inputs' size (their
+#: request is sent again from the caller's arrays, which they hold until it is answered)
+GUESS_ANY = sys.maxsize
 _KEEP_ANY_NBYTES = 64 << 10  # a kept call() loan's slot up to this size serves any smaller call
 # the early ring: a call() through an idle lane whose descriptor and inputs end within this many bytes of the slot's
 # start (copied in within a few µs) wakes the worker before copying them; a larger copy would outlast the worker's poll
