@@ -93,6 +93,11 @@
 #           bwait: the tree with --batch-wait-us 100 (parked requests wait for the rest of their batch),
 #           and singles: the tree with lone requests run as batches of one (SHMRPC_CUDA_BATCH_SINGLES=1; the tree
 #           of 69c6f96, where that was the default, ran this arm as "new" and the default of today as "nosingles")
+#   gemmtrees  the tree, the base tree (.whl/base/) and every tree in .whl/bis/<commit>/ (a wheel each): 8 clients of
+#           gemm x=16x256 w=256x256 float16 over ZeroMQ on the CuPy worker, each tree's bench and worker, twice (the
+#           second round in reverse order) -> $OUT/bis-<commit>-rN.json; then bench/gpu/mixed_trees.py with the
+#           worker of the base tree and clients of MIXED_TREE (one of .whl/bis/, the same protocol) and back
+#           -> $OUT/mixed.json
 #   singlesab 64 B float32 scale on the CuPy worker (loan, call(), lanes, next to zmq), lone requests as batches of
 #           one (on, SHMRPC_CUDA_BATCH_SINGLES=1) and run unbatched (off), interleaved twice -> $OUT/singlesab-*.json
 #   device  bench/gpu/device_probe.py: cudaSetDevice and CuPy's Device context against DeviceScope, and the CuPy
@@ -452,6 +457,33 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
             --transports shmrpc,shmrpc-lane,shmrpc-lane-spin --clients 8,16 --iters 2000 --warmup 50 --backend cupy \
             --op gemm --shape x=16x256 --shape w=256x256 --dtype float16 --worker-args "$wargs" -q \
             --out "$OUT/gemmab-$arm-r$r.json" 2>&1 | grep -E "^shmrpc"
+        done
+      done ;;
+    gemmtrees)
+      base_site || exit 1
+      trees="base"
+      for w in .whl/bis/*/; do
+        c=$(basename "$w"); trees="$trees $c"
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "/tmp/site-$c" "$w"*.whl
+      done
+      trees="$trees new"
+      if [ -n "${MIXED_TREE:-}" ]; then
+        echo "== worker:clients of base (b) and $MIXED_TREE (m), 8 clients of gemm over ZeroMQ"
+        timeout 200 python3 bench/gpu/mixed_trees.py --pair bb=/tmp/site-base:/tmp/site-base \
+          --pair mb=/tmp/site-$MIXED_TREE:/tmp/site-base --pair bm=/tmp/site-base:/tmp/site-$MIXED_TREE \
+          --pair mm=/tmp/site-$MIXED_TREE:/tmp/site-$MIXED_TREE --rounds 3 --out "$OUT/mixed.json"
+      fi
+      for r in 1 2; do
+        [ "$r" = 2 ] && trees=$(echo $trees | tr ' ' '\n' | tac | tr '\n' ' ')
+        for t in $trees; do
+          site=/tmp/site-$t:/tmp/site commit=$t
+          [ "$t" = new ] && site=/tmp/site commit=${SHMRPC_COMMIT:-}
+          [ "$t" = base ] && commit=${BASE_COMMIT:-base}
+          PYTHONPATH=$site SHMRPC_COMMIT=$commit timeout 80 $BENCH lat --transports shmrpc --clients 8 --iters 2000 \
+            --warmup 50 --backend cupy --op gemm --shape x=16x256 --shape w=256x256 --dtype float16 -q \
+            --out "$OUT/bis-$t-r$r.json" > /dev/null 2>&1
+          python3 -c "import json; d = json.load(open('$OUT/bis-$t-r$r.json')); p = d['scaling'][0]
+print('round $r', '$t', round(p['calls_per_s']), 'requests/s, mean batch', p.get('worker', {}).get('mean_batch'))"
         done
       done ;;
     device)  # what entering the CUDA device costs per request: cupy.cuda.Device against DeviceScope

@@ -160,3 +160,18 @@ def test_big_trace_times_a_launched_request_and_its_pulse(tmp_path: Path) -> Non
         # found done no sooner than due (20 ms after the launch, which is a little before the wait's first stamp)
         assert 0.9 * 0.02e6 <= med["launched to found done"] < span < med["round trip"], (path, med)
         assert med["DONE to the client routing it"] > 0 and med["_on_call to launched"] > 0, (path, med)
+
+
+@pytest.mark.timeout(180)
+def test_mixed_trees_measures_every_pair_of_worker_and_clients(tmp_path: Path) -> None:
+    # two pairs of this checkout (an empty site: the installed package) on the NumPy backend, two rounds
+    doc = _run("gpu/mixed_trees.py", "--pair", "one=:", "--pair", "two=:", "--clients", "2", "--calls", "60",
+               "--rounds", "2", "--backend", "numpy", "--dtype", "float32", out=tmp_path / "m.json")
+    assert doc["mode"] == "mixed-trees" and "verdicts" not in doc and "machine" in doc
+    assert doc["command"].startswith("bench/gpu/mixed_trees.py")
+    assert set(doc["rounds"]) == {"one", "two"}
+    for label, rows in doc["rounds"].items():
+        assert len(rows) == 2
+        for row in rows:
+            assert row["rps"] > 0 and row["client_cpu_us"] > 0 and row["worker_cpu_us"] >= 0, (label, row)
+        assert doc["medians"][label]["rps"] > 0
