@@ -160,8 +160,10 @@ class Sessions:
             regions, slots = self._lease_regions(client, lease)
         except Exception as e:  # noqa: BLE001 - no memory, memlock, GPU registration: refuse, keep serving
             self._forget(client)
-            log.warning("refused a HELLO from pid %d uid %d: cannot create its region: %s", peer.pid, peer.uid, e)
-            return _refusal("refused", f"cannot create this client's region: {e}", "region"), []
+            log.warning("refused a HELLO from pid %d uid %d: cannot create its region (lease %s): %s", peer.pid,
+                        peer.uid, ",".join(map(str, lease)), e)
+            asked = "" if hello.lease is None else f" (it asked for a lease of {','.join(map(str, lease))} slots)"
+            return _refusal("refused", f"cannot create this client's region{asked}: {e}", "region"), []
         self.metrics.clients.set(len(self.clients))
         self._count_slots()
         log.info("client %d (pid %d uid %d) connected with %d slots", client.id, peer.pid, peer.uid, len(slots),

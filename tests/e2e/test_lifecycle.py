@@ -353,3 +353,23 @@ def test_sigterm_while_the_worker_stops_itself_never_hangs_it(worker_name: str) 
             p.communicate(timeout=10)
     assert p.returncode == 3 and "storm" in err and "unrecoverable" in err, err[-2000:]
     assert not socket_path(worker_name).exists()
+
+
+def test_a_hello_whose_region_cannot_be_made_is_refused_logged_and_the_worker_serves_on(
+        spawn_worker: Callable[..., WorkerProc]) -> None:
+    # a client asks for a lease of 1 GiB slots whose region is twice the memory available: its HELLO is refused with
+    # field "region" and the lease it asked for, the worker logs why (a worker that refuses clients in silence cannot
+    # be told from one that sees none), and the next client with the default lease is served
+    avail = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
+                 if ln.startswith("MemAvailable:")) * 1024
+    n = 2 * avail // (1 << 30) + 1
+    w = spawn_worker("--lease-max", f"16,{n}", slots="64K:16,1G:1", lease="4,0")
+    with pytest.raises(ConnectError) as ei:
+        Client(w.name, lease=(4, n), timeout_s=5, connect_timeout_s=5)
+    assert ei.value.field == "region" and f"lease of 4,{n} slots" in str(ei.value), ei.value
+    with Client(w.name, timeout_s=5) as c:
+        np.testing.assert_array_equal(c.call("scale", x=np.ones(4, np.float32), a=2.0, b=0.0)["out"], 2.0)
+    assert w.stop() == 0
+    refused = [ln for ln in w.stderr.splitlines() if "refused a HELLO" in ln]
+    assert len(refused) == 1 and f"cannot create its region (lease 4,{n})" in refused[0], w.stderr
+    assert "needs" in refused[0] and "available" in refused[0]
