@@ -355,7 +355,12 @@ class _Reply:
         self._watched = False
 
     def _no_answer(self) -> BaseException:
-        return self._c._no_answer_error()
+        err = self._c._no_answer_error()
+        if type(err) is Timeout:  # named by the op its slot's header holds, as a blocking call's Timeout is
+            op = self._loan._op_in_flight()
+            if op:
+                return Timeout(f"{err} (op {op!r})", op=op)
+        return err
 
     def _outcome(self) -> Any:
         """The value once the answer came (override); raise its error."""

@@ -218,6 +218,31 @@ def test_timeout_is_a_timeout_error(worker: WorkerProc) -> None:
         fut.result()  # the request still completes; the slot is not reused meanwhile
 
 
+def test_a_futures_and_an_async_calls_timeout_name_the_op(worker: WorkerProc) -> None:
+    # a future past its own deadline and an AsyncClient call past its timeout say which op got no answer, as a
+    # blocking call's Timeout does (their Timeout once had op "" and no op in the message)
+    import asyncio
+
+    from shmrpc.client import AsyncClient
+
+    slow, x = slow_pipeline(), np.ones(3_500_000)  # 20 steps over 28 MB: far over 30 ms anywhere
+    with Client(worker.name, timeout_s=60) as c:
+        c.call(slow, x=x)  # the signature planned: the timed call below asks the worker nothing first
+        with pytest.raises(Timeout) as e:
+            c.submit(slow, x=x, timeout_s=0.03).result()
+        assert e.value.op == "scale" and str(e.value).endswith("(op 'scale')"), e.value
+
+    async def run_async() -> Timeout:
+        async with await AsyncClient.connect(worker.name, timeout_s=60) as ac:
+            await ac.call(slow, x=x)
+            with pytest.raises(Timeout) as e:
+                await ac.call(slow, x=x, timeout_s=0.03)
+            return e.value
+
+    err = asyncio.run(run_async())
+    assert err.op == "scale" and str(err).endswith("(op 'scale')"), err
+
+
 def test_status_command_shows_leases_and_counters(worker: WorkerProc) -> None:
     with Client(worker.name, timeout_s=10) as c:
         c.call("vector_add", x=np.ones(3), y=np.ones(3))
