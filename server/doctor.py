@@ -166,7 +166,7 @@ def doctor(clean: bool = False, region_nbytes: int | None = None, out: Callable[
 
     rdir = runtime_dir()
     try:
-        unsafe = check_runtime_dir(rdir, shared=True)  # 0711 is --allow-uid's
+        unsafe = check_runtime_dir(rdir)
     except FileNotFoundError:
         out(f"runtime dir {rdir}: absent (created by the first worker)")
     else:

@@ -13,9 +13,11 @@ from .checks import StartupError
 __all__ = ["check_runtime_dir", "ensure_runtime_dir", "remove_socket"]
 
 
-def check_runtime_dir(path: Path, *, shared: bool = False) -> str | None:
-    """Why ``path`` is not a safe runtime directory (``None`` when it is: a real directory, ours, mode 0700;
-    0711 when ``shared``: other uids may pass through to the sockets but not list or change it).
+def check_runtime_dir(path: Path) -> str | None:
+    """Why ``path`` is not a safe runtime directory (``None`` when it is: a real directory, ours, that no other uid
+    may list or change: mode 0700, or 0711, where others may pass through to the sockets, whose own modes decide who
+    connects; a worker with ``--allow-uid`` makes it 0711, and one without takes it as it is, 0600 sockets and all,
+    so workers with and without ``--allow-uid`` can share one directory).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -30,7 +32,7 @@ def check_runtime_dir(path: Path, *, shared: bool = False) -> str | None:
             f"runtime directory {path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()}): "
             "remove it, or set SHMRPC_RUNTIME_DIR to a private directory"
         )
-    if st.st_mode & (0o066 if shared else 0o077):
+    if st.st_mode & 0o066:
         return (
             f"runtime directory {path} has mode {stat.S_IMODE(st.st_mode):04o}, so other users can reach "
             f"the worker: run chmod 700 {path}, or set SHMRPC_RUNTIME_DIR to a private directory"
@@ -45,7 +47,7 @@ def ensure_runtime_dir(*, shared: bool = False) -> Path:
         The directory, :func:`shmrpc.schema.naming.runtime_dir`.
 
     Raises:
-        StartupError: it exists but is not a directory, not ours, or group/other can enter it.
+        StartupError: it exists but is not a directory, not ours, or group/other can list or change it.
 
     Example:
         >>> path = ensure_runtime_dir()
@@ -59,7 +61,7 @@ def ensure_runtime_dir(*, shared: bool = False) -> Path:
         pass
     else:
         os.chmod(path, mode)  # mkdir's mode passes through the umask; make it exact
-    problem = check_runtime_dir(path, shared=shared)
+    problem = check_runtime_dir(path)
     if problem:
         raise StartupError(problem)
     if shared and stat.S_IMODE(os.lstat(path).st_mode) != mode:

@@ -204,3 +204,22 @@ def test_a_lock_file_that_cannot_be_written_is_one_line_and_left_behind_by_nobod
     path = lock_path(worker_name)
     assert str(e.value).startswith(f"cannot write the lock file {path}: No space left on device; free space in")
     assert not path.exists()
+
+
+def test_a_directory_opened_to_passing_through_serves_workers_with_and_without_allow_uid(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a worker with --allow-uid makes the directory 0711; a plain worker started there later (another unit sharing
+    # /run/shmrpc) once refused it and could not start: others may pass through, not list or change it, and the
+    # plain worker's sockets are 0600 of their own; the mode is left as the shared worker needs it
+    target = tmp_path / "rt"
+    monkeypatch.setenv("SHMRPC_RUNTIME_DIR", str(target))
+    ensure_runtime_dir(shared=True)
+    assert target.stat().st_mode & 0o777 == 0o711
+    assert ensure_runtime_dir() == target
+    assert target.stat().st_mode & 0o777 == 0o711
+    for mode in (0o731, 0o751, 0o713):  # group or other may change (w) or list (r) it: refused either way
+        target.chmod(mode)
+        with pytest.raises(StartupError, match=f"mode {mode:04o}"):
+            ensure_runtime_dir()
+        with pytest.raises(StartupError, match=f"mode {mode:04o}"):
+            ensure_runtime_dir(shared=True)
