@@ -54,6 +54,13 @@ def _write(lane: Lane) -> None:
         pass
 
 
+def linger_ns(linger_us: int) -> int:
+    """The worker's linger in ns for ``--lane-linger-us``: none where this process may use one CPU only (its
+    affinity: ``--cpus``, ``taskset``, a cpuset; not the host's count), where the client it waits for could not run
+    meanwhile."""
+    return linger_us * 1000 if len(os.sched_getaffinity(0)) > 1 else 0
+
+
 class Linger:
     """The worker's linger (schema/lane.py): whether a lane's client came back soon after its last answer, and the
     latest time an answer said the loop reads the lanes until (``until_ns``, CLOCK_MONOTONIC ns; 0: none pending).

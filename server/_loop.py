@@ -53,7 +53,7 @@ from ._attach import AttachListener, set_dumpable
 from ._batch import Pending
 from ._calls import Calls
 from ._dispatch import Dispatcher, Launched
-from ._lanes import Lanes, Linger
+from ._lanes import Lanes, Linger, linger_ns
 from ._lease import Leases, Slot
 from ._observe import Observer
 from ._poll import LoopPoll
@@ -151,8 +151,7 @@ class Worker(Calls, Runs):
             self.leases = Leases([self.regions[0].geometry], cfg.lease, self._zero,
                                  max_borrowed_slots=cfg.client_max_slots, max_borrowed_bytes=cfg.client_max_bytes)
             self._waiters = Waiters(self.leases.sizes, cfg.client_max_waiters)
-            # lingering needs a second CPU: on one, the client it waits for could not run meanwhile
-            self._linger = Linger(cfg.lane_linger_us * 1000 if (os.cpu_count() or 1) > 1 else 0)
+            self._linger = Linger(linger_ns(cfg.lane_linger_us))
             self._lanes = Lanes(cfg.spin_us * 1000, self._linger) if cfg.lanes else None
             self.sessions = Sessions(cfg, regions=self.regions, views=self._views, backend=self.backend,
                                      leases=self.leases, waiters=self._waiters, metrics=self.metrics,

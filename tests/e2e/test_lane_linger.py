@@ -214,6 +214,12 @@ def test_a_client_that_comes_back_late_or_a_worker_told_not_to_never_has_it_ling
     with Client(off.name, lane="block", timeout_s=10) as c:
         said, _ = _send_loop(c, 200, 0.0, rng)
         assert set(said) == {0}
+    # a worker that may use one CPU (--cpus; the host has more) never lingers, however soon its client comes back:
+    # the client could not run while it did (it once lingered, going by the host's CPU count)
+    one = spawn_worker("--cpus", str(min(os.sched_getaffinity(0))), "--lane-linger-us", "2000", name=w.name + "-one")
+    with Client(one.name, lane="block", timeout_s=10) as c:
+        said, _ = _send_loop(c, 200, 0.0, rng)
+        assert set(said) == {0}
 
 
 def test_the_loops_wait_spins_again_while_the_linger_time_has_not_passed() -> None:
