@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse lanes (a shared page and eventfds beside ZeroMQ that clients may ask for): "
                         "every doorbell then goes over ZeroMQ")
     s.add_argument("--resident-limit", default="8G", help="cap on resident tensors (default %(default)s)")
-    s.add_argument("--allow-uid", type=int, action="append", default=[],
+    s.add_argument("--allow-uid", type=_uid, action="append", default=[],
                    help="another uid that may connect (its clients pass worker_uid=<this worker's uid>)")
     s.add_argument("--dumpable", action="store_true",
                    help="stay dumpable (for a debugger or profiler); by default the worker makes itself "
@@ -194,6 +194,16 @@ def _port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"a port is 0..65535, got {port}")
     return port
+
+
+def _uid(text: str) -> int:
+    try:
+        uid = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a uid (a number), got {text!r}") from None
+    if not 0 <= uid < (1 << 32) - 1:  # (uid_t)-1 is no uid: chown's "leave it"
+        raise argparse.ArgumentTypeError(f"a uid is 0..4294967294, got {uid}")
+    return uid
 
 
 def _timeout(text: str) -> float:
@@ -435,7 +445,11 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _run(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the command they were given to ("shmrpc doctor: ..."), as its own errors are
+        raise UsageError(f"shmrpc {args.command}: unrecognized arguments: {' '.join(extra)} "
+                         f"(see shmrpc {args.command} --help)")
     if args.command == "serve" and args.devices is not None:
         return _supervise(args, argv)
     if args.command == "serve":
