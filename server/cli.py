@@ -413,10 +413,17 @@ def _status(args: argparse.Namespace) -> int:
     print(f"ops {len(ops)}: {', '.join(ops)}")  # every op, by code: the built-ins, then users' (detailed below)
     if users:
         print(f"users' ops: {', '.join(users)}")
+    resident = state.get("resident", {})
+    print(f"resident tensors {len(resident)}" + (": " if resident else "") + ", ".join(
+        f"{n} ({t['dtype']} {'x'.join(map(str, t['shape'])) or 'scalar'})" for n, t in list(resident.items())[:_LISTED])
+        + (f", and {len(resident) - _LISTED} more (--json lists all)" if len(resident) > _LISTED else ""))
     counters = state["counters"]
     for key in sorted(counters):
         print(f"  {key} = {_counter_text(counters[key])}")
     return status
+
+
+_LISTED = 20  # resident tensors named in status's text
 
 
 def _counter_text(v: Any) -> str:

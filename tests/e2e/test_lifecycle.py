@@ -255,6 +255,12 @@ def test_status_command_shows_leases_and_counters(worker: WorkerProc) -> None:
         text = subprocess.run([sys.executable, "-m", "shmrpc.server", "status", "--name", worker.name],
                               capture_output=True, text=True, timeout=30).stdout
         assert "clients 1" in text and "region 0" in text
+        assert "resident tensors 0\n" in text
+        c.put("w", np.ones((2, 3), np.float32))
+        text = subprocess.run([sys.executable, "-m", "shmrpc.server", "status", "--name", worker.name],
+                              capture_output=True, text=True, timeout=30).stdout
+        line = next(ln for ln in text.splitlines() if ln.startswith("resident tensors"))
+        assert line.startswith("resident tensors 1: ") and line.endswith("w (float32 2x3)"), line
 
 
 def test_metrics_endpoint(spawn_worker: Callable[..., WorkerProc], free_port: int) -> None:
