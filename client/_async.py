@@ -506,6 +506,11 @@ class AsyncClient:
         await asyncio.get_running_loop().run_in_executor(
             None, functools.partial(self.client.drop, name, timeout_s=timeout_s))
 
+    async def resident(self, *, timeout_s: float | None = None) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """This client's resident tensors and the shared ones (see :meth:`Client.resident`), off the loop."""
+        return await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(self.client.resident, timeout_s=timeout_s))
+
 
 def _copy_state(afut: asyncio.Future[Any], f: Future[Any]) -> None:
     """Finish ``afut`` as ``f`` finished (``f`` is done; ``afut`` may have been cancelled meanwhile)."""

@@ -356,7 +356,7 @@ class _Reply:
 
     def _no_answer(self) -> BaseException:
         err = self._c._no_answer_error()
-        if type(err) is Timeout:  # named by the op its slot's header holds, as a blocking call's Timeout is
+        if isinstance(err, Timeout):  # named by the op its slot's header holds, as a blocking call's Timeout is
             op = self._loan._op_in_flight()
             if op:
                 return Timeout(f"{err} (op {op!r})", op=op)

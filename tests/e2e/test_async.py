@@ -54,7 +54,9 @@ def test_call_submit_and_loan(worker: WorkerProc) -> None:
             await c.put("bias", np.ones(4))
             from shmrpc.client import Resident
             np.testing.assert_array_equal((await c.call("vector_add", x=np.ones(4), y=Resident("bias")))["out"], 2.0)
+            assert await c.resident() == {"bias": ((4,), np.dtype(np.float64))}
             await c.drop("bias")
+            assert await c.resident() == {}
 
     asyncio.run(main())
 
