@@ -318,7 +318,7 @@ class Backend:
                 self.run(plan, host_in, host_out)
             except OpError as e:
                 where = "" if spec.builtin else f" (module {spec.module})"
-                raise type(e)(f"op {spec.name!r}{where} failed its warm-up run on its `example` inputs: {e}",
+                raise type(e)(f"op {spec.name!r}{where} failed its warm-up run on its `example` inputs: {e.message}",
                               op=e.op, step=e.step, tensor=e.tensor, field=e.field) from e
 
     def run(self, plan: Plan, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],

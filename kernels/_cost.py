@@ -53,9 +53,9 @@ class PlanCost:
 
 def default_flops(in_specs: Mapping[str, TensorSpec], out_specs: Mapping[str, TensorSpec],
                   attrs: Mapping[str, Any]) -> int:
-    """The rule for ops without their own: 16 per element for ops whose output has the first
-    input's shape (elementwise, row-wise norms), else ``2 x output elements x`` the first input's
-    last dimension (contractions such as matrix products)."""
+    """The rule for ops without their own: 16 per element of every input and output for ops whose output has the
+    first input's shape (elementwise, row-wise norms), else ``2 x output elements x`` the first input's last
+    dimension plus 16 per element of the first input (contractions such as matrix products)."""
     first = next(iter(in_specs.values()), None)
     n_out = sum(s.size for s in out_specs.values())
     if first is None or not first.shape or any(s.shape == first.shape for s in out_specs.values()):

@@ -146,9 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_observability_args(s)
 
     st = sub.add_parser("status", help="show a worker's regions, leases, in-flight requests and counters",
-                        description="Ask a running worker for its state. Exit status 0 when it answered "
-                                    "(usable as a readiness check), 1 when there is no such worker or it did "
-                                    "not answer in time, 2 on a bad argument.")
+                        description="Ask a running worker for its state. Exit status 0 when it answered and "
+                                    "is ready (usable as a readiness check), 1 when it is not ready (draining, "
+                                    "say: the first line says why), when there is no such worker or it did not "
+                                    "answer in time, 2 on a bad argument.")
     st.add_argument("--name", required=True, help="the worker's name (as given to shmrpc serve --name)")
     st.add_argument("--timeout-s", type=_timeout, default=3.0,
                     help="how long to wait for the answer, in seconds (default %(default)s)")

@@ -289,5 +289,6 @@ def test_a_failed_warm_up_names_the_op_its_module_and_the_warm_up(fresh: list[st
     register_op(_spec("t_warm", numpy=lambda c: 1 / 0))
     fresh.append("t_warm")
     with pytest.raises(KernelRuntimeError, match=rf"op 't_warm' \(module {__name__}\) failed its warm-up run on its "
-                                                 r"`example` inputs: op 't_warm' failed: ZeroDivisionError"):
+                                                 r"`example` inputs: op 't_warm' failed: ZeroDivisionError") as e:
         select_backend("numpy").warmup()
+    assert str(e.value).count("op='t_warm'") == 1, e.value  # the op's place said once, at the end
