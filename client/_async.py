@@ -512,6 +512,12 @@ class AsyncClient:
             None, functools.partial(self.client.resident, timeout_s=timeout_s))
 
 
+def _release_taken(taking: asyncio.Future[Loan]) -> None:
+    """The loan an ``AsyncLoan.__aenter__`` cancelled meanwhile took, given back."""
+    if not taking.cancelled() and taking.exception() is None:
+        taking.result().release()
+
+
 def _copy_state(afut: asyncio.Future[Any], f: Future[Any]) -> None:
     """Finish ``afut`` as ``f`` finished (``f`` is done; ``afut`` may have been cancelled meanwhile)."""
     e = Future.exception(f, 0)
@@ -594,8 +600,15 @@ class AsyncLoan:
 
     async def __aenter__(self) -> AsyncLoan:
         c = self._owner.client
-        self._loan = await self._owner._on_loop().run_in_executor(
+        taking = self._owner._on_loop().run_in_executor(
             None, functools.partial(c.loan, self._nbytes, timeout_s=self._timeout_s))
+        try:
+            self._loan = await asyncio.shield(taking)
+        except asyncio.CancelledError:
+            # the executor takes the slot whatever happens to this task: given back once it has (a cancelled
+            # `async with` never reaches __aexit__, and the slot was lost for the client's life)
+            taking.add_done_callback(_release_taken)
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

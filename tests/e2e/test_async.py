@@ -705,3 +705,38 @@ def test_questions_of_the_loop_and_of_a_blocking_thread_at_once(worker: WorkerPr
             assert not c.client._asked and not c.client._asked_ids and not c.client._asking and not c._answer_waits
 
     asyncio.run(main())
+
+
+def test_a_task_cancelled_while_it_takes_a_loan_gives_the_slot_back(spawn_worker: Callable[..., WorkerProc]) -> None:
+    # `async with c.loan(n)` takes its slot in the executor: a task cancelled meanwhile never reaches __aexit__, and
+    # the slot the executor took was lost for the client's life (its own slots gone, the pool's held while idle,
+    # then BusyError with nothing in flight). Cancelled at a few different moments, 200 times: none is lost.
+    from wire import worker_state
+
+    w = spawn_worker(slots="64K:2", lease="2")
+
+    async def main() -> None:
+        async with await AsyncClient.connect(w.name, timeout_s=5) as c:
+            x = np.arange(4.0)
+
+            async def use_loan() -> float:
+                async with c.loan(1024) as req:
+                    req.array("x", 4, "float64")[:] = 1
+                    return float((await req.send("echo"))["out"][0])
+
+            for i in range(200):
+                t = asyncio.ensure_future(use_loan())
+                for _ in range(i % 4):
+                    await asyncio.sleep(0)
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            await asyncio.sleep(0.05)  # a slot taken after its task was cancelled is given back on the loop
+            own = c.client._slots
+            assert len(own.free) + len(c.client._kept) == 2, (own.free, c.client._kept)
+            assert worker_state(w.name)["counters"]["pool_slots_held"] == 0
+            for _ in range(3):
+                np.testing.assert_array_equal((await c.call("echo", x=x, timeout_s=5))["out"], x)
+            assert await use_loan() == 1.0
+
+    asyncio.run(main())
