@@ -445,12 +445,7 @@ class Calls:
             op if isinstance(op, str) else "pipeline", me.name)
         fut = make(me, loan, deadline, copy, None)
         try:
-            for name, (a, wire) in arrays.items():
-                view = loan.array(name, a.shape, wire)
-                if isinstance(a, DeviceInput):
-                    a.copy_into(view)  # device -> slot, one copy
-                else:
-                    np.copyto(view, a if a.dtype == view.dtype else a.view(view.dtype), casting="no")
+            _write_in(loan, arrays)
             for name, r in residents.items():
                 shape, dt = self._resident_spec(r.name)
                 loan.resident(name, r.name, shape, dt)
@@ -483,8 +478,7 @@ class Calls:
         if plan.learn is not None:
             fut._guessed = plan  # its answer learns the outputs' sizes, or has it sent again (AsyncClient)
         try:
-            for a, view in zip(arrays, loan._views_for(plan, arrays)):
-                view[...] = a
+            _copy_in(loan._views_for(plan, arrays), arrays)  # (no view of ours is left once it rings: _copy_in)
             loan._publish(plan.desc, b"", fut)
         except BaseException:
             loan.release()
@@ -551,6 +545,25 @@ class Calls:
                                        f"({self.geometry.desc_nbytes} B): use fewer tensors or steps",
                                        field="descriptor")
         return payload, steps[0].op_code, flags | (_KEEP if keep else 0), desc.outputs
+
+
+def _copy_in(views: list[np.ndarray], arrays: list[np.ndarray]) -> None:
+    """Copy a request's inputs into its slot through ``views``. A function of its own, so that no view of the slot is
+    left in the caller once the request rings: another thread may route its answer and give the slot back at once,
+    and a view alive then parked the slot (a borrowed one stayed held from the worker's pool until this client took
+    a slot again)."""
+    for a, view in zip(arrays, views):
+        view[...] = a
+
+
+def _write_in(loan: Loan, arrays: dict[str, tuple[Any, str]]) -> None:
+    """Place a request's inputs in ``loan``'s slot (see :func:`_copy_in` for why in a function of its own)."""
+    for name, (a, wire) in arrays.items():
+        view = loan.array(name, a.shape, wire)
+        if isinstance(a, DeviceInput):
+            a.copy_into(view)  # device -> slot, one copy
+        else:
+            np.copyto(view, a if a.dtype == view.dtype else a.view(view.dtype), casting="no")
 
 
 #: ``guess`` of ``call()`` and ``AsyncClient``: a new signature's outputs are guessed whatever its inputs' size (their

@@ -740,3 +740,26 @@ def test_a_task_cancelled_while_it_takes_a_loan_gives_the_slot_back(spawn_worker
             assert await use_loan() == 1.0
 
     asyncio.run(main())
+
+
+def test_an_idle_async_client_holds_no_pool_slot(spawn_worker: Callable[..., WorkerProc]) -> None:
+    # requests too large for the client's own slots borrow the worker's pool slots, sent from the executor; an answer
+    # routed by another thread while the sending thread still held a view of the slot parked it, and nothing gave
+    # it back until this client took a slot again: an idle client held pool slots that others waited for in vain
+    from wire import worker_state
+
+    w = spawn_worker(slots="64K:8,4M:4", lease="2,0")
+
+    async def main() -> None:
+        async with await AsyncClient.connect(w.name, timeout_s=20) as c:
+            xs = [np.full(150_000, float(i)) for i in range(8)]  # 1.2 MB each: borrowed 4M slots
+            for _ in range(25):
+                outs = await asyncio.gather(*(c.call("echo", x=x) for x in xs))
+                for o, x in zip(outs, xs):
+                    np.testing.assert_array_equal(o["out"], x)
+                del outs, o
+                await asyncio.sleep(0.05)  # idle: every answer came, nothing in flight
+                st = worker_state(w.name)
+                assert (st["in_flight"], st["counters"]["pool_slots_held"]) == (0, 0), st["counters"]
+
+    asyncio.run(main())
