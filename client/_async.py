@@ -92,6 +92,12 @@ class AsyncClient:
                 self._tick = loop.call_later(_EXPIRE_S, self._expire)
             return loop
         self.client._check()
+        old = self._loop
+        if old is not None and old.is_running() and not old.is_closed():
+            # another thread's loop, still running: moving the client would take its requests from under it (they
+            # failed as closed, or were never answered)
+            raise RuntimeError("this AsyncClient serves an event loop still running in another thread: use one "
+                               "AsyncClient per event loop (AsyncClient.connect in each)")
         self._detach()
         sock_fd, wake_fd, pidfd = self.client._t.watch_fds
         loop.add_reader(sock_fd, self._pump)

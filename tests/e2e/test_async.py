@@ -763,3 +763,38 @@ def test_an_idle_async_client_holds_no_pool_slot(spawn_worker: Callable[..., Wor
                 assert (st["in_flight"], st["counters"]["pool_slots_held"]) == (0, 0), st["counters"]
 
     asyncio.run(main())
+
+
+def test_an_async_client_refuses_a_second_running_loop_and_follows_a_new_one(worker: WorkerProc) -> None:
+    # used from another thread's event loop while its own still runs, the client moved over, and the first loop's
+    # requests failed as closed or were never answered; now the second loop is refused at once and the first is
+    # served; once the first loop has stopped, a new one gets the client
+    c = AsyncClient(Client(worker.name, timeout_s=10))
+    started, stop = threading.Event(), threading.Event()
+    first: dict[str, Any] = {"ok": 0, "errors": []}
+
+    async def keep_calling() -> None:
+        started.set()
+        i = 0
+        while not stop.is_set():
+            try:
+                out = await c.call("scale", x=np.full(4, float(i)), a=2.0, b=0.0)
+                np.testing.assert_array_equal(out["out"], 2.0 * i)
+                first["ok"] += 1
+            except Exception as e:  # noqa: BLE001 - every error is the test's failure, counted
+                first["errors"].append(repr(e))
+            i += 1
+
+    t = threading.Thread(target=lambda: asyncio.run(keep_calling()))
+    t.start()
+    try:
+        assert started.wait(10)
+        for _ in range(20):
+            with pytest.raises(RuntimeError, match="one AsyncClient per event loop"):
+                asyncio.run(c.call("echo", x=np.ones(2)))
+    finally:
+        stop.set()
+        t.join(30)
+    assert first["errors"] == [] and first["ok"] > 0, first
+    np.testing.assert_array_equal(asyncio.run(c.call("echo", x=np.ones(2)))["out"], 1.0)  # the first loop ended
+    asyncio.run(c.aclose())
