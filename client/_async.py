@@ -325,6 +325,9 @@ class AsyncClient:
         if c._t.gone:  # the worker exited: no slot will come free
             self._fail_waiting(lambda: WorkerGoneError(c._t.gone))
             return
+        if c._closed:  # (from another thread): none of them can go out, all fail now, not one per look
+            self._fail_waiting(lambda: ClientClosedError("the Client was closed before the request was sent"))
+            return
         self._draining = True
         sent = False
         try:

@@ -798,3 +798,31 @@ def test_an_async_client_refuses_a_second_running_loop_and_follows_a_new_one(wor
     assert first["errors"] == [] and first["ok"] > 0, first
     np.testing.assert_array_equal(asyncio.run(c.call("echo", x=np.ones(2)))["out"], 1.0)  # the first loop ended
     asyncio.run(c.aclose())
+
+
+def test_requests_waiting_for_a_slot_fail_at_once_when_the_client_is_closed_from_another_thread(
+        worker: WorkerProc) -> None:
+    # a Client closed under its AsyncClient (a shutdown hook on another thread) failed the requests waiting on the
+    # loop for a slot one per look for deadlines (20 ms): 500 of them took 10 s
+    import time
+
+    async def main() -> None:
+        c = AsyncClient(Client(worker.name, timeout_s=30))
+        x = np.ones(1000)
+        await c.call("scale", x=x, a=2.0, b=1.0)  # the signature is known
+        tasks = [asyncio.ensure_future(c.call("scale", x=x * i, a=2.0, b=1.0)) for i in range(600)]
+        await asyncio.sleep(0)  # sent: the lease's worth in flight, the rest waiting on the loop for a slot
+        assert len(c._queued) > 100
+        th = threading.Thread(target=c.client.close)
+        th.start()
+        th.join()
+        closed_at = time.monotonic()
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+        assert time.monotonic() - closed_at < 1.0
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert len(errors) >= 100 and all(isinstance(e, ClientClosedError) for e in errors), {type(e) for e in errors}
+        for i, r in enumerate(results):  # what went out before the close was answered right
+            if not isinstance(r, BaseException):
+                np.testing.assert_array_equal(r["out"], 2.0 * i + 1.0)
+
+    asyncio.run(main())
