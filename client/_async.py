@@ -233,7 +233,8 @@ class AsyncClient:
             if not waits:  # nobody waits for that reply now
                 del self._answer_waits[rid]
                 self.client.forget_question(rid)
-        if self._loop is not None and (len(inflight) or self._queued or self._answer_waits):
+        if self._tick is None and self._loop is not None and (len(inflight) or self._queued or self._answer_waits):
+            # (a request sent above may have armed the look already: one chain of looks, never two)
             self._tick = self._loop.call_later(_EXPIRE_S, self._expire)
 
     def _slot_comes(self, need: int) -> bool:
@@ -309,8 +310,10 @@ class AsyncClient:
 
     def _answered(self, rid: int) -> None:
         waits = self._answer_waits.pop(rid, [])
-        for w in waits:  # the first reads the reply (and caches what it says); behind those waiting for a slot
-            if self._queued or not self._send(w):
+        for w in waits:  # the first reads the reply (and caches what it says), sent if a slot is free, else queued
+            # (tried even behind others waiting for a slot: queued unread, its reply was forgotten below and the
+            # question asked again when its turn came, over and over while requests waited)
+            if not self._send(w):
                 self._queued.append(w)
         self.client.forget_question(rid)  # read, or nobody waits for it
         if self._queued:

@@ -826,3 +826,63 @@ def test_requests_waiting_for_a_slot_fail_at_once_when_the_client_is_closed_from
                 np.testing.assert_array_equal(r["out"], 2.0 * i + 1.0)
 
     asyncio.run(main())
+
+
+def test_new_signatures_behind_a_queue_ask_once_and_one_chain_of_deadline_looks_runs(worker: WorkerProc) -> None:
+    # requests of new signatures waiting for a slot ask the worker for their outputs' sizes: a reply that came while
+    # others waited was forgotten unread and the question asked again at the request's turn, tens of times per call
+    # (1000 calls took 10-20 s and some timed out); and a question asked from inside the loop's deadline look armed
+    # a second chain of looks, for good, each time
+    import time
+
+    async def main() -> None:
+        c = await AsyncClient.connect(worker.name, timeout_s=20)
+        sent = [0]
+        send = c.client._t.send
+
+        def counting(frame: bytes) -> None:
+            if frame[:1] != b"C":  # not a doorbell: a question, mostly
+                sent[0] += 1
+            send(frame)
+
+        c.client._t.send = counting  # type: ignore[method-assign]
+        looks = [0]
+        look = c._expire
+
+        def counted() -> None:
+            looks[0] += 1
+            look()
+
+        c._expire = counted  # type: ignore[method-assign]
+        stop = asyncio.Event()
+
+        async def keep_busy() -> None:  # a steady stream: the client is never idle, its looks go on
+            while not stop.is_set():
+                await c.call("echo", x=np.ones(16))
+
+        loop = asyncio.get_running_loop()
+
+        def chains() -> int:  # the looks armed on the loop (asyncio's own list of timers)
+            return sum(1 for h in loop._scheduled if not h.cancelled() and h._callback is counted)  # type: ignore[attr-defined]
+
+        busy = [asyncio.ensure_future(keep_busy()) for _ in range(2)]
+        most = 0
+        for rnd in range(20):
+            sizes = [rnd * 100 + i + 1 for i in range(100)]  # a new signature per request, more than the slots
+            sent[0] = 0
+            outs = await asyncio.gather(*(c.call("vector_add", x=np.ones(k), y=np.full(k, 2.0)) for k in sizes))
+            for k, o in zip(sizes, outs):
+                assert o["out"].shape == (k,) and np.all(o["out"] == 3.0)
+            assert sent[0] <= 1.2 * len(sizes) + 10, (rnd, sent[0])
+            most = max(most, chains())
+        assert most <= 1, most
+        looks[0] = 0
+        t0 = time.monotonic()
+        await asyncio.sleep(1.0)
+        per_s = looks[0] / (time.monotonic() - t0)
+        stop.set()
+        await asyncio.gather(*busy)
+        await c.aclose()
+        assert per_s <= 60, per_s  # one chain: a look every 20 ms at most
+
+    asyncio.run(main())
