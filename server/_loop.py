@@ -75,6 +75,10 @@ log = logging.getLogger("shmrpc.server")
 _RCVHWM = 256  # messages queued per peer before libzmq stops reading from it (with MAXMSGSIZE: 16 MiB)
 
 
+#: STATE is one packet on the attach socket, whose send buffer the kernel may cap near 200 KiB (net.core.wmem_max)
+_STATE_MAX_NBYTES = 128 << 10
+
+
 class Worker(Calls, Runs):
     """A shmrpc worker. Use :meth:`start`, then :meth:`serve_forever` (or as a context manager)."""
 
@@ -200,7 +204,13 @@ class Worker(Calls, Runs):
         state = self.sessions.state()
         ready, why = self.health()
         state["health"] = "ok" if ready else why
-        return State.from_json(state).encode()
+        frame = State.from_json(state).encode()
+        if len(frame) > _STATE_MAX_NBYTES:  # one packet: the clients' slot lists give way to their counts
+            for c in state["clients"]:
+                c["slots"] = len(c["slots"])
+            state["truncated"] = True
+            frame = State.from_json(state).encode()
+        return frame
 
     def health(self) -> tuple[bool, str]:
         """Readiness for ``/healthz``: started, serving, loop turning, backend sound. Returns (ready, reason)."""

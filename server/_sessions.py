@@ -19,6 +19,7 @@ STATUS                :meth:`Sessions.state`
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import os
 import secrets
@@ -463,7 +464,10 @@ class Sessions:
             self.serve_pending()
 
     def state(self) -> dict[str, Any]:
-        """The worker's state for ``shmrpc status``."""
+        """The worker's state for ``shmrpc status``: every resident tensor counted, the first
+        :data:`STATE_RESIDENT_LISTED` named (any client may keep thousands: all of them once made the one packet
+        of STATE too large to send, and `shmrpc status`, the readiness check, failed on a healthy worker)."""
+        resident = self.backend.resident() if self.backend else {}
         return {
             "name": self.config.name,
             "pid": os.getpid(),
@@ -481,9 +485,14 @@ class Sessions:
             "pending_acquires": len(self._waiters),
             "counters": self.metrics.snapshot(),
             "ops": op_summary(),
-            "resident": {k: {"shape": list(v.shape), "dtype": v.dtype} for k, v in self.backend.resident().items()}
-            if self.backend else {},
+            "resident": {k: {"shape": list(v.shape), "dtype": v.dtype}
+                         for k, v in itertools.islice(resident.items(), STATE_RESIDENT_LISTED)},
+            "resident_count": len(resident),
         }
+
+
+#: resident tensors named in STATE (``resident``; ``resident_count`` counts them all)
+STATE_RESIDENT_LISTED = 200
 
 
 def _refusal(kind: str, message: str, field: str = "", request_id: int | None = None) -> bytes:

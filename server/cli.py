@@ -415,9 +415,10 @@ def _status(args: argparse.Namespace) -> int:
     if users:
         print(f"users' ops: {', '.join(users)}")
     resident = state.get("resident", {})
-    print(f"resident tensors {len(resident)}" + (": " if resident else "") + ", ".join(
-        f"{n} ({t['dtype']} {'x'.join(map(str, t['shape'])) or 'scalar'})" for n, t in list(resident.items())[:_LISTED])
-        + (f", and {len(resident) - _LISTED} more (--json lists all)" if len(resident) > _LISTED else ""))
+    n = state.get("resident_count", len(resident))
+    print(f"resident tensors {n}" + (": " if resident else "") + ", ".join(
+        f"{k} ({t['dtype']} {'x'.join(map(str, t['shape'])) or 'scalar'})" for k, t in list(resident.items())[:_LISTED])
+        + (f", and {n - _LISTED} more (--json lists {len(resident)})" if n > _LISTED else ""))
     counters = state["counters"]
     for key in sorted(counters):
         print(f"  {key} = {_counter_text(counters[key])}")

@@ -263,6 +263,26 @@ def test_status_command_shows_leases_and_counters(worker: WorkerProc) -> None:
         assert line.startswith("resident tensors 1: ") and line.endswith("w (float32 2x3)"), line
 
 
+def test_status_answers_with_thousands_of_resident_tensors(worker: WorkerProc) -> None:
+    # STATE is one packet: listing every resident tensor of a client that keeps thousands (long names) made it too
+    # large to send, and `shmrpc status` (the readiness check) failed on a healthy worker; now the first 200 are
+    # named and all are counted
+    with Client(worker.name, timeout_s=10) as c:
+        for i in range(3000):
+            c.put(f"layer{i:05d}." + "k" * 100, np.zeros(2, np.float32))
+        status = [sys.executable, "-m", "shmrpc.server", "status", "--name", worker.name]
+        out = subprocess.run([*status, "--json"], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        state = json.loads(out.stdout)
+        assert state["resident_count"] == 3000 and len(state["resident"]) == 200
+        text = subprocess.run(status, capture_output=True, text=True, timeout=30)
+        assert text.returncode == 0, text.stderr
+        line = next(ln for ln in text.stdout.splitlines() if ln.startswith("resident tensors"))
+        assert line.startswith("resident tensors 3000: ") and "/layer00000." in line, line[:80]
+        assert line.endswith(", and 2980 more (--json lists 200)"), line[-80:]
+        np.testing.assert_array_equal(c.call("vector_add", x=np.ones(2), y=np.ones(2))["out"], 2.0)
+
+
 def test_metrics_endpoint(spawn_worker: Callable[..., WorkerProc], free_port: int) -> None:
     w = spawn_worker("--metrics-port", str(free_port))
     with Client(w.name, timeout_s=10) as c:
