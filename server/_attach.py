@@ -190,15 +190,17 @@ class AttachListener:
         return conn, data, cred
 
     @staticmethod
-    def reply(conn: socket.socket, frame: bytes, fds: list[int]) -> None:
-        """Send one packet (with ``fds`` attached) and close the connection."""
+    def reply(conn: socket.socket, frame: bytes, fds: list[int]) -> bool:
+        """Send one packet (with ``fds`` attached) and close the connection; whether it was sent."""
         try:
             if fds:
                 socket.send_fds(conn, [frame], fds)
             else:
                 conn.send(frame)
+            return True
         except OSError as e:  # the client went away or its buffer is full: its loss
             log.debug("attach socket: could not answer: %s", e)
+            return False
         finally:
             conn.close()
 

@@ -423,7 +423,12 @@ class Worker(Calls, Runs):
             log.exception("unexpected error handling a HELLO")
             reply, fds = ErrorReply(InternalError.code, "bad_message",
                                     f"the HELLO could not be handled ({type(e).__name__})", "hello").encode(), []
-        self._attach.reply(conn, reply, fds)
+        welcomed, self.sessions.welcomed = self.sessions.welcomed, None
+        if not self._attach.reply(conn, reply, fds) and welcomed is not None:
+            # its client gave up waiting (a connect that timed out while the loop was held up) and closed the
+            # connection: the session it will never know of is ended now, not when that process exits (a process
+            # connecting again and again left one each, up to --max-clients-per-uid, then its uid was refused)
+            self.sessions.end_client(welcomed, "its WELCOME could not be sent: it gave up its connect")
         if self._lanes is not None:  # the client has its copies of the lanes' pages
             for lane in self._lanes.by_identity.values():
                 lane.handed_over()

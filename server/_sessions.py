@@ -109,6 +109,7 @@ class Sessions:
         self.clients: dict[bytes, ClientSession] = {}  # by session token
         self.by_pidfd: dict[int, ClientSession] = {}
         self.region_owner: dict[int, int] = {}  # private region index -> client id
+        self.welcomed: ClientSession | None = None  # the session the last WELCOME made (on_hello), until it is sent
         self._next_client = 1
         self._start_ticks = process_start_ticks(os.getpid())
         self._op_table: tuple[int, dict[str, Any]] = (-1, {})  # (ops registered, the WELCOME's table) when built
@@ -173,8 +174,15 @@ class Sessions:
         fds = [r.fd for r in regions if r.fd is not None]
         lane = None
         if hello.lane and self.lanes is not None:
-            lane = self.lanes.open(client.identity)
+            try:
+                lane = self.lanes.open(client.identity)
+            except Exception as e:  # noqa: BLE001 - out of fds or memory: this client is refused, the worker serves on
+                # its session was admitted and holds its region and lease: ended here, not when its process exits
+                self.end_client(client, f"its lane could not be opened: {e}")
+                log.warning("refused a HELLO from pid %d uid %d: cannot open its lane: %s", peer.pid, peer.uid, e)
+                return _refusal("refused", f"cannot open this client's lane: {e}", "lane"), []
             fds += lane.fds()
+        self.welcomed = client
         return self._welcome(client, regions, slots, lane is not None), fds
 
     def _admit(self, peer: PeerCred) -> ClientSession:

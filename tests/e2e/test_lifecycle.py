@@ -283,6 +283,75 @@ def test_status_answers_with_thousands_of_resident_tensors(worker: WorkerProc) -
         np.testing.assert_array_equal(c.call("vector_add", x=np.ones(2), y=np.ones(2))["out"], 2.0)
 
 
+def test_connects_that_gave_up_while_the_worker_stalled_leave_no_session(
+        spawn_worker: Callable[..., WorkerProc]) -> None:
+    # while the worker is stopped, connects time out and close their connection; resumed, the worker answered each
+    # queued HELLO with a WELCOME to a closed socket and kept the session until that process exited: a process
+    # connecting again and again took every place of its uid (--max-clients-per-uid), itself included
+    w = spawn_worker("--max-clients-per-uid", "4", "--log-level", "INFO")
+    os.kill(w.pid, signal.SIGSTOP)
+    try:
+        for _ in range(6):
+            with pytest.raises(ConnectError):
+                Client(w.name, timeout_s=5, connect_timeout_s=0.3)
+    finally:
+        os.kill(w.pid, signal.SIGCONT)
+    with Client(w.name, timeout_s=10, connect_timeout_s=10) as c:  # its HELLO queued behind the others
+        np.testing.assert_array_equal(c.call("scale", x=np.ones(4), a=2.0, b=0.0)["out"], 2.0)
+        out = subprocess.run([sys.executable, "-m", "shmrpc.server", "status", "--name", w.name, "--json"],
+                             capture_output=True, text=True, timeout=30)
+        assert [cl["pid"] for cl in json.loads(out.stdout)["clients"]] == [os.getpid()]
+    assert w.stop() == 0
+    assert w.stderr.count("its WELCOME could not be sent") == 6, w.stderr
+
+
+def test_a_hello_whose_lane_cannot_be_opened_is_refused_and_leaves_no_session(
+        worker_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a HELLO that failed after its session was admitted (its lane: out of fds) was refused, but the session, its
+    # region and its lease stayed until the client's process exited (one per connect of a retrying process)
+    import threading
+
+    from shmrpc.schema.layout import parse_geometry
+    from shmrpc.server._loop import Worker
+    from shmrpc.server.config import WorkerConfig
+
+    w = Worker(WorkerConfig(name=worker_name, geometry=parse_geometry("64K:8"), lease=(2,), backend="numpy",
+                            mlock=False, dumpable=True))
+    w.start()
+    th = threading.Thread(target=w.serve_forever, daemon=True)
+    th.start()
+    try:
+        assert w._lanes is not None
+
+        def no_fds(identity: bytes) -> None:
+            raise OSError(24, "Too many open files")
+
+        monkeypatch.setattr(w._lanes, "open", no_fds)
+        # clients in a process of their own (the worker leases no slot to its own pid), alive meanwhile
+        child = ("import sys, numpy as np\nfrom shmrpc.client import Client, ConnectError\n"
+                 "for _ in range(3):\n"
+                 "    try:\n        Client(sys.argv[1], connect_timeout_s=5, lane='block')\n"
+                 "    except ConnectError as e:\n        print(e.field, 'Too many open files' in str(e))\n"
+                 "with Client(sys.argv[1], timeout_s=5) as c:\n"
+                 "    print(c.call('scale', x=np.ones(4), a=2.0, b=0.0)['out'].tolist())\n"
+                 "    sys.stdin.readline()\n")
+        with subprocess.Popen([sys.executable, "-c", child, worker_name], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) as p:
+            assert p.stdout is not None and p.stdin is not None
+            lines = [p.stdout.readline().strip() for _ in range(4)]
+            assert lines == ["lane True"] * 3 + ["[2.0, 2.0, 2.0, 2.0]"], lines
+            # the process lives on with one client: the one it holds, not the three refused
+            assert [c.pid for c in w.sessions.clients.values()] == [p.pid]
+            assert len(w.sessions.region_owner) == 1
+            p.stdin.write("\n")
+            p.stdin.flush()
+            assert p.wait(20) == 0
+    finally:
+        w.stop()
+        th.join(10)
+        w.close()
+
+
 def test_metrics_endpoint(spawn_worker: Callable[..., WorkerProc], free_port: int) -> None:
     w = spawn_worker("--metrics-port", str(free_port))
     with Client(w.name, timeout_s=10) as c:
