@@ -463,6 +463,7 @@ base_site() {  # the base tree (.whl/base/, a wheel of another commit) installed
       base_site || exit 1
       trees="base"
       for w in .whl/bis/*/; do
+        [ -d "$w" ] || continue  # (none: the base and the tree only)
         c=$(basename "$w"); trees="$trees $c"
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "/tmp/site-$c" "$w"*.whl
       done
