@@ -281,18 +281,18 @@ class Calls:
         kept = False
         try:
             # the one copy in, through views of the slot made once per plan and loan (NumPy's assignment costs less
-            # than a memoryview's of the same bytes); Loan._views_for written out: one call less on this path
+            # than a memoryview's of the same bytes); Loan._views_for written out: one call less on this path. No
+            # view of the slot is left in this frame when the loan ends below: a borrowed slot would be parked, held
+            # from the worker's pool while this client sat idle (see _copy_in)
             if loan._done or loan._s.mv is None:
                 loan._live()  # raises
             made = loan._in_views.get(id(plan))
-            for a, view in zip(arrays, loan._plan_views(plan, arrays) if made is None else made[1]):
-                view[...] = a
+            _copy_in(loan._plan_views(plan, arrays) if made is None else made[1], arrays)
+            made = None
             rid = loan._publish(plan.desc)
             loan._wait(rid, deadline)
             if copy:  # copies: no view of the slot is handed out, so the next call() may use the same loan
-                out = {}
-                for k, v in loan._response(rid, fresh=False).items():
-                    out[k] = v.copy()
+                out = {k: v.copy() for k, v in loan._response(rid, fresh=False).items()}
                 kept = True
                 return out
             return loan._response(rid)

@@ -414,3 +414,20 @@ def test_calls_taking_turns_between_plans_get_each_their_own_outputs(worker: Wor
                 np.testing.assert_array_equal(out, x[:4].reshape(2, 2))
         loan = c._kept[0]
         assert len(loan._out_older) == 2  # the other two plans' last responses, kept by the loan
+
+
+def test_a_call_that_borrowed_a_pool_slot_gives_it_back_at_once(spawn_worker: Callable[..., WorkerProc]) -> None:
+    # a call() larger than the client's lease borrows the pool's slot; views of it alive in call()'s frame when its
+    # loan ended parked the slot, and it went back only at this client's next take: an idle client held the pool's
+    # only large slot and another client's call waited its whole timeout for it (BusyError)
+    from wire import worker_state
+
+    w = spawn_worker(slots="64K:16,16M:1", lease="4,0")
+    x = np.arange(300_000, dtype=np.float32)  # 1.2 MB: the pool's 16M slot
+    with Client(w.name, timeout_s=10) as a:
+        for _ in range(3):  # the first call and the steady path's
+            np.testing.assert_array_equal(a.call("scale", x=x, a=2.0, b=0.0)["out"], 2 * x)
+        held = [s for c in worker_state(w.name)["clients"] for s in c["slots"] if s[0] == 0]
+        assert held == [], held  # region 0, the pool: nothing held by the idle client
+        with Client(w.name, timeout_s=3) as b:
+            np.testing.assert_array_equal(b.call("echo", x=x)["out"], x)
