@@ -350,8 +350,8 @@ class Client(Calls):
             if hit is not None:
                 return hit
             # our own requests in flight will free fitting slots: never park at the worker while they run
-            n_busy = len(self._inflight)
-            own_busy = any(s.nbytes >= nbytes for s in self._inflight.slots())
+            busy = [s for s in self._inflight.slots() if s.nbytes >= nbytes]
+            own_busy = bool(busy)
             wait_s = max(0.0, deadline - time.monotonic()) if self.on_busy == "wait" else 0.0
             gated = False
             if wait_s > 0 and not own_busy:
@@ -367,7 +367,10 @@ class Client(Calls):
             except BusyError:
                 if not own_busy or self.on_busy == "fail":
                     raise
-                self._pump(deadline, lambda n=n_busy: len(self._inflight) < n)  # returns at once if one finished
+                # until one of those is answered (at once if one was meanwhile): not until fewer requests are in
+                # flight than before, which other threads' small requests could keep from happening, or which had
+                # happened before the count was taken (a wait to the deadline for a slot free long since)
+                self._pump(deadline, lambda busy=busy: any(s.in_flight is None for s in busy))
                 continue
             finally:
                 if gated:
