@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import resource
 import signal
 import threading
 import time
@@ -73,6 +74,18 @@ __all__ = ["Worker", "NO_RESPONSE"]
 log = logging.getLogger("shmrpc.server")
 
 _RCVHWM = 256  # messages queued per peer before libzmq stops reading from it (with MAXMSGSIZE: 16 MiB)
+
+
+def raise_fd_limit() -> None:
+    """The soft RLIMIT_NOFILE up to the hard one (at most 2^20): each client costs the worker a few fds, and a HELLO
+    is refused when fewer than ``FD_HEADROOM`` are left (``_sessions.fds_short``)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1 << 20 if hard == resource.RLIM_INFINITY else min(hard, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError) as e:
+            log.debug("could not raise RLIMIT_NOFILE from %d to %d: %s", soft, want, e)
 
 
 #: STATE is one packet on the attach socket, whose send buffer the kernel may cap near 200 KiB (net.core.wmem_max)
@@ -130,6 +143,7 @@ class Worker(Calls, Runs):
         if not cfg.dumpable:
             # /proc/<worker>/fd and /proc/<worker>/mem (every client's region) shut to other non-root processes
             set_dumpable(False)
+        raise_fd_limit()
         # the pool and one client's own region: a worker whose first client's region cannot be made or locked would
         # say ready and refuse every client
         first = cfg.first_client_nbytes()

@@ -22,6 +22,7 @@ import collections
 import itertools
 import logging
 import os
+import resource
 import secrets
 import time
 from collections.abc import Callable, Iterable
@@ -150,6 +151,10 @@ class Sessions:
         if problem is not None:
             log.warning("refused a HELLO from pid %d uid %d: %s", peer.pid, peer.uid, problem[0])
             return _refusal("refused", *problem), []
+        short = fds_short()
+        if short:  # refused while the worker can still open what it needs (libzmq aborts the process at EMFILE)
+            log.warning("refused a HELLO from pid %d uid %d: %s", peer.pid, peer.uid, short)
+            return ErrorReply(BusyError.code, "too_many_clients", short, "fds").encode(), []
         try:
             self.admission.admit(peer.uid)
             lease = self.admission.lease_for(hello.lease)
@@ -497,6 +502,25 @@ class Sessions:
                          for k, v in itertools.islice(resident.items(), STATE_RESIDENT_LISTED)},
             "resident_count": len(resident),
         }
+
+
+#: file descriptors a HELLO leaves free for the worker's own use (a client costs up to ~8: its ZeroMQ connection,
+#: pidfd, region, lane; the attach socket's waiting connections, the metrics server's, CuPy's)
+FD_HEADROOM = 64
+
+
+def fds_short() -> str:
+    """Why this process cannot take one more client for want of file descriptors ("" when it can): fewer than
+    :data:`FD_HEADROOM` are left under its soft RLIMIT_NOFILE. libzmq asserts (SIGABRT, the whole worker) when an
+    accept finds none left, so a client is refused before that can happen."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return ""
+    n = len(os.listdir("/proc/self/fd"))
+    if n + FD_HEADROOM <= soft:
+        return ""
+    return (f"the worker has {n} file descriptors open of its limit of {soft} (RLIMIT_NOFILE) and keeps "
+            f"{FD_HEADROOM} for itself: raise the limit (LimitNOFILE=, ulimit -n) or close idle clients")
 
 
 #: resident tensors named in STATE (``resident``; ``resident_count`` counts them all)

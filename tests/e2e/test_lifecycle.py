@@ -352,6 +352,43 @@ def test_a_hello_whose_lane_cannot_be_opened_is_refused_and_leaves_no_session(
         w.close()
 
 
+def test_a_worker_near_its_fd_limit_refuses_clients_and_lives(worker_name: str) -> None:
+    # at its RLIMIT_NOFILE, libzmq's accept of a client's connection asserted and the worker died (SIGABRT), every
+    # client with it; now a HELLO is refused while the worker still has fds of its own, and it serves on
+    import resource
+
+    def low_fds() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (120, 120))  # hard too: the worker cannot raise it
+
+    args = [sys.executable, "-m", "shmrpc.server", "serve", "--name", worker_name, "--backend", "numpy", "--no-mlock",
+            "--slots", "64K:64", "--lease", "2", "--max-clients-per-uid", "64", "--log-level", "WARNING"]
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=low_fds) as w:
+        assert w.stdout is not None and "ready" in w.stdout.readline()
+        clients, refused = [], []
+        try:
+            for _ in range(40):
+                try:
+                    clients.append(Client(worker_name, timeout_s=10, connect_timeout_s=5, lane="block"))
+                except ConnectError as e:
+                    refused.append(e)
+                    if len(refused) >= 3:
+                        break
+            assert refused and all(e.field == "fds" and "RLIMIT_NOFILE" in str(e) for e in refused), refused
+            assert len(clients) >= 3
+            for c in clients:  # every client admitted is served
+                np.testing.assert_array_equal(c.call("scale", x=np.ones(4), a=2.0, b=0.0)["out"], 2.0)
+            assert w.poll() is None
+        finally:
+            for c in clients:
+                c.close()
+        with Client(worker_name, timeout_s=10, lane="block") as c:  # room again once they left
+            np.testing.assert_array_equal(c.call("scale", x=np.ones(4), a=2.0, b=0.0)["out"], 2.0)
+        w.send_signal(signal.SIGTERM)
+        _, err = w.communicate(timeout=30)
+        assert w.returncode == 0, err
+        assert "refused a HELLO" in err and "file descriptors" in err
+
+
 def test_metrics_endpoint(spawn_worker: Callable[..., WorkerProc], free_port: int) -> None:
     w = spawn_worker("--metrics-port", str(free_port))
     with Client(w.name, timeout_s=10) as c:
