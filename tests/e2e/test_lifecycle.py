@@ -220,23 +220,32 @@ def test_timeout_is_a_timeout_error(worker: WorkerProc) -> None:
 
 def test_a_futures_and_an_async_calls_timeout_name_the_op(worker: WorkerProc) -> None:
     # a future past its own deadline and an AsyncClient call past its timeout say which op got no answer, as a
-    # blocking call's Timeout does (their Timeout once had op "" and no op in the message)
+    # blocking call's Timeout does (their Timeout once had op "" and no op in the message); the worker is stopped
+    # while they wait, so no answer can come in time on any machine
     import asyncio
 
     from shmrpc.client import AsyncClient
 
-    slow, x = slow_pipeline(), np.ones(3_500_000)  # 20 steps over 28 MB: far over 30 ms anywhere
+    x = np.ones(4)
     with Client(worker.name, timeout_s=60) as c:
-        c.call(slow, x=x)  # the signature planned: the timed call below asks the worker nothing first
-        with pytest.raises(Timeout) as e:
-            c.submit(slow, x=x, timeout_s=0.03).result()
+        c.call("scale", x=x, a=2.0, b=0.0)  # the signature planned: the timed call below asks the worker nothing first
+        os.kill(worker.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(Timeout) as e:
+                c.submit("scale", x=x, a=2.0, b=0.0, timeout_s=0.1).result()
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
         assert e.value.op == "scale" and str(e.value).endswith("(op 'scale')"), e.value
 
     async def run_async() -> Timeout:
         async with await AsyncClient.connect(worker.name, timeout_s=60) as ac:
-            await ac.call(slow, x=x)
-            with pytest.raises(Timeout) as e:
-                await ac.call(slow, x=x, timeout_s=0.03)
+            await ac.call("scale", x=x, a=2.0, b=0.0)
+            os.kill(worker.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(Timeout) as e:
+                    await ac.call("scale", x=x, a=2.0, b=0.0, timeout_s=0.1)
+            finally:
+                os.kill(worker.pid, signal.SIGCONT)
             return e.value
 
     err = asyncio.run(run_async())
