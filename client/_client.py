@@ -180,6 +180,7 @@ class Client(Calls):
             self._regions, [_Slot(r, i, self._regions[r].geometry.slot_nbytes(i), g, False) for r, i, g in w["lease"]],
             self._t.send, linger_s)
         self._inflight = Inflight(self._t, self._on_control)
+        self._inflight.unpark = self._slots.unpark
         self._borrow_gate = threading.BoundedSemaphore(2)  # threads waiting at the worker for a borrowed slot
         self._control: dict[int | None, ControlMessage] = {}  # replies by the id of the request they answer
         self._nowait_thread = 0  # the thread in a _submit(nowait=True), which must not wait for a control reply

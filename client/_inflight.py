@@ -67,6 +67,7 @@ class Inflight:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._table: dict[int, _Entry] = {}
+        self.unpark: Callable[[], None] | None = None  # SlotPool.unpark: run once a parked slot's request is answered
         self._lead = threading.Lock()  # held by the thread that pumps for everybody
         self._followers = 0  # threads waiting on the condition
         self.pulses = 0  # PULSE frames received (a DONE near: schema/messages.py)
@@ -263,7 +264,9 @@ class Inflight:
         e.slot.in_flight = None
         if e.finish is not None:
             self._futures -= 1
-        return e.finish
+            return e.finish
+        # a slot whose loan ended while its request was in flight (a cancelled task's, say) goes back now
+        return self.unpark if e.slot.parked else None
 
     def pump_now(self, limit: int = 1 << 30, woken: bool = False) -> bool:
         """Route up to ``limit`` queued frames, never waiting (an event loop's reader on the socket's fd calls

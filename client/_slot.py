@@ -65,6 +65,7 @@ class _Slot:
     in_flight: int | None = None  # request_id
     status: int | None = None  # DONE status once it came
     idle_since: float = 0.0
+    parked: bool = False  # released while its request was in flight or views of it lived (SlotPool._parked)
 
 
 @lru_cache(maxsize=CACHE_ENTRIES)

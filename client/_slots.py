@@ -83,13 +83,21 @@ class SlotPool:
             if s.in_flight is None and _try_release(s):
                 self._give_back(s)
             else:
+                s.parked = True
                 self._parked.append(s)
+
+    def unpark(self) -> None:
+        """Give back the parked slots that may go now (a parked slot's request was answered: a borrowed slot is
+        not held from the worker's pool until this client's next take)."""
+        with self.lock:
+            self._unpark()
 
     def _unpark(self) -> None:
         if not self._parked:
             return
         for s in list(self._parked):
             if s.in_flight is None and _try_release(s):
+                s.parked = False
                 self._parked.remove(s)
                 self._give_back(s)
 

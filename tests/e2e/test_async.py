@@ -774,7 +774,6 @@ def test_an_async_client_refuses_a_second_running_loop_and_follows_a_new_one(wor
     first: dict[str, Any] = {"ok": 0, "errors": []}
 
     async def keep_calling() -> None:
-        started.set()
         i = 0
         while not stop.is_set():
             try:
@@ -783,21 +782,24 @@ def test_an_async_client_refuses_a_second_running_loop_and_follows_a_new_one(wor
                 first["ok"] += 1
             except Exception as e:  # noqa: BLE001 - every error is the test's failure, counted
                 first["errors"].append(repr(e))
+            started.set()  # (after its first call: the client is this loop's from then on)
             i += 1
 
     t = threading.Thread(target=lambda: asyncio.run(keep_calling()))
     t.start()
     try:
-        assert started.wait(10)
-        for _ in range(20):
-            with pytest.raises(RuntimeError, match="one AsyncClient per event loop"):
-                asyncio.run(c.call("echo", x=np.ones(2)))
+        try:
+            assert started.wait(10)
+            for _ in range(20):
+                with pytest.raises(RuntimeError, match="one AsyncClient per event loop"):
+                    asyncio.run(c.call("echo", x=np.ones(2)))
+        finally:
+            stop.set()
+            t.join(30)
+        assert first["errors"] == [] and first["ok"] > 0, first
+        np.testing.assert_array_equal(asyncio.run(c.call("echo", x=np.ones(2)))["out"], 1.0)  # the first loop ended
     finally:
-        stop.set()
-        t.join(30)
-    assert first["errors"] == [] and first["ok"] > 0, first
-    np.testing.assert_array_equal(asyncio.run(c.call("echo", x=np.ones(2)))["out"], 1.0)  # the first loop ended
-    asyncio.run(c.aclose())
+        asyncio.run(c.aclose())
 
 
 def test_requests_waiting_for_a_slot_fail_at_once_when_the_client_is_closed_from_another_thread(
@@ -824,6 +826,7 @@ def test_requests_waiting_for_a_slot_fail_at_once_when_the_client_is_closed_from
         for i, r in enumerate(results):  # what went out before the close was answered right
             if not isinstance(r, BaseException):
                 np.testing.assert_array_equal(r["out"], 2.0 * i + 1.0)
+        await c.aclose()
 
     asyncio.run(main())
 
