@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from shmrpc.schema.errors import ClientClosedError, RequestError, Timeout, WorkerGoneError
+from shmrpc.schema.errors import BusyError, ClientClosedError, RequestError, Timeout, WorkerGoneError
 
 from ._callplan import outputs_did_not_fit
 from ._calls import GUESS_ANY, _NoSlot
@@ -241,10 +241,10 @@ class AsyncClient:
         """Whether a request of ours in flight holds a slot of at least ``need`` bytes (its answer frees it)."""
         return need > 0 and any(s.nbytes >= need for s in self.client._inflight.slots())
 
-    def _late(self, args: tuple[Any, ...], slot: bool) -> Timeout:
+    def _late(self, args: tuple[Any, ...], slot: bool) -> Timeout | BusyError:
         op = args[0] if isinstance(args[0], str) else "the pipeline"
-        if slot:
-            return Timeout(f"no slot for {op!r} became free in time")
+        if slot:  # not sent: a slot wait that runs out is BusyError, as in Client (docs/reliability.md, Backpressure)
+            return BusyError(f"no slot for {op!r} became free in time", field="nbytes")
         return Timeout(f"no answer from worker {self.client.name!r} in time (a question before {op!r})")
 
     def _send(self, w: _Waiting) -> bool:

@@ -71,6 +71,12 @@ from ._loan import CallFuture, Loan
 from ._slot import Resident, _Slot, fork_generation, forked_since
 
 _CALL_PACK = m.CALL_STRUCT.pack
+_GRANT_GRACE_S = 0.25  # how long past the deadline an ACQUIRE's answer (BUSY at the deadline, or a GRANT) is awaited
+
+
+def _no_slot(nbytes: int) -> BusyError:
+    """A slot wait that ran out: the request was not sent (docs/reliability.md, Backpressure)."""
+    return BusyError(f"no slot of {format_size_approx(nbytes)} became free in time", field="nbytes")
 
 
 class Client(Calls):
@@ -361,7 +367,7 @@ class Client(Calls):
                 gated = self._borrow_gate.acquire(timeout=min(0.05, wait_s))
                 if not gated:
                     if time.monotonic() >= deadline:
-                        raise Timeout(f"no slot of {format_size_approx(nbytes)} became free in time")
+                        raise _no_slot(nbytes)
                     continue
             try:
                 s = self._acquire(nbytes, 0.0 if own_busy else wait_s, deadline)
@@ -371,7 +377,10 @@ class Client(Calls):
                 # until one of those is answered (at once if one was meanwhile): not until fewer requests are in
                 # flight than before, which other threads' small requests could keep from happening, or which had
                 # happened before the count was taken (a wait to the deadline for a slot free long since)
-                self._pump(deadline, lambda busy=busy: any(s.in_flight is None for s in busy))
+                try:
+                    self._pump(deadline, lambda busy=busy: any(s.in_flight is None for s in busy))
+                except Timeout:
+                    raise _no_slot(nbytes) from None  # this request was not sent: a slot wait ran out
                 continue
             finally:
                 if gated:
@@ -453,10 +462,10 @@ class Client(Calls):
                 del self._asked[key]
 
     def _acquire(self, nbytes: int, wait_s: float, deadline: float) -> _Slot:
-        try:
-            g = self._ask(Acquire(nbytes, wait_s), deadline + 1.0)
+        try:  # the worker answers BUSY at the deadline; a GRANT later than the grace goes back with RELEASE
+            g = self._ask(Acquire(nbytes, wait_s), deadline + _GRANT_GRACE_S)
         except Timeout:
-            raise BusyError(f"no slot of {format_size_approx(nbytes)} became free in time", field="nbytes") from None
+            raise _no_slot(nbytes) from None
         if not isinstance(g, Grant):
             raise ConnectError(f"the worker answered ACQUIRE with {g.NAME}")
         return _Slot(g.region, g.slot, g.slot_nbytes, g.generation, True)

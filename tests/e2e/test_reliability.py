@@ -175,6 +175,40 @@ def test_on_busy_wait_that_runs_out_raises_busy(spawn_worker: Callable[..., Work
         np.testing.assert_array_equal(b.call("echo", x=np.ones(100_000, np.uint8), timeout_s=5)["out"], 1)
 
 
+def test_every_slot_wait_that_runs_out_raises_busy(spawn_worker: Callable[..., WorkerProc]) -> None:
+    """Threads beyond the two a client lets wait at the worker, and a wait the worker never answers (stopped), end
+    in BusyError too, the latter soon after the deadline (not a second later)."""
+    w = spawn_worker(slots="64K:2,1M:1", lease="1,0")
+    with Client(w.name, timeout_s=10) as a, Client(w.name, timeout_s=0.5, on_busy="wait") as b:
+        with a.loan(200_000):
+            errors: list[BaseException] = []
+
+            def run() -> None:
+                try:
+                    b.call("echo", x=np.zeros(100_000, np.uint8))
+                except BaseException as e:  # noqa: BLE001 (checked below)
+                    errors.append(e)
+
+            threads = [threading.Thread(target=run) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(10)
+            assert len(errors) == 4, errors
+            assert all(type(e) is BusyError and e.field == "nbytes" for e in errors), errors
+            os.kill(w.pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                with pytest.raises(BusyError) as e:
+                    b.call("echo", x=np.zeros(100_000, np.uint8))
+                waited = time.monotonic() - t0
+            finally:
+                os.kill(w.pid, signal.SIGCONT)
+            assert e.value.field == "nbytes" and not isinstance(e.value, Timeout)
+            assert 0.4 < waited < 1.3, waited  # the deadline and a short grace for the worker's BUSY
+        np.testing.assert_array_equal(b.call("echo", x=np.ones(100_000, np.uint8), timeout_s=5)["out"], 1)
+
+
 def test_a_late_grant_goes_back_with_release(spawn_worker: Callable[..., WorkerProc]) -> None:
     """A GRANT arriving after its ACQUIRE gave up is matched by id and given back, not kept or dropped."""
     w = spawn_worker(slots="64K:2,1M:1", lease="1,0")
