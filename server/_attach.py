@@ -34,6 +34,8 @@ from shmrpc.schema.errors import InvalidRequestError
 from shmrpc.schema.messages import ATTACH_MAX_NBYTES
 from shmrpc.schema.proc import process_start_ticks
 
+from .checks import StartupError
+
 __all__ = ["PeerCred", "peer_cred", "AttachListener", "check_identity", "set_dumpable", "CONNECT_TIMEOUT_S",
            "MAX_PENDING"]
 
@@ -127,6 +129,10 @@ class AttachListener:
         old = os.umask(0o077)
         try:
             self._sock.bind(str(path))
+        except OSError as e:  # no space or inodes left under the runtime directory, a read-only file system
+            self._sock.close()
+            raise StartupError(f"cannot create the attach socket {path}: {e.strerror or e}; free space in (or fix) "
+                               f"{path.parent}, or point SHMRPC_RUNTIME_DIR elsewhere") from None
         except BaseException:
             self._sock.close()
             raise

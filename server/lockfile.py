@@ -168,7 +168,11 @@ class WorkerLock:
         path = lock_path(name)
         busy_tries = 0
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError as e:  # no space or inodes left, a read-only file system
+                raise StartupError(f"cannot create the lock file {path}: {e.strerror or e}; free space in (or fix) "
+                                   f"{Path(path).parent}, or point SHMRPC_RUNTIME_DIR elsewhere") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -223,3 +223,32 @@ def test_a_directory_opened_to_passing_through_serves_workers_with_and_without_a
             ensure_runtime_dir()
         with pytest.raises(StartupError, match=f"mode {mode:04o}"):
             ensure_runtime_dir(shared=True)
+
+
+@pytest.mark.parametrize(("inodes", "what"), [(2, "the lock file"), (3, "the attach socket"), (4, "the socket")])
+def test_a_runtime_directory_out_of_inodes_is_one_line_naming_the_file(
+        tmp_path: Path, worker_name: str, inodes: int, what: str) -> None:
+    """A runtime directory on a tmpfs with no inode left for the lock, the attach socket or the ZeroMQ socket: the
+    start is refused in one line naming the file and the remedy (a bare `OSError: [Errno 28]` or a ZMQError before),
+    and nothing is left there."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    # the tmpfs's root and the runtime directory take two inodes: the rest are left for the worker's files
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=1M,nr_inodes={inodes}", "tmpfs", str(mnt)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
+    try:
+        rt = mnt / "run"
+        rt.mkdir(mode=0o700)
+        env = {**os.environ, "SHMRPC_RUNTIME_DIR": str(rt)}
+        proc = subprocess.run([sys.executable, "-m", "shmrpc.cli", "serve", "--name", worker_name],
+                              env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 1, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1, lines
+        assert lines[0].startswith(f"shmrpc serve: cannot create {what} {rt / worker_name}."), lines[0]
+        assert "No space left on device" in lines[0] and "SHMRPC_RUNTIME_DIR" in lines[0], lines[0]
+        assert list(rt.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
