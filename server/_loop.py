@@ -196,7 +196,7 @@ class Worker(Calls, Runs):
                 self._sock.bind(endpoint(cfg.name))
             except zmq.ZMQError as e:  # no space or inodes left under the runtime directory, a read-only file system
                 path = socket_path(cfg.name)
-                raise checks.StartupError(f"cannot create the socket {path}: {zmq.strerror(e.errno)}; free space in (or fix) "
+                raise checks.StartupError(f"cannot create the socket {path}: {zmq.strerror(e.errno or 0)}; free space in (or fix) "
                                    f"{path.parent}, or point SHMRPC_RUNTIME_DIR elsewhere") from None
             finally:
                 os.umask(old)
