@@ -436,12 +436,12 @@ class Worker(Calls, Runs):
                 "uid").encode(), [])
             return
         try:
-            reply, fds = self.sessions.on_hello(frame, peer, stopping)
+            reply, fds, welcomed = self.sessions.on_hello(frame, peer, stopping)
         except Exception as e:  # noqa: BLE001 - nothing a peer sends may stop the loop
             log.exception("unexpected error handling a HELLO")
-            reply, fds = ErrorReply(InternalError.code, "bad_message",
-                                    f"the HELLO could not be handled ({type(e).__name__})", "hello").encode(), []
-        welcomed, self.sessions.welcomed = self.sessions.welcomed, None
+            reply, fds, welcomed = ErrorReply(InternalError.code, "bad_message",
+                                              f"the HELLO could not be handled ({type(e).__name__})",
+                                              "hello").encode(), [], None
         if not self._attach.reply(conn, reply, fds) and welcomed is not None:
             # its client gave up waiting (a connect that timed out while the loop was held up) and closed the
             # connection: the session it will never know of is ended now, not when that process exits (a process

@@ -110,7 +110,6 @@ class Sessions:
         self.clients: dict[bytes, ClientSession] = {}  # by session token
         self.by_pidfd: dict[int, ClientSession] = {}
         self.region_owner: dict[int, int] = {}  # private region index -> client id
-        self.welcomed: ClientSession | None = None  # the session the last WELCOME made (on_hello), until it is sent
         self._next_client = 1
         self._start_ticks = process_start_ticks(os.getpid())
         self._op_table: tuple[int, dict[str, Any]] = (-1, {})  # (ops registered, the WELCOME's table) when built
@@ -127,18 +126,20 @@ class Sessions:
                 request_id: int | None = None) -> None:
         self._send(identity, _refusal(kind, message, field, request_id))
 
-    def on_hello(self, frame: bytes, peer: PeerCred, stopping: bool) -> tuple[bytes, list[int]]:
-        """Answer a HELLO from the attach socket: (WELCOME and the fds of its regions) or (ERROR, [])."""
+    def on_hello(self, frame: bytes, peer: PeerCred,
+                 stopping: bool) -> tuple[bytes, list[int], ClientSession | None]:
+        """Answer a HELLO from the attach socket: (WELCOME, the fds of its regions, the new session) or (ERROR, [],
+        None); a session whose WELCOME cannot be sent is the caller's to end."""
         if stopping:
-            return _refusal("stopping", "the worker is shutting down; connect to its successor"), []
+            return _refusal("stopping", "the worker is shutting down; connect to its successor"), [], None
         if frame[:1] != m.HELLO:
-            return _refusal("bad_message", "the attach socket takes one HELLO", "kind"), []
+            return _refusal("bad_message", "the attach socket takes one HELLO", "kind"), [], None
         try:
             hello = Hello.decode(frame)
         except MessageError as e:
             # a pid, uid or start time that is not a number is a claim the kernel does not back
             kind = "refused" if e.field in ("pid", "uid", "start_ticks") else "bad_message"
-            return _refusal(kind, f"HELLO is malformed ({e})", e.field), []
+            return _refusal(kind, f"HELLO is malformed ({e})", e.field), [], None
         proto, shash = hello.protocol, hello.schema_hash
         if proto != m.PROTOCOL_VERSION or shash != SCHEMA_HASH:
             return _refusal(
@@ -146,22 +147,22 @@ class Sessions:
                 f"client speaks protocol {proto} schema {shash}, worker speaks protocol {m.PROTOCOL_VERSION} "
                 f"schema {SCHEMA_HASH}: install the same shmrpc version on both sides",
                 "protocol" if proto != m.PROTOCOL_VERSION else "schema_hash",
-            ), []
+            ), [], None
         problem = check_identity(hello.to_json(), peer, self.config.allow_uids)
         if problem is not None:
             log.warning("refused a HELLO from pid %d uid %d: %s", peer.pid, peer.uid, problem[0])
-            return _refusal("refused", *problem), []
+            return _refusal("refused", *problem), [], None
         short = fds_short()
         if short:  # refused while the worker can still open what it needs (libzmq aborts the process at EMFILE)
             log.warning("refused a HELLO from pid %d uid %d: %s", peer.pid, peer.uid, short)
-            return ErrorReply(BusyError.code, "too_many_clients", short, "fds").encode(), []
+            return ErrorReply(BusyError.code, "too_many_clients", short, "fds").encode(), [], None
         try:
             self.admission.admit(peer.uid)
             lease = self.admission.lease_for(hello.lease)
         except ClientLimitError as e:
-            return ErrorReply(BusyError.code, "too_many_clients", str(e), "clients").encode(), []
+            return ErrorReply(BusyError.code, "too_many_clients", str(e), "clients").encode(), [], None
         except ValueError as e:
-            return _refusal("bad_message", f"HELLO is malformed ({e})", "lease"), []
+            return _refusal("bad_message", f"HELLO is malformed ({e})", "lease"), [], None
         client = self._admit(peer)
         try:
             regions, slots = self._lease_regions(client, lease)
@@ -170,7 +171,7 @@ class Sessions:
             log.warning("refused a HELLO from pid %d uid %d: cannot create its region (lease %s): %s", peer.pid,
                         peer.uid, ",".join(map(str, lease)), e)
             asked = "" if hello.lease is None else f" (it asked for a lease of {','.join(map(str, lease))} slots)"
-            return _refusal("refused", f"cannot create this client's region{asked}: {e}", "region"), []
+            return _refusal("refused", f"cannot create this client's region{asked}: {e}", "region"), [], None
         self.metrics.clients.set(len(self.clients))
         self._count_slots()
         log.info("client %d (pid %d uid %d) connected with %d slots", client.id, peer.pid, peer.uid, len(slots),
@@ -185,10 +186,9 @@ class Sessions:
                 # its session was admitted and holds its region and lease: ended here, not when its process exits
                 self.end_client(client, f"its lane could not be opened: {e}")
                 log.warning("refused a HELLO from pid %d uid %d: cannot open its lane: %s", peer.pid, peer.uid, e)
-                return _refusal("refused", f"cannot open this client's lane: {e}", "lane"), []
+                return _refusal("refused", f"cannot open this client's lane: {e}", "lane"), [], None
             fds += lane.fds()
-        self.welcomed = client
-        return self._welcome(client, regions, slots, lane is not None), fds
+        return self._welcome(client, regions, slots, lane is not None), fds, client
 
     def _admit(self, peer: PeerCred) -> ClientSession:
         """A new session for the process the kernel vouched for, watched through a pidfd, under a fresh token."""
