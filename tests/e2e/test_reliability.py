@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 from support import fuzz, seeds
-from wire import wait_for_state, worker_state
+from wire import WAITING_OPS, stopped, wait_for_state, worker_state
 
 from shmrpc.client import BusyError, Client, RequestError, Timeout
 from shmrpc.schema.control import Acquire
@@ -207,6 +207,49 @@ def test_every_slot_wait_that_runs_out_raises_busy(spawn_worker: Callable[..., W
             assert e.value.field == "nbytes" and not isinstance(e.value, Timeout)
             assert 0.4 < waited < 1.3, waited  # the deadline and a short grace for the worker's BUSY
         np.testing.assert_array_equal(b.call("echo", x=np.ones(100_000, np.uint8), timeout_s=5)["out"], 1)
+
+
+def test_a_wait_for_a_slot_its_own_request_holds_ends_when_that_request_is_answered(
+        spawn_worker: Callable[..., WorkerProc], tmp_path: Path, worker_name: str) -> None:
+    """A call needing the client's only large slot, held by its own request in flight, goes out once that request
+    is answered, though another request of the client stays in flight (until 2026-12-05 it waited for fewer
+    requests in flight than it had counted, which that request kept from happening: BusyError at its deadline)."""
+    mod = "waiting_" + worker_name.replace("-", "_")
+    (tmp_path / f"{mod}.py").write_text(WAITING_OPS)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    w = spawn_worker("--ops", mod, slots="64K:6,1M:1", lease="4,1", env=env)
+    flag = tmp_path / "go"
+    with Client(w.name, timeout_s=10, on_busy="wait") as c, Client(w.name, timeout_s=10) as a, \
+            a.loan(200_000), a.loan(200_000):  # a's own large slot, and the pool's: c has only its own
+        flag.touch()  # the signatures known first: no questions to a stopped worker below
+        np.testing.assert_array_equal(c.call("t_wait", x=np.ones(8, np.float32), path=str(flag))["out"], 1.0)
+        np.testing.assert_array_equal(c.call("echo", x=np.ones(200_000, np.uint8))["out"], 1)
+        flag.unlink()
+        got: list[Any] = []
+
+        def large() -> None:
+            try:
+                got.append(c.call("echo", x=np.full(200_000, 7, np.uint8), timeout_s=3)["out"])
+            except BaseException as e:  # noqa: BLE001 (checked below)
+                got.append(e)
+
+        big = threading.Thread(target=large)
+        with stopped(w.pid):
+            held = c.submit("echo", x=np.full(300_000, 5, np.uint8))  # in flight in c's large slot
+            big.start()
+            time.sleep(0.2)  # it found that slot busy with a request of its own, and asked the pool
+            waiting = c.submit("t_wait", x=np.full(8, 3.0, np.float32), path=str(flag))  # in flight until the flag
+        try:
+            np.testing.assert_array_equal(held.result(10)["out"], 5)
+            del held
+            big.join(10)
+            assert not big.is_alive()
+            assert not waiting.done()
+        finally:
+            flag.touch()
+        np.testing.assert_array_equal(waiting.result(10)["out"], 3.0)
+        assert len(got) == 1 and not isinstance(got[0], BaseException), got
+        np.testing.assert_array_equal(got[0], 7)
 
 
 def test_a_late_grant_goes_back_with_release(spawn_worker: Callable[..., WorkerProc]) -> None:
