@@ -29,6 +29,7 @@ import collections
 import logging
 import os
 import resource
+import select
 import signal
 import threading
 import time
@@ -90,6 +91,13 @@ def raise_fd_limit() -> None:
 
 #: STATE is one packet on the attach socket, whose send buffer the kernel may cap near 200 KiB (net.core.wmem_max)
 _STATE_MAX_NBYTES = 128 << 10
+
+
+def _readable(fd: int) -> bool:
+    """Whether ``fd`` has input now (a pidfd: its process exited)."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(0))
 
 
 class Worker(Calls, Runs):
@@ -400,7 +408,9 @@ class Worker(Calls, Runs):
                     self._on_attach(fd, stopping)
                 for fd in pidfds & events.keys():
                     client = self.sessions.by_pidfd.get(fd)
-                    if client is not None:
+                    # NOTE: the number may be a new session's since the poll (a BYE closed the old pidfd, a HELLO
+                    # opened one): the event was the old file's, so the pidfd is asked again
+                    if client is not None and _readable(fd):
                         self.sessions.end_client(client, "its process exited")
             now = time.monotonic()
             if now >= next_check:

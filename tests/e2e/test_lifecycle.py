@@ -12,7 +12,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -539,3 +539,106 @@ def test_a_hello_whose_region_cannot_be_made_is_refused_logged_and_the_worker_se
     refused = [ln for ln in w.stderr.splitlines() if "refused a HELLO" in ln]
     assert len(refused) == 1 and f"cannot create its region (lease 4,{n})" in refused[0], w.stderr
     assert "needs" in refused[0] and "available" in refused[0]
+
+
+_LEAVER = r'''
+import sys
+import numpy as np
+from shmrpc.client import Client
+with Client(sys.argv[1], timeout_s=30) as c:
+    c.call("vector_add", x=np.ones(4), y=np.ones(4))
+    print("ready", flush=True)
+    sys.stdin.readline()
+'''  # says BYE as the block ends, then exits
+
+
+_HELLO_LATER = r'''
+import os, socket, sys
+from shmrpc.schema import messages as m
+from shmrpc.schema.control import Hello
+from shmrpc.schema import SCHEMA_HASH
+from shmrpc.schema.naming import attach_path
+from shmrpc.schema.proc import process_start_ticks
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.settimeout(20)
+s.connect(str(attach_path(sys.argv[1])))
+print("connected", flush=True)
+sys.stdin.readline()
+pid = os.getpid()
+s.send(m.pack_json(m.HELLO, Hello(m.PROTOCOL_VERSION, SCHEMA_HASH, pid, os.getuid(), process_start_ticks(pid)).to_json()))
+reply, fds, _, _ = socket.recv_fds(s, m.ATTACH_MAX_NBYTES, 8)
+print(reply[:1] == m.WELCOME, flush=True)
+sys.stdin.readline()
+'''  # connects at once, says HELLO when told, then lives on
+
+
+def test_a_new_clients_pidfd_under_a_number_just_freed_is_not_taken_for_the_old_clients_exit(
+        worker_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One turn of the loop reads a client's BYE (its pidfd closed), a new client's HELLO (its pidfd opened under the
+    same number) and the first client's exit: the exit was the old pidfd's, and the new session lives on (found by
+    an operations trial, 2026-12-05: short-lived clients connecting 10 at a time had fresh sessions ended as "its
+    process exited", their first call refused with "no lease")."""
+    import threading
+
+    from shmrpc.schema.layout import parse_geometry
+    from shmrpc.server._loop import Worker
+    from shmrpc.server.config import WorkerConfig
+
+    w = Worker(WorkerConfig(name=worker_name, geometry=parse_geometry("64K:8"), lease=(2,), backend="numpy",
+                            mlock=False))
+    w.start()
+    th = threading.Thread(target=w.serve_forever, daemon=True)
+    th.start()
+    fillers: list[int] = []
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        leaver, later = (subprocess.Popen([sys.executable, "-c", code, worker_name], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, text=True) for code in (_LEAVER, _HELLO_LATER))
+        procs += [leaver, later]
+        assert leaver.stdout is not None and leaver.stdout.readline().strip() == "ready"
+        assert later.stdout is not None and later.stdout.readline().strip() == "connected"
+        deadline = time.monotonic() + 10
+        while not w._attach or not w._attach.pending:  # accepted: its HELLO is read in a turn after it was sent
+            assert time.monotonic() < deadline, "the connection was not accepted"
+            time.sleep(0.01)
+        (pidfd,) = [c.pidfd for c in w.sessions.clients.values()]
+        assert pidfd is not None
+        # the loop held before its next wait, while the BYE, the exit and the HELLO arrive: one turn reads them all
+        held, go = threading.Event(), threading.Event()
+        poll = w._poller.poll if w._poller else None
+        assert poll is not None
+
+        def held_poll(timeout_ms: int) -> dict[Any, int]:
+            if not go.is_set():
+                held.set()
+                go.wait(20)
+            return poll(timeout_ms)
+
+        monkeypatch.setattr(w._poller, "poll", held_poll)
+        os.write(w._wake_w, b"x")
+        assert held.wait(10)
+        assert leaver.stdin is not None and later.stdin is not None
+        leaver.stdin.write("\n")
+        leaver.stdin.flush()
+        assert leaver.wait(10) == 0  # its BYE sent, its process gone
+        later.stdin.write("\n")
+        later.stdin.flush()
+        time.sleep(0.3)  # (the BYE through the worker's I/O thread, the HELLO into its connection)
+        for fd in range(pidfd):  # every free number below the leaver's pidfd taken: the next fd opened gets its number
+            if not os.path.exists(f"/proc/self/fd/{fd}"):
+                fillers.append(os.open(os.devnull, os.O_RDONLY))
+        go.set()
+        assert later.stdout.readline().strip() == "True"  # WELCOME
+        time.sleep(0.2)
+        assert [c.pid for c in w.sessions.clients.values()] == [later.pid], \
+            "the new session was ended as though its process had exited"
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate(timeout=10)  # (closes its pipes)
+        w.stop()
+        th.join(10)
+        w.close()
