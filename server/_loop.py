@@ -233,6 +233,7 @@ class Worker(Calls, Runs):
         frame = State.from_json(state).encode()
         if len(frame) > _STATE_MAX_NBYTES:  # one packet: the clients' slot lists give way to their counts
             for c in state["clients"]:
+                c["in_flight"] = sum(1 for s in c["slots"] if s[4])
                 c["slots"] = len(c["slots"])
             state["truncated"] = True
             frame = State.from_json(state).encode()

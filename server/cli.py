@@ -397,32 +397,42 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(state, indent=2))
         return status
+    print("\n".join(status_text(state)))
+    return status
+
+
+def status_text(state: dict[str, Any]) -> list[str]:
+    """The lines ``shmrpc status`` prints for a worker's STATE (its JSON)."""
+    out = []
+    health = state.get("health", "ok")
     if health != "ok":
-        print(f"NOT READY: {health}")
-    print(f"worker {state['name']}  pid {state['pid']}  backend {state['backend']}  up {state['uptime_s']:.1f} s")
-    print(f"socket {state['socket']}")
+        out.append(f"NOT READY: {health}")
+    out.append(f"worker {state['name']}  pid {state['pid']}  backend {state['backend']}  up {state['uptime_s']:.1f} s")
+    out.append(f"socket {state['socket']}")
     for r in state["regions"]:
-        print(f"region {r['index']}: {r['name']}  {format_size_approx(r['nbytes'])}  slots {r['slots']}  "
-              f"mlocked={r['mlocked']}")
-    print(f"clients {len(state['clients'])}  slots leased {state['slots_leased']}  in flight {state['in_flight']}"
-          f"  waiting acquires {state['pending_acquires']}")
+        out.append(f"region {r['index']}: {r['name']}  {format_size_approx(r['nbytes'])}  slots {r['slots']}  "
+                   f"mlocked={r['mlocked']}")
+    out.append(f"clients {len(state['clients'])}  slots leased {state['slots_leased']}  in flight "
+               f"{state['in_flight']}  waiting acquires {state['pending_acquires']}")
     for c in state["clients"]:
-        print(f"  client {c['id']} pid {c['pid']} uid {c['uid']}: {len(c['slots'])} slots, "
-              f"{sum(1 for s in c['slots'] if s[4])} in flight")
+        slots = c["slots"]  # a count instead of the list where the STATE was cut to fit its packet ("truncated")
+        n_slots, in_flight = (slots, c.get("in_flight", "?")) if isinstance(slots, int) else (
+            len(slots), sum(1 for s in slots if s[4]))
+        out.append(f"  client {c['id']} pid {c['pid']} uid {c['uid']}: {n_slots} slots, {in_flight} in flight")
     ops = state.get("ops", {})
     users = [f"{n} ({o['code']}, {'/'.join(o['backends'])})" for n, o in ops.items() if not o["builtin"]]
-    print(f"ops {len(ops)}: {', '.join(ops)}")  # every op, by code: the built-ins, then users' (detailed below)
+    out.append(f"ops {len(ops)}: {', '.join(ops)}")  # every op, by code: the built-ins, then users' (detailed below)
     if users:
-        print(f"users' ops: {', '.join(users)}")
+        out.append(f"users' ops: {', '.join(users)}")
     resident = state.get("resident", {})
     n = state.get("resident_count", len(resident))
-    print(f"resident tensors {n}" + (": " if resident else "") + ", ".join(
+    out.append(f"resident tensors {n}" + (": " if resident else "") + ", ".join(
         f"{k} ({t['dtype']} {'x'.join(map(str, t['shape'])) or 'scalar'})" for k, t in list(resident.items())[:_LISTED])
         + (f", and {n - _LISTED} more (--json lists {len(resident)})" if n > _LISTED else ""))
     counters = state["counters"]
     for key in sorted(counters):
-        print(f"  {key} = {_counter_text(counters[key])}")
-    return status
+        out.append(f"  {key} = {_counter_text(counters[key])}")
+    return out
 
 
 _LISTED = 20  # resident tensors named in status's text

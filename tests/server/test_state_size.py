@@ -34,3 +34,20 @@ def test_a_state_too_large_for_one_packet_counts_the_clients_slots_instead() -> 
     got = State.decode(frame).to_json()
     assert got["truncated"] is True and [c["slots"] for c in got["clients"]] == [600] * 64
     assert [c["pid"] for c in got["clients"]] == [100 + i for i in range(64)]
+
+
+def test_status_prints_a_state_cut_to_fit_its_packet() -> None:
+    # `shmrpc status`'s text took the clients' slot lists for granted: a state cut to counts made it fail (TypeError)
+    # where --json and -q worked
+    from shmrpc.server.cli import status_text
+
+    state = _state(64, 600)
+    state["clients"][0]["slots"][5][4] = 7  # one request in flight
+    got = State.decode(_encoded(state)).to_json()
+    lines = status_text(got)
+    clients = [ln for ln in lines if ln.startswith("  client ")]
+    assert len(clients) == 64
+    assert clients[0] == "  client 0 pid 100 uid 0: 600 slots, 1 in flight", clients[0]
+    assert clients[1] == "  client 1 pid 101 uid 0: 600 slots, 0 in flight", clients[1]
+    whole = status_text(State.decode(_encoded(_state(2, 3))).to_json())
+    assert "  client 1 pid 101 uid 0: 3 slots, 0 in flight" in whole
