@@ -124,18 +124,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dumpable", action="store_true",
                    help="stay dumpable (for a debugger or profiler); by default the worker makes itself "
                         "non-dumpable so other processes of its uid cannot reach the regions through /proc")
-    b = s.add_argument_group("bounds", "what one client or one request may cost the worker (0: no limit)")
+    b = s.add_argument_group("bounds", "what one client or one request may cost the worker")
     b.add_argument("--lease-max", default=None,
-                   help="most slots of each class a client may ask for in its HELLO (default 4,2,1,1,0)")
-    b.add_argument("--max-clients", type=int, default=64, help="clients connected at once (default %(default)s)")
+                   help="most slots of each class a client may ask for in its HELLO (default 4,2,1,1,0; never "
+                        "below --lease)")
+    b.add_argument("--max-clients", type=int, default=64, help="clients connected at once (default %(default)s; 0: no limit)")
     b.add_argument("--max-clients-per-uid", type=int, default=16,
-                   help="clients of one uid connected at once (default %(default)s)")
+                   help="clients of one uid connected at once (default %(default)s; 0: no limit)")
     b.add_argument("--request-memory-limit", default="2G",
-                   help="bytes of intermediates and outputs one request may need (default %(default)s)")
+                   help="bytes of intermediates and outputs one request may need (default %(default)s; "
+                        "0: no limit)")
     b.add_argument("--inline-max-flops", type=int, default=8_000_000,
-                   help="estimated FLOPs up to which a request may run on the loop thread (default %(default)s)")
+                   help="estimated FLOPs up to which a request may run on the loop thread (default %(default)s; "
+                        "0: only requests of no arithmetic, such as echo)")
     b.add_argument("--client-max-waiters", type=int, default=4,
-                   help="ACQUIREs one client may have waiting for a slot (default %(default)s)")
+                   help="ACQUIREs one client may have waiting for a slot (default %(default)s; 0: none waits, a "
+                        "borrow finding no free slot fails at once)")
     s.add_argument("--op-budget", type=float, default=1.0, metavar="SECONDS",
                    help="count requests whose run takes longer in shmrpc_over_budget_total{op} (0: off; "
                         "an op's own budget_s wins; nothing is stopped) (default %(default)s)")
@@ -214,7 +218,20 @@ def _timeout(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    if value > _TIMEOUT_MAX_S:  # (a socket's timeout must fit the platform's time_t: 1e308 failed at run time)
+        raise argparse.ArgumentTypeError(f"must be at most {_TIMEOUT_MAX_S:.0f} seconds, got {text!r}")
     return value
+
+
+_TIMEOUT_MAX_S = 1e6
+
+
+def _named(flag: str, parse: Any, text: str) -> Any:
+    """``parse(text)``, its ValueError naming ``flag``."""
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}") from None
 
 
 def _supervise(args: argparse.Namespace, argv: list[str]) -> int:
@@ -283,20 +300,23 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         token = read_token(args.metrics_token_file) if args.metrics_token_file else None
-        geometry = parse_geometry(args.slots)
+        geometry = _named("--slots", parse_geometry, args.slots)
         lease = parse_lease(args.lease) if args.lease else DEFAULT_LEASE[: len(geometry.classes)]
+        lease_max = parse_lease(args.lease_max, "--lease-max") if args.lease_max else DEFAULT_LEASE_MAX
+        if args.lease_max and len(lease_max) > len(geometry.classes):
+            raise ValueError(f"--lease-max names {len(lease_max)} classes but --slots has {len(geometry.classes)}")
         cfg = WorkerConfig(
             name=args.name, geometry=geometry, lease=lease, backend=args.backend, metrics_port=args.metrics_port,
-            mlock=not args.no_mlock, threads=args.threads, inline_max_nbytes=parse_size(args.inline_max),
+            mlock=not args.no_mlock, threads=args.threads, inline_max_nbytes=_named("--inline-max", parse_size, args.inline_max),
             spin_us=args.spin_us, lane_linger_us=args.lane_linger_us, lanes=not args.no_lanes, max_batch=args.max_batch,
             batch_wait_us=args.batch_wait_us, io_threads=args.io_threads,
-            resident_limit_bytes=parse_size(args.resident_limit), allow_uids=tuple(args.allow_uid), register_host=not args.no_register,
+            resident_limit_bytes=_named("--resident-limit", parse_size, args.resident_limit), allow_uids=tuple(args.allow_uid), register_host=not args.no_register,
             dumpable=args.dumpable,
             isolation=args.isolation, client_max_slots=args.client_max_slots,
-            client_max_bytes=parse_size(args.client_max_bytes),
-            lease_max=parse_lease(args.lease_max) if args.lease_max else DEFAULT_LEASE_MAX,
+            client_max_bytes=_named("--client-max-bytes", parse_size, args.client_max_bytes),
+            lease_max=lease_max,
             max_clients=args.max_clients, max_clients_per_uid=args.max_clients_per_uid,
-            request_memory_limit_bytes=parse_size(args.request_memory_limit),
+            request_memory_limit_bytes=_named("--request-memory-limit", parse_size, args.request_memory_limit),
             inline_max_flops=args.inline_max_flops, client_max_waiters=args.client_max_waiters,
             op_budget_s=args.op_budget,
             metrics_addr=args.metrics_addr, metrics_token=token, otel=args.otel,

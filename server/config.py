@@ -22,14 +22,14 @@ DEFAULT_LEASE = (4, 2, 0, 0, 0)
 DEFAULT_LEASE_MAX = (4, 2, 1, 1, 0)
 
 
-def parse_lease(text: str) -> tuple[int, ...]:
-    """``"4,2,1,1,0"`` -> per-class lease counts."""
+def parse_lease(text: str, flag: str = "--lease") -> tuple[int, ...]:
+    """``"4,2,1,1,0"`` -> per-class lease counts (a usage error names ``flag``)."""
     try:
         counts = tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise ValueError(f"--lease must be comma-separated counts, one per size class, got {text!r}") from None
+        raise ValueError(f"{flag} must be comma-separated counts, one per size class, got {text!r}") from None
     if any(c < 0 for c in counts):
-        raise ValueError("--lease counts must be >= 0")
+        raise ValueError(f"{flag} counts must be >= 0")
     return counts
 
 
@@ -172,6 +172,11 @@ class WorkerConfig:
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"--metrics-port must be 0..65535, got {self.metrics_port}")
         parse_addr(self.metrics_addr)
+        if self.metrics_port is None and not self.metrics_addr.startswith("unix:"):  # no metrics server: said so
+            if self.metrics_addr != "127.0.0.1":
+                raise ValueError(f"--metrics-addr {self.metrics_addr} needs --metrics-port (unix:PATH needs none)")
+            if self.metrics_token is not None:
+                raise ValueError("--metrics-token-file needs --metrics-port or --metrics-addr unix:PATH")
         if self.backend not in ("auto", "numpy", "cupy"):
             raise ValueError(f"--backend must be auto, numpy or cupy, got {self.backend!r}")
         n = len(self.geometry.classes)

@@ -46,6 +46,15 @@ BAD = [
     (["status", "--name", "x", "--timeout-s", "0"], "positive"),
     (["status", "--name", "x", "--timeout-s", "nan"], "positive"),
     (["status", "--name", "x", "--timeout-s", "soon"], "seconds"),
+    (["status", "--name", "x", "--timeout-s", "1e308"], "--timeout-s: must be at most"),  # (failed at run time)
+    (["serve", "--name", "x", "--lease-max", "a"], "--lease-max must be"),  # (named --lease)
+    (["serve", "--name", "x", "--slots", "64K:2", "--lease-max", "1,1"], "--lease-max names 2 classes"),  # (cut)
+    (["serve", "--name", "x", "--slots", "q"], "--slots: slot class 'q'"),  # sizes named by their option
+    (["serve", "--name", "x", "--inline-max", "lots"], "--inline-max: not a size"),
+    (["serve", "--name", "x", "--resident-limit", "-1"], "--resident-limit: not a size"),
+    (["serve", "--name", "x", "--client-max-bytes", "?"], "--client-max-bytes: not a size"),
+    (["serve", "--name", "x", "--request-memory-limit", "5X"], "--request-memory-limit: not a size"),
+    (["serve", "--name", "x", "--metrics-addr", "0.0.0.0"], "needs --metrics-port"),  # (no server, silently)
     (["doctor", "--slots", "q"], "SIZE:COUNT"),
     (["doctor", "--bogus"], "shmrpc doctor: unrecognized arguments: --bogus"),
     (["serve", "--name", "a", "b"], "shmrpc serve: unrecognized arguments: b"),
@@ -76,6 +85,24 @@ def test_token_file_readable_by_others_is_refused(tmp_path: Path, capsys: pytest
     token.chmod(0o644)
     assert main(["serve", "--name", "x", "--metrics-token-file", str(token)]) == EXIT_USAGE
     assert "chmod 600" in capsys.readouterr().err
+
+
+def test_a_token_file_without_a_metrics_server_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    token = tmp_path / "token"
+    token.write_text("x" * 32)
+    token.chmod(0o600)
+    assert main(["serve", "--name", "x", "--metrics-token-file", str(token)]) == EXIT_USAGE
+    assert "--metrics-token-file needs --metrics-port" in capsys.readouterr().err
+
+
+def test_the_bounds_say_what_0_means_each(capsys: pytest.CaptureFixture[str]) -> None:
+    # the group said "(0: no limit)" for all, which --client-max-waiters 0 (none may wait) belied
+    assert main(["serve", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(0: no limit)" not in text
+    for flag, says in (("--max-clients MAX_CLIENTS", "0: no limit"), ("--client-max-waiters", "0: none waits"),
+                       ("--inline-max-flops INLINE_MAX_FLOPS", "0: only requests of no arithmetic")):
+        assert says in text.rsplit(flag, 1)[1].split(" --", 1)[0], flag  # (its help, past the usage line)
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
