@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--name", required=True, help="the worker's name (as given to shmrpc serve --name)")
     st.add_argument("--timeout-s", type=_timeout, default=3.0,
                     help="how long to wait for the answer, in seconds (default %(default)s)")
+    st.add_argument("--devices", action="store_true",
+                    help="NAME is a supervisor's (serve --devices): ask every NAME-<device> worker there is; ready "
+                         "when all are (--json: an object by worker name)")
     st.add_argument("--json", action="store_true", help="print the worker's state as JSON")
     st.add_argument("--quiet", "-q", action="store_true", help="print nothing: the exit status alone tells")
 
@@ -366,10 +369,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    import socket
-
-    from shmrpc.schema import messages as m
-    from shmrpc.schema.naming import attach_path, validate_name
+    from shmrpc.schema.naming import device_workers, validate_name
 
     try:
         validate_name(args.name)
@@ -382,43 +382,62 @@ def _status(args: argparse.Namespace) -> int:
             print(f"shmrpc status: {text}", file=sys.stderr)
         return EXIT_FAILURE
 
-    path = attach_path(args.name)
+    names = device_workers(args.name) if args.devices else [args.name]
+    if not names:
+        return fail(f"no workers of the supervisor {args.name!r} (serve --devices: {args.name}-<device>)")
+    states = {}
+    for name in names:
+        state = _ask_state(name, args.timeout_s)
+        if isinstance(state, str):
+            return fail(state)
+        states[name] = state
+    # answered, but not ready (stopping, or its backend failed): exit 1; every worker of a supervisor must be ready
+    status = EXIT_OK if all(st.get("health", "ok") == "ok" for st in states.values()) else EXIT_FAILURE
+    if quiet:
+        return status
+    if args.json:
+        print(json.dumps(states if args.devices else states[args.name], indent=2))
+        return status
+    print("\n\n".join("\n".join(status_text(st)) for st in states.values()))
+    return status
+
+
+def _ask_state(name: str, timeout_s: float) -> dict[str, Any] | str:
+    """Worker ``name``'s STATE as JSON, or why there is none (one line)."""
+    import socket
+
+    from shmrpc.schema import messages as m
+    from shmrpc.schema.naming import attach_path
+
+    path = attach_path(name)
     try:
         if not path.exists():
-            return fail(f"no worker named {args.name!r} ({path} does not exist)")
+            return f"no worker named {name!r} ({path} does not exist)"
     except PermissionError:
-        return fail(f"cannot look into {path.parent} as uid {os.getuid()}: the worker's runtime directory is not "
-                    "yours (STATUS is answered to the worker's uid and root only)")
+        return (f"cannot look into {path.parent} as uid {os.getuid()}: the worker's runtime directory is not "
+                "yours (STATUS is answered to the worker's uid and root only)")
     # On the attach socket, where the worker answers STATUS to its own uid (and root) only, by SO_PEERCRED.
     # A plain Unix socket: a dead worker's leftover file refuses the connection at once, nothing can hang.
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
-        sock.settimeout(args.timeout_s)
+        sock.settimeout(timeout_s)
         try:
             sock.connect(str(path))
             sock.send(m.STATUS)
             frame = sock.recv(m.ATTACH_MAX_NBYTES)
         except TimeoutError:
-            return fail(f"worker {args.name!r} did not answer in {args.timeout_s} s")
+            return f"worker {name!r} did not answer in {timeout_s} s"
         except ConnectionRefusedError:
-            return fail(f"no worker listens on {path} (a worker that died leaves its socket: shmrpc doctor --clean)")
+            return f"no worker listens on {path} (a worker that died leaves its socket: shmrpc doctor --clean)"
         except OSError as e:
-            return fail(f"cannot reach worker {args.name!r} at {path}: {e}")
+            return f"cannot reach worker {name!r} at {path}: {e}"
     if frame[:1] != m.STATE:
         try:
             why = str(m.unpack_json(frame).get("message", "")) if frame[:1] == m.ERROR else ""
         except ValueError:
             why = ""
-        return fail(f"worker {args.name!r} refused: {why or repr(frame[1:200])}")
-    state = m.unpack_json(frame)
-    health = state.get("health", "ok")  # (a worker of an earlier version sends none)
-    status = EXIT_OK if health == "ok" else EXIT_FAILURE  # answered, but not ready: stopping, or its backend failed
-    if quiet:
-        return status
-    if args.json:
-        print(json.dumps(state, indent=2))
-        return status
-    print("\n".join(status_text(state)))
-    return status
+        return f"worker {name!r} refused: {why or repr(frame[1:200])}"
+    state: dict[str, Any] = m.unpack_json(frame)
+    return state
 
 
 def status_text(state: dict[str, Any]) -> list[str]:

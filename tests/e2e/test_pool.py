@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -99,6 +100,26 @@ def test_supervisor_names_one_worker_per_device(supervisor: _Supervisor) -> None
     for d in (0, 1):
         with Client(device_worker_name(supervisor.prefix, d), timeout_s=10) as c:
             np.testing.assert_array_equal(c.call("echo", x=np.arange(3.0))["out"], np.arange(3.0))
+
+
+def _health_check() -> str:
+    """The container's HEALTHCHECK command (deploy/Dockerfile), as sh runs it."""
+    text = (Path(__file__).resolve().parents[2] / "deploy" / "Dockerfile").read_text()
+    cmd = text.split("\nHEALTHCHECK ", 1)[1].split("\n\n", 1)[0]
+    return cmd.split(" CMD ", 1)[1].replace("\\\n", " ")
+
+
+def test_the_containers_health_check_sees_a_supervisors_workers(supervisor: _Supervisor) -> None:
+    # under --devices (which the Dockerfile suggests) the workers are NAME-<device>: the health check asked for NAME,
+    # which no worker is, and the container stayed unhealthy; it now asks NAME's workers too
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    for name, ready in ((supervisor.prefix, 0), (supervisor.prefix + "-1", 0), (supervisor.prefix + "x", 1)):
+        got = subprocess.run(["sh", "-c", _health_check()], env={**env, "SHMRPC_NAME": name}, capture_output=True,
+                             text=True, timeout=60)
+        assert got.returncode == ready, (name, got.stdout, got.stderr)
+    out = subprocess.run([sys.executable, "-m", "shmrpc.server", "status", "--name", supervisor.prefix, "--devices",
+                          "--json"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and sorted(json.loads(out.stdout)) == [f"{supervisor.prefix}-0", f"{supervisor.prefix}-1"]
 
 
 def test_pool_spreads_calls_and_places_residents(supervisor: _Supervisor) -> None:
