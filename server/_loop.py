@@ -47,7 +47,7 @@ from shmrpc.schema.control import ErrorReply, State
 from shmrpc.schema.errors import InternalError, InvalidRequestError
 from shmrpc.schema.layout import format_size_approx
 from shmrpc.schema.messages import NO_RESPONSE
-from shmrpc.schema.naming import attach_path, endpoint, socket_path
+from shmrpc.schema.naming import attach_path, endpoint, runtime_dir, socket_path
 from shmrpc.schema.zmqraw import POLLIN
 
 from . import checks
@@ -159,6 +159,7 @@ class Worker(Calls, Runs):
         checks.check_memory(nbytes + first, what_for=what)
         if cfg.mlock:
             checks.check_memlock(nbytes + first, what_for=what)
+        checks.check_socket_paths(cfg.name, runtime_dir())
         ensure_runtime_dir(shared=bool(cfg.allow_uids))
         self._lock = WorkerLock.acquire(cfg.name, shared=bool(cfg.allow_uids))
         try:

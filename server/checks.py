@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import resource
+from pathlib import Path
 
 from shmrpc.schema.errors import ShmrpcError
 from shmrpc.schema.layout import format_size_approx
@@ -272,3 +273,28 @@ def check_memlock(nbytes: int, *, limit: int | None = None, has_cap: bool | None
         return
     if lim < nbytes:
         raise memlock_error(lim, nbytes, what_for=what_for)
+
+
+#: The most bytes of a Unix socket's path (``sun_path`` holds 108 with its terminating NUL).
+SOCKET_PATH_MAX = 107
+#: The longest suffix of a worker's socket files (``NAME.attach``; ``NAME.sock`` is shorter).
+_LONGEST_SUFFIX = ".attach"
+
+
+def name_room(rdir: Path) -> int:
+    """How many bytes a worker's name may have for its sockets in ``rdir`` to fit a Unix socket's path."""
+    return SOCKET_PATH_MAX - len(os.fsencode(str(rdir))) - 1 - len(_LONGEST_SUFFIX)
+
+
+def check_socket_paths(name: str, rdir: Path) -> None:
+    """Worker ``name``'s sockets in ``rdir`` fit a Unix socket's path.
+
+    Raises:
+        StartupError: naming the path, its length, and the remedy (a bind failed with a bare "AF_UNIX path too long").
+    """
+    path = rdir / f"{name}{_LONGEST_SUFFIX}"
+    n = len(os.fsencode(str(path)))
+    if n > SOCKET_PATH_MAX:
+        raise StartupError(f"the socket path {path} is {n} bytes, over the {SOCKET_PATH_MAX} a Unix socket allows: "
+                           f"point SHMRPC_RUNTIME_DIR at a shorter directory (names of up to "
+                           f"{max(0, name_room(rdir))} bytes fit this one), or use a shorter --name")

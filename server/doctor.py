@@ -31,6 +31,7 @@ from shmrpc.schema.layout import DEFAULT_GEOMETRY
 from shmrpc.schema.naming import REGION_PREFIX, runtime_dir
 
 from .checks import (
+    SOCKET_PATH_MAX,
     StartupError,
     check_memlock,
     check_memory,
@@ -38,6 +39,7 @@ from .checks import (
     has_ipc_lock,
     memlock_limit,
     memory_available_bytes,
+    name_room,
 )
 from .lockfile import lock_is_held, read_lock_file, remove_stale_lock
 from .procs import pid_alive
@@ -175,6 +177,11 @@ def doctor(clean: bool = False, region_nbytes: int | None = None, out: Callable[
             out(f"PROBLEM {unsafe}")
         else:
             out(f"runtime dir {rdir}: ok (0700, ours)")
+    room = name_room(rdir)
+    if room < 16:  # a worker whose sockets do not fit is refused at its start
+        problems += 1
+        out(f"PROBLEM runtime dir {rdir}: its path leaves {max(0, room)} bytes for a worker's name in a Unix "
+            f"socket's path ({SOCKET_PATH_MAX} bytes at most): point SHMRPC_RUNTIME_DIR at a shorter directory")
 
     findings = scan(shm_dir)
     if not findings:

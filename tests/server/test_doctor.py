@@ -163,3 +163,25 @@ def test_a_fifo_or_a_link_planted_under_a_region_name_hangs_nothing(worker_name:
         for name in (fifo, link):  # (the worker's start removes what its uid left under its name: these, here)
             if os.path.lexists(name):
                 os.unlink(name)
+
+
+def test_a_runtime_directory_too_long_for_a_socket_is_one_line_at_start_and_a_problem_for_doctor(
+        tmp_path: Path, worker_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the start failed with a bare "OSError: AF_UNIX path too long" (no path, no remedy) and doctor called the
+    # directory healthy
+    rdir = tmp_path / ("d" * (100 - len(str(tmp_path))))  # 100 bytes: no name fits
+    rdir.mkdir(mode=0o700)
+    env = dict(os.environ, SHMRPC_RUNTIME_DIR=str(rdir))
+    got = subprocess.run([sys.executable, "-m", "shmrpc.cli", "serve", "--name", worker_name, "--slots", "64K:4",
+                          "--no-mlock", "--backend", "numpy"], env=env, capture_output=True, text=True, timeout=60)
+    assert got.returncode == 1, got.stderr
+    lines = got.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"shmrpc serve: the socket path {rdir / worker_name}.attach is "), lines
+    assert "SHMRPC_RUNTIME_DIR" in lines[0] and "(names of up to 0 bytes fit this one)" in lines[0], lines
+    assert list(rdir.iterdir()) == []
+    monkeypatch.setenv("SHMRPC_RUNTIME_DIR", str(rdir))
+    out: list[str] = []
+    assert doctor(region_nbytes=1 << 20, out=out.append) == 1
+    assert [ln for ln in out if ln.startswith("PROBLEM")] == [
+        f"PROBLEM runtime dir {rdir}: its path leaves 0 bytes for a worker's name in a Unix socket's path (107 "
+        "bytes at most): point SHMRPC_RUNTIME_DIR at a shorter directory"], out
