@@ -139,6 +139,7 @@ class AttachListener:
         finally:
             os.umask(old)
         os.chmod(path, 0o666 if shared else 0o600)
+        self._ino = os.stat(path).st_ino  # close() unlinks the path only while it is still this socket
         self._sock.listen(128)
         self.pending: dict[int, tuple[socket.socket, float, int]] = {}  # fd -> (connection, deadline, peer uid)
 
@@ -228,5 +229,6 @@ class AttachListener:
         if self._sock.fileno() >= 0:
             self._sock.close()
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+                if os.stat(self.path).st_ino == self._ino:  # (removed and made again by another worker: theirs)
+                    os.unlink(self.path)
 

@@ -26,6 +26,7 @@ Life of a CALL on the loop thread::
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import resource
@@ -65,7 +66,7 @@ from ._sessions import Sessions
 from ._shared import SharedOwners
 from ._waiters import Waiters
 from .config import WorkerConfig
-from .lockfile import WorkerLock
+from .lockfile import WorkerAlreadyRunning, WorkerLock
 from .metrics import Metrics
 from .region import Region
 from .rundir import ensure_runtime_dir, remove_socket
@@ -108,6 +109,8 @@ class Worker(Calls, Runs):
         self.regions: dict[int, Region] = {}  # index -> region; 0 is the pool
         self.backend: Backend = None  # type: ignore[assignment]  # set by start()
         self._lock: WorkerLock | None = None
+        self._files_lost: str | None = None  # why the worker is not ready since its lock file was removed
+        self._watch_fd = -1  # inotify on the lock file (WorkerLock.watch), until the loop takes it
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
         self._attach: AttachListener | None = None
@@ -162,6 +165,7 @@ class Worker(Calls, Runs):
         checks.check_socket_paths(cfg.name, runtime_dir())
         ensure_runtime_dir(shared=bool(cfg.allow_uids))
         self._lock = WorkerLock.acquire(cfg.name, shared=bool(cfg.allow_uids))
+        self._watch_fd = self._lock.watch()  # the lock file removed (a tmp cleaner): seen by the loop at once
         try:
             for cleaned in self._lock.cleaned:
                 log.warning("removed %s left by a worker that died", cleaned)
@@ -240,10 +244,33 @@ class Worker(Calls, Runs):
             frame = State.from_json(state).encode()
         return frame
 
+    def _take_lock_again(self) -> str:
+        """Our lock file was removed (a tmp cleaner, say): take the name's lock again, so that no second worker of
+        the name starts; the sockets went with it, so new clients cannot reach this worker. Returns why it is not
+        ready (``/healthz``)."""
+        cfg, old = self.config, self._lock
+        assert old is not None
+        remedy = ("restart it, with SHMRPC_RUNTIME_DIR out of tmp cleaners' reach (/run/shmrpc, as the systemd unit "
+                  "sets)")
+        try:
+            new = WorkerLock.acquire(cfg.name, shared=bool(cfg.allow_uids), clean=False)
+        except (WorkerAlreadyRunning, checks.StartupError) as e:
+            why = f"its lock file {old.path} was removed and the name taken again ({e})"
+        else:
+            new.set_regions(old.regions)
+            self._lock = new
+            old.release()  # (the removed file's fd: nothing at the path is unlinked)
+            why = f"its lock file {old.path} was removed: taken again, so no second worker of the name starts"
+        log.error("worker %s: %s; its sockets may be gone with it, so new clients may not reach it: %s", cfg.name,
+                  why, remedy, extra={"event": "runtime_files_removed", "worker": cfg.name})
+        return f"{why}: {remedy}"
+
     def health(self) -> tuple[bool, str]:
         """Readiness for ``/healthz``: started, serving, loop turning, backend sound. Returns (ready, reason)."""
         if not self.ready.is_set():
             return False, "starting"
+        if self._files_lost is not None:
+            return False, self._files_lost
         if self._stopping:
             return False, "stopping"
         if self.dispatch.fatal:
@@ -279,7 +306,8 @@ class Worker(Calls, Runs):
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
-        remove_socket(self.config.name)
+        if self._files_lost is None:  # (else the files at those paths may be another worker's)
+            remove_socket(self.config.name)
         sessions: Sessions | None = self.__dict__.get("sessions")  # None when start() failed early
         if sessions is not None:
             sessions.close()
@@ -294,10 +322,10 @@ class Worker(Calls, Runs):
         for r in self.regions.values():
             r.close()
         self.regions.clear()
-        for fd in (self._wake_r, self._wake_w):
+        for fd in (self._wake_r, self._wake_w, self._watch_fd):
             if fd >= 0:
                 os.close(fd)
-        self._wake_r = self._wake_w = -1
+        self._wake_r = self._wake_w = self._watch_fd = -1
         self.observe.close()
         if self._lock is not None:
             self._lock.release()
@@ -326,6 +354,9 @@ class Worker(Calls, Runs):
         wake_r, attach_fd = self._wake_r, attach.fileno()
         poller.register(wake_r)
         poller.register(attach_fd)
+        watch_fd, self._watch_fd = self._watch_fd, -1  # (this loop closes it)
+        if watch_fd >= 0:
+            poller.register(watch_fd)
         lanes = self._lanes
         doorbell = lanes.doorbell_fd if lanes is not None else -1
         if lanes is not None:
@@ -406,6 +437,14 @@ class Worker(Calls, Runs):
             if others:
                 if attach_fd in events:
                     attach.accept()
+                if watch_fd in events:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(watch_fd, 4096)
+                    if self._files_lost is None and self._lock is not None and self._lock.lost():
+                        self._files_lost = self._take_lock_again()
+                        poller.unregister(watch_fd)  # (it watched the removed file)
+                        os.close(watch_fd)
+                        watch_fd = -1
                 for fd in waiting & events.keys():
                     self._on_attach(fd, stopping)
                 for fd in pidfds & events.keys():
@@ -420,6 +459,8 @@ class Worker(Calls, Runs):
                 self._loop_tick = now
                 self.sessions.check_clients()
                 self.sessions.gauge_memory()
+                if self._files_lost is None and self._lock is not None and self._lock.lost():
+                    self._files_lost = self._take_lock_again()
             if len(self._waiters):
                 self.sessions.expire_pending(now)
             if attach.pending:
@@ -430,6 +471,9 @@ class Worker(Calls, Runs):
             # no request waits; observe folds past _FOLD_AT queued, and a scrape folds before it reads)
             if lanes is None or not lanes.ready():
                 self.metrics.fold()
+        if watch_fd >= 0:
+            poller.unregister(watch_fd)
+            os.close(watch_fd)
         log.info("worker %s stopped", self.config.name, extra={"event": "worker_stopped", "worker": self.config.name})
 
     def _on_attach(self, fd: int, stopping: bool) -> None:

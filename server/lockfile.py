@@ -29,6 +29,8 @@ reused pid is not mistaken for the worker that died.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import fcntl
 import json
 import os
@@ -44,6 +46,9 @@ from .procs import pid_alive
 from .region import read_superblock, unlink_region
 from .rundir import ensure_runtime_dir, remove_socket
 from .shm import list_segments, owned_by_us
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_IN_ATTRIB, _IN_MOVE_SELF, _IN_DELETE_SELF = 0x4, 0x800, 0x400  # <sys/inotify.h>: a link count change is IN_ATTRIB
 
 __all__ = ["WorkerAlreadyRunning", "WorkerLock", "read_lock_file", "lock_is_held", "remove_stale_lock"]
 
@@ -149,12 +154,14 @@ class WorkerLock:
         self._fd: int | None = fd
 
     @classmethod
-    def acquire(cls, name: str, *, shared: bool = False) -> WorkerLock:
+    def acquire(cls, name: str, *, shared: bool = False, clean: bool = True) -> WorkerLock:
         """Take the lock of worker ``name``, cleaning up after a dead predecessor.
 
         Args:
             name: the worker name (validated).
             shared: the runtime directory may be 0711 (``--allow-uid``).
+            clean: remove what a dead predecessor left (False: a running worker taking its removed lock file
+                again, whose sockets are its own).
 
         Returns:
             The held lock, its JSON written with this process's pid and no regions.
@@ -198,7 +205,7 @@ class WorkerLock:
         try:
             os.fchmod(fd, 0o600)
             previous = _read_fd(fd)
-            cleaned = _clean_predecessor(name, previous)
+            cleaned = _clean_predecessor(name, previous) if clean else []
             lock = cls(name, path, fd, cleaned)
             lock._write()
         except OSError as e:  # a full or read-only file system under the runtime directory
@@ -216,6 +223,29 @@ class WorkerLock:
     def held(self) -> bool:
         """Whether this object still holds the lock."""
         return self._fd is not None
+
+    def watch(self) -> int:
+        """An inotify fd that turns readable when the lock file's links or name change (its removal among them), for
+        the loop to look at :meth:`lost` at once rather than at its next heartbeat; -1 where inotify is missing."""
+        if self._fd is None:
+            return -1
+        fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if fd < 0:
+            return -1
+        if _libc.inotify_add_watch(fd, os.fsencode(str(self.path)), _IN_ATTRIB | _IN_MOVE_SELF | _IN_DELETE_SELF) < 0:
+            os.close(fd)
+            return -1
+        return int(fd)
+
+    def lost(self) -> bool:
+        """Whether the lock file at our path is gone or another (removed behind our back, e.g. by a tmp cleaner:
+        a second worker of this name could then start)."""
+        if self._fd is None:
+            return False
+        try:
+            return os.fstat(self._fd).st_ino != os.stat(self.path).st_ino
+        except FileNotFoundError:
+            return True
 
     def set_regions(self, names: list[str]) -> None:
         """Record the worker's region names in the lock file (call after each create and unlink)."""

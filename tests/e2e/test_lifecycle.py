@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -642,3 +643,32 @@ def test_a_new_clients_pidfd_under_a_number_just_freed_is_not_taken_for_the_old_
         w.stop()
         th.join(10)
         w.close()
+
+
+def test_a_worker_whose_lock_file_is_removed_takes_it_again_and_says_so(
+        spawn_worker: Callable[..., WorkerProc]) -> None:
+    # a tmp cleaner removing the runtime files of a running worker (default directory /tmp/shmrpc-<uid>): the worker
+    # did not notice, and a second worker of the same name started beside it; now the first takes its lock again at
+    # once (inotify on the file), logs it, and reports not ready
+    from shmrpc.schema.naming import lock_path
+
+    w = spawn_worker("--metrics-port", "0")
+    with Client(w.name, timeout_s=10) as c:
+        np.testing.assert_array_equal(c.call("scale", x=np.ones(4), a=2.0, b=0.0)["out"], 2.0)  # (connected)
+        for path in (lock_path(w.name), socket_path(w.name), attach_path(w.name)):
+            os.unlink(path)
+        deadline = time.monotonic() + 10
+        while not lock_path(w.name).exists():
+            assert time.monotonic() < deadline, "the lock file was not taken again"
+            time.sleep(0.01)
+        second = subprocess.run([sys.executable, "-m", "shmrpc.server", "serve", "--name", w.name, "--slots", "64K:4",
+                                 "--no-mlock", "--backend", "numpy"], capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1 and f"a worker named {w.name!r} is already running (pid {w.pid}" in second.stderr
+        np.testing.assert_array_equal(c.call("scale", x=np.ones(4), a=2.0, b=0.0)["out"], 2.0)  # its client served on
+        url = next(p for p in w.ready_line.split() if p.startswith("http://")).rstrip(")").replace("/metrics", "/healthz")
+        with pytest.raises(urllib.error.HTTPError) as e:  # not ready: its sockets may be gone (restart it)
+            urllib.request.urlopen(url, timeout=10)
+        assert e.value.code == 503 and b"was removed: taken again" in e.value.read()
+    assert w.stop() == 0
+    assert "was removed: taken again, so no second worker of the name starts" in w.stderr, w.stderr
+    assert not lock_path(w.name).exists()  # its own (taken again) lock file went with it
