@@ -56,13 +56,13 @@ from ._cuda_chunks import CHUNK_BYTES, CHUNK_STREAMS, CHUNK_THRESHOLD_BYTES
 from ._cuda_graph import ChunkGraphs, GraphCache, request_key
 from ._cupy_runs import BATCH_SINGLES, GRAPH_MAX_BYTES, LAUNCH_BATCHES, chunk_settings, plan_bytes
 from ._errors import (
-    OP_FAILURES,
     BackendUnavailable,
     KernelFatalError,
     KernelInputError,
     KernelResourceError,
     KernelRuntimeError,
     OpError,
+    is_op_failure,
 )
 from ._plan import Plan
 from ._registry import OpCall, TensorSpec
@@ -364,7 +364,9 @@ class CupyBackend(Backend):
             res = impl(call)
             check_result(st, res, out_specs)
             return res
-        except OP_FAILURES as e:
+        except BaseException as e:  # every failure of an op is its step's error (is_op_failure)
+            if not is_op_failure(e):
+                raise
             raise self._wrap(e, st.op.name, st.index) from e
 
     def _issue_graph(self, plan: Plan, host_in: Mapping[str, np.ndarray], host_out: Mapping[str, np.ndarray],

@@ -27,7 +27,7 @@ import numpy as np
 
 from ._backend_base import Backend, BatchItem, BatchLaunch, BoundRun, RunLaunch, can_write, check_result
 from ._batch import batch_plan, batchable
-from ._errors import OP_FAILURES, KernelInputError, KernelResourceError, KernelRuntimeError, OpError
+from ._errors import KernelInputError, KernelResourceError, KernelRuntimeError, OpError, is_op_failure
 from ._plan import Plan, ResolvedStep
 from ._registry import NUMPY_BOUND, OpCall, TensorSpec
 
@@ -54,7 +54,9 @@ def _call_op(st: ResolvedStep, impl: Any, call: OpCall, given: Sequence[tuple[st
                 res.get(given[0][0]) is not given[0][1] if len(given) == 1  # a lone output: no generator
                 else any(res.get(p) is not v for p, v in given)):
             check_result(st, res, st.out_specs)
-    except OP_FAILURES as e:  # every failure of an op is its step's error
+    except BaseException as e:  # every failure of an op is its step's error (is_op_failure)
+        if not is_op_failure(e):
+            raise
         raise _op_failure(st, e) from (None if isinstance(e, OpError) else e)
     return res
 
@@ -197,7 +199,9 @@ class NumpyBackend(Backend):
             if fast is not None:  # no OpCall, no result to check: it writes into the checked views
                 try:
                     fast()
-                except OP_FAILURES as e:  # raised as _call_op raises it
+                except BaseException as e:  # raised as _call_op raises it
+                    if not is_op_failure(e):
+                        raise
                     raise _op_failure(st, e) from (None if isinstance(e, OpError) else e)
             else:
                 res = _call_op(st, impl, OpCall(np, dict(ins), in_specs, out_specs, attrs, dict(dests)), given)
@@ -275,7 +279,9 @@ class NumpyBackend(Backend):
                 check_result(st, res, out_specs)
                 for p, n in st.outputs.items():
                     env[n] = res[p]
-        except Exception:  # noqa: BLE001 - one request's bad input or an op's error: each request alone
+        except BaseException as e:  # noqa: BLE001 - one request's bad input or an op's error: each request alone
+            if not is_op_failure(e):
+                raise
             return super().run_batch(plan, items)
         # NOTE: outputs are written only now, after every step ran: an output view over its own
         # request's input (in place) is read before it is written, and a failed batch wrote nothing.

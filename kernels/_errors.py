@@ -17,6 +17,8 @@ its wire errors; kernels itself knows nothing of the wire. (The base is ``OpErro
 
 from __future__ import annotations
 
+import signal
+
 __all__ = [
     "OpError",
     "KernelInputError",
@@ -24,7 +26,7 @@ __all__ = [
     "KernelFatalError",
     "KernelResourceError",
     "BackendUnavailable",
-    "OP_FAILURES",
+    "is_op_failure",
 ]
 
 
@@ -90,8 +92,18 @@ class BackendUnavailable(OpError, RuntimeError):
     """The backend asked for cannot run here (no CuPy, no GPU); use ``"auto"`` or ``"numpy"``."""
 
 
-#: What an op's implementation may raise that is that request's error (a ``KernelRuntimeError`` naming the op and its
-#: step): every exception, and ``SystemExit`` (an op's ``sys.exit()`` must not end the worker's thread or the
-#: worker). ``KeyboardInterrupt`` is not one: the worker turns SIGINT into its shutdown, and in a caller's own
-#: process it stays the caller's.
-OP_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit)
+def is_op_failure(e: BaseException) -> bool:
+    """Whether ``e``, raised by an op's own code (its implementation, its shape rule or its cost rule), is that
+    request's error (a :class:`KernelRuntimeError` / :class:`KernelInputError` naming the op) rather than something
+    to let through: every ``Exception``, and every other ``BaseException`` (``SystemExit``: an op's ``sys.exit()``,
+    ``GeneratorExit``, ``asyncio.CancelledError``, a library's own subclass), so none of them ends the worker's
+    thread or the worker. The one exception is a ``KeyboardInterrupt`` raised while SIGINT has Python's default
+    handler, which a real Ctrl-C may have raised: in a caller's own process (``check_parity``, a backend used
+    directly) it stays the caller's. A worker installs its own SIGINT handler (it drains and exits), so there every
+    ``KeyboardInterrupt`` is the op's own and fails its request."""
+    if not isinstance(e, KeyboardInterrupt):
+        return True
+    try:
+        return signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    except (ValueError, OSError):  # no signal support here: nothing could have raised it but the op
+        return True

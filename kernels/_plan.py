@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from ._errors import KernelInputError, OpError
+from ._errors import KernelInputError, OpError, is_op_failure
 from ._registry import REGISTRY, OpSpec, StepSpec, TensorSpec
 
 __all__ = ["Plan", "ResolvedStep", "bounded_put", "build_plan", "kept_for_plan"]
@@ -123,7 +123,9 @@ def _resolve_step(i: int, step: StepSpec, tensors: dict[str, TensorSpec], reside
         out_specs = op.rule(MappingProxyType(in_specs), MappingProxyType(attrs))
     except OpError:
         raise
-    except Exception as e:  # noqa: BLE001 - a rule's bug is the request's error, not the worker's
+    except BaseException as e:  # noqa: BLE001 - a rule's bug (sys.exit() included) is the request's error, not the worker's
+        if not is_op_failure(e):
+            raise
         where = "" if op.builtin else f" (a bug in the op's module {op.module!r})"
         raise KernelInputError(f"the shape rule of op {op.name!r} raised {type(e).__name__}: {e}{where}",
                                field="infer") from e

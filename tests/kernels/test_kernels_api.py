@@ -292,3 +292,64 @@ def test_a_failed_warm_up_names_the_op_its_module_and_the_warm_up(fresh: list[st
                                                  r"`example` inputs: op 't_warm' failed: ZeroDivisionError") as e:
         select_backend("numpy").warmup()
     assert str(e.value).count("op='t_warm'") == 1, e.value  # the op's place said once, at the end
+
+
+class _LibraryStop(BaseException):
+    """A library's own BaseException."""
+
+
+@pytest.mark.parametrize("exc", [SystemExit("gave up"), GeneratorExit(), _LibraryStop("stop"),
+                                 __import__("asyncio").CancelledError()], ids=lambda e: type(e).__name__)
+def test_a_base_exception_in_a_rule_or_an_op_is_the_requests_error(fresh: list[str], exc: BaseException) -> None:
+    """sys.exit() or any other BaseException raised by a users' op's shape rule or body is its step's error naming
+    the op (field "infer" for the rule), not something that ends the caller's thread."""
+    def rule(i: Any, a: Any) -> dict[str, TensorSpec]:
+        raise exc
+
+    def body(c: OpCall) -> dict[str, Any]:
+        raise exc
+
+    register_op(_spec("t_rule_base", infer=rule, example={}))
+    register_op(_spec("t_body_base", numpy=body, example={}))
+    fresh.extend(["t_rule_base", "t_body_base"])
+    with pytest.raises(KernelInputError, match=rf"shape rule of op 't_rule_base' raised {type(exc).__name__}") as e:
+        _run("t_rule_base", np.ones(3, np.float32))
+    assert (e.value.op, e.value.step, e.value.field) == ("t_rule_base", 0, "infer")
+    with pytest.raises(KernelRuntimeError, match=rf"op 't_body_base' failed: {type(exc).__name__}") as e:
+        _run("t_body_base", np.ones(3, np.float32))
+    assert (e.value.op, e.value.step) == ("t_body_base", 0)
+
+
+def test_a_keyboard_interrupt_is_the_ops_error_only_where_sigint_is_not_pythons_default(
+        fresh: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a caller's own process (SIGINT with Python's default handler) a KeyboardInterrupt may be a real Ctrl-C and
+    goes through; under a worker's own SIGINT handler it can only be the op's, and fails its request."""
+    import signal
+
+    from shmrpc.kernels._errors import is_op_failure
+
+    def body(c: OpCall) -> dict[str, Any]:
+        raise KeyboardInterrupt
+
+    register_op(_spec("t_body_kbd", numpy=body, example={}))
+    fresh.append("t_body_kbd")
+    monkeypatch.setattr(signal, "getsignal", lambda sig: signal.default_int_handler)
+    assert not is_op_failure(KeyboardInterrupt()) and is_op_failure(SystemExit()) and is_op_failure(ValueError())
+    with pytest.raises(KeyboardInterrupt):
+        _run("t_body_kbd", np.ones(3, np.float32))
+    monkeypatch.setattr(signal, "getsignal", lambda sig: (lambda *_: None))  # a worker's handler
+    assert is_op_failure(KeyboardInterrupt())
+    with pytest.raises(KernelRuntimeError, match="op 't_body_kbd' failed: KeyboardInterrupt"):
+        _run("t_body_kbd", np.ones(3, np.float32))
+
+
+def test_a_warm_up_whose_rule_exits_names_the_op_and_the_warm_up(fresh: list[str]) -> None:
+    def rule(i: Any, a: Any) -> dict[str, TensorSpec]:
+        raise SystemExit("no")
+
+    register_op(_spec("t_warm_rule", infer=rule))
+    fresh.append("t_warm_rule")
+    with pytest.raises(KernelInputError, match=rf"op 't_warm_rule' \(module {__name__}\) failed its warm-up run on its "
+                                               r"`example` inputs: the shape rule of op 't_warm_rule' raised "
+                                               r"SystemExit: no"):
+        select_backend("numpy").warmup()
