@@ -19,11 +19,13 @@ The memory figure is an upper bound: it counts every step's outputs as alive at 
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import KernelResourceError
+from ._errors import KernelInputError, KernelResourceError, OpError, is_op_failure
 from ._plan import Plan, ResolvedStep
 from ._registry import TensorSpec
 
@@ -64,10 +66,32 @@ def default_flops(in_specs: Mapping[str, TensorSpec], out_specs: Mapping[str, Te
 
 
 def _step_flops(st: ResolvedStep) -> int:
-    if st.op.alias:
+    """Step ``st``'s FLOPs by its op's cost rule (else :func:`default_flops`). A rule that raises (``sys.exit()``
+    included: :func:`~._errors.is_op_failure`) or gives something other than a finite number >= 0 is that request's
+    :class:`KernelInputError` naming the op, its module and ``field="cost"``, as a failing shape rule is."""
+    op = st.op
+    if op.alias:
         return 0
-    rule = st.op.cost or default_flops
-    return int(rule(st.in_specs, st.out_specs, st.attrs))
+    if op.cost is None:
+        return default_flops(st.in_specs, st.out_specs, st.attrs)
+    where = "" if op.builtin else f" (a bug in the op's module {op.module!r})"
+    try:
+        flops = op.cost(st.in_specs, st.out_specs, st.attrs)
+    except OpError as e:
+        raise e.with_context(op=op.name, step=st.index) from None
+    except BaseException as e:  # noqa: BLE001 - a rule's bug is the request's error, not the worker's
+        if not is_op_failure(e):
+            raise
+        raise KernelInputError(f"the cost rule of op {op.name!r} raised {type(e).__name__}: {e}{where}",
+                               op=op.name, step=st.index, field="cost") from e
+    if isinstance(flops, bool) or not isinstance(flops, numbers.Real) or not math.isfinite(flops) or flops < 0:
+        try:
+            text = repr(flops)[:100]
+        except Exception:  # noqa: BLE001 - only for the message
+            text = f"a {type(flops).__name__}"
+        raise KernelInputError(f"the cost rule of op {op.name!r} returned {text}; it must give a number of "
+                               f"FLOPs >= 0{where}", op=op.name, step=st.index, field="cost")
+    return int(flops)
 
 
 def _scratch(st: ResolvedStep) -> int:
@@ -78,7 +102,11 @@ def _scratch(st: ResolvedStep) -> int:
 
 
 def estimate(plan: Plan) -> PlanCost:
-    """The estimated cost of ``plan`` (pure; cheap next to planning)."""
+    """The estimated cost of ``plan`` (pure; cheap next to planning).
+
+    Raises:
+        KernelInputError: an op's cost rule raised or gave no number of FLOPs (``field="cost"``, op and step set).
+    """
     flops = 0
     produced = 0
     per_step = []

@@ -235,16 +235,16 @@ class Dispatcher:
         alias_only = all(kernels.REGISTRY[s.op].alias for s in steps) and not desc.keep and not resident
         try:
             plan = self.backend.plan(steps, specs, list(desc.outputs), keep=list(desc.keep), resident=resident)
-        except kernels.KernelInputError as e:
-            if e.step < 0 and e.field in ("outputs", "keep"):
+        except kernels.OpError as e:  # a shape rule's refusal or bug (users' rules may raise any OpError)
+            if isinstance(e, kernels.KernelInputError) and e.step < 0 and e.field in ("outputs", "keep"):
                 # the request's own lists are wrong (a name no step produces, or asked twice): not an op's refusal
                 raise InvalidRequestError(e.message, tensor=e.tensor, field=e.field) from None
             raise kernel_error(e, first) from None
         # the cost is known from the plan alone: refuse what would take too much memory before anything runs
-        cost = kernels.estimate(plan)
         try:
+            cost = kernels.estimate(plan)  # an op's cost rule that fails: KernelInputError(field="cost")
             kernels.check_memory(plan, cost, self.memory_limit_nbytes)
-        except kernels.KernelResourceError as e:
+        except kernels.OpError as e:
             raise kernel_error(e, first) from None
         # users' ops without a cost rule never run on the loop thread: a slow one holds an executor thread, not the loop
         inline = cost.flops <= self.inline_max_flops and cost.touched_nbytes <= self.inline_max_nbytes and \

@@ -47,3 +47,50 @@ def test_elementwise_estimate_is_small_and_alias_is_free(be) -> None:
     x = {"x": TensorSpec((1000,), "float32")}
     assert estimate(be.plan([StepSpec("echo", {"x": "x"}, {"out": "y"})], x, ["y"])).flops == 0
     assert estimate(be.plan([StepSpec("scale", {"x": "x"}, {"out": "y"})], x, ["y"])).flops == 16 * 2000
+
+
+@pytest.mark.parametrize(("cost", "says"), [
+    (lambda i, o, a: 1 / 0, "the cost rule of op 't_cost_bad' raised ZeroDivisionError: division by zero"),
+    (lambda i, o, a: (_ for _ in ()).throw(SystemExit("no")), "raised SystemExit: no"),
+    (lambda i, o, a: None, "returned None; it must give a number of FLOPs >= 0"),
+    (lambda i, o, a: float("nan"), "returned nan"),
+    (lambda i, o, a: "many", "returned 'many'"),
+    (lambda i, o, a: -1, "returned -1"),
+    (lambda i, o, a: True, "returned True"),
+], ids=["raises", "exits", "none", "nan", "str", "negative", "bool"])
+def test_a_cost_rule_that_fails_is_the_requests_input_error_naming_the_op(be, cost, says: str) -> None:
+    """As a failing shape rule: KernelInputError naming the op, its step, its module and field "cost"."""
+    from shmrpc.kernels import REGISTRY, KernelInputError
+    from shmrpc.kernels._registry import unregister
+    from shmrpc.kernels.api import OpSpec, register_op
+
+    register_op(OpSpec("t_cost_bad", inputs=("x",), outputs=("out",), infer=lambda i, a: {"out": i["x"]},
+                       numpy=lambda c: {"out": c.inputs["x"]}, cost=cost))
+    try:
+        plan = be.plan([StepSpec("scale", {"x": "x"}, {"out": "a"}), StepSpec("t_cost_bad", {"x": "a"}, {"out": "y"})],
+                       {"x": TensorSpec((4,), "float32")}, ["y"])
+        with pytest.raises(KernelInputError, match=says.replace("(", r"\(")) as e:
+            estimate(plan)
+        assert (e.value.op, e.value.step, e.value.field) == ("t_cost_bad", 1, "cost")
+        assert f"(a bug in the op's module '{__name__}')" in e.value.message
+    finally:
+        if "t_cost_bad" in REGISTRY:
+            unregister("t_cost_bad")
+
+
+def test_a_cost_rule_may_give_any_finite_number(be) -> None:
+    import numpy as np
+
+    from shmrpc.kernels import REGISTRY
+    from shmrpc.kernels._registry import unregister
+    from shmrpc.kernels.api import OpSpec, register_op
+
+    for value, flops in ((2.5e3, 2500), (np.int64(7), 7), (0, 0)):
+        register_op(OpSpec("t_cost_num", inputs=("x",), outputs=("out",), infer=lambda i, a: {"out": i["x"]},
+                           numpy=lambda c: {"out": c.inputs["x"]}, cost=lambda i, o, a, v=value: v))
+        try:
+            plan = be.plan([StepSpec("t_cost_num", {"x": "x"}, {"out": "y"})], {"x": TensorSpec((4,), "float32")}, ["y"])
+            assert estimate(plan).flops == flops
+        finally:
+            if "t_cost_num" in REGISTRY:
+                unregister("t_cost_num")
