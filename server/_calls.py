@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from shmrpc.kernels._backend_base import BoundRun
+from shmrpc.kernels._errors import is_op_failure
 from shmrpc.schema import messages as m
 from shmrpc.schema.control import ErrorReply
 from shmrpc.schema.errors import (
@@ -228,7 +229,9 @@ class Calls:
                 # the client's guessed room was too small: it asks for the sizes and sends it again (not a failure)
                 return self._finish(identity, s, view, hdr, e, t0, {}, None, lane, GUESS_TOO_SMALL)
             return self._finish(identity, s, view, hdr, e, t0, {}, None, lane)
-        except Exception as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - answered: the slot's lease began, it must not stay in flight
+            if not is_op_failure(e):
+                raise
             log.exception("validation failed unexpectedly")
             return self._finish(identity, s, view, hdr, InternalError(f"validation failed: {e}"), t0, {}, None, lane)
         self._inflight.value += 1

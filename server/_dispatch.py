@@ -23,6 +23,7 @@ from shmrpc import kernels
 from shmrpc.kernels import Backend, Plan
 from shmrpc.kernels._backend_base import BatchLaunch, BoundRun, ItemViews, RunLaunch
 from shmrpc.kernels._batch import batchable
+from shmrpc.kernels._errors import is_op_failure
 from shmrpc.kernels._plan import bounded_put
 from shmrpc.schema import dtypes
 from shmrpc.schema.descriptor import RequestDesc, ResponseDesc, TensorRef, decode_request, encode_response
@@ -42,9 +43,10 @@ from shmrpc.schema.layout import TENSOR_ALIGN, align_up, format_size_approx, ten
 _KERNEL_ERRORS = (kernels.KernelInputError, kernels.KernelRuntimeError)  # what run_error maps to a KernelError
 log = logging.getLogger("shmrpc.server")
 
-__all__ = ["Prepared", "Dispatcher", "kernel_error", "error_response", "resident_name"]
+__all__ = ["Prepared", "Dispatcher", "kernel_error", "error_response", "encode_error", "resident_name"]
 
-_MAX_MESSAGE = 1000
+_MAX_MESSAGE = 1000  # characters of an error response's message
+_MAX_NAME = 256  # ... of its op, tensor and field
 _REQUEST_MASK = Flag.request_mask()
 _KEEP = int(Flag.KEEP)
 _IN_PLACE = int(Flag.IN_PLACE)
@@ -88,9 +90,45 @@ def kernel_error(e: Exception, default_op: str = "") -> RequestError:
     return KernelError(msg, **fields)
 
 
-def error_response(err: RequestError) -> ResponseDesc:
-    """The response descriptor carrying ``err``."""
-    return ResponseDesc(err.code, err.message[:_MAX_MESSAGE], err.op, err.step, err.tensor, err.field)
+def _text(value: object, limit: int) -> str:
+    """``value`` as wire text: at most ``limit`` characters, lone surrogates (a file name decoded with
+    ``surrogateescape``, say) and anything else UTF-8 cannot carry written as backslash escapes."""
+    try:
+        s = value if type(value) is str else str(value)
+    except Exception:  # noqa: BLE001 - a user's object whose __str__ fails: its type is all there is to say
+        s = f"<{type(value).__name__}>"
+    s = s[:limit]
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        s = s.encode("utf-8", "backslashreplace").decode("utf-8")[:limit]
+    return s
+
+
+def error_response(err: RequestError, message_limit: int = _MAX_MESSAGE, name_limit: int = _MAX_NAME) -> ResponseDesc:
+    """The response descriptor carrying ``err``: its message cut to ``message_limit`` characters, its op, tensor and
+    field to ``name_limit``, every text encodable as UTF-8 (see :func:`_text`)."""
+    step = err.step if type(err.step) is int and -1 <= err.step < 1 << 31 else -1
+    return ResponseDesc(err.code, _text(err.message, message_limit), _text(err.op, name_limit), step,
+                        _text(err.tensor, name_limit), _text(err.field, name_limit))
+
+
+def encode_error(err: RequestError, room: int) -> bytes:
+    """The response descriptor bytes carrying ``err``, at most ``room`` bytes (the slot's descriptor area after the
+    header); never raises, so a request that failed is always answered. Its texts are cut shorter until they fit
+    (``room`` is at least 240: the smallest descriptor area, 256, less the header); if even that fails, an
+    :class:`InternalError` saying so, with the error's op."""
+    for message_limit, name_limit in ((_MAX_MESSAGE, _MAX_NAME), (200, 64), (60, 32), (40, 12)):
+        try:
+            payload = encode_response(error_response(err, message_limit, name_limit))
+        except Exception:  # noqa: BLE001 - a field no descriptor can carry: the InternalError below
+            break
+        if len(payload) <= room:
+            return payload
+    log.error("the error response of a request could not be encoded in %d bytes: %s", room, type(err).__name__)
+    op = _text(getattr(err, "op", ""), 32)
+    return encode_response(ResponseDesc(InternalError.code, "the request failed; its error could not be encoded",
+                                        op if op.isascii() else ""))
 
 
 def check_header(h: Header | tuple[int, int, int, int, int], request_id: int, generation: int,
@@ -386,13 +424,15 @@ class Dispatcher:
             return {}
         try:
             return bound() or {}
-        except Exception as e:  # noqa: BLE001 - a backend bug must not take the worker down
+        except BaseException as e:  # noqa: BLE001 - a backend bug must not take the worker down
+            if not is_op_failure(e):
+                raise
             err = self.run_error(prep, e)
             if err is e:
                 raise
             raise err from (None if isinstance(e, _KERNEL_ERRORS) else e)
 
-    def run_error(self, prep: Prepared, e: Exception) -> RequestError:
+    def run_error(self, prep: Prepared, e: BaseException) -> RequestError:
         """The RequestError a run of ``prep`` that raised ``e`` answers with (:meth:`run_bound`'s mapping): a
         KernelInputError / KernelRuntimeError as a KernelError with the op's location (a KernelFatalError also
         marks the backend :attr:`fatal`), a RequestError as itself, anything else as an InternalError."""
@@ -441,7 +481,9 @@ class Dispatcher:
             results = run()
             if len(results) != len(items):
                 raise RuntimeError(f"run_batch answered {len(results)} of {len(items)} requests")
-        except Exception as e:  # noqa: BLE001 - a backend bug must not take the worker down
+        except BaseException as e:  # noqa: BLE001 - a backend bug must not take the worker down
+            if not is_op_failure(e):
+                raise
             err = InternalError(f"the backend failed: {type(e).__name__}: {e}", op=items[0][0].desc.steps[0].op)
             return [err] * len(items)
         out: list[dict[str, float] | RequestError] = []

@@ -7,21 +7,29 @@ the same planning a request gets (``backend.plan``), so its errors are the call'
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from shmrpc import kernels
+from shmrpc.kernels._errors import is_op_failure
 from shmrpc.schema.control import ErrorReply, Manage
-from shmrpc.schema.errors import InvalidRequestError, RequestError, UnknownOpError
+from shmrpc.schema.errors import InternalError, InvalidRequestError, RequestError, UnknownOpError
 from shmrpc.schema.planquery import decode_plan_query, encode_plan_answer
 
-from ._dispatch import kernel_error, resident_name
+from ._dispatch import error_response, kernel_error, resident_name
 
 __all__ = ["answer_plan", "op_summary"]
 
 
+log = logging.getLogger("shmrpc.server")
+
+
 def _error(e: RequestError, id: int | None) -> bytes:
-    return ErrorReply(e.code, "refused_request", e.message, e.field, id, op=e.op, step=e.step,
-                      tensor=e.tensor).encode()
+    """The ERROR answering a plan query with ``e``: its texts as a CALL's error response carries them (cut short,
+    lone surrogates escaped: :func:`._dispatch.error_response`)."""
+    r = error_response(e)
+    return ErrorReply(r.status, "refused_request", r.message, r.field, id, op=r.op, step=r.step,
+                      tensor=r.tensor).encode()
 
 
 def answer_plan(backend: Any, client: int, req: Manage) -> bytes:
@@ -44,6 +52,11 @@ def answer_plan(backend: Any, client: int, req: Manage) -> bytes:
         if e.step < 0 and e.field in ("outputs", "keep"):
             return _error(InvalidRequestError(e.message, tensor=e.tensor, field=e.field), req.id)
         return _error(kernel_error(e, q.steps[0][0]), req.id)
+    except BaseException as e:  # noqa: BLE001 - a bug must still be answered (the client waits for this id)
+        if not is_op_failure(e):
+            raise
+        log.error("plan query failed unexpectedly", exc_info=e)
+        return _error(InternalError(f"the plan query failed: {type(e).__name__}: {e}", op=q.steps[0][0]), req.id)
     return encode_plan_answer({n: (s.shape, s.dtype) for n, s in plan.outputs.items()}, req.id)
 
 

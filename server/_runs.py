@@ -24,13 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from shmrpc.kernels._backend_base import BoundRun, RunLaunch
+from shmrpc.kernels._errors import is_op_failure
 from shmrpc.schema import messages as m
-from shmrpc.schema.descriptor import encode_response
 from shmrpc.schema.errors import WIRE_CODES, InternalError, RequestError
 from shmrpc.schema.header import HEADER, HEADER_NBYTES, Flag
 
 from ._batch import Pending, group_by_plan
-from ._dispatch import Dispatcher, Launched, Prepared, error_response
+from ._dispatch import Dispatcher, Launched, Prepared, encode_error
 from ._lanes import Lanes, Linger
 from ._lease import Slot
 from ._poll import LoopPoll
@@ -331,7 +331,7 @@ class Runs:
         for p, r in zip(group, results):
             stages: dict[str, float] = {}
             if isinstance(r, RequestError):
-                status, payload = r.code, encode_response(error_response(r))
+                status, payload = r.code, self._error_payload(r)
             else:
                 status, stages, payload = 0, r, p.primed.prep.response
             write_response(p.view, p.hdr, payload, status)
@@ -345,8 +345,8 @@ class Runs:
             done = self._execute_batch(group)
         except BaseException as e:  # noqa: BLE001 - always answer
             log.exception("batch failed unexpectedly")
-            err = encode_response(error_response(InternalError(f"the request failed: {type(e).__name__}: {e}",
-                                                               op=group[0].primed.prep.desc.steps[0].op)))
+            err = self._error_payload(InternalError(f"the request failed: {type(e).__name__}: {e}",
+                                                    op=group[0].primed.prep.desc.steps[0].op))
             done = []
             for p in group:
                 write_response(p.view, p.hdr, err, InternalError.code)
@@ -364,20 +364,26 @@ class Runs:
         try:
             stages = self.dispatch.run_bound(prep, primed.bound if run is None else run)
             status, payload = 0, prep.response
-        except Exception as e:  # noqa: BLE001 - a bug must still be answered, or the slot would stay in flight
+        except BaseException as e:  # noqa: BLE001 - a bug must still be answered, or the slot would stay in flight
+            if not is_op_failure(e):
+                raise
             stages = {}
             status, payload = self._failure(prep, e)
         write_response(view, hdr, payload, status)
         return status, stages
 
-    @staticmethod
-    def _failure(prep: Prepared, e: Exception) -> tuple[int, bytes]:
+    def _error_payload(self, err: RequestError) -> bytes:
+        """The error response descriptor of ``err``, fitting the descriptor area (:func:`._dispatch.encode_error`:
+        never raises, so every failed request is answered)."""
+        return encode_error(err, self._desc_nbytes - HEADER_NBYTES)
+
+    def _failure(self, prep: Prepared, e: BaseException) -> tuple[int, bytes]:
         """(status, error response descriptor) of a run of ``prep`` that raised ``e``."""
         if isinstance(e, RequestError):
-            return e.code, encode_response(error_response(e))
+            return e.code, self._error_payload(e)
         log.error("request failed unexpectedly", exc_info=e)
         err = InternalError(f"the request failed: {type(e).__name__}: {e}", op=prep.desc.steps[0].op)
-        return err.code, encode_response(error_response(err))
+        return err.code, self._error_payload(err)
 
     def _complete(self, identity: bytes, s: Slot, view: memoryview, hdr: tuple[int, int, int], primed: Primed,
                   t0: float, lane: int, run: BoundRun | None = None) -> None:
@@ -394,7 +400,7 @@ class Runs:
             log.exception("request failed unexpectedly")
             status, stages = InternalError.code, {}
             err = InternalError(f"the request failed: {type(e).__name__}: {e}", op=prep.desc.steps[0].op)
-            write_response(view, hdr, encode_response(error_response(err)), status)
+            write_response(view, hdr, self._error_payload(err), status)
         stages = dict(stages, queue=q)
         self._done.append((identity, s, hdr, status, t0, stages, prep, lane))
         os.write(self._wake_w, b"x")
@@ -461,7 +467,9 @@ class Runs:
         bound = primed.bound
         try:  # Dispatcher.run_bound, written out: one call less per request
             stages = (bound() or {}) if bound is not None else {}
-        except Exception as e:  # noqa: BLE001 - answered as the full path answers it
+        except BaseException as e:  # noqa: BLE001 - answered as the full path answers it
+            if not is_op_failure(e):
+                raise
             hdr = (rid, op_code, gen)
             status, err_payload = self._failure(prep, self.dispatch.run_error(prep, e))
             write_response(view, hdr, err_payload, status)
@@ -496,7 +504,7 @@ class Runs:
         """Answer a request refused or failed with ``err``; ``label``: its metrics status when it is not a failure
         (``GUESS_TOO_SMALL``: no failure log line either)."""
         self._primed.forget((s.region, s.index))
-        write_response(view, hdr, encode_response(error_response(err)), err.code)
+        write_response(view, hdr, self._error_payload(err), err.code)
         self._inflight.value += 1
         op = "pipeline" if err is self.dispatch.pipeline_refusal else self.observe.op_of(err, hdr[1])
         self._done_sent(identity, s, hdr, err.code, t0, stages, prep, op, lane, label)

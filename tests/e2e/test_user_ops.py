@@ -323,3 +323,192 @@ def test_status_says_not_ready_while_the_worker_drains(spawn_worker: Callable[..
     assert w.proc.wait(30) == 0
     w.stop()
     assert f"worker {w.name} stopping: answering 1 requests in flight first" in w.stderr
+
+
+# ------------------------------------------------------------------ what an op's own code may raise, on every path
+
+ABRUPT = '''
+import asyncio, math, os, sys
+from shmrpc.kernels.api import AttrSpec, KernelInputError, OpSpec, register_op
+
+
+class LibraryStop(BaseException):
+    """A library's own BaseException."""
+
+
+RAISE = {"exit": lambda: sys.exit("my rule gave up"), "kbd": KeyboardInterrupt, "gen": GeneratorExit,
+         "cancel": asyncio.CancelledError, "custom": lambda: LibraryStop("stop here")}
+
+
+def _go(mode, where):
+    at, _, kind = mode.partition(":")
+    if at != where:
+        return
+    if kind == "surrogate":  # a file name decoded with surrogateescape: not UTF-8
+        raise RuntimeError("cannot open " + os.fsdecode(b"w\\xff.bin"))
+    if kind == "huge":  # texts far larger than the slot's descriptor area
+        raise KernelInputError("m" * 100_000, tensor="t" * 100_000, field="f" * 100_000)
+    if kind in RAISE:
+        raise RAISE[kind]()
+
+
+def _rule(i, a):
+    _go(a["mode"], "rule")
+    return {"out": i["x"]}
+
+
+def _cost(i, o, a):
+    _go(a["mode"], "cost")
+    return {"cost:none": None, "cost:nan": math.nan, "cost:str": "many", "cost:neg": -5}.get(a["mode"], 1)
+
+
+def _impl(call):
+    _go(call.attrs["mode"], "op")
+    return {"out": call.xp.multiply(call.inputs["x"], 2, out=call.dest("out"))}
+
+
+MODE = {"mode": AttrSpec("str", "ok")}
+# {p}_inl: a cost rule, so its small requests run on the loop thread; {p}_exe: none, so the executor runs them;
+# {p}_bat: batchable, so a worker whose backend joins batches parks its requests and runs them as a batch
+register_op(OpSpec("{p}_inl", inputs=("x",), outputs=("out",), attrs=MODE, infer=_rule, numpy=_impl, cost=_cost))
+register_op(OpSpec("{p}_exe", inputs=("x",), outputs=("out",), attrs=MODE, infer=_rule, numpy=_impl))
+register_op(OpSpec("{p}_bat", inputs=("x",), outputs=("out",), attrs=MODE, infer=_rule, numpy=_impl, cost=_cost,
+                   batch=True))
+'''
+
+#: mode -> (the error's field, a piece of its message); every one is that request's KernelError naming the op
+ABRUPT_CASES = {
+    "rule:exit": ("infer", "raised SystemExit: my rule gave up"),
+    "rule:kbd": ("infer", "raised KeyboardInterrupt"),
+    "rule:gen": ("infer", "raised GeneratorExit"),
+    "rule:cancel": ("infer", "raised CancelledError"),
+    "rule:custom": ("infer", "raised LibraryStop: stop here"),
+    "rule:surrogate": ("infer", r"cannot open w\udcff.bin"),
+    "rule:huge": ("f" * 256, "m" * 1000),
+    "op:exit": ("", "failed: SystemExit: my rule gave up"),
+    "op:kbd": ("", "failed: KeyboardInterrupt"),
+    "op:gen": ("", "failed: GeneratorExit"),
+    "op:cancel": ("", "failed: CancelledError"),
+    "op:custom": ("", "failed: LibraryStop: stop here"),
+    "op:surrogate": ("", r"cannot open w\udcff.bin"),
+    "op:huge": ("f" * 256, "m" * 1000),
+}
+COST_CASES = {
+    "cost:exit": "cost rule of op '{op}' raised SystemExit: my rule gave up",
+    "cost:kbd": "cost rule of op '{op}' raised KeyboardInterrupt",
+    "cost:custom": "cost rule of op '{op}' raised LibraryStop: stop here",
+    "cost:none": "cost rule of op '{op}' returned None; it must give a number of FLOPs >= 0",
+    "cost:nan": "returned nan",
+    "cost:str": "returned 'many'",
+    "cost:neg": "returned -5",
+}
+
+
+def _abrupt(tmp_path: Path, worker_name: str) -> tuple[str, dict[str, str]]:
+    p = "abr_" + worker_name.replace("-", "_")
+    _module(tmp_path, p, ABRUPT.replace("{p}", p))
+    return p, _env(tmp_path)
+
+
+def _expect_kernel_error(c: Client, op: str, mode: str, field: str, text: str, **kw: object) -> None:
+    with pytest.raises(KernelError) as e:
+        c.call(op, x=kw.pop("x", np.ones(8, np.float32)), mode=mode, **kw)  # type: ignore[arg-type]
+    assert e.value.op == op, (mode, e.value)
+    assert e.value.field == field and text in e.value.message, (mode, e.value)
+    if mode.startswith("op:"):
+        assert e.value.step == 0
+    if field == "f" * 256:
+        assert e.value.tensor == "t" * 256
+
+
+def test_base_exceptions_and_unencodable_errors_in_a_users_op_are_kernel_errors_on_every_path(
+        spawn_worker: Callable[..., WorkerProc], tmp_path: Path, worker_name: str) -> None:
+    """sys.exit(), KeyboardInterrupt, GeneratorExit, CancelledError or a library's own BaseException raised by a users'
+    op's shape rule, cost rule or body, on the loop thread (an op with a cost rule) and in the executor (one without),
+    and an error whose message holds a lone surrogate or whose tensor and field are larger than the slot: each is
+    that request's KernelError naming the op (field "infer" for the rule, "cost" for the cost rule), cut to fit and
+    escaped; the worker goes on serving right answers, a plan query (a large submit) is answered too, and SIGTERM
+    stops the worker with status 0 (nothing was left in flight)."""
+    p, env = _abrupt(tmp_path, worker_name)
+    w = spawn_worker("--ops", p, env=env)
+    x = np.arange(8, dtype=np.float32)
+    big = np.ones(20_000, np.float32)  # over 64 KiB: submit() asks the worker for the outputs' sizes first
+    with Client(w.name, timeout_s=10) as c:
+        for op in (f"{p}_inl", f"{p}_exe"):
+            for mode, (field, text) in ABRUPT_CASES.items():
+                _expect_kernel_error(c, op, mode, field, text)
+                np.testing.assert_array_equal(c.call(op, x=x)["out"], 2 * x)
+            for mode in ("rule:exit", "rule:surrogate", "rule:custom"):  # the plan query's answer, then the call's
+                with pytest.raises(KernelError) as e:
+                    c.submit(op, x=big, mode=mode).result(timeout=10)
+                assert (e.value.op, e.value.field) == (op, "infer"), e.value
+            np.testing.assert_array_equal(c.submit(op, x=big).result(timeout=10)["out"], 2 * big)
+        op = f"{p}_inl"
+        for mode, text in COST_CASES.items():
+            _expect_kernel_error(c, op, mode, "cost", text.replace("{op}", op))
+        np.testing.assert_array_equal(c.call(op, x=x)["out"], 2 * x)
+    assert w.proc.poll() is None
+    assert w.stop() == 0, w.stderr
+    assert "unexpected" not in w.stderr and "Traceback" not in w.stderr, w.stderr
+
+
+def test_base_exceptions_and_unencodable_errors_in_a_batch_are_each_requests_kernel_error(
+        spawn_worker: Callable[..., WorkerProc], tmp_path: Path, worker_name: str) -> None:
+    """The same in requests a worker runs as one batch (a batchable users' op, a backend that joins batches): each
+    failing request gets its KernelError naming the op, the others their right answers, and SIGTERM stops it."""
+    p, env = _abrupt(tmp_path, worker_name)
+    w = spawn_worker("--ops", p, "--max-batch", "4", lease="8,1,0,0", env=dict(env, SHMRPC_NUMPY_BATCH_JOINT="1"))
+    op = f"{p}_bat"
+    x = np.arange(8, dtype=np.float32)
+    with Client(w.name, timeout_s=10) as c:
+        for mode in ("op:exit", "op:kbd", "op:custom", "op:surrogate", "op:huge", "rule:exit", "cost:none"):
+            field, text = ABRUPT_CASES.get(mode, ("cost", "returned None"))
+            _expect_kernel_error(c, op, mode, field, text)
+            futs = [c.submit(op, x=x + i, mode=mode if i % 2 else "ok") for i in range(4)]  # parked in one turn
+            for i, f in enumerate(futs):
+                if i % 2:
+                    with pytest.raises(KernelError) as e:
+                        f.result(timeout=10)
+                    assert e.value.op == op and e.value.field == field, (mode, e.value)
+                else:
+                    np.testing.assert_array_equal(f.result(timeout=10)["out"], 2 * (x + i))
+    assert w.stop() == 0, w.stderr
+    assert "unexpected" not in w.stderr, w.stderr
+
+
+WARMUP_EXITS = '''
+import sys
+from shmrpc.kernels.api import OpSpec, TensorSpec, register_op
+
+
+def _rule(i, a):
+    {rule}
+    return {"out": i["x"]}
+
+
+def _impl(call):
+    {body}
+    return {"out": call.inputs["x"] * 2}
+
+
+register_op(OpSpec("{name}", inputs=("x",), outputs=("out",), infer=_rule, numpy=_impl,
+                   example={"x": TensorSpec((4,), "float32")}))
+'''
+
+
+@pytest.mark.parametrize(("rule", "body", "says"), [
+    ("sys.exit('no')", "pass", "the shape rule of op '{name}' raised SystemExit: no"),
+    ("sys.exit()", "pass", "the shape rule of op '{name}' raised SystemExit"),
+    ("pass", "raise KeyboardInterrupt", "failed its warm-up run on its `example` inputs: op '{name}' failed: "
+                                        "KeyboardInterrupt"),
+    ("pass", "raise GeneratorExit('done')", "failed its warm-up run on its `example` inputs: op '{name}' failed: "
+                                            "GeneratorExit: done"),
+], ids=["rule-exit-message", "rule-exit", "body-keyboard-interrupt", "body-generator-exit"])
+def test_a_base_exception_at_warm_up_stops_the_start_with_one_line_and_status_1(
+        rule: str, body: str, says: str, tmp_path: Path, worker_name: str) -> None:
+    name = "wx_" + worker_name.replace("-", "_")
+    _module(tmp_path, name, WARMUP_EXITS.replace("{rule}", rule).replace("{body}", body).replace("{name}", name))
+    r = _serve(worker_name, "--ops", name, env=_env(tmp_path))
+    lines = [ln for ln in r.stderr.splitlines() if " INFO " not in ln]
+    assert r.returncode == 1 and r.stdout == "" and len(lines) == 1, r
+    assert lines[0].startswith("shmrpc serve: ") and says.replace("{name}", name) in lines[0], r
