@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterable
 
 from shmrpc.kernels import REGISTRY
+from shmrpc.kernels._errors import is_op_failure
 from shmrpc.kernels.api import OpSpecError
 
 __all__ = ["ENTRY_POINT_GROUP", "OpLoadError", "load_ops", "parse_ops"]
@@ -47,7 +48,9 @@ def parse_ops(text: str) -> tuple[str, ...]:
 
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}" if not isinstance(e, OpSpecError) else text
+    if isinstance(e, OpSpecError):
+        return text
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__  # sys.exit(): "SystemExit"
 
 
 def _import(module: str, where: str) -> list[str]:
@@ -60,7 +63,7 @@ def _import(module: str, where: str) -> list[str]:
         missing = f"module {e.name!r} not found" if e.name else str(e)
         raise OpLoadError(f"{where} {module}: it does not import ({missing}; is it on PYTHONPATH?)") from e
     except BaseException as e:  # noqa: BLE001 - a user's module may raise anything while importing
-        if isinstance(e, KeyboardInterrupt):
+        if not is_op_failure(e):  # a real Ctrl-C (SIGINT has Python's default handler until the worker starts)
             raise
         raise OpLoadError(f"{where} {module}: importing it raised {_one_line(e)}") from e
     return sorted(set(REGISTRY) - before)
@@ -88,7 +91,9 @@ def load_ops(modules: Iterable[str] = (), *, entry_points: bool = True) -> dict[
                     fn()
                 except OpSpecError as e:
                     raise OpLoadError(f"{where} {ep.value}: {_one_line(e)}") from e
-                except Exception as e:  # noqa: BLE001
+                except BaseException as e:  # noqa: BLE001 - sys.exit() included: one line and exit status 1, as for a module
+                    if not is_op_failure(e):
+                        raise
                     raise OpLoadError(f"{where} {ep.value}: calling it raised {_one_line(e)}") from e
                 loaded[ep.value] = sorted(set(REGISTRY) - before)
             else:

@@ -512,3 +512,21 @@ def test_a_base_exception_at_warm_up_stops_the_start_with_one_line_and_status_1(
     lines = [ln for ln in r.stderr.splitlines() if " INFO " not in ln]
     assert r.returncode == 1 and r.stdout == "" and len(lines) == 1, r
     assert lines[0].startswith("shmrpc serve: ") and says.replace("{name}", name) in lines[0], r
+
+
+def test_an_entry_point_that_calls_sys_exit_stops_the_start_with_one_line_and_status_1(
+        tmp_path: Path, worker_name: str) -> None:
+    """An installed package's entry-point function (here a dist-info directory on PYTHONPATH) that calls sys.exit()
+    stops `serve` with exit status 1 and one line naming it; before, serve exited 0 and said nothing."""
+    pkg = "epx_" + worker_name.replace("-", "_")
+    (tmp_path / pkg).mkdir()
+    (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / pkg / "ops.py").write_text("import sys\n\n\ndef register():\n    sys.exit()\n")
+    info = tmp_path / f"{pkg}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {pkg}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[shmrpc.ops]\n{pkg} = {pkg}.ops:register\n")
+    r = _serve(worker_name, env=_env(tmp_path))
+    lines = [ln for ln in r.stderr.splitlines() if " INFO " not in ln]
+    assert r.returncode == 1 and r.stdout == "", r
+    assert lines == [f"shmrpc serve: entry point {pkg} (shmrpc.ops) {pkg}.ops:register: calling it raised SystemExit"]

@@ -86,3 +86,27 @@ def test_a_module_registering_a_taken_name_names_both(pkg: str) -> None:
     with pytest.raises(OpLoadError, match=rf"--ops {pkg}: op '{pkg}' .* share a name") as e:
         load_ops([pkg], entry_points=False)
     assert "\n" not in str(e.value)
+
+
+class _LibraryStop(BaseException):
+    """A library's own BaseException."""
+
+
+@pytest.mark.parametrize(("exc", "says"), [(SystemExit(), "SystemExit"), (SystemExit(3), "SystemExit: 3"),
+                                           (GeneratorExit("done"), "GeneratorExit: done"),
+                                           (_LibraryStop("stop"), "_LibraryStop: stop")],
+                         ids=["exit", "exit-3", "generator-exit", "custom"])
+def test_an_entry_point_function_that_exits_is_named(pkg: str, monkeypatch: pytest.MonkeyPatch, exc: BaseException,
+                                                       says: str) -> None:
+    """An entry-point function that calls sys.exit() (or raises another BaseException) stops the start with the
+    one line naming it, as a module raising it while it is imported does; before, serve exited with its status."""
+    def leave() -> None:
+        raise exc
+
+    eps = [importlib.metadata.EntryPoint("leaving", f"{pkg}:leave", ENTRY_POINT_GROUP)]
+    monkeypatch.setattr(_plugins, "_entry_points", lambda: eps)
+    load_ops([pkg], entry_points=False)
+    monkeypatch.setattr(sys.modules[pkg], "leave", leave, raising=False)
+    with pytest.raises(OpLoadError) as e:
+        load_ops()
+    assert str(e.value) == f"entry point leaving (shmrpc.ops) {pkg}:leave: calling it raised {says}"
