@@ -72,6 +72,7 @@ a ``KernelError`` on the wire for that request; the worker goes on serving.
 from __future__ import annotations
 
 import re
+import sys
 
 from ._common import (
     TOL_ELEMENTWISE,
@@ -108,6 +109,7 @@ __all__ = [
     "user_code",
     "USER_CODE_MIN",
     "USER_CODE_MAX",
+    "registered",
     "OpError",
     "KernelInputError",
     "KernelRuntimeError",
@@ -143,7 +145,7 @@ def user_code(name: str) -> int:
     return USER_CODE_MIN + h % (USER_CODE_MAX - USER_CODE_MIN + 1)
 
 
-def _check(spec: OpSpec, module: str) -> OpSpec:
+def _check(spec: OpSpec, module: str, builtin: bool = False) -> OpSpec:
     import dataclasses
 
     def bad(why: str) -> OpSpecError:
@@ -151,7 +153,6 @@ def _check(spec: OpSpec, module: str) -> OpSpec:
 
     if not isinstance(spec.name, str) or not _NAME.match(spec.name):
         raise OpSpecError(f"op name {spec.name!r} must be 1..64 characters of [A-Za-z0-9_.], starting with a letter")
-    builtin = module.startswith(_BUILTIN_MODULE)
     code = spec.code
     if builtin and not 1 <= code < USER_CODE_MIN:
         raise bad(f"a built-in op needs an explicit code in 1..{USER_CODE_MIN - 1}")
@@ -219,8 +220,12 @@ def register_op(spec: OpSpec, *, module: str | None = None) -> OpSpec:
     Parameters
     ----------
     spec: the op (see the module docstring for every field).
-    module: the defining module's name, for messages (default: the module of ``spec``'s
-        first implementation).
+    module: the defining module's name, for messages and ``shmrpc status`` (default: the module that calls
+        ``register_op``).
+
+    An op is a built-in one (an explicit code below :data:`USER_CODE_MIN`) only when ``register_op`` is called from
+    the modules of ``shmrpc.kernels``; every other is a users' op, whatever its implementations are (a users' op
+    may reuse a built-in's: ``numpy=registered()["gelu"].numpy``).
 
     Returns the registered spec (its ``code`` filled in when it was 0).
 
@@ -235,10 +240,10 @@ def register_op(spec: OpSpec, *, module: str | None = None) -> OpSpec:
     """
     if not isinstance(spec, OpSpec):
         raise OpSpecError(f"register_op takes an OpSpec, got {type(spec).__name__}")
+    caller = str(sys._getframe(1).f_globals.get("__name__", "") or "")
     if module is None:
-        impl = spec.numpy or spec.cupy
-        module = str(getattr(impl, "__module__", "") or "")
-    checked = _check(spec, module)
+        module = caller
+    checked = _check(spec, module, builtin=caller.startswith(_BUILTIN_MODULE))
     try:
         return register(checked)
     except ValueError as e:

@@ -530,3 +530,32 @@ def test_an_entry_point_that_calls_sys_exit_stops_the_start_with_one_line_and_st
     lines = [ln for ln in r.stderr.splitlines() if " INFO " not in ln]
     assert r.returncode == 1 and r.stdout == "", r
     assert lines == [f"shmrpc serve: entry point {pkg} (shmrpc.ops) {pkg}.ops:register: calling it raised SystemExit"]
+
+
+REUSE = '''
+from shmrpc.kernels.api import OpSpec, register_op, registered
+
+GELU = registered()["gelu"]
+register_op(OpSpec("{name}", inputs=("x",), outputs=("out",), infer=GELU.infer, numpy=GELU.numpy, cupy=GELU.cupy))
+register_op(OpSpec("{name}_coded", code=0x6001, inputs=("x",), outputs=("out",), infer=GELU.infer, numpy=GELU.numpy))
+'''
+
+
+def test_a_users_op_reusing_a_builtin_implementation_is_served_as_a_users_op(
+        spawn_worker: Callable[..., WorkerProc], tmp_path: Path, worker_name: str) -> None:
+    """A users' op whose implementation is a built-in's (numpy=registered()["gelu"].numpy) is registered as a users'
+    op, with a derived or an explicit code; before, the start was refused ("a built-in op needs an explicit code")."""
+    name = "reuse_" + worker_name.replace("-", "_")
+    _module(tmp_path, name, REUSE.replace("{name}", name))
+    w = spawn_worker("--ops", name, env=_env(tmp_path))
+    x = np.linspace(-3, 3, 64, dtype=np.float32)
+    with Client(w.name, timeout_s=20) as c:
+        want = c.call("gelu", x=x)["out"]
+        for op in (name, f"{name}_coded"):
+            entry = c.op_table[op]
+            assert entry.code >= 0x1000 and not entry.builtin
+            np.testing.assert_array_equal(c.call(op, x=x)["out"], want)
+        assert c.op_table[f"{name}_coded"].code == 0x6001
+    ops = _status(w.name)["ops"]
+    assert ops[name]["module"] == name and not ops[name]["builtin"]
+    assert w.stop() == 0, w.stderr

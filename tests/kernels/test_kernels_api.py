@@ -353,3 +353,24 @@ def test_a_warm_up_whose_rule_exits_names_the_op_and_the_warm_up(fresh: list[str
                                                r"`example` inputs: the shape rule of op 't_warm_rule' raised "
                                                r"SystemExit: no"):
         select_backend("numpy").warmup()
+
+
+def test_a_users_op_reusing_a_builtin_implementation_is_a_users_op(fresh: list[str]) -> None:
+    """Built-in-ness follows where register_op is called from, not the implementation's module: an op defined here
+    with gelu's rule and implementation gets a users' code (derived or explicit) and this module's name."""
+    gelu = REGISTRY["gelu"]
+    spec = register_op(OpSpec("t_my_gelu", inputs=("x",), outputs=("out",), infer=gelu.infer, numpy=gelu.numpy))
+    fresh.append("t_my_gelu")
+    assert spec.code == user_code("t_my_gelu") and not spec.builtin and spec.module == __name__
+    spec2 = register_op(OpSpec("t_my_gelu2", code=0x5000, inputs=("x",), outputs=("out",), infer=gelu.infer,
+                               numpy=gelu.numpy))
+    fresh.append("t_my_gelu2")
+    assert spec2.code == 0x5000 and not spec2.builtin
+    with pytest.raises(OpSpecError, match="code 12 is outside the users' range"):
+        register_op(OpSpec("t_my_gelu3", code=12, inputs=("x",), outputs=("out",), infer=gelu.infer, numpy=gelu.numpy))
+    x = np.linspace(-3, 3, 16, dtype=np.float32)
+    be = select_backend("numpy")
+    want = np.empty_like(x)
+    be.run(be.plan([StepSpec("gelu", {"x": "x"}, {"out": "y"})], {"x": TensorSpec(x.shape, "float32")}, ["y"]),
+           {"x": x}, {"y": want})
+    np.testing.assert_array_equal(_run("t_my_gelu", x), want)
