@@ -171,9 +171,10 @@ class OpSpec:
     batch: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "inputs", tuple(self.inputs))
-        object.__setattr__(self, "outputs", tuple(self.outputs))
-        object.__setattr__(self, "mutates", tuple(self.mutates))
+        for f in ("inputs", "outputs", "mutates"):  # a lone string (``("x_in")``, the comma left out) stays one:
+            value = getattr(self, f)  # register_op refuses it by name rather than take its characters as names
+            if not isinstance(value, str):
+                object.__setattr__(self, f, tuple(value))
         if not 0 <= self.code <= 0xFFFF:
             raise ValueError(f"op code {self.code} of {self.name!r} is not a u16")
 

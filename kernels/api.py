@@ -153,6 +153,11 @@ def _check(spec: OpSpec, module: str, builtin: bool = False) -> OpSpec:
 
     if not isinstance(spec.name, str) or not _NAME.match(spec.name):
         raise OpSpecError(f"op name {spec.name!r} must be 1..64 characters of [A-Za-z0-9_.], starting with a letter")
+    for kind in ("inputs", "outputs", "mutates"):
+        value = getattr(spec, kind)
+        if isinstance(value, str):
+            raise bad(f"{kind} must be a tuple of names, not the string {value!r} (for one name write "
+                      f"{kind}=({value!r},), with the comma)")
     code = spec.code
     if builtin and not 1 <= code < USER_CODE_MIN:
         raise bad(f"a built-in op needs an explicit code in 1..{USER_CODE_MIN - 1}")

@@ -559,3 +559,23 @@ def test_a_users_op_reusing_a_builtin_implementation_is_served_as_a_users_op(
     ops = _status(w.name)["ops"]
     assert ops[name]["module"] == name and not ops[name]["builtin"]
     assert w.stop() == 0, w.stderr
+
+
+STRING_PARAMS = '''
+from shmrpc.kernels.api import OpSpec, register_op
+
+register_op(OpSpec("{name}", inputs=("x_in"), outputs=("out",), infer=lambda i, a: {"out": i["x_in"]},
+                   numpy=lambda c: {"out": c.inputs["x_in"]}))
+'''
+
+
+def test_inputs_given_as_one_string_stop_the_start_with_one_line(tmp_path: Path, worker_name: str) -> None:
+    """inputs=("x_in") (the comma left out) is refused at start, naming the op and the fix; before, the string was
+    split into the inputs 'x', '_', 'i', 'n' and the worker started with an op no call could satisfy."""
+    name = "strp_" + worker_name.replace("-", "_")
+    _module(tmp_path, name, STRING_PARAMS.replace("{name}", name))
+    r = _serve(worker_name, "--ops", name, env=_env(tmp_path))
+    assert r.returncode == 1 and r.stdout == "", r
+    assert r.stderr.strip().splitlines() == [
+        f"shmrpc serve: --ops {name}: op '{name}': inputs must be a tuple of names, not the string 'x_in' (for one "
+        "name write inputs=('x_in',), with the comma)"]

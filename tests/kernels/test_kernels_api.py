@@ -106,6 +106,10 @@ def test_two_ops_with_one_code_name_both(fresh: list[str]) -> None:
     ({"mutates": ("cache",)}, "not one of its inputs"),
     ({"tolerances": {"float32": 1e-3}}, "tolerances"),
     ({"example": {"y": TensorSpec((2,), "float32")}}, "example"),
+    ({"inputs": "x_in", "example": {}}, r"inputs must be a tuple of names, not the string 'x_in' \(for one name write "
+                                        r"inputs=\('x_in',\), with the comma\)"),
+    ({"outputs": "out"}, "outputs must be a tuple of names, not the string 'out'"),
+    ({"mutates": "x"}, "mutates must be a tuple of names, not the string 'x'"),
 ])
 def test_an_invalid_spec_is_refused_naming_the_op_and_the_reason(fresh: list[str], changes: dict[str, Any],
                                                                   match: str) -> None:
