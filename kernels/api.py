@@ -109,6 +109,7 @@ __all__ = [
     "user_code",
     "USER_CODE_MIN",
     "USER_CODE_MAX",
+    "RESERVED_NAMES",
     "registered",
     "OpError",
     "KernelInputError",
@@ -131,6 +132,14 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.]{0,63}$")
 _PARAM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _KINDS = ("float", "int", "str", "bool")
 _BUILTIN_MODULE = "shmrpc.kernels."
+
+#: Names no input, output or attribute of an op may have: the client's own keyword parameters (``Client.call``'s
+#: ``copy``, ``timeout_s``, ``out_nbytes``, ``in_place``, ``keep``; ``submit``'s ``_copy``; ``op`` and ``self``, its
+#: positional ones; ``inputs`` and ``outputs``, those of ``Pipeline.then``). Every other keyword of a call is an input
+#: or an attribute of the op, so an op attribute named ``copy`` would be taken by ``call()`` as its own option while
+#: ``submit()`` passed it to the op.
+RESERVED_NAMES = frozenset({"self", "op", "copy", "_copy", "timeout_s", "out_nbytes", "in_place", "keep", "inputs",
+                            "outputs"})
 
 
 class OpSpecError(ValueError):
@@ -171,6 +180,8 @@ def _check(spec: OpSpec, module: str, builtin: bool = False) -> OpSpec:
         for p in params:
             if not isinstance(p, str) or not _PARAM.match(p):
                 raise bad(f"{kind} name {p!r} must be an identifier of up to 64 characters")
+            if p in RESERVED_NAMES:
+                raise bad(_reserved(kind[:-1], p))
         if len(set(params)) != len(params):
             raise bad(f"{kind} {list(params)} names a parameter twice")
     if not spec.outputs:
@@ -180,6 +191,8 @@ def _check(spec: OpSpec, module: str, builtin: bool = False) -> OpSpec:
     for a, s in spec.attrs.items():
         if not isinstance(a, str) or not _PARAM.match(a):
             raise bad(f"attribute name {a!r} must be an identifier")
+        if a in RESERVED_NAMES:
+            raise bad(_reserved("attribute", a))
         if not isinstance(s, AttrSpec) or s.kind not in _KINDS:
             raise bad(f"attribute {a!r} needs an AttrSpec of kind {', '.join(_KINDS)}")
         if not s.required:
@@ -217,6 +230,12 @@ def _check(spec: OpSpec, module: str, builtin: bool = False) -> OpSpec:
     if not isinstance(spec.doc, str):
         raise bad("doc must be a string")
     return dataclasses.replace(spec, code=code, module=module)
+
+
+def _reserved(what: str, name: str) -> str:
+    return (f"{what} {name!r} is named like a keyword of the client's own (Client.call, submit, Loan.send, "
+            f"Pipeline.then), which would take it instead of the op; names no input, output or attribute may have: "
+            f"{', '.join(sorted(RESERVED_NAMES))}")
 
 
 def register_op(spec: OpSpec, *, module: str | None = None) -> OpSpec:

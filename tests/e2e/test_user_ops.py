@@ -579,3 +579,24 @@ def test_inputs_given_as_one_string_stop_the_start_with_one_line(tmp_path: Path,
     assert r.stderr.strip().splitlines() == [
         f"shmrpc serve: --ops {name}: op '{name}': inputs must be a tuple of names, not the string 'x_in' (for one "
         "name write inputs=('x_in',), with the comma)"]
+
+
+RESERVED_ATTR = '''
+from shmrpc.kernels.api import AttrSpec, OpSpec, register_op
+
+register_op(OpSpec("{name}", inputs=("x",), outputs=("out",), attrs={"copy": AttrSpec("bool", False)},
+                   infer=lambda i, a: {"out": i["x"]}, numpy=lambda c: {"out": c.inputs["x"] * (2 if c.attrs["copy"] else 1)}))
+'''
+
+
+def test_an_op_attribute_named_like_a_clients_keyword_stops_the_start_with_one_line(
+        tmp_path: Path, worker_name: str) -> None:
+    """An attribute named copy (or keep, in_place, timeout_s, out_nbytes ...) would be taken by Client.call as its own
+    option (a wrong answer, no error) while submit() passed it to the op: the start is refused naming it."""
+    name = "rkw_" + worker_name.replace("-", "_")
+    _module(tmp_path, name, RESERVED_ATTR.replace("{name}", name))
+    r = _serve(worker_name, "--ops", name, env=_env(tmp_path))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and r.stdout == "" and len(lines) == 1, r
+    assert lines[0].startswith(f"shmrpc serve: --ops {name}: op '{name}': attribute 'copy' is named like a keyword of "
+                               "the client's own (Client.call, submit, Loan.send, Pipeline.then)"), r

@@ -110,6 +110,10 @@ def test_two_ops_with_one_code_name_both(fresh: list[str]) -> None:
                                         r"inputs=\('x_in',\), with the comma\)"),
     ({"outputs": "out"}, "outputs must be a tuple of names, not the string 'out'"),
     ({"mutates": "x"}, "mutates must be a tuple of names, not the string 'x'"),
+    ({"attrs": {"copy": AttrSpec("bool", False)}}, "attribute 'copy' is named like a keyword of the client's own"),
+    ({"attrs": {"timeout_s": AttrSpec("float", 1.0)}}, "attribute 'timeout_s' is named like a keyword"),
+    ({"inputs": ("keep",), "example": {}}, "input 'keep' is named like a keyword"),
+    ({"outputs": ("in_place",)}, "output 'in_place' is named like a keyword"),
 ])
 def test_an_invalid_spec_is_refused_naming_the_op_and_the_reason(fresh: list[str], changes: dict[str, Any],
                                                                   match: str) -> None:
@@ -378,3 +382,21 @@ def test_a_users_op_reusing_a_builtin_implementation_is_a_users_op(fresh: list[s
     be.run(be.plan([StepSpec("gelu", {"x": "x"}, {"out": "y"})], {"x": TensorSpec(x.shape, "float32")}, ["y"]),
            {"x": x}, {"y": want})
     np.testing.assert_array_equal(_run("t_my_gelu", x), want)
+
+
+@pytest.mark.parametrize("name", ["self", "op", "copy", "_copy", "timeout_s", "out_nbytes", "in_place", "keep", "inputs",
+                                  "outputs"])
+def test_the_clients_own_keywords_are_no_inputs_outputs_or_attributes(fresh: list[str], name: str) -> None:
+    """Every keyword of Client.call / submit / Loan.send / Pipeline.then other than the op's inputs and attributes is
+    the client's own option: an op attribute (or input, or output) named like one would be taken by call() and
+    passed to the op by submit(), so register_op refuses it naming the attribute."""
+    from shmrpc.kernels.api import RESERVED_NAMES
+
+    assert name in RESERVED_NAMES
+    for kw, what in (({"attrs": {name: AttrSpec("float", 1.0)}}, "attribute"),
+                     ({"inputs": (name,), "example": {}, "infer": lambda i, a: {"out": i[name]}}, "input"),
+                     ({"outputs": (name,)}, "output")):
+        with pytest.raises(OpSpecError, match=rf"^op 't_kw': {what} '{name}' is named like a keyword of the client's "
+                                              "own"):
+            register_op(_spec("t_kw", **kw))
+        assert "t_kw" not in REGISTRY
