@@ -110,6 +110,7 @@ __all__ = [
     "USER_CODE_MIN",
     "USER_CODE_MAX",
     "RESERVED_NAMES",
+    "RESERVED_OP_NAMES",
     "registered",
     "OpError",
     "KernelInputError",
@@ -140,6 +141,9 @@ _BUILTIN_MODULE = "shmrpc.kernels."
 #: ``submit()`` passed it to the op.
 RESERVED_NAMES = frozenset({"self", "op", "copy", "_copy", "timeout_s", "out_nbytes", "in_place", "keep", "inputs",
                             "outputs"})
+#: Names no op may have: the worker's metrics label requests by op name, and by these for requests of another kind
+#: (``pipeline``: several steps, ``put``: an upload, ``unknown``: a request refused before its op was known).
+RESERVED_OP_NAMES = frozenset({"pipeline", "put", "unknown"})
 
 
 class OpSpecError(ValueError):
@@ -162,6 +166,9 @@ def _check(spec: OpSpec, module: str, builtin: bool = False) -> OpSpec:
 
     if not isinstance(spec.name, str) or not _NAME.match(spec.name):
         raise OpSpecError(f"op name {spec.name!r} must be 1..64 characters of [A-Za-z0-9_.], starting with a letter")
+    if spec.name in RESERVED_OP_NAMES:
+        raise bad(f"the worker's metrics count requests of another kind under {spec.name!r} "
+                  f"(names no op may have: {', '.join(sorted(RESERVED_OP_NAMES))}); give it another name")
     for kind in ("inputs", "outputs", "mutates"):
         value = getattr(spec, kind)
         if isinstance(value, str):

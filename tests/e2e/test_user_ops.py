@@ -600,3 +600,17 @@ def test_an_op_attribute_named_like_a_clients_keyword_stops_the_start_with_one_l
     assert r.returncode == 1 and r.stdout == "" and len(lines) == 1, r
     assert lines[0].startswith(f"shmrpc serve: --ops {name}: op '{name}': attribute 'copy' is named like a keyword of "
                                "the client's own (Client.call, submit, Loan.send, Pipeline.then)"), r
+
+
+@pytest.mark.parametrize("label", ["put", "pipeline", "unknown"])
+def test_an_op_named_like_a_metrics_label_stops_the_start_with_one_line(label: str, tmp_path: Path,
+                                                                         worker_name: str) -> None:
+    """A users' op named put, pipeline or unknown would be counted with the worker's uploads, multi-step requests
+    or unparsable ones (shmrpc_requests_total, status counters): the start is refused naming it."""
+    mod = "lbl_" + worker_name.replace("-", "_")
+    _module(tmp_path, mod, _faulty(label, ""))
+    r = _serve(worker_name, "--ops", mod, env=_env(tmp_path))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and r.stdout == "" and len(lines) == 1, r
+    assert lines[0] == (f"shmrpc serve: --ops {mod}: op '{label}': the worker's metrics count requests of another kind "
+                        f"under '{label}' (names no op may have: pipeline, put, unknown); give it another name"), r

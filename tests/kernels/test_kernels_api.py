@@ -400,3 +400,18 @@ def test_the_clients_own_keywords_are_no_inputs_outputs_or_attributes(fresh: lis
                                               "own"):
             register_op(_spec("t_kw", **kw))
         assert "t_kw" not in REGISTRY
+
+
+@pytest.mark.parametrize("name", ["pipeline", "put", "unknown"])
+def test_an_op_named_like_a_metrics_label_of_the_worker_is_refused(fresh: list[str], name: str) -> None:
+    """The worker's metrics count requests by op name, and under these for requests of several steps, uploads and
+    requests refused before their op was known: an op of that name would be counted with them."""
+    from shmrpc.kernels.api import RESERVED_OP_NAMES
+
+    assert name in RESERVED_OP_NAMES
+    with pytest.raises(OpSpecError, match=rf"^op '{name}': the worker's metrics count requests of another kind under "
+                                          rf"'{name}' \(names no op may have: pipeline, put, unknown\)"):
+        register_op(_spec(name))
+    assert name not in REGISTRY
+    register_op(_spec(f"t_{name}"))  # only the names themselves
+    fresh.append(f"t_{name}")
