@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--op-budget", type=float, default=1.0, metavar="SECONDS",
                    help="count requests whose run takes longer in shmrpc_over_budget_total{op} (0: off; "
                         "an op's own budget_s wins; nothing is stopped) (default %(default)s)")
-    s.add_argument("--ops", default="", metavar="MODULE[,MODULE]",
+    s.add_argument("--ops", default=None, metavar="MODULE[,MODULE]",
                    help="import these modules of users' ops at start (also: the shmrpc.ops entry points)")
     s.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                    help="least severe log lines written (default %(default)s; failed requests log at INFO)")
@@ -332,7 +332,7 @@ def _serve(args: argparse.Namespace) -> int:
     from ._plugins import OpLoadError, load_ops, parse_ops
 
     try:  # before the worker exists: its dispatcher and op table see users' ops like built-ins
-        load_ops(parse_ops(args.ops) if args.ops else ())
+        load_ops(parse_ops(args.ops) if args.ops is not None else ())  # --ops "" is a usage error, as --ops " "
     except ValueError as e:
         print(f"shmrpc serve: {e}", file=sys.stderr)
         return EXIT_USAGE

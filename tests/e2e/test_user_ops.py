@@ -614,3 +614,13 @@ def test_an_op_named_like_a_metrics_label_stops_the_start_with_one_line(label: s
     assert r.returncode == 1 and r.stdout == "" and len(lines) == 1, r
     assert lines[0] == (f"shmrpc serve: --ops {mod}: op '{label}': the worker's metrics count requests of another kind "
                         f"under '{label}' (names no op may have: pipeline, put, unknown); give it another name"), r
+
+
+@pytest.mark.parametrize("value", ["", " ", "a,"], ids=["empty", "blank", "trailing-comma"])
+def test_an_empty_ops_value_is_a_usage_error(value: str, tmp_path: Path, worker_name: str) -> None:
+    """--ops "$UNSET" is a usage error (exit status 2, one line), as --ops " " is; before, an empty value started
+    the worker without the users' ops it was meant to load, and said nothing."""
+    r = _serve(worker_name, "--ops", value, env=_env(tmp_path))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and r.stdout == "" and len(lines) == 1, r
+    assert lines[0].startswith("shmrpc serve: --ops: ") and "is not a module name" in lines[0], r
