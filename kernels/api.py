@@ -24,13 +24,17 @@ The fields of :class:`OpSpec`
 -----------------------------
 
 ==============  =====================================================================
-name            unique, 1..64 characters of ``[A-Za-z0-9_.]``, starting with a letter
+name            unique, 1..64 characters of ``[A-Za-z0-9_.]``, starting with a letter;
+                not one of :data:`RESERVED_OP_NAMES` (the worker's own metrics labels)
 code            the wire code. Built-in ops: explicit, below :data:`USER_CODE_MIN`.
                 Users' ops: 0 (derived from the name, stable across starts) or an
                 explicit code in [:data:`USER_CODE_MIN`, :data:`USER_CODE_MAX`]; two ops
                 with one code stop the worker's start with both named
-inputs/outputs   tensor parameter names (a pipeline step binds each to a tensor)
-attrs           attribute name -> :class:`AttrSpec` (``kind`` float/int/str/bool, default)
+inputs/outputs   tensor parameter names, a tuple (``("x",)``; a lone string is refused); a
+                pipeline step binds each to a tensor
+attrs           attribute name -> :class:`AttrSpec` (``kind`` float/int/str/bool, default).
+                No input, output or attribute may be one of :data:`RESERVED_NAMES` (the
+                client's own keywords: ``copy``, ``keep``, ``timeout_s`` ...)
 infer           ``infer(inputs: {param: TensorSpec}, attrs) -> {output: TensorSpec}``: the
                 shape/dtype rule. The worker runs it before anything runs (validation),
                 and clients ask the worker for it to size the outputs (no ``out_nbytes``).
@@ -51,8 +55,9 @@ mutates         input params the op updates in place; each must be bound to one 
 tolerances      dtype -> (rtol, atol) of an implementation against a float64 reference
                 (used by :func:`shmrpc.kernels.testing.check_parity`)
 example         small input specs: warmup runs the op once on them
-cost            ``cost(in_specs, out_specs, attrs) -> FLOPs``; None: the generic rule. A
-                user op without one never runs on the worker's loop thread
+cost            ``cost(in_specs, out_specs, attrs) -> FLOPs`` (a finite number >= 0);
+                None: the generic rule. A user op without one never runs on the worker's
+                loop thread
 budget_s        a request of this op whose run takes longer is counted in the worker's
                 ``shmrpc_over_budget_total{op}`` (0: the worker's ``--op-budget``)
 batch           the implementations also accept every non-resident input with one more
@@ -65,8 +70,9 @@ doc             one line for the op table
 What the worker guarantees an op: its inputs have the shapes and dtypes the rule accepted,
 every array it sees is one of its request's tensors (or the caller's resident ones), and
 what it returns is checked against the rule (a missing output, a wrong shape or dtype is a
-:class:`KernelRuntimeError` naming op, step and tensor). An exception inside the op becomes
-a ``KernelError`` on the wire for that request; the worker goes on serving.
+:class:`KernelRuntimeError` naming op, step and tensor). An exception inside the op, its shape
+rule or its cost rule (any ``BaseException``: ``sys.exit()`` included) becomes a ``KernelError``
+on the wire for that request; the worker goes on serving.
 """
 
 from __future__ import annotations
