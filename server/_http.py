@@ -4,7 +4,10 @@ Where it listens (``--metrics-addr``):
 
 * a host address, ``127.0.0.1`` by default, with ``--metrics-port`` (0 picks a free port);
 * ``unix:PATH``: a Unix socket created with mode ``0600`` (only the worker's uid can connect),
-  removed on shutdown. Scrape it with ``curl --unix-socket PATH http://localhost/metrics``.
+  removed on shutdown if it is still this worker's. Scrape it with
+  ``curl --unix-socket PATH http://localhost/metrics``. Only a stale socket at PATH (one nobody listens on:
+  left by a worker that died) is replaced; a live one (another worker's) or anything else there (a file)
+  refuses the start.
 
 With a token (``--metrics-token-file``), ``/metrics`` answers 401 unless the request carries
 ``Authorization: Bearer <token>``. ``/healthz`` is always open: it says only ``ok`` or why not,
@@ -13,10 +16,13 @@ no counts, so an orchestrator can probe it without the token.
 
 from __future__ import annotations
 
+import errno
 import hmac
 import http.server
 import os
+import socket
 import socketserver
+import stat
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +30,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-__all__ = ["MetricsServer", "parse_addr", "read_token"]
+__all__ = ["MetricsServer", "parse_addr", "read_token", "clear_stale_socket"]
 
 #: ``() -> (ready, reason)`` for ``/healthz``.
 HealthFn = Callable[[], "tuple[bool, str]"]
@@ -64,6 +70,39 @@ def read_token(path: str) -> str:
     if len(token) < 16:
         raise ValueError(f"--metrics-token-file {path} holds no token of at least 16 characters")
     return token
+
+
+def clear_stale_socket(path: str) -> None:
+    """Make room for a Unix socket at ``path``: remove a stale socket there (nobody listens on it: a worker that
+    died left it), nothing else.
+
+    Raises:
+        OSError: ``path`` is not a socket (a file, a directory ...), a process listens on it, or it cannot be
+            examined; its ``strerror`` names the path and says why.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise OSError(errno.EEXIST, f"{path} exists and is not a socket: remove it or choose another path")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except ConnectionRefusedError:
+        pass  # nobody listens: stale
+    except FileNotFoundError:
+        return
+    except OSError as e:  # a full backlog, no permission: a live socket or one not ours to replace
+        raise OSError(e.errno or errno.EADDRINUSE, f"{path} is a socket that cannot be checked ({e.strerror or e}): "
+                      "choose another path") from None
+    else:
+        raise OSError(errno.EADDRINUSE, f"{path} is in use: a process listens on it (another worker's "
+                      "--metrics-addr?); choose another path")
+    finally:
+        probe.close()
+    os.unlink(path)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -136,11 +175,13 @@ class MetricsServer:
         kind, where = parse_addr(addr)
         self.unix_path: str | None = None
         server: Any
+        self._unix_id: tuple[int, int] | None = None
         if kind == "unix":
-            if os.path.exists(where) and not os.path.isdir(where):
-                os.unlink(where)  # left by a worker that died; the worker lock says no other one runs
+            # the worker lock is per worker name, not per path: another worker may serve its metrics here
+            clear_stale_socket(where)
             server = _UnixServer(where, _Handler)
-            self.unix_path = where
+            st = os.stat(where)
+            self.unix_path, self._unix_id = where, (st.st_dev, st.st_ino)
             self.url = f"unix:{where}"
         else:
             server = _TCPServer((where, port), _Handler)
@@ -153,12 +194,15 @@ class MetricsServer:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop serving, free the port or remove the socket file."""
+        """Stop serving, free the port or remove the socket file (only while it is still this server's: the same
+        file it bound, not one another process put there since)."""
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
         if self.unix_path is not None:
             try:
-                os.unlink(self.unix_path)
+                st = os.lstat(self.unix_path)
+                if (st.st_dev, st.st_ino) == self._unix_id:
+                    os.unlink(self.unix_path)
             except FileNotFoundError:
                 pass

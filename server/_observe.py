@@ -64,10 +64,12 @@ class Observer:
             try:
                 mt.serve(cfg.metrics_port or 0, cfg.metrics_addr, cfg.metrics_token, health)
             except OSError as e:
-                where = cfg.metrics_addr if cfg.metrics_addr.startswith("unix:") else \
-                    f"{cfg.metrics_addr}:{cfg.metrics_port}"
-                raise StartupError(f"cannot serve metrics on {where}: {e.strerror or e}; choose another "
-                                   f"--metrics-port (0 picks a free one) or --metrics-addr") from None
+                if cfg.metrics_addr.startswith("unix:"):  # the reason names the path and the remedy
+                    raise StartupError(f"cannot serve metrics on --metrics-addr {cfg.metrics_addr}: "
+                                       f"{e.strerror or e}") from None
+                raise StartupError(f"cannot serve metrics on {cfg.metrics_addr}:{cfg.metrics_port}: "
+                                   f"{e.strerror or e}; choose another --metrics-port (0 picks a free one) or "
+                                   f"--metrics-addr") from None
             self.log.info("metrics on %s/metrics (health: /healthz)", mt.url)
         if cfg.otel:
             try:

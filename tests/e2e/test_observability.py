@@ -163,6 +163,51 @@ def test_metrics_on_a_unix_socket_with_a_token(spawn_worker: Callable[..., Worke
     assert not sock.exists()
 
 
+def _serve_fails(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return _shmrpc("serve", "--name", name, "--slots", "64K:4", "--backend", "numpy", "--no-mlock", *args)
+
+
+def test_metrics_unix_path_replaces_only_a_stale_socket(spawn_worker: Callable[..., WorkerProc], tmp_path: Path,
+                                                         worker_name: str) -> None:
+    """A file at the --metrics-addr unix: path refuses the start in one line naming it and is kept (it was deleted);
+    a socket nobody listens on (a dead worker's) is replaced."""
+    keep = tmp_path / "precious.conf"
+    keep.write_text("keep me\n")
+    out = _serve_fails(worker_name, "--metrics-addr", f"unix:{keep}")
+    assert out.returncode == 1, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"shmrpc serve: cannot serve metrics on --metrics-addr unix:{keep}: ") and \
+        "not a socket" in last and "Traceback" not in out.stderr, out.stderr
+    assert keep.read_text() == "keep me\n"
+    stale = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(stale))  # closed without unlink: what a killed worker leaves
+    w = spawn_worker("--metrics-addr", f"unix:{stale}")
+    assert _unix_get(str(stale), "/healthz") == (200, "ok\n")
+    assert w.stop() == 0
+    assert not stale.exists()
+
+
+def test_metrics_unix_socket_of_a_live_worker_is_not_taken(spawn_worker: Callable[..., WorkerProc], tmp_path: Path,
+                                                           worker_name: str) -> None:
+    """A second worker given a live worker's metrics socket is refused (it took the socket, and removed it when it
+    stopped); a worker removes the path at exit only while it is still its own socket."""
+    sock = tmp_path / "metrics.sock"
+    first = spawn_worker("--metrics-addr", f"unix:{sock}")
+    out = _serve_fails(worker_name + "-b", "--metrics-addr", f"unix:{sock}")
+    assert out.returncode == 1, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert f"--metrics-addr unix:{sock}" in last and "in use" in last, out.stderr
+    assert _unix_get(str(sock), "/healthz") == (200, "ok\n")  # still the first worker's
+    # another process's socket at the path now: the first worker leaves it at exit
+    sock.unlink()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as other:
+        other.bind(str(sock))
+        assert first.stop() == 0
+        assert sock.exists()
+    sock.unlink()
+
+
 def _gauge(body: str, name: str) -> float:
     return float(next(ln.split()[-1] for ln in body.splitlines() if ln.startswith(name + " ")))
 
