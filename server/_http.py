@@ -12,6 +12,12 @@ Where it listens (``--metrics-addr``):
 With a token (``--metrics-token-file``), ``/metrics`` answers 401 unless the request carries
 ``Authorization: Bearer <token>``. ``/healthz`` is always open: it says only ``ok`` or why not,
 no counts, so an orchestrator can probe it without the token.
+
+The endpoint is reachable by every local user on 127.0.0.1, and each open connection holds one of the worker's
+file descriptors: at most :data:`MAX_CONNECTIONS` are served at once, each is closed
+:data:`CONNECTION_TIMEOUT_S` after it was accepted, and a connection that would leave the worker fewer than
+:data:`FD_RESERVE` descriptors is closed at once (libzmq aborts the worker when its accept finds none left).
+Refused connections are closed without an answer and logged at WARNING, rate-limited.
 """
 
 from __future__ import annotations
@@ -19,18 +25,37 @@ from __future__ import annotations
 import errno
 import hmac
 import http.server
+import logging
 import os
 import socket
 import socketserver
 import stat
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-__all__ = ["MetricsServer", "parse_addr", "read_token", "clear_stale_socket"]
+from ._logs import RateLimited
+from .procs import fds_open_and_limit
+
+__all__ = ["MetricsServer", "parse_addr", "read_token", "clear_stale_socket", "MAX_CONNECTIONS",
+           "CONNECTION_TIMEOUT_S", "FD_RESERVE"]
+
+log = logging.getLogger("shmrpc.server")
+
+#: Connections served at once; one more is closed at once (a scrape and a health probe need one each).
+MAX_CONNECTIONS = 16
+#: A connection is closed this long after it was accepted, whatever it is doing (an idle one, or one dribbling bytes).
+CONNECTION_TIMEOUT_S = 10.0
+#: A connection that would leave the process fewer file descriptors than this under its RLIMIT_NOFILE is closed at
+#: once: they are the worker's (``_sessions.FD_HEADROOM``, 64, is what a HELLO leaves free; this is half of it).
+FD_RESERVE = 32
+#: After an accept failed for want of fds or memory, the server waits this long before it accepts again.
+_ACCEPT_BACKOFF_S = 0.2
+_OUT_OF = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 #: ``() -> (ready, reason)`` for ``/healthz``.
 HealthFn = Callable[[], "tuple[bool, str]"]
@@ -109,6 +134,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     server: Any
     protocol_version = "HTTP/1.0"
 
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.conn_timeout_s)  # each read and write (the server ends it at its deadline too)
+
     def do_GET(self) -> None:  # noqa: N802 - the http.server hook's name
         path = self.path.split("?", 1)[0]
         if path == "/healthz":
@@ -140,14 +169,94 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-class _TCPServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+class _Bounded(socketserver.ThreadingMixIn):
+    """A threading server whose connections are bounded in number, in time and by the process's fds (see the module's
+    text). ``max_connections``, ``conn_timeout_s`` and ``fd_reserve`` may be set per server (tests)."""
+
     daemon_threads = True
+    request_queue_size = 64  # connections the kernel queues before the accept (they hold none of the worker's fds)
+    max_connections = MAX_CONNECTIONS
+    conn_timeout_s = CONNECTION_TIMEOUT_S
+    fd_reserve = FD_RESERVE
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        self._open: dict[Any, float] = {}  # connection -> deadline (inf once it was shut)
+        self._open_lock = threading.Lock()
+        self.refused = 0  # connections closed at once
+        self._refusals = RateLimited(log, rate_per_s=0.1, burst=1, level=logging.WARNING)
+        super().__init__(*args, **kw)
+
+    def get_request(self) -> Any:
+        try:
+            return super().get_request()  # type: ignore[misc]
+        except OSError as e:
+            if e.errno in _OUT_OF:  # the connection stays queued and the socket readable: not again at once
+                self._refusals.log("metrics endpoint: accept failed: %s; accepting again in %.1f s", e,
+                                   _ACCEPT_BACKOFF_S, extra={"event": "metrics_connection_refused"})
+                time.sleep(_ACCEPT_BACKOFF_S)
+            raise
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        with self._open_lock:
+            n = len(self._open)
+        why = ""
+        if n >= self.max_connections:
+            why = f"{n} connections open, at most {self.max_connections}"
+        else:
+            fds, limit = fds_open_and_limit()
+            if limit is not None and fds + self.fd_reserve > limit:
+                why = (f"the worker has {fds} file descriptors open of its limit of {limit} (RLIMIT_NOFILE) and "
+                       f"keeps {self.fd_reserve} from this endpoint")
+        if not why:
+            return True
+        self.refused += 1
+        self._refusals.log("metrics endpoint: closed a connection at once: %s", why,
+                           extra={"event": "metrics_connection_refused"})
+        return False  # the caller closes it
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open[request] = time.monotonic() + self.conn_timeout_s
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:  # (forgotten before it is closed: service_actions never shuts a number reused since)
+            self._open.pop(request, None)
+        super().shutdown_request(request)  # type: ignore[misc]
+
+    def service_actions(self) -> None:
+        """End the connections past their deadline (serve_forever calls it at least every 0.5 s): their handler's
+        read or write returns, and its thread closes the connection."""
+        now = time.monotonic()
+        with self._open_lock:
+            for conn, deadline in self._open.items():
+                if deadline <= now:
+                    self._open[conn] = float("inf")
+                    try:
+                        conn.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+    def shut_all(self) -> None:
+        """End every open connection (the server is closing)."""
+        with self._open_lock:
+            for conn in self._open:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    @property
+    def n_open(self) -> int:
+        with self._open_lock:
+            return len(self._open)
+
+
+class _TCPServer(_Bounded, http.server.HTTPServer):
     allow_reuse_address = True
 
 
-class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
+class _UnixServer(_Bounded, socketserver.UnixStreamServer):
     def server_bind(self) -> None:
         old = os.umask(0o177)  # the socket is created 0600
         try:
@@ -197,6 +306,7 @@ class MetricsServer:
         """Stop serving, free the port or remove the socket file (only while it is still this server's: the same
         file it bound, not one another process put there since)."""
         self._server.shutdown()
+        self._server.shut_all()
         self._server.server_close()
         self._thread.join(timeout=5)
         if self.unix_path is not None:

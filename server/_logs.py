@@ -55,14 +55,20 @@ class RateLimited:
     Up to ``burst`` lines at once, then ``rate_per_s`` per second; the lines held back are counted
     and reported in the next line that gets through (``suppressed``).
 
+    Besides the failed-request lines (:meth:`failed`), :meth:`log` writes any line a peer can cause again and again
+    (a refused HELLO, a refused metrics connection) under its own bucket.
+
     Args:
-        logger: where the lines go (at INFO).
+        logger: where the lines go (at ``level``).
         rate_per_s: sustained lines per second.
         burst: lines allowed at once.
+        level: the lines' level (INFO by default).
     """
 
-    def __init__(self, logger: logging.Logger, rate_per_s: float = 5.0, burst: int = 20) -> None:
+    def __init__(self, logger: logging.Logger, rate_per_s: float = 5.0, burst: int = 20,
+                 level: int = logging.INFO) -> None:
         self.logger = logger
+        self.level = level
         self.rate_per_s = rate_per_s
         self.burst = float(burst)
         self._tokens = float(burst)
@@ -72,7 +78,7 @@ class RateLimited:
 
     def allow(self) -> bool:
         """Take a token if one is left (counting the refusal otherwise)."""
-        if not self.logger.isEnabledFor(logging.INFO):
+        if not self.logger.isEnabledFor(self.level):
             return False
         with self._lock:
             now = time.monotonic()
@@ -100,3 +106,14 @@ class RateLimited:
         """:meth:`allow` then :meth:`emit`."""
         if self.allow():
             self.emit(client_pid, op, error, field, message)
+
+    def log(self, msg: str, *args: Any, extra: dict[str, Any] | None = None) -> bool:
+        """Write one line (``msg % args``, at the limiter's level) if a token is left; the lines held back before it
+        are counted in it (`` (N similar lines suppressed)``, field ``suppressed``). Whether it was written."""
+        if not self.allow():
+            return False
+        with self._lock:
+            suppressed, self.suppressed = self.suppressed, 0
+        more = f" ({suppressed} similar lines suppressed)" if suppressed else ""
+        self.logger.log(self.level, msg + "%s", *args, more, extra={**(extra or {}), "suppressed": suppressed})
+        return True

@@ -22,7 +22,6 @@ import collections
 import itertools
 import logging
 import os
-import resource
 import secrets
 import time
 from collections.abc import Callable, Iterable
@@ -50,7 +49,7 @@ from ._oprules import answer_plan, op_summary
 from ._primed import PrimedSlots
 from ._shared import SHARED_PREFIX
 from ._waiters import Waiter, Waiters
-from .procs import pid_alive
+from .procs import fds_open_and_limit, pid_alive
 from .region import Region
 
 if TYPE_CHECKING:
@@ -505,7 +504,8 @@ class Sessions:
 
 
 #: file descriptors a HELLO leaves free for the worker's own use (a client costs up to ~8: its ZeroMQ connection,
-#: pidfd, region, lane; the attach socket's waiting connections, the metrics server's, CuPy's)
+#: pidfd, region, lane; the attach socket's waiting connections, CuPy's). The metrics server holds at most
+#: ``_http.MAX_CONNECTIONS`` (16) and takes none of the last ``_http.FD_RESERVE`` (32): it cannot use up this headroom
 FD_HEADROOM = 64
 
 
@@ -513,11 +513,8 @@ def fds_short() -> str:
     """Why this process cannot take one more client for want of file descriptors ("" when it can): fewer than
     :data:`FD_HEADROOM` are left under its soft RLIMIT_NOFILE. libzmq asserts (SIGABRT, the whole worker) when an
     accept finds none left, so a client is refused before that can happen."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return ""
-    n = len(os.listdir("/proc/self/fd"))
-    if n + FD_HEADROOM <= soft:
+    n, soft = fds_open_and_limit()
+    if soft is None or n + FD_HEADROOM <= soft:
         return ""
     return (f"the worker has {n} file descriptors open of its limit of {soft} (RLIMIT_NOFILE) and keeps "
             f"{FD_HEADROOM} for itself: raise the limit (LimitNOFILE=, ulimit -n) or close idle clients")

@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import os
+import resource
 
 from shmrpc.schema.proc import process_start_ticks, read_stat
 
-__all__ = ["pid_alive", "process_start_ticks"]
+__all__ = ["pid_alive", "process_start_ticks", "fds_open_and_limit"]
+
+
+def fds_open_and_limit() -> tuple[int, int | None]:
+    """(file descriptors this process has open, its soft RLIMIT_NOFILE or None for no limit). With none left to list
+    ``/proc/self/fd`` (EMFILE), the limit counts as reached."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = None if soft == resource.RLIM_INFINITY else int(soft)
+    try:
+        n = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        n = limit if limit is not None else 0
+    return n, limit
 
 
 def pid_alive(pid: int, start_ticks: int | None = None) -> bool:

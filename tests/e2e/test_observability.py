@@ -233,3 +233,56 @@ def test_pool_gauge_counts_only_the_pool_and_ready_follows_healthz(spawn_worker:
         for c in clients:
             c.close()
     assert w.stop() == 0
+
+
+def test_idle_metrics_connections_leave_the_worker_its_fds(worker_name: str) -> None:
+    """Connections to the metrics port that send nothing once held one fd each for good: under RLIMIT_NOFILE 200
+    (lowered in the worker's process only), ~190 of them used every fd, HELLOs timed out and libzmq's accept of the
+    next ZeroMQ connection aborted the worker. Now the endpoint holds at most 16 and none of the worker's last fds."""
+    import resource
+
+    from shmrpc.schema.naming import socket_path
+
+    def low_fds() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))  # hard too: the worker cannot raise it
+
+    args = [sys.executable, "-m", "shmrpc.server", "serve", "--name", worker_name, "--backend", "numpy", "--no-mlock",
+            "--slots", "64K:8", "--lease", "2", "--metrics-port", "0", "--log-level", "WARNING"]
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=low_fds) as w:
+        assert w.stdout is not None
+        line = w.stdout.readline()
+        assert "ready" in line, line
+        url = next(p for p in line.split() if p.startswith("http://")).rstrip(")")
+        port = int(url.split(":")[2].split("/")[0])
+        idle: list[socket.socket] = []
+        try:
+            misses = 0
+            while len(idle) < 250 and misses < 3:  # (a connect may wait while the kernel's accept queue is full)
+                try:
+                    idle.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+                    misses = 0
+                except OSError:
+                    misses += 1
+            time.sleep(0.5)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:  # a ZeroMQ peer's connect
+                raw.connect(str(socket_path(worker_name)))
+                with Client(worker_name, timeout_s=10, connect_timeout_s=5) as c:
+                    np.testing.assert_array_equal(c.call("vector_add", x=np.ones(3), y=np.ones(3))["out"], 2.0)
+                time.sleep(0.3)
+            assert w.poll() is None
+        finally:
+            for s in idle:
+                s.close()
+        deadline = time.monotonic() + 10
+        while True:  # the idle connections' handlers see them closed
+            try:
+                assert _get(url)[0] == 200
+                break
+            except (OSError, AssertionError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        w.send_signal(signal.SIGTERM)
+        _, err = w.communicate(timeout=30)
+        assert w.returncode == 0, err
+        assert "metrics endpoint: closed a connection at once" in err, err

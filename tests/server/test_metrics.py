@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 import urllib.request
 
 import pytest
@@ -176,3 +177,61 @@ def test_a_fold_of_many_counts_what_folds_of_few_count() -> None:
             assert got_many[k] == v, k
     assert got_many[("shmrpc_over_budget_total", (("op", "scale"),))] > 0
     assert any(k[0] == "shmrpc_stage_seconds_count" and ("stage", "queue") in k[1] for k in got_many)
+
+
+def test_the_endpoint_bounds_its_connections_in_number_and_time() -> None:
+    """Idle connections (sending nothing) once held a thread and an fd each, for good: now at most max_connections are
+    open, one more is closed at once, each is closed at its deadline, and a scrape gets through again after it."""
+    from shmrpc.server import _http
+
+    m = Metrics()
+    m.serve(0)
+    assert m._server is not None and m.port is not None
+    srv = m._server._server
+    srv.max_connections, srv.conn_timeout_s = 4, 1.0
+    idle = [socket.create_connection(("127.0.0.1", m.port), timeout=5) for _ in range(4)]
+    try:
+        deadline = time.monotonic() + 5
+        while srv.n_open < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert srv.n_open == 4
+        extra = socket.create_connection(("127.0.0.1", m.port), timeout=5)
+        with extra:  # closed at once, unanswered
+            assert extra.recv(1) == b""
+        assert srv.refused == 1
+        t0 = time.monotonic()
+        for s in idle:  # each is ended by the server at its deadline
+            assert s.recv(1) == b""
+        assert time.monotonic() - t0 < 3
+        deadline = time.monotonic() + 5
+        while srv.n_open and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert srv.n_open == 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{m.port}/metrics", timeout=5) as r:
+            assert r.status == 200
+    finally:
+        for s in idle:
+            s.close()
+        m.shutdown()
+    assert _http.MAX_CONNECTIONS < _http.FD_RESERVE
+
+
+def test_the_endpoint_takes_none_of_the_last_fds() -> None:
+    """A connection that would leave the process fewer than fd_reserve fds is closed at once."""
+    import resource
+
+    m = Metrics()
+    m.serve(0)
+    assert m._server is not None and m.port is not None
+    srv = m._server._server
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    srv.fd_reserve = soft  # no room left as far as the endpoint is concerned
+    try:
+        with socket.create_connection(("127.0.0.1", m.port), timeout=5) as s:
+            assert s.recv(1) == b""
+        assert srv.refused == 1
+        srv.fd_reserve = 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{m.port}/healthz", timeout=5) as r:
+            assert r.status == 200
+    finally:
+        m.shutdown()
