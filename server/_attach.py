@@ -34,6 +34,7 @@ from shmrpc.schema.errors import InvalidRequestError
 from shmrpc.schema.messages import ATTACH_MAX_NBYTES
 from shmrpc.schema.proc import process_start_ticks
 
+from ._logs import RateLimited
 from .checks import StartupError
 
 __all__ = ["PeerCred", "peer_cred", "AttachListener", "check_identity", "set_dumpable", "CONNECT_TIMEOUT_S",
@@ -45,6 +46,9 @@ log = logging.getLogger("shmrpc.server")
 CONNECT_TIMEOUT_S = 5.0
 #: Connections waiting for their HELLO at once; the oldest is closed to make room.
 MAX_PENDING = 64
+#: After an accept failed (out of fds: the connection stays queued and the socket readable), the loop stops polling
+#: the listening socket for this long (:attr:`AttachListener.paused_until`).
+ACCEPT_BACKOFF_S = 0.25
 
 _CRED = struct.Struct("3i")
 _PR_SET_DUMPABLE = 4
@@ -142,6 +146,10 @@ class AttachListener:
         self._ino = os.stat(path).st_ino  # close() unlinks the path only while it is still this socket
         self._sock.listen(128)
         self.pending: dict[int, tuple[socket.socket, float, int]] = {}  # fd -> (connection, deadline, peer uid)
+        #: monotonic time until which the loop does not poll the listening socket (0: it does); set by a failed accept
+        self.paused_until = 0.0
+        self._failed = 0  # accepts failed since the last one that succeeded
+        self._failures = RateLimited(log, rate_per_s=0.1, burst=1, level=logging.WARNING)
 
     def fileno(self) -> int:
         """The listening socket's fd (readable: connections to accept)."""
@@ -155,9 +163,17 @@ class AttachListener:
                 conn, _ = self._sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as e:  # EMFILE and the like: leave it queued, say so once per burst
-                log.warning("attach socket: accept failed: %s", e)
+            except OSError as e:  # EMFILE and the like: leave it queued, wait a while, say so once per burst
+                # (the socket stays readable: polled at once again, the loop spun on it, a line per turn)
+                self._failed += 1
+                self.paused_until = time.monotonic() + ACCEPT_BACKOFF_S
+                self._failures.log("attach socket: accept failed: %s; trying again every %.2f s", e,
+                                   ACCEPT_BACKOFF_S, extra={"event": "attach_accept_failed"})
                 return
+            if self._failed:
+                self._failures.log("attach socket: accepting again after %d failed accepts", self._failed,
+                                   extra={"event": "attach_accept_failed"})
+                self._failed = 0
             conn.setblocking(False)
             uid = peer_cred(conn).uid
             if uid not in self._admit:

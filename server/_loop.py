@@ -437,6 +437,8 @@ class Worker(Calls, Runs):
             if others:
                 if attach_fd in events:
                     attach.accept()
+                    if attach.paused_until:  # out of fds: not polled until then (it stays readable: a spin)
+                        poller.unregister(attach_fd)
                 if watch_fd in events:
                     with contextlib.suppress(BlockingIOError):
                         os.read(watch_fd, 4096)
@@ -465,6 +467,9 @@ class Worker(Calls, Runs):
                 self.sessions.expire_pending(now)
             if attach.pending:
                 attach.expire(now)
+            if attach.paused_until and now >= attach.paused_until:
+                attach.paused_until = 0.0
+                poller.register(attach_fd)
             # the turn's answers are out: its metrics are added now, off their way (metrics._RequestStats); unless a
             # lane's request is already waiting, which goes first (a later turn folds: one with no request waiting,
             # such as the one that launched a batch, whose device time it overlaps; a spin folds a few at a time while
@@ -538,6 +543,9 @@ class Worker(Calls, Runs):
     def _poll_timeout_ms(self, next_check: float) -> int:
         first = self._waiters.next_deadline() if len(self._waiters) else None
         deadline = next_check if first is None else min(next_check, first)
+        paused = self._attach.paused_until if self._attach is not None else 0.0
+        if paused:  # the attach socket is polled again then
+            deadline = min(deadline, paused)
         return max(0, int((deadline - time.monotonic()) * 1000) + 1)
 
     def _zero(self, s: Slot) -> None:

@@ -399,6 +399,43 @@ def test_a_worker_near_its_fd_limit_refuses_clients_and_lives(worker_name: str) 
         assert "refused a HELLO" in err and "file descriptors" in err
 
 
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_worker_out_of_fds_does_not_spin_on_the_attach_socket(spawn_worker: Callable[..., WorkerProc]) -> None:
+    """Out of fds, a connection waiting on the attach socket could not be accepted and kept it readable: the loop
+    spun (a full core) and logged a WARNING line per turn (~100 000 in 3 s). Now it stops polling the socket for a
+    while after a failed accept and says so once per burst; once fds are free again, clients get in."""
+    import resource
+    import socket
+
+    w = spawn_worker("--dumpable")  # (its /proc/<pid>/fd is read here)
+    old = resource.prlimit(w.pid, resource.RLIMIT_NOFILE)
+    n = len(os.listdir(f"/proc/{w.pid}/fd"))
+    conns: list[socket.socket] = []
+    try:
+        resource.prlimit(w.pid, resource.RLIMIT_NOFILE, (n + 3, old[1]))  # the worker's own soft limit only
+        for _ in range(6):  # three are accepted and wait for their HELLO; the others find no fd left
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            c.connect(str(attach_path(w.name)))
+            conns.append(c)
+        time.sleep(0.3)
+        cpu0 = _cpu_s(w.pid)
+        time.sleep(2.0)
+        used = _cpu_s(w.pid) - cpu0
+        assert used < 0.5, f"the worker used {used:.2f} s of CPU in 2 s out of fds"
+    finally:
+        for c in conns:
+            c.close()
+        resource.prlimit(w.pid, resource.RLIMIT_NOFILE, old)
+    with Client(w.name, timeout_s=10, connect_timeout_s=10) as cl:  # accepted again
+        np.testing.assert_array_equal(cl.call("scale", x=np.ones(4), a=2.0, b=0.0)["out"], 2.0)
+    assert w.stop() == 0, w.stderr
+    assert 1 <= w.stderr.count("attach socket: accept failed") <= 2, w.stderr[-2000:]
+
+
 def test_metrics_endpoint(spawn_worker: Callable[..., WorkerProc], free_port: int) -> None:
     w = spawn_worker("--metrics-port", str(free_port))
     with Client(w.name, timeout_s=10) as c:
