@@ -188,6 +188,8 @@ class Calls:
         try:
             region, index, rid, gen = m.unpack_call(frame)
         except Exception:  # noqa: BLE001 - a malformed doorbell names no slot we could answer in
+            c = self.sessions.clients.get(identity)
+            self.observe.refused(c.pid if c else 0, InvalidRequestError("CALL frame is malformed", field="call"))
             return self._refuse(identity, "bad_message", "CALL frame is malformed", "call")
         c = self.sessions.clients.get(identity)
         try:

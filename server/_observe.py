@@ -101,7 +101,10 @@ class Observer:
             self.traces.pop((region, index), None)
 
     def refused(self, client_pid: int, err: RequestError) -> None:
-        """A CALL refused before its slot was touched (no lease, stale generation ...)."""
+        """A CALL refused before its slot was touched (no lease, stale generation, BusyError while the worker drains,
+        a malformed doorbell): counted as a request of op ``unknown`` with the error's class as its status (the slot
+        is not read: its op is not known), and a failed-request line (rate-limited)."""
+        self.metrics.observe("unknown", type(err).__name__, 0.0, 0, 0)
         self.failures.failed(client_pid, "unknown", type(err).__name__, err.field, err.message)
 
     def failed(self, client_pid: int, op: str, error: str, view: memoryview | None, desc_nbytes: int) -> None:

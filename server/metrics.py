@@ -29,8 +29,8 @@ process_*, python_info                            the standard process metrics (
 
 ``op`` is the request's op: the first step's name for one-step requests, ``pipeline`` for
 chains of several steps, ``put`` for :meth:`Client.put` uploads, and ``unknown`` for a request
-whose op the worker could not tell (an unknown name or a descriptor that did not parse), so the
-label's values are bounded by the op table. ``status`` is ``ok`` or the error class name, or
+whose op the worker could not tell (an unknown name, a descriptor that did not parse, or a call refused before
+its slot was read: BusyError while draining, StaleSlotError ...), so the label's values are bounded by the op table. ``status`` is ``ok`` or the error class name, or
 ``guess_too_small`` (:data:`GUESS_TOO_SMALL`): a request whose room for outputs was the client's guess
 (the header's GUESS flag: ``Client.call``'s first call of a signature) and too small for them, refused
 before anything ran and sent again by the client once it knows their sizes; not a failure (no log line).

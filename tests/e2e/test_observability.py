@@ -286,3 +286,65 @@ def test_idle_metrics_connections_leave_the_worker_its_fds(worker_name: str) -> 
         _, err = w.communicate(timeout=30)
         assert w.returncode == 0, err
         assert "metrics endpoint: closed a connection at once" in err, err
+
+
+def _count(body: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for ln in body.splitlines():
+        head, _, value = ln.rpartition(" ")
+        if head.startswith(name + "{") and all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def test_calls_refused_before_their_slot_is_read_are_counted(spawn_worker: Callable[..., WorkerProc],
+                                                             tmp_path: Path, worker_name: str) -> None:
+    """BusyError while the worker drains, a stranger's doorbell (StaleSlotError), a malformed CALL frame: each was
+    logged as a failed request but missing from shmrpc_requests_total, so the error-ratio alert never saw them. Now
+    each is counted under op "unknown" with its error class as status."""
+    import zmq
+    from wire import WAITING_OPS, wait_in_flight
+
+    from shmrpc.client import BusyError
+    from shmrpc.schema import messages as m
+    from shmrpc.schema.naming import endpoint
+
+    mod = "waiting_" + worker_name.replace("-", "_")
+    (tmp_path / f"{mod}.py").write_text(WAITING_OPS)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    w = spawn_worker("--ops", mod, "--metrics-port", "0", env=env)
+    url = _metrics_url(w)
+    flag = tmp_path / "go"
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    try:
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(endpoint(w.name))
+        with Client(w.name, timeout_s=30) as c1, Client(w.name, timeout_s=10) as c2:
+            slot = c2._slots.free[0]
+            s.send(m.pack_call(slot.region, slot.index, 9, slot.generation))  # not its session: StaleSlotError
+            assert s.poll(5000) and m.unpack_done(s.recv())[3] & 0x8000
+            s.send(m.CALL + b"\x00")  # a doorbell too short to name a slot
+            assert s.poll(5000)
+            s.recv()
+            fut = c1.submit("t_wait", x=np.ones(4), path=str(flag))
+            wait_in_flight(w.name)
+            w.proc.send_signal(signal.SIGTERM)  # it drains: the waiting request keeps it serving
+            deadline = time.monotonic() + 10
+            while _get(url.replace("/metrics", "/healthz"))[0] != 503:
+                assert time.monotonic() < deadline, "the worker did not start to drain"
+                time.sleep(0.05)
+            for _ in range(3):
+                with pytest.raises(BusyError):
+                    c2.call("vector_add", x=np.ones(4), y=np.ones(4))
+            body = _get(url)[1]
+            flag.touch()
+            np.testing.assert_array_equal(fut.result()["out"], 1.0)
+    finally:
+        flag.touch()
+        s.close()
+        ctx.term()
+    assert _count(body, "shmrpc_requests_total", op="unknown", status="BusyError") == 3, body
+    assert _count(body, "shmrpc_requests_total", op="unknown", status="StaleSlotError") == 1
+    assert _count(body, "shmrpc_requests_total", op="unknown", status="InvalidRequestError") == 1
+    assert w.proc.wait(20) == 0
