@@ -43,16 +43,18 @@ class Admission:
         """Check that one more client of ``uid`` fits the caps.
 
         Raises:
-            ClientLimitError: naming the cap (``--max-clients`` or ``--max-clients-per-uid``).
+            ClientLimitError: naming the cap (``--max-clients`` or ``--max-clients-per-uid``; its ``field``:
+                ``max_clients`` or ``max_clients_per_uid``, the refusal's reason in the worker's metrics).
         """
         cfg = self.config
         if cfg.max_clients and self.n_clients >= cfg.max_clients:
             raise ClientLimitError(f"the worker serves {self.n_clients} clients, the most it may (--max-clients "
-                                   f"{cfg.max_clients}); close an idle client or raise the limit")
+                                   f"{cfg.max_clients}); close an idle client or raise the limit",
+                                   field="max_clients")
         if cfg.max_clients_per_uid and self._by_uid[uid] >= cfg.max_clients_per_uid:
             raise ClientLimitError(f"uid {uid} has {self._by_uid[uid]} clients connected, the most one uid may "
                                    f"(--max-clients-per-uid {cfg.max_clients_per_uid}); close an idle client "
-                                   "or raise the limit")
+                                   "or raise the limit", field="max_clients_per_uid")
 
     def joined(self, uid: int) -> None:
         """A client of ``uid`` was admitted."""

@@ -25,6 +25,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,8 +122,10 @@ class AttachListener:
         got = listener.receive(fd)          # when a pending connection's fd is readable
     """
 
-    def __init__(self, path: Path, *, shared: bool, admit: tuple[int, ...] = ()) -> None:
+    def __init__(self, path: Path, *, shared: bool, admit: tuple[int, ...] = (),
+                 on_refused: Callable[[PeerCred, str], None] | None = None) -> None:
         self.path = path
+        self._on_refused = on_refused  # told of each connection refused at accept (its peer, why)
         # the uids whose connections wait for their HELLO (the worker's, root's for STATUS, --allow-uid's); any other
         # is answered at once with its refusal and closed, so connections of a uid the worker does not serve never
         # take a pending place of those it does
@@ -175,9 +178,12 @@ class AttachListener:
                                    extra={"event": "attach_accept_failed"})
                 self._failed = 0
             conn.setblocking(False)
-            uid = peer_cred(conn).uid
+            peer = peer_cred(conn)
+            uid = peer.uid
             if uid not in self._admit:
                 self.reply(conn, self._refusal(uid), [])
+                if self._on_refused is not None:
+                    self._on_refused(peer, _not_admitted(uid))
                 continue
             with contextlib.suppress(OSError):  # a packet may be as large as this (the kernel caps it at wmem_max)
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, ATTACH_MAX_NBYTES)

@@ -203,7 +203,9 @@ class Worker(Calls, Runs):
             self._sock.setsockopt(zmq.RCVHWM, _RCVHWM)
             remove_socket(cfg.name)
             # the attach socket first: whoever sees NAME.sock can say HELLO (connections wait in its backlog)
-            self._attach = AttachListener(attach_path(cfg.name), shared=bool(cfg.allow_uids), admit=cfg.allow_uids)
+            sessions = self.sessions
+            self._attach = AttachListener(attach_path(cfg.name), shared=bool(cfg.allow_uids), admit=cfg.allow_uids,
+                                          on_refused=lambda peer, why: sessions.refused(peer, "identity", why))
             old = os.umask(0o077)
             try:
                 self._sock.bind(endpoint(cfg.name))

@@ -45,6 +45,7 @@ from ._attach import PeerCred, check_identity
 from ._dispatch import resident_name
 from ._lanes import Lanes
 from ._lease import Slot
+from ._logs import RateLimited
 from ._oprules import answer_plan, op_summary
 from ._primed import PrimedSlots
 from ._shared import SHARED_PREFIX
@@ -112,6 +113,8 @@ class Sessions:
         self._next_client = 1
         self._start_ticks = process_start_ticks(os.getpid())
         self._op_table: tuple[int, dict[str, Any]] = (-1, {})  # (ops registered, the WELCOME's table) when built
+        # refused handshakes' lines: the failed requests' rate (20 at once, then 5 per second), at WARNING
+        self._refusals = RateLimited(log, rate_per_s=5.0, burst=20, level=logging.WARNING)
 
     def close(self) -> None:
         """Forget every session (the worker is closing): close their pidfds."""
@@ -130,17 +133,22 @@ class Sessions:
         """Answer a HELLO from the attach socket: (WELCOME, the fds of its regions, the new session) or (ERROR, [],
         None); a session whose WELCOME cannot be sent is the caller's to end."""
         if stopping:
+            self.refused(peer, "stopping", "the worker is shutting down")
             return _refusal("stopping", "the worker is shutting down; connect to its successor"), [], None
         if frame[:1] != m.HELLO:
+            self.refused(peer, "bad_message", f"not a HELLO (kind {frame[:1]!r})")
             return _refusal("bad_message", "the attach socket takes one HELLO", "kind"), [], None
         try:
             hello = Hello.decode(frame)
         except MessageError as e:
             # a pid, uid or start time that is not a number is a claim the kernel does not back
             kind = "refused" if e.field in ("pid", "uid", "start_ticks") else "bad_message"
+            self.refused(peer, "identity" if kind == "refused" else "bad_message", f"HELLO is malformed ({e})")
             return _refusal(kind, f"HELLO is malformed ({e})", e.field), [], None
         proto, shash = hello.protocol, hello.schema_hash
         if proto != m.PROTOCOL_VERSION or shash != SCHEMA_HASH:
+            self.refused(peer, "protocol", f"it speaks protocol {proto} schema {shash}, the worker protocol "
+                         f"{m.PROTOCOL_VERSION} schema {SCHEMA_HASH}")
             return _refusal(
                 "protocol_mismatch",
                 f"client speaks protocol {proto} schema {shash}, worker speaks protocol {m.PROTOCOL_VERSION} "
@@ -149,26 +157,27 @@ class Sessions:
             ), [], None
         problem = check_identity(hello.to_json(), peer, self.config.allow_uids)
         if problem is not None:
-            log.warning("refused a HELLO from pid %d uid %d: %s", peer.pid, peer.uid, problem[0])
+            self.refused(peer, "identity", problem[0])
             return _refusal("refused", *problem), [], None
         short = fds_short()
         if short:  # refused while the worker can still open what it needs (libzmq aborts the process at EMFILE)
-            log.warning("refused a HELLO from pid %d uid %d: %s", peer.pid, peer.uid, short)
+            self.refused(peer, "fds", short)
             return ErrorReply(BusyError.code, "too_many_clients", short, "fds").encode(), [], None
         try:
             self.admission.admit(peer.uid)
             lease = self.admission.lease_for(hello.lease)
         except ClientLimitError as e:
+            self.refused(peer, e.field or "max_clients", str(e))
             return ErrorReply(BusyError.code, "too_many_clients", str(e), "clients").encode(), [], None
         except ValueError as e:
+            self.refused(peer, "bad_message", f"HELLO is malformed ({e})")
             return _refusal("bad_message", f"HELLO is malformed ({e})", "lease"), [], None
         client = self._admit(peer)
         try:
             regions, slots = self._lease_regions(client, lease)
         except Exception as e:  # noqa: BLE001 - no memory, memlock, GPU registration: refuse, keep serving
             self._forget(client)
-            log.warning("refused a HELLO from pid %d uid %d: cannot create its region (lease %s): %s", peer.pid,
-                        peer.uid, ",".join(map(str, lease)), e)
+            self.refused(peer, "region", f"cannot create its region (lease {','.join(map(str, lease))}): {e}")
             asked = "" if hello.lease is None else f" (it asked for a lease of {','.join(map(str, lease))} slots)"
             return _refusal("refused", f"cannot create this client's region{asked}: {e}", "region"), [], None
         self.metrics.clients.set(len(self.clients))
@@ -184,10 +193,19 @@ class Sessions:
             except Exception as e:  # noqa: BLE001 - out of fds or memory: this client is refused, the worker serves on
                 # its session was admitted and holds its region and lease: ended here, not when its process exits
                 self.end_client(client, f"its lane could not be opened: {e}")
-                log.warning("refused a HELLO from pid %d uid %d: cannot open its lane: %s", peer.pid, peer.uid, e)
+                self.refused(peer, "lane", f"cannot open its lane: {e}")
                 return _refusal("refused", f"cannot open this client's lane: {e}", "lane"), [], None
             fds += lane.fds()
         return self._welcome(client, regions, slots, lane is not None), fds, client
+
+    def refused(self, peer: PeerCred, reason: str, why: str) -> None:
+        """A handshake of ``peer`` is refused for ``reason`` (a label of ``shmrpc_clients_refused_total``): counted,
+        and a WARNING line (rate-limited as failed requests' lines are: a client retrying in a loop cannot flood the
+        log; the next line let through says how many were held back)."""
+        self.metrics.client_refused(reason)
+        self._refusals.log("refused a HELLO from pid %d uid %d: %s", peer.pid, peer.uid, why,
+                           extra={"event": "hello_refused", "client_pid": peer.pid, "client_uid": peer.uid,
+                                  "reason": reason})
 
     def _admit(self, peer: PeerCred) -> ClientSession:
         """A new session for the process the kernel vouched for, watched through a pidfd, under a fresh token."""

@@ -10,6 +10,9 @@ shmrpc_stage_seconds                   histogram  op, stage (queue, h2d, kernel,
                                                   knows it)
 shmrpc_bytes_in_total                  counter    (tensor bytes read from slots)
 shmrpc_bytes_out_total                 counter    (tensor bytes written to slots)
+shmrpc_clients_refused_total           counter    reason (a handshake the worker refused: ``max_clients``,
+                                                  ``max_clients_per_uid``, ``fds``, ``identity``, ``region``, ``lane``,
+                                                  ``stopping``, ``protocol``, ``bad_message``)
 shmrpc_slots_leased                    gauge      (every slot clients hold, their own regions' included)
 shmrpc_pool_slots_held                 gauge      (slots of the pool region clients hold, leased or borrowed:
                                                   against ``shmrpc_slots_total``, how full the pool is)
@@ -55,7 +58,7 @@ from prometheus_client.utils import floatToGoString
 
 from ._http import HealthFn, MetricsServer
 
-__all__ = ["Metrics", "DURATION_BUCKETS_S", "BATCH_BUCKETS", "STAGES", "GUESS_TOO_SMALL"]
+__all__ = ["Metrics", "DURATION_BUCKETS_S", "BATCH_BUCKETS", "STAGES", "GUESS_TOO_SMALL", "REFUSAL_REASONS"]
 
 #: 10 µs to 10 s, about three buckets per decade.
 DURATION_BUCKETS_S: tuple[float, ...] = (
@@ -76,6 +79,25 @@ _GAUGES = {
     "resident_limit": ("shmrpc_resident_limit_bytes", "Cap on resident tensors (--resident-limit), in bytes."),
     "slots_total": ("shmrpc_slots_total", "Slots in the worker's pool region."),
 }
+
+#: The ``reason`` label values of ``shmrpc_clients_refused_total`` (each exported from the start, at 0).
+REFUSAL_REASONS = ("max_clients", "max_clients_per_uid", "fds", "identity", "region", "lane", "stopping", "protocol",
+                   "bad_message")
+
+
+class _Refusals:
+    """``shmrpc_clients_refused_total{reason}``: counts the loop thread adds to, read by a scrape."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = dict.fromkeys(REFUSAL_REASONS, 0)
+
+    def collect(self) -> Iterator[Metric]:
+        fam = CounterMetricFamily("shmrpc_clients_refused", "Handshakes (HELLOs) the worker refused, by reason.",
+                                  labels=["reason"])
+        for reason, n in list(self.counts.items()):
+            fam.add_metric([reason], n)
+        yield fam
+
 
 #: the status label of a refused guess (see the module's docstring): the client sends the request again
 GUESS_TOO_SMALL = "guess_too_small"
@@ -331,6 +353,8 @@ class Metrics:
         self._stats = _RequestStats()
         self._queued = self._stats.queued
         r.register(self._stats)  # type: ignore[arg-type]
+        self._refusals = _Refusals()
+        r.register(self._refusals)  # type: ignore[arg-type]
         self.slots_leased = Gauge(*_GAUGES["slots_leased"], registry=r)
         self.pool_slots_held = Gauge(*_GAUGES["pool_slots_held"], registry=r)
         self.ready = Gauge(*_GAUGES["ready"], registry=r)
@@ -391,6 +415,11 @@ class Metrics:
         a few at a time, so that a request rung meanwhile waits for at most those few."""
         if self._queued:
             self._stats.fold(n)
+
+    def client_refused(self, reason: str) -> None:
+        """Count one refused handshake (loop thread); ``reason``: one of :data:`REFUSAL_REASONS`."""
+        counts = self._refusals.counts
+        counts[reason] = counts.get(reason, 0) + 1
 
     def observe_batch(self, op: str, size: int) -> None:
         """Record one batched run of ``size`` requests of op label ``op`` (loop thread only)."""

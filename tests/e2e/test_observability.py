@@ -348,3 +348,44 @@ def test_calls_refused_before_their_slot_is_read_are_counted(spawn_worker: Calla
     assert _count(body, "shmrpc_requests_total", op="unknown", status="StaleSlotError") == 1
     assert _count(body, "shmrpc_requests_total", op="unknown", status="InvalidRequestError") == 1
     assert w.proc.wait(20) == 0
+
+
+def test_refused_handshakes_are_logged_rate_limited_and_counted(spawn_worker: Callable[..., WorkerProc],
+                                                                worker_name: str) -> None:
+    """A HELLO refused by --max-clients or --max-clients-per-uid left no line and no metric (the other refusals got a
+    WARNING line each, unlimited: a client retrying in a loop flooded the log). Now every refusal is counted in
+    shmrpc_clients_refused_total{reason} and logged at the failed requests' rate (20 at once, then 5 per second)."""
+    from shmrpc.client import ClientLimitError
+
+    w = spawn_worker("--max-clients", "1", "--metrics-port", "0")
+    url = _metrics_url(w)
+    t0 = time.monotonic()
+    with Client(w.name, timeout_s=10):
+        for _ in range(60):
+            with pytest.raises(ClientLimitError):
+                Client(w.name, timeout_s=5, connect_timeout_s=5)
+        elapsed = time.monotonic() - t0
+        time.sleep(0.5)  # a token comes back: the next line says how many were held back
+        with pytest.raises(ClientLimitError):
+            Client(w.name, timeout_s=5, connect_timeout_s=5)
+        body = _get(url)[1]
+    assert _count(body, "shmrpc_clients_refused_total", reason="max_clients") == 61, body
+    assert _count(body, "shmrpc_clients_refused_total", reason="max_clients_per_uid") == 0
+    assert w.stop() == 0
+    lines = [ln for ln in w.stderr.splitlines() if "refused a HELLO" in ln]
+    assert 20 <= len(lines) <= 20 + 5 * (elapsed + 0.5) + 2 and len(lines) < 61, len(lines)
+    assert "--max-clients 1" in lines[0]
+    assert "similar lines suppressed" in lines[-1], lines[-1]
+
+    w2 = spawn_worker("--max-clients-per-uid", "1", "--metrics-port", "0", "--log-format", "json",
+                      name=worker_name + "-b")
+    with Client(w2.name, timeout_s=10):
+        with pytest.raises(ClientLimitError):
+            Client(w2.name, timeout_s=5, connect_timeout_s=5)
+        body = _get(_metrics_url(w2))[1]
+    assert _count(body, "shmrpc_clients_refused_total", reason="max_clients_per_uid") == 1, body
+    assert w2.stop() == 0
+    refused = [json.loads(ln) for ln in w2.stderr.splitlines() if "refused a HELLO" in ln]
+    assert len(refused) == 1 and refused[0]["event"] == "hello_refused", refused
+    assert refused[0]["reason"] == "max_clients_per_uid" and refused[0]["client_pid"] == os.getpid()
+    assert "--max-clients-per-uid 1" in refused[0]["msg"] and refused[0]["level"] == "WARNING"
