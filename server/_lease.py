@@ -74,6 +74,7 @@ class Leases:
                     s = Slot(r, i, sc.slot_nbytes, c)
                     self._slots[(r, i)] = s
                     self._free[c].append(s)
+        self._n_pool = len(self._slots)  # every slot made here is the pool's (private regions come later)
         self._clients: dict[int, _Holdings] = {}
         self._private: dict[int, int] = {}  # region -> the client it belongs to
 
@@ -248,8 +249,9 @@ class Leases:
 
     @property
     def n_pool_held(self) -> int:
-        """Slots of the pool region (region 0) held by clients: leased from it or borrowed."""
-        return sum(1 for c in self._clients.values() for s in c.slots if s.region == 0)
+        """Slots of the pool region that are not free: leased from it or borrowed by a client, or still holding the
+        request of a client that is gone (freed once it finishes). Any thread may read it (a scrape does)."""
+        return self._n_pool - sum(len(free) for free in self._free)
 
     @property
     def n_in_flight(self) -> int:

@@ -101,6 +101,9 @@ class Sessions:
         self._waiters = waiters
         self.metrics = metrics
         self.shared = shared
+        # read at each scrape: a pool slot stays held while a gone client's request still runs in it, and is freed when
+        # that request is answered, off every path that sets the gauges
+        metrics.pool_slots_held.set_function(lambda: float(leases.n_pool_held))
         # identity -> (client id, shared/ names that its requests in flight keep, with their counts): a name stays its
         # owner's until the last of them finished, also after the session ended (settle_keeps)
         self._keeping: dict[bytes, tuple[int, collections.Counter[str]]] = {}
@@ -349,9 +352,9 @@ class Sessions:
         self.metrics.resident.set(self.backend.resident_bytes)
 
     def _count_slots(self) -> None:
-        """The slot gauges: every slot clients hold, and those of the pool (what its exhaustion alert reads)."""
+        """The slots gauge: every slot clients hold (the pool's, what its exhaustion alert reads, is read at each
+        scrape)."""
         self.metrics.slots_leased.set(self.leases.n_leased)
-        self.metrics.pool_slots_held.set(self.leases.n_pool_held)
 
     def claim_keeps(self, identity: bytes, client_id: int, names: Iterable[str]) -> None:
         """A request of session ``identity`` that keeps ``names`` (the backend's names) is about to run: the shared

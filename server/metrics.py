@@ -14,8 +14,9 @@ shmrpc_clients_refused_total           counter    reason (a handshake the worker
                                                   ``max_clients_per_uid``, ``fds``, ``identity``, ``region``, ``lane``,
                                                   ``stopping``, ``protocol``, ``bad_message``)
 shmrpc_slots_leased                    gauge      (every slot clients hold, their own regions' included)
-shmrpc_pool_slots_held                 gauge      (slots of the pool region clients hold, leased or borrowed:
-                                                  against ``shmrpc_slots_total``, how full the pool is)
+shmrpc_pool_slots_held                 gauge      (slots of the pool region not free: clients hold them, leased or
+                                                  borrowed, or a gone client's request still runs there; against
+                                                  ``shmrpc_slots_total``, how full the pool is)
 shmrpc_ready                           gauge      (1 while the worker serves, 0 while it stops, after a fatal
                                                   backend error, or with its loop stuck: what ``/healthz`` says)
 shmrpc_clients_connected               gauge
@@ -70,7 +71,8 @@ STAGES = ("queue", "h2d", "kernel", "d2h")
 
 _GAUGES = {
     "slots_leased": ("shmrpc_slots_leased", "Slots currently leased to clients (their own regions' included)."),
-    "pool_slots_held": ("shmrpc_pool_slots_held", "Slots of the pool region held by clients (leased or borrowed)."),
+    "pool_slots_held": ("shmrpc_pool_slots_held", "Slots of the pool region not free: held by clients (leased or "
+                        "borrowed), or running a gone client's request."),
     "ready": ("shmrpc_ready", "1 while the worker serves requests (what /healthz says), else 0."),
     "clients": ("shmrpc_clients_connected", "Clients with a live lease."),
     "inflight": ("shmrpc_requests_in_flight", "Requests received and not yet answered."),

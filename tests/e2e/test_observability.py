@@ -389,3 +389,57 @@ def test_refused_handshakes_are_logged_rate_limited_and_counted(spawn_worker: Ca
     assert len(refused) == 1 and refused[0]["event"] == "hello_refused", refused
     assert refused[0]["reason"] == "max_clients_per_uid" and refused[0]["client_pid"] == os.getpid()
     assert "--max-clients-per-uid 1" in refused[0]["msg"] and refused[0]["level"] == "WARNING"
+
+
+_HOLDER = r'''
+import sys, time
+import numpy as np
+from shmrpc.client import Client
+c = Client(sys.argv[1], timeout_s=30)
+futs = [c.submit("t_wait", x=np.ones(4), path=sys.argv[2]) for _ in range(2)]
+print("submitted", flush=True)
+time.sleep(60)
+'''
+
+
+def test_pool_gauge_counts_the_slots_a_dead_clients_requests_still_hold(spawn_worker: Callable[..., WorkerProc],
+                                                                        tmp_path: Path, worker_name: str) -> None:
+    """A client killed with requests in flight in pool slots: its lease ends at once, but those slots stay busy until
+    the requests finish. shmrpc_pool_slots_held dropped to 0 then (the exhaustion alert under-counted); now it counts
+    them until they are answered, and drops to 0 after."""
+    from wire import WAITING_OPS
+
+    mod = "waiting_" + worker_name.replace("-", "_")
+    (tmp_path / f"{mod}.py").write_text(WAITING_OPS)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    # --isolation shared: a client's leased slots are the pool's (4 x 64K and 1 x 1M each)
+    w = spawn_worker("--ops", mod, "--metrics-port", "0", "--isolation", "shared", env=env)
+    url = _metrics_url(w)
+    flag = tmp_path / "go"
+    with subprocess.Popen([sys.executable, "-c", _HOLDER, w.name, str(flag)], stdout=subprocess.PIPE,
+                          text=True) as holder:
+        _watch_dead_clients_slots(w, holder, url, flag)
+    assert w.stop() == 0
+
+
+def _watch_dead_clients_slots(w: WorkerProc, holder: subprocess.Popen[str], url: str, flag: Path) -> None:
+    from wire import wait_for_state
+
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "submitted"
+        wait_for_state(w.name, lambda st: st["in_flight"] == 2, "two requests in flight")
+        assert _gauge(_get(url)[1], "shmrpc_pool_slots_held") == 5
+        holder.kill()
+        holder.wait(10)
+        wait_for_state(w.name, lambda st: not st["clients"], "the killed client's lease ended")
+        body = _get(url)[1]
+        assert _gauge(body, "shmrpc_requests_in_flight") == 2
+        assert _gauge(body, "shmrpc_pool_slots_held") == 2, "the dead client's requests still hold two pool slots"
+        flag.touch()
+        wait_for_state(w.name, lambda st: st["in_flight"] == 0, "the requests finished")
+        assert _gauge(_get(url)[1], "shmrpc_pool_slots_held") == 0
+    finally:
+        flag.touch()
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(10)
