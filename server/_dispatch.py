@@ -189,6 +189,8 @@ class Dispatcher:
         except RequestError as e:
             if len(desc.steps) > 1:  # counted under "pipeline", as its success would be (not the failing step's op)
                 self.pipeline_refusal = e
+            elif desc.keep and desc.steps[0].op == "echo":  # Client.put: named and counted as the put, not its echo
+                e.op, e.step = "put", -1
             raise
         self._cache[key] = prep
         if len(self._cache) > self._cache_size:
@@ -283,6 +285,12 @@ class Dispatcher:
             cost = kernels.estimate(plan)  # an op's cost rule that fails: KernelInputError(field="cost")
             kernels.check_memory(plan, cost, self.memory_limit_nbytes)
         except kernels.OpError as e:
+            if isinstance(e, kernels.KernelResourceError) and desc.keep and first == "echo" and len(steps) == 1:
+                # Client.put (its step is the worker's business)
+                raise ResourceError(f"this put needs {format_size_approx(max(cost.step_nbytes))}, over the worker's "
+                                    f"per-request limit of {format_size_approx(self.memory_limit_nbytes)} "
+                                    "(--request-memory-limit): put a smaller tensor or ask the worker's owner to raise "
+                                    "the limit", op="put", field=e.field) from None
             raise kernel_error(e, first) from None
         # users' ops without a cost rule never run on the loop thread: a slow one holds an executor thread, not the loop
         inline = cost.flops <= self.inline_max_flops and cost.touched_nbytes <= self.inline_max_nbytes and \

@@ -90,8 +90,9 @@ class Observer:
     # ------------------------------------------------------------ per request
 
     def op_of(self, err: RequestError, op_code: int) -> str:
-        """The metrics label of a request refused before it was planned: bounded by the op table."""
-        return err.op if err.op in kernels.REGISTRY else self._op_names.get(op_code, "unknown")
+        """The metrics label of a request refused before it was planned: bounded by the op table (and ``put``, a
+        Client.put refused: its label when it succeeds)."""
+        return err.op if err.op in kernels.REGISTRY or err.op == "put" else self._op_names.get(op_code, "unknown")
 
     def begin(self, region: int, index: int, tail: bytes) -> None:
         """A CALL was accepted: remember its trace context (or forget a stale one of that slot)."""

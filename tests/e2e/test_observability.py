@@ -443,3 +443,23 @@ def _watch_dead_clients_slots(w: WorkerProc, holder: subprocess.Popen[str], url:
         if holder.poll() is None:
             holder.kill()
             holder.wait(10)
+
+
+def test_a_put_refused_before_it_runs_is_named_and_counted_as_a_put(spawn_worker: Callable[..., WorkerProc]) -> None:
+    """A Client.put over --request-memory-limit was counted under op="echo" and its error said "step 0 (echo)": the
+    op it runs as on the worker, which neither its caller nor the operator ever named."""
+    from shmrpc.client import ResourceError
+
+    w = spawn_worker("--metrics-port", "0", "--request-memory-limit", "64K")
+    with Client(w.name, timeout_s=10) as c:
+        with pytest.raises(ResourceError) as ei:
+            c.put("w", np.ones(50_000, np.float32))
+        c.put("small", np.ones(16, np.float32))  # under the limit: served, as a put
+        body = _get(_metrics_url(w))[1]
+    e = ei.value
+    assert e.op == "put" and e.field == "request_memory_limit", (e.op, e.field)
+    assert "echo" not in str(e) and "this put needs" in str(e) and "--request-memory-limit" in str(e), str(e)
+    assert _count(body, "shmrpc_requests_total", op="put", status="ResourceError") == 1, body
+    assert _count(body, "shmrpc_requests_total", op="put", status="ok") == 1
+    assert _count(body, "shmrpc_requests_total", op="echo") == 0
+    assert w.stop() == 0
