@@ -341,8 +341,10 @@ class Worker(Calls, Runs):
         self.close()
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT: stop accepting, answer what is in flight, clean up, exit 0."""
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        """SIGTERM/SIGINT/SIGHUP: stop accepting, answer what is in flight, clean up, exit 0. (SIGHUP has no other
+        meaning here, no reload: its default action killed the worker with requests in flight and left its lock
+        file and sockets behind, when its terminal closed or an operator sent it out of habit.)"""
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: self.stop())
 
     # ------------------------------------------------------------ the loop

@@ -30,7 +30,7 @@ from shmrpc.client import (
     WorkerGoneError,
 )
 from shmrpc.schema import messages as m
-from shmrpc.schema.naming import attach_path, region_prefix, socket_path
+from shmrpc.schema.naming import attach_path, lock_path, region_prefix, socket_path
 
 if TYPE_CHECKING:
     from conftest import WorkerProc
@@ -58,6 +58,20 @@ def test_sigterm_drains_in_flight_then_cleans_up(worker: WorkerProc) -> None:
         np.testing.assert_array_equal(fut.result()["19.out"], 1.0)  # answered, not dropped
     assert worker.proc.wait(20) == 0
     assert not socket_path(worker.name).exists()
+    assert _regions(worker.name) == []
+
+
+def test_sighup_drains_like_sigterm(worker: WorkerProc) -> None:
+    # SIGHUP's default action killed the worker: the request in flight got WorkerGoneError, and the lock file and both
+    # sockets stayed behind. It has no other meaning for the worker (no reload): it stops as on SIGTERM
+    with Client(worker.name, timeout_s=60) as c:
+        fut = c.submit(slow_pipeline(), x=np.ones(3_500_000))  # 28 MB through 20 steps: runs in the executor
+        wait_in_flight(worker.name)
+        worker.proc.send_signal(signal.SIGHUP)
+        np.testing.assert_array_equal(fut.result()["19.out"], 1.0)  # answered, not dropped
+    assert worker.proc.wait(20) == 0
+    assert not socket_path(worker.name).exists() and not attach_path(worker.name).exists()
+    assert not lock_path(worker.name).exists()
     assert _regions(worker.name) == []
 
 
