@@ -7,7 +7,7 @@ doubling up to 10 s while it keeps dying within a minute of its start); its
 successor removes the dead one's sockets (the lock file says it is dead) and
 clients of a :class:`~shmrpc.client.Pool` find it again by name.
 
-SIGTERM or SIGINT to the supervisor: SIGTERM to every worker (each drains and
+SIGTERM, SIGINT or SIGHUP to the supervisor: SIGTERM to every worker (each drains and
 exits), then the supervisor exits 0 once all have; what remains after
 ``stop_timeout_s`` (30 s) gets SIGKILL, and the supervisor waits at most
 ``_KILL_WAIT_S`` (5 s) more: it is gone within about 35 s of the signal, whatever

@@ -261,8 +261,8 @@ def _supervise(args: argparse.Namespace, argv: list[str]) -> int:
             continue
         rest.append(a)
     sup = Supervisor(args.name, devices, rest, metrics_port=args.metrics_port)
-    signal.signal(signal.SIGTERM, sup.stop)
-    signal.signal(signal.SIGINT, sup.stop)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # (SIGHUP as a worker takes it: no reload)
+        signal.signal(sig, sup.stop)
     return sup.run()
 
 

@@ -47,8 +47,8 @@ class _Supervisor:
     def worker_pid(self, device: int) -> int:
         return int(wait_for_state(device_worker_name(self.prefix, device), lambda st: True, "state")["pid"])
 
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        self.proc.send_signal(sig)
         try:
             self.proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
@@ -86,6 +86,13 @@ def supervisor(worker_name: str) -> Iterator[_Supervisor]:
     yield s
     assert s.stop() == 0
     assert device_workers(worker_name) == []  # both workers exited cleanly: no sockets left
+
+
+def test_sighup_stops_a_supervisor_as_sigterm_does(worker_name: str) -> None:
+    # SIGHUP's default action ended the supervisor at once, its workers left to the parent-death signal
+    s = _Supervisor(worker_name, "0,1")
+    assert s.stop(signal.SIGHUP) == 0
+    assert device_workers(worker_name) == []  # both workers drained and exited: no sockets left
 
 
 def _slow(n: int = 20) -> Pipeline:
