@@ -122,7 +122,9 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
                     active.remove(key)
                     bar.update(len(cfg.sizes))
                     continue
+                # entered before its first size: a Ctrl-C in the middle keeps the sizes already measured in the table
                 info: dict[str, Any] = {"label": label, "status": "ok"}
+                doc["transports"][key] = info
                 with t:
                     for nbytes in cfg.sizes:
                         bar.set_description(f"{key} {size_label(nbytes)}")
@@ -130,10 +132,9 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
                         if servers.plan is not None and key.startswith("shmrpc"):
                             window = min(window, servers.plan.window_for(nbytes))
                         doc["results"].append(_measure_size(t, key, nbytes, cfg, window))
+                        if hasattr(t, "method"):
+                            info["method"] = t.method
                         bar.update()
-                    if hasattr(t, "method"):
-                        info["method"] = t.method
-                doc["transports"][key] = info
             if cfg.connect_iters and any(k.startswith("shmrpc") for k in cfg.transports):
                 bar.set_description("connect")
                 doc["connect"] = connect_default_worker(cfg)
@@ -160,6 +161,9 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
             if threading.current_thread() is threading.main_thread():
                 quiet_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
             doc["interrupted"] = True
+            for key in cfg.transports:
+                doc["transports"].setdefault(key, {"label": _label(key), "status": "skipped",
+                                                   "reason": "not measured: the run was interrupted"})
             log("interrupted: stopping the servers; what was measured is kept")
         finally:
             bar.close()

@@ -166,3 +166,28 @@ def test_the_async_table_marks_figures_a_row_has_no_phase_for() -> None:
     assert "nan" not in table
     assert rows[0].split()[4:] == ["-", "-", "-", "-"]
     assert rows[1].split()[4:] == ["1000", "8", "3.0", "9.0"]
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_mid_transport_keeps_its_finished_sizes(stub_shmrpc: type, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The transport a Ctrl-C cuts short keeps the sizes it finished, in ``transports`` and in the table (they were
+    in ``results`` only); the transports it never reached are named as not measured."""
+    from shmrpc.bench import _session
+
+    real = _session._measure_size
+
+    def measure(t: Any, key: str, nbytes: int, cfg: RunConfig, window: int) -> dict[str, Any]:
+        if nbytes == 1 << 20:
+            raise KeyboardInterrupt  # what Ctrl-C does in the middle of this size
+        return real(t, key, nbytes, cfg, window)
+
+    monkeypatch.setattr(_session, "_measure_size", measure)
+    cfg = RunConfig(sizes=SIZES, iters=5, warmup=1, transports=["shmrpc", "own"], name="stub", backend="numpy")
+    doc = run_benchmark(cfg, quiet=True, log=lambda s: None)
+    assert doc["interrupted"] is True
+    assert [(r["transport"], r["nbytes"]) for r in doc["results"]] == [("shmrpc", 64), ("shmrpc", 4096)]
+    assert doc["transports"]["shmrpc"]["status"] == "ok"
+    assert doc["transports"]["own"] == {"label": "own backend, no server", "status": "skipped",
+                                        "reason": "not measured: the run was interrupted"}
+    rows = [ln for ln in latency_table(doc).splitlines() if "loopback stub" in ln]
+    assert [ln.split()[0] for ln in rows] == ["64B", "4K"]
