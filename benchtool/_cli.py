@@ -6,7 +6,11 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from shmrpc.schema.layout import parse_size
@@ -264,10 +268,16 @@ def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:
                   f"({sorted(os.sched_getaffinity(0))}): {e.strerror}", file=sys.stderr)
             return 2
 
-    if args.mode in ("async", "threads"):
-        return _concurrency(args, prog, argv)
-
-    doc = run_benchmark(cfg, quiet=args.quiet, log=note)
+    stopped_by: list[str] = []
+    with _sigterm_as_ctrl_c(stopped_by):
+        if args.mode in ("async", "threads"):
+            try:
+                return _concurrency(args, prog, argv)
+            except KeyboardInterrupt:  # its worker is stopped by the `with` that started it
+                print(f"{prog}: interrupted ({stopped_by[0] if stopped_by else 'Ctrl-C'}); nothing written",
+                      file=sys.stderr)
+                return 143 if stopped_by else 130
+        doc = run_benchmark(cfg, quiet=args.quiet, log=note)
     finish_document(doc, [*prog.split(), *argv])
     print(latency_table(doc) if cfg.mode == "lat" else bandwidth_table(doc))
     if doc["scaling"]:
@@ -295,12 +305,31 @@ def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:
         except ImportError as e:
             print(f"no plots: matplotlib is not installed (pip install 'shmrpc[bench]'): {e}")
     if doc.get("interrupted"):
-        print(f"{prog}: interrupted (Ctrl-C); the figures above are those measured before it", file=sys.stderr)
-        return 130
+        print(f"{prog}: interrupted ({stopped_by[0] if stopped_by else 'Ctrl-C'}); the figures above are those "
+              f"measured before it", file=sys.stderr)
+        return 143 if stopped_by else 130
     # a run in which nothing was measured (every point an error: an unknown dtype, say) failed
     measured = any("error" not in r for r in doc["results"]) or any("error" not in p for p in doc["scaling"])
     ok = any(v["status"] == "ok" for v in doc["transports"].values()) and measured
     return 0 if ok else 1
+
+
+@contextmanager
+def _sigterm_as_ctrl_c(stopped_by: list[str]) -> Iterator[None]:
+    """SIGTERM (``timeout``, ``kill``, a CI job's limit) takes the Ctrl-C path: the servers are stopped and their
+    sockets, temporary directories and the worker's log removed, which its default action left behind."""
+    def stop(signum: int, frame: object) -> None:
+        stopped_by.append("SIGTERM")
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _concurrency(args: argparse.Namespace, prog: str, argv: list[str]) -> int:

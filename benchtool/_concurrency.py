@@ -202,7 +202,10 @@ def _hammer(clients: list[Any], n_threads: int, duration_s: float, x: np.ndarray
 
     def run(i: int) -> None:
         c = clients[i % len(clients)]
-        start.wait()
+        try:
+            start.wait()
+        except threading.BrokenBarrierError:  # interrupted before the start
+            return
         k = 0
         while not stop.is_set():
             c.call("echo", x=x)
@@ -212,12 +215,15 @@ def _hammer(clients: list[Any], n_threads: int, duration_s: float, x: np.ndarray
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n_threads)]
     for t in threads:
         t.start()
-    start.wait()
-    t0 = time.perf_counter()
-    time.sleep(duration_s)
-    stop.set()
-    for t in threads:
-        t.join()
+    try:
+        start.wait()
+        t0 = time.perf_counter()
+        time.sleep(duration_s)
+    finally:  # interrupted too: the threads stop calling before their clients and the worker are closed
+        start.abort()
+        stop.set()
+        for t in threads:
+            t.join()
     return sum(counts) / (time.perf_counter() - t0)
 
 

@@ -101,76 +101,85 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
     doc: dict[str, Any] = {"schema": SCHEMA, "mode": cfg.mode, "date": now_iso(), "config": asdict(cfg),
                            "transports": {}, "results": [], "scaling": []}
     t0 = time.monotonic()
-    quiet_sigint = None
-    with open_servers(cfg, log) as servers:
-        doc["worker"] = servers.worker
-        active = [k for k in cfg.transports if k not in servers.skipped]
-        scaling = [k for k in active if cfg.clients]
-        total = len(active) * len(cfg.sizes) + len(scaling) * len(cfg.clients) * len(cfg.scaling_sizes())
-        bar = _progress(total, quiet)
-        try:
-            for key in cfg.transports:
-                label = _label(key)
-                if key in servers.skipped:
-                    doc["transports"][key] = {"label": label, "status": "skipped", "reason": servers.skipped[key]}
-                    continue
-                try:
-                    t = make_transport(key, servers.addresses[key], cfg)
-                except TransportUnavailable as exc:
-                    log(f"skipped {key}: {exc}")
-                    doc["transports"][key] = {"label": label, "status": "skipped", "reason": str(exc)}
-                    active.remove(key)
-                    bar.update(len(cfg.sizes))
-                    continue
-                # entered before its first size: a Ctrl-C in the middle keeps the sizes already measured in the table
-                info: dict[str, Any] = {"label": label, "status": "ok"}
-                doc["transports"][key] = info
-                with t:
-                    for nbytes in cfg.sizes:
-                        bar.set_description(f"{key} {size_label(nbytes)}")
-                        window = min(cfg.window, t.max_window)
-                        if servers.plan is not None and key.startswith("shmrpc"):
-                            window = min(window, servers.plan.window_for(nbytes))
-                        doc["results"].append(_measure_size(t, key, nbytes, cfg, window))
-                        if hasattr(t, "method"):
-                            info["method"] = t.method
-                        bar.update()
-            if cfg.connect_iters and any(k.startswith("shmrpc") for k in cfg.transports):
-                bar.set_description("connect")
-                doc["connect"] = connect_default_worker(cfg)
-            for key in [k for k in scaling if k in active and _multi(k)]:
-                for n_clients in cfg.clients:
-                    for nbytes in cfg.scaling_sizes():
-                        bar.set_description(f"{key} x{n_clients} {size_label(nbytes)}")
-                        before = worker_counts(servers.metrics_url) if key in SHM_KEYS else {}
-                        try:
-                            point = run_clients(key, servers.addresses[key], cfg, n_clients, nbytes)
-                        except Exception as exc:
-                            point = {"transport": key, "clients": n_clients, "nbytes": nbytes,
-                                     "error": f"{type(exc).__name__}: {exc}"}
-                        after = worker_counts(servers.metrics_url) if before else {}
-                        if after:  # what the worker did for this point (warm-up and set-up calls included)
-                            d = {k: after[k] - before[k] for k in after}
-                            d["mean_batch"] = round(d["batched"] / d["batches"], 2) if d["batches"] else 1.0
-                            point["worker"] = d
-                        doc["scaling"].append(point)
-                        bar.update()
-        except KeyboardInterrupt:
-            # what was measured is kept; the servers are stopped by the `with` (a second Ctrl-C would cut that
-            # short and leave them behind: ignored until they are)
-            if threading.current_thread() is threading.main_thread():
-                quiet_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
-            doc["interrupted"] = True
-            for key in cfg.transports:
-                doc["transports"].setdefault(key, {"label": _label(key), "status": "skipped",
-                                                   "reason": "not measured: the run was interrupted"})
-            log("interrupted: stopping the servers; what was measured is kept")
-        finally:
-            bar.close()
-    if quiet_sigint is not None:
-        signal.signal(signal.SIGINT, quiet_sigint)
+    ignored: dict[int, Any] = {}
+    try:
+        with open_servers(cfg, log) as servers:
+            doc["worker"] = servers.worker
+            active = [k for k in cfg.transports if k not in servers.skipped]
+            scaling = [k for k in active if cfg.clients]
+            total = len(active) * len(cfg.sizes) + len(scaling) * len(cfg.clients) * len(cfg.scaling_sizes())
+            bar = _progress(total, quiet)
+            try:
+                for key in cfg.transports:
+                    label = _label(key)
+                    if key in servers.skipped:
+                        doc["transports"][key] = {"label": label, "status": "skipped", "reason": servers.skipped[key]}
+                        continue
+                    try:
+                        t = make_transport(key, servers.addresses[key], cfg)
+                    except TransportUnavailable as exc:
+                        log(f"skipped {key}: {exc}")
+                        doc["transports"][key] = {"label": label, "status": "skipped", "reason": str(exc)}
+                        active.remove(key)
+                        bar.update(len(cfg.sizes))
+                        continue
+                    # entered before its first size: a Ctrl-C in the middle keeps the sizes already measured in the table
+                    info: dict[str, Any] = {"label": label, "status": "ok"}
+                    doc["transports"][key] = info
+                    with t:
+                        for nbytes in cfg.sizes:
+                            bar.set_description(f"{key} {size_label(nbytes)}")
+                            window = min(cfg.window, t.max_window)
+                            if servers.plan is not None and key.startswith("shmrpc"):
+                                window = min(window, servers.plan.window_for(nbytes))
+                            doc["results"].append(_measure_size(t, key, nbytes, cfg, window))
+                            if hasattr(t, "method"):
+                                info["method"] = t.method
+                            bar.update()
+                if cfg.connect_iters and any(k.startswith("shmrpc") for k in cfg.transports):
+                    bar.set_description("connect")
+                    doc["connect"] = connect_default_worker(cfg)
+                for key in [k for k in scaling if k in active and _multi(k)]:
+                    for n_clients in cfg.clients:
+                        for nbytes in cfg.scaling_sizes():
+                            bar.set_description(f"{key} x{n_clients} {size_label(nbytes)}")
+                            before = worker_counts(servers.metrics_url) if key in SHM_KEYS else {}
+                            try:
+                                point = run_clients(key, servers.addresses[key], cfg, n_clients, nbytes)
+                            except Exception as exc:
+                                point = {"transport": key, "clients": n_clients, "nbytes": nbytes,
+                                         "error": f"{type(exc).__name__}: {exc}"}
+                            after = worker_counts(servers.metrics_url) if before else {}
+                            if after:  # what the worker did for this point (warm-up and set-up calls included)
+                                d = {k: after[k] - before[k] for k in after}
+                                d["mean_batch"] = round(d["batched"] / d["batches"], 2) if d["batches"] else 1.0
+                                point["worker"] = d
+                            doc["scaling"].append(point)
+                            bar.update()
+            except KeyboardInterrupt:
+                # what was measured is kept; the servers are stopped by the `with` (a second Ctrl-C or SIGTERM would cut
+                # that short and leave them behind: ignored until they are)
+                if threading.current_thread() is threading.main_thread():
+                    ignored = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+                doc["interrupted"] = True
+                _not_reached(doc, cfg)
+                log("interrupted: stopping the servers; what was measured is kept")
+            finally:
+                bar.close()
+    except KeyboardInterrupt:  # while the servers started or stopped: the `with` stopped those it had started
+        doc["interrupted"] = True
+        _not_reached(doc, cfg)
+        log("interrupted while the servers started or stopped; what was measured is kept")
+    for sig, handler in ignored.items():
+        signal.signal(sig, handler)
     doc["elapsed_s"] = round(time.monotonic() - t0, 3)
     return doc
+
+
+def _not_reached(doc: dict[str, Any], cfg: RunConfig) -> None:
+    for key in cfg.transports:
+        doc["transports"].setdefault(key, {"label": _label(key), "status": "skipped",
+                                           "reason": "not measured: the run was interrupted"})
 
 
 def connect_default_worker(cfg: RunConfig) -> dict[str, Any]:

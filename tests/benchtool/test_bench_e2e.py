@@ -316,3 +316,44 @@ def test_ctrl_c_keeps_what_was_measured_and_leaves_nothing(tmp_path: Path) -> No
         time.sleep(0.05)
     assert _processes_with(marker) == []
     assert list(rt.iterdir()) == [] and list(tmp.iterdir()) == []
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", [["lat", "--sizes", "64", "--iters", "1000000", "--peers", "zmq,pipe", "--no-call"],
+                                  ["threads", "--threads", "1", "--duration-s", "60"]])
+def test_sigterm_takes_the_ctrl_c_path_and_leaves_nothing(tmp_path: Path, mode: list[str]) -> None:
+    """SIGTERM to the bench alone (``timeout``, ``kill``): exit 143, one line, no traceback, and nothing left behind:
+    no process, socket, peer's temporary directory or worker log (its default action left the last three)."""
+    import signal
+    import time
+
+    rt, tmp = tmp_path / "rt", tmp_path / "tmp"
+    rt.mkdir(mode=0o700)
+    tmp.mkdir()
+    marker = f"{tmp_path.name}-{os.getpid()}"
+    env = dict(os.environ, SHMRPC_RUNTIME_DIR=str(rt), TMPDIR=str(tmp), SHMRPC_BENCH_TEST_MARK=marker)
+    out = tmp_path / "r.json"
+    proc = subprocess.Popen([sys.executable, "-m", "shmrpc.bench", *mode, "--backend", "numpy", "-q", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.suffix == ".sock" for p in rt.iterdir()):  # the worker is up: the servers are started
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(1.0)
+        proc.terminate()
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, (stdout, stderr)
+    assert "Traceback" not in stderr and "interrupted (SIGTERM)" in stderr, stderr
+    if mode[0] == "lat":
+        assert json.loads(out.read_text())["interrupted"] is True
+    deadline = time.monotonic() + 10
+    while _processes_with(f"SHMRPC_BENCH_TEST_MARK={marker}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _processes_with(f"SHMRPC_BENCH_TEST_MARK={marker}") == []
+    assert list(rt.iterdir()) == [] and list(tmp.iterdir()) == []
