@@ -47,9 +47,18 @@ async def _ticker(stop: asyncio.Event, lags: list[float], period_s: float = 0.00
 async def _loaded(call: Any, in_flight: int, total: int) -> dict[str, Any]:
     """``in_flight`` tasks each awaiting one call after another until ``total`` calls are done (so
     ``in_flight`` requests stay in flight), timed from when all of them have started; the ticker runs meanwhile.
+    The calls counted are those answered after that start (those in flight at it included): with ``total`` below
+    ``in_flight``, ``total`` (it counted ``in_flight`` calls that were never made).
+
+    Raises:
+        ValueError: ``in_flight`` or ``total`` is below 1 (no task would start the clock: it waited forever).
     """
+    if in_flight < 1 or total < 1:
+        raise ValueError(f"in_flight and total must be >= 1, got {in_flight} and {total}")
+    in_flight = min(in_flight, total)  # the tasks beyond would have no call to make
     stop, lags = asyncio.Event(), []  # type: ignore[var-annotated]
     left = [total]
+    answered = [0]
     started = asyncio.Event()
     running = [0]
 
@@ -60,17 +69,18 @@ async def _loaded(call: Any, in_flight: int, total: int) -> dict[str, Any]:
         while left[0] > 0:
             left[0] -= 1
             await call()
+            answered[0] += 1
 
     tasks = [asyncio.ensure_future(worker()) for _ in range(in_flight)]
     await started.wait()
     tick = asyncio.ensure_future(_ticker(stop, lags))
     t0 = time.perf_counter()
-    done0 = left[0]
+    answered0 = answered[0]
     await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - t0
     stop.set()
     await tick
-    calls = max(0, done0) + in_flight
+    calls = total - answered0
     return {"calls": calls, "elapsed_s": elapsed, "calls_per_s": calls / elapsed,
             "loop_lag_us": _percentiles_us(lags or [0.0]), "in_flight": in_flight}
 

@@ -191,3 +191,27 @@ def test_ctrl_c_mid_transport_keeps_its_finished_sizes(stub_shmrpc: type, monkey
                                         "reason": "not measured: the run was interrupted"}
     rows = [ln for ln in latency_table(doc).splitlines() if "loopback stub" in ln]
     assert [ln.split()[0] for ln in rows] == ["64B", "4K"]
+
+
+@pytest.mark.timeout(30)
+def test_the_async_load_counts_the_calls_made_and_refuses_no_task() -> None:
+    """``--total`` below ``--in-flight`` counted ``in_flight`` calls, never made (calls/s inflated); an ``in_flight``
+    below 1 waited forever for the tasks to start."""
+    import asyncio
+
+    from shmrpc.bench._concurrency import _loaded
+
+    made = [0]
+
+    async def call() -> None:
+        made[0] += 1
+        await asyncio.sleep(0.001)
+
+    r = asyncio.run(_loaded(call, in_flight=100, total=10))
+    assert made[0] == 10 and r["calls"] == 10 and r["in_flight"] == 10
+    made[0] = 0
+    r = asyncio.run(_loaded(call, in_flight=4, total=50))
+    assert made[0] == 50 and r["calls"] == 50 and r["in_flight"] == 4
+    for in_flight, total in ((0, 10), (-1, 10), (4, 0)):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            asyncio.run(asyncio.wait_for(_loaded(call, in_flight=in_flight, total=total), 3))
