@@ -195,8 +195,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         sizes = [shapes_nbytes(shapes, args.dtype)]
     else:
         sizes = args.sizes or size_sweep(args.min_size, args.max_size)
-    if args.transports:
+    if args.transports is not None:
         keys = [k.strip() for k in args.transports.split(",") if k.strip()]
+        if not keys:  # an empty list once meant the default set
+            raise ValueError(f"--transports {args.transports!r}: no transport named; choose from "
+                             f"{', '.join(TRANSPORT_CLASSES)}")
     else:
         keys = ["shmrpc"] + ([] if args.no_call else ["shmrpc-call"])
         if args.lanes:
@@ -209,6 +212,12 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         raise ValueError("--spin-us must be 0..1000000")
     if args.iters < 1 or args.warmup < 0 or args.window < 1:
         raise ValueError("--iters and --window must be >= 1 and --warmup >= 0")
+    for flag, value, least in (("--connect-iters", args.connect_iters, 0), ("--bytes-budget", args.bytes_budget, 1),
+                               ("--in-flight", args.in_flight, 1), ("--total", args.total, 1)):
+        if value < least:
+            raise ValueError(f"{flag} must be >= {least}, got {value}")
+    if not args.duration_s > 0:  # NaN too
+        raise ValueError(f"--duration-s must be > 0, got {args.duration_s}")
     if args.op != "echo":
         keys = [k for k in keys if k in SHM_KEYS] + [k for k in keys if k not in SHM_KEYS]
     _check_op_and_dtype(args, keys)

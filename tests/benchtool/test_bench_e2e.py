@@ -357,3 +357,24 @@ def test_sigterm_takes_the_ctrl_c_path_and_leaves_nothing(tmp_path: Path, mode: 
         time.sleep(0.05)
     assert _processes_with(f"SHMRPC_BENCH_TEST_MARK={marker}") == []
     assert list(rt.iterdir()) == [] and list(tmp.iterdir()) == []
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("args", "flag"), [
+    (["threads", "--threads", "1", "--duration-s", "-1"], "--duration-s"),
+    (["threads", "--threads", "1", "--duration-s", "nan"], "--duration-s"),
+    (["async", "--in-flight", "0"], "--in-flight"),
+    (["async", "--in-flight", "-3"], "--in-flight"),
+    (["async", "--total", "0"], "--total"),
+    (["lat", "--connect-iters", "-1"], "--connect-iters"),
+    (["lat", "--bytes-budget", "0"], "--bytes-budget"),
+    (["lat", "--transports", ""], "--transports"),
+    (["lat", "--transports", " , "], "--transports"),
+])
+def test_out_of_range_counts_are_a_usage_error_naming_the_option(
+        args: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # (--duration-s -1 started a worker and ended in a traceback, --in-flight 0 hung, --connect-iters -1 started a
+    # second worker for no sample, --bytes-budget 0 gave 5 round trips, --transports '' meant the default set)
+    assert main([*args, "--sizes", "64", "--backend", "numpy", "--no-json"]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
