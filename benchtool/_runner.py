@@ -40,7 +40,7 @@ from ._shm import (
     tensors_of,
 )
 from ._stats import bandwidth_stats, iters_for_size, latency_stats
-from ._transport import Transport, TransportUnavailable
+from ._transport import Transport, TransportUnavailable, ctrl_c_left_to_us
 
 __all__ = ["RunConfig", "Servers", "open_servers", "make_transport", "measure_latency", "measure_bandwidth",
            "run_clients", "SHM_KEYS", "TRANSPORT_CLASSES"]
@@ -270,8 +270,9 @@ def run_clients(key: str, address: str, cfg: RunConfig, n_clients: int, nbytes: 
     iters = iters_for_size(nbytes, cfg.iters, cfg.bytes_budget, cfg.min_iters)
     procs = [ctx.Process(target=_client_proc, args=(key, address, cfg, nbytes, iters, barrier, queue), daemon=True)
              for _ in range(n_clients)]
-    for p in procs:
-        p.start()
+    with ctrl_c_left_to_us():
+        for p in procs:
+            p.start()
     reports = []
     try:
         for _ in procs:

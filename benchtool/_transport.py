@@ -18,8 +18,10 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import numpy as np
@@ -112,6 +114,20 @@ def _serve_child(target: Callable[..., None], address: str, ready: Any) -> None:
     target(address, ready)
 
 
+@contextmanager
+def ctrl_c_left_to_us() -> Iterator[None]:
+    """Processes started inside begin with SIGINT ignored (an ignored signal stays so across exec): a Ctrl-C to the
+    group while one was still importing, before it could ignore it, printed its traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 class ServerProcess:
     """A peer server ``target(address, ready)`` in a ``spawn`` child; a private temp dir holds its socket.
 
@@ -129,10 +145,14 @@ class ServerProcess:
         ctx = mp.get_context("spawn")
         ready = ctx.Event()
         self._proc = ctx.Process(target=_serve_child, args=(target, self.address, ready), daemon=True)
-        self._proc.start()
-        if not ready.wait(start_timeout_s):
+        try:
+            with ctrl_c_left_to_us():
+                self._proc.start()
+            if not ready.wait(start_timeout_s):
+                raise TransportUnavailable(f"the {sock_name} peer server did not start within {start_timeout_s} s")
+        except BaseException:  # a Ctrl-C meanwhile too: the server and its directory go
             self.close()
-            raise TransportUnavailable(f"the {sock_name} peer server did not start within {start_timeout_s} s")
+            raise
 
     def close(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 10 s) and remove its socket directory."""

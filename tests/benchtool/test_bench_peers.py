@@ -102,3 +102,44 @@ def test_a_failed_client_sweep_reports_the_cause_not_the_broken_barrier() -> Non
     limit = "ClientLimitError: uid 0 has 16 clients (--max-clients-per-uid 16)"
     assert first_cause(["BrokenBarrierError: ", limit, "BrokenBarrierError: "]) == limit
     assert first_cause(["BrokenBarrierError: "]) == "BrokenBarrierError: "
+
+
+def _never_ready(address: str, ready: object) -> None:
+    time.sleep(60)
+
+
+def _report_sigint(queue: object) -> None:
+    import signal
+
+    queue.put(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)  # type: ignore[attr-defined]
+
+
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_while_a_peer_server_starts_leaves_neither_it_nor_its_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C to the group while a peer server was still importing printed its traceback (it could not ignore SIGINT
+    yet), and one while the bench waited for it left its directory: children now start with SIGINT ignored, and the
+    server is stopped when its start is cut short."""
+    import multiprocessing as mp
+    import os
+    import signal
+    import tempfile
+    import threading
+
+    from shmrpc.bench._transport import ServerProcess, ctrl_c_left_to_us
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with ctrl_c_left_to_us():
+        child = ctx.Process(target=_report_sigint, args=(q,))
+        child.start()
+    assert q.get(timeout=30) is True
+    child.join(10)
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        ServerProcess(_never_ready, "never.sock", start_timeout_s=30)
+    timer.join()
+    assert list(tmp_path.iterdir()) == []
