@@ -56,15 +56,16 @@ def _zmq_server(address: str, ready: Any) -> None:
 
 
 def _pipe_serve_conn(conn: Connection) -> None:
-    """One connection's loop: unpickle an array, touch it, pickle it back."""
+    """One connection's loop: unpickle an array, touch it, pickle it back, until the client goes (which a Ctrl-C
+    does in the middle of a round trip: in the send too)."""
     with conn:
         while True:
             try:
                 arr = conn.recv()
+                touch(arr.view(np.uint8).reshape(-1))
+                conn.send(arr)
             except (EOFError, OSError):
                 return
-            touch(arr.view(np.uint8).reshape(-1))
-            conn.send(arr)
 
 
 def _pipe_server(address: str, ready: Any) -> None:
