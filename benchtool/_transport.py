@@ -19,6 +19,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -105,13 +106,20 @@ def _stop(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
-def _serve_child(target: Callable[..., None], address: str, ready: Any) -> None:
+def _serve_child(target: Callable[..., None], address: str, ready: Any, why: Any) -> None:
     """A peer server's process: Ctrl-C is the parent's to handle (it stops the server), and SIGTERM unwinds the
     server's Python (an iceoryx2 node removes its files in /dev/shm only then: killed by the default action, it
-    left them behind)."""
+    left them behind). An error goes to the parent as one line, ``why``, for its skip reason."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _stop)
-    target(address, ready)
+    try:
+        target(address, ready)
+    except Exception as exc:
+        try:
+            why.send(f"{type(exc).__name__}: {exc}")
+        except OSError:  # after its start: the parent no longer listens, and the traceback says it
+            raise exc from None
+        raise SystemExit(1) from None
 
 
 @contextmanager
@@ -135,7 +143,8 @@ class ServerProcess:
     requests and runs until terminated.
 
     Raises:
-        TransportUnavailable: the server did not report ready within ``start_timeout_s``.
+        TransportUnavailable: the server exited at start (its error named) or did not report ready within
+            ``start_timeout_s``.
     """
 
     def __init__(self, target: Callable[..., None], sock_name: str, start_timeout_s: float = 30.0) -> None:
@@ -144,15 +153,26 @@ class ServerProcess:
         self.address = os.path.join(self._dir, sock_name)
         ctx = mp.get_context("spawn")
         ready = ctx.Event()
-        self._proc = ctx.Process(target=_serve_child, args=(target, self.address, ready), daemon=True)
+        why, why_child = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_serve_child, args=(target, self.address, ready, why_child), daemon=True)
         try:
             with ctrl_c_left_to_us():
                 self._proc.start()
-            if not ready.wait(start_timeout_s):
-                raise TransportUnavailable(f"the {sock_name} peer server did not start within {start_timeout_s} s")
+            why_child.close()
+            deadline = time.monotonic() + start_timeout_s
+            while not ready.wait(0.05):  # one that dies at start is told at once, with its cause
+                if not self._proc.is_alive():
+                    cause = why.recv() if why.poll() else "no error reported"
+                    raise TransportUnavailable(f"the {sock_name} peer server exited at start with status "
+                                               f"{self._proc.exitcode}: {cause}")
+                if time.monotonic() > deadline:
+                    raise TransportUnavailable(f"the {sock_name} peer server did not start within "
+                                               f"{start_timeout_s} s")
         except BaseException:  # a Ctrl-C meanwhile too: the server and its directory go
             self.close()
             raise
+        finally:
+            why.close()
 
     def close(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 10 s) and remove its socket directory."""

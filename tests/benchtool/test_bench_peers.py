@@ -143,3 +143,29 @@ def test_a_ctrl_c_while_a_peer_server_starts_leaves_neither_it_nor_its_directory
         ServerProcess(_never_ready, "never.sock", start_timeout_s=30)
     timer.join()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_pipe_server_lets_a_client_go_in_the_middle_of_its_answer() -> None:
+    # a client gone while the server sends (a Ctrl-C mid round trip) gave "Exception in thread ... BrokenPipeError"
+    import multiprocessing as mp
+
+    import numpy as np
+
+    from shmrpc.bench._peers import _pipe_serve_conn
+
+    client, server = mp.Pipe()
+    client.send(np.zeros(64, np.uint8))
+    client.close()
+    _pipe_serve_conn(server)  # returns, no BrokenPipeError
+    assert server.closed
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_server_that_dies_at_start_is_told_at_once_with_its_cause() -> None:
+    # it was noticed only when the 30 s start timeout ran out, as "did not start", with no cause
+    from shmrpc.bench._transport import ServerProcess, TransportUnavailable, touch
+
+    t0 = time.monotonic()
+    with pytest.raises(TransportUnavailable, match=r"exited at start with status 1: TypeError: touch\(\)"):
+        ServerProcess(touch, "dead.sock", start_timeout_s=30)  # touch(address, ready): a TypeError in the child
+    assert time.monotonic() - t0 < 15
