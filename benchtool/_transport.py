@@ -95,11 +95,24 @@ class Transport(ABC):
 
 
 def payload_of(nbytes: int, dtype: str = "uint8") -> np.ndarray:
-    """A deterministic payload of ``nbytes`` bytes (bytes 0, 1, 2, ... mod 251) viewed as ``dtype``."""
-    itemsize = np.dtype(dtype).itemsize
-    if nbytes % itemsize:
+    """A deterministic payload of ``nbytes`` bytes in ``dtype``: bytes 0, 1, 2, ... mod 251 for the integer dtypes;
+    for the floating ones items k / 256 - 0.5 (k = 0, 1, ... mod 251): small, finite and normal (bytes viewed as
+    floats held NaN, subnormals and near-overflow values, which time other arithmetic than a user's); 0 and 1 for
+    bool. One period is made and repeated, so a large payload costs a copy, not arithmetic per item."""
+    from shmrpc.kernels._dtypes import f32_to_bf16, storage_dtype
+
+    dt = storage_dtype(dtype)  # bfloat16: its uint16 bits
+    if nbytes % dt.itemsize:
         raise ValueError(f"{nbytes} bytes is not a whole number of {dtype} items")
-    return np.resize(np.arange(251, dtype=np.uint8), nbytes).view(dtype)
+    if dtype == "bfloat16":
+        period = f32_to_bf16(np, np.arange(251, dtype=np.float32) / 256 - 0.5)
+    elif dt.kind == "f":
+        period = (np.arange(251) / 256 - 0.5).astype(dt)
+    elif dt.kind == "b":
+        period = np.arange(251) % 2 == 1
+    else:
+        return np.resize(np.arange(251, dtype=np.uint8), nbytes).view(dt)
+    return np.resize(period, nbytes // dt.itemsize)
 
 
 def _stop(signum: int, frame: object) -> None:

@@ -95,3 +95,68 @@ def test_a_tiny_shaped_sweep_writes_what_was_sent(tmp_path: Path) -> None:
     got = sorted((p["transport"], p["clients"]) for p in doc["scaling"])
     assert got == sorted((k, n) for k in ("shmrpc", "shmrpc-call", "zmq", "own") for n in (1, 2))
     assert all(p["calls_per_s"] > 0 and "error" not in p for p in doc["scaling"])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "bfloat16"])
+def test_the_float_payload_is_small_finite_and_normal(dtype: str) -> None:
+    """Bytes 0..250 viewed as floats held NaN and subnormals (float16) and values near 3.4e38 (float32, which
+    ``--op scale --attr a=2`` took to inf): arithmetic of another kind than a user's."""
+    import warnings
+
+    from shmrpc.bench._transport import payload_of
+    from shmrpc.kernels._dtypes import bf16_to_f32
+
+    p = payload_of(8192, dtype)
+    assert p.nbytes == 8192
+    x = bf16_to_f32(np, p) if dtype == "bfloat16" else p
+    tiny = np.finfo(np.float32 if dtype == "bfloat16" else dtype).tiny
+    assert np.isfinite(x).all() and not ((x != 0) & (np.abs(x) < tiny)).any()
+    assert np.abs(x).max() <= 0.5 and len(np.unique(x)) > 200
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.isfinite(x * x.dtype.type(2)).all()
+
+
+def test_the_integer_payload_keeps_its_byte_pattern() -> None:
+    from shmrpc.bench._transport import payload_of
+
+    pattern = np.resize(np.arange(251, dtype=np.uint8), 4096)
+    for dtype in ("uint8", "int8", "int16", "int32", "uint64"):
+        assert payload_of(4096, dtype).dtype == np.dtype(dtype)
+        assert payload_of(4096, dtype).view(np.uint8).tobytes() == pattern.tobytes()
+    assert set(payload_of(64, "bool").view(np.uint8).tolist()) == {0, 1}  # a bool byte is 0 or 1
+
+
+@pytest.mark.timeout(60)
+def test_own_scales_the_float_payload_without_overflow() -> None:
+    import warnings
+
+    from shmrpc.bench._runner import RunConfig, make_transport
+    from shmrpc.bench._transport import payload_of
+
+    for dtype in ("float16", "float32"):
+        cfg = RunConfig(transports=["own"], backend="numpy", op="scale", attrs={"a": 2.0}, dtype=dtype)
+        with make_transport("own", "", cfg) as t, warnings.catch_warnings():
+            warnings.simplefilter("error")
+            t.prepare(4096)
+            out = np.frombuffer(t.reply_bytes(t.roundtrip()), dtype=dtype)
+            assert np.isfinite(out).all()
+            np.testing.assert_array_equal(out, 2 * payload_of(4096, dtype))
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_the_shmrpc_paths_move_the_float_payload_byte_for_byte() -> None:
+    from shmrpc.bench._runner import RunConfig, make_transport, open_servers
+
+    cfg = RunConfig(sizes=[64, 65_538], transports=["shmrpc", "shmrpc-call"], backend="numpy", dtype="float16")
+    with open_servers(cfg, log=print) as servers:
+        assert servers.skipped == {}, servers.skipped
+        for key in cfg.transports:
+            with make_transport(key, servers.addresses[key], cfg) as t:
+                for nbytes in cfg.sizes:
+                    t.prepare(nbytes)
+                    sent = t.payload_bytes()
+                    assert len(sent) == nbytes and np.isfinite(np.frombuffer(sent, np.float16)).all()
+                    assert t.reply_bytes(t.roundtrip()) == sent
+                    t.end_size()
