@@ -241,6 +241,7 @@ def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:
         default_out_path,
         finish_document,
         latency_table,
+        machine_facts,
         scaling_table,
         verdict_lines,
         write_json,
@@ -286,8 +287,9 @@ def main(argv: list[str] | None = None, prog: str = "shmrpc bench") -> int:
                 print(f"{prog}: interrupted ({stopped_by[0] if stopped_by else 'Ctrl-C'}); nothing written",
                       file=sys.stderr)
                 return 143 if stopped_by else 130
+        machine = machine_facts()  # at the start: the load average is then the other work's, not this run's
         doc = run_benchmark(cfg, quiet=args.quiet, log=note)
-    finish_document(doc, [*prog.split(), *argv])
+    finish_document(doc, [*prog.split(), *argv], machine)
     print(latency_table(doc) if cfg.mode == "lat" else bandwidth_table(doc))
     if doc["scaling"]:
         print()
@@ -348,7 +350,7 @@ def _concurrency(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
 
     sizes = args.sizes or [64]
     backend = "numpy" if args.backend == "auto" else args.backend
-    started = now_iso()
+    started, machine = now_iso(), machine_facts()  # the load of the other work on the host, before this run's
     if args.mode == "async":
         peers = args.transports is None or "zmq" in args.transports
         doc = run_async(sizes, args.iters, args.in_flight, args.total, args.name, backend, peers, args.lanes)
@@ -356,8 +358,8 @@ def _concurrency(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
     else:
         doc = run_threads(args.threads, sizes[0], args.duration_s, args.name, backend)
         print(threads_table(doc))
-    doc.update(date=started, command=shlex.join([*prog.split(), *argv]), machine=machine_facts(),
-               load_average=os.getloadavg())  # other work on the host shows in these figures
+    doc.update(date=started, command=shlex.join([*prog.split(), *argv]), machine=machine,
+               load_average=machine["loadavg"])
     if not args.no_json:
         print(f"\nJSON: {write_json(doc, args.out or default_out_path(args.mode))}")
     return 0

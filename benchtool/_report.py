@@ -85,11 +85,12 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
 
 
-def finish_document(doc: dict[str, Any], argv: list[str]) -> dict[str, Any]:
-    """Add the date (the run's start if set), the exact command line, the machine facts and the verdicts to a run's document."""
+def finish_document(doc: dict[str, Any], argv: list[str], machine: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Add the date (the run's start if set), the exact command line, the machine facts (``machine``: those taken at
+    the run's start, whose ``loadavg`` is the other work's, not the run's own) and the verdicts to a run's document."""
     doc.setdefault("date", now_iso())
     doc["command"] = shlex.join(argv)
-    doc["machine"] = machine_facts()
+    doc["machine"] = machine if machine is not None else machine_facts()
     doc["verdicts"] = verdicts(doc)
     return doc
 

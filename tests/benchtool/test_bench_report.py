@@ -215,3 +215,26 @@ def test_the_async_load_counts_the_calls_made_and_refuses_no_task() -> None:
     for in_flight, total in ((0, 10), (-1, 10), (4, 0)):
         with pytest.raises(ValueError, match="must be >= 1"):
             asyncio.run(asyncio.wait_for(_loaded(call, in_flight=in_flight, total=total), 3))
+
+
+@pytest.mark.parametrize("mode", ["lat", "threads"])
+def test_the_load_average_is_the_one_at_the_start(mode: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``machine.loadavg`` was read after the measurements, so it held the run's own load (the docs: "at the start")."""
+    import os
+
+    from shmrpc.bench import _concurrency, _session
+
+    phase = ["start"]
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.0, 2.0, 3.0) if phase[0] == "start" else (99.0, 99.0, 99.0))
+
+    def run(*a: Any, **kw: Any) -> dict[str, Any]:  # stands for the measurements, during which the load changes
+        phase[0] = "after"
+        return {"schema": "shmrpc-bench/1", "mode": mode, "date": "x", "config": {"sizes": [64], "spin_us": 0,
+                "op": "echo"}, "transports": {}, "results": [], "scaling": [], "worker": {}}
+
+    monkeypatch.setattr(_session, "run_benchmark", run)
+    monkeypatch.setattr(_concurrency, "run_threads", run)
+    monkeypatch.setattr(_concurrency, "threads_table", lambda doc: "")
+    out = tmp_path / "r.json"
+    main([mode, "--sizes", "64", "--transports", "zmq", "-q", "--out", str(out)])
+    assert json.loads(out.read_text())["machine"]["loadavg"] == [1.0, 2.0, 3.0]
