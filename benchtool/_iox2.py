@@ -15,6 +15,7 @@ One client per server (the blocking server notifies one client listener).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import time
@@ -24,7 +25,7 @@ import numpy as np
 
 from ._transport import Transport, TransportUnavailable, payload_of, touch
 
-__all__ = ["Iox2Transport", "Iox2SpinTransport", "iox2_server", "iox2_spin_server"]
+__all__ = ["Iox2Transport", "Iox2SpinTransport", "iox2_server", "iox2_spin_server", "remove_leftovers"]
 
 # The spinning server polls without sleeping while requests come; after _IDLE_S without one it naps _NAP_S between
 # polls (the bench starts every peer's server before the first measurement: spinning throughout, it took a core, or
@@ -41,11 +42,22 @@ def _names(address: str) -> tuple[str, str, str]:
     return base + "/rr", base + "/to-server", base + "/to-client"
 
 
+def _prefix(address: str) -> str:
+    """The prefix of every file iceoryx2 makes for this server and its client: its private directory's name."""
+    return os.path.basename(os.path.dirname(address)) + "_"
+
+
 def _open(address: str) -> tuple[Any, Any, Any, Any]:
     import iceoryx2 as iox2
 
     iox2.set_log_level(iox2.LogLevel.Error)
-    node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+    # iceoryx2's files go under the server's private directory (removed with it) and its /dev/shm ones get a prefix
+    # of their own (removed by remove_leftovers): with the defaults it left /tmp/iceoryx2 and a global_mgmt segment
+    # in /dev/shm that nothing removes
+    config = iox2.config.default()
+    config.global_cfg.root_path = iox2.Path.new(os.path.dirname(address) + "/")
+    config.global_cfg.prefix = iox2.FileName.new(_prefix(address))
+    node = iox2.NodeBuilder.new().config(config).create(iox2.ServiceType.Ipc)
     rr, to_server, to_client = _names(address)
     service = (node.service_builder(iox2.ServiceName.new(rr))
                .request_response(iox2.Slice[ctypes.c_uint8], iox2.Slice[ctypes.c_uint8]).open_or_create())
@@ -86,6 +98,16 @@ def _serve(address: str, ready: Any, blocking: bool) -> None:
         req.delete()
         if blocking:
             notifier.notify()
+
+
+def remove_leftovers(address: str) -> None:
+    """Remove what iceoryx2 left in /dev/shm for the server at ``address`` once it and its client are gone: the
+    node's global management segment, which no node removes, and what a killed process left."""
+    prefix = _prefix(address)
+    for name in os.listdir("/dev/shm"):
+        if name.startswith(prefix):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join("/dev/shm", name))
 
 
 def iox2_server(address: str, ready: Any) -> None:
@@ -160,6 +182,7 @@ class Iox2Transport(Transport):
         self.end_size()
         for obj in (self._listener, self._notifier, self._client):
             obj.delete()
+        self._node = None  # its files go with it
 
 
 class Iox2SpinTransport(Iox2Transport):

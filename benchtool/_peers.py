@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ._iox2 import Iox2SpinTransport, Iox2Transport, iox2_server, iox2_spin_server
+from ._iox2 import Iox2SpinTransport, Iox2Transport, iox2_server, iox2_spin_server, remove_leftovers
 from ._transport import ServerProcess, Transport, TransportUnavailable, payload_of, touch
 from ._ucx import UcxTransport, ucx_server
 
@@ -245,4 +245,4 @@ def start_peer_server(key: str) -> ServerProcess:
     if importlib.util.find_spec(module) is None:
         extra = "ucx" if module == "ucxx" else "bench"  # UCX is an extra of its own (about 250 MB)
         raise TransportUnavailable(f"{module} is not installed (pip install 'shmrpc[{extra}]'); the {key} peer is skipped")
-    return ServerProcess(target, sock_name)
+    return ServerProcess(target, sock_name, cleanup=remove_leftovers if module == "iceoryx2" else None)

@@ -153,14 +153,17 @@ class ServerProcess:
     """A peer server ``target(address, ready)`` in a ``spawn`` child; a private temp dir holds its socket.
 
     ``target`` must be a module-level function; it sets ``ready`` once it accepts
-    requests and runs until terminated.
+    requests and runs until terminated. ``cleanup(address)`` runs once it is stopped (what it leaves outside its
+    directory).
 
     Raises:
         TransportUnavailable: the server exited at start (its error named) or did not report ready within
             ``start_timeout_s``.
     """
 
-    def __init__(self, target: Callable[..., None], sock_name: str, start_timeout_s: float = 30.0) -> None:
+    def __init__(self, target: Callable[..., None], sock_name: str, start_timeout_s: float = 30.0,
+                 cleanup: Callable[[str], None] | None = None) -> None:
+        self._cleanup = cleanup
         self._dir = tempfile.mkdtemp(prefix="shmrpc-bench-")
         os.chmod(self._dir, 0o700)
         self.address = os.path.join(self._dir, sock_name)
@@ -188,7 +191,7 @@ class ServerProcess:
             why.close()
 
     def close(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after 10 s) and remove its socket directory."""
+        """Stop the server (SIGTERM, then SIGKILL after 10 s), remove its socket directory and run ``cleanup``."""
         if self._proc.pid is not None and self._proc.is_alive():
             self._proc.terminate()
             self._proc.join(10)
@@ -196,6 +199,8 @@ class ServerProcess:
                 self._proc.kill()
                 self._proc.join()
         shutil.rmtree(self._dir, ignore_errors=True)
+        if self._cleanup is not None:
+            self._cleanup(self.address)
 
     def __enter__(self) -> ServerProcess:
         return self

@@ -169,3 +169,22 @@ def test_a_peer_server_that_dies_at_start_is_told_at_once_with_its_cause() -> No
     with pytest.raises(TransportUnavailable, match=r"exited at start with status 1: TypeError: touch\(\)"):
         ServerProcess(touch, "dead.sock", start_timeout_s=30)  # touch(address, ready): a TypeError in the child
     assert time.monotonic() - t0 < 15
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("key", ["iox2", "iox2-spin"])
+def test_an_iceoryx2_peer_leaves_nothing_in_dev_shm(key: str) -> None:
+    """iceoryx2's files are named for the server's private directory and go with it: with the defaults a run left
+    /tmp/iceoryx2 and a global_mgmt segment in /dev/shm, which no node removes."""
+    import os
+
+    pytest.importorskip(PEERS[key][3])
+    cls = PEERS[key][0]
+    with start_peer_server(key) as server:
+        prefix = os.path.basename(os.path.dirname(server.address)) + "_"
+        with cls(server.address) as t:
+            t.prepare(4096)
+            assert t.reply_bytes(t.roundtrip()) == t.payload_bytes()
+            assert [n for n in os.listdir("/dev/shm") if n.startswith(prefix) and n.endswith(".global_mgmt")]
+    assert [n for n in os.listdir("/dev/shm") if n.startswith(prefix)] == []
+    assert not os.path.exists(os.path.dirname(server.address))
