@@ -375,6 +375,9 @@ def small_verdicts(doc: dict[str, Any], p50: dict[tuple[str, int], float]) -> li
     goal = "connect (Client(name) to ready) p50 <= 5 ms"
     if "p50_us" not in conn:
         out.append(_verdict(goal, None, "needs --connect-iters"))
+    elif conn.get("iterations", 0) < MIN_VERDICT_SAMPLES:  # as for every other p50
+        out.append(_verdict(goal, None, f"too few samples for a verdict ({conn.get('iterations', 0)} connects; at "
+                                        f"least {MIN_VERDICT_SAMPLES} needed: --connect-iters)"))
     else:
         out.append(_verdict(goal, conn["p50_us"] <= 5000, f"{conn['p50_us'] / 1000:.2f} ms", p50_us=conn["p50_us"]))
     return out

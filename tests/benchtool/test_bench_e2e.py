@@ -177,7 +177,7 @@ def test_cli_small_request_run_has_connects_and_small_verdicts(tmp_path: Path, n
     doc = json.loads(out.read_text())
     assert doc["connect"]["iterations"] == 5 and doc["connect"]["p50_us"] > 0
     goals = {v["goal"]: v["status"] for v in doc["verdicts"]}
-    assert goals["connect (Client(name) to ready) p50 <= 5 ms"] in ("PASS", "MISS")
+    assert goals["connect (Client(name) to ready) p50 <= 5 ms"] == "N/A"  # 5 connects: too few for a verdict
     assert goals["64 B call() p50 <= 1.3x the loan's"] in ("PASS", "MISS")
     assert goals["64 B shmrpc-lane p50 <= 30 µs and under the fastest peer's"] in ("PASS", "MISS")
     assert goals["1 MiB loan p50 <= iceoryx2 blocking's"] == "N/A"

@@ -238,3 +238,17 @@ def test_the_load_average_is_the_one_at_the_start(mode: str, monkeypatch: pytest
     out = tmp_path / "r.json"
     main([mode, "--sizes", "64", "--transports", "zmq", "-q", "--out", str(out)])
     assert json.loads(out.read_text())["machine"]["loadavg"] == [1.0, 2.0, 3.0]
+
+
+def test_the_connect_goal_needs_as_many_samples_as_the_others() -> None:
+    # it was judged from any number of connects, 1 included, where every other p50 needs 100
+    from shmrpc.bench._report import latency_verdicts
+
+    def connect_verdict(iterations: int) -> dict[str, Any]:
+        doc = {"mode": "lat", "results": [], "config": {"sizes": [64]},
+               "connect": {"iterations": iterations, "p50_us": 3000.0}}
+        return next(v for v in latency_verdicts(doc) if v["goal"].startswith("connect"))
+
+    assert connect_verdict(1)["status"] == "N/A" and "too few samples" in connect_verdict(1)["detail"]
+    assert connect_verdict(MIN_VERDICT_SAMPLES - 1)["status"] == "N/A"
+    assert connect_verdict(MIN_VERDICT_SAMPLES)["status"] == "PASS"
