@@ -23,9 +23,11 @@ def _pyplot() -> Any:
 
 
 def _series(doc: dict[str, Any], kind: str) -> dict[str, list[tuple[int, dict[str, Any]]]]:
+    """Transport -> its (size, point) in size order; a point without a figure to draw (a loan re-sent to echo has no
+    GB/s) is left out, and a transport without one gets no line and no legend entry."""
     out: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     for r in doc["results"]:
-        if kind in r:
+        if kind in r and (kind != "bandwidth" or r[kind].get("both_dir_gbps") is not None):
             out.setdefault(r["transport"], []).append((r["nbytes"], r[kind]))
     for pts in out.values():
         pts.sort(key=lambda p: p[0])
@@ -82,11 +84,8 @@ def _draw_latency(ax: Any, xs: list[int], pts: list[dict[str, Any]], label: str)
 
 
 def _draw_bandwidth(ax: Any, xs: list[int], pts: list[dict[str, Any]], label: str) -> None:
-    def gbps(p: dict[str, Any], key: str) -> float:
-        return float("nan") if p[key] is None else float(p[key])  # None: no payload byte moved (a loan to echo)
-
-    (line,) = ax.plot(xs, [gbps(p, "both_dir_gbps") for p in pts], marker="o", ms=3, label=f"{label} (both directions)")
-    ax.plot(xs, [gbps(p, "one_dir_gbps") for p in pts], ls="--", color=line.get_color(), alpha=0.6)
+    (line,) = ax.plot(xs, [p["both_dir_gbps"] for p in pts], marker="o", ms=3, label=f"{label} (both directions)")
+    ax.plot(xs, [p["one_dir_gbps"] for p in pts], ls="--", color=line.get_color(), alpha=0.6)
 
 
 def _latency(doc: dict[str, Any], path: Path) -> Path | None:
