@@ -132,12 +132,14 @@ def started_on(cpus: tuple[int, ...]) -> Iterator[None]:
 
 
 @contextmanager
-def open_servers(cfg: RunConfig, log: Callable[[str], None] = print) -> Iterator[Servers]:
+def open_servers(cfg: RunConfig, log: Callable[[str], None] = print,
+                 servers: Servers | None = None) -> Iterator[Servers]:
     """Start the worker (unless ``cfg.name``) and the peer servers; stop them all on exit.
 
-    A transport that cannot start is put in ``skipped`` with the reason and logged.
+    A transport that cannot start is put in ``skipped`` with the reason and logged. ``servers``: the object to fill
+    (the caller then has the worker's facts also when a Ctrl-C comes before all are started).
     """
-    servers = Servers()
+    servers = Servers() if servers is None else servers
     with ExitStack() as stack:
         shm = [k for k in cfg.transports if k in SHM_KEYS]
         if shm and cfg.name:

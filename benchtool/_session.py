@@ -23,7 +23,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ._report import now_iso
-from ._runner import SHM_KEYS, RunConfig, make_transport, measure_latency, open_servers, run_clients
+from ._runner import SHM_KEYS, RunConfig, Servers, make_transport, measure_latency, open_servers, run_clients
 from ._runner import bandwidth_point as _bandwidth_point
 from ._shm import worker_counts
 from ._stats import iters_for_size, latency_stats, size_label
@@ -102,8 +102,9 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
                            "transports": {}, "results": [], "scaling": []}
     t0 = time.monotonic()
     ignored: dict[int, Any] = {}
+    servers = Servers()
     try:
-        with open_servers(cfg, log) as servers:
+        with open_servers(cfg, log, servers):
             doc["worker"] = servers.worker
             active = [k for k in cfg.transports if k not in servers.skipped]
             scaling = [k for k in active if cfg.clients]
@@ -167,6 +168,7 @@ def run_benchmark(cfg: RunConfig, *, quiet: bool = False, log: Callable[[str], N
             finally:
                 bar.close()
     except KeyboardInterrupt:  # while the servers started or stopped: the `with` stopped those it had started
+        doc["worker"] = servers.worker
         doc["interrupted"] = True
         _not_reached(doc, cfg)
         log("interrupted while the servers started or stopped; what was measured is kept")

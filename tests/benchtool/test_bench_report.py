@@ -252,3 +252,41 @@ def test_the_connect_goal_needs_as_many_samples_as_the_others() -> None:
     assert connect_verdict(1)["status"] == "N/A" and "too few samples" in connect_verdict(1)["detail"]
     assert connect_verdict(MIN_VERDICT_SAMPLES - 1)["status"] == "N/A"
     assert connect_verdict(MIN_VERDICT_SAMPLES)["status"] == "PASS"
+
+
+def test_the_bandwidth_plot_draws_only_transports_with_gbps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loan re-sent to echo has no GB/s: alone it gave an empty bandwidth plot, next to others a legend entry for a
+    line not drawn."""
+    from shmrpc.bench import _plots
+
+    def point(key: str, n: int, gbps: float | None) -> dict[str, Any]:
+        return {"transport": key, "nbytes": n, "bandwidth": {"nbytes": n, "messages": 100, "window": 1,
+                "elapsed_s": 0.01, "msgs_per_s": 1e4, "one_dir_gbps": gbps, "both_dir_gbps": gbps and 2 * gbps}}
+
+    doc = {"mode": "bw", "config": {"op": "echo", "window": 4, "sizes": [64, 4096]}, "machine": {}, "scaling": [],
+           "transports": {"shmrpc": {"label": "shmrpc (zero-copy loan)", "status": "ok", "method": "resend"},
+                          "zmq": {"label": "pyzmq DEALER/ROUTER ipc", "status": "ok"}},
+           "results": [point("shmrpc", n, None) for n in (64, 4096)]}
+    assert write_plots(doc, tmp_path / "a") == []
+    drawn: list[str] = []
+    real = _plots._draw_bandwidth
+    monkeypatch.setattr(_plots, "_draw_bandwidth", lambda ax, xs, pts, label: (drawn.append(label),
+                                                                                real(ax, xs, pts, label)))
+    doc["results"] += [point("zmq", n, 0.5) for n in (64, 4096)]
+    assert [p.name for p in write_plots(doc, tmp_path / "b")] == ["bw-bandwidth.png"]
+    assert drawn == ["pyzmq DEALER/ROUTER ipc"]
+
+
+def test_ctrl_c_while_the_servers_start_keeps_the_worker_facts(stub_shmrpc: type,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Ctrl-C while a peer server still started (a loaded machine) gave a document without "worker"
+    from shmrpc.bench import _runner
+
+    def start(key: str) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_runner, "start_peer_server", start)
+    doc = run_benchmark(RunConfig(sizes=[64], iters=5, transports=["shmrpc", "zmq"], name="stub"), quiet=True,
+                        log=lambda s: None)
+    assert doc["interrupted"] is True and doc["worker"] == {"name": "stub", "started_by_bench": False}
+    assert doc["results"] == [] and doc["transports"]["zmq"]["status"] == "skipped"
