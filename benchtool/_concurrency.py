@@ -269,7 +269,8 @@ def run_threads(threads: list[int], nbytes: int, duration_s: float, name: str | 
 
 def async_table(doc: dict[str, Any]) -> str:
     """The async mode's table."""
-    head = (f"{'size':>6}  {'transport':<17} {'rtt p50 µs':>11} {'rtt p99 µs':>11} {'calls/s':>10} "
+    w = max([6, *(len(str(r["nbytes"])) for r in doc["results"])])
+    head = (f"{'size':>{w}}  {'transport':<17} {'rtt p50 µs':>11} {'rtt p99 µs':>11} {'calls/s':>10} "
             f"{'in flight':>9} {'loop lag p99 µs':>16} {'lag max µs':>11}")
     lines = [head, "-" * len(head)]
     def num(v: Any, width: int, digits: int) -> str:  # "-" for a figure the row has no phase for
@@ -277,7 +278,7 @@ def async_table(doc: dict[str, Any]) -> str:
 
     for r in doc["results"]:
         lag = r.get("loop_lag_us", {})
-        lines.append(f"{r['nbytes']:>6}  {r['transport']:<17} {r['rtt_us']['p50']:>11.1f} {r['rtt_us']['p99']:>11.1f} "
+        lines.append(f"{r['nbytes']:>{w}}  {r['transport']:<17} {r['rtt_us']['p50']:>11.1f} {r['rtt_us']['p99']:>11.1f} "
                      f"{num(r.get('calls_per_s'), 10, 0)} {r.get('in_flight', '-'):>9} "
                      f"{num(lag.get('p99'), 16, 1)} {num(lag.get('max'), 11, 1)}")
     return "\n".join(lines)
@@ -285,9 +286,10 @@ def async_table(doc: dict[str, Any]) -> str:
 
 def threads_table(doc: dict[str, Any]) -> str:
     """The threads mode's table."""
-    head = f"{'threads':>7} {'size':>6} {'one shared Client':>18} {'a Client each':>14} {'ratio':>6}"
+    w = max([6, *(len(str(r["nbytes"])) for r in doc["results"])])
+    head = f"{'threads':>7} {'size':>{w}} {'one shared Client':>18} {'a Client each':>14} {'ratio':>6}"
     lines = [head, "-" * len(head)]
     for r in doc["results"]:
-        lines.append(f"{r['threads']:>7} {r['nbytes']:>6} {r['shared_client_calls_per_s']:>16.0f}/s "
+        lines.append(f"{r['threads']:>7} {r['nbytes']:>{w}} {r['shared_client_calls_per_s']:>16.0f}/s "
                      f"{r['client_per_thread_calls_per_s']:>12.0f}/s {r['ratio']:>6.2f}")
     return "\n".join(lines)

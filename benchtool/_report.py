@@ -125,6 +125,11 @@ def write_json(doc: dict[str, Any], path: str | os.PathLike[str]) -> Path:
 # --------------------------------------------------------------------- tables
 
 
+def size_width(sizes: Iterable[int]) -> int:
+    """Width of a table's size column: 6, or the longest label (``1048577B`` is 8)."""
+    return max([6, *(len(size_label(n)) for n in sizes)])
+
+
 def _points(doc: dict[str, Any], kind: str) -> dict[tuple[str, int], dict[str, Any]]:
     return {(r["transport"], r["nbytes"]): r.get(kind, r) for r in doc["results"]}
 
@@ -151,6 +156,7 @@ def shapes_note(doc: dict[str, Any]) -> str:
 def _rows(doc: dict[str, Any], kind: str, lines: list[str]) -> Iterator[tuple[int, str, dict[str, Any]]]:
     """(size, label, point) in table order; a failed point gets its error line in ``lines`` instead."""
     pts = _points(doc, kind)
+    w = size_width(doc["config"]["sizes"])
     for n in doc["config"]["sizes"]:
         for key in _keys(doc):
             p = pts.get((key, n))
@@ -158,7 +164,7 @@ def _rows(doc: dict[str, Any], kind: str, lines: list[str]) -> Iterator[tuple[in
                 continue
             label = doc["transports"][key]["label"]
             if "error" in p:
-                lines.append(f"{size_label(n):>6}  {label:<30} error: {p['error']}")
+                lines.append(f"{size_label(n):>{w}}  {label:<30} error: {p['error']}")
                 continue
             yield n, label, p
 
@@ -166,12 +172,13 @@ def _rows(doc: dict[str, Any], kind: str, lines: list[str]) -> Iterator[tuple[in
 def latency_table(doc: dict[str, Any]) -> str:
     """Round-trip latency in µs: one row per (size, transport), with each p50 over shmrpc's at that size."""
     base = {n: p["p50_us"] for (key, n), p in _points(doc, "latency").items() if key == "shmrpc" and "p50_us" in p}
-    head = f"{'size':>6}  {'transport':<30} {'iters':>6} {'min':>9} {'p50':>9} {'p90':>9} {'p99':>9} " \
+    w = size_width(doc["config"]["sizes"])
+    head = f"{'size':>{w}}  {'transport':<30} {'iters':>6} {'min':>9} {'p50':>9} {'p90':>9} {'p99':>9} " \
            f"{'p99.9':>9} {'max':>9} {'mean':>9} {'stdev':>8} {'p50/shm':>8}"
     lines = [f"round trip latency (µs){spin_note(doc)}{shapes_note(doc)}", head, "-" * len(head)]
     for n, label, p in _rows(doc, "latency", lines):
         ratio = f"{p['p50_us'] / base[n]:8.2f}" if base.get(n) else f"{'':>8}"
-        lines.append(f"{size_label(n):>6}  {label:<30} {p['iterations']:6d} {p['t_min_us']:9.1f} "
+        lines.append(f"{size_label(n):>{w}}  {label:<30} {p['iterations']:6d} {p['t_min_us']:9.1f} "
                      f"{p['p50_us']:9.1f} {p['p90_us']:9.1f} {p['p99_us']:9.1f} {p['p999_us']:9.1f} "
                      f"{p['max_us']:9.1f} {p['mean_us']:9.1f} {p['stdev_us']:8.1f} {ratio}")
     return "\n".join(lines)
@@ -179,7 +186,8 @@ def latency_table(doc: dict[str, Any]) -> str:
 
 def bandwidth_table(doc: dict[str, Any]) -> str:
     """Throughput with a window in flight: messages/s and GB/s one direction and both."""
-    head = f"{'size':>6}  {'transport':<30} {'window':>6} {'msgs':>6} {'msg/s':>10} {'GB/s 1-dir':>10} {'GB/s both':>10}"
+    w = size_width(doc["config"]["sizes"])
+    head = f"{'size':>{w}}  {'transport':<30} {'window':>6} {'msgs':>6} {'msg/s':>10} {'GB/s 1-dir':>10} {'GB/s both':>10}"
     lines = [f"bandwidth (GB = 1e9 B; 1-dir counts the payload once per round trip, both counts it twice){spin_note(doc)}",
              head, "-" * len(head)]
     unmoved = False
@@ -189,7 +197,7 @@ def bandwidth_table(doc: dict[str, Any]) -> str:
             gbps = f"{'-':>10} {'-':>10}"
         else:
             gbps = f"{p['one_dir_gbps']:10.3f} {p['both_dir_gbps']:10.3f}"
-        lines.append(f"{size_label(n):>6}  {label:<30} {p['window']:6d} {p['messages']:6d} {p['msgs_per_s']:10.0f} "
+        lines.append(f"{size_label(n):>{w}}  {label:<30} {p['window']:6d} {p['messages']:6d} {p['msgs_per_s']:10.0f} "
                      f"{gbps}")
     if unmoved:
         lines.append(f"- : the zero-copy loan re-sends data written once into its slot, and {doc['config']['op']} "
@@ -202,7 +210,8 @@ def scaling_table(doc: dict[str, Any]) -> str:
     """Several client processes against one server: aggregate calls/s and each client's p99."""
     if not doc.get("scaling"):
         return ""
-    head = (f"{'transport':<30} {'clients':>7} {'size':>6} {'requests/s':>10} {'p50':>9} {'p99 worst client':>17}"
+    w = size_width(p["nbytes"] for p in doc["scaling"])
+    head = (f"{'transport':<30} {'clients':>7} {'size':>{w}} {'requests/s':>10} {'p50':>9} {'p99 worst client':>17}"
             f" {'batch':>6}")
     lines = [f"scaling with client processes (latency loop in each; requests/s of all together; µs; batch: the "
              f"worker's mean requests per batched run)"
@@ -210,11 +219,11 @@ def scaling_table(doc: dict[str, Any]) -> str:
     for p in doc["scaling"]:
         label = doc["transports"].get(p["transport"], {}).get("label", p["transport"])
         if "error" in p:
-            lines.append(f"{label:<30} {p['clients']:7d} {size_label(p['nbytes']):>6} error: {p['error']}")
+            lines.append(f"{label:<30} {p['clients']:7d} {size_label(p['nbytes']):>{w}} error: {p['error']}")
             continue
         batch = f"{p['worker']['mean_batch']:6.2f}" if p.get("worker", {}).get("batches") else f"{'-':>6}"
         short = p.get("span_s", 1.0) < SHORT_SPAN_S
-        lines.append(f"{label:<30} {p['clients']:7d} {size_label(p['nbytes']):>6} {p['calls_per_s']:10.0f} "
+        lines.append(f"{label:<30} {p['clients']:7d} {size_label(p['nbytes']):>{w}} {p['calls_per_s']:10.0f} "
                      f"{p['p50_us']:9.1f} {max(p['per_client_p99_us']):17.1f} {batch}" + (" *" if short else ""))
     if any(p.get("span_s", 1.0) < SHORT_SPAN_S for p in doc["scaling"]):
         lines.append(f"* measured over less than {SHORT_SPAN_S * 1000:.0f} ms (span_s in the JSON): shorter than a "

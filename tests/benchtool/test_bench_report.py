@@ -290,3 +290,34 @@ def test_ctrl_c_while_the_servers_start_keeps_the_worker_facts(stub_shmrpc: type
                         log=lambda s: None)
     assert doc["interrupted"] is True and doc["worker"] == {"name": "stub", "started_by_bench": False}
     assert doc["results"] == [] and doc["transports"]["zmq"]["status"] == "skipped"
+
+
+def test_sizes_that_are_not_whole_units_keep_every_table_aligned() -> None:
+    """``1048577B`` (8 characters) in a 6-wide size column pushed its rows out of line."""
+    from shmrpc.bench._concurrency import async_table, threads_table
+    from shmrpc.bench._stats import latency_stats
+
+    def widths(table: str, skip_title: bool = True) -> set[int]:
+        rows = table.splitlines()[1 if skip_title else 0:]
+        return {len(r) for r in rows if not set(r) <= {"-"}}
+
+    sizes = [64, 1048577]
+    label = {"zmq": {"label": "pyzmq DEALER/ROUTER ipc", "status": "ok"}}
+    lat = latency_stats([50000, 60000]).to_json()
+    doc = {"mode": "lat", "config": {"sizes": sizes}, "transports": label,
+           "results": [{"transport": "zmq", "nbytes": n, "latency": lat} for n in sizes],
+           "scaling": [{"transport": "zmq", "clients": 2, "nbytes": n, "calls_per_s": 1e4, "p50_us": 50.0,
+                        "per_client_p99_us": [70.0, 80.0], "span_s": 1.0} for n in sizes]}
+    assert len(widths(latency_table(doc))) == 1
+    assert len(widths(scaling_table(doc))) == 1
+    bw = {"nbytes": 64, "messages": 10, "window": 4, "elapsed_s": 0.01, "msgs_per_s": 1e3, "one_dir_gbps": 0.1,
+          "both_dir_gbps": 0.2}
+    doc = {"mode": "bw", "config": {"sizes": sizes, "op": "echo"}, "transports": label,
+           "results": [{"transport": "zmq", "nbytes": n, "bandwidth": dict(bw, nbytes=n)} for n in sizes]}
+    assert len(widths(bandwidth_table(doc))) == 1
+    rtt = {"p50": 10.0, "p99": 20.0, "max": 30.0}
+    doc = {"results": [{"nbytes": n, "transport": "shmrpc-call", "rtt_us": rtt} for n in sizes]}
+    assert len(widths(async_table(doc), skip_title=False)) == 1
+    doc = {"results": [{"threads": 1, "nbytes": n, "shared_client_calls_per_s": 1e3,
+                        "client_per_thread_calls_per_s": 1e3, "ratio": 1.0} for n in (64, 10_000_000)]}
+    assert len(widths(threads_table(doc), skip_title=False)) == 1
