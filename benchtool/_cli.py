@@ -99,6 +99,15 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """``--worker-args VALUE`` takes the next word whatever it is: argparse refused one that starts with ``-``
+        (``--worker-args '--no-lanes'``: "expected one argument")."""
+        words, joined = list(sys.argv[1:] if args is None else args), []
+        while words:
+            word = words.pop(0)
+            joined.append(f"{word}={words.pop(0)}" if word == "--worker-args" and words else word)
+        return super().parse_known_args(joined, namespace)
+
 
 def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     """The parser of ``shmrpc bench``."""
@@ -142,7 +151,9 @@ def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     w.add_argument("--dtype", default="uint8", help="dtype of x (default uint8)")
     w.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto", help="for the worker it starts")
     w.add_argument("--name", help="use the running worker NAME instead of starting one")
-    w.add_argument("--worker-args", default="", help="more arguments for the worker it starts, e.g. '--threads 8'")
+    w.add_argument("--worker-args", default="", metavar="'ARGS'",
+                   help="more arguments for the worker it starts, e.g. '--threads 8' or '--no-lanes' (the next word, "
+                   "even one starting with -)")
     w.add_argument("--spin-us", type=int, default=0,
                    help="the worker it starts and the shmrpc clients poll this many µs before sleeping (0: off)")
     w.add_argument("--server-cpus", type=_cpus, default=(), metavar="LIST",

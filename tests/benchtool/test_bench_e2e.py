@@ -378,3 +378,24 @@ def test_out_of_range_counts_are_a_usage_error_naming_the_option(
     assert main([*args, "--sizes", "64", "--backend", "numpy", "--no-json"]) == 2
     err = capsys.readouterr().err
     assert flag in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_worker_args_takes_a_single_flag() -> None:
+    # argparse refused a value starting with "-": --worker-args '--no-lanes' was "expected one argument"
+    from shmrpc.bench._cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["lat", "--worker-args", "--no-lanes", "--sizes", "64"]).worker_args == "--no-lanes"
+    assert parse(["lat", "--worker-args", "--threads 8"]).worker_args == "--threads 8"
+    assert parse(["lat", "--worker-args=--no-lanes"]).worker_args == "--no-lanes"
+    assert main(["lat", "--worker-args"]) == 2  # no value: a usage error as before
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_a_worker_started_with_a_single_flag_from_worker_args(tmp_path: Path, no_leak: object) -> None:
+    out = tmp_path / "r.json"
+    assert main(["lat", "--sizes", "64", "--iters", "5", "--no-call", "--backend", "numpy", "--worker-args",
+                 "--no-lanes", "--out", str(out), "-q"]) == 0
+    doc = json.loads(out.read_text())
+    assert "--no-lanes" in doc["worker"]["argv"] and "error" not in doc["results"][0]
