@@ -8,8 +8,8 @@ Run it as ``shmrpc bench lat|bw ...`` or ``python -m shmrpc.bench lat|bw ...``;
 * :func:`latency_stats` — percentiles of round-trip samples;
 * :func:`write_plots`, :func:`finish_document`, :func:`write_json` — the outputs.
 
-Peers (``zmq``, ``pipe``, ``grpc``) need the ``[bench]`` extra for gRPC and the
-plots; a missing package is reported and that transport skipped.
+Peers (``zmq``, ``pipe``, ``grpc``, ``iox2``, ``iox2-spin``, ``ucx``) need the ``[bench]`` extra for gRPC,
+iceoryx2 and the plots, the ``[ucx]`` one for UCX; a missing package is reported and that transport skipped.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ __all__ = ["build_parser", "config_from_args", "main"]
 _ALL_PEERS = "zmq,pipe,grpc,iox2,iox2-spin,ucx"
 _EPILOG = """\
 examples:
-  shmrpc bench lat --peers                         # 64 B .. 256 MiB, shmrpc next to zmq, pipe, gRPC
+  shmrpc bench lat --peers                         # 64 B .. 256 MiB, shmrpc next to every peer installed
   shmrpc bench lat --sizes 64,4K,1M,64M --iters 2000 --plots bench/out
   shmrpc bench bw --window 8 --max-size 64M --peers zmq
   shmrpc bench lat --clients 1,2,4,8 --sizes 64,4K  # N client processes against one worker
@@ -111,8 +111,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     """The parser of ``shmrpc bench``."""
-    p = _Parser(prog=prog, description="Round-trip latency and bandwidth of shmrpc, side by side "
-                                "with pyzmq, multiprocessing pipes and gRPC.", epilog=_EPILOG,
+    p = _Parser(prog=prog, description="Round-trip latency and bandwidth of shmrpc, side by side with pyzmq, "
+                                "multiprocessing pipes, gRPC, iceoryx2 and UCX.", epilog=_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", choices=("lat", "bw", "async", "threads"),
                    help="lat: round-trip latency percentiles; bw: throughput with --window requests in flight; "
@@ -127,7 +127,8 @@ def build_parser(prog: str = "shmrpc bench") -> argparse.ArgumentParser:
     g.add_argument("--warmup", type=int, default=50,
                    help="untimed round trips first (default %(default)s; at most half the size's round trips)")
     g.add_argument("--bytes-budget", type=_size, default=2 << 30,
-                   help="cut --iters so one size moves at most this much one way (default 2G; never < 5 iters)")
+                   help="cut --iters so one size moves at most this much one way (default 2G; never < 5 iters; "
+                   "the 64 MiB goal needs 100 round trips there: 7G)")
     g.add_argument("--window", type=int, default=4, help="bw: requests kept in flight (default %(default)s)")
     g.add_argument("--clients", type=_ints, default=[],
                    help="also run N client processes at once, e.g. 1,2,4,8 (aggregate calls/s, per-client p99)")

@@ -399,3 +399,11 @@ def test_a_worker_started_with_a_single_flag_from_worker_args(tmp_path: Path, no
                  "--no-lanes", "--out", str(out), "-q"]) == 0
     doc = json.loads(out.read_text())
     assert "--no-lanes" in doc["worker"]["argv"] and "error" not in doc["results"][0]
+
+
+def test_the_help_names_every_peer() -> None:
+    # the description and the --peers example named pyzmq, pipes and gRPC only
+    from shmrpc.bench._cli import build_parser
+
+    text = build_parser().format_help()
+    assert "iceoryx2 and UCX" in text and "zmq, pipe, gRPC" not in text
