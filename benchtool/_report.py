@@ -243,6 +243,15 @@ SHORT_SPAN_S = 0.05
 MIN_VERDICT_SAMPLES = 100
 
 
+def spelled(nbytes: int) -> str:
+    """A size as the goals spell it: ``64 B``, ``4 KiB``, ``1 MiB``, ``1048577 B`` (the tables' ``64B`` / ``1M``
+    made the verdict lines spell one size two ways)."""
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
 def _verdict(goal: str, ok: bool | None, detail: str, **figures: Any) -> dict[str, Any]:
     return {"goal": goal, "status": "N/A" if ok is None else ("PASS" if ok else "MISS"), "detail": detail, **figures}
 
@@ -265,7 +274,7 @@ def scaling_verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
     if doc["mode"] != "lat" or not pts:
         return []
     n = min(p["nbytes"] for p in pts)
-    goal = f"{SWEEP_CLIENTS} client processes >= {SWEEP_REQUESTS_PER_S} requests/s in total ({size_label(n)} requests)"
+    goal = f"{SWEEP_CLIENTS} client processes >= {SWEEP_REQUESTS_PER_S} requests/s in total ({spelled(n)} requests)"
     shm = [p for p in pts if p["transport"].startswith("shmrpc") and p["clients"] == SWEEP_CLIENTS and p["nbytes"] == n]
     if not shm:
         return [_verdict(goal, None, f"needs a shmrpc point with {SWEEP_CLIENTS} clients")]
@@ -284,9 +293,10 @@ class _P50(dict):  # type: ignore[type-arg]
 
     def need(self, keys: Iterable[tuple[str, int]], otherwise: str) -> str:
         """Why a goal over ``keys`` has no verdict: the points among them with too few samples, else ``otherwise``."""
-        few = [f"{t} at {size_label(n)}: {self.few[(t, n)]}" for t, n in keys if (t, n) in self.few]
+        few = [f"{t} at {spelled(n)}: {self.few[(t, n)]}" for t, n in keys if (t, n) in self.few]
         if few:
-            return f"too few samples for a verdict ({', '.join(few)} round trips; at least {MIN_VERDICT_SAMPLES} needed)"
+            return (f"too few samples for a verdict ({', '.join(few)} round trips; at least {MIN_VERDICT_SAMPLES} "
+                    f"needed: raise --iters, or --bytes-budget for the large sizes)")
         return otherwise
 
 
@@ -326,7 +336,7 @@ def latency_verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
     else:
         ratio, n, key = worst
         skipped = p50.need(large, "")
-        out.append(_verdict(goal, ratio >= 10, f"smallest advantage {ratio:.1f}x ({key} at {size_label(n)}: "
+        out.append(_verdict(goal, ratio >= 10, f"smallest advantage {ratio:.1f}x ({key} at {spelled(n)}: "
                             f"{p50[(key, n)]:.1f} µs vs {p50[(shm, n)]:.1f} µs)"
                             + (f"; not judged: {skipped}" if skipped else ""), ratio=ratio))
     a, b = p50.get((shm, 64 << 20)), p50.get((shm, 64))
@@ -347,7 +357,7 @@ def _ratio_verdict(goal: str, p50: dict[tuple[str, int], float], a: tuple[str, i
                    limit: float) -> dict[str, Any]:
     x, y = p50.get(a), p50.get(b)
     if x is None or y is None:
-        return _verdict(goal, None, _need(p50, [a, b], f"needs {a[0]} and {b[0]} at {size_label(a[1])}"))
+        return _verdict(goal, None, _need(p50, [a, b], f"needs {a[0]} and {b[0]} at {spelled(a[1])}"))
     return _verdict(goal, x <= limit * y, f"{a[0]} {x:.1f} µs vs {b[0]} {y:.1f} µs = {x / y:.2f}x", ratio=x / y)
 
 

@@ -54,8 +54,9 @@ def test_latency_document(stub_shmrpc: type, tmp_path: Path) -> None:
         r["latency"]["iterations"] = MIN_VERDICT_SAMPLES if r["nbytes"] < 1 << 20 else 32
     v = verdicts(doc)
     assert v[0]["status"] in ("PASS", "MISS") and v[1]["status"] == "N/A"
-    assert v[1]["detail"] == ("too few samples for a verdict (shmrpc at 1M: 32, zmq at 1M: 32, pipe at 1M: 32 round "
-                              f"trips; at least {MIN_VERDICT_SAMPLES} needed)")
+    assert v[1]["detail"] == ("too few samples for a verdict (shmrpc at 1 MiB: 32, zmq at 1 MiB: 32, pipe at 1 MiB: 32 "
+                              f"round trips; at least {MIN_VERDICT_SAMPLES} needed: raise --iters, or --bytes-budget "
+                              "for the large sizes)")
     for r in doc["results"]:
         r["latency"]["iterations"] = MIN_VERDICT_SAMPLES
     v = verdicts(doc)
@@ -321,3 +322,19 @@ def test_sizes_that_are_not_whole_units_keep_every_table_aligned() -> None:
     doc = {"results": [{"threads": 1, "nbytes": n, "shared_client_calls_per_s": 1e3,
                         "client_per_thread_calls_per_s": 1e3, "ratio": 1.0} for n in (64, 10_000_000)]}
     assert len(widths(threads_table(doc), skip_title=False)) == 1
+
+
+def test_the_verdict_lines_spell_sizes_as_the_goals_do() -> None:
+    # the goals said "64 B" and "1 MiB", their details and the sweep goal "64B" and "1M"
+    from shmrpc.bench._report import scaling_verdicts, verdict_lines
+    from shmrpc.bench._stats import latency_stats
+
+    few = latency_stats([50000, 60000]).to_json()
+    doc: dict[str, Any] = {"mode": "lat", "config": {"sizes": [64, 1 << 20]}, "connect": {},
+                           "results": [{"transport": k, "nbytes": n, "latency": few}
+                                       for k in ("shmrpc", "zmq", "shmrpc-lane") for n in (64, 1 << 20)],
+                           "scaling": [{"transport": "shmrpc", "clients": 8, "nbytes": 64, "calls_per_s": 5e4}]}
+    doc["verdicts"] = verdicts(doc) + scaling_verdicts(doc)
+    text = verdict_lines(doc)
+    assert "64 B" in text and "1 MiB" in text
+    assert not any(w in text for w in ("64B", "1M:", "1M ", "(64B"))
