@@ -276,12 +276,11 @@ def _processes_with(marker: str) -> list[int]:
     return found
 
 
-@pytest.mark.e2e
-@pytest.mark.timeout(120)
-def test_ctrl_c_keeps_what_was_measured_and_leaves_nothing(tmp_path: Path) -> None:
-    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) mid-run: exit 130 with one line, no
-    traceback from the bench or its children, the JSON written with ``interrupted``, and nothing left: no worker or
-    peer process, no socket, no peer's temporary directory."""
+def _signalled_bench(tmp_path: Path, argv: list[str], sig: int) -> tuple[subprocess.Popen[str], str, str, str]:
+    """Run ``python -m shmrpc.bench ARGV`` in its own runtime and temporary directories, send it ``sig`` once its
+    worker is up and its servers started (SIGINT to the whole process group, as a terminal does; anything else to
+    the bench alone), and wait for it. Returns the process, its stdout and stderr, and the environment mark its
+    processes carry (:func:`_processes_with`)."""
     import signal
     import time
 
@@ -290,32 +289,55 @@ def test_ctrl_c_keeps_what_was_measured_and_leaves_nothing(tmp_path: Path) -> No
     tmp.mkdir()
     marker = f"SHMRPC_BENCH_TEST_MARK={tmp_path.name}-{os.getpid()}"
     env = dict(os.environ, SHMRPC_RUNTIME_DIR=str(rt), TMPDIR=str(tmp), SHMRPC_BENCH_TEST_MARK=marker.split("=")[1])
-    out = tmp_path / "lat.json"
-    proc = subprocess.Popen([sys.executable, "-m", "shmrpc.bench", "lat", "--sizes", "64", "--iters", "1000000",
-                             "--backend", "numpy", "--peers", "zmq,pipe", "--no-call", "-q", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "shmrpc.bench", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         while not any(p.suffix == ".sock" for p in rt.iterdir()):  # the worker is up: the servers are started
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
         time.sleep(1.0)
-        os.killpg(proc.pid, signal.SIGINT)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    return proc, stdout, stderr, marker
+
+
+def _nothing_left(tmp_path: Path, marker: str) -> None:
+    """No process of the run, and nothing in its runtime or temporary directory."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _processes_with(marker) == []
+    assert list((tmp_path / "rt").iterdir()) == [] and list((tmp_path / "tmp").iterdir()) == []
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_ctrl_c_keeps_what_was_measured_and_leaves_nothing(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) mid-run: exit 130 with one line, no
+    traceback from the bench or its children, the JSON written with ``interrupted``, and nothing left: no worker or
+    peer process, no socket, no peer's temporary directory."""
+    import signal
+
+    out = tmp_path / "lat.json"
+    proc, stdout, stderr, marker = _signalled_bench(
+        tmp_path, ["lat", "--sizes", "64", "--iters", "1000000", "--backend", "numpy", "--peers", "zmq,pipe",
+                   "--no-call", "-q", "--out", str(out)], signal.SIGINT)
     assert proc.returncode == 130, (stdout, stderr)
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     assert "interrupted" in stderr
     doc = json.loads(out.read_text())
     assert doc["interrupted"] is True and doc["worker"]["exit_status"] == 0
-    deadline = time.monotonic() + 10
-    while _processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _processes_with(marker) == []
-    assert list(rt.iterdir()) == [] and list(tmp.iterdir()) == []
+    _nothing_left(tmp_path, marker)
 
 
 @pytest.mark.e2e
@@ -326,37 +348,15 @@ def test_sigterm_takes_the_ctrl_c_path_and_leaves_nothing(tmp_path: Path, mode: 
     """SIGTERM to the bench alone (``timeout``, ``kill``): exit 143, one line, no traceback, and nothing left behind:
     no process, socket, peer's temporary directory or worker log (its default action left the last three)."""
     import signal
-    import time
 
-    rt, tmp = tmp_path / "rt", tmp_path / "tmp"
-    rt.mkdir(mode=0o700)
-    tmp.mkdir()
-    marker = f"{tmp_path.name}-{os.getpid()}"
-    env = dict(os.environ, SHMRPC_RUNTIME_DIR=str(rt), TMPDIR=str(tmp), SHMRPC_BENCH_TEST_MARK=marker)
     out = tmp_path / "r.json"
-    proc = subprocess.Popen([sys.executable, "-m", "shmrpc.bench", *mode, "--backend", "numpy", "-q", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not any(p.suffix == ".sock" for p in rt.iterdir()):  # the worker is up: the servers are started
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
-        time.sleep(1.0)
-        proc.terminate()
-        stdout, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    proc, stdout, stderr, marker = _signalled_bench(
+        tmp_path, [*mode, "--backend", "numpy", "-q", "--out", str(out)], signal.SIGTERM)
     assert proc.returncode == 143, (stdout, stderr)
     assert "Traceback" not in stderr and "interrupted (SIGTERM)" in stderr, stderr
     if mode[0] == "lat":
         assert json.loads(out.read_text())["interrupted"] is True
-    deadline = time.monotonic() + 10
-    while _processes_with(f"SHMRPC_BENCH_TEST_MARK={marker}") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _processes_with(f"SHMRPC_BENCH_TEST_MARK={marker}") == []
-    assert list(rt.iterdir()) == [] and list(tmp.iterdir()) == []
+    _nothing_left(tmp_path, marker)
 
 
 @pytest.mark.timeout(30)
