@@ -130,29 +130,54 @@ class AttachListener:
         # is answered at once with its refusal and closed, so connections of a uid the worker does not serve never
         # take a pending place of those it does
         self._admit = frozenset((os.geteuid(), 0, *admit))
+        self._shared = shared
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
-        old = os.umask(0o077)
-        try:
-            self._sock.bind(str(path))
-        except OSError as e:  # no space or inodes left under the runtime directory, a read-only file system
-            self._sock.close()
-            raise StartupError(f"cannot create the attach socket {path}: {e.strerror or e}; free space in (or fix) "
-                               f"{path.parent}, or point SHMRPC_RUNTIME_DIR elsewhere") from None
-        except BaseException:
-            self._sock.close()
-            raise
-        finally:
-            os.umask(old)
-        os.chmod(path, 0o666 if shared else 0o600)
-        self._ino = os.stat(path).st_ino  # close() unlinks the path only while it is still this socket
-        self._sock.listen(128)
+        self._sock, self._ino = self._listen()
         self.pending: dict[int, tuple[socket.socket, float, int]] = {}  # fd -> (connection, deadline, peer uid)
         #: monotonic time until which the loop does not poll the listening socket (0: it does); set by a failed accept
         self.paused_until = 0.0
         self._failed = 0  # accepts failed since the last one that succeeded
         self._failures = RateLimited(log, rate_per_s=0.1, burst=1, level=logging.WARNING)
+
+    def _listen(self) -> tuple[socket.socket, int]:
+        """A listening socket bound at :attr:`path` (which must not exist), and the inode of its file."""
+        path = self.path
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        old = os.umask(0o077)
+        try:
+            sock.bind(str(path))
+            os.chmod(path, 0o666 if self._shared else 0o600)
+            ino = os.stat(path).st_ino  # close() unlinks the path only while it is still this socket
+            sock.listen(128)
+        except OSError as e:  # no space or inodes left under the runtime directory, a read-only file system
+            sock.close()
+            raise StartupError(f"cannot create the attach socket {path}: {e.strerror or e}; free space in (or fix) "
+                               f"{path.parent}, or point SHMRPC_RUNTIME_DIR elsewhere") from None
+        except BaseException:
+            sock.close()
+            raise
+        finally:
+            os.umask(old)
+        return sock, ino
+
+    def rebind(self) -> None:
+        """Listen on a new socket file at :attr:`path`, which was removed (a tmp cleaner): the connections waiting
+        for their HELLO stay; the old listening socket is closed without touching the path. The fd changes.
+
+        Raises:
+            StartupError: the file could not be made (the old socket listens on).
+        """
+        sock, ino = self._listen()
+        self._sock.close()
+        self._sock, self._ino = sock, ino
+
+    def gone(self) -> bool:
+        """Whether the socket file at :attr:`path` is missing or another's."""
+        try:
+            return os.stat(self.path).st_ino != self._ino
+        except FileNotFoundError:
+            return True
 
     def fileno(self) -> int:
         """The listening socket's fd (readable: connections to accept)."""

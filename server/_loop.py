@@ -246,26 +246,62 @@ class Worker(Calls, Runs):
             frame = State.from_json(state).encode()
         return frame
 
-    def _take_lock_again(self) -> str:
+    def _take_lock_again(self) -> str | None:
         """Our lock file was removed (a tmp cleaner, say): take the name's lock again, so that no second worker of
-        the name starts; the sockets went with it, so new clients cannot reach this worker. Returns why it is not
-        ready (``/healthz``)."""
+        the name starts, and make the sockets that went with it again (connected clients keep their connections).
+        Returns None when all is back, else why the worker is not ready (``/healthz``)."""
         cfg, old = self.config, self._lock
-        assert old is not None
-        remedy = ("restart it, with SHMRPC_RUNTIME_DIR out of tmp cleaners' reach (/run/shmrpc, as the systemd unit "
-                  "sets)")
+        assert old is not None and self._attach is not None and self._sock is not None
+        remedy = "keep SHMRPC_RUNTIME_DIR out of tmp cleaners' reach (/run/shmrpc, as the systemd unit sets)"
         try:
             new = WorkerLock.acquire(cfg.name, shared=bool(cfg.allow_uids), clean=False)
         except (WorkerAlreadyRunning, checks.StartupError) as e:
-            why = f"its lock file {old.path} was removed and the name taken again ({e})"
-        else:
-            new.set_regions(old.regions)
-            self._lock = new
-            old.release()  # (the removed file's fd: nothing at the path is unlinked)
-            why = f"its lock file {old.path} was removed: taken again, so no second worker of the name starts"
-        log.error("worker %s: %s; its sockets may be gone with it, so new clients may not reach it: %s", cfg.name,
-                  why, remedy, extra={"event": "runtime_files_removed", "worker": cfg.name})
-        return f"{why}: {remedy}"
+            why = (f"its lock file {old.path} was removed and the name taken again ({e}); new clients cannot reach "
+                   "this worker")
+            log.error("worker %s: %s: stop it, and %s", cfg.name, why, remedy,
+                      extra={"event": "runtime_files_removed", "worker": cfg.name})
+            return f"{why}: stop it"
+        new.set_regions(old.regions)
+        self._lock = new
+        old.release()  # (the removed file's fd: nothing at the path is unlinked)
+        made = []
+        try:
+            if self._attach.gone():
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._attach.path)  # (not another worker's: we hold the name's lock)
+                self._attach.rebind()
+                made.append(str(self._attach.path))
+            path = socket_path(cfg.name)
+            if not path.exists():
+                old_mask = os.umask(0o077)
+                try:
+                    self._sock.bind(endpoint(cfg.name))  # a second listener: the first one's connections stay
+                finally:
+                    os.umask(old_mask)
+                if cfg.allow_uids:
+                    os.chmod(path, 0o666)
+                made.append(str(path))
+        except (OSError, zmq.ZMQError, checks.StartupError) as e:
+            why = f"its lock file {old.path} was removed: taken again, but its sockets could not be made again ({e})"
+            log.error("worker %s: %s: restart it, and %s", cfg.name, why, remedy,
+                      extra={"event": "runtime_files_removed", "worker": cfg.name})
+            return f"{why}: restart it"
+        log.error("worker %s: its lock file %s was removed: taken again, so no second worker of the name starts%s; %s",
+                  cfg.name, old.path, f", and {', '.join(made)} made again" if made else "", remedy,
+                  extra={"event": "runtime_files_removed", "worker": cfg.name})
+        return None
+
+    def _files_removed(self, poller: LoopPoll, attach: AttachListener, attach_fd: int) -> int:
+        """The loop's part of :meth:`_take_lock_again`: the attach socket's new fd polled in place of the old one.
+        Returns the new lock file's inotify fd (polled), or -1."""
+        self._files_lost = self._take_lock_again()
+        if attach.fileno() != attach_fd and not attach.paused_until:
+            poller.unregister(attach_fd)
+            poller.register(attach.fileno())
+        watch_fd = self._lock.watch() if self._files_lost is None and self._lock is not None else -1
+        if watch_fd >= 0:
+            poller.register(watch_fd)
+        return watch_fd
 
     def health(self) -> tuple[bool, str]:
         """Readiness for ``/healthz``: started, serving, loop turning, backend sound. Returns (ready, reason)."""
@@ -447,10 +483,10 @@ class Worker(Calls, Runs):
                     with contextlib.suppress(BlockingIOError):
                         os.read(watch_fd, 4096)
                     if self._files_lost is None and self._lock is not None and self._lock.lost():
-                        self._files_lost = self._take_lock_again()
                         poller.unregister(watch_fd)  # (it watched the removed file)
                         os.close(watch_fd)
-                        watch_fd = -1
+                        watch_fd = self._files_removed(poller, attach, attach_fd)
+                        attach_fd = attach.fileno()
                 for fd in waiting & events.keys():
                     self._on_attach(fd, stopping)
                 for fd in pidfds & events.keys():
@@ -466,7 +502,11 @@ class Worker(Calls, Runs):
                 self.sessions.check_clients()
                 self.sessions.gauge_memory()
                 if self._files_lost is None and self._lock is not None and self._lock.lost():
-                    self._files_lost = self._take_lock_again()
+                    if watch_fd >= 0:
+                        poller.unregister(watch_fd)
+                        os.close(watch_fd)
+                    watch_fd = self._files_removed(poller, attach, attach_fd)
+                    attach_fd = attach.fileno()
             if len(self._waiters):
                 self.sessions.expire_pending(now)
             if attach.pending:
