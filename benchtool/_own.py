@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from shmrpc.kernels._dtypes import storage_dtype
+
 from ._shapes import shaped_payload
 from ._transport import Transport, TransportUnavailable, payload_of
 
@@ -56,8 +58,7 @@ class OwnBackendTransport(Transport):
         specs = {p: k.TensorSpec(a.shape, self.dtype) for p, a in self._ins.items()}
         self._plan = self._backend.plan([step], specs, ["out"])
         out = self._plan.outputs["out"]
-        dt = np.dtype(self.dtype)
-        self._out = np.empty(out.shape, dtype=dt if out.dtype == self.dtype else np.dtype(out.dtype))
+        self._out = np.empty(out.shape, dtype=storage_dtype(str(out.dtype)))  # (bfloat16: its uint16 bits)
 
     def roundtrip(self) -> Any:
         self._backend.run(self._plan, self._ins, {"out": self._out})

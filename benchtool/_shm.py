@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from shmrpc.schema import dtypes
 from shmrpc.schema.layout import DESC_NBYTES, PAGE, align_up, tensor_align
 from shmrpc.schema.naming import socket_path
 
@@ -245,6 +246,9 @@ def _client(name: str, spin_us: int = 0, lane: str | None = None) -> Any:
         raise TransportUnavailable(f"cannot connect to worker {name!r}: {type(exc).__name__}: {exc}") from exc
 
 
+_BF16 = dtypes.numpy_dtype("bfloat16")  # ml_dtypes' bfloat16 where it is installed, else uint16
+
+
 class _ShmBase(Transport):
     """Shared by both shmrpc paths: the client, the op, its attributes and the payload dtype."""
 
@@ -376,12 +380,19 @@ class ShmCallTransport(_ShmBase):
     label = "shmrpc call() (copy in/out)"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("dtype") == "bfloat16" and _BF16 == np.uint16:
+            # NumPy has no bfloat16: call() reads the dtype off the array, and uint16 words travel as uint16
+            raise TransportUnavailable("call() takes bfloat16 from an ml_dtypes array or a PyTorch tensor "
+                                       "(docs/interop.md); ml_dtypes is not installed")
         super().__init__(*args, **kwargs)
         self._kwargs: dict[str, Any] = {}
 
     def prepare(self, nbytes: int) -> None:
         self.nbytes = nbytes
-        self._kwargs = {**self.inputs_now(), **self.attrs}
+        ins = self.inputs_now()
+        if self.dtype == "bfloat16":  # the payload's uint16 words as ml_dtypes' bfloat16, no copy
+            ins = {k: v.view(_BF16) for k, v in ins.items()}
+        self._kwargs = {**ins, **self.attrs}
 
     def roundtrip(self) -> Any:
         return self._client.call(self.op_name, **self._kwargs)

@@ -160,3 +160,28 @@ def test_the_shmrpc_paths_move_the_float_payload_byte_for_byte() -> None:
                     assert len(sent) == nbytes and np.isfinite(np.frombuffer(sent, np.float16)).all()
                     assert t.reply_bytes(t.roundtrip()) == sent
                     t.end_size()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_bfloat16_runs_on_the_loan_and_in_process_and_call_says_what_it_needs() -> None:
+    # --dtype bfloat16 failed in the in-process baseline (NumPy has no such dtype: TypeError), and call() sent the
+    # payload's uint16 words as uint16 (an op taking floats refused it, KernelError)
+    from shmrpc.bench._runner import RunConfig, make_transport, open_servers
+    from shmrpc.bench._transport import TransportUnavailable
+    from shmrpc.kernels._dtypes import bf16_to_f32
+    from shmrpc.schema import dtypes
+
+    cfg = RunConfig(sizes=[64], transports=["shmrpc", "own", "shmrpc-call"], backend="numpy", dtype="bfloat16",
+                    op="scale", attrs={"a": 2.0})
+    with open_servers(cfg, log=print) as servers:
+        for key in ("shmrpc", "own"):
+            with make_transport(key, servers.addresses[key], cfg) as t:
+                t.prepare(64)
+                got = bf16_to_f32(np, np.frombuffer(t.reply_bytes(t.roundtrip()), np.uint16))
+                np.testing.assert_array_equal(got, 2 * bf16_to_f32(np, np.frombuffer(t.payload_bytes(), np.uint16)))
+                t.end_size()
+        if dtypes.numpy_dtype("bfloat16") != np.uint16:
+            pytest.skip("ml_dtypes is installed: call() takes its bfloat16 arrays")
+        with pytest.raises(TransportUnavailable, match="ml_dtypes array or a PyTorch tensor"):
+            make_transport("shmrpc-call", servers.addresses["shmrpc-call"], cfg)
