@@ -10,8 +10,8 @@ thread, never blocking it::
     reply: WELCOME + region fds    sendmsg with SCM_RIGHTS; or ERROR
     close                          the session lives on over ZeroMQ, under the WELCOME's token
 
-The socket is 0600 (0666 with ``--allow-uid``: the kernel's credentials, not the file
-mode, then decide who is admitted).
+The socket is 0600 (with ``--allow-uid``, plus an ACL entry for each allowed uid, so other uids cannot connect;
+0666 where the file system keeps no ACLs, and the kernel's credentials at accept then refuse them).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from shmrpc.schema.proc import process_start_ticks
 
 from ._logs import RateLimited
 from .checks import StartupError
+from .rundir import admit_to_socket
 
 __all__ = ["PeerCred", "peer_cred", "AttachListener", "check_identity", "set_dumpable", "CONNECT_TIMEOUT_S",
            "MAX_PENDING"]
@@ -130,9 +131,11 @@ class AttachListener:
         # is answered at once with its refusal and closed, so connections of a uid the worker does not serve never
         # take a pending place of those it does
         self._admit = frozenset((os.geteuid(), 0, *admit))
-        self._shared = shared
+        self._shared, self._admit_uids = shared, tuple(admit)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+        #: whether only the admitted uids can connect (False: the socket is 0666, the file system keeps no ACLs)
+        self.acl = True
         self._sock, self._ino = self._listen()
         self.pending: dict[int, tuple[socket.socket, float, int]] = {}  # fd -> (connection, deadline, peer uid)
         #: monotonic time until which the loop does not poll the listening socket (0: it does); set by a failed accept
@@ -147,7 +150,10 @@ class AttachListener:
         old = os.umask(0o077)
         try:
             sock.bind(str(path))
-            os.chmod(path, 0o666 if self._shared else 0o600)
+            if self._shared:  # --allow-uid: an ACL entry each (0666 where the file system keeps none)
+                self.acl = admit_to_socket(path, self._admit_uids)
+            else:
+                os.chmod(path, 0o600)
             ino = os.stat(path).st_ino  # close() unlinks the path only while it is still this socket
             sock.listen(128)
         except OSError as e:  # no space or inodes left under the runtime directory, a read-only file system

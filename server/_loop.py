@@ -69,7 +69,7 @@ from .config import WorkerConfig
 from .lockfile import WorkerAlreadyRunning, WorkerLock
 from .metrics import Metrics
 from .region import Region
-from .rundir import ensure_runtime_dir, remove_socket
+from .rundir import admit_to_socket, ensure_runtime_dir, remove_socket
 
 __all__ = ["Worker", "NO_RESPONSE"]
 
@@ -216,8 +216,14 @@ class Worker(Calls, Runs):
             finally:
                 os.umask(old)
             self._poller = LoopPoll(self._sock)
-            if cfg.allow_uids:  # the kernel's credentials on the attach socket and the token decide, not the mode
-                os.chmod(socket_path(cfg.name), 0o666)
+            # --allow-uid: those uids (an ACL each) and no other may connect; every connection to the ZeroMQ socket
+            # takes the worker a file descriptor, and libzmq aborts the process when it runs out of them
+            if cfg.allow_uids and not (admit_to_socket(socket_path(cfg.name), cfg.allow_uids) and self._attach.acl):
+                log.warning("the file system under %s keeps no ACLs: the worker's sockets are open to every uid "
+                            "(0666); the worker refuses uids it does not admit, but their connections to %s each "
+                            "take it a file descriptor until it has none left", socket_path(cfg.name).parent,
+                            socket_path(cfg.name).name,
+                            extra={"event": "sockets_open_to_all"})
             self.observe.start(self.backend, self.health)
         except BaseException:
             self.close()
@@ -279,7 +285,7 @@ class Worker(Calls, Runs):
                 finally:
                     os.umask(old_mask)
                 if cfg.allow_uids:
-                    os.chmod(path, 0o666)
+                    admit_to_socket(path, cfg.allow_uids)  # (as at start; its WARNING was said then)
                 made.append(str(path))
         except (OSError, zmq.ZMQError, checks.StartupError) as e:
             why = f"its lock file {old.path} was removed: taken again, but its sockets could not be made again ({e})"

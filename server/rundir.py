@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+import struct
 from pathlib import Path
 
 from shmrpc.schema.naming import attach_path, runtime_dir, socket_path
 
 from .checks import StartupError
 
-__all__ = ["check_runtime_dir", "ensure_runtime_dir", "remove_socket"]
+__all__ = ["admit_to_socket", "check_runtime_dir", "ensure_runtime_dir", "remove_socket"]
 
 
 def check_runtime_dir(path: Path) -> str | None:
@@ -79,3 +81,35 @@ def remove_socket(name: str) -> bool:
             continue
         removed = True
     return removed
+
+
+# a POSIX access ACL as the kernel stores it (linux/posix_acl_xattr.h): a version, then (tag, perm, id) entries
+# sorted by tag, then id
+_ACL_VERSION, _UNDEFINED_ID = 2, 0xFFFFFFFF
+_USER_OBJ, _USER, _GROUP_OBJ, _MASK, _OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+_RW = 6
+
+
+def admit_to_socket(path: Path, uids: tuple[int, ...]) -> bool:
+    """Let the users ``uids`` (``--allow-uid``) connect to the socket file at ``path``, and no other uid: mode 0600
+    plus an access ACL entry ``user:UID:rw`` for each (``ls -l`` shows 0660: the ACL's mask). A uid that may not
+    connect is stopped by the kernel at ``connect`` (EACCES), before the worker holds anything for it; with the
+    socket open to all, every connection took a file descriptor in the worker first, and enough of them on the
+    ZeroMQ socket made libzmq abort the worker at EMFILE.
+
+    Returns:
+        False where the file system keeps no ACLs: the socket is then made 0666 (the worker's own checks on the
+        attach socket and the session token still decide who is served) and the caller says so.
+    """
+    entries = [(_USER_OBJ, _RW, _UNDEFINED_ID), *((_USER, _RW, u) for u in sorted(set(uids)) if u != os.geteuid()),
+               (_GROUP_OBJ, 0, _UNDEFINED_ID), (_MASK, _RW, _UNDEFINED_ID), (_OTHER, 0, _UNDEFINED_ID)]
+    acl = struct.pack("<I", _ACL_VERSION) + b"".join(struct.pack("<HHI", *e) for e in entries)
+    os.chmod(path, 0o600)
+    try:
+        os.setxattr(path, "system.posix_acl_access", acl, follow_symlinks=False)
+    except OSError as e:
+        if e.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        os.chmod(path, 0o666)
+        return False
+    return True

@@ -19,6 +19,9 @@ like an ordinary process started by that user. Roles:
 ``guess NAME WORKER_UID RESIDENT...``
     as a client admitted with ``--allow-uid``, name each RESIDENT in a request (past the client's own look-up) and
     drop it; print JSON: what each request and drop got, and the names MANAGE ``list`` shows.
+``sock-flood COUNT PATH...``
+    open COUNT stream connections to each socket PATH (sending nothing); print JSON: per path, the connections made
+    and the errors by name; hold them until stdin closes.
 ``watch SECONDS``
     watch /dev/shm with inotify; print ``watching``, then (after SECONDS) a JSON list of
     the names created there.
@@ -216,6 +219,26 @@ def flood(path: str, seconds: float) -> None:
     print(f"connects {made}", flush=True)
 
 
+def sock_flood(count: int, paths: list[str]) -> None:
+    held: list[socket.socket] = []
+    out: dict[str, dict[str, object]] = {}
+    for path in paths:
+        made, errors = 0, {}  # type: ignore[var-annotated]
+        for _ in range(count):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET if path.endswith(".attach") else socket.SOCK_STREAM)
+            try:
+                s.connect(path)
+            except OSError as e:
+                s.close()
+                errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
+                continue
+            made += 1
+            held.append(s)
+        out[path] = {"made": made, "errors": errors}
+    print(json.dumps(out), flush=True)
+    sys.stdin.read()
+
+
 def main() -> None:
     uid, gid, role, *args = sys.argv[1:]
     become(int(uid), int(gid))
@@ -232,6 +255,8 @@ def main() -> None:
         watch(float(args[0]))
     elif role == "flood":
         flood(args[0], float(args[1]))
+    elif role == "sock-flood":
+        sock_flood(int(args[0]), args[1:])
     elif role == "guess":
         guess(args[0], int(args[1]), args[2:])
     elif role == "status":
