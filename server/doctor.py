@@ -91,7 +91,13 @@ def scan(shm_dir: str = SHM_DIR) -> list[Finding]:
     findings: list[Finding] = []
     rdir = runtime_dir()
     held: dict[str, bool] = {}
-    if rdir.is_dir():
+    try:
+        safe = check_runtime_dir(rdir) is None
+    except FileNotFoundError:
+        safe = False
+    # only a runtime directory that is ours and private is looked into: one planted by another user (a directory of
+    # theirs, or a symbolic link to any directory) would have --clean remove its *.sock, *.attach and *.lock files
+    if safe:
         for lock in sorted(rdir.glob("*.lock")):
             worker = lock.name[: -len(".lock")]
             is_held = held[worker] = lock_is_held(lock)
@@ -174,7 +180,7 @@ def doctor(clean: bool = False, region_nbytes: int | None = None, out: Callable[
     else:
         if unsafe:
             problems += 1
-            out(f"PROBLEM {unsafe}")
+            out(f"PROBLEM {unsafe} (its files are left alone)")
         else:
             out(f"runtime dir {rdir}: ok (0700, ours)")
     room = name_room(rdir)

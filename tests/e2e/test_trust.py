@@ -16,6 +16,7 @@ import resource
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -338,6 +339,42 @@ def _status(c: Client) -> dict:
     c._t.send(m.STATUS)  # STATE answers with no id: it lands under None
     c._pump(time.monotonic() + 5, lambda: None in c._control)
     return c._control.pop(None).to_json()
+
+
+@needs_root
+@pytest.mark.parametrize("planted", ["symlink", "directory"])
+def test_doctor_clean_removes_nothing_in_a_runtime_dir_planted_by_another_uid(
+        planted: str, users: list[tuple[int, int]], scratch_dirs: Callable[[str], Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # `shmrpc doctor --clean` said PROBLEM about a runtime directory made by another user, then removed the *.sock,
+    # *.attach and *.lock files it found there as stale: a symbolic link to any directory (/run, say) had root's
+    # doctor delete that directory's sockets. Now it looks into a runtime directory only when it is ours and private
+    attacker = users[0]
+    victim, rdir = scratch_dirs("victim"), scratch_dirs("planted")
+    victim.mkdir(mode=0o755)
+    decoy = socket.socket(socket.AF_UNIX)
+    decoy.bind(str(victim / "service.sock"))  # a socket nobody listens on, as a stale worker's would be
+    decoy.close()
+    (victim / "app.lock").write_text("{}")
+    if planted == "directory":
+        os.chown(victim, attacker[0], attacker[1])
+        os.chmod(victim, 0o777)  # anyone may remove its files
+        target = victim
+    else:
+        target = rdir
+    code = (f"import os; os.setgid({attacker[1]}); os.setuid({attacker[0]}); "
+            + (f"os.symlink({str(victim)!r}, {str(rdir)!r})" if planted == "symlink" else "pass"))
+    try:
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+        monkeypatch.setenv("SHMRPC_RUNTIME_DIR", str(target))
+        got = subprocess.run([sys.executable, "-m", "shmrpc.cli", "doctor", "--clean"], capture_output=True,
+                             text=True, timeout=60)
+    finally:
+        if rdir.is_symlink():
+            rdir.unlink()  # (scratch_dirs removes directories only)
+    assert "PROBLEM runtime directory" in got.stdout and "left alone" in got.stdout, got.stdout
+    assert sorted(p.name for p in victim.iterdir()) == ["app.lock", "service.sock"], got.stdout
+    assert "removed" not in got.stdout, got.stdout
 
 
 # ------------------------------------------------------------ --allow-uid
