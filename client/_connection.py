@@ -23,6 +23,7 @@ import os
 import select
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +47,25 @@ from ._lane import ClientLane
 __all__ = ["Connection"]
 
 _MAX_WAIT_MS = 100  # the longest sleep on the fd: a lost edge costs at most this, never a hang
+
+
+def _drop_socket(sock: zmq.Socket[Any], ctx: zmq.Context[Any], pid: int, fds: tuple[int, ...]) -> None:
+    """Close the socket, then its context, and its own fds, of a Connection collected unclosed (in the process that
+    made them).
+
+    Left to themselves, a collected Connection's context could go first: pyzmq's ``Context.__del__`` then
+    finds no socket to close (the garbage collector has cleared its weak references) and ``term()`` waits for
+    the still open socket forever, hanging the thread that collected it."""
+    if os.getpid() != pid:  # a forked child's copy: the parent's sockets are not this process's to close
+        return
+    if not sock.closed:
+        sock.close(linger=0)
+    ctx.term()
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 
@@ -95,6 +115,10 @@ class Connection:
         except BaseException:
             self.close(bye=False)
             raise
+        own = (self._wake_fd,) if self.pidfd is None else (self._wake_fd, self.pidfd)
+        self._finalizer: weakref.finalize[Any, Any] | None = weakref.finalize(
+            self, _drop_socket, self.sock, self._ctx, os.getpid(), own)
+        self._finalizer.atexit = False
 
     def _watch_worker(self) -> None:
         try:
@@ -266,6 +290,9 @@ class Connection:
                     self.sock.send(m.BYE, zmq.NOBLOCK)
                 except zmq.ZMQError:
                     pass
+            fin = getattr(self, "_finalizer", None)
+            if fin is not None:
+                fin.detach()
             self.sock.close(linger=100 if bye else 0)
             self._ctx.term()
             if self.pidfd is not None:

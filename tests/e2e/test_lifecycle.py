@@ -195,6 +195,33 @@ def test_forked_child_is_told_to_reconnect(worker: WorkerProc) -> None:
         np.testing.assert_array_equal(c.call("echo", x=np.ones(2))["out"], 1.0)  # the parent is unaffected
 
 
+_DROP_UNCLOSED = """
+import gc, os, sys
+import numpy as np
+from shmrpc.client import Client
+fds = []
+for _ in range(4):
+    c = Client(sys.argv[1], timeout_s=10)  # never closed: dropped and collected, as a finished task's would be
+    assert c.call("scale", x=np.arange(3.0), a=2.0)["out"].tolist() == [0.0, 2.0, 4.0]
+    del c
+    gc.collect()
+    fds.append(len(os.listdir("/proc/self/fd")))
+print("ok", *fds)
+"""
+
+
+def test_a_client_collected_unclosed_neither_hangs_the_process_nor_leaves_its_fds(worker: WorkerProc) -> None:
+    # Before: the collector could finalize the client's ZeroMQ context before its socket, and pyzmq's
+    # Context.__del__ then waited in term() for that socket forever (the next Client(...) or gc pass hung).
+    p = subprocess.run([sys.executable, "-c", _DROP_UNCLOSED, worker.name], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 0, p.stderr
+    words = p.stdout.split()
+    assert words[0] == "ok", p.stdout
+    fds = [int(w) for w in words[1:]]
+    assert fds[-1] == fds[0], f"fds grew with each client dropped: {fds}"
+
+
 def _steady_use_in_child(c: Client, req: Loan, q: mp.Queue) -> None:  # type: ignore[type-arg]
     for what, use in (("call", lambda: c.call("echo", x=np.ones(2))), ("send", lambda: req.send("echo"))):
         try:
