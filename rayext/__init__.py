@@ -34,8 +34,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,39 @@ from shmrpc.client import Client
 from shmrpc.schema.naming import socket_path
 
 __all__ = ["ShmrpcNode", "Workers", "WorkerInfo", "start_workers"]
+
+# The clients of this process, by worker name and Client keywords. A task gets its Workers unpickled anew each time,
+# and a Ray worker process runs many tasks: the clients are the process's, not the Workers object's, so a process
+# holds one lease per worker however many tasks it runs (before, each task's copy connected a client of its own that
+# was never closed, and the 17th task of a reused process was refused with ClientLimitError).
+_clients: dict[tuple[str, tuple[tuple[str, Any], ...]], Client] = {}
+_clients_pid = os.getpid()
+_clients_lock = threading.Lock()
+
+
+def _process_client(name: str, kwargs: dict[str, Any]) -> Client:
+    """This process's client of worker ``name`` with these keywords: made once, made again when its worker is gone."""
+    global _clients_pid
+    key = (name, tuple(sorted(kwargs.items())))
+    with _clients_lock:
+        if _clients_pid != os.getpid():  # a forked child: the parent's clients are not its own (ForkedClientError)
+            _clients.clear()
+            _clients_pid = os.getpid()
+        c = _clients.get(key)
+        if c is not None and (c._closed or not c.worker_alive):  # closed by the caller, or its worker restarted
+            c.close()
+            c = None
+        if c is None:
+            c = _clients[key] = Client(name, **kwargs)
+        return c
+
+
+def _close_clients(names: set[str]) -> None:
+    with _clients_lock:
+        if _clients_pid != os.getpid():
+            return
+        for key in [k for k in _clients if k[0] in names]:
+            _clients.pop(key).close()
 
 
 @dataclass(frozen=True)
@@ -89,6 +123,9 @@ class ShmrpcNode:
 
     def call(self, op: Any, kwargs: dict[str, Any]) -> dict[str, np.ndarray]:
         """Run ``op`` for a caller on another node (its arrays came, and go back, through the object store)."""
+        if self._client is not None and not self._client.worker_alive:
+            self._client.close()
+            self._client = None
         if self._client is None:
             self._client = Client(self.name, timeout_s=120.0)
         return self._client.call(op, **kwargs)
@@ -112,13 +149,6 @@ class Workers:
 
     infos: list[WorkerInfo]
     actors: list[Any]
-    _clients: dict[str, Client] = field(default_factory=dict, repr=False)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"infos": self.infos, "actors": self.actors}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.infos, self.actors, self._clients = state["infos"], state["actors"], {}
 
     def local(self) -> list[str]:
         """Names of the workers on the node this process runs on."""
@@ -128,6 +158,9 @@ class Workers:
     def client(self, worker: str | None = None, **kwargs: Any) -> Client:
         """The shared-memory :class:`Client` of a worker on this node (the first local one by default).
 
+        The client is this process's: every task a Ray worker process runs gets the same one for the same worker
+        and keywords (do not close it; :meth:`shutdown` does), a new one once its worker was restarted.
+
         Raises:
             LookupError: no worker of this set runs on this node (use :meth:`call`, which goes through Ray).
         """
@@ -136,10 +169,7 @@ class Workers:
         if name is None or name not in names:
             raise LookupError(f"no shmrpc worker {'named ' + repr(worker) + ' ' if worker else ''}on this node; "
                               "call it through Ray with Workers.call")
-        c = self._clients.get(name)
-        if c is None:
-            c = self._clients[name] = Client(name, **{"timeout_s": 120.0, **kwargs})
-        return c
+        return _process_client(name, {"timeout_s": 120.0, **kwargs})
 
     def call(self, op: Any, *, worker: str | None = None, **kwargs: Any) -> dict[str, np.ndarray]:
         """Run ``op``: through shared memory on a local worker, else through Ray on ``worker``'s actor.
@@ -155,9 +185,7 @@ class Workers:
 
     def shutdown(self) -> None:
         """Stop every worker and its actor."""
-        for c in self._clients.values():
-            c.close()
-        self._clients.clear()
+        _close_clients({w.name for w in self.infos})
         ray.get([a.stop.remote() for a in self.actors])
         for a in self.actors:
             ray.kill(a)

@@ -63,3 +63,31 @@ def test_a_worker_per_node_called_locally_and_across_nodes(cluster: Any, worker_
             workers.client("no-such-worker")
     finally:
         workers.shutdown()
+
+
+def _reused_job(workers: Any, x: np.ndarray) -> tuple[int, int, np.ndarray]:
+    import os
+
+    c = workers.client()
+    return os.getpid(), id(c), c.call("scale", x=x, a=2.0, b=1.0)["out"]
+
+
+def test_a_ray_worker_process_reused_for_many_tasks_holds_one_client(cluster: Any, worker_name: str) -> None:
+    # Before: each task's unpickled Workers connected a client of its own, never closed; a Ray worker process
+    # running its 17th task was refused by the worker (ClientLimitError, --max-clients-per-uid 16).
+    import shmrpc.ray as sr
+
+    workers = sr.start_workers(prefix=worker_name, per="node", backend="numpy", serve_args=("--no-mlock",))
+    try:
+        node = workers.infos[0].node_id
+        job = ray.remote(num_cpus=1)(_reused_job).options(scheduling_strategy=_on(node))
+        x = np.arange(64, dtype=np.float32)
+        clients: dict[int, set[int]] = {}
+        for _ in range(20):  # one at a time: the node's one CPU, so the same Ray worker process runs them
+            pid, cid, out = ray.get(job.remote(workers, x), timeout=60)
+            np.testing.assert_array_equal(out, 2 * x + 1)
+            clients.setdefault(pid, set()).add(cid)
+        assert all(len(ids) == 1 for ids in clients.values()), clients
+        assert len(clients) < 20  # processes were reused (else this test would say nothing)
+    finally:
+        workers.shutdown()
