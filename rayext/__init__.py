@@ -175,12 +175,19 @@ class Workers:
         """Run ``op``: through shared memory on a local worker, else through Ray on ``worker``'s actor.
 
         ``worker`` (a name from :attr:`infos`) picks the worker; by default a local one, else the first.
+
+        Raises:
+            LookupError: ``worker`` is not one of this set's workers, or the set has none.
         """
         names = self.local()
         if (worker is None and names) or worker in names:
             return self.client(worker).call(op, **kwargs)
-        target = worker or self.infos[0].name
-        actor = self.actors[[w.name for w in self.infos].index(target)]
+        all_names = [w.name for w in self.infos]
+        target = worker or (all_names[0] if all_names else None)
+        if target is None or target not in all_names:
+            raise LookupError(f"no shmrpc worker named {target!r} in this set (its workers: {all_names})"
+                              if target else "this set has no shmrpc workers")
+        actor = self.actors[all_names.index(target)]
         return ray.get(actor.call.remote(op, kwargs))  # type: ignore[no-any-return]
 
     def shutdown(self) -> None:

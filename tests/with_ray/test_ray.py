@@ -61,6 +61,9 @@ def test_a_worker_per_node_called_locally_and_across_nodes(cluster: Any, worker_
             assert used != info.name
         with pytest.raises(LookupError):
             workers.client("no-such-worker")
+        # before: a bare ValueError ("'no-such-worker' is not in list")
+        with pytest.raises(LookupError, match="no-such-worker"):
+            workers.call("scale", worker="no-such-worker", x=x, a=2.0)
     finally:
         workers.shutdown()
 
