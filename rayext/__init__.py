@@ -207,7 +207,8 @@ def start_workers(prefix: str = "shmrpc", *, per: str = "node", backend: str = "
 
     Raises:
         ValueError: ``per`` is neither "node" nor "gpu".
-        RuntimeError: a worker did not start (its actor's error).
+        RuntimeError: a worker did not start, or not within ``timeout_s`` (its actor's error); the workers of this
+            call that did start are stopped.
     """
     if per not in ("node", "gpu"):
         raise ValueError("per is 'node' or 'gpu'")
@@ -228,5 +229,23 @@ def start_workers(prefix: str = "shmrpc", *, per: str = "node", backend: str = "
             actors.append(actor_cls.options(**opts).remote(name, backend, list(serve_args), g is not None))
             names.append(name)
     deadline = time.monotonic() + timeout_s
-    infos = ray.get([a.info.remote() for a in actors], timeout=max(1.0, deadline - time.monotonic()))
+    try:
+        infos = ray.get([a.info.remote() for a in actors], timeout=max(1.0, deadline - time.monotonic()))
+    except ray.exceptions.RayError as e:  # an actor's worker did not start, or not in time: stop the others too
+        _stop_actors(actors)
+        why = [ln.strip() for ln in str(e).splitlines() if "did not start" in ln]
+        raise RuntimeError(f"shmrpc workers {names} did not all start: "
+                           f"{why[-1] if why else type(e).__name__ + ': ' + str(e).splitlines()[0]}") from e
     return Workers(list(infos), actors)
+
+
+def _stop_actors(actors: list[Any]) -> None:
+    """Stop the workers of these actors that run (each drains and cleans up), then end every actor."""
+    refs = [a.stop.remote() for a in actors]
+    for r in refs:
+        try:
+            ray.get(r, timeout=60)
+        except ray.exceptions.RayError:  # its worker never started (the actor died in __init__), or is stuck
+            pass
+    for a in actors:
+        ray.kill(a)

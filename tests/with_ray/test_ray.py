@@ -94,3 +94,28 @@ def test_a_ray_worker_process_reused_for_many_tasks_holds_one_client(cluster: An
         assert len(clients) < 20  # processes were reused (else this test would say nothing)
     finally:
         workers.shutdown()
+
+
+def test_a_worker_that_does_not_start_is_a_runtime_error_and_the_others_are_stopped(cluster: Any,
+                                                                                     worker_name: str) -> None:
+    # Before: Ray's ActorDiedError (not the RuntimeError documented), and the workers of the same call that did
+    # start on other nodes were left running, their actors alive.
+    import subprocess
+    import sys
+
+    import shmrpc.ray as sr
+    from shmrpc.schema.naming import socket_path
+
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+    taken, free = (f"{worker_name}-{n[:12]}" for n in nodes)
+    squatter = subprocess.Popen([sys.executable, "-m", "shmrpc.server", "serve", "--name", taken, "--backend", "numpy",
+                                 "--no-mlock", "--log-level", "ERROR"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout is not None and " ready " in squatter.stdout.readline()
+        with pytest.raises(RuntimeError, match=taken):
+            sr.start_workers(prefix=worker_name, per="node", backend="numpy", serve_args=("--no-mlock",),
+                             timeout_s=60)
+        assert not socket_path(free).exists()  # the one that started was stopped, and cleaned up
+    finally:
+        squatter.terminate()
+        squatter.communicate(timeout=30)
