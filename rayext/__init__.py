@@ -95,6 +95,14 @@ class WorkerInfo:
     device: int | None
 
 
+def _forward(stream: Any) -> None:
+    """Copy a worker's stdout to this process's until the worker closes it."""
+    with stream:
+        for line in stream:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+
 class ShmrpcNode:
     """The Ray actor that runs one ``shmrpc serve`` on its node and answers calls from other nodes."""
 
@@ -115,6 +123,9 @@ class ShmrpcNode:
         if " ready " not in line or not socket_path(name).exists():
             self.proc.kill()
             raise RuntimeError(f"shmrpc worker {name} did not start: {line.strip()} (exit {self.proc.wait()})")
+        # the rest of the worker's stdout (a user's op may print) goes on to this actor's, which Ray logs: left
+        # unread, the pipe filled at 64 KiB and the worker blocked in its next print, every call then timing out
+        threading.Thread(target=_forward, args=(self.proc.stdout,), name=f"shmrpc-stdout-{name}", daemon=True).start()
         self._client: Client | None = None
 
     def info(self) -> WorkerInfo:

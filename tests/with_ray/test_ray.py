@@ -119,3 +119,26 @@ def test_a_worker_that_does_not_start_is_a_runtime_error_and_the_others_are_stop
     finally:
         squatter.terminate()
         squatter.communicate(timeout=30)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_whose_op_prints_to_stdout_keeps_answering(worker_name: str, monkeypatch: pytest.MonkeyPatch,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    # Before: the actor read its worker's stdout once (the ready line) and never again; an op printing to it
+    # blocked the worker once the pipe held 64 KiB, and every call then timed out.
+    import os
+    from pathlib import Path
+
+    from shmrpc.client import Client
+    from shmrpc.ray import ShmrpcNode
+
+    here = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p))
+    node = ShmrpcNode(worker_name, "numpy", ["--no-mlock", "--ops", "chatty_ops"], use_gpu=False)
+    try:
+        with Client(worker_name, timeout_s=10) as c:
+            for i in range(40):  # 160 KiB printed
+                np.testing.assert_array_equal(c.call("chatty", x=np.full(4, float(i)))["out"], float(i))
+    finally:
+        assert node.stop() == 0
+    assert "x" * 4096 in capfd.readouterr().out  # what the op printed went on to the actor's stdout
