@@ -50,24 +50,14 @@ def _regions(name: str) -> list[str]:
 
 
 
-def test_sigterm_drains_in_flight_then_cleans_up(worker: WorkerProc) -> None:
-    with Client(worker.name, timeout_s=60) as c:
-        fut = c.submit(slow_pipeline(), x=np.ones(3_500_000))  # 28 MB through 20 steps: runs in the executor
-        wait_in_flight(worker.name)
-        worker.proc.send_signal(signal.SIGTERM)
-        np.testing.assert_array_equal(fut.result()["19.out"], 1.0)  # answered, not dropped
-    assert worker.proc.wait(20) == 0
-    assert not socket_path(worker.name).exists()
-    assert _regions(worker.name) == []
-
-
-def test_sighup_drains_like_sigterm(worker: WorkerProc) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_drains_in_flight_then_cleans_up(worker: WorkerProc, sig: int) -> None:
     # SIGHUP's default action killed the worker: the request in flight got WorkerGoneError, and the lock file and both
     # sockets stayed behind. It has no other meaning for the worker (no reload): it stops as on SIGTERM
     with Client(worker.name, timeout_s=60) as c:
         fut = c.submit(slow_pipeline(), x=np.ones(3_500_000))  # 28 MB through 20 steps: runs in the executor
         wait_in_flight(worker.name)
-        worker.proc.send_signal(signal.SIGHUP)
+        worker.proc.send_signal(sig)
         np.testing.assert_array_equal(fut.result()["19.out"], 1.0)  # answered, not dropped
     assert worker.proc.wait(20) == 0
     assert not socket_path(worker.name).exists() and not attach_path(worker.name).exists()
@@ -728,7 +718,6 @@ def test_a_worker_whose_runtime_files_are_removed_makes_them_again_and_says_so(
     # a tmp cleaner removing the runtime files of a running worker (default directory /tmp/shmrpc-<uid>): the worker
     # did not notice, new clients could not reach it, and a second worker of the same name started beside it; now it
     # sees the lock file go at once (inotify), takes the lock again, makes its sockets again and logs it
-    from shmrpc.schema.naming import lock_path
 
     w = spawn_worker("--metrics-port", "0")
     with Client(w.name, timeout_s=10) as c:
