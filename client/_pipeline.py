@@ -128,7 +128,8 @@ def _unbound(op: str | Pipeline, tensors: list[str], steps: list[StepDesc], spec
         if spec is not None and name in spec.attrs:
             raise InvalidRequestError(f"attribute {name!r} of op {op!r} was given an array: an attribute is a bool, "
                                       "int, float or str (pass a.item() or float(a))", op=str(op), step=0, field=name)
-        ins = list(spec.inputs) if spec is not None else sorted(bound)
+        made = {t for s in steps for _, t in s.outputs}  # a pipeline's steps' own outputs are not the caller's inputs
+        ins = list(spec.inputs) if spec is not None else sorted(bound - made)
         raise InvalidRequestError(f"{where} reads no input {name!r} (its inputs: {ins})",
                                   op=op if isinstance(op, str) else "", tensor=name, field=name)
 

@@ -57,6 +57,9 @@ def test_a_keyword_the_op_does_not_take_is_refused(worker: WorkerProc) -> None:
         with pytest.raises(InvalidRequestError) as e:  # a pipeline whose steps read no "z"
             c.call(Pipeline().then("scale", a=2.0), x=X, z=X)
         assert e.value.field == "z"
+        with pytest.raises(InvalidRequestError) as e:  # its inputs named: the caller's, not a step's output ("0.out")
+            c.call(Pipeline().then("scale", a=2.0).then("vector_add", inputs={"x": "0.out", "y": "y"}), x=X, y=X, z=X)
+        assert e.value.field == "z" and "(its inputs: ['x', 'y'])" in str(e.value), str(e.value)
         with c.loan(4096) as req:  # a loan's array that the op does not read
             req.array("x", 4, "float32")[:] = X
             req.array("a", 1, "float32")[:] = 5
