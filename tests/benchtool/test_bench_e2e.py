@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shmrpc.bench import RunConfig, main, run_benchmark
@@ -33,15 +34,21 @@ def no_leak() -> object:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(60)
-def test_shmrpc_paths_round_trip_the_payload(no_leak: object) -> None:
-    cfg = RunConfig(sizes=[64, 100_000], transports=["shmrpc", "shmrpc-call"], backend="numpy")
+@pytest.mark.parametrize("dtype", ["uint8", "float16"])
+def test_shmrpc_paths_round_trip_the_payload(no_leak: object, dtype: str) -> None:
+    # float16: the payload's values finite and normal, still moved byte for byte (an odd size of items included)
+    cfg = RunConfig(sizes=[64, 65_538, 100_000], transports=["shmrpc", "shmrpc-call"], backend="numpy", dtype=dtype)
     with open_servers(cfg, log=print) as servers:
         assert servers.skipped == {}, servers.skipped
         for key in cfg.transports:
             with make_transport(key, servers.addresses[key], cfg) as t:
                 for nbytes in cfg.sizes:
                     t.prepare(nbytes)
-                    assert t.reply_bytes(t.roundtrip()) == t.payload_bytes()
+                    sent = t.payload_bytes()
+                    assert len(sent) == nbytes
+                    if dtype == "float16":
+                        assert np.isfinite(np.frombuffer(sent, np.float16)).all()
+                    assert t.reply_bytes(t.roundtrip()) == sent
                     assert t.reply_bytes(t.roundtrip()) == t.payload_bytes()
                     h = [t.start() for _ in range(2)]
                     assert all(t.reply_bytes(t.finish(x)) == t.payload_bytes() for x in h)
